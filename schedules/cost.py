@@ -1,0 +1,63 @@
+"""A cost model: how long each instruction keeps its node busy, and how long a message flies.
+
+Units are arbitrary (think milliseconds). Per-stage forward and backward times
+may differ; redundant work costs its normal counterpart times a factor. Sends are
+asynchronous: the sender is busy only for `send` time, the message arrives
+`transfer` later. Receives cost nothing beyond the wait.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from schedules.ir import Instr, Op
+
+
+def _per_stage(value: float | Sequence[float], stage: int) -> float:
+    if isinstance(value, (int, float)):
+        return float(value)
+    return float(value[stage])
+
+
+@dataclass(frozen=True)
+class CostModel:
+    forward: float | Sequence[float] = 1.0
+    backward: float | Sequence[float] = 2.0
+    transfer: float = 0.05       # activation / gradient message latency
+    send: float = 0.0            # sender-side cost of posting a send
+    swap: float = 0.05           # one swap-out or swap-in of one microbatch's intermediates
+    load: float = 0.0
+    reduce: float = 0.0
+    step: float = 0.1
+    sync_transfer: float = 0.1   # owner -> replica holder, reduced gradients
+    frc_factor: float = 1.0      # redundant forward vs normal forward
+    brc_factor: float = 1.0      # redundant backward vs normal backward
+    _table: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def duration(self, ins: Instr) -> float:
+        key = (ins.op, ins.stage, ins.redundant)
+        d = self._table.get(key)
+        if d is None:
+            d = self._table[key] = self._duration(ins)
+        return d
+
+    def _duration(self, ins: Instr) -> float:
+        op = ins.op
+        if op is Op.FORWARD:
+            return _per_stage(self.forward, ins.stage) * (self.frc_factor if ins.redundant else 1.0)
+        if op is Op.BACKWARD:
+            return _per_stage(self.backward, ins.stage) * (self.brc_factor if ins.redundant else 1.0)
+        if op in (Op.SEND_ACT, Op.SEND_GRAD, Op.SEND_SYNC):
+            return self.send
+        if op in (Op.SWAP_OUT, Op.SWAP_IN):
+            return self.swap
+        if op is Op.LOAD:
+            return self.load
+        if op is Op.REDUCE_GRADS:
+            return self.reduce
+        if op is Op.OPTIMIZER_STEP:
+            return self.step
+        return 0.0
+
+    def latency(self, ins: Instr) -> float:
+        return self.sync_transfer if ins.op is Op.SEND_SYNC else self.transfer
