@@ -31,6 +31,15 @@ SENDS = {Op.SEND_ACT: Op.RECV_ACT, Op.SEND_GRAD: Op.RECV_GRAD, Op.SEND_SYNC: Op.
 RECVS = {recv: send for send, recv in SENDS.items()}
 COMM = frozenset(SENDS) | frozenset(RECVS)
 
+
+def channel(ins: "Instr", node: int) -> tuple[int, int, "Op"]:
+    """The FIFO a send or receive on `node` uses: one per (sender, receiver, kind).
+    Activations, gradients and syncs travel apart (gloo tags, or one NCCL
+    communicator each), so a rerouted activation never queues behind a gradient."""
+    if ins.op in SENDS:
+        return (node, ins.peer, ins.op)
+    return (ins.peer, node, RECVS[ins.op])
+
 # Which fields an op carries in the exchange format.
 _FIELDS = {
     Op.LOAD: ("mb",),

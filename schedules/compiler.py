@@ -1,0 +1,104 @@
+"""The compiler: (P, M, failed set, options) -> every node's instruction stream.
+
+    plain_streams      pass (a) order + (b) communication, groups merged   lower.py
+    insert_frc         pass (c) eager FRC in bubbles + (d) swap-out         redundancy.py
+    lazy_brc           pass (e) what a node runs if its successor dies      redundancy.py
+    recover            pass (f) mid-iteration failure                       recovery.py
+
+Streams are compiled for all nodes at once because FRC goes where the cost model
+says a node waits; `compile_stage` picks one node's stream out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from schedules.cost import CostModel
+from schedules.ir import Instr
+from schedules.layout import Layout, ScheduleError, check_args
+from schedules.lower import plain_streams
+from schedules.order import ORDERS
+from schedules.recovery import recover
+from schedules.redundancy import insert_frc, lazy_brc
+
+REDUNDANCY = ("eager", "off")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    stages: int
+    microbatches: int
+    failed: tuple[int, ...]
+    redundancy: str
+    order: str
+    streams: dict[int, list[Instr]]
+    lazy_brc: dict[int, list[Instr]] = field(default_factory=dict)
+    fail_node: int | None = None
+    fail_before: int | None = None
+    resume_at: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.stages, frozenset(self.failed))
+
+    def to_json(self) -> dict:
+        out = {"stages": self.stages, "microbatches": self.microbatches, "failed": list(self.failed),
+               "redundancy": self.redundancy, "order": self.order}
+        if self.fail_node is not None:
+            out.update(fail_node=self.fail_node, fail_before=self.fail_before)
+        streams = []
+        for node, stream in self.streams.items():
+            entry = {"node": node, "instructions": [i.to_dict() for i in stream]}
+            if self.lazy_brc.get(node):
+                entry["lazy_brc"] = [i.to_dict() for i in self.lazy_brc[node]]
+            if node in self.resume_at:
+                entry["resume_at"] = self.resume_at[node]
+            streams.append(entry)
+        out["streams"] = streams
+        return out
+
+
+def _check_options(stages: int, microbatches: int, redundancy: str, order: str) -> None:
+    check_args(stages, microbatches)
+    if redundancy not in REDUNDANCY:
+        raise ScheduleError(f"--redundancy must be one of {', '.join(REDUNDANCY)} (got {redundancy!r})")
+    if order not in ORDERS:
+        raise ScheduleError(f"--order must be one of {', '.join(ORDERS)} (got {order!r})")
+
+
+@lru_cache(maxsize=64)
+def compile_schedule(stages: int, microbatches: int, failed: tuple[int, ...] = (),
+                     redundancy: str = "eager", order: str = "1f1b",
+                     cost: CostModel = CostModel()) -> Schedule:
+    """One iteration for every live node, with `failed` nodes' groups merged into
+    their predecessors' (a failure handled at an iteration boundary)."""
+    _check_options(stages, microbatches, redundancy, order)
+    layout = Layout(stages, frozenset(failed))
+    streams = plain_streams(layout, microbatches, order, cost)
+    brc = {}
+    if redundancy == "eager":
+        streams = insert_frc(layout, microbatches, streams, cost)
+        brc = {n: lazy_brc(layout, n, microbatches) for n in streams}
+    return Schedule(stages, microbatches, tuple(sorted(set(failed))), redundancy, order, streams, brc)
+
+
+def compile_stage(stages: int, microbatches: int, node: int, **options) -> list[Instr]:
+    """The stream of one node (node i starts as stage i)."""
+    schedule = compile_schedule(stages, microbatches, **options)
+    if node not in schedule.streams:
+        raise ScheduleError(f"node {node} is not a live node of this schedule")
+    return schedule.streams[node]
+
+
+def compile_recovery(stages: int, microbatches: int, fail_node: int, fail_before: int,
+                     failed: tuple[int, ...] = (), redundancy: str = "eager", order: str = "1f1b",
+                     cost: CostModel = CostModel()) -> Schedule:
+    """The survivors' streams for an iteration in which `fail_node` dies before its
+    instruction `fail_before`: what they ran up to the cut, then the recovery."""
+    base = compile_schedule(stages, microbatches, failed, redundancy, order, cost)
+    if redundancy == "off":
+        raise ScheduleError(f"node {fail_node} failing mid-iteration is not survivable with "
+                            "--redundancy off: no other node holds its layers")
+    streams, resume_at, _ = recover(base.layout, microbatches, base.streams, fail_node, fail_before, cost)
+    return Schedule(stages, microbatches, base.failed, redundancy, order, dict(sorted(streams.items())),
+                    fail_node=fail_node, fail_before=fail_before, resume_at=resume_at)

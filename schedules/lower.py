@@ -1,0 +1,76 @@
+"""Pass (b): lower compute orders to instructions with communication, and merge groups.
+
+A group (virtual stage) runs its stages back to back: a forward receives the input
+activation of its first stage (or loads the microbatch), runs every stage's
+forward, and sends the last stage's output on; a backward mirrors it. The end of
+the iteration (the tail) reduces each owned stage, steps it, and syncs the replica
+holder. A node that owns two groups (node P-1 after node 0 failed runs stage 0 and
+stage P-1) gets one stream from both by list scheduling in the simulator.
+"""
+from __future__ import annotations
+
+from schedules import ir
+from schedules.cost import CostModel
+from schedules.ir import Instr
+from schedules.layout import Group, Layout
+from schedules.order import ORDERS, Step
+from schedules.simulator import Chains, Simulator
+
+
+def lower_group(layout: Layout, group: Group, order: list[Step]) -> list[Instr]:
+    P, node, stages = layout.stages, group.node, group.stages
+    first, last = stages[0], stages[-1]
+    labels_here = last == P - 1 and first != 0 and layout.owner(0) != node
+    out: list[Instr] = []
+    for kind, mb in order:
+        if kind == "F":
+            if first == 0 or labels_here:
+                out.append(ir.load(mb))
+            if first > 0:
+                out.append(ir.recv_act(first - 1, mb, layout.owner(first - 1)))
+            out.extend(ir.forward(s, mb) for s in stages)
+            if last < P - 1:
+                out.append(ir.send_act(last, mb, layout.owner(last + 1)))
+        else:
+            if last < P - 1:
+                out.append(ir.recv_grad(last + 1, mb, layout.owner(last + 1)))
+            out.extend(ir.backward(s, mb) for s in reversed(stages))
+            if first > 0:
+                out.append(ir.send_grad(first, mb, layout.owner(first - 1)))
+    return out
+
+
+def tail(layout: Layout, node: int) -> list[Instr]:
+    """Reduce and step every owned stage (in stage order, so that data-parallel
+    collectives are issued in one global order), sync replica holders, then step
+    the replica this node keeps from its owner's reduced gradients."""
+    out: list[Instr] = []
+    for s in layout.owned(node):
+        out += [ir.reduce_grads(s), ir.optimizer_step(s)]
+        holder = layout.holder(s)
+        if holder is not None and holder != node:
+            out.append(ir.send_sync(s, holder))
+    r = layout.replica(node)
+    if r is not None:
+        out += [ir.recv_sync(r, layout.owner(r)), ir.optimizer_step(r, redundant=True)]
+    return out
+
+
+def is_tail(ins: Instr) -> bool:
+    return ins.op in (ir.Op.REDUCE_GRADS, ir.Op.OPTIMIZER_STEP, ir.Op.SEND_SYNC, ir.Op.RECV_SYNC)
+
+
+def plain_streams(layout: Layout, microbatches: int, order: str = "1f1b",
+                  cost: CostModel | None = None) -> dict[int, list[Instr]]:
+    """Streams without redundancy for every live node: groups lowered, then merged."""
+    groups = layout.groups()
+    per_node: dict[int, list[list[Instr]]] = {}
+    for v, group in enumerate(groups):
+        steps = ORDERS[order](len(groups), microbatches, v)
+        per_node.setdefault(group.node, []).append(lower_group(layout, group, steps))
+    streams = {n: bodies[0] + tail(layout, n) for n, bodies in per_node.items() if len(bodies) == 1}
+    multi = {n: Chains([], bodies, tail(layout, n)) for n, bodies in per_node.items() if len(bodies) > 1}
+    if multi:
+        report = Simulator(layout, microbatches, cost).run(streams, multi)
+        streams.update({n: report.streams[n] for n in multi})
+    return {n: streams[n] for n in sorted(streams)}

@@ -1,0 +1,156 @@
+"""Pass (f), mid-iteration: finish the iteration after node d dies before instruction k.
+
+The cut. Node d ran instructions [0, k) and every message it sent then arrived.
+Every survivor runs its own stream as far as it can without d's later work (sends
+to d are lost, receives from d block forever): that maximal cut is where each
+survivor switches to its recovery stream, so a runtime only needs (d, k) to know
+where every node stands.
+
+The recovery. Node d's weight gradients died with it, so its predecessor p runs
+stage d's backward for every microbatch (BRC), from the FRC intermediates it
+swapped out, or from a forward it recomputes when FRC had not run yet. Activations
+of stage d that never reached the successor q are sent from FRC results or fresh
+forwards. q re-sends the gradients it had sent to d (it kept them) and sends the
+rest to p. p interleaves three chains by list scheduling: activations for q, its
+own remaining work, and BRC. Other nodes go on unchanged; every tail is re-made
+for the new owners, minus what already ran.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from schedules import ir
+from schedules.cost import CostModel
+from schedules.ir import Instr, Op
+from schedules.layout import Layout, ScheduleError
+from schedules.lower import is_tail, tail
+from schedules.simulator import Chains, Report, Simulator
+
+
+def _without(ops: list[Instr], done: list[Instr]) -> list[Instr]:
+    left = Counter(done)
+    out = []
+    for ins in ops:
+        if left[ins]:
+            left[ins] -= 1
+        else:
+            out.append(ins)
+    return out
+
+
+def check_failure(layout: Layout, base: dict[int, list[Instr]], node: int, before: int) -> Layout:
+    """The layout after `node` dies mid-iteration, or a ScheduleError saying why it can't."""
+    if node not in layout.alive:
+        raise ScheduleError(f"--fail-node {node} is not a live node (live: {list(layout.alive)})")
+    after = layout.with_failed(node)  # raises for adjacent failures
+    if layout.holder(node) is None:
+        raise ScheduleError(f"node {node} failing is not survivable: no node keeps a replica of "
+                            f"stage {node} (is redundancy off?)")
+    if not 0 <= before <= len(base[node]):
+        raise ScheduleError(f"--fail-before {before} is out of range 0..{len(base[node])} "
+                            f"(node {node} has {len(base[node])} instructions)")
+    return after
+
+
+def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: int, k: int,
+            cost: CostModel | None = None) -> tuple[dict[int, list[Instr]], dict[int, int], Report]:
+    """Full streams of the survivors (prefix + recovery), where each recovery starts,
+    and the simulator's report of the whole iteration."""
+    P, M = layout.stages, microbatches
+    after = check_failure(layout, base, d, k)
+    p, q = (d - 1) % P, (d + 1) % P
+    cut = Simulator(layout, M, cost, dead=(d, k))
+    prefix = {n: s for n, s in cut.run(base, allow_stuck=True).streams.items() if n != d}
+    lost = [m for (src, _, _), queue in cut.channels.items() if src == d for m, _ in queue]
+    assert not lost, f"messages of the dead node left unreceived at the cut: {lost}"
+    dead_ran = base[d][:k]
+    stage_done = any(i.op is Op.SEND_SYNC for i in dead_ran)  # d stepped and synced its replica
+
+    full: dict[int, list[Instr]] = {}
+    for n, pre in prefix.items():
+        rest = base[n][len(pre):]
+        if stage_done:  # nothing to recompute: drop what was addressed to d
+            full[n] = pre + [i for i in rest if i.peer != d or i.op not in ir.COMM]
+            continue
+        body = [i for i in rest if not is_tail(i)]
+        new_tail = _without(tail(after, n), [i for i in pre if is_tail(i)])
+        full[n] = pre + _reroute(n, body, d, p, q) + new_tail
+    if stage_done:
+        report = Simulator(layout, M, cost, dead=(d, k)).run({**full, d: dead_ran})
+        return full, {n: len(prefix[n]) for n in prefix}, report
+
+    resend = [ir.send_grad(i.stage, i.mb, p) for i in prefix[q] if i.op is Op.SEND_GRAD and i.peer == d]
+    if p != q:
+        full[q] = prefix[q] + resend + full[q][len(prefix[q]):]
+    grad_order = [i.mb for i in full[q][len(prefix[q]):] if i.op is Op.SEND_GRAD and i.peer == p]
+    chains, chain_loads = _brc_chains(layout, M, d, p, q, prefix[p], dead_ran, grad_order)
+    own = [i for i in full[p][len(prefix[p]):]
+           if not is_tail(i) and not (i.op is Op.LOAD and i.mb in chain_loads)]
+    p_tail = [i for i in full[p][len(prefix[p]):] if is_tail(i)]
+    scheduled = {p: Chains(prefix[p], [chains[0], own, chains[1]], p_tail)}
+    report = Simulator(layout, M, cost, dead=(d, k)).run({**full, d: dead_ran}, scheduled)
+    full[p] = report.streams[p]
+    return full, {n: len(prefix[n]) for n in prefix}, report
+
+
+def _reroute(n: int, body: list[Instr], d: int, p: int, q: int) -> list[Instr]:
+    """Point a survivor's remaining work at p instead of d; p's hand-offs become local."""
+    out = []
+    for ins in body:
+        if ins.op in ir.COMM and ins.peer == d:
+            if n == p and ins.op in (Op.SEND_ACT, Op.RECV_GRAD):
+                continue  # p now computes stage d itself
+            if n == q and ins.op in (Op.RECV_ACT, Op.SEND_GRAD):
+                if p == q:
+                    continue  # two stages: the survivor runs the whole pipeline
+                ins = ins._replace(peer=p)
+            else:
+                raise AssertionError(f"node {n} talks to failed node {d}: {ins}")
+        if n == p and ins.stage == d and ins.op in (Op.FORWARD, Op.SWAP_OUT):
+            continue  # FRC of stage d still to come: the chains below take over
+        out.append(ins)
+    return out
+
+
+def _brc_chains(layout: Layout, M: int, d: int, p: int, q: int, p_ran: list[Instr],
+                dead_ran: list[Instr], grad_order: list[int]) -> tuple[list[list[Instr]], set[int]]:
+    """p's two chains for stage d: activations q still needs, then every backward."""
+    P = layout.stages
+    has_down = d < P - 1
+    delivered = {i.mb for i in dead_ran if i.op is Op.SEND_ACT}
+    frc: dict[int, bool] = {}  # mb -> intermediates resident (True) or in host memory (False)
+    for i in p_ran:
+        if i.stage == d and i.op in (Op.FORWARD, Op.SWAP_OUT):
+            frc[i.mb] = i.op is Op.FORWARD
+    loaded = {i.mb for i in p_ran if i.op is Op.LOAD}
+    needs_load = d in (0, P - 1)
+    chain_loads: set[int] = set()
+
+    def fresh_forward(mb: int, redundant: bool) -> list[Instr]:
+        ops = []
+        if needs_load and mb not in loaded:
+            ops.append(ir.load(mb))
+            chain_loads.add(mb)
+        return ops + [ir.forward(d, mb, redundant)]
+
+    acts: list[Instr] = []
+    to_send = [mb for mb in range(M) if mb not in delivered] if has_down else []
+    for mb in to_send:
+        if mb in frc:
+            acts += [ir.swap_in(d, mb)] if frc[mb] is False else []
+        else:
+            acts += fresh_forward(mb, redundant=False)
+        if q != p:
+            acts.append(ir.send_act(d, mb, q))
+
+    grads: list[Instr] = []
+    for mb in (grad_order if has_down and p != q else range(M)):
+        if has_down and p != q:
+            grads.append(ir.recv_grad(d + 1, mb, q))
+        fresh = mb in to_send and mb not in frc
+        if mb in frc and frc[mb] is False and mb not in to_send:
+            grads.append(ir.swap_in(d, mb))
+        elif mb not in frc and not fresh:
+            grads += fresh_forward(mb, redundant=True)
+        grads.append(ir.backward(d, mb, redundant=not fresh))
+    return [acts, grads], chain_loads

@@ -1,0 +1,86 @@
+"""Passes (c), (d), (e): eager FRC in bubbles, swap-out after it, and the lazy BRC stream.
+
+Node m keeps a replica of stage r = (m+1) mod P warm by running r's forward on
+every microbatch (forward redundant computation, FRC) from its own stage's output
+(node P-1 loads the microbatch to run stage 0; node P-2 loads labels for the loss). The intermediates go straight to
+host memory (swap-out); they come back only if node r dies, when node m runs r's
+backward (BRC) for the lost microbatches.
+
+Placement: the plain streams are timed on the cost model, and each FRC goes into
+the first idle wait (a blocking receive) after its input exists where it fits
+whole, so it delays nothing. FRC that fits nowhere runs in the wait before the
+replica's final sync, where it delays only this node's replica step.
+"""
+from __future__ import annotations
+
+from schedules import ir
+from schedules.cost import CostModel
+from schedules.ir import Instr, Op, RECVS
+from schedules.layout import Layout
+from schedules.simulator import start_times
+
+
+def frc_ops(replica: int, mb: int, load: bool) -> list[Instr]:
+    ops = [ir.load(mb)] if load else []
+    return ops + [ir.forward(replica, mb, redundant=True), ir.swap_out(replica, mb)]
+
+
+def lazy_brc(layout: Layout, node: int, microbatches: int) -> list[Instr]:
+    """What `node` runs for its replica only after the replica's owner dies."""
+    r = layout.replica(node)
+    if r is None:
+        return []
+    return [op for mb in range(microbatches)
+            for op in (ir.swap_in(r, mb), ir.backward(r, mb, redundant=True))]
+
+
+def insert_frc(layout: Layout, microbatches: int, streams: dict[int, list[Instr]],
+               cost: CostModel) -> dict[int, list[Instr]]:
+    starts = start_times(streams, cost)
+    out = {}
+    for node, stream in streams.items():
+        r = layout.replica(node)
+        needs_load = r in (0, layout.stages - 1)  # stage 0 reads inputs, stage P-1 labels
+        out[node] = stream if r is None else _fill(r, needs_load, microbatches, stream, starts[node], cost)
+    return out
+
+
+def _fill(r: int, needs_load: bool, microbatches: int, stream: list[Instr], starts: list[float],
+          cost: CostModel) -> list[Instr]:
+    """Insert FRC of stage r for every microbatch, in order, into `stream`'s waits."""
+    out: list[Instr] = []
+    loaded: set[int] = set()
+    have_input: set[int] = set(range(microbatches)) if r == 0 else set()
+    nxt = 0  # next microbatch to run FRC for
+    prev_end = 0.0
+
+    def frc(mb: int) -> list[Instr]:
+        ops = frc_ops(r, mb, load=(needs_load and mb not in loaded))
+        loaded.add(mb)
+        return ops
+
+    def frc_cost(mb: int) -> float:
+        return sum(cost.duration(i) for i in frc_ops(r, mb, load=(needs_load and mb not in loaded)))
+
+    for ins, start in zip(stream, starts):
+        if ins.op in RECVS:
+            if ins.op is Op.RECV_SYNC:  # last wait of the iteration: everything left goes here
+                while nxt < microbatches:
+                    out += frc(nxt)
+                    nxt += 1
+            gap = start - prev_end
+            while nxt < microbatches and nxt in have_input and frc_cost(nxt) <= gap + 1e-9:
+                gap -= frc_cost(nxt)
+                out += frc(nxt)
+                nxt += 1
+        if ins.op is Op.LOAD and ins.mb in loaded:
+            prev_end = start + cost.duration(ins)
+            continue  # FRC of stage 0 already loaded this microbatch
+        if ins.op is Op.LOAD:
+            loaded.add(ins.mb)
+        if ins.op is Op.FORWARD and ins.stage == r - 1:
+            have_input.add(ins.mb)
+        out.append(ins)
+        prev_end = start + cost.duration(ins)
+    assert nxt == microbatches, "a node with a replica always ends with recv_sync"
+    return out
