@@ -102,3 +102,18 @@ def compile_recovery(stages: int, microbatches: int, fail_node: int, fail_before
     streams, resume_at, _ = recover(base.layout, microbatches, base.streams, fail_node, fail_before, cost)
     return Schedule(stages, microbatches, base.failed, redundancy, order, dict(sorted(streams.items())),
                     fail_node=fail_node, fail_before=fail_before, resume_at=resume_at)
+
+
+def simulate(schedule: Schedule, cost: CostModel = CostModel()):
+    """Run a compiled schedule (recovery included: the dead node runs its prefix)
+    through the validating simulator and return its Report."""
+    from schedules.simulator import Simulator
+
+    streams = dict(schedule.streams)
+    dead = None
+    if schedule.fail_node is not None:
+        base = compile_schedule(schedule.stages, schedule.microbatches, schedule.failed,
+                                schedule.redundancy, schedule.order, cost)
+        streams[schedule.fail_node] = base.streams[schedule.fail_node]
+        dead = (schedule.fail_node, schedule.fail_before)
+    return Simulator(schedule.layout, schedule.microbatches, cost, dead).run(streams)

@@ -11,8 +11,9 @@ stage d's backward for every microbatch (BRC), from the FRC intermediates it
 swapped out, or from a forward it recomputes when FRC had not run yet. Activations
 of stage d that never reached the successor q are sent from FRC results or fresh
 forwards. q re-sends the gradients it had sent to d (it kept them) and sends the
-rest to p. p interleaves three chains by list scheduling: activations for q, its
-own remaining work, and BRC. Other nodes go on unchanged; every tail is re-made
+rest to p. p interleaves chains by list scheduling, in priority order: receive
+gradients, send activations q waits for, its own remaining work, BRC its own
+backward waits for, and last the BRC nothing waits for. Other nodes go on unchanged; every tail is re-made
 for the new owners, minus what already ran.
 """
 from __future__ import annotations
@@ -61,7 +62,7 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
     p, q = (d - 1) % P, (d + 1) % P
     cut = Simulator(layout, M, cost, dead=(d, k))
     prefix = {n: s for n, s in cut.run(base, allow_stuck=True).streams.items() if n != d}
-    lost = [m for (src, _, _), queue in cut.channels.items() if src == d for m, _ in queue]
+    lost = [m[0] for (src, _, _), queue in cut.channels.items() if src == d for m in queue]
     assert not lost, f"messages of the dead node left unreceived at the cut: {lost}"
     dead_ran = base[d][:k]
     stage_done = any(i.op is Op.SEND_SYNC for i in dead_ran)  # d stepped and synced its replica
@@ -87,7 +88,8 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
     own = [i for i in full[p][len(prefix[p]):]
            if not is_tail(i) and not (i.op is Op.LOAD and i.mb in chain_loads)]
     p_tail = [i for i in full[p][len(prefix[p]):] if is_tail(i)]
-    scheduled = {p: Chains(prefix[p], [chains[0], own, chains[1]], p_tail)}
+    recvs, acts, urgent, deferred = chains
+    scheduled = {p: Chains(prefix[p], [recvs, acts, own, urgent, deferred], p_tail)}
     report = Simulator(layout, M, cost, dead=(d, k)).run({**full, d: dead_ran}, scheduled)
     full[p] = report.streams[p]
     return full, {n: len(prefix[n]) for n in prefix}, report
@@ -114,7 +116,8 @@ def _reroute(n: int, body: list[Instr], d: int, p: int, q: int) -> list[Instr]:
 
 def _brc_chains(layout: Layout, M: int, d: int, p: int, q: int, p_ran: list[Instr],
                 dead_ran: list[Instr], grad_order: list[int]) -> tuple[list[list[Instr]], set[int]]:
-    """p's two chains for stage d: activations q still needs, then every backward."""
+    """p's chains for stage d: gradients from q, activations q still needs, and the
+    backwards of every microbatch (urgent first, deferred last)."""
     P = layout.stages
     has_down = d < P - 1
     delivered = {i.mb for i in dead_ran if i.op is Op.SEND_ACT}
@@ -143,14 +146,18 @@ def _brc_chains(layout: Layout, M: int, d: int, p: int, q: int, p_ran: list[Inst
         if q != p:
             acts.append(ir.send_act(d, mb, q))
 
-    grads: list[Instr] = []
-    for mb in (grad_order if has_down and p != q else range(M)):
-        if has_down and p != q:
-            grads.append(ir.recv_grad(d + 1, mb, q))
+    # Gradients from q arrive in q's order; backwards whose result p's own stage still
+    # waits for go first, the rest (p already ran its own backward) can wait.
+    recvs = [ir.recv_grad(d + 1, mb, q) for mb in grad_order] if has_down and p != q else []
+    own_done = {i.mb for i in p_ran if i.op is Op.BACKWARD and i.stage == (d - 1) % P}
+    urgent: list[Instr] = []
+    deferred: list[Instr] = []
+    for mb in (grad_order if recvs else range(M)):
+        out = deferred if mb in own_done else urgent
         fresh = mb in to_send and mb not in frc
         if mb in frc and frc[mb] is False and mb not in to_send:
-            grads.append(ir.swap_in(d, mb))
+            out.append(ir.swap_in(d, mb))
         elif mb not in frc and not fresh:
-            grads += fresh_forward(mb, redundant=True)
-        grads.append(ir.backward(d, mb, redundant=not fresh))
-    return [acts, grads], chain_loads
+            out += fresh_forward(mb, redundant=True)
+        out.append(ir.backward(d, mb, redundant=not fresh))
+    return [recvs, acts, urgent, deferred], chain_loads

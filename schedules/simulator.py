@@ -40,6 +40,14 @@ class Span(NamedTuple):
     instr: Instr
 
 
+class Message(NamedTuple):
+    src: int
+    dst: int
+    instr: Instr     # the send
+    sent: float
+    received: float  # when the receive completed
+
+
 class Chains(NamedTuple):
     """A list-scheduled node: a fixed prefix, chains to interleave, then a fixed tail."""
     prefix: list[Instr]
@@ -55,6 +63,7 @@ class Report:
     peak_live: dict[int, int]         # most forward states resident at once, per node
     peak_swapped: dict[int, int]      # most FRC intermediates in host memory at once
     spans: list[Span]
+    messages: list[Message]
     streams: dict[int, list[Instr]]   # what each node executed, in order
     finished: dict[int, bool]
 
@@ -92,6 +101,7 @@ class Simulator:
         self.channels: dict[tuple, deque] = defaultdict(deque)
         self.normal_forwards: Counter = Counter()
         self.spans: list[Span] = []
+        self.messages: list[Message] = []
         # For list-scheduled senders: the order in which each fixed receiver takes
         # their messages, so that the chosen order keeps every channel FIFO.
         self.expected: dict[tuple[int, int], deque] = {}
@@ -159,9 +169,10 @@ class Simulator:
         start = self.start_time(node, ins)
         end = start + self.cost.duration(ins)
         if op in RECVS:
-            self.channels[channel(ins, node)].popleft()
+            sent, _, sent_at = self.channels[channel(ins, node)].popleft()
+            self.messages.append(Message(ins.peer, node, sent, sent_at, end))
         if op in SENDS:
-            self.channels[channel(ins, node)].append((ins, end + self.cost.latency(ins)))
+            self.channels[channel(ins, node)].append((ins, end + self.cost.latency(ins), end))
             if channel(ins, node) in self.expected:
                 self.expected[channel(ins, node)].popleft()
         if op is Op.LOAD:
@@ -277,6 +288,7 @@ class Simulator:
             peak_live={n: self.nodes[n].peak_live for n in live},
             peak_swapped={n: self.nodes[n].peak_swapped for n in live},
             spans=self.spans,
+            messages=self.messages,
             streams={n: list(st.done) for n, st in self.nodes.items()},
             finished={n: n not in stuck for n in live})
 
