@@ -32,14 +32,19 @@ class Schedule:
     redundancy: str
     order: str
     streams: dict[int, list[Instr]]
-    lazy_brc: dict[int, list[Instr]] = field(default_factory=dict)
     fail_node: int | None = None
     fail_before: int | None = None
     resume_at: dict[int, int] = field(default_factory=dict)
 
     @property
     def layout(self) -> Layout:
-        return Layout(self.stages, frozenset(self.failed))
+        return Layout(self.stages, frozenset(self.failed), self.redundancy == "eager")
+
+    def lazy_brc(self, node: int) -> list[Instr]:
+        """What `node` would run for its replica if the replica's owner died."""
+        if self.redundancy != "eager" or self.fail_node is not None:
+            return []
+        return lazy_brc(self.layout, node, self.microbatches)
 
     def to_json(self) -> dict:
         out = {"stages": self.stages, "microbatches": self.microbatches, "failed": list(self.failed),
@@ -49,8 +54,9 @@ class Schedule:
         streams = []
         for node, stream in self.streams.items():
             entry = {"node": node, "instructions": [i.to_dict() for i in stream]}
-            if self.lazy_brc.get(node):
-                entry["lazy_brc"] = [i.to_dict() for i in self.lazy_brc[node]]
+            brc = self.lazy_brc(node)
+            if brc:
+                entry["lazy_brc"] = [i.to_dict() for i in brc]
             if node in self.resume_at:
                 entry["resume_at"] = self.resume_at[node]
             streams.append(entry)
@@ -73,13 +79,11 @@ def compile_schedule(stages: int, microbatches: int, failed: tuple[int, ...] = (
     """One iteration for every live node, with `failed` nodes' groups merged into
     their predecessors' (a failure handled at an iteration boundary)."""
     _check_options(stages, microbatches, redundancy, order)
-    layout = Layout(stages, frozenset(failed))
+    layout = Layout(stages, frozenset(failed), redundancy == "eager")
     streams = plain_streams(layout, microbatches, order, cost)
-    brc = {}
     if redundancy == "eager":
         streams = insert_frc(layout, microbatches, streams, cost)
-        brc = {n: lazy_brc(layout, n, microbatches) for n in streams}
-    return Schedule(stages, microbatches, tuple(sorted(set(failed))), redundancy, order, streams, brc)
+    return Schedule(stages, microbatches, tuple(sorted(set(failed))), redundancy, order, streams)
 
 
 def compile_stage(stages: int, microbatches: int, node: int, **options) -> list[Instr]:

@@ -32,6 +32,7 @@ def check_args(stages: int, microbatches: int) -> None:
 class Layout:
     stages: int
     failed: frozenset[int] = field(default_factory=frozenset)
+    replicas: bool = True  # False without redundancy: nobody holds a neighbour's layers
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "failed", frozenset(self.failed))
@@ -61,7 +62,7 @@ class Layout:
     def replica(self, node: int) -> int | None:
         """The stage whose replica `node` keeps warm with FRC, if its owner is alive."""
         nxt = (node + 1) % self.stages
-        return nxt if nxt not in self.failed and node not in self.failed else None
+        return nxt if self.replicas and nxt not in self.failed and node not in self.failed else None
 
     def holder(self, stage: int) -> int | None:
         """The node keeping a replica of `stage`, if any."""
@@ -79,4 +80,4 @@ class Layout:
         return out
 
     def with_failed(self, node: int) -> "Layout":
-        return Layout(self.stages, self.failed | {node})
+        return Layout(self.stages, self.failed | {node}, self.replicas)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from schedules import ir
 from schedules.cost import CostModel
-from schedules.ir import Instr
+from schedules.ir import Instr, Op
 from schedules.layout import Group, Layout
 from schedules.order import ORDERS, Step
 from schedules.simulator import Chains, Simulator
@@ -21,22 +21,25 @@ def lower_group(layout: Layout, group: Group, order: list[Step]) -> list[Instr]:
     P, node, stages = layout.stages, group.node, group.stages
     first, last = stages[0], stages[-1]
     labels_here = last == P - 1 and first != 0 and layout.owner(0) != node
+    up = layout.owner(first - 1) if first > 0 else -1
+    down = layout.owner(last + 1) if last < P - 1 else -1
     out: list[Instr] = []
+    add = out.append
     for kind, mb in order:
         if kind == "F":
             if first == 0 or labels_here:
-                out.append(ir.load(mb))
-            if first > 0:
-                out.append(ir.recv_act(first - 1, mb, layout.owner(first - 1)))
-            out.extend(ir.forward(s, mb) for s in stages)
-            if last < P - 1:
-                out.append(ir.send_act(last, mb, layout.owner(last + 1)))
+                add(ir.load(mb))
+            if up >= 0:
+                add(Instr(Op.RECV_ACT, first - 1, mb, up))
+            out.extend(Instr(Op.FORWARD, s, mb) for s in stages)
+            if down >= 0:
+                add(Instr(Op.SEND_ACT, last, mb, down))
         else:
-            if last < P - 1:
-                out.append(ir.recv_grad(last + 1, mb, layout.owner(last + 1)))
-            out.extend(ir.backward(s, mb) for s in reversed(stages))
-            if first > 0:
-                out.append(ir.send_grad(first, mb, layout.owner(first - 1)))
+            if down >= 0:
+                add(Instr(Op.RECV_GRAD, last + 1, mb, down))
+            out.extend(Instr(Op.BACKWARD, s, mb) for s in reversed(stages))
+            if up >= 0:
+                add(Instr(Op.SEND_GRAD, first, mb, up))
     return out
 
 

@@ -52,35 +52,36 @@ def _fill(r: int, needs_load: bool, microbatches: int, stream: list[Instr], star
     loaded: set[int] = set()
     have_input: set[int] = set(range(microbatches)) if r == 0 else set()
     nxt = 0  # next microbatch to run FRC for
-    prev_end = 0.0
 
     def frc(mb: int) -> list[Instr]:
         ops = frc_ops(r, mb, load=(needs_load and mb not in loaded))
         loaded.add(mb)
         return ops
 
-    def frc_cost(mb: int) -> float:
-        return sum(cost.duration(i) for i in frc_ops(r, mb, load=(needs_load and mb not in loaded)))
+    run_cost = sum(cost.duration(i) for i in frc_ops(r, 0, load=False))
 
-    for ins, start in zip(stream, starts):
-        if ins.op in RECVS:
-            if ins.op is Op.RECV_SYNC:  # last wait of the iteration: everything left goes here
+    def frc_cost(mb: int) -> float:
+        return run_cost + (cost.load if needs_load and mb not in loaded else 0.0)
+
+    duration = cost.duration
+    for i, ins in enumerate(stream):
+        op = ins.op
+        if op in RECVS and nxt < microbatches:
+            if op is Op.RECV_SYNC:  # last wait of the iteration: everything left goes here
                 while nxt < microbatches:
                     out += frc(nxt)
                     nxt += 1
-            gap = start - prev_end
+            gap = starts[i] - (starts[i - 1] + duration(stream[i - 1]) if i else 0.0)
             while nxt < microbatches and nxt in have_input and frc_cost(nxt) <= gap + 1e-9:
                 gap -= frc_cost(nxt)
                 out += frc(nxt)
                 nxt += 1
-        if ins.op is Op.LOAD and ins.mb in loaded:
-            prev_end = start + cost.duration(ins)
-            continue  # FRC of stage 0 already loaded this microbatch
-        if ins.op is Op.LOAD:
+        elif op is Op.LOAD:
+            if ins.mb in loaded:
+                continue  # FRC already loaded this microbatch
             loaded.add(ins.mb)
-        if ins.op is Op.FORWARD and ins.stage == r - 1:
+        elif op is Op.FORWARD and ins.stage == r - 1:
             have_input.add(ins.mb)
         out.append(ins)
-        prev_end = start + cost.duration(ins)
     assert nxt == microbatches, "a node with a replica always ends with recv_sync"
     return out

@@ -332,8 +332,9 @@ def start_times(streams: dict[int, list[Instr]], cost: CostModel) -> dict[int, l
             pc, clock, out = pcs[n], clocks[n], starts[n]
             while pc < len(stream):
                 ins = stream[pc]
-                if ins.op in RECVS:
-                    q = channels[channel(ins, n)]
+                op = ins.op
+                if op in RECVS:
+                    q = channels[(ins.peer, n, RECVS[op])]
                     if not q:
                         break
                     arrival = q.popleft()
@@ -342,8 +343,8 @@ def start_times(streams: dict[int, list[Instr]], cost: CostModel) -> dict[int, l
                     start = clock
                 out.append(start)
                 clock = start + duration(ins)
-                if ins.op in SENDS:
-                    channels[channel(ins, n)].append(clock + latency(ins))
+                if op in SENDS:
+                    channels[(n, ins.peer, op)].append(clock + latency(ins))
                 pc += 1
             progress |= pc != pcs[n]
             pcs[n], clocks[n] = pc, clock

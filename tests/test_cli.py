@@ -1,0 +1,118 @@
+"""The command line: the JSON exchange format (checked by an independent reader
+written here), error handling, rendering and the demo."""
+import json
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+
+SEND = {"send_act": "act", "send_grad": "grad", "send_sync": "sync"}
+RECV = {"recv_act": "act", "recv_grad": "grad", "recv_sync": "sync"}
+
+
+def run(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "schedules", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def dump(*args):
+    out = run("dump", *args)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def check_channels(doc):
+    """Independent of the simulator: per (sender, receiver, kind), the sequence sent
+    equals the sequence received, so messages pair up in order."""
+    sent, received = defaultdict(list), defaultdict(list)
+    for stream in doc["streams"]:
+        me = stream["node"]
+        for ins in stream["instructions"]:
+            key = (ins.get("stage"), ins.get("mb"))
+            if ins["op"] in SEND:
+                sent[(me, ins["peer"], SEND[ins["op"]])].append(key)
+            elif ins["op"] in RECV:
+                received[(ins["peer"], me, RECV[ins["op"]])].append(key)
+    assert dict(sent) == dict(received)
+
+
+def test_dump_fault_free_eager_matches_the_contract():
+    doc = dump("--stages", "4", "--microbatches", "6")
+    assert (doc["stages"], doc["microbatches"], doc["failed"]) == (4, 6, [])
+    assert [s["node"] for s in doc["streams"]] == [0, 1, 2, 3]
+    check_channels(doc)
+    first = doc["streams"][0]["instructions"][:3]
+    assert first == [{"op": "load", "mb": 0}, {"op": "forward", "stage": 0, "mb": 0, "redundant": False},
+                     {"op": "send_act", "stage": 0, "mb": 0, "peer": 1}]
+    for s in doc["streams"]:
+        m, ins = s["node"], s["instructions"]
+        frc = sorted(i["mb"] for i in ins if i["op"] == "forward" and i["redundant"])
+        assert frc == list(range(6))
+        assert all(i["stage"] == (m + 1) % 4 for i in ins if i["op"] == "forward" and i["redundant"])
+        assert not any(i["op"] == "backward" and i["redundant"] for i in ins)
+        assert {i["op"] for i in s["lazy_brc"]} == {"swap_in", "backward"}
+
+
+def test_dump_without_redundancy_has_no_redundant_work():
+    doc = dump("--stages", "3", "--microbatches", "2", "--redundancy", "off")
+    check_channels(doc)
+    assert not any(i.get("redundant") for s in doc["streams"] for i in s["instructions"])
+
+
+def test_dump_failed_node_is_merged_into_its_predecessor():
+    doc = dump("--stages", "4", "--microbatches", "3", "--failed", "2")
+    check_channels(doc)
+    assert [s["node"] for s in doc["streams"]] == [0, 1, 3]
+    node1 = doc["streams"][1]["instructions"]
+    for stage in (1, 2):
+        for op in ("forward", "backward"):
+            assert sorted(i["mb"] for i in node1 if i["op"] == op and i["stage"] == stage
+                          and not i["redundant"]) == [0, 1, 2]
+
+
+def test_dump_mid_iteration_failure():
+    doc = dump("--stages", "4", "--microbatches", "4", "--fail-node", "1", "--fail-before", "9")
+    assert (doc["fail_node"], doc["fail_before"]) == (1, 9)
+    assert [s["node"] for s in doc["streams"]] == [0, 2, 3]
+    node0 = doc["streams"][0]["instructions"]
+    assert sorted(i["mb"] for i in node0 if i["op"] == "backward" and i["stage"] == 1) == [0, 1, 2, 3]
+    assert all("resume_at" in s for s in doc["streams"])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--stages", "1"], "at least 2"),
+    (["--microbatches", "0"], "at least 1"),
+    (["--failed", "7"], "out of range"),
+    (["--failed", "1", "2"], "adjacent"),
+    (["--fail-node", "1"], "go together"),
+    (["--stages", "x"], "invalid int"),
+    (["--redundancy", "lazy"], "invalid choice"),
+])
+def test_bad_arguments_give_one_line_and_exit_2(args, message):
+    out = run("dump", *args)
+    assert out.returncode == 2
+    assert out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.stderr
+
+
+def test_render_writes_png_and_text(tmp_path):
+    png = tmp_path / "t.png"
+    out = run("render", "--stages", "3", "--microbatches", "4", "--out", str(png), "--width", "60")
+    assert out.returncode == 0, out.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = [line for line in out.stdout.splitlines() if line.startswith("node")]
+    assert len(rows) == 3 and all("f" in r and "F" in r and "B" in r for r in rows)
+
+
+def test_demo_runs(tmp_path):
+    out = run("demo", "--out-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "eager FRC / no redundancy" in out.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "schedule-eager.png", "schedule-no-redundancy.png", "schedule-recovery.png"]
+
+
+def test_bamboo_train_help_works():
+    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "--stages" in out.stdout and "--redundancy" in out.stdout

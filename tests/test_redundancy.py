@@ -1,0 +1,82 @@
+"""Passes (c)-(e): eager FRC, swap-out, lazy BRC; and merged groups after a failure."""
+import pytest
+
+from schedules.compiler import compile_schedule, simulate
+from schedules.cost import CostModel
+from schedules.ir import Op, is_frc
+from schedules.layout import Layout
+from schedules.lower import plain_streams
+from schedules.simulator import validate as simulate_streams
+
+
+def _normal_work(stream):
+    """Everything but FRC, loads and the replica sync."""
+    return [x for x in stream if not is_frc(x) and x.op not in (Op.SWAP_OUT, Op.LOAD, Op.SEND_SYNC, Op.RECV_SYNC)
+            and not (x.op is Op.OPTIMIZER_STEP and x.redundant)]
+
+
+@pytest.mark.parametrize("P,M", [(2, 1), (3, 5), (4, 8), (8, 16)])
+def test_every_node_runs_frc_of_its_successor_for_every_microbatch(P, M):
+    sched = compile_schedule(P, M)
+    for m, stream in sched.streams.items():
+        frc = [x for x in stream if is_frc(x)]
+        assert [(x.stage, x.mb) for x in frc] == [((m + 1) % P, mb) for mb in range(M)]
+        assert not any(x.op is Op.BACKWARD and x.redundant for x in stream)
+        for i, x in enumerate(stream):  # intermediates go to host memory right away
+            if is_frc(x):
+                assert stream[i + 1].op is Op.SWAP_OUT and stream[i + 1][1:3] == x[1:3]
+
+
+@pytest.mark.parametrize("P,M", [(3, 5), (4, 8), (8, 16)])
+def test_frc_only_adds_work_to_the_plain_stream(P, M):
+    off, eager = compile_schedule(P, M, redundancy="off"), compile_schedule(P, M)
+    for m in off.streams:
+        assert _normal_work(eager.streams[m]) == _normal_work(off.streams[m])
+        loads = lambda s: sorted(x.mb for x in s if x.op is Op.LOAD)  # noqa: E731
+        needs_all = m in (P - 1, P - 2)  # stage 0 inputs for FRC, stage P-1 labels for FRC
+        assert loads(eager.streams[m]) == (list(range(M)) if needs_all or m == 0 else loads(off.streams[m]))
+
+
+@pytest.mark.parametrize("P,M", [(4, 8), (4, 32), (8, 8), (8, 32), (5, 7)])
+def test_frc_costs_no_more_than_its_leftover(P, M):
+    """Lower bound: no node finishes before its own work is done. Upper bound: FRC
+    that fits in a wait delays nothing, the rest only delays its own node. Both
+    against the same streams with replica syncs but no FRC."""
+    cost = CostModel()
+    layout = Layout(P)
+    plain = simulate_streams(layout, M, plain_streams(layout, M, cost=cost), cost)
+    r_eager = simulate(compile_schedule(P, M), cost)
+    frc_work = {m: sum(cost.duration(x) for x in s if is_frc(x) or x.op is Op.SWAP_OUT)
+                for m, s in compile_schedule(P, M).streams.items()}
+    lower = max([plain.makespan] + [plain.busy[m] + frc_work[m] for m in frc_work])
+    assert lower - 1e-9 <= r_eager.makespan <= plain.makespan + max(frc_work.values()) + 1e-9
+
+
+def test_frc_fits_entirely_in_bubbles_of_a_deep_short_pipeline():
+    cost = CostModel()
+    layout = Layout(8)
+    plain = simulate_streams(layout, 8, plain_streams(layout, 8, cost=cost), cost)
+    assert simulate(compile_schedule(8, 8), cost).makespan == pytest.approx(plain.makespan)
+
+
+def test_lazy_brc_swaps_in_then_backward_for_every_microbatch():
+    sched = compile_schedule(3, 2)
+    assert [str(x) for x in sched.lazy_brc(2)] == [
+        "swap_in s0 mb0", "backward s0 mb0 (R)", "swap_in s0 mb1", "backward s0 mb1 (R)"]
+    assert compile_schedule(3, 2, failed=(2,)).lazy_brc(1) == []  # its successor is gone
+
+
+@pytest.mark.parametrize("P,M,failed", [(4, 6, (2,)), (4, 3, (0,)), (6, 5, (1, 4)), (2, 3, (1,)), (2, 2, (0,))])
+def test_failed_nodes_stages_run_as_normal_work_on_the_predecessor(P, M, failed):
+    sched = compile_schedule(P, M, failed=failed)
+    assert set(sched.streams) == set(range(P)) - set(failed)
+    for d in failed:
+        p = (d - 1) % P
+        stream = sched.streams[p]
+        for stage in (p, d):
+            for op in (Op.FORWARD, Op.BACKWARD):
+                assert sorted(x.mb for x in stream if x.op is op and x.stage == stage and not x.redundant) \
+                    == list(range(M))
+        assert not any(x.peer == d for x in stream)
+        assert not any(is_frc(x) for x in stream)  # p holds no replica any more
+    simulate(sched)

@@ -1,0 +1,114 @@
+"""The simulator against closed-form pipeline results, and the validator against
+deliberately broken streams."""
+import pytest
+
+from schedules import ir
+from schedules.compiler import compile_schedule, simulate
+from schedules.cost import CostModel
+from schedules.ir import Op
+from schedules.simulator import ValidationError, validate
+
+# No latency and free bookkeeping: the textbook pipeline model.
+IDEAL = CostModel(forward=1.0, backward=2.0, transfer=0.0, swap=0.0, step=0.0, sync_transfer=0.0)
+
+
+@pytest.mark.parametrize("order", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("P,M", [(2, 1), (4, 8), (8, 3), (6, 16)])
+def test_makespan_and_bubble_match_the_closed_form(order, P, M):
+    r = simulate(compile_schedule(P, M, redundancy="off", order=order, cost=IDEAL), IDEAL)
+    f, b = 1.0, 2.0
+    assert r.makespan == pytest.approx((M + P - 1) * (f + b))
+    for node in range(P):
+        assert r.bubble[node] == pytest.approx((P - 1) / (M + P - 1))
+
+
+@pytest.mark.parametrize("P,M", [(4, 8), (5, 3)])
+def test_peak_live_activations(P, M):
+    one = simulate(compile_schedule(P, M, redundancy="off", cost=IDEAL), IDEAL)
+    gp = simulate(compile_schedule(P, M, redundancy="off", order="gpipe", cost=IDEAL), IDEAL)
+    for s in range(P):
+        assert one.peak_live[s] == min(P - s, M)
+        assert gp.peak_live[s] == M
+
+
+def _streams(P=3, M=4, redundancy="off"):
+    s = compile_schedule(P, M, redundancy=redundancy)
+    return s.layout, M, {n: list(v) for n, v in s.streams.items()}
+
+
+def _index(stream, op, **fields):
+    return next(i for i, x in enumerate(stream) if x.op is op and all(getattr(x, k) == v for k, v in fields.items()))
+
+
+def test_fixture_streams_are_valid():
+    layout, M, streams = _streams()
+    validate(layout, M, streams)
+
+
+def test_missing_receive_is_caught():
+    layout, M, streams = _streams()
+    del streams[1][_index(streams[1], Op.RECV_ACT, mb=2)]
+    with pytest.raises(ValidationError) as e:
+        validate(layout, M, streams)
+    assert e.value.kind == "use-before-produce"
+
+
+def test_swapped_receives_are_out_of_order():
+    layout, M, streams = _streams()
+    i, j = _index(streams[1], Op.RECV_ACT, mb=0), _index(streams[1], Op.RECV_ACT, mb=1)
+    streams[1][i], streams[1][j] = streams[1][j], streams[1][i]
+    with pytest.raises(ValidationError) as e:
+        validate(layout, M, streams)
+    assert e.value.kind == "out-of-order"
+
+
+def test_backward_before_its_forward_is_use_before_produce():
+    layout, M, streams = _streams()
+    b = streams[2].pop(_index(streams[2], Op.BACKWARD, mb=1))
+    streams[2].insert(0, b)
+    with pytest.raises(ValidationError) as e:
+        validate(layout, M, streams)
+    assert e.value.kind == "use-before-produce"
+
+
+def test_waiting_before_sending_deadlocks():
+    layout, M, streams = _streams()
+    recv = streams[0].pop(_index(streams[0], Op.RECV_GRAD, mb=0))
+    streams[0].insert(_index(streams[0], Op.SEND_ACT, mb=0), recv)
+    with pytest.raises(ValidationError) as e:
+        validate(layout, M, streams)
+    assert e.value.kind == "deadlock"
+
+
+def test_unreceived_message_is_unmatched():
+    layout, M, streams = _streams()
+    streams[0].insert(_index(streams[0], Op.SEND_ACT, mb=3) + 1, ir.send_act(0, 3, 2))
+    with pytest.raises(ValidationError) as e:
+        validate(layout, M, streams)
+    assert e.value.kind == "unmatched"
+
+
+def test_a_microbatch_left_out_of_the_gradients_is_caught():
+    layout, M, streams = _streams(P=2)
+    # node 1 never computes microbatch 2's backward nor sends its gradient; node 0 skips it too
+    streams[1] = [x for x in streams[1] if not (x.op in (Op.BACKWARD, Op.SEND_GRAD) and x.mb == 2)]
+    streams[0] = [x for x in streams[0] if not (x.op in (Op.BACKWARD, Op.RECV_GRAD) and x.mb == 2)]
+    with pytest.raises(ValidationError) as e:
+        validate(layout, M, streams)
+    assert e.value.kind == "exactly-once" and "missing [2]" in str(e.value)
+
+
+def test_replica_that_is_never_stepped_is_caught():
+    layout, M, streams = _streams(redundancy="eager")
+    streams[0] = [x for x in streams[0] if not (x.op is Op.OPTIMIZER_STEP and x.redundant)]
+    with pytest.raises(ValidationError) as e:
+        validate(layout, M, streams)
+    assert e.value.kind == "not-stepped"
+
+
+def test_backward_from_swapped_out_intermediates_needs_a_swap_in():
+    layout, M, streams = _streams(redundancy="eager")
+    s = streams[0]
+    s.insert(_index(s, Op.SWAP_OUT, stage=1, mb=0) + 1, ir.backward(1, 0, redundant=True))
+    with pytest.raises(ValidationError, match="no resident forward state"):
+        validate(layout, M, streams)
