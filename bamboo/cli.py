@@ -1,34 +1,114 @@
-"""`bamboo-train`: launch a training job. The argument contract is fixed here; the
-worker runtime that runs it arrives with the runtime issue."""
+"""`bamboo-train`: train a model with pipeline parallelism that survives preemptions.
+
+With no cluster arguments it starts an embedded etcd and P x D worker processes on
+this machine. `--stages 1 --pipelines 1` runs the plain single-process reference on
+the same samples. Bad arguments and unsurvivable failures end with one line on
+stderr and a non-zero exit.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import random
 import sys
+
+from bamboo.config import DTYPES, JobConfig, Preempt
+from bamboo.models import MODELS, num_layers
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        print(f"bamboo-train: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="bamboo-train",
-        description="Pipeline-parallel training that survives spot preemptions with redundant computation.")
-    p.add_argument("--model", default="tiny", help="built-in model size: tiny, gpt2-small, bert-large")
+    p = _Parser(prog="bamboo-train", description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=sorted(MODELS), default="tiny")
     p.add_argument("--stages", type=int, default=2, help="pipeline depth P")
     p.add_argument("--pipelines", type=int, default=1, help="data-parallel pipelines D")
     p.add_argument("--microbatches", type=int, default=4, help="global microbatches per iteration M")
     p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--batch", type=int, default=2, help="sequences per microbatch")
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--redundancy", choices=("eager", "off"), default="eager")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--metrics-out", metavar="FILE", help="JSON lines, one per iteration")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--data", nargs="+", default=[], metavar="FILE",
+                   help="text files to train on (default: the Python standard library's sources)")
+    p.add_argument("--metrics-out", metavar="FILE", help="JSON lines, one per iteration, then a summary")
+    p.add_argument("--save-dir", metavar="DIR", help="write the final parameters, one file per layer")
     p.add_argument("--preempt", action="append", default=[], metavar="NODE@ITER[:INSTR]",
-                   help="SIGKILL a worker at that point (repeatable), or 'random'")
-    p.add_argument("--etcd", metavar="HOST:PORT", help="join an existing etcd instead of starting one")
+                   help="SIGKILL that worker just before that instruction (repeatable), or 'random'")
+    p.add_argument("--failure-timeout", type=float, default=3.0,
+                   help="seconds of silence (etcd lease) after which a node counts as dead")
+    p.add_argument("--check-replicas", action="store_true",
+                   help="compare digests of every copy of every stage after each step")
+    p.add_argument("--etcd", metavar="HOST:PORT", help="use this etcd instead of starting one")
+    p.add_argument("--no-progress", action="store_true")
     return p
 
 
+def parse_preempts(specs: list[str], nodes: int, iterations: int, seed: int) -> tuple[Preempt, ...]:
+    out = []
+    for spec in specs:
+        if spec == "random":
+            rng = random.Random(seed)
+            out.append(Preempt(rng.randrange(nodes), rng.randrange(1, max(2, iterations)), rng.randrange(0, 40)))
+            continue
+        try:
+            node, _, rest = spec.partition("@")
+            it, _, ins = rest.partition(":")
+            p = Preempt(int(node), int(it), int(ins or 0))
+        except ValueError:
+            raise ValueError(f"--preempt {spec!r}: expected NODE@ITERATION[:INSTRUCTION] or 'random'") from None
+        if not 0 <= p.node < nodes:
+            raise ValueError(f"--preempt {spec!r}: node {p.node} is out of range 0..{nodes - 1}")
+        out.append(p)
+    return tuple(out)
+
+
+def config_from_args(args) -> JobConfig:
+    for name in ("stages", "pipelines", "microbatches", "iterations", "batch"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be at least 1 (got {getattr(args, name)})")
+    layers = num_layers(MODELS[args.model])
+    if args.stages > layers:
+        raise ValueError(f"--stages {args.stages} is more than model {args.model}'s {layers} layers")
+    if args.microbatches < args.pipelines:
+        raise ValueError(f"--microbatches {args.microbatches} is fewer than --pipelines {args.pipelines}")
+    if args.stages == 1 and args.pipelines > 1:
+        raise ValueError("--stages 1 is the single-process reference: use --pipelines 1")
+    return JobConfig(model=args.model, stages=args.stages, pipelines=args.pipelines,
+                     microbatches=args.microbatches, iterations=args.iterations, redundancy=args.redundancy,
+                     seed=args.seed, batch=args.batch, lr=args.lr, dtype=args.dtype,
+                     failure_timeout=args.failure_timeout,
+                     preempt=parse_preempts(args.preempt, args.stages * args.pipelines, args.iterations, args.seed),
+                     data_files=tuple(args.data), save_dir=args.save_dir, check_replicas=args.check_replicas)
+
+
 def main(argv: list[str] | None = None) -> int:
-    build_parser().parse_args(argv)
-    print("bamboo-train: the worker runtime is not available yet; "
-          "`python -m schedules demo` shows the schedules it will run", file=sys.stderr)
-    return 2
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+    except ValueError as e:
+        print(f"bamboo-train: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        if cfg.stages == 1:
+            from bamboo.single import run_single
+            run_single(cfg, args.metrics_out, progress=not args.no_progress)
+        else:
+            from bamboo.launcher import Launcher
+            summary = Launcher(cfg, args.etcd, args.metrics_out, progress=not args.no_progress).run()
+            print(json.dumps(summary))
+    except KeyboardInterrupt:
+        print("bamboo-train: interrupted; every process it started is stopped", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 -- one line, not a traceback wall
+        print(f"bamboo-train: error: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

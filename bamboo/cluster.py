@@ -1,0 +1,80 @@
+"""The job's shared state in etcd, key by key, and the small operations on it.
+
+Keys, all under /bamboo/<job>/:
+
+    alive/<node>               pid, bound to the node's lease: gone when it stops refreshing
+    failed/<node>              {"iteration", "by"}: first detector wins (create-if-absent)
+    cut/<iter>/<dead>/<node>   messages <node> received from <dead> in <iter>, per kind
+    done/<iter>/<node>         a node's iteration report (losses, memory, digests, events)
+    epoch/<iter>               failed nodes every worker uses from <iter> + 1 on (first writer wins)
+    reduced/<iter>/<stage>     members of a finished data-parallel reduce of <stage>
+    preempted/<node>           wall time of an injected SIGKILL
+    error/<node>               a worker's fatal error, one line
+    pg/...                     torch.distributed store keys (process group rendezvous)
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from bamboo.etcd import connect
+
+
+class Cluster:
+    def __init__(self, endpoint: str, job: str):
+        self.endpoint = endpoint
+        self.client = connect(endpoint)
+        self.root = f"/bamboo/{job}/"
+        self._lease = None
+
+    def key(self, *parts) -> str:
+        return self.root + "/".join(str(p) for p in parts)
+
+    def put(self, value, *parts) -> None:
+        self.client.put(self.key(*parts), json.dumps(value))
+
+    def create(self, value, *parts) -> bool:
+        """Write only if absent (an etcd transaction); True when this call wrote it."""
+        return bool(self.client.put_if_not_exists(self.key(*parts), json.dumps(value)))
+
+    def get(self, *parts):
+        value, _ = self.client.get(self.key(*parts))
+        return None if value is None else json.loads(value)
+
+    def children(self, *parts) -> dict[str, object]:
+        """{last key part: value} for every key under the prefix."""
+        prefix = self.key(*parts) + "/"
+        return {meta.key.decode()[len(prefix):]: json.loads(value)
+                for value, meta in self.client.get_prefix(prefix)}
+
+    def wait_for(self, predicate, timeout: float, what: str, poll: float = 0.02):
+        """Poll until predicate() returns something truthy; TimeoutError naming `what`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = predicate()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+            time.sleep(poll)
+
+    def register(self, node: int, ttl: float) -> None:
+        """alive/<node> under a lease refreshed by a daemon thread every ttl/3."""
+        self._lease = self.client.lease(max(1, int(round(ttl))))
+        self.client.put(self.key("alive", node), str(node), lease=self._lease)
+
+        def refresh():
+            while True:
+                time.sleep(max(0.2, ttl / 3))
+                try:
+                    self._lease.refresh()
+                except Exception:  # etcd briefly unreachable: try again next round
+                    pass
+        threading.Thread(target=refresh, daemon=True, name="lease").start()
+
+    def alive(self) -> set[int]:
+        return {int(k) for k in self.children("alive")}
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,130 @@
+"""Point-to-point messages between nodes over a gloo process group.
+
+Each message is a small header (shape, dtype) and the tensor, sent with the tag of
+its kind (activation, gradient, replica sync): one FIFO channel per (sender,
+receiver, kind), as the compiler assumes. Receiving is done ahead by one mailbox
+thread per incoming channel, so a node always knows exactly how many messages a
+peer delivered: after a peer dies that count is what tells survivors how far it
+got. A peer's death shows up as an error on its channel (gloo closes the pair).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from schedules.ir import Op
+
+TAGS = {Op.SEND_ACT: 1, Op.SEND_GRAD: 2, Op.SEND_SYNC: 3}
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64]
+_HEADER = 10  # ndim, up to 8 dims, dtype code
+
+
+class PeerFailure(RuntimeError):
+    def __init__(self, peer: int, detail: str):
+        super().__init__(f"node {peer}: {detail}")
+        self.peer = peer
+
+
+class Interrupted(Exception):
+    """A blocking receive gave up because the caller's plan changed."""
+
+
+def _header(t: torch.Tensor) -> torch.Tensor:
+    h = torch.zeros(_HEADER, dtype=torch.int64)
+    h[0] = t.dim()
+    h[1:1 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+    h[-1] = _DTYPES.index(t.dtype)
+    return h
+
+
+class _Mailbox:
+    def __init__(self, comm: "Comm", peer: int, kind: Op):
+        self.comm, self.peer, self.kind = comm, peer, kind
+        self.expected = 0
+        self.received = 0
+        self.error: str | None = None
+        self.inbox: queue.Queue = queue.Queue()
+        self.cond = threading.Condition()
+        threading.Thread(target=self._run, daemon=True, name=f"mailbox-{peer}-{kind.value}").start()
+
+    def expect(self, total: int) -> None:
+        with self.cond:
+            self.expected = max(self.expected, total)
+            self.cond.notify()
+
+    def _run(self) -> None:
+        src, tag, pg = self.comm.rank_of[self.peer], TAGS[self.kind], self.comm.pg
+        while True:
+            with self.cond:
+                while self.received >= self.expected:
+                    self.cond.wait()
+            try:
+                h = torch.zeros(_HEADER, dtype=torch.int64)
+                pg.recv([h], src, tag).wait()
+                shape = tuple(int(x) for x in h[1:1 + int(h[0])])
+                t = torch.empty(shape, dtype=_DTYPES[int(h[-1])])
+                pg.recv([t], src, tag).wait()
+            except RuntimeError as e:
+                with self.cond:
+                    self.error = str(e).splitlines()[0][:200]
+                self.inbox.put(None)
+                return
+            with self.cond:
+                self.received += 1
+            self.inbox.put(t)
+
+
+class Comm:
+    def __init__(self, pg: dist.ProcessGroup, rank_of: dict[int, int], device: torch.device):
+        self.pg, self.rank_of, self.device = pg, rank_of, device
+        self._boxes: dict[tuple[int, Op], _Mailbox] = {}
+
+    def _box(self, peer: int, kind: Op) -> _Mailbox:
+        if (peer, kind) not in self._boxes:
+            self._boxes[(peer, kind)] = _Mailbox(self, peer, kind)
+        return self._boxes[(peer, kind)]
+
+    def expect(self, peer: int, kind: Op, total: int) -> None:
+        """Receive `total` messages of `kind` from `peer` since this Comm began."""
+        self._box(peer, kind).expect(total)
+
+    def counts(self) -> dict[tuple[int, Op], int]:
+        """Messages received so far on every channel, by (peer, kind)."""
+        return {key: box.received for key, box in self._boxes.items()}
+
+    def closed(self, peer: int) -> bool:
+        return any(b.error for (p, _), b in self._boxes.items() if p == peer)
+
+    def send(self, peer: int, kind: Op, tensor: torch.Tensor) -> None:
+        t = tensor.detach().contiguous().cpu()
+        try:
+            dst, tag = self.rank_of[peer], TAGS[kind]
+            self.pg.send([_header(t)], dst, tag).wait()
+            self.pg.send([t], dst, tag).wait()
+        except RuntimeError as e:
+            raise PeerFailure(peer, str(e).splitlines()[0][:200]) from None
+
+    def recv(self, peer: int, kind: Op, keep_waiting=lambda: True, poll: float = 0.05) -> torch.Tensor:
+        box = self._box(peer, kind)
+        while True:
+            try:
+                t = box.inbox.get(timeout=poll)
+            except queue.Empty:
+                if not keep_waiting():
+                    raise Interrupted() from None
+                continue
+            if t is None:
+                box.inbox.put(None)  # stays closed for later receives
+                raise PeerFailure(peer, box.error or "channel closed")
+            return t.to(self.device)
+
+
+def new_group(store: dist.Store, members: list[int], me: int, timeout: float) -> tuple[dist.ProcessGroup, dict]:
+    """A gloo group over `members` (node ids): returns it and node id -> group rank."""
+    rank_of = {n: i for i, n in enumerate(members)}
+    pg = dist.ProcessGroupGloo(store, rank_of[me], len(members), timedelta(seconds=timeout))
+    return pg, rank_of

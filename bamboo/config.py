@@ -1,0 +1,57 @@
+"""A training job's settings, shared by the launcher, every worker and the reference."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class Preempt:
+    """SIGKILL node `node` just before instruction `instruction` of `iteration`."""
+    node: int
+    iteration: int
+    instruction: int = 0
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    model: str = "tiny"
+    stages: int = 2
+    pipelines: int = 1
+    microbatches: int = 4
+    iterations: int = 10
+    redundancy: str = "eager"
+    seed: int = 0
+    batch: int = 2              # sequences per microbatch
+    lr: float = 1e-3
+    dtype: str = "float32"
+    failure_timeout: float = 3.0  # etcd lease TTL: a silent node is dead after this
+    preempt: tuple[Preempt, ...] = field(default_factory=tuple)
+    data_files: tuple[str, ...] = field(default_factory=tuple)
+    save_dir: str | None = None   # final parameters, one file per layer
+    check_replicas: bool = False  # digest owners and replicas after every step
+    job: str = "job"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def nodes(self) -> int:
+        return self.stages * self.pipelines
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "JobConfig":
+        d = dict(d, preempt=tuple(Preempt(**p) for p in d["preempt"]), data_files=tuple(d["data_files"]))
+        return cls(**d)
+
+
+def dropout_seed_for(seed: int, iteration: int, microbatch: int) -> int:
+    """The dropout seed of global microbatch `microbatch` in `iteration`."""
+    return (seed * 1_000_003 + iteration) * 100_003 + microbatch

@@ -1,0 +1,161 @@
+"""The executor: interprets one node's instruction stream on torch tensors.
+
+One method per op, named after it. A stage's input is always a fresh leaf, so each
+stage's backward is separate and yields the gradient to send upstream. Redundant
+forwards (FRC) record their saved tensors in a swappable container. A send to a
+dead peer is lost like any message to a dead node; a receive from a dead peer, or
+a failure recorded by anyone in this pipeline, hands control to the failover,
+which returns the recovery stream to continue with from the same position.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections import Counter
+
+import torch
+
+from schedules.ir import Instr, Op, RECVS, SENDS
+
+from bamboo.comm import Comm, Interrupted, PeerFailure
+from bamboo.config import JobConfig, dropout_seed_for
+from bamboo.models import dropout_seed
+from bamboo.swap import SavedTensors
+
+
+class Executor:
+    def __init__(self, cfg: JobConfig, pipeline: int, me: int, modules: dict, optimizers: dict,
+                 corpus, device: torch.device, reducer, cluster):
+        self.cfg, self.pipeline, self.me = cfg, pipeline, me
+        self.P = cfg.stages
+        self.modules, self.optimizers = modules, optimizers
+        self.corpus, self.device, self.reducer, self.cluster = corpus, device, reducer, cluster
+        self.params = {s: {p.data_ptr() for p in m.parameters()} for s, m in modules.items()}
+        self.swap_stream = torch.cuda.Stream() if device.type == "cuda" else None
+
+    def peer(self, local: int) -> int:
+        return self.pipeline * self.P + local
+
+    # -- one iteration -------------------------------------------------------------------
+    def run(self, iteration: int, stream: list[Instr], microbatches: range, comm: Comm, failover) -> dict:
+        self.iteration, self.mbs, self.comm = iteration, microbatches, comm
+        self.inputs, self.labels, self.acts, self.grads, self.states = {}, {}, {}, {}, {}
+        self.losses: dict[int, float] = {}
+        for m in self.modules.values():
+            m.zero_grad(set_to_none=True)
+        self._base = comm.counts()  # messages received before this iteration
+        self._expect(stream)
+        pc = 0
+        while pc < len(stream):
+            self._maybe_preempt(pc)
+            ins = stream[pc]
+            try:
+                getattr(self, ins.op.value)(ins, failover)
+                pc += 1
+            except PeerFailure as e:
+                failover.detected(e.peer, str(e))
+                if ins.op in SENDS:
+                    pc += 1  # lost with the dead node, as the compiler assumes
+            except Interrupted:
+                pass
+            if failover.new_failure() is not None:
+                stream, resume_at = failover.resolve()
+                if pc > resume_at:
+                    raise RuntimeError(f"node ran past its recovery point ({pc} > {resume_at})")
+                self._expect(stream)
+        return {"losses": self.losses}
+
+    def _expect(self, stream: list[Instr]) -> None:
+        """Arm the mailboxes with how many messages this iteration brings per channel."""
+        counts = Counter((self.peer(i.peer), RECVS[i.op]) for i in stream if i.op in RECVS)
+        for (peer, kind), n in counts.items():
+            self.comm.expect(peer, kind, self._base.get((peer, kind), 0) + n)
+
+    def _maybe_preempt(self, pc: int) -> None:
+        for p in self.cfg.preempt:
+            if (p.node, p.iteration, p.instruction) == (self.peer(self.me), self.iteration, pc):
+                self.cluster.put(time.time(), "preempted", p.node)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    # -- ops ---------------------------------------------------------------------------
+    def load(self, ins: Instr, failover) -> None:
+        x, y = self.corpus.microbatch(self.iteration, self.mbs[ins.mb])
+        self.inputs[ins.mb], self.labels[ins.mb] = x.to(self.device), y.to(self.device)
+
+    def forward(self, ins: Instr, failover) -> None:
+        s, mb = ins.stage, ins.mb
+        if s == 0:
+            inp = self.inputs[mb]
+        else:
+            inp = self.acts[(s - 1, mb)].detach().requires_grad_(True)
+        labels = self.labels[mb] if s == self.P - 1 else None
+        saved = SavedTensors(self.params[s]) if ins.redundant else None
+        seed = dropout_seed_for(self.cfg.seed, self.iteration, self.mbs[mb])
+        with dropout_seed(seed), (saved.recording() if saved else contextlib.nullcontext()):
+            out = self.modules[s](inp, labels) if labels is not None else self.modules[s](inp)
+        self.states[(s, mb)] = (inp, out, saved)
+        if s < self.P - 1:
+            self.acts[(s, mb)] = out.detach()
+
+    def backward(self, ins: Instr, failover) -> None:
+        s, mb = ins.stage, ins.mb
+        inp, out, _ = self.states.pop((s, mb))
+        if s == self.P - 1:
+            self.losses[self.mbs[mb]] = out.item()
+            (out / self.cfg.microbatches).backward()  # the global batch's mean, as the reference
+        else:
+            out.backward(self.grads[(s + 1, mb)])
+        if s > 0:
+            self.grads[(s, mb)] = inp.grad
+
+    def swap_out(self, ins: Instr, failover) -> None:
+        key = (ins.stage, ins.mb)
+        self.states[key][2].swap_out(self.swap_stream)
+        if key in self.acts:
+            self.acts[key] = self.acts[key].to("cpu", copy=True)
+
+    def swap_in(self, ins: Instr, failover) -> None:
+        key = (ins.stage, ins.mb)
+        self.states[key][2].swap_in()
+        if key in self.acts:
+            self.acts[key] = self.acts[key].to(self.device, copy=True)
+
+    def send_act(self, ins: Instr, failover) -> None:
+        self.comm.send(self.peer(ins.peer), Op.SEND_ACT, self.acts[(ins.stage, ins.mb)])
+
+    def recv_act(self, ins: Instr, failover) -> None:
+        self.acts[(ins.stage, ins.mb)] = self.comm.recv(self.peer(ins.peer), Op.SEND_ACT, failover.keep_waiting)
+
+    def send_grad(self, ins: Instr, failover) -> None:
+        self.comm.send(self.peer(ins.peer), Op.SEND_GRAD, self.grads[(ins.stage, ins.mb)])
+
+    def recv_grad(self, ins: Instr, failover) -> None:
+        self.grads[(ins.stage, ins.mb)] = self.comm.recv(self.peer(ins.peer), Op.SEND_GRAD, failover.keep_waiting)
+
+    def reduce_grads(self, ins: Instr, failover) -> None:
+        self.reducer.allreduce(self.iteration, ins.stage, self.modules[ins.stage], failover)
+
+    def optimizer_step(self, ins: Instr, failover) -> None:
+        self.optimizers[ins.stage].step()
+
+    def send_sync(self, ins: Instr, failover) -> None:
+        self.comm.send(self.peer(ins.peer), Op.SEND_SYNC, flat_grads(self.modules[ins.stage]))
+
+    def recv_sync(self, ins: Instr, failover) -> None:
+        flat = self.comm.recv(self.peer(ins.peer), Op.SEND_SYNC, failover.keep_waiting)
+        set_flat_grads(self.modules[ins.stage], flat)
+
+
+def flat_grads(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in module.parameters()])
+
+
+def set_flat_grads(module: torch.nn.Module, flat: torch.Tensor) -> None:
+    offset = 0
+    for p in module.parameters():
+        n = p.numel()
+        p.grad = flat[offset:offset + n].view_as(p).to(p.dtype).clone()
+        offset += n

@@ -1,0 +1,114 @@
+"""Failover inside an iteration: agree, through etcd, on who died and how far it got.
+
+A node that sees a peer's channel close (or its lease expire) records the death
+with a create-if-absent write. Every survivor of that pipeline then stops at its
+next wait and resolves the same plan: the nodes that received messages from the
+dead node publish how many of each kind they got; from those counts and the dead
+node's stream every survivor computes the same k (the dead node ran exactly its
+instructions before k), and the compiler's recovery streams for (dead, k) tell
+each survivor how to finish the iteration from where it stands.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from schedules.compiler import compile_recovery, compile_schedule
+from schedules.ir import Instr, RECVS, SENDS
+
+from bamboo.cluster import Cluster
+
+
+class Unsurvivable(RuntimeError):
+    """A failure this pipeline cannot recover from inside the iteration."""
+
+
+def died_before(stream: list[Instr], received: dict[int, dict[str, int]]) -> int:
+    """k such that the dead node's sends before k all arrived and none after did.
+    `received[peer][kind]` counts what `peer` got from it this iteration."""
+    seen: Counter = Counter()
+    k = 0
+    arrived_all_so_far = True
+    for i, ins in enumerate(stream):
+        if ins.op not in SENDS:
+            continue
+        n = seen[(ins.peer, ins.op)]
+        seen[(ins.peer, ins.op)] += 1
+        if received.get(ins.peer, {}).get(ins.op.value, 0) > n:
+            if not arrived_all_so_far:
+                raise Unsurvivable(f"node's messages arrived out of order (a later one, {ins}, "
+                                   "arrived after an earlier one was lost)")
+            k = i + 1
+        else:
+            arrived_all_so_far = False
+    return k
+
+
+class Failover:
+    def __init__(self, cluster: Cluster, stages: int, pipeline: int, me: int, redundancy: str,
+                 timeout: float):
+        self.cluster, self.P, self.pipeline, self.me = cluster, stages, pipeline, me
+        self.redundancy, self.timeout = redundancy, timeout
+        self.events: list[dict] = []
+
+    def to_global(self, local: int) -> int:
+        return self.pipeline * self.P + local
+
+    def begin(self, iteration: int, microbatches: int, failed: tuple[int, ...], comm) -> None:
+        self.iteration, self.M, self.failed, self.comm = iteration, microbatches, failed, comm
+        self.base = compile_schedule(self.P, microbatches, failed, self.redundancy).streams
+        self.baseline = comm.counts()  # messages received before this iteration
+        self.dead: int | None = None
+        self._checked = 0.0
+
+    def detected(self, peer_global: int, how: str) -> None:
+        self.cluster.create({"iteration": self.iteration, "by": self.to_global(self.me), "how": how},
+                            "failed", peer_global)
+
+    def new_failure(self) -> int | None:
+        """The local id of a node of this pipeline recorded dead and not yet handled."""
+        now = time.monotonic()
+        if now - self._checked < 0.05:
+            return self.dead
+        self._checked = now
+        lo, hi = self.to_global(0), self.to_global(self.P)
+        new = sorted(int(n) - lo for n in self.cluster.children("failed")
+                     if lo <= int(n) < hi and int(n) - lo not in self.failed)
+        if len(new) > 1 or (self.dead is not None and new and new != [self.dead]):
+            raise Unsurvivable(f"nodes {[self.to_global(n) for n in new]} of pipeline {self.pipeline} failed in "
+                               f"iteration {self.iteration}: one failure per pipeline per iteration is survivable")
+        self.dead = new[0] if new else None
+        return self.dead
+
+    def keep_waiting(self) -> bool:
+        return self.new_failure() is None
+
+    def resolve(self) -> tuple[list[Instr], int]:
+        """Block until the plan for the recorded failure is known; return this node's
+        recovery stream and the index where its recovery part starts."""
+        d, t0 = self.dead, time.monotonic()
+        dg = self.to_global(d)
+        receivers = sorted(n for n, s in self.base.items()
+                           if n != d and any(i.op in RECVS and i.peer == d for i in s))
+        if self.me in receivers:
+            deadline = time.monotonic() + self.timeout
+            while not self.comm.closed(dg) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            counts = {kind.value: n - self.baseline.get((peer, kind), 0)
+                      for (peer, kind), n in self.comm.counts().items() if peer == dg}
+            self.cluster.put(counts, "cut", self.iteration, dg, self.to_global(self.me))
+        reports = self.cluster.wait_for(
+            lambda: (lambda c: c if len(c) == len(receivers) else None)(self.cluster.children("cut", self.iteration, dg)),
+            timeout=max(30.0, 10 * self.timeout), what=f"survivors' reports on node {dg}")
+        received = {int(n) - self.to_global(0): v for n, v in reports.items()}
+        k = died_before(self.base[d], received)
+        try:
+            rec = compile_recovery(self.P, self.M, d, k, self.failed, self.redundancy)
+        except Exception as e:
+            raise Unsurvivable(str(e)) from None
+        self.events.append({"type": "failover", "node": dg, "iteration": self.iteration,
+                            "died_before": k, "by": self.to_global(self.me),
+                            "agree_seconds": round(time.monotonic() - t0, 4)})
+        self.failed = tuple(sorted(self.failed + (d,)))  # the rest of the job runs merged
+        self.dead = None
+        return rec.streams[self.me], rec.resume_at[self.me]

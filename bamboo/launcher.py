@@ -1,0 +1,192 @@
+"""Local launch: an embedded etcd (unless one is given), P x D worker processes,
+a progress bar, metrics, and cleanup of everything started, on exit or Ctrl-C.
+
+The launcher reads the workers' iteration reports from etcd, checks that every
+microbatch's loss arrived exactly once, and writes one JSON line per iteration.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+from bamboo.cluster import Cluster
+from bamboo.config import JobConfig
+from bamboo.etcd import EtcdServer
+
+
+class LaunchError(RuntimeError):
+    """The job could not finish; the message says why."""
+
+
+class MetricsWriter:
+    """JSON lines written to a temp file and renamed into place at the end, so a
+    reader never sees a half-written file."""
+
+    def __init__(self, path: str | None):
+        self.path, self.lines = path, []
+
+    def write(self, record: dict) -> None:
+        self.lines.append(json.dumps(record))
+
+    def close(self) -> None:
+        if not self.path:
+            return
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(self.lines) + "\n")
+        os.replace(tmp, self.path)
+
+
+def iteration_record(cfg: JobConfig, it: int, reports: dict, seconds: float, nodes: int, events: list) -> dict:
+    losses: dict[str, float] = {}
+    for r in reports.values():
+        for mb, loss in r["losses"].items():
+            if mb in losses:
+                raise LaunchError(f"iteration {it}: microbatch {mb}'s loss reported twice")
+            losses[mb] = loss
+    if len(losses) != cfg.microbatches:
+        raise LaunchError(f"iteration {it}: {len(losses)} of {cfg.microbatches} microbatch losses arrived")
+    record = {"iteration": it, "loss": sum(losses[str(g)] for g in range(cfg.microbatches)) / cfg.microbatches,
+              "samples": cfg.microbatches * cfg.batch, "seconds": round(seconds, 4), "nodes": nodes,
+              "events": events}
+    if cfg.check_replicas:
+        record["replicas_equal"] = replicas_equal(cfg, reports)
+    return record
+
+
+def replicas_equal(cfg: JobConfig, reports: dict) -> bool:
+    """Every copy of a stage (owner, replica, other pipelines) has one digest."""
+    by_stage: dict[str, set] = {}
+    for r in reports.values():
+        for stage, d in r["digests"].items():
+            by_stage.setdefault(stage, set()).add(d)
+    return len(by_stage) == cfg.stages and all(len(d) == 1 for d in by_stage.values())
+
+
+class Launcher:
+    def __init__(self, cfg: JobConfig, etcd: str | None = None, metrics_out: str | None = None,
+                 progress: bool = True):
+        self.cfg = JobConfig(**{**cfg.__dict__, "job": f"{cfg.job}-{uuid.uuid4().hex[:8]}"})
+        self.etcd, self.metrics = etcd, MetricsWriter(metrics_out)
+        self.progress = progress
+        self.server: EtcdServer | None = None
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.logs = tempfile.mkdtemp(prefix="bamboo-logs-")
+
+    def run(self) -> dict:
+        try:
+            return self._run()
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs.values():
+            p.wait()
+        if self.server:
+            self.server.stop()
+        shutil.rmtree(self.logs, ignore_errors=True)
+
+    def _run(self) -> dict:
+        if self.etcd is None:
+            self.server = EtcdServer().start()
+        cluster = Cluster(self.etcd or self.server.endpoint, self.cfg.job)
+        cluster.put(self.cfg.to_dict(), "config")
+        for n in range(self.cfg.nodes):
+            log = open(os.path.join(self.logs, f"worker{n}.log"), "w")
+            self.procs[n] = subprocess.Popen(
+                [sys.executable, "-m", "bamboo.worker", "--etcd", cluster.endpoint, "--job", self.cfg.job,
+                 "--node", str(n)], stdout=log, stderr=subprocess.STDOUT)
+            log.close()
+        start = last = time.monotonic()
+        summary = {"iterations": 0, "samples": 0, "preemptions": 0, "failovers": 0}
+        seen_preempts: set[str] = set()
+        with _progress(self.progress, self.cfg.iterations) as bar:
+            for it in range(self.cfg.iterations):
+                reports = self._wait_iteration(cluster, it)
+                now = time.monotonic()
+                events = [e for r in reports.values() for e in r.get("events", [])]
+                for node, at in cluster.children("preempted").items():
+                    if node not in seen_preempts:
+                        seen_preempts.add(node)
+                        events.append({"type": "preemption", "node": int(node),
+                                       "pause_seconds": round(time.time() - at, 4)})
+                live = self.cfg.nodes - len(cluster.children("failed"))
+                record = iteration_record(self.cfg, it, reports, now - last, live, events)
+                self.metrics.write(record)
+                last = now
+                summary["iterations"] += 1
+                summary["samples"] += record["samples"]
+                summary["preemptions"] += sum(e["type"] == "preemption" for e in events)
+                summary["failovers"] += sum(e["type"] == "failover" for e in events)
+                summary["peak_memory_mb"] = {n: r["rss_mb"] for n, r in reports.items()}
+                bar(it, record)
+        for n, p in self.procs.items():
+            if p.wait() not in (0, -9):
+                raise LaunchError(self._worker_error(cluster, n))
+        summary["total_seconds"] = round(time.monotonic() - start, 3)
+        summary["mean_iteration_seconds"] = round(summary["total_seconds"] / max(1, summary["iterations"]), 4)
+        self.metrics.write({"summary": summary})
+        self.metrics.close()
+        return summary
+
+    def _wait_iteration(self, cluster: Cluster, it: int) -> dict:
+        while True:
+            done = cluster.children("done", it)
+            failed = cluster.children("failed")
+            if all(str(n) in done or str(n) in failed for n in range(self.cfg.nodes)):
+                return done
+            for n, p in self.procs.items():
+                code = p.poll()
+                if code not in (None, 0, -9):
+                    raise LaunchError(self._worker_error(cluster, n))
+            if all(p.poll() is not None for p in self.procs.values()):
+                raise LaunchError(f"every worker exited before iteration {it} finished")
+            time.sleep(0.05)
+
+    def _worker_error(self, cluster: Cluster, node: int) -> str:
+        message = cluster.get("error", node)
+        if message:
+            return f"worker {node} failed: {message}"
+        with open(os.path.join(self.logs, f"worker{node}.log")) as f:
+            err = f.read().strip().splitlines()
+        return f"worker {node} exited with status {self.procs[node].returncode}: {err[-1] if err else 'no output'}"
+
+
+class _progress:
+    """A rich progress bar on stderr (or nothing): iteration, loss, samples/s, nodes."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.enabled, self.total = enabled, total
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda it, record: None
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        self.bar = Progress(TextColumn("iteration {task.completed}/{task.total}"), BarColumn(),
+                            TextColumn("loss {task.fields[loss]}  {task.fields[rate]} samples/s  "
+                                       "{task.fields[nodes]} nodes"), TimeElapsedColumn(),
+                            transient=False)
+        self.bar.start()
+        self.task = self.bar.add_task("train", total=self.total, loss="-", rate="-", nodes="-")
+
+        def update(it, record):
+            rate = record["samples"] / record["seconds"] if record["seconds"] else 0.0
+            self.bar.update(self.task, completed=it + 1, loss=f"{record['loss']:.4f}", rate=f"{rate:.1f}",
+                            nodes=record["nodes"])
+        return update
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.bar.stop()
+        return False

@@ -1,0 +1,150 @@
+"""Models as ordered layer lists, so that any contiguous slice is a pipeline stage.
+
+A GPT-style decoder is [Embedding, Block x N, Head]; the last layer maps hidden
+states and labels to a scalar loss. Every layer is built under its own seed, so a
+node can build just the layers of its stages and still get exactly the weights a
+single process would. Dropout draws from a generator seeded per (iteration,
+microbatch, layer), so a redundant forward equals the normal one and the math
+does not depend on the partition.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab: int
+    seq: int
+    dim: int
+    layers: int
+    heads: int
+    dropout: float = 0.0
+
+
+MODELS = {
+    "tiny": GPTConfig(vocab=256, seq=32, dim=32, layers=6, heads=2, dropout=0.1),
+    "gpt2-small": GPTConfig(vocab=50257, seq=1024, dim=768, layers=12, heads=12, dropout=0.1),  # 124M
+    "bert-large": GPTConfig(vocab=30522, seq=512, dim=1024, layers=24, heads=16, dropout=0.1),  # ~335M
+}
+
+_context = threading.local()
+
+
+@contextlib.contextmanager
+def dropout_seed(seed: int):
+    """Seed for the dropout of every layer run inside: combined with the layer index."""
+    previous = getattr(_context, "seed", None)
+    _context.seed = seed
+    try:
+        yield
+    finally:
+        _context.seed = previous
+
+
+class SeededDropout(nn.Module):
+    def __init__(self, p: float, layer: int):
+        super().__init__()
+        self.p, self.layer = p, layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        seed = getattr(_context, "seed", None)
+        if seed is None:
+            raise RuntimeError("dropout outside a dropout_seed() context: results would not be reproducible")
+        gen = torch.Generator(device=x.device)
+        gen.manual_seed((seed * 1_000_003 + self.layer) % (2 ** 63))
+        keep = torch.rand(x.shape, generator=gen, device=x.device, dtype=torch.float32) >= self.p
+        return x * keep.to(x.dtype) / (1.0 - self.p)
+
+
+class Embedding(nn.Module):
+    def __init__(self, cfg: GPTConfig, layer: int):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab, cfg.dim)
+        self.pos = nn.Embedding(cfg.seq, cfg.dim)
+        self.drop = SeededDropout(cfg.dropout, layer)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(tokens.shape[1], device=tokens.device)
+        return self.drop(self.tok(tokens) + self.pos(pos))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig, layer: int):
+        super().__init__()
+        self.heads = cfg.heads
+        self.ln1, self.ln2 = nn.LayerNorm(cfg.dim), nn.LayerNorm(cfg.dim)
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
+        self.proj = nn.Linear(cfg.dim, cfg.dim)
+        self.mlp = nn.Sequential(nn.Linear(cfg.dim, 4 * cfg.dim), nn.GELU(), nn.Linear(4 * cfg.dim, cfg.dim))
+        self.drop1, self.drop2 = SeededDropout(cfg.dropout, 2 * layer), SeededDropout(cfg.dropout, 2 * layer + 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.drop1(self.proj(att.transpose(1, 2).reshape(b, t, d)))
+        return x + self.drop2(self.mlp(self.ln2(x)))
+
+
+class Head(nn.Module):
+    """Final norm, projection to the vocabulary and the mean cross-entropy."""
+
+    def __init__(self, cfg: GPTConfig, layer: int):
+        super().__init__()
+        self.ln = nn.LayerNorm(cfg.dim)
+        self.out = nn.Linear(cfg.dim, cfg.vocab, bias=False)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.out(self.ln(x))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def num_layers(cfg: GPTConfig) -> int:
+    return cfg.layers + 2
+
+
+def build_layer(cfg: GPTConfig, index: int, seed: int, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Layer `index` of the model, initialised from (seed, index) alone."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed * 7919 + index)
+        if index == 0:
+            layer = Embedding(cfg, index)
+        elif index == num_layers(cfg) - 1:
+            layer = Head(cfg, index)
+        else:
+            layer = Block(cfg, index)
+    return layer.to(dtype)
+
+
+class Stage(nn.Module):
+    """A contiguous slice of the layer list. The last stage's last layer takes labels."""
+
+    def __init__(self, layers: list[nn.Module], last: bool):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.last = last
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        layers = list(self.layers)
+        if self.last:
+            *layers, head = layers
+        for layer in layers:
+            x = layer(x)
+        return head(x, labels) if self.last else x
+
+
+def sequential_loss_layer(loss_fn=F.cross_entropy) -> nn.Module:
+    """Wrap a loss so a user's nn.Sequential can end with it: (output, labels) -> loss."""
+    class Loss(nn.Module):
+        def forward(self, x, labels):
+            return loss_fn(x, labels)
+    return Loss()

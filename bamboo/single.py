@@ -1,0 +1,36 @@
+"""`bamboo-train --stages 1 --pipelines 1`: the reference run, with the same
+metrics and saved parameters as a distributed job."""
+from __future__ import annotations
+
+import os
+import time
+
+from bamboo.config import JobConfig
+from bamboo.launcher import MetricsWriter, _progress
+from bamboo.reference import train_reference
+from bamboo.worker import save_layer
+
+
+def run_single(cfg: JobConfig, metrics_out: str | None, progress: bool = True) -> None:
+    metrics = MetricsWriter(metrics_out)
+    start = last = time.monotonic()
+    with _progress(progress, cfg.iterations) as bar:
+        def on_iteration(it, losses):
+            nonlocal last
+            now = time.monotonic()
+            record = {"iteration": it, "loss": sum(losses[g] for g in range(cfg.microbatches)) / cfg.microbatches,
+                      "samples": cfg.microbatches * cfg.batch, "seconds": round(now - last, 4), "nodes": 1,
+                      "events": []}
+            last = now
+            metrics.write(record)
+            bar(it, record)
+        model = train_reference(cfg, on_iteration)
+    total = time.monotonic() - start
+    metrics.write({"summary": {"iterations": cfg.iterations, "samples": cfg.iterations * cfg.microbatches * cfg.batch,
+                               "total_seconds": round(total, 3),
+                               "mean_iteration_seconds": round(total / cfg.iterations, 4)}})
+    metrics.close()
+    if cfg.save_dir:
+        os.makedirs(cfg.save_dir, exist_ok=True)
+        for index, layer in enumerate(model.layers):
+            save_layer(layer, os.path.join(cfg.save_dir, f"layer{index}.pt"))

@@ -1,0 +1,81 @@
+"""A torch.distributed Store over etcd v3, so that no worker hosts the rendezvous
+and a dead worker never takes the store with it."""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+
+class EtcdStore(dist.Store):
+    def __init__(self, client, prefix: str, timeout: timedelta = timedelta(seconds=60)):
+        super().__init__()
+        self.client = client
+        self.prefix = prefix.rstrip("/") + "/"
+        self._timeout = timeout
+
+    def _key(self, key: str) -> str:
+        return self.prefix + key
+
+    @staticmethod
+    def _bytes(value) -> bytes:
+        if isinstance(value, str):
+            return value.encode()
+        return bytes(value)
+
+    def set(self, key, value) -> None:
+        self.client.put(self._key(key), self._bytes(value))
+
+    def get(self, key) -> bytes:
+        self.wait([key])
+        value, _ = self.client.get(self._key(key))
+        return value
+
+    def add(self, key, amount: int) -> int:
+        k = self._key(key)
+        while True:
+            value, meta = self.client.get(k)
+            if value is None:
+                new = amount
+                ok, _ = self.client.transaction(
+                    compare=[self.client.transactions.version(k) == 0],
+                    success=[self.client.transactions.put(k, str(new))], failure=[])
+            else:
+                new = int(value) + amount
+                ok, _ = self.client.transaction(
+                    compare=[self.client.transactions.mod(k) == meta.mod_revision],
+                    success=[self.client.transactions.put(k, str(new))], failure=[])
+            if ok:
+                return new
+
+    def compare_set(self, key, expected, desired) -> bytes:
+        k, expected, desired = self._key(key), self._bytes(expected), self._bytes(desired)
+        if expected == b"":
+            cond = self.client.transactions.version(k) == 0
+        else:
+            cond = self.client.transactions.value(k) == expected
+        self.client.transaction(compare=[cond], success=[self.client.transactions.put(k, desired)], failure=[])
+        value, _ = self.client.get(k)
+        return value if value is not None else expected
+
+    def check(self, keys) -> bool:
+        return all(self.client.get(self._key(k))[0] is not None for k in keys)
+
+    def wait(self, keys, timeout: timedelta | None = None) -> None:
+        limit = (timeout or self._timeout).total_seconds()
+        deadline, pause = time.monotonic() + limit, 0.002
+        while not self.check(keys):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"etcd store: keys {list(keys)} not set within {limit:.0f} s")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+    def delete_key(self, key) -> bool:
+        return bool(self.client.delete(self._key(key)))
+
+    def num_keys(self) -> int:
+        return sum(1 for _ in self.client.get_prefix(self.prefix))
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout = timeout

@@ -1,0 +1,154 @@
+"""One worker process: node `--node` of the job, running stage node % P of pipeline
+node // P and keeping the replica of the next stage.
+
+    python -m bamboo.worker --etcd HOST:PORT --job NAME --node N
+
+Between iterations every worker writes its report to etcd and waits for every
+other live node's; the first to get there fixes the failed set the next iteration
+runs with, and the world process group is rebuilt without the dead under a new
+epoch prefix.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import resource
+import sys
+import tempfile
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from schedules.compiler import compile_schedule
+from schedules.layout import Layout
+
+from bamboo.cluster import Cluster
+from bamboo.comm import Comm, new_group
+from bamboo.config import JobConfig
+from bamboo.data import ByteCorpus, split_microbatches
+from bamboo.executor import Executor
+from bamboo.failover import Failover, Unsurvivable
+from bamboo.models import MODELS, Stage, build_layer, num_layers
+from bamboo.partition import partition
+from bamboo.reduce import Reducer
+from bamboo.store import EtcdStore
+
+
+def stage_ranges(cfg: JobConfig) -> list[range]:
+    mc = MODELS[cfg.model]
+    with torch.device("meta"):
+        costs = [sum(p.numel() for p in build_layer(mc, i, cfg.seed).parameters()) or 1
+                 for i in range(num_layers(mc))]
+    return partition(costs, cfg.stages)
+
+
+def digest(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    h = hashlib.sha256()
+    for p in module.parameters():
+        h.update(p.detach().cpu().numpy().tobytes())
+        for v in optimizer.state.get(p, {}).values():
+            h.update(v.detach().cpu().numpy().tobytes() if torch.is_tensor(v) else repr(v).encode())
+    return h.hexdigest()[:16]
+
+
+def save_layer(module: torch.nn.Module, path: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    os.close(fd)
+    torch.save(module.state_dict(), tmp)
+    os.replace(tmp, path)
+
+
+class Worker:
+    def __init__(self, cluster: Cluster, cfg: JobConfig, node: int):
+        self.cluster, self.cfg, self.node = cluster, cfg, node
+        self.P, self.D = cfg.stages, cfg.pipelines
+        self.pipeline, self.me = divmod(node, self.P)
+        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        self.ranges = stage_ranges(cfg)
+        held = {self.me} | ({(self.me + 1) % self.P} if cfg.redundancy == "eager" else set())
+        mc = MODELS[cfg.model]
+        self.modules = {s: Stage([build_layer(mc, i, cfg.seed, cfg.torch_dtype) for i in self.ranges[s]],
+                                 last=s == self.P - 1).to(self.device) for s in sorted(held)}
+        self.optimizers = {s: torch.optim.AdamW(m.parameters(), lr=cfg.lr) for s, m in self.modules.items()}
+        corpus = ByteCorpus(list(cfg.data_files), seq=mc.seq, batch=cfg.batch, seed=cfg.seed)
+        self.mbs = split_microbatches(cfg.microbatches, self.D)[self.pipeline]
+        self.failover = Failover(cluster, self.P, self.pipeline, self.me, cfg.redundancy, cfg.failure_timeout)
+        self.failed_global: list[int] = []
+        reducer = Reducer(cluster, self.P, self.D, node, cfg.failure_timeout)
+        self.executor = Executor(cfg, self.pipeline, self.me, self.modules, self.optimizers, corpus,
+                                 self.device, reducer, cluster)
+        self.comm = self._world(0)
+
+    def _world(self, epoch: int) -> Comm:
+        members = [n for n in range(self.cfg.nodes) if n not in self.failed_global]
+        store = EtcdStore(self.cluster.client, self.cluster.key("pg", "world", epoch),
+                          timedelta(seconds=max(60.0, 10 * self.cfg.failure_timeout)))
+        self._store = store  # the group keeps using it
+        pg, rank_of = new_group(store, members, self.node, timeout=300)
+        return Comm(pg, rank_of, self.device)
+
+    def local_failed(self) -> tuple[int, ...]:
+        lo = self.pipeline * self.P
+        return tuple(sorted(n - lo for n in self.failed_global if lo <= n < lo + self.P))
+
+    def run(self) -> None:
+        for it in range(self.cfg.iterations):
+            failed = self.local_failed()
+            stream = compile_schedule(self.P, len(self.mbs), failed, self.cfg.redundancy).streams[self.me]
+            self.failover.begin(it, len(self.mbs), failed, self.comm)
+            result = self.executor.run(it, stream, self.mbs, self.comm, self.failover)
+            report = {"losses": result["losses"], "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "events": self.failover.events}
+            self.failover.events = []
+            if self.cfg.check_replicas:
+                report["digests"] = {str(s): digest(m, self.optimizers[s]) for s, m in self.modules.items()}
+                report["owned"] = list(Layout(self.P, frozenset(self.failover.failed)).owned(self.me))
+            self.cluster.put(report, "done", it, self.node)
+            self._barrier(it)
+        self._save()
+
+    def _barrier(self, it: int) -> None:
+        def everyone():
+            done = self.cluster.children("done", it)
+            failed = self.cluster.children("failed")
+            return all(str(n) in done or str(n) in failed for n in range(self.cfg.nodes))
+        self.cluster.wait_for(everyone, timeout=3600, what=f"every node to finish iteration {it}")
+        self.cluster.create(sorted(int(n) for n in self.cluster.children("failed")), "epoch", it)
+        agreed = self.cluster.get("epoch", it)
+        if self.node in agreed:
+            raise Unsurvivable(f"node {self.node} was declared dead by its peers")
+        if agreed != self.failed_global:
+            self.failed_global = agreed
+            self.comm = self._world(it + 1)
+
+    def _save(self) -> None:
+        if not self.cfg.save_dir or self.pipeline != 0:
+            return
+        os.makedirs(self.cfg.save_dir, exist_ok=True)
+        for s in Layout(self.P, frozenset(self.local_failed())).owned(self.me):
+            for layer, index in zip(self.modules[s].layers, self.ranges[s]):
+                save_layer(layer, os.path.join(self.cfg.save_dir, f"layer{index}.pt"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bamboo.worker")
+    ap.add_argument("--etcd", required=True)
+    ap.add_argument("--job", required=True)
+    ap.add_argument("--node", type=int, required=True)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    cluster = Cluster(args.etcd, args.job)
+    cfg = JobConfig.from_dict(cluster.get("config"))
+    cluster.register(args.node, cfg.failure_timeout)
+    try:
+        Worker(cluster, cfg, args.node).run()
+    except Exception as e:  # one line in etcd for the launcher, the traceback on stderr
+        cluster.put(f"{type(e).__name__}: {e}", "error", args.node)
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
