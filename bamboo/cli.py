@@ -49,12 +49,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_preempts(specs: list[str], nodes: int, iterations: int, seed: int) -> tuple[Preempt, ...]:
+def random_preempt(cfg_stages: int, pipelines: int, microbatches: int, iterations: int, redundancy: str,
+                   rng: random.Random) -> Preempt:
+    """A node, an iteration after the first, and an instruction before the node's
+    data-parallel reduce (a death after it is not survivable inside the iteration)."""
+    from schedules.compiler import compile_schedule
+    from bamboo.data import split_microbatches
+
+    node = rng.randrange(cfg_stages * pipelines)
+    m = len(split_microbatches(microbatches, pipelines)[node // cfg_stages])
+    stream = compile_schedule(cfg_stages, m, (), redundancy).streams[node % cfg_stages]
+    reduce_at = next(i for i, ins in enumerate(stream) if ins.op.value == "reduce_grads")
+    return Preempt(node, rng.randrange(1, max(2, iterations)), rng.randrange(reduce_at))
+
+
+def parse_preempts(specs: list[str], args) -> tuple[Preempt, ...]:
+    nodes = args.stages * args.pipelines
+    rng = random.Random(args.seed)
     out = []
     for spec in specs:
         if spec == "random":
-            rng = random.Random(seed)
-            out.append(Preempt(rng.randrange(nodes), rng.randrange(1, max(2, iterations)), rng.randrange(0, 40)))
+            out.append(random_preempt(args.stages, args.pipelines, args.microbatches, args.iterations,
+                                      args.redundancy, rng))
             continue
         try:
             node, _, rest = spec.partition("@")
@@ -83,7 +99,7 @@ def config_from_args(args) -> JobConfig:
                      microbatches=args.microbatches, iterations=args.iterations, redundancy=args.redundancy,
                      seed=args.seed, batch=args.batch, lr=args.lr, dtype=args.dtype,
                      failure_timeout=args.failure_timeout,
-                     preempt=parse_preempts(args.preempt, args.stages * args.pipelines, args.iterations, args.seed),
+                     preempt=parse_preempts(args.preempt, args) if args.stages > 1 else (),
                      data_files=tuple(args.data), save_dir=args.save_dir, check_replicas=args.check_replicas)
 
 

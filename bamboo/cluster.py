@@ -5,6 +5,7 @@ Keys, all under /bamboo/<job>/:
     alive/<node>               pid, bound to the node's lease: gone when it stops refreshing
     failed/<node>              {"iteration", "by"}: first detector wins (create-if-absent)
     cut/<iter>/<dead>/<node>   messages <node> received from <dead> in <iter>, per kind
+    finished/<iter>/<node>     the node ran its whole stream (it stays to help its pipeline)
     done/<iter>/<node>         a node's iteration report (losses, memory, digests, events)
     epoch/<iter>               failed nodes every worker uses from <iter> + 1 on (first writer wins)
     reduced/<iter>/<stage>     members of a finished data-parallel reduce of <stage>

@@ -48,24 +48,35 @@ class Executor:
         self._base = comm.counts()  # messages received before this iteration
         self._expect(stream)
         pc = 0
-        while pc < len(stream):
-            self._maybe_preempt(pc)
-            ins = stream[pc]
-            try:
-                getattr(self, ins.op.value)(ins, failover)
-                pc += 1
-            except PeerFailure as e:
-                failover.detected(e.peer, str(e))
-                if ins.op in SENDS:
-                    pc += 1  # lost with the dead node, as the compiler assumes
-            except Interrupted:
-                pass
-            if failover.new_failure() is not None:
-                stream, resume_at = failover.resolve()
-                if pc > resume_at:
-                    raise RuntimeError(f"node ran past its recovery point ({pc} > {resume_at})")
-                self._expect(stream)
+        while True:
+            while pc < len(stream):
+                self._maybe_preempt(pc)
+                ins = stream[pc]
+                try:
+                    getattr(self, ins.op.value)(ins, failover)
+                    pc += 1
+                except PeerFailure as e:
+                    failover.detected(e.peer, str(e))
+                    if ins.op in SENDS:
+                        pc += 1  # lost with the dead node, as the compiler assumes
+                except Interrupted:
+                    pass
+                if failover.new_failure() is not None:
+                    stream = self._replan(failover, pc)
+            # Done here, but a neighbour may still die before the pipeline is: stay
+            # available to re-send what it needs until every node has finished.
+            failover.finished()
+            if not failover.linger():
+                break
+            stream = self._replan(failover, pc)
         return {"losses": self.losses}
+
+    def _replan(self, failover, pc: int) -> list[Instr]:
+        stream, resume_at = failover.resolve()
+        if pc > resume_at:
+            raise RuntimeError(f"node ran past its recovery point ({pc} > {resume_at})")
+        self._expect(stream)
+        return stream
 
     def _expect(self, stream: list[Instr]) -> None:
         """Arm the mailboxes with how many messages this iteration brings per channel."""

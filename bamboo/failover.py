@@ -68,7 +68,7 @@ class Failover:
     def new_failure(self) -> int | None:
         """The local id of a node of this pipeline recorded dead and not yet handled."""
         now = time.monotonic()
-        if now - self._checked < 0.05:
+        if now - self._checked < 0.02:
             return self.dead
         self._checked = now
         lo, hi = self.to_global(0), self.to_global(self.P)
@@ -79,6 +79,27 @@ class Failover:
                                f"iteration {self.iteration}: one failure per pipeline per iteration is survivable")
         self.dead = new[0] if new else None
         return self.dead
+
+    def finished(self) -> None:
+        self.cluster.put(True, "finished", self.iteration, self.to_global(self.me))
+
+    def linger(self, poll: float = 0.02) -> bool:
+        """Wait until every node of the pipeline finished the iteration (False), or a
+        failure needs this node again (True). A node that has neither finished nor
+        kept its lease alive is recorded dead here."""
+        while True:
+            if self.new_failure() is not None:
+                return True
+            finished = self.cluster.children("finished", self.iteration)
+            alive = self.cluster.alive()
+            pending = [n for n in range(self.P) if n not in self.failed
+                       and str(self.to_global(n)) not in finished]
+            if not pending:
+                return False
+            for n in pending:
+                if self.to_global(n) not in alive:
+                    self.detected(self.to_global(n), "lease expired")
+            time.sleep(poll)
 
     def keep_waiting(self) -> bool:
         return self.new_failure() is None
@@ -106,9 +127,10 @@ class Failover:
             rec = compile_recovery(self.P, self.M, d, k, self.failed, self.redundancy)
         except Exception as e:
             raise Unsurvivable(str(e)) from None
-        self.events.append({"type": "failover", "node": dg, "iteration": self.iteration,
-                            "died_before": k, "by": self.to_global(self.me),
-                            "agree_seconds": round(time.monotonic() - t0, 4)})
+        if self.me == (d - 1) % self.P:  # the node that takes the stage over tells
+            self.events.append({"type": "failover", "node": dg, "iteration": self.iteration,
+                                "died_before": k, "by": self.to_global(self.me),
+                                "agree_seconds": round(time.monotonic() - t0, 4)})
         self.failed = tuple(sorted(self.failed + (d,)))  # the rest of the job runs merged
         self.dead = None
         return rec.streams[self.me], rec.resume_at[self.me]

@@ -113,7 +113,13 @@ class Worker:
         def everyone():
             done = self.cluster.children("done", it)
             failed = self.cluster.children("failed")
-            return all(str(n) in done or str(n) in failed for n in range(self.cfg.nodes))
+            pending = [n for n in range(self.cfg.nodes) if str(n) not in done and str(n) not in failed]
+            if pending:
+                alive = self.cluster.alive()
+                for n in pending:  # died between its stream and its report: nobody else will notice
+                    if n not in alive:
+                        self.cluster.create({"iteration": it, "by": self.node, "how": "lease expired"}, "failed", n)
+            return not pending
         self.cluster.wait_for(everyone, timeout=3600, what=f"every node to finish iteration {it}")
         self.cluster.create(sorted(int(n) for n in self.cluster.children("failed")), "epoch", it)
         agreed = self.cluster.get("epoch", it)
