@@ -10,12 +10,12 @@ says a node waits; `compile_stage` picks one node's stream out.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from schedules.cost import CostModel
 from schedules.ir import Instr
-from schedules.layout import Layout, ScheduleError, check_args
+from schedules.layout import Layout, ScheduleError, check_microbatches
 from schedules.lower import plain_streams
 from schedules.order import ORDERS
 from schedules.recovery import recover
@@ -35,6 +35,7 @@ class Schedule:
     fail_node: int | None = None
     fail_before: int | None = None
     resume_at: dict[int, int] = field(default_factory=dict)
+    cost: CostModel = field(default_factory=CostModel, compare=False, repr=False)
 
     @property
     def layout(self) -> Layout:
@@ -64,8 +65,8 @@ class Schedule:
         return out
 
 
-def _check_options(stages: int, microbatches: int, redundancy: str, order: str) -> None:
-    check_args(stages, microbatches)
+def _check_options(microbatches: int, redundancy: str, order: str) -> None:
+    check_microbatches(microbatches)
     if redundancy not in REDUNDANCY:
         raise ScheduleError(f"--redundancy must be one of {', '.join(REDUNDANCY)} (got {redundancy!r})")
     if order not in ORDERS:
@@ -73,17 +74,25 @@ def _check_options(stages: int, microbatches: int, redundancy: str, order: str) 
 
 
 @lru_cache(maxsize=64)
+def _compile(stages: int, microbatches: int, failed: tuple[int, ...], redundancy: str, order: str,
+             cost: CostModel) -> Schedule:
+    _check_options(microbatches, redundancy, order)
+    layout = Layout(stages, frozenset(failed), redundancy == "eager")
+    cost.check_stages(stages)
+    streams = plain_streams(layout, microbatches, order, cost)
+    if redundancy == "eager":
+        streams = insert_frc(layout, microbatches, streams, cost)
+    return Schedule(stages, microbatches, tuple(sorted(set(failed))), redundancy, order, streams, cost=cost)
+
+
 def compile_schedule(stages: int, microbatches: int, failed: tuple[int, ...] = (),
                      redundancy: str = "eager", order: str = "1f1b",
                      cost: CostModel = CostModel()) -> Schedule:
     """One iteration for every live node, with `failed` nodes' groups merged into
-    their predecessors' (a failure handled at an iteration boundary)."""
-    _check_options(stages, microbatches, redundancy, order)
-    layout = Layout(stages, frozenset(failed), redundancy == "eager")
-    streams = plain_streams(layout, microbatches, order, cost)
-    if redundancy == "eager":
-        streams = insert_frc(layout, microbatches, streams, cost)
-    return Schedule(stages, microbatches, tuple(sorted(set(failed))), redundancy, order, streams)
+    their predecessors' (a failure handled at an iteration boundary). Compiled
+    schedules are cached; each call gets its own copy of the streams."""
+    cached = _compile(stages, microbatches, tuple(failed), redundancy, order, cost)
+    return replace(cached, streams={n: list(s) for n, s in cached.streams.items()})
 
 
 def compile_stage(stages: int, microbatches: int, node: int, **options) -> list[Instr]:
@@ -105,14 +114,16 @@ def compile_recovery(stages: int, microbatches: int, fail_node: int, fail_before
                             "--redundancy off: no other node holds its layers")
     streams, resume_at, _ = recover(base.layout, microbatches, base.streams, fail_node, fail_before, cost)
     return Schedule(stages, microbatches, base.failed, redundancy, order, dict(sorted(streams.items())),
-                    fail_node=fail_node, fail_before=fail_before, resume_at=resume_at)
+                    fail_node=fail_node, fail_before=fail_before, resume_at=resume_at, cost=cost)
 
 
-def simulate(schedule: Schedule, cost: CostModel = CostModel()):
+def simulate(schedule: Schedule, cost: CostModel | None = None):
     """Run a compiled schedule (recovery included: the dead node runs its prefix)
-    through the validating simulator and return its Report."""
+    through the validating simulator, on the cost model it was compiled with unless
+    another is given, and return its Report."""
     from schedules.simulator import Simulator
 
+    cost = cost or schedule.cost
     streams = dict(schedule.streams)
     dead = None
     if schedule.fail_node is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from schedules.ir import Instr, Op
+from schedules.layout import ScheduleError
 
 
 def _per_stage(value: float | Sequence[float], stage: int) -> float:
@@ -33,6 +34,23 @@ class CostModel:
     frc_factor: float = 1.0      # redundant forward vs normal forward
     brc_factor: float = 1.0      # redundant backward vs normal backward
     _table: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("forward", "backward"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)):
+                object.__setattr__(self, name, tuple(float(v) for v in value))
+        for name in ("forward", "backward", "transfer", "send", "swap", "load", "reduce", "step",
+                     "sync_transfer", "frc_factor", "brc_factor"):
+            value = getattr(self, name)
+            if any(v < 0 for v in (value if isinstance(value, tuple) else (value,))):
+                raise ScheduleError(f"cost model: {name} must not be negative (got {value})")
+
+    def check_stages(self, stages: int) -> None:
+        for name in ("forward", "backward"):
+            value = getattr(self, name)
+            if isinstance(value, tuple) and len(value) != stages:
+                raise ScheduleError(f"cost model: {name} has {len(value)} per-stage values for {stages} stages")
 
     def duration(self, ins: Instr) -> float:
         key = (ins.op, ins.stage, ins.redundant)

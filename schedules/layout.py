@@ -21,9 +21,7 @@ class Group(NamedTuple):
     stages: tuple[int, ...]
 
 
-def check_args(stages: int, microbatches: int) -> None:
-    if stages < 2:
-        raise ScheduleError(f"--stages must be at least 2 (got {stages})")
+def check_microbatches(microbatches: int) -> None:
     if microbatches < 1:
         raise ScheduleError(f"--microbatches must be at least 1 (got {microbatches})")
 

@@ -60,7 +60,7 @@ def tail(layout: Layout, node: int) -> list[Instr]:
 
 
 def is_tail(ins: Instr) -> bool:
-    return ins.op in (ir.Op.REDUCE_GRADS, ir.Op.OPTIMIZER_STEP, ir.Op.SEND_SYNC, ir.Op.RECV_SYNC)
+    return ins.op in (Op.REDUCE_GRADS, Op.OPTIMIZER_STEP, Op.SEND_SYNC, Op.RECV_SYNC)
 
 
 def plain_streams(layout: Layout, microbatches: int, order: str = "1f1b",
@@ -74,6 +74,6 @@ def plain_streams(layout: Layout, microbatches: int, order: str = "1f1b",
     streams = {n: bodies[0] + tail(layout, n) for n, bodies in per_node.items() if len(bodies) == 1}
     multi = {n: Chains([], bodies, tail(layout, n)) for n, bodies in per_node.items() if len(bodies) > 1}
     if multi:
-        report = Simulator(layout, microbatches, cost).run(streams, multi)
+        report = Simulator(layout, microbatches, cost, expect_frc=False).run(streams, multi)
         streams.update({n: report.streams[n] for n in multi})
     return {n: streams[n] for n in sorted(streams)}

@@ -4,16 +4,18 @@ The cut. Node d ran instructions [0, k) and every message it sent then arrived.
 Every survivor runs its own stream as far as it can without d's later work (sends
 to d are lost, receives from d block forever): that maximal cut is where each
 survivor switches to its recovery stream, so a runtime only needs (d, k) to know
-where every node stands.
+where every node stands. A message of d that its receiver had not taken in at the
+cut is dropped; the new owner sends it again.
 
 The recovery. Node d's weight gradients died with it, so its predecessor p runs
 stage d's backward for every microbatch (BRC), from the FRC intermediates it
 swapped out, or from a forward it recomputes when FRC had not run yet. Activations
 of stage d that never reached the successor q are sent from FRC results or fresh
 forwards. q re-sends the gradients it had sent to d (it kept them) and sends the
-rest to p. p interleaves chains by list scheduling, in priority order: receive
-gradients, send activations q waits for, its own remaining work, BRC its own
-backward waits for, and last the BRC nothing waits for. Other nodes go on unchanged; every tail is re-made
+rest to p. p interleaves chains by list scheduling: whichever chain's next
+instruction can start first, ties broken in this order: receive gradients, send
+activations q waits for, its own remaining work, BRC its own backward waits for,
+and last the BRC nothing waits for. Other nodes go on unchanged; every tail is re-made
 for the new owners, minus what already ran.
 """
 from __future__ import annotations
@@ -62,10 +64,10 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
     p, q = (d - 1) % P, (d + 1) % P
     cut = Simulator(layout, M, cost, dead=(d, k))
     prefix = {n: s for n, s in cut.run(base, allow_stuck=True).streams.items() if n != d}
-    lost = [m[0] for (src, _, _), queue in cut.channels.items() if src == d for m in queue]
-    assert not lost, f"messages of the dead node left unreceived at the cut: {lost}"
     dead_ran = base[d][:k]
-    stage_done = any(i.op is Op.SEND_SYNC for i in dead_ran)  # d stepped and synced its replica
+    # What survivors took in from d counts; a message of d still queued at the cut
+    # (its receiver waits on something else first) is dropped and sent again by p.
+    stage_done = any(i.op is Op.RECV_SYNC and i.peer == d for i in prefix[p])  # d stepped, replica synced
 
     full: dict[int, list[Instr]] = {}
     for n, pre in prefix.items():
@@ -84,7 +86,8 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
     if p != q:
         full[q] = prefix[q] + resend + full[q][len(prefix[q]):]
     grad_order = [i.mb for i in full[q][len(prefix[q]):] if i.op is Op.SEND_GRAD and i.peer == p]
-    chains, chain_loads = _brc_chains(layout, M, d, p, q, prefix[p], dead_ran, grad_order)
+    delivered = {i.mb for i in prefix[q] if i.op is Op.RECV_ACT and i.peer == d}
+    chains, chain_loads = _brc_chains(layout, M, d, p, q, prefix[p], delivered, grad_order)
     own = [i for i in full[p][len(prefix[p]):]
            if not is_tail(i) and not (i.op is Op.LOAD and i.mb in chain_loads)]
     p_tail = [i for i in full[p][len(prefix[p]):] if is_tail(i)]
@@ -115,12 +118,11 @@ def _reroute(n: int, body: list[Instr], d: int, p: int, q: int) -> list[Instr]:
 
 
 def _brc_chains(layout: Layout, M: int, d: int, p: int, q: int, p_ran: list[Instr],
-                dead_ran: list[Instr], grad_order: list[int]) -> tuple[list[list[Instr]], set[int]]:
+                delivered: set[int], grad_order: list[int]) -> tuple[list[list[Instr]], set[int]]:
     """p's chains for stage d: gradients from q, activations q still needs, and the
     backwards of every microbatch (urgent first, deferred last)."""
     P = layout.stages
     has_down = d < P - 1
-    delivered = {i.mb for i in dead_ran if i.op is Op.SEND_ACT}
     frc: dict[int, bool] = {}  # mb -> intermediates resident (True) or in host memory (False)
     for i in p_ran:
         if i.stage == d and i.op in (Op.FORWARD, Op.SWAP_OUT):

@@ -26,7 +26,10 @@ def frc_ops(replica: int, mb: int, load: bool) -> list[Instr]:
 
 
 def lazy_brc(layout: Layout, node: int, microbatches: int) -> list[Instr]:
-    """What `node` runs for its replica only after the replica's owner dies."""
+    """The BRC work `node` owes its replica if the replica's owner dies: swap in and
+    backward for every microbatch. The recovery pass (recovery.py) turns it into a
+    real stream: it adds the gradient receives, the activations the successor
+    still needs, and drops the swap-ins of microbatches whose FRC had not run."""
     r = layout.replica(node)
     if r is None:
         return []
@@ -83,5 +86,6 @@ def _fill(r: int, needs_load: bool, microbatches: int, stream: list[Instr], star
         elif op is Op.FORWARD and ins.stage == r - 1:
             have_input.add(ins.mb)
         out.append(ins)
-    assert nxt == microbatches, "a node with a replica always ends with recv_sync"
+    if nxt != microbatches:
+        raise RuntimeError("internal: a node with a replica must end its stream with recv_sync")
     return out

@@ -26,7 +26,7 @@ from schedules.layout import Layout, ScheduleError
 
 class ValidationError(ScheduleError):
     """A stream that cannot run: `kind` is deadlock, out-of-order, use-before-produce,
-    unmatched, exactly-once or not-stepped."""
+    unmatched, exactly-once, not-stepped, leak or missing-frc."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(f"{kind}: {message}")
@@ -85,17 +85,19 @@ class _Node:
     reduced: set = field(default_factory=set)
     stepped: set = field(default_factory=set)
     synced: set = field(default_factory=set)
+    frc: set = field(default_factory=set)        # (stage, mb) computed redundantly
     done: list = field(default_factory=list)
 
 
 class Simulator:
     def __init__(self, layout: Layout, microbatches: int, cost: CostModel | None = None,
-                 dead: tuple[int, int] | None = None):
+                 dead: tuple[int, int] | None = None, expect_frc: bool = True):
         self.layout = layout
         self.P = layout.stages
         self.M = microbatches
         self.cost = cost or CostModel()
         self.dead_node, self.dead_at = dead if dead else (None, None)
+        self.expect_frc = expect_frc  # False for streams before the FRC pass
         self.nodes = {n: _Node(layers=frozenset(layout.owned(n)) | {layout.replica(n)} - {None})
                       for n in layout.alive}
         self.channels: dict[tuple, deque] = defaultdict(deque)
@@ -104,7 +106,7 @@ class Simulator:
         self.messages: list[Message] = []
         # For list-scheduled senders: the order in which each fixed receiver takes
         # their messages, so that the chosen order keeps every channel FIFO.
-        self.expected: dict[tuple[int, int], deque] = {}
+        self.expected: dict[tuple, deque] = {}
 
     # -- one instruction -------------------------------------------------------------
     def missing(self, node: int, ins: Instr) -> tuple[str, str] | None:
@@ -127,6 +129,8 @@ class Simulator:
         need = None
         if op is Op.LOAD:
             need = mb in st.loaded and f"microbatch {mb} loaded twice"
+        elif op in (Op.FORWARD, Op.BACKWARD) and (s in st.reduced or (s, True) in st.stepped):
+            need = f"stage {s} computes after its gradients were reduced or its step was taken"
         elif op is Op.FORWARD:
             if s not in st.layers:
                 need = f"does not hold the layers of stage {s}"
@@ -183,6 +187,8 @@ class Simulator:
             st.live += 1
             if not ins.redundant and node != self.dead_node:
                 self.normal_forwards[key] += 1
+            elif ins.redundant:
+                st.frc.add(key)
         elif op is Op.BACKWARD:
             del st.states[key]
             st.live -= 1
@@ -294,7 +300,7 @@ class Simulator:
 
     def _check_end(self, live: list[int]) -> None:
         for (src, dst, _), q in self.channels.items():
-            if q and dst != self.dead_node:
+            if q and self.dead_node not in (src, dst):
                 raise ValidationError("unmatched", f"node {src} sent {q[0][0]} to node {dst}, never received")
         final = self.layout if self.dead_node is None else self.layout.with_failed(self.dead_node)
         reducers = Counter(s for n in live for s in self.nodes[n].reduced)
@@ -306,15 +312,24 @@ class Simulator:
                 raise ValidationError("not-stepped", f"stage {s} never stepped on its owner, node {owner}")
             if holder is not None and (s, True) not in self.nodes[holder].stepped:
                 raise ValidationError("not-stepped", f"replica of stage {s} on node {holder} never stepped")
+        for n in live:
+            st, r = self.nodes[n], final.replica(n)
+            left = sorted(k for k, resident in st.states.items() if resident)
+            if left:
+                raise ValidationError("leak", f"node {n} ends with forward state {left[0]} still resident")
+            missing = [mb for mb in range(self.M) if self.expect_frc and r is not None and (r, mb) not in st.frc]
+            if missing:
+                raise ValidationError("missing-frc", f"node {n} never ran FRC of stage {r} for microbatch {missing[0]}")
         twice = sorted(k for k, c in self.normal_forwards.items() if c > 1)
         if twice:
             raise ValidationError("exactly-once", f"forward (stage, mb) {twice[0]} computed twice as normal work")
 
 
 def validate(layout: Layout, microbatches: int, streams: dict[int, list[Instr]],
-             cost: CostModel | None = None, dead: tuple[int, int] | None = None) -> Report:
+             cost: CostModel | None = None, dead: tuple[int, int] | None = None,
+             expect_frc: bool = True) -> Report:
     """Simulate `streams`; raise ValidationError on the first problem, else report."""
-    return Simulator(layout, microbatches, cost, dead).run(streams)
+    return Simulator(layout, microbatches, cost, dead, expect_frc).run(streams)
 
 
 def start_times(streams: dict[int, list[Instr]], cost: CostModel) -> dict[int, list[float]]:

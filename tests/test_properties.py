@@ -4,6 +4,10 @@ failure of any survivable node at any instruction."""
 from hypothesis import given, settings, strategies as st
 
 from schedules.compiler import compile_recovery, compile_schedule, simulate
+from schedules.cost import CostModel
+
+costs = st.builds(CostModel, forward=st.floats(0, 4), backward=st.floats(0, 4), transfer=st.floats(0, 3),
+                  swap=st.floats(0, 1), step=st.floats(0, 1), sync_transfer=st.floats(0, 1))
 
 
 @st.composite
@@ -27,15 +31,15 @@ def test_compiled_streams_validate(layout, order, redundancy):
 
 
 @settings(max_examples=300)
-@given(layouts(), st.data())
-def test_any_mid_iteration_failure_recovers(layout, data):
+@given(layouts(), st.sampled_from(["1f1b", "gpipe"]), costs, st.data())
+def test_any_mid_iteration_failure_recovers(layout, order, cost, data):
     P, M, failed = layout
-    base = compile_schedule(P, M, failed)
+    base = compile_schedule(P, M, failed, order=order, cost=cost)
     candidates = [d for d in base.streams if (d - 1) % P not in failed and (d + 1) % P not in failed]
     if not candidates:
         return
     d = data.draw(st.sampled_from(candidates))
     k = data.draw(st.integers(0, len(base.streams[d])))
-    rec = compile_recovery(P, M, d, k, failed)
+    rec = compile_recovery(P, M, d, k, failed, order=order, cost=cost)
     report = simulate(rec)
     assert all(report.finished.values())

@@ -8,8 +8,8 @@ from schedules.ir import Op
 from schedules.layout import ScheduleError
 
 
-def _points(P, M, failed=()):
-    base = compile_schedule(P, M, failed=failed)
+def _points(P, M, failed=(), **options):
+    base = compile_schedule(P, M, failed=failed, **options)
     for d in base.streams:
         if (d - 1) % P in failed or (d + 1) % P in failed:
             continue
@@ -69,3 +69,22 @@ def test_recovery_is_deterministic():
 def test_unsurvivable_or_bad_failures_are_refused(kwargs, message):
     with pytest.raises(ScheduleError, match=message):
         compile_recovery(4, 4, **kwargs)
+
+
+@pytest.mark.parametrize("P,M,failed,d,k,cost", [
+    # node 3 runs stages 0 and 3; it waits on d's future work before taking in
+    # an activation d already sent: that message must be dropped and re-sent.
+    (4, 5, (0,), 2, 15, CostModel(forward=3.0, backward=0.2, transfer=2.0)),
+    (4, 3, (0,), 2, 12, CostModel(forward=(1, 1, 1, .1), backward=(2, .2, .2, .2))),
+    (3, 3, (), 1, 12, CostModel(forward=0, backward=0, transfer=0, swap=0, step=0, sync_transfer=0)),
+])
+def test_recovery_when_a_sent_activation_was_not_yet_taken_in(P, M, failed, d, k, cost):
+    rec = compile_recovery(P, M, d, k, failed, cost=cost)
+    assert all(simulate(rec).finished.values())
+
+
+@pytest.mark.parametrize("order", ["1f1b", "gpipe"])
+def test_every_failure_point_recovers_under_uneven_costs(order):
+    cost = CostModel(forward=(0.5, 2.0, 1.0), backward=(1.0, 4.0, 0.5), transfer=0.7, swap=0.3)
+    for base, d, k in _points(3, 4, ()):
+        simulate(compile_recovery(3, 4, d, k, order=order, cost=cost))

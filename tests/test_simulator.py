@@ -112,3 +112,52 @@ def test_backward_from_swapped_out_intermediates_needs_a_swap_in():
     s.insert(_index(s, Op.SWAP_OUT, stage=1, mb=0) + 1, ir.backward(1, 0, redundant=True))
     with pytest.raises(ValidationError, match="no resident forward state"):
         validate(layout, M, streams)
+
+
+def test_work_after_the_reduce_is_caught():
+    layout, M, streams = _streams()
+    s = streams[2]
+    at = _index(s, Op.REDUCE_GRADS) + 1
+    s[at:at] = [ir.forward(2, 0), ir.backward(2, 0)]  # inputs still there: only the timing is wrong
+    with pytest.raises(ValidationError, match="after its gradients were reduced"):
+        validate(layout, M, streams)
+
+
+def test_dropped_frc_and_leftover_state_are_caught():
+    layout, M, streams = _streams(redundancy="eager")
+    s = streams[1]
+    i = _index(s, Op.FORWARD, stage=2, mb=3, redundant=True)
+    del s[i:i + 2]  # the FRC and its swap-out
+    with pytest.raises(ValidationError) as e:
+        validate(layout, M, streams)
+    assert e.value.kind == "missing-frc"
+    layout, M, streams = _streams(redundancy="eager")
+    del streams[1][_index(streams[1], Op.SWAP_OUT, stage=2, mb=3)]
+    with pytest.raises(ValidationError) as e:
+        validate(layout, M, streams)
+    assert e.value.kind == "leak"
+
+
+def test_fast_timing_pass_agrees_with_the_simulator():
+    from schedules.simulator import start_times
+    cost = CostModel(forward=(1.0, 0.5, 2.0, 1.5), backward=(2.0, 1.0, 3.0, 2.5), transfer=0.3)
+    sched = compile_schedule(4, 6, cost=cost)
+    report = simulate(sched)
+    fast = start_times(sched.streams, cost)
+    for node, stream in sched.streams.items():
+        assert [sp.start for sp in report.spans if sp.node == node] == pytest.approx(fast[node])
+
+
+def test_cost_model_inputs_are_checked():
+    from schedules.layout import ScheduleError
+    assert CostModel(forward=[1, 2]).forward == (1.0, 2.0)
+    with pytest.raises(ScheduleError, match="negative"):
+        CostModel(transfer=-1)
+    with pytest.raises(ScheduleError, match="3 per-stage values for 4 stages"):
+        compile_schedule(4, 2, cost=CostModel(forward=(1, 1, 1)))
+
+
+def test_cached_schedules_are_not_shared():
+    a = compile_schedule(3, 2).streams[0]
+    a.clear()
+    assert len(compile_schedule(3, 2).streams[0]) > 0
