@@ -96,8 +96,11 @@ class Comm:
         """Messages received so far on every channel, by (peer, kind)."""
         return {key: box.received for key, box in self._boxes.items()}
 
-    def closed(self, peer: int) -> bool:
-        return any(b.error for (p, _), b in self._boxes.items() if p == peer)
+    def settled(self, peer: int) -> bool:
+        """Nothing more can come from `peer`: its channel broke, or every message
+        expected from it has arrived."""
+        boxes = [b for (p, _), b in self._boxes.items() if p == peer]
+        return any(b.error for b in boxes) or all(b.received >= b.expected for b in boxes)
 
     def send(self, peer: int, kind: Op, tensor: torch.Tensor) -> None:
         t = tensor.detach().contiguous().cpu()

@@ -113,7 +113,7 @@ class Failover:
                            if n != d and any(i.op in RECVS and i.peer == d for i in s))
         if self.me in receivers:
             deadline = time.monotonic() + self.timeout
-            while not self.comm.closed(dg) and time.monotonic() < deadline:
+            while not self.comm.settled(dg) and time.monotonic() < deadline:
                 time.sleep(0.01)
             counts = {kind.value: n - self.baseline.get((peer, kind), 0)
                       for (peer, kind), n in self.comm.counts().items() if peer == dg}

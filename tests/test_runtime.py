@@ -1,0 +1,122 @@
+"""End to end: real worker processes, a real etcd, real gloo, a real SIGKILL.
+
+Every distributed run (P=4, D=2, M=8, 20 iterations of `tiny`) is compared with
+the single-process reference on the same samples: per-iteration losses, sample
+counts and final parameters. float64 keeps summation-order noise far below the
+tolerance, so any lost or double-counted microbatch shows.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from schedules.compiler import compile_schedule
+from schedules.ir import Op
+
+P, D, M, ITERS = 4, 2, 8, 20
+COMMON = ["--model", "tiny", "--microbatches", str(M), "--iterations", str(ITERS), "--seed", "3",
+          "--dtype", "float64", "--no-progress"]
+RTOL = 1e-5
+
+
+def train(tmp_path, name, *args, check=True):
+    metrics, params = tmp_path / f"{name}.jsonl", tmp_path / f"{name}-params"
+    out = subprocess.run([sys.executable, "-m", "bamboo.cli", *COMMON, "--metrics-out", str(metrics),
+                          "--save-dir", str(params), *args], capture_output=True, text=True, timeout=600)
+    if check:
+        assert out.returncode == 0, out.stderr[-2000:]
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    return out, lines[:-1], params
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("reference")
+    _, records, params = train(tmp, "reference", "--stages", "1", "--pipelines", "1")
+    return records, params
+
+
+def assert_same_training(records, params, reference):
+    ref_records, ref_params = reference
+    assert [r["iteration"] for r in records] == list(range(ITERS))
+    for got, want in zip(records, ref_records):
+        assert got["samples"] == want["samples"]
+        assert got["loss"] == pytest.approx(want["loss"], rel=RTOL), f"iteration {got['iteration']}"
+    files = sorted(os.listdir(ref_params))
+    assert files == sorted(os.listdir(params)) and len(files) == 8  # embedding, 6 blocks, head
+    for f in files:
+        a, b = torch.load(ref_params / f), torch.load(params / f)
+        for name in a:
+            torch.testing.assert_close(b[name], a[name], rtol=RTOL, atol=1e-9)
+
+
+def kill_point(node: int, pick) -> str:
+    """NODE@5:INSTR with INSTR chosen by `pick` from the node's iteration-5 stream."""
+    stream = compile_schedule(P, M // D, ()).streams[node % P]
+    return f"{node}@5:{pick(stream)}"
+
+
+def test_without_redundancy(tmp_path, reference):
+    _, records, params = train(tmp_path, "off", "--stages", str(P), "--pipelines", str(D), "--redundancy", "off")
+    assert_same_training(records, params, reference)
+
+
+def test_eager_redundancy_keeps_replicas_equal_to_owners(tmp_path, reference):
+    _, records, params = train(tmp_path, "eager", "--stages", str(P), "--pipelines", str(D), "--check-replicas")
+    assert_same_training(records, params, reference)
+    assert all(r["replicas_equal"] for r in records)
+
+
+def _backward_of_first_stage(stream):
+    return next(i for i, x in enumerate(stream) if x.op is Op.BACKWARD and x.mb == 1)
+
+
+def _mid_stream(stream):
+    reduce_at = next(i for i, x in enumerate(stream) if x.op is Op.REDUCE_GRADS)
+    return reduce_at // 2
+
+
+def _first_forward(stream):
+    return next(i for i, x in enumerate(stream) if x.op is Op.FORWARD)
+
+
+@pytest.mark.parametrize("node,pick", [
+    (0, _backward_of_first_stage),   # first stage, during its backward phase
+    (3, _mid_stream),                # last stage
+    (6, _first_forward),             # second pipeline, before it sent anything
+], ids=["first-stage-backward", "last-stage", "pipeline1-start"])
+def test_sigkill_mid_iteration_keeps_the_math(tmp_path, reference, node, pick):
+    point = kill_point(node, pick)
+    _, records, params = train(tmp_path, "kill", "--stages", str(P), "--pipelines", str(D),
+                               "--preempt", point, "--check-replicas")
+    assert_same_training(records, params, reference)
+    events = records[5]["events"]
+    assert {"preemption", "failover"} == {e["type"] for e in events}, events
+    failover = next(e for e in events if e["type"] == "failover")
+    assert failover["node"] == node and failover["by"] == (node // P) * P + (node - 1) % P
+    assert [r["nodes"] for r in records] == [P * D] * 5 + [P * D - 1] * (ITERS - 5)
+    assert all(r["replicas_equal"] for r in records)
+
+
+def test_random_kill_point(tmp_path, reference):
+    _, records, params = train(tmp_path, "random", "--stages", str(P), "--pipelines", str(D), "--preempt", "random")
+    assert_same_training(records, params, reference)
+    assert sum(e["type"] == "preemption" for r in records for e in r["events"]) == 1
+
+
+@pytest.mark.parametrize("args,message,code", [
+    (["--stages", "9"], "more than model tiny's 8 layers", 2),
+    (["--stages", "2", "--preempt", "7@1"], "out of range", 2),
+    (["--stages", "2", "--preempt", "x"], "NODE@ITERATION", 2),
+    (["--stages", "2", "--microbatches", "1", "--pipelines", "2"], "fewer than --pipelines", 2),
+    (["--stages", "2", "--etcd", "127.0.0.1:1"], "unreachable", 1),
+    (["--stages", "2", "--etcd", "nonsense"], "HOST:PORT", 1),
+])
+def test_bad_input_gives_one_line(tmp_path, args, message, code):
+    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--no-progress", "--iterations", "1", *args],
+                         capture_output=True, text=True, timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == code and len(lines) == 1 and message in lines[0], out.stderr
