@@ -13,7 +13,8 @@ import random
 import sys
 
 from bamboo.config import DTYPES, JobConfig, Preempt
-from bamboo.models import MODELS, num_layers
+from bamboo.api import ModelSource
+from bamboo.models import MODELS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -24,7 +25,9 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="bamboo-train", description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    p.add_argument("--model", default="tiny",
+                   help=f"built-in ({', '.join(sorted(MODELS))}) or a factory package.module:function")
+    p.add_argument("--seq", type=int, default=32, help="tokens per sequence for factory models")
     p.add_argument("--stages", type=int, default=2, help="pipeline depth P")
     p.add_argument("--pipelines", type=int, default=1, help="data-parallel pipelines D")
     p.add_argument("--microbatches", type=int, default=4, help="global microbatches per iteration M")
@@ -88,7 +91,7 @@ def config_from_args(args) -> JobConfig:
     for name in ("stages", "pipelines", "microbatches", "iterations", "batch"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1 (got {getattr(args, name)})")
-    layers = num_layers(MODELS[args.model])
+    layers = ModelSource(args.model, args.seed, seq=args.seq).count
     if args.stages > layers:
         raise ValueError(f"--stages {args.stages} is more than model {args.model}'s {layers} layers")
     if args.microbatches < args.pipelines:
@@ -97,7 +100,7 @@ def config_from_args(args) -> JobConfig:
         raise ValueError("--stages 1 is the single-process reference: use --pipelines 1")
     return JobConfig(model=args.model, stages=args.stages, pipelines=args.pipelines,
                      microbatches=args.microbatches, iterations=args.iterations, redundancy=args.redundancy,
-                     seed=args.seed, batch=args.batch, lr=args.lr, dtype=args.dtype,
+                     seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, dtype=args.dtype,
                      failure_timeout=args.failure_timeout,
                      preempt=parse_preempts(args.preempt, args) if args.stages > 1 else (),
                      data_files=tuple(args.data), save_dir=args.save_dir, check_replicas=args.check_replicas)

@@ -26,6 +26,7 @@ class JobConfig:
     redundancy: str = "eager"
     seed: int = 0
     batch: int = 2              # sequences per microbatch
+    seq: int = 32               # tokens per sequence, for factory models (built-ins fix their own)
     lr: float = 1e-3
     dtype: str = "float32"
     failure_timeout: float = 3.0  # etcd lease TTL: a silent node is dead after this

@@ -96,16 +96,20 @@ class Block(nn.Module):
 
 
 class Head(nn.Module):
-    """Final norm, projection to the vocabulary and the mean cross-entropy."""
+    """Final norm and projection to the vocabulary: logits."""
 
     def __init__(self, cfg: GPTConfig, layer: int):
         super().__init__()
         self.ln = nn.LayerNorm(cfg.dim)
         self.out = nn.Linear(cfg.dim, cfg.vocab, bias=False)
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        logits = self.out(self.ln(x))
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(x))
+
+
+def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of next-token logits [batch, seq, vocab] against labels [batch, seq]."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
 def num_layers(cfg: GPTConfig) -> int:
@@ -126,25 +130,21 @@ def build_layer(cfg: GPTConfig, index: int, seed: int, dtype: torch.dtype = torc
 
 
 class Stage(nn.Module):
-    """A contiguous slice of the layer list. The last stage's last layer takes labels."""
+    """A contiguous slice of the layer list; the last stage ends with the loss.
 
-    def __init__(self, layers: list[nn.Module], last: bool):
+    `first_layer` seeds the global RNG for any plain nn.Dropout inside, per
+    (iteration, microbatch, stage), so a redundant forward repeats the normal one."""
+
+    def __init__(self, layers: list[nn.Module], loss=None, first_layer: int = 0):
         super().__init__()
         self.layers = nn.ModuleList(layers)
-        self.last = last
+        self.loss, self.first_layer = loss, first_layer
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        layers = list(self.layers)
-        if self.last:
-            *layers, head = layers
-        for layer in layers:
-            x = layer(x)
-        return head(x, labels) if self.last else x
-
-
-def sequential_loss_layer(loss_fn=F.cross_entropy) -> nn.Module:
-    """Wrap a loss so a user's nn.Sequential can end with it: (output, labels) -> loss."""
-    class Loss(nn.Module):
-        def forward(self, x, labels):
-            return loss_fn(x, labels)
-    return Loss()
+        seed = getattr(_context, "seed", None)
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed((seed * 1_000_033 + self.first_layer) % (2 ** 63))
+            for layer in self.layers:
+                x = layer(x)
+        return self.loss(x, labels) if self.loss is not None else x

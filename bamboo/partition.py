@@ -36,7 +36,3 @@ def partition(costs: Sequence[float], stages: int) -> list[range]:
         bounds.append(i)
     bounds.reverse()
     return [range(bounds[k], bounds[k + 1]) for k in range(stages)]
-
-
-def parameter_costs(layers) -> list[float]:
-    return [float(sum(p.numel() for p in layer.parameters())) or 1.0 for layer in layers]

@@ -6,19 +6,16 @@ import torch
 
 from bamboo.config import JobConfig, dropout_seed_for
 from bamboo.data import ByteCorpus
-from bamboo.models import MODELS, Stage, build_layer, dropout_seed, num_layers
-
-
-def build_model(cfg: JobConfig) -> Stage:
-    mc = MODELS[cfg.model]
-    return Stage([build_layer(mc, i, cfg.seed, cfg.torch_dtype) for i in range(num_layers(mc))], last=True)
+from bamboo.api import ModelSource
+from bamboo.models import Stage, dropout_seed
 
 
 def train_reference(cfg: JobConfig, on_iteration=None) -> Stage:
     """Run cfg.iterations; on_iteration(i, {global mb: loss}) after each step."""
     torch.set_num_threads(1)
-    model = build_model(cfg)
-    corpus = ByteCorpus(list(cfg.data_files), seq=MODELS[cfg.model].seq, batch=cfg.batch, seed=cfg.seed)
+    source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq)
+    model = Stage([source.layer(i) for i in range(source.count)], source.loss)
+    corpus = ByteCorpus(list(cfg.data_files), seq=source.seq, batch=cfg.batch, seed=cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     for it in range(cfg.iterations):
         model.zero_grad(set_to_none=True)

@@ -30,18 +30,11 @@ from bamboo.config import JobConfig
 from bamboo.data import ByteCorpus, split_microbatches
 from bamboo.executor import Executor
 from bamboo.failover import Failover, Unsurvivable
-from bamboo.models import MODELS, Stage, build_layer, num_layers
+from bamboo.api import ModelSource
+from bamboo.models import Stage
 from bamboo.partition import partition
 from bamboo.reduce import Reducer
 from bamboo.store import EtcdStore
-
-
-def stage_ranges(cfg: JobConfig) -> list[range]:
-    mc = MODELS[cfg.model]
-    with torch.device("meta"):
-        costs = [sum(p.numel() for p in build_layer(mc, i, cfg.seed).parameters()) or 1
-                 for i in range(num_layers(mc))]
-    return partition(costs, cfg.stages)
 
 
 def digest(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
@@ -66,13 +59,13 @@ class Worker:
         self.P, self.D = cfg.stages, cfg.pipelines
         self.pipeline, self.me = divmod(node, self.P)
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-        self.ranges = stage_ranges(cfg)
+        source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq)
+        self.ranges = partition(source.costs(), self.P)
         held = {self.me} | ({(self.me + 1) % self.P} if cfg.redundancy == "eager" else set())
-        mc = MODELS[cfg.model]
-        self.modules = {s: Stage([build_layer(mc, i, cfg.seed, cfg.torch_dtype) for i in self.ranges[s]],
-                                 last=s == self.P - 1).to(self.device) for s in sorted(held)}
+        self.modules = {s: Stage([source.layer(i) for i in self.ranges[s]], source.loss if s == self.P - 1 else None,
+                                 self.ranges[s].start).to(self.device) for s in sorted(held)}
         self.optimizers = {s: torch.optim.AdamW(m.parameters(), lr=cfg.lr) for s, m in self.modules.items()}
-        corpus = ByteCorpus(list(cfg.data_files), seq=mc.seq, batch=cfg.batch, seed=cfg.seed)
+        corpus = ByteCorpus(list(cfg.data_files), seq=source.seq, batch=cfg.batch, seed=cfg.seed)
         self.mbs = split_microbatches(cfg.microbatches, self.D)[self.pipeline]
         self.failover = Failover(cluster, self.P, self.pipeline, self.me, cfg.redundancy, cfg.failure_timeout)
         self.failed_global: list[int] = []

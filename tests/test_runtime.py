@@ -120,3 +120,22 @@ def test_bad_input_gives_one_line(tmp_path, args, message, code):
                          capture_output=True, text=True, timeout=120)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == code and len(lines) == 1 and message in lines[0], out.stderr
+
+
+def test_factory_sequential_on_two_stages_survives_losing_one(tmp_path):
+    """P=2: the survivor is predecessor and successor at once and ends up running
+    the whole model; a user nn.Sequential named as package.module:function."""
+    args = ["--model", "tests.sample_models:byte_mlp", "--microbatches", "4", "--iterations", "6", "--seed", "1",
+            "--dtype", "float64", "--no-progress"]
+
+    def run(name, *extra):
+        metrics = tmp_path / f"{name}.jsonl"
+        out = subprocess.run([sys.executable, "-m", "bamboo.cli", *args, "--metrics-out", str(metrics), *extra],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return [json.loads(line) for line in metrics.read_text().splitlines()][:-1]
+
+    ref = run("ref", "--stages", "1")
+    got = run("kill", "--stages", "2", "--preempt", "1@2:7")
+    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in ref], rel=RTOL)
+    assert [r["nodes"] for r in got] == [2, 2, 1, 1, 1, 1]

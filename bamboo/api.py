@@ -1,0 +1,84 @@
+"""Where a job's layers come from.
+
+`--model` names a built-in transformer (`tiny`, `gpt2-small`, `bert-large`) or a
+factory `package.module:function` returning any of: an nn.Sequential, a DeepSpeed
+PipelineModule (its layer specs and loss are used), or a list of modules or
+DeepSpeed LayerSpecs. Built-in layers are initialised from (seed, index) alone, so
+a node builds only its own; a factory is called once per process under the job's
+seed. A factory model takes byte tokens [batch, seq] and returns logits; its loss
+is the PipelineModule's, else next-token cross-entropy.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import torch
+import torch.nn as nn
+
+from bamboo.models import MODELS, build_layer, num_layers, token_loss
+
+
+class ModelError(ValueError):
+    """The --model cannot be built."""
+
+
+def layers_from(model) -> tuple[list[nn.Module], object]:
+    """(layers, loss or None) from an nn.Sequential, a PipelineModule or a list."""
+    if isinstance(model, nn.Sequential):
+        return list(model), None
+    specs = getattr(model, "_layer_specs", None)  # deepspeed.pipe.PipelineModule
+    loss = getattr(model, "loss_fn", None) if specs is not None else None
+    items = specs if specs is not None else model
+    built = getattr(model, "forward_funcs", None)
+    if specs is not None and built is not None and len(built) == len(specs):
+        items = built  # built on one stage: keep its weights
+    if not isinstance(items, (list, tuple)):
+        raise ModelError(f"a model factory must return an nn.Sequential, a PipelineModule or a list of layers "
+                         f"(got {type(model).__name__})")
+    layers = []
+    for item in items:
+        built = item.build() if hasattr(item, "build") and not isinstance(item, nn.Module) else item
+        if not isinstance(built, nn.Module):
+            raise ModelError(f"layer {len(layers)} is a {type(built).__name__}, not an nn.Module")
+        layers.append(built)
+    return layers, loss
+
+
+class ModelSource:
+    def __init__(self, name: str, seed: int, dtype: torch.dtype = torch.float32, seq: int = 32):
+        self.name, self.seed, self.dtype = name, seed, dtype
+        if name in MODELS:
+            self.config = MODELS[name]
+            self.count, self.seq, self.loss = num_layers(self.config), self.config.seq, token_loss
+            self._layers = None
+            return
+        if ":" not in name:
+            raise ModelError(f"--model {name!r} is neither a built-in ({', '.join(sorted(MODELS))}) "
+                             "nor a factory package.module:function")
+        module_name, _, fn_name = name.partition(":")
+        if "" not in sys.path:
+            sys.path.insert(0, "")  # factories in the working directory
+        try:
+            factory = getattr(importlib.import_module(module_name), fn_name)
+        except (ImportError, AttributeError) as e:
+            raise ModelError(f"--model {name!r}: cannot load it ({e})") from None
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            layers, loss = layers_from(factory())
+        self._layers = [layer.to(dtype) for layer in layers]
+        self.count, self.seq, self.loss = len(self._layers), seq, loss or token_loss
+
+    def layer(self, index: int) -> nn.Module:
+        if self._layers is not None:
+            return self._layers[index]
+        return build_layer(self.config, index, self.seed, self.dtype)
+
+    def costs(self) -> list[float]:
+        """Parameter count per layer (built-in layers are counted on the meta device)."""
+        if self._layers is None:
+            with torch.device("meta"):
+                layers = [build_layer(self.config, i, self.seed) for i in range(self.count)]
+        else:
+            layers = self._layers
+        return [float(sum(p.numel() for p in layer.parameters())) or 1.0 for layer in layers]

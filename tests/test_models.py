@@ -1,0 +1,137 @@
+"""Models, data and partitioning, against plain single-module computations."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+from bamboo.api import ModelError, ModelSource, layers_from
+from bamboo.data import ByteCorpus, DataError, split_microbatches
+from bamboo.models import Stage, dropout_seed
+from bamboo.partition import PartitionError, partition
+
+
+def brute_force_partition(costs, stages):
+    import itertools
+    n, best = len(costs), None
+    for cuts in itertools.combinations(range(1, n), stages - 1):
+        bounds = (0, *cuts, n)
+        worst = max(sum(costs[bounds[i]:bounds[i + 1]]) for i in range(stages))
+        best = worst if best is None else min(best, worst)
+    return best
+
+
+@pytest.mark.parametrize("costs,stages", [([1] * 8, 4), ([5, 1, 1, 1, 1, 5], 3), ([9, 1, 1, 1, 1, 1, 1, 9, 2], 4),
+                                          ([3, 1, 4, 1, 5, 9, 2, 6], 5)])
+def test_partition_is_optimal_and_contiguous(costs, stages):
+    ranges = partition(costs, stages)
+    assert [r.start for r in ranges][0] == 0 and ranges[-1].stop == len(costs)
+    assert all(a.stop == b.start and len(a) > 0 for a, b in zip(ranges, ranges[1:]))
+    assert max(sum(costs[i] for i in r) for r in ranges) == brute_force_partition(costs, stages)
+
+
+def test_partition_refuses_more_stages_than_layers():
+    with pytest.raises(PartitionError, match="more than the model's 3 layers"):
+        partition([1, 2, 3], 4)
+
+
+def test_corpus_is_deterministic_and_shifted(tmp_path):
+    corpus = ByteCorpus(seq=16, batch=3, seed=7)
+    x, y = corpus.microbatch(4, 2)
+    x2, y2 = ByteCorpus(seq=16, batch=3, seed=7).microbatch(4, 2)
+    assert torch.equal(x, x2) and torch.equal(y, y2) and x.shape == (3, 16)
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    assert not torch.equal(corpus.microbatch(4, 3)[0], x)
+    small = tmp_path / "small.txt"
+    small.write_text("tiny")
+    with pytest.raises(DataError, match="fewer than one sequence"):
+        ByteCorpus([small], seq=16)
+    with pytest.raises(DataError, match="cannot read"):
+        ByteCorpus([tmp_path / "missing.txt"])
+
+
+def test_microbatches_split_evenly_in_order():
+    assert split_microbatches(8, 3) == [range(0, 3), range(3, 6), range(6, 8)]
+
+
+def test_stages_chained_equal_the_whole_model():
+    source = ModelSource("tiny", seed=1)
+    layers = [source.layer(i) for i in range(source.count)]
+    whole = Stage(layers, source.loss)
+    x, y = ByteCorpus(seq=32, batch=2, seed=1).microbatch(0, 0)
+    ranges = partition(source.costs(), 3)
+    parts = [Stage([layers[i] for i in r], source.loss if k == 2 else None, r.start) for k, r in enumerate(ranges)]
+    with dropout_seed(11):
+        expected = whole(x, y)
+        h = x
+        for part in parts[:-1]:
+            h = part(h)
+        got = parts[-1](h, y)
+    assert torch.equal(got, expected)
+
+
+def test_plain_dropout_repeats_under_the_same_seed():
+    stage = Stage([nn.Linear(8, 8), nn.Dropout(0.5)], first_layer=3)
+    x = torch.randn(4, 8)
+    with dropout_seed(5):
+        a = stage(x)
+    with dropout_seed(5):
+        b = stage(x)
+    with dropout_seed(6):
+        c = stage(x)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_built_in_layers_depend_only_on_seed_and_index():
+    a, b = ModelSource("tiny", seed=2).layer(3), ModelSource("tiny", seed=2).layer(3)
+    c = ModelSource("tiny", seed=3).layer(3)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters()))
+
+
+def test_factory_models_and_errors():
+    src = ModelSource("tests.sample_models:byte_mlp", seed=0)
+    assert src.count == 6 and len(src.costs()) == 6
+    with pytest.raises(ModelError, match="not an nn.Module|must return"):
+        ModelSource("tests.sample_models:not_a_model", seed=0)
+    with pytest.raises(ModelError, match="cannot load"):
+        ModelSource("tests.sample_models:missing", seed=0)
+    with pytest.raises(ModelError, match="neither a built-in"):
+        ModelSource("gpt5", seed=0)
+
+
+def test_deepspeed_pipeline_module_gives_the_same_loss():
+    """A real PipelineModule (DeepSpeed initialised on a one-process gloo group): its
+    own forward and loss against the stages Bamboo builds from its layer specs."""
+    code = r'''
+import os, socket, torch
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+import deepspeed
+from deepspeed.pipe import PipelineModule
+from tests.sample_models import layer_specs
+from bamboo.api import layers_from
+from bamboo.models import Stage
+deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+torch.manual_seed(0)
+pm = PipelineModule(layers=layer_specs(), num_stages=1, loss_fn=lambda out, y: torch.nn.functional.cross_entropy(
+    out.reshape(-1, 256), y.reshape(-1)))
+x = torch.randint(0, 256, (2, 8)); y = torch.randint(0, 256, (2, 8))
+want = pm.loss_fn(pm(x), y)
+layers, loss = layers_from(pm)
+got = Stage(layers[2:], loss)(Stage(layers[:2])(x), y)
+assert len(layers) == 4 and torch.equal(got, want), (got, want)
+print("same", float(got))
+'''
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode == 0 and "same" in out.stdout, out.stderr[-2000:]
+
+
+def test_layer_specs_build_without_deepspeed_initialised():
+    pytest.importorskip("deepspeed")
+    from tests.sample_models import layer_specs
+    layers, loss = layers_from(layer_specs())
+    assert [type(m).__name__ for m in layers] == ["Tokens", "Linear", "ReLU", "Linear"] and loss is None
