@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	$(PY) -m schedules demo
+	@echo "--- training tiny on P=4 stages; node 2 is SIGKILLed in iteration 15 ---"
+	$(VENV)/bin/bamboo-train --model tiny --stages 4 --microbatches 8 --iterations 30 \
+		--preempt 2@15:20 --metrics-out out/metrics.jsonl
+	@grep -h '"preemption"' out/metrics.jsonl | head -1
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -97,10 +97,10 @@ class Comm:
         return {key: box.received for key, box in self._boxes.items()}
 
     def settled(self, peer: int) -> bool:
-        """Nothing more can come from `peer`: its channel broke, or every message
-        expected from it has arrived."""
-        boxes = [b for (p, _), b in self._boxes.items() if p == peer]
-        return any(b.error for b in boxes) or all(b.received >= b.expected for b in boxes)
+        """Nothing more can come from `peer`: on every channel from it, the channel
+        broke or every message expected has arrived. (One channel breaking is not
+        enough: a message may still be landing on another.)"""
+        return all(b.error or b.received >= b.expected for (p, _), b in self._boxes.items() if p == peer)
 
     def send(self, peer: int, kind: Op, tensor: torch.Tensor) -> None:
         t = tensor.detach().contiguous().cpu()
