@@ -139,3 +139,33 @@ def test_factory_sequential_on_two_stages_survives_losing_one(tmp_path):
     got = run("kill", "--stages", "2", "--preempt", "1@2:7")
     assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in ref], rel=RTOL)
     assert [r["nodes"] for r in got] == [2, 2, 1, 1, 1, 1]
+
+
+def test_two_failures_in_one_pipeline_and_iteration_end_with_a_reason(tmp_path):
+    out, _, _ = train(tmp_path, "double", "--stages", "4", "--pipelines", "1", "--iterations", "4",
+                      "--preempt", "1@2:6", "--preempt", "2@2:6", check=False)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr
+    assert "one failure per pipeline per iteration" in lines[0] or "adjacent" in lines[0]
+
+
+def test_ctrl_c_stops_every_process_it_started(tmp_path):
+    import signal
+    import time
+
+    import psutil
+    proc = subprocess.Popen([sys.executable, "-m", "bamboo.cli", "--stages", "2", "--iterations", "100000",
+                             "--no-progress", "--metrics-out", str(tmp_path / "m.jsonl")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 120
+    while len(parent.children(recursive=True)) < 3 and time.monotonic() < deadline:  # etcd + 2 workers
+        time.sleep(0.2)
+    children = parent.children(recursive=True)
+    assert len(children) >= 3
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, [p.cmdline() for p in alive]

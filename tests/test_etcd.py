@@ -1,0 +1,71 @@
+"""The etcd pieces against a real etcd server: the torch Store, the cluster keys,
+and the arithmetic that turns survivors' message counts into the failure point."""
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from bamboo.cluster import Cluster
+from bamboo.etcd import EtcdError, EtcdServer, connect
+from bamboo.failover import Unsurvivable, died_before
+from bamboo.store import EtcdStore
+from schedules import ir
+
+
+@pytest.fixture(scope="module")
+def etcd():
+    with EtcdServer() as server:
+        yield server
+
+
+def test_store_semantics(etcd):
+    store = EtcdStore(connect(etcd.endpoint), "/t/store", timedelta(seconds=1))
+    store.set("a", b"1")
+    assert store.get("a") == b"1"
+    assert store.add("n", 2) == 2 and store.add("n", 3) == 5
+    assert store.compare_set("c", b"", b"x") == b"x"       # absent: created
+    assert store.compare_set("c", b"y", b"z") == b"x"      # mismatch: unchanged
+    assert store.compare_set("c", b"x", b"z") == b"z"
+    assert store.check(["a", "c"]) and not store.check(["missing"])
+    assert store.delete_key("a") and not store.check(["a"])
+    with pytest.raises(TimeoutError, match="missing"):
+        store.wait(["missing"], timedelta(seconds=0.2))
+
+
+def test_gloo_group_rendezvous_through_the_store(etcd):
+    """A one-member gloo group built on the etcd store works (the real use)."""
+    store = EtcdStore(connect(etcd.endpoint), "/t/pg")
+    pg = dist.ProcessGroupGloo(store, 0, 1, timedelta(seconds=10))
+    import torch
+    t = torch.ones(3)
+    pg.allreduce([t]).wait()
+    assert t.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_first_writer_wins_and_leases_expire(etcd):
+    a, b = Cluster(etcd.endpoint, "job1"), Cluster(etcd.endpoint, "job1")
+    assert a.create({"by": 1}, "failed", 3) and not b.create({"by": 2}, "failed", 3)
+    assert b.get("failed", 3) == {"by": 1} and b.children("failed") == {"3": {"by": 1}}
+    a.register(5, ttl=1)
+    assert 5 in b.alive()
+    a._lease.revoke()
+    assert 5 not in b.alive()
+
+
+def test_unreachable_etcd_is_one_clear_error():
+    with pytest.raises(EtcdError, match="unreachable"):
+        connect("127.0.0.1:1", timeout=1)
+    with pytest.raises(EtcdError, match="HOST:PORT"):
+        connect("localhost")
+
+
+def test_died_before_from_message_counts():
+    stream = [ir.recv_act(0, 0, 0), ir.forward(1, 0), ir.send_act(1, 0, 2), ir.recv_act(0, 1, 0),
+              ir.forward(1, 1), ir.send_act(1, 1, 2), ir.recv_grad(2, 0, 2), ir.backward(1, 0),
+              ir.send_grad(1, 0, 0)]
+    assert died_before(stream, {}) == 0
+    assert died_before(stream, {2: {"send_act": 1}}) == 3
+    assert died_before(stream, {2: {"send_act": 2}}) == 6
+    assert died_before(stream, {2: {"send_act": 2}, 0: {"send_grad": 1}}) == 9
+    with pytest.raises(Unsurvivable, match="out of order"):
+        died_before(stream, {2: {"send_act": 1}, 0: {"send_grad": 1}})

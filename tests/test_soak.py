@@ -1,0 +1,37 @@
+"""Soak (slow, `make test-slow`): kill every node at many points of an iteration and
+check the losses against the reference each time."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bamboo.config import JobConfig
+from bamboo.reference import train_reference
+from schedules.compiler import compile_schedule
+
+P, M, ITERS = 4, 4, 3
+STREAMS = compile_schedule(P, M, ()).streams
+POINTS = [(n, k) for n in range(P) for k in range(0, len(STREAMS[n]), 3)]
+
+
+@pytest.fixture(scope="module")
+def reference_losses():
+    out = []
+    train_reference(JobConfig(microbatches=M, iterations=ITERS, dtype="float64"),
+                    lambda it, losses: out.append(sum(losses.values()) / M))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("node,k", POINTS)
+def test_kill_point(tmp_path, reference_losses, node, k):
+    metrics = tmp_path / "m.jsonl"
+    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--stages", str(P), "--microbatches", str(M),
+                          "--iterations", str(ITERS), "--dtype", "float64", "--no-progress",
+                          "--preempt", f"{node}@1:{k}", "--metrics-out", str(metrics)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-1500:]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()][:-1]
+    assert [r["loss"] for r in records] == pytest.approx(reference_losses, rel=1e-6)
+    assert records[-1]["nodes"] == P - 1
