@@ -135,3 +135,8 @@ def test_layer_specs_build_without_deepspeed_initialised():
     from tests.sample_models import layer_specs
     layers, loss = layers_from(layer_specs())
     assert [type(m).__name__ for m in layers] == ["Tokens", "Linear", "ReLU", "Linear"] and loss is None
+
+
+@pytest.mark.parametrize("name,millions", [("tiny", 0.0937), ("gpt2-small", 163.04), ("bert-large", 365.34)])
+def test_built_in_sizes(name, millions):
+    assert sum(ModelSource(name, seed=0).costs()) / 1e6 == pytest.approx(millions, rel=1e-3)
