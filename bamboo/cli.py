@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import sys
 
 from bamboo.config import DTYPES, JobConfig, Preempt
@@ -45,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SIGKILL that worker just before that instruction (repeatable), or 'random'")
     p.add_argument("--failure-timeout", type=float, default=3.0,
                    help="seconds of silence (etcd lease) after which a node counts as dead")
+    p.add_argument("--stall-timeout", type=float, default=1800.0,
+                   help="give up when no iteration finishes for this many seconds")
     p.add_argument("--check-replicas", action="store_true",
                    help="compare digests of every copy of every stage after each step")
     p.add_argument("--etcd", metavar="HOST:PORT", help="use this etcd instead of starting one")
@@ -101,12 +104,17 @@ def config_from_args(args) -> JobConfig:
     return JobConfig(model=args.model, stages=args.stages, pipelines=args.pipelines,
                      microbatches=args.microbatches, iterations=args.iterations, redundancy=args.redundancy,
                      seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, dtype=args.dtype,
-                     failure_timeout=args.failure_timeout,
+                     failure_timeout=args.failure_timeout, stall_timeout=args.stall_timeout,
                      preempt=parse_preempts(args.preempt, args) if args.stages > 1 else (),
                      data_files=tuple(args.data), save_dir=args.save_dir, check_replicas=args.check_replicas)
 
 
+def _terminate(signum, frame):
+    raise KeyboardInterrupt  # the same cleanup as Ctrl-C
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _terminate)
     args = build_parser().parse_args(argv)
     try:
         cfg = config_from_args(args)

@@ -2,12 +2,14 @@
 
 Keys, all under /bamboo/<job>/:
 
-    alive/<node>               pid, bound to the node's lease: gone when it stops refreshing
+    alive/<node>               the node id, bound to its lease: gone when it stops refreshing
     failed/<node>              {"iteration", "by"}: first detector wins (create-if-absent)
     cut/<iter>/<dead>/<node>   messages <node> received from <dead> in <iter>, per kind
     finished/<iter>/<node>     the node ran its whole stream (it stays to help its pipeline)
-    done/<iter>/<node>         a node's iteration report (losses, memory, digests, events)
-    epoch/<iter>               failed nodes every worker uses from <iter> + 1 on (first writer wins)
+    loss/<iter>/<mb>           loss of global microbatch <mb>, written before its gradient leaves
+    done/<iter>/<node>         a node's iteration report (memory, digests, events)
+    epoch/<iter>/<try>         failed nodes every worker uses from <iter> + 1 on (first writer
+                               wins; a new try when a node dies while the world regroups)
     reduced/<iter>/<stage>     members of a finished data-parallel reduce of <stage>
     preempted/<node>           wall time of an injected SIGKILL
     error/<node>               a worker's fatal error, one line
@@ -60,8 +62,10 @@ class Cluster:
                 raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
             time.sleep(poll)
 
-    def register(self, node: int, ttl: float) -> None:
-        """alive/<node> under a lease refreshed by a daemon thread every ttl/3."""
+    def register(self, node: int, ttl: float, on_lost=None) -> None:
+        """alive/<node> under a lease refreshed by a daemon thread every ttl/3.
+        `on_lost()` runs if the lease expired anyway (the node was paused or cut
+        off long enough for its peers to count it dead)."""
         self._lease = self.client.lease(max(1, int(round(ttl))))
         self.client.put(self.key("alive", node), str(node), lease=self._lease)
 
@@ -69,10 +73,20 @@ class Cluster:
             while True:
                 time.sleep(max(0.2, ttl / 3))
                 try:
-                    self._lease.refresh()
+                    replies = self._lease.refresh()
                 except Exception:  # etcd briefly unreachable: try again next round
-                    pass
+                    continue
+                if on_lost and replies and replies[0].TTL <= 0:
+                    on_lost()
+                    return
         threading.Thread(target=refresh, daemon=True, name="lease").start()
+
+    def record_silent(self, nodes, iteration: int, by: int) -> None:
+        """Record as dead each of `nodes` whose lease is gone."""
+        alive = self.alive()
+        for n in nodes:
+            if n not in alive:
+                self.create({"iteration": iteration, "by": by, "how": "lease expired"}, "failed", n)
 
     def alive(self) -> set[int]:
         return {int(k) for k in self.children("alive")}

@@ -7,6 +7,23 @@ import torch
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
+# Liveness comes from etcd leases (JobConfig.failure_timeout) and from gloo closing
+# a dead peer's connection, never from a slow operation: gloo's own timeouts are
+# set long enough that a slow model on a CPU does not look like a death.
+GLOO_OP_TIMEOUT = 24 * 3600.0
+FENCED = 75  # exit status of a worker that found itself declared dead and stopped
+
+
+def global_node(stages: int, pipeline: int, local: int) -> int:
+    """Node id in the job of node `local` (= its starting stage) of `pipeline`."""
+    return pipeline * stages + local
+
+
+def local_nodes(stages: int, pipeline: int, nodes) -> set[int]:
+    """The local ids of the given job node ids that belong to `pipeline`."""
+    lo = pipeline * stages
+    return {int(n) - lo for n in nodes if lo <= int(n) < lo + stages}
+
 
 @dataclass(frozen=True)
 class Preempt:
@@ -30,6 +47,7 @@ class JobConfig:
     lr: float = 1e-3
     dtype: str = "float32"
     failure_timeout: float = 3.0  # etcd lease TTL: a silent node is dead after this
+    stall_timeout: float = 1800.0  # the launcher gives up when no iteration ends for this long
     preempt: tuple[Preempt, ...] = field(default_factory=tuple)
     data_files: tuple[str, ...] = field(default_factory=tuple)
     save_dir: str | None = None   # final parameters, one file per layer

@@ -2,8 +2,11 @@
 small client wrapper, so local jobs and tests have a store no worker hosts."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -47,6 +50,11 @@ def connect(endpoint: str, timeout: float = 5.0):
     return client
 
 
+def die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the process that started it dies."""
+    ctypes.CDLL(ctypes.util.find_library("c")).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 class EtcdServer:
     """`etcd` on free loopback ports with a temporary data dir; stop() removes both."""
 
@@ -67,7 +75,8 @@ class EtcdServer:
              "--listen-client-urls", url, "--advertise-client-urls", url,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
              "--initial-cluster", f"bamboo={peer}", "--log-level", "error"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+            preexec_fn=die_with_parent)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

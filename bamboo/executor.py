@@ -20,7 +20,7 @@ import torch
 from schedules.ir import Instr, Op, RECVS, SENDS
 
 from bamboo.comm import Comm, Interrupted, PeerFailure
-from bamboo.config import JobConfig, dropout_seed_for
+from bamboo.config import JobConfig, dropout_seed_for, global_node
 from bamboo.models import dropout_seed
 from bamboo.swap import SavedTensors
 
@@ -36,13 +36,12 @@ class Executor:
         self.swap_stream = torch.cuda.Stream() if device.type == "cuda" else None
 
     def peer(self, local: int) -> int:
-        return self.pipeline * self.P + local
+        return global_node(self.P, self.pipeline, local)
 
     # -- one iteration -------------------------------------------------------------------
-    def run(self, iteration: int, stream: list[Instr], microbatches: range, comm: Comm, failover) -> dict:
+    def run(self, iteration: int, stream: list[Instr], microbatches: range, comm: Comm, failover) -> None:
         self.iteration, self.mbs, self.comm = iteration, microbatches, comm
         self.inputs, self.labels, self.acts, self.grads, self.states = {}, {}, {}, {}, {}
-        self.losses: dict[int, float] = {}
         for m in self.modules.values():
             m.zero_grad(set_to_none=True)
         self._base = comm.counts()  # messages received before this iteration
@@ -62,19 +61,22 @@ class Executor:
                 except Interrupted:
                     pass
                 if failover.new_failure() is not None:
-                    stream = self._replan(failover, pc)
+                    stream = self._replan(failover, stream, pc)
             # Done here, but a neighbour may still die before the pipeline is: stay
             # available to re-send what it needs until every node has finished.
             failover.finished()
             if not failover.linger():
                 break
-            stream = self._replan(failover, pc)
-        return {"losses": self.losses}
+            stream = self._replan(failover, stream, pc)
 
-    def _replan(self, failover, pc: int) -> list[Instr]:
+
+    def _replan(self, failover, old: list[Instr], pc: int) -> list[Instr]:
+        """Switch to the recovery stream. This node may already be past its recovery
+        point when what it ran there is what the recovery says too (a message from
+        a node that recovered first let it go on): anything else is a bug."""
         stream, resume_at = failover.resolve()
-        if pc > resume_at:
-            raise RuntimeError(f"node ran past its recovery point ({pc} > {resume_at})")
+        if pc > resume_at and old[resume_at:pc] != stream[resume_at:pc]:
+            raise RuntimeError(f"node ran past its recovery point ({pc} > {resume_at}) and off the plan")
         self._expect(stream)
         return stream
 
@@ -114,7 +116,9 @@ class Executor:
         s, mb = ins.stage, ins.mb
         inp, out, _ = self.states.pop((s, mb))
         if s == self.P - 1:
-            self.losses[self.mbs[mb]] = out.item()
+            # Recorded before the gradient leaves: if this node dies after sending
+            # it, nobody recomputes this microbatch's loss.
+            self.cluster.put(out.item(), "loss", self.iteration, self.mbs[mb])
             (out / self.cfg.microbatches).backward()  # the global batch's mean, as the reference
         else:
             out.backward(self.grads[(s + 1, mb)])

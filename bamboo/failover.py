@@ -10,6 +10,7 @@ each survivor how to finish the iteration from where it stands.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 
@@ -17,6 +18,7 @@ from schedules.compiler import compile_recovery, compile_schedule
 from schedules.ir import Instr, RECVS, SENDS
 
 from bamboo.cluster import Cluster
+from bamboo.config import FENCED, global_node, local_nodes
 
 
 class Unsurvivable(RuntimeError):
@@ -52,18 +54,19 @@ class Failover:
         self.events: list[dict] = []
 
     def to_global(self, local: int) -> int:
-        return self.pipeline * self.P + local
+        return global_node(self.P, self.pipeline, local)
 
     def begin(self, iteration: int, microbatches: int, failed: tuple[int, ...], comm) -> None:
         self.iteration, self.M, self.failed, self.comm = iteration, microbatches, failed, comm
         self.base = compile_schedule(self.P, microbatches, failed, self.redundancy).streams
         self.baseline = comm.counts()  # messages received before this iteration
         self.dead: int | None = None
-        self._checked = 0.0
+        self._checked = self._leases_checked = 0.0
 
     def detected(self, peer_global: int, how: str) -> None:
         self.cluster.create({"iteration": self.iteration, "by": self.to_global(self.me), "how": how},
                             "failed", peer_global)
+        self._checked = 0.0  # look again at once
 
     def new_failure(self) -> int | None:
         """The local id of a node of this pipeline recorded dead and not yet handled."""
@@ -71,9 +74,13 @@ class Failover:
         if now - self._checked < 0.02:
             return self.dead
         self._checked = now
-        lo, hi = self.to_global(0), self.to_global(self.P)
-        new = sorted(int(n) - lo for n in self.cluster.children("failed")
-                     if lo <= int(n) < hi and int(n) - lo not in self.failed)
+        if now - self._leases_checked > 0.5:  # a silent peer: its lease ran out
+            self._leases_checked = now
+            peers = [self.to_global(n) for n in range(self.P) if n not in self.failed and n != self.me]
+            self.cluster.record_silent(peers, self.iteration, self.to_global(self.me))
+        new = sorted(local_nodes(self.P, self.pipeline, self.cluster.children("failed")) - set(self.failed))
+        if self.me in new:  # declared dead (paused past its lease): stop, as a dead node would
+            os._exit(FENCED)
         if len(new) > 1 or (self.dead is not None and new and new != [self.dead]):
             raise Unsurvivable(f"nodes {[self.to_global(n) for n in new]} of pipeline {self.pipeline} failed in "
                                f"iteration {self.iteration}: one failure per pipeline per iteration is survivable")
@@ -91,14 +98,11 @@ class Failover:
             if self.new_failure() is not None:
                 return True
             finished = self.cluster.children("finished", self.iteration)
-            alive = self.cluster.alive()
-            pending = [n for n in range(self.P) if n not in self.failed
+            pending = [self.to_global(n) for n in range(self.P) if n not in self.failed
                        and str(self.to_global(n)) not in finished]
             if not pending:
                 return False
-            for n in pending:
-                if self.to_global(n) not in alive:
-                    self.detected(self.to_global(n), "lease expired")
+            self.cluster.record_silent(pending, self.iteration, self.to_global(self.me))
             time.sleep(poll)
 
     def keep_waiting(self) -> bool:
@@ -121,7 +125,7 @@ class Failover:
         reports = self.cluster.wait_for(
             lambda: (lambda c: c if len(c) == len(receivers) else None)(self.cluster.children("cut", self.iteration, dg)),
             timeout=max(30.0, 10 * self.timeout), what=f"survivors' reports on node {dg}")
-        received = {int(n) - self.to_global(0): v for n, v in reports.items()}
+        received = {int(n) - self.to_global(0): v for n, v in reports.items()}  # by local id
         k = died_before(self.base[d], received)
         try:
             rec = compile_recovery(self.P, self.M, d, k, self.failed, self.redundancy)

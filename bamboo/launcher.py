@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -16,8 +17,8 @@ import time
 import uuid
 
 from bamboo.cluster import Cluster
-from bamboo.config import JobConfig
-from bamboo.etcd import EtcdServer
+from bamboo.config import FENCED, JobConfig
+from bamboo.etcd import EtcdServer, die_with_parent
 
 
 class LaunchError(RuntimeError):
@@ -45,14 +46,9 @@ class MetricsWriter:
         os.replace(tmp, self.path)
 
 
-def iteration_record(cfg: JobConfig, it: int, reports: dict, seconds: float, nodes: int, events: list) -> dict:
-    losses: dict[str, float] = {}
-    for r in reports.values():
-        for mb, loss in r["losses"].items():
-            if mb in losses:
-                raise LaunchError(f"iteration {it}: microbatch {mb}'s loss reported twice")
-            losses[mb] = loss
-    if len(losses) != cfg.microbatches:
+def iteration_record(cfg: JobConfig, it: int, losses: dict, reports: dict, seconds: float, nodes: int,
+                     events: list) -> dict:
+    if sorted(losses) != sorted(str(g) for g in range(cfg.microbatches)):
         raise LaunchError(f"iteration {it}: {len(losses)} of {cfg.microbatches} microbatch losses arrived")
     record = {"iteration": it, "loss": sum(losses[str(g)] for g in range(cfg.microbatches)) / cfg.microbatches,
               "samples": cfg.microbatches * cfg.batch, "seconds": round(seconds, 4), "nodes": nodes,
@@ -79,13 +75,18 @@ class Launcher:
         self.progress = progress
         self.server: EtcdServer | None = None
         self.procs: dict[int, subprocess.Popen] = {}
-        self.logs = tempfile.mkdtemp(prefix="bamboo-logs-")
+        self.logs: str | None = None
+        self.keep_logs = False
 
     def run(self) -> dict:
         try:
             return self._run()
+        except BaseException:
+            self.keep_logs = True  # the workers' tracebacks stay for the user
+            raise
         finally:
             self.stop()
+            self.metrics.close()  # what finished is written, even after an error
 
     def stop(self) -> None:
         for p in self.procs.values():
@@ -95,25 +96,26 @@ class Launcher:
             p.wait()
         if self.server:
             self.server.stop()
-        shutil.rmtree(self.logs, ignore_errors=True)
+        if self.logs and not self.keep_logs:
+            shutil.rmtree(self.logs, ignore_errors=True)
 
     def _run(self) -> dict:
         if self.etcd is None:
             self.server = EtcdServer().start()
         cluster = Cluster(self.etcd or self.server.endpoint, self.cfg.job)
         cluster.put(self.cfg.to_dict(), "config")
+        self.logs = tempfile.mkdtemp(prefix="bamboo-logs-")
         for n in range(self.cfg.nodes):
-            log = open(os.path.join(self.logs, f"worker{n}.log"), "w")
-            self.procs[n] = subprocess.Popen(
-                [sys.executable, "-m", "bamboo.worker", "--etcd", cluster.endpoint, "--job", self.cfg.job,
-                 "--node", str(n)], stdout=log, stderr=subprocess.STDOUT)
-            log.close()
+            with open(os.path.join(self.logs, f"worker{n}.log"), "w") as log:
+                self.procs[n] = subprocess.Popen(
+                    [sys.executable, "-m", "bamboo.worker", "--etcd", cluster.endpoint, "--job", self.cfg.job,
+                     "--node", str(n)], stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         start = last = time.monotonic()
         summary = {"iterations": 0, "samples": 0, "preemptions": 0, "failovers": 0}
         seen_preempts: set[str] = set()
         with _progress(self.progress, self.cfg.iterations) as bar:
             for it in range(self.cfg.iterations):
-                reports = self._wait_iteration(cluster, it)
+                reports = self._wait_iteration(cluster, it, since=last)
                 now = time.monotonic()
                 events = [e for r in reports.values() for e in r.get("events", [])]
                 for node, at in cluster.children("preempted").items():
@@ -122,7 +124,8 @@ class Launcher:
                         events.append({"type": "preemption", "node": int(node),
                                        "pause_seconds": round(time.time() - at, 4)})
                 live = self.cfg.nodes - len(cluster.children("failed"))
-                record = iteration_record(self.cfg, it, reports, now - last, live, events)
+                losses = cluster.children("loss", it)
+                record = iteration_record(self.cfg, it, losses, reports, now - last, live, events)
                 self.metrics.write(record)
                 last = now
                 summary["iterations"] += 1
@@ -132,35 +135,45 @@ class Launcher:
                 summary["peak_memory_mb"] = {n: r["rss_mb"] for n, r in reports.items()}
                 bar(it, record)
         for n, p in self.procs.items():
-            if p.wait() not in (0, -9):
-                raise LaunchError(self._worker_error(cluster, n))
+            if p.wait() not in EXPECTED_EXITS:
+                raise LaunchError(self._worker_error(cluster))
+        cluster.close()
         summary["total_seconds"] = round(time.monotonic() - start, 3)
         summary["mean_iteration_seconds"] = round(summary["total_seconds"] / max(1, summary["iterations"]), 4)
         self.metrics.write({"summary": summary})
-        self.metrics.close()
         return summary
 
-    def _wait_iteration(self, cluster: Cluster, it: int) -> dict:
+    def _wait_iteration(self, cluster: Cluster, it: int, since: float) -> dict:
         while True:
             done = cluster.children("done", it)
             failed = cluster.children("failed")
             if all(str(n) in done or str(n) in failed for n in range(self.cfg.nodes)):
                 return done
-            for n, p in self.procs.items():
-                code = p.poll()
-                if code not in (None, 0, -9):
-                    raise LaunchError(self._worker_error(cluster, n))
+            if any(p.poll() not in (None, *EXPECTED_EXITS) for p in self.procs.values()):
+                raise LaunchError(self._worker_error(cluster))
             if all(p.poll() is not None for p in self.procs.values()):
                 raise LaunchError(f"every worker exited before iteration {it} finished")
+            if time.monotonic() - since > self.cfg.stall_timeout:
+                raise LaunchError(f"iteration {it} did not finish within --stall-timeout "
+                                  f"{self.cfg.stall_timeout:.0f} s (logs: {self.logs})")
             time.sleep(0.05)
 
-    def _worker_error(self, cluster: Cluster, node: int) -> str:
-        message = cluster.get("error", node)
-        if message:
-            return f"worker {node} failed: {message}"
-        with open(os.path.join(self.logs, f"worker{node}.log")) as f:
-            err = f.read().strip().splitlines()
-        return f"worker {node} exited with status {self.procs[node].returncode}: {err[-1] if err else 'no output'}"
+    def _worker_error(self, cluster: Cluster) -> str:
+        """One line for the failure: a worker's own error, preferring a root cause
+        over the time-outs it caused elsewhere, else the last line of a log."""
+        errors = cluster.children("error")
+        if errors:
+            node = min(errors, key=lambda n: (str(errors[n]).startswith("TimeoutError"), int(n)))
+            return f"worker {node} failed: {errors[node]} (logs: {self.logs})"
+        for node, p in self.procs.items():
+            if p.poll() not in (None, *EXPECTED_EXITS):
+                with open(os.path.join(self.logs, f"worker{node}.log")) as f:
+                    lines = f.read().strip().splitlines()
+                return f"worker {node} exited with status {p.returncode}: {lines[-1] if lines else 'no output'}"
+        return "a worker failed"
+
+
+EXPECTED_EXITS = (0, -signal.SIGKILL, FENCED)  # done, preempted, or fenced off by its peers
 
 
 class _progress:

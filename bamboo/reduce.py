@@ -8,14 +8,13 @@ and then died took part of the sum with it: that case is refused, by name.
 """
 from __future__ import annotations
 
-import time
 from datetime import timedelta
-
-import torch.distributed as dist
 
 from schedules.layout import Layout, ScheduleError
 
 from bamboo.cluster import Cluster
+from bamboo.comm import new_group
+from bamboo.config import global_node, local_nodes
 from bamboo.executor import flat_grads, set_flat_grads
 from bamboo.failover import Unsurvivable
 from bamboo.store import EtcdStore
@@ -27,22 +26,29 @@ class Reducer:
         self._groups: dict[tuple[int, ...], tuple] = {}
 
     def members(self, stage: int) -> tuple[int, ...]:
-        failed = {int(n) for n in self.cluster.children("failed")}
+        failed = self.cluster.children("failed")
         out = []
         for j in range(self.D):
-            local = frozenset(n - j * self.P for n in failed if j * self.P <= n < (j + 1) * self.P)
             try:
-                out.append(j * self.P + Layout(self.P, local).owner(stage))
+                out.append(global_node(self.P, j, Layout(self.P, local_nodes(self.P, j, failed)).owner(stage)))
             except ScheduleError as e:
                 raise Unsurvivable(f"pipeline {j}: {e}") from None
         return tuple(out)
 
-    def _group(self, stage: int, members: tuple[int, ...]):
+    def _silent(self, iteration: int, members: tuple[int, ...]) -> str | None:
+        """Why waiting for `members` is pointless (one lost its lease), or None."""
+        gone = set(members) - self.cluster.alive()
+        if gone:
+            self.cluster.record_silent(gone, iteration, self.me)
+            return f"nodes {sorted(gone)} lost their leases"
+        return None
+
+    def _group(self, iteration: int, stage: int, members: tuple[int, ...]):
         if members not in self._groups:
             prefix = self.cluster.key("pg", f"stage{stage}", "-".join(map(str, members)))
-            store = EtcdStore(self.cluster.client, prefix, timedelta(seconds=max(60.0, 10 * self.timeout)))
-            pg = dist.ProcessGroupGloo(store, members.index(self.me), len(members), timedelta(seconds=300))
-            self._groups[members] = (store, pg)
+            store = EtcdStore(self.cluster.client, prefix, timedelta(hours=24),
+                              abort=lambda: self._silent(iteration, members))
+            self._groups[members] = (store, new_group(store, list(members), self.me)[0])
         return self._groups[members][1]
 
     def allreduce(self, iteration: int, stage: int, module, failover) -> None:
@@ -56,10 +62,15 @@ class Reducer:
                                    f"{iteration} and before syncing its replica: its share of the sum is lost")
             flat = flat_grads(module)
             try:
-                self._group(stage, members).allreduce([flat]).wait()
+                self._group(iteration, stage, members).allreduce([flat]).wait()
                 break
-            except RuntimeError:
-                self.cluster.wait_for(lambda: self.members(stage) != members, timeout=max(60.0, 20 * self.timeout),
+            except (RuntimeError, TimeoutError):  # a member died: wait until it is recorded, then regroup
+                self._groups.pop(members, None)
+
+                def regrouped():
+                    self._silent(iteration, members)
+                    return self.members(stage) != members or self.cluster.get("reduced", iteration, stage)
+                self.cluster.wait_for(regrouped, timeout=max(60.0, 20 * self.timeout),
                                       what=f"the failed member of stage {stage}'s group to be recorded", poll=0.05)
         set_flat_grads(module, flat)
         self.cluster.put(list(members), "reduced", iteration, stage)

@@ -8,12 +8,20 @@ from datetime import timedelta
 import torch.distributed as dist
 
 
+class RendezvousAborted(TimeoutError):
+    """A wait gave up early because a member cannot come any more."""
+
+
 class EtcdStore(dist.Store):
-    def __init__(self, client, prefix: str, timeout: timedelta = timedelta(seconds=60)):
+    """`abort()`, if given, is asked every half second while waiting: a message
+    (say, "node 3 lost its lease") ends the wait with RendezvousAborted."""
+
+    def __init__(self, client, prefix: str, timeout: timedelta = timedelta(seconds=60), abort=None):
         super().__init__()
         self.client = client
         self.prefix = prefix.rstrip("/") + "/"
         self._timeout = timeout
+        self._abort = abort
 
     def _key(self, key: str) -> str:
         return self.prefix + key
@@ -64,10 +72,17 @@ class EtcdStore(dist.Store):
 
     def wait(self, keys, timeout: timedelta | None = None) -> None:
         limit = (timeout or self._timeout).total_seconds()
-        deadline, pause = time.monotonic() + limit, 0.002
+        start = time.monotonic()
+        pause, asked = 0.002, start
         while not self.check(keys):
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now - start > limit:
                 raise TimeoutError(f"etcd store: keys {list(keys)} not set within {limit:.0f} s")
+            if self._abort and now - asked > 0.5:
+                asked = now
+                reason = self._abort()
+                if reason:
+                    raise RendezvousAborted(reason)
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
 

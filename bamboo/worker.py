@@ -6,12 +6,13 @@ node // P and keeping the replica of the next stage.
 Between iterations every worker writes its report to etcd and waits for every
 other live node's; the first to get there fixes the failed set the next iteration
 runs with, and the world process group is rebuilt without the dead under a new
-epoch prefix.
+epoch prefix. A worker its peers have declared dead stops (exit status FENCED).
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import os
 import resource
 import sys
@@ -19,14 +20,13 @@ import tempfile
 from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
 from schedules.compiler import compile_schedule
 from schedules.layout import Layout
 
 from bamboo.cluster import Cluster
 from bamboo.comm import Comm, new_group
-from bamboo.config import JobConfig
+from bamboo.config import FENCED, JobConfig, local_nodes
 from bamboo.data import ByteCorpus, split_microbatches
 from bamboo.executor import Executor
 from bamboo.failover import Failover, Unsurvivable
@@ -72,55 +72,61 @@ class Worker:
         reducer = Reducer(cluster, self.P, self.D, node, cfg.failure_timeout)
         self.executor = Executor(cfg, self.pipeline, self.me, self.modules, self.optimizers, corpus,
                                  self.device, reducer, cluster)
-        self.comm = self._world(0)
+        self.comm = self._world("start")
 
-    def _world(self, epoch: int) -> Comm:
+    def _world(self, name: str) -> Comm:
+        """The world process group of the live nodes, under the store prefix `name`."""
         members = [n for n in range(self.cfg.nodes) if n not in self.failed_global]
-        store = EtcdStore(self.cluster.client, self.cluster.key("pg", "world", epoch),
-                          timedelta(seconds=max(60.0, 10 * self.cfg.failure_timeout)))
+
+        def silent():
+            gone = set(members) - self.cluster.alive()
+            return f"nodes {sorted(gone)} lost their leases" if gone else None
+        store = EtcdStore(self.cluster.client, self.cluster.key("pg", "world", name), timedelta(hours=24), silent)
         self._store = store  # the group keeps using it
-        pg, rank_of = new_group(store, members, self.node, timeout=300)
+        pg, rank_of = new_group(store, members, self.node)
         return Comm(pg, rank_of, self.device)
 
     def local_failed(self) -> tuple[int, ...]:
-        lo = self.pipeline * self.P
-        return tuple(sorted(n - lo for n in self.failed_global if lo <= n < lo + self.P))
+        return tuple(sorted(local_nodes(self.P, self.pipeline, self.failed_global)))
 
     def run(self) -> None:
         for it in range(self.cfg.iterations):
             failed = self.local_failed()
             stream = compile_schedule(self.P, len(self.mbs), failed, self.cfg.redundancy).streams[self.me]
             self.failover.begin(it, len(self.mbs), failed, self.comm)
-            result = self.executor.run(it, stream, self.mbs, self.comm, self.failover)
-            report = {"losses": result["losses"], "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            self.executor.run(it, stream, self.mbs, self.comm, self.failover)
+            report = {"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "events": self.failover.events}
             self.failover.events = []
             if self.cfg.check_replicas:
                 report["digests"] = {str(s): digest(m, self.optimizers[s]) for s, m in self.modules.items()}
-                report["owned"] = list(Layout(self.P, frozenset(self.failover.failed)).owned(self.me))
             self.cluster.put(report, "done", it, self.node)
             self._barrier(it)
         self._save()
 
     def _barrier(self, it: int) -> None:
+        """Wait for every live node's report, agree on the failed set, and regroup
+        the world without the dead (again, with a new try, if one dies meanwhile)."""
         def everyone():
             done = self.cluster.children("done", it)
             failed = self.cluster.children("failed")
             pending = [n for n in range(self.cfg.nodes) if str(n) not in done and str(n) not in failed]
-            if pending:
-                alive = self.cluster.alive()
-                for n in pending:  # died between its stream and its report: nobody else will notice
-                    if n not in alive:
-                        self.cluster.create({"iteration": it, "by": self.node, "how": "lease expired"}, "failed", n)
+            self.cluster.record_silent(pending, it, self.node)  # died between its stream and its report
             return not pending
-        self.cluster.wait_for(everyone, timeout=3600, what=f"every node to finish iteration {it}")
-        self.cluster.create(sorted(int(n) for n in self.cluster.children("failed")), "epoch", it)
-        agreed = self.cluster.get("epoch", it)
-        if self.node in agreed:
-            raise Unsurvivable(f"node {self.node} was declared dead by its peers")
-        if agreed != self.failed_global:
+        self.cluster.wait_for(everyone, timeout=24 * 3600, what=f"every node to finish iteration {it}")
+        for attempt in itertools.count():
+            self.cluster.create(sorted(int(n) for n in self.cluster.children("failed")), "epoch", it, attempt)
+            agreed = self.cluster.get("epoch", it, attempt)
+            if self.node in agreed:
+                os._exit(FENCED)  # the others count this node dead: behave as one
+            if agreed == self.failed_global:
+                return
             self.failed_global = agreed
-            self.comm = self._world(it + 1)
+            try:
+                self.comm = self._world(f"{it}-{attempt}")
+                return
+            except (RuntimeError, TimeoutError):
+                continue  # a member died while regrouping: the next try leaves it out
 
     def _save(self) -> None:
         if not self.cfg.save_dir or self.pipeline != 0:
@@ -140,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     cluster = Cluster(args.etcd, args.job)
     cfg = JobConfig.from_dict(cluster.get("config"))
-    cluster.register(args.node, cfg.failure_timeout)
+    cluster.register(args.node, cfg.failure_timeout, on_lost=lambda: os._exit(FENCED))
     try:
         Worker(cluster, cfg, args.node).run()
     except Exception as e:  # one line in etcd for the launcher, the traceback on stderr
