@@ -55,18 +55,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def random_preempt(cfg_stages: int, pipelines: int, microbatches: int, iterations: int, redundancy: str,
-                   rng: random.Random) -> Preempt:
-    """A node, an iteration after the first, and an instruction before the node's
-    data-parallel reduce (a death after it is not survivable inside the iteration)."""
+def fault_free_stream(args, node: int) -> list:
+    """Node `node`'s instruction stream in an iteration without failures."""
     from schedules.compiler import compile_schedule
     from bamboo.data import split_microbatches
 
-    node = rng.randrange(cfg_stages * pipelines)
-    m = len(split_microbatches(microbatches, pipelines)[node // cfg_stages])
-    stream = compile_schedule(cfg_stages, m, (), redundancy).streams[node % cfg_stages]
+    m = len(split_microbatches(args.microbatches, args.pipelines)[node // args.stages])
+    return compile_schedule(args.stages, m, (), args.redundancy).streams[node % args.stages]
+
+
+def random_preempt(args, rng: random.Random) -> Preempt:
+    """A node, an iteration after the first, and an instruction before the node's
+    data-parallel reduce (a death after it is not survivable inside the iteration)."""
+    node = rng.randrange(args.stages * args.pipelines)
+    stream = fault_free_stream(args, node)
     reduce_at = next(i for i, ins in enumerate(stream) if ins.op.value == "reduce_grads")
-    return Preempt(node, rng.randrange(1, max(2, iterations)), rng.randrange(reduce_at))
+    return Preempt(node, rng.randrange(1, max(2, args.iterations)), rng.randrange(reduce_at))
 
 
 def parse_preempts(specs: list[str], args) -> tuple[Preempt, ...]:
@@ -75,8 +79,7 @@ def parse_preempts(specs: list[str], args) -> tuple[Preempt, ...]:
     out = []
     for spec in specs:
         if spec == "random":
-            out.append(random_preempt(args.stages, args.pipelines, args.microbatches, args.iterations,
-                                      args.redundancy, rng))
+            out.append(random_preempt(args, rng))
             continue
         try:
             node, _, rest = spec.partition("@")
@@ -86,6 +89,10 @@ def parse_preempts(specs: list[str], args) -> tuple[Preempt, ...]:
             raise ValueError(f"--preempt {spec!r}: expected NODE@ITERATION[:INSTRUCTION] or 'random'") from None
         if not 0 <= p.node < nodes:
             raise ValueError(f"--preempt {spec!r}: node {p.node} is out of range 0..{nodes - 1}")
+        length = len(fault_free_stream(args, p.node))
+        if not 0 <= p.instruction <= length:
+            raise ValueError(f"--preempt {spec!r}: node {p.node} runs {length} instructions an iteration "
+                             f"(0..{length} allowed; {length} is after the last)")
         out.append(p)
     return tuple(out)
 

@@ -64,6 +64,7 @@ class Executor:
                     stream = self._replan(failover, stream, pc)
             # Done here, but a neighbour may still die before the pipeline is: stay
             # available to re-send what it needs until every node has finished.
+            self._maybe_preempt(pc)  # INSTRUCTION = stream length: after the stream
             failover.finished()
             if not failover.linger():
                 break

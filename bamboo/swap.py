@@ -23,7 +23,9 @@ class SavedTensors:
     def _pack(self, t: torch.Tensor):
         if t.data_ptr() in self._params:
             return ("param", t)
-        self.tensors.append(t)
+        # A detached alias: keeping `t` itself would tie a saved output to its own
+        # graph through this container, a cycle the garbage collector cannot see.
+        self.tensors.append(t.detach())
         return ("saved", len(self.tensors) - 1)
 
     def _unpack(self, handle):

@@ -111,6 +111,7 @@ def test_random_kill_point(tmp_path, reference):
     (["--stages", "9"], "more than model tiny's 8 layers", 2),
     (["--stages", "2", "--preempt", "7@1"], "out of range", 2),
     (["--stages", "2", "--preempt", "x"], "NODE@ITERATION", 2),
+    (["--stages", "2", "--preempt", "1@1:999"], "instructions an iteration", 2),
     (["--stages", "2", "--microbatches", "1", "--pipelines", "2"], "fewer than --pipelines", 2),
     (["--stages", "2", "--etcd", "127.0.0.1:1"], "unreachable", 1),
     (["--stages", "2", "--etcd", "nonsense"], "HOST:PORT", 1),
@@ -169,3 +170,52 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path):
     assert proc.returncode == 130 and "interrupted" in err
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, [p.cmdline() for p in alive]
+
+
+def _short(tmp_path, name, *args):
+    metrics = tmp_path / f"{name}.jsonl"
+    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--microbatches", "8", "--iterations", "5",
+                          "--dtype", "float64", "--no-progress", "--metrics-out", str(metrics), *args],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return [json.loads(line) for line in metrics.read_text().splitlines()][:-1]
+
+
+def test_last_stage_killed_after_its_stream_keeps_every_loss(tmp_path):
+    """The last stage finishes first and lingers: dying then must lose nothing."""
+    end = len(compile_schedule(4, 8).streams[3])
+    ref = _short(tmp_path, "ref", "--stages", "1")
+    got = _short(tmp_path, "kill", "--stages", "4", "--preempt", f"3@2:{end}")
+    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in ref], rel=RTOL)
+    assert [r["nodes"] for r in got] == [4, 4, 3, 3, 3]
+
+
+def test_a_paused_node_is_declared_dead_and_fences_itself(tmp_path):
+    """SIGSTOP past the lease: the pipeline goes on without the node; when it wakes
+    up it finds itself dead and stops instead of corrupting the job."""
+    import signal
+    import time
+
+    import psutil
+    metrics = tmp_path / "m.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "bamboo.cli", "--stages", "2", "--microbatches", "4",
+                             "--iterations", "150", "--no-progress", "--failure-timeout", "2",
+                             "--metrics-out", str(metrics)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120
+    worker = None
+    while worker is None and time.monotonic() < deadline:
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            if p.cmdline()[-2:] == ["--node", "1"]:
+                worker = p
+        time.sleep(0.2)
+    time.sleep(4)
+    worker.send_signal(signal.SIGSTOP)
+    time.sleep(6)
+    worker.send_signal(signal.SIGCONT)
+    gone, _ = psutil.wait_procs([worker], timeout=20)
+    assert gone and proc.poll() is None  # the woken node stopped, the job goes on
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert records[-1]["summary"]["failovers"] == 1 and records[-2]["nodes"] == 1
