@@ -40,7 +40,7 @@ class Executor:
 
     # -- one iteration -------------------------------------------------------------------
     def run(self, iteration: int, stream: list[Instr], microbatches: range, comm: Comm, failover) -> None:
-        self.iteration, self.mbs, self.comm = iteration, microbatches, comm
+        self.iteration, self.mbs, self.comm, self.failover = iteration, microbatches, comm, failover
         self.inputs, self.labels, self.acts, self.grads, self.states = {}, {}, {}, {}, {}
         for m in self.modules.values():
             m.zero_grad(set_to_none=True)
@@ -52,7 +52,7 @@ class Executor:
                 self._maybe_preempt(pc)
                 ins = stream[pc]
                 try:
-                    getattr(self, ins.op.value)(ins, failover)
+                    getattr(self, ins.op.value)(ins)  # one method per op, named after it
                     pc += 1
                 except PeerFailure as e:
                     failover.detected(e.peer, str(e))
@@ -69,7 +69,6 @@ class Executor:
             if not failover.linger():
                 break
             stream = self._replan(failover, stream, pc)
-
 
     def _replan(self, failover, old: list[Instr], pc: int) -> list[Instr]:
         """Switch to the recovery stream. This node may already be past its recovery
@@ -94,11 +93,11 @@ class Executor:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     # -- ops ---------------------------------------------------------------------------
-    def load(self, ins: Instr, failover) -> None:
+    def load(self, ins: Instr) -> None:
         x, y = self.corpus.microbatch(self.iteration, self.mbs[ins.mb])
         self.inputs[ins.mb], self.labels[ins.mb] = x.to(self.device), y.to(self.device)
 
-    def forward(self, ins: Instr, failover) -> None:
+    def forward(self, ins: Instr) -> None:
         s, mb = ins.stage, ins.mb
         if s == 0:
             inp = self.inputs[mb]
@@ -113,7 +112,7 @@ class Executor:
         if s < self.P - 1:
             self.acts[(s, mb)] = out.detach()
 
-    def backward(self, ins: Instr, failover) -> None:
+    def backward(self, ins: Instr) -> None:
         s, mb = ins.stage, ins.mb
         inp, out, _ = self.states.pop((s, mb))
         if s == self.P - 1:
@@ -126,41 +125,41 @@ class Executor:
         if s > 0:
             self.grads[(s, mb)] = inp.grad
 
-    def swap_out(self, ins: Instr, failover) -> None:
+    def swap_out(self, ins: Instr) -> None:
         key = (ins.stage, ins.mb)
         self.states[key][2].swap_out(self.swap_stream)
         if key in self.acts:
             self.acts[key] = self.acts[key].to("cpu", copy=True)
 
-    def swap_in(self, ins: Instr, failover) -> None:
+    def swap_in(self, ins: Instr) -> None:
         key = (ins.stage, ins.mb)
         self.states[key][2].swap_in()
         if key in self.acts:
             self.acts[key] = self.acts[key].to(self.device, copy=True)
 
-    def send_act(self, ins: Instr, failover) -> None:
+    def send_act(self, ins: Instr) -> None:
         self.comm.send(self.peer(ins.peer), Op.SEND_ACT, self.acts[(ins.stage, ins.mb)])
 
-    def recv_act(self, ins: Instr, failover) -> None:
-        self.acts[(ins.stage, ins.mb)] = self.comm.recv(self.peer(ins.peer), Op.SEND_ACT, failover.keep_waiting)
+    def recv_act(self, ins: Instr) -> None:
+        self.acts[(ins.stage, ins.mb)] = self.comm.recv(self.peer(ins.peer), Op.SEND_ACT, self.failover.keep_waiting)
 
-    def send_grad(self, ins: Instr, failover) -> None:
+    def send_grad(self, ins: Instr) -> None:
         self.comm.send(self.peer(ins.peer), Op.SEND_GRAD, self.grads[(ins.stage, ins.mb)])
 
-    def recv_grad(self, ins: Instr, failover) -> None:
-        self.grads[(ins.stage, ins.mb)] = self.comm.recv(self.peer(ins.peer), Op.SEND_GRAD, failover.keep_waiting)
+    def recv_grad(self, ins: Instr) -> None:
+        self.grads[(ins.stage, ins.mb)] = self.comm.recv(self.peer(ins.peer), Op.SEND_GRAD, self.failover.keep_waiting)
 
-    def reduce_grads(self, ins: Instr, failover) -> None:
-        self.reducer.allreduce(self.iteration, ins.stage, self.modules[ins.stage], failover)
+    def reduce_grads(self, ins: Instr) -> None:
+        self.reducer.allreduce(self.iteration, ins.stage, self.modules[ins.stage])
 
-    def optimizer_step(self, ins: Instr, failover) -> None:
+    def optimizer_step(self, ins: Instr) -> None:
         self.optimizers[ins.stage].step()
 
-    def send_sync(self, ins: Instr, failover) -> None:
+    def send_sync(self, ins: Instr) -> None:
         self.comm.send(self.peer(ins.peer), Op.SEND_SYNC, flat_grads(self.modules[ins.stage]))
 
-    def recv_sync(self, ins: Instr, failover) -> None:
-        flat = self.comm.recv(self.peer(ins.peer), Op.SEND_SYNC, failover.keep_waiting)
+    def recv_sync(self, ins: Instr) -> None:
+        flat = self.comm.recv(self.peer(ins.peer), Op.SEND_SYNC, self.failover.keep_waiting)
         set_flat_grads(self.modules[ins.stage], flat)
 
 

@@ -51,7 +51,7 @@ class Reducer:
             self._groups[members] = (store, new_group(store, list(members), self.me)[0])
         return self._groups[members][1]
 
-    def allreduce(self, iteration: int, stage: int, module, failover) -> None:
+    def allreduce(self, iteration: int, stage: int, module) -> None:
         if self.D == 1:
             return
         while True:

@@ -29,7 +29,7 @@ from bamboo.comm import Comm, new_group
 from bamboo.config import FENCED, JobConfig, local_nodes
 from bamboo.data import ByteCorpus, split_microbatches
 from bamboo.executor import Executor
-from bamboo.failover import Failover, Unsurvivable
+from bamboo.failover import Failover
 from bamboo.api import ModelSource
 from bamboo.models import Stage
 from bamboo.partition import partition

@@ -1,0 +1,96 @@
+"""The reconfiguration policy, against brute force and over random histories."""
+import itertools
+
+from hypothesis import given, settings, strategies as st
+
+from agents.policy import Config, arrange, moves, next_config, zone_conflicts
+
+
+def min_conflicts(nodes, zones):
+    """Brute force: the fewest same-zone neighbours over every cyclic order."""
+    first, rest = nodes[0], nodes[1:]
+    return min(zone_conflicts((first, *perm), zones) for perm in itertools.permutations(rest))
+
+
+clusters = st.integers(0, 14).flatmap(
+    lambda n: st.lists(st.sampled_from("abc"), min_size=n, max_size=n)).map(
+    lambda zs: {f"n{i:02d}": z for i, z in enumerate(zs)})
+
+
+def check_invariants(cfg: Config, live: dict, depth: int):
+    placed = [n for pipe in cfg.pipelines for n in pipe]
+    assert sorted(placed + list(cfg.standby)) == sorted(live)       # each live node once
+    assert all(len(pipe) == cfg.depth for pipe in cfg.pipelines)
+    assert cfg.depth == min(depth, len(live))                       # depth kept while it can be
+    if cfg.depth:
+        assert len(cfg.pipelines) == len(live) // cfg.depth         # as many pipelines as fit
+    assert bool(cfg.notes) == (len(live) < depth) or any("changed" in n for n in cfg.notes)
+
+
+@settings(max_examples=200)
+@given(clusters, st.integers(1, 6))
+def test_fresh_configuration(live, depth):
+    cfg = next_config(live, None, depth)
+    check_invariants(cfg, live, depth)
+    for pipe in cfg.pipelines:  # every pipeline as zone-spread as its nodes allow
+        assert zone_conflicts(pipe, live) == min_conflicts(list(pipe), live)
+    for zone in set(live.values()):  # and zones dealt evenly over pipelines
+        counts = [sum(live[n] == zone for n in pipe) for pipe in cfg.pipelines]
+        assert not counts or max(counts) - min(counts) <= 1
+
+
+@settings(max_examples=200)
+@given(clusters, st.integers(1, 5), st.data())
+def test_after_failures_and_joins(live, depth, data):
+    previous = next_config(live, None, depth)
+    dead = data.draw(st.sets(st.sampled_from(sorted(live)) if live else st.nothing()))
+    joined = {f"j{i}": z for i, z in enumerate(data.draw(st.lists(st.sampled_from("abc"), max_size=4)))}
+    now = {n: z for n, z in live.items() if n not in dead} | joined
+    cfg = next_config(now, previous, depth)
+    check_invariants(cfg, now, depth)
+    assert cfg.epoch == previous.epoch + 1
+    if cfg.depth == previous.depth:
+        # A survivor of a kept pipeline keeps its stage; kept = pipelines that still
+        # have a survivor, as many as fit.
+        before = {n: s for n, (_, s) in previous.slots().items()}
+        after = {n: s for n, (_, s) in cfg.slots().items()}
+        kept_survivors = [n for n in before if n in after]
+        for pipe in previous.pipelines:
+            alive = [n for n in pipe if n in now]
+            if alive and all(n in after for n in alive):
+                assert all(after[n] == before[n] for n in alive)
+        # Only new arrivals in slots and replacements move layers.
+        assert len(moves(previous, cfg)) <= len(after) - sum(after[n] == before.get(n) for n in kept_survivors)
+
+
+def test_standby_replaces_a_failed_node_first_and_from_another_zone():
+    live = {"a1": "a", "b1": "b", "a2": "a", "b2": "b", "s1": "a", "s2": "b"}
+    first = next_config(live, None, 4)
+    assert len(first.pipelines) == 1 and len(first.standby) == 2
+    victim = first.pipelines[0][1]
+    left, right = first.pipelines[0][0], first.pipelines[0][2]
+    cfg = next_config({n: z for n, z in live.items() if n != victim}, first, 4)
+    filler = cfg.pipelines[0][1]
+    assert filler in first.standby
+    assert live[filler] not in {live[left], live[right]}
+    assert moves(first, cfg) == [(filler, 1)]
+
+
+def test_joining_nodes_form_a_new_pipeline_and_too_few_reduce_depth():
+    live = {f"n{i}": "abc"[i % 3] for i in range(4)}
+    cfg = next_config(live, None, 4)
+    grown = next_config(live | {f"m{i}": "abc"[i % 3] for i in range(4)}, cfg, 4)
+    assert len(grown.pipelines) == 2 and grown.pipelines[0] == cfg.pipelines[0]
+    shrunk = next_config({"n0": "a", "n1": "b"}, grown, 4)
+    assert shrunk.depth == 2 and "depth reduced from 4 to 2" in shrunk.notes[0]
+
+
+def test_arrange_alternates_zones():
+    zones = {"a1": "a", "a2": "a", "b1": "b", "b2": "b", "c1": "c"}
+    order = arrange(list(zones), zones)
+    assert zone_conflicts(order, zones) == 0
+
+
+def test_config_round_trips_through_json():
+    cfg = next_config({"x": "a", "y": "b", "z": "c"}, None, 2)
+    assert Config.from_dict(cfg.to_dict()) == cfg
