@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text files to train on (default: the Python standard library's sources)")
     p.add_argument("--metrics-out", metavar="FILE", help="JSON lines, one per iteration, then a summary")
     p.add_argument("--save-dir", metavar="DIR", help="write the final parameters, one file per layer")
+    p.add_argument("--checkpoint", metavar="DIR|s3://BUCKET/PREFIX", help="where checkpoints go")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="checkpoint every K iterations")
+    p.add_argument("--resume", action="store_true", help="start from the newest complete checkpoint")
     p.add_argument("--preempt", action="append", default=[], metavar="NODE@ITER[:INSTR]",
                    help="SIGKILL that worker just before that instruction (repeatable), or 'random'")
     p.add_argument("--failure-timeout", type=float, default=3.0,
@@ -106,6 +109,10 @@ def config_from_args(args) -> JobConfig:
         raise ValueError(f"--stages {args.stages} is more than model {args.model}'s {layers} layers")
     if args.microbatches < args.pipelines:
         raise ValueError(f"--microbatches {args.microbatches} is fewer than --pipelines {args.pipelines}")
+    if (args.checkpoint_every or args.resume) and not args.checkpoint:
+        raise ValueError("--checkpoint-every and --resume need --checkpoint DIR|s3://BUCKET/PREFIX")
+    if args.stages == 1 and (args.checkpoint or args.resume):
+        raise ValueError("checkpoints need a pipeline (--stages 2 or more)")
     if args.stages == 1 and args.pipelines > 1:
         raise ValueError("--stages 1 is the single-process reference: use --pipelines 1")
     return JobConfig(model=args.model, stages=args.stages, pipelines=args.pipelines,
@@ -113,7 +120,8 @@ def config_from_args(args) -> JobConfig:
                      seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, dtype=args.dtype,
                      failure_timeout=args.failure_timeout, stall_timeout=args.stall_timeout,
                      preempt=parse_preempts(args.preempt, args) if args.stages > 1 else (),
-                     data_files=tuple(args.data), save_dir=args.save_dir, check_replicas=args.check_replicas)
+                     data_files=tuple(args.data), save_dir=args.save_dir, check_replicas=args.check_replicas,
+                     checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume)
 
 
 def _terminate(signum, frame):

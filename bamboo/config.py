@@ -51,6 +51,9 @@ class JobConfig:
     preempt: tuple[Preempt, ...] = field(default_factory=tuple)
     data_files: tuple[str, ...] = field(default_factory=tuple)
     save_dir: str | None = None   # final parameters, one file per layer
+    checkpoint: str | None = None  # a directory or s3://bucket/prefix
+    checkpoint_every: int = 0      # iterations between checkpoints (0: never)
+    resume: bool = False           # start from the newest complete checkpoint
     check_replicas: bool = False  # digest owners and replicas after every step
     job: str = "job"
 

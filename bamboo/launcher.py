@@ -113,8 +113,9 @@ class Launcher:
         start = last = time.monotonic()
         summary = {"iterations": 0, "samples": 0, "preemptions": 0, "failovers": 0}
         seen_preempts: set[str] = set()
+        first = self._wait_start(cluster)
         with _progress(self.progress, self.cfg.iterations) as bar:
-            for it in range(self.cfg.iterations):
+            for it in range(first, self.cfg.iterations):
                 reports = self._wait_iteration(cluster, it, since=last)
                 now = time.monotonic()
                 events = [e for r in reports.values() for e in r.get("events", [])]
@@ -143,19 +144,30 @@ class Launcher:
         self.metrics.write({"summary": summary})
         return summary
 
+    def _wait_start(self, cluster: Cluster) -> int:
+        """The iteration the workers start from (0, or a checkpoint's)."""
+        since = time.monotonic()
+        while (first := cluster.get("start")) is None:
+            self._check_workers(cluster, since, "the workers to start")
+            time.sleep(0.05)
+        return first
+
+    def _check_workers(self, cluster: Cluster, since: float, what: str) -> None:
+        if any(p.poll() not in (None, *EXPECTED_EXITS) for p in self.procs.values()):
+            raise LaunchError(self._worker_error(cluster))
+        if all(p.poll() is not None for p in self.procs.values()):
+            raise LaunchError(f"every worker exited while waiting for {what}")
+        if time.monotonic() - since > self.cfg.stall_timeout:
+            raise LaunchError(f"gave up waiting for {what} after --stall-timeout "
+                              f"{self.cfg.stall_timeout:.0f} s (logs: {self.logs})")
+
     def _wait_iteration(self, cluster: Cluster, it: int, since: float) -> dict:
         while True:
             done = cluster.children("done", it)
             failed = cluster.children("failed")
             if all(str(n) in done or str(n) in failed for n in range(self.cfg.nodes)):
                 return done
-            if any(p.poll() not in (None, *EXPECTED_EXITS) for p in self.procs.values()):
-                raise LaunchError(self._worker_error(cluster))
-            if all(p.poll() is not None for p in self.procs.values()):
-                raise LaunchError(f"every worker exited before iteration {it} finished")
-            if time.monotonic() - since > self.cfg.stall_timeout:
-                raise LaunchError(f"iteration {it} did not finish within --stall-timeout "
-                                  f"{self.cfg.stall_timeout:.0f} s (logs: {self.logs})")
+            self._check_workers(cluster, since, f"iteration {it} to finish")
             time.sleep(0.05)
 
     def _worker_error(self, cluster: Cluster) -> str:

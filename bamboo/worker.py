@@ -31,6 +31,7 @@ from bamboo.data import ByteCorpus, split_microbatches
 from bamboo.executor import Executor
 from bamboo.failover import Failover
 from bamboo.api import ModelSource
+from bamboo.checkpoint import CheckpointError, Writer, latest, restore, snapshot, storage_for
 from bamboo.models import Stage
 from bamboo.partition import partition
 from bamboo.reduce import Reducer
@@ -72,7 +73,37 @@ class Worker:
         reducer = Reducer(cluster, self.P, self.D, node, cfg.failure_timeout)
         self.executor = Executor(cfg, self.pipeline, self.me, self.modules, self.optimizers, corpus,
                                  self.device, reducer, cluster)
+        self.start = 0
+        self.writer = None
+        if cfg.checkpoint:
+            storage = storage_for(cfg.checkpoint)
+            self.writer = Writer(storage, node)
+            if cfg.resume:
+                self.start = self._restore(storage, source.count)
+        cluster.create(self.start, "start")
         self.comm = self._world("start")
+
+    def _restore(self, storage, num_layers: int) -> int:
+        found = latest(storage, num_layers)
+        if found is None:
+            raise CheckpointError(f"--resume: no complete checkpoint in {self.cfg.checkpoint}")
+        iteration, blobs = found
+        for s, module in self.modules.items():
+            for layer, index in zip(module.layers, self.ranges[s]):
+                restore(blobs[index], layer, self.optimizers[s])
+        return iteration
+
+    def _checkpoint(self, it: int) -> None:
+        """After iteration `it`, pipeline 0's owners snapshot their layers now and
+        write them in the background (the next iteration does not wait)."""
+        if not self.writer or not self.cfg.checkpoint_every or (it + 1) % self.cfg.checkpoint_every:
+            return
+        if self.pipeline != 0:
+            return
+        blobs = {}
+        for s in Layout(self.P, frozenset(self.local_failed())).owned(self.me):
+            blobs.update(snapshot(dict(zip(self.ranges[s], self.modules[s].layers)), self.optimizers[s]))
+        self.writer.write(it + 1, blobs)
 
     def _world(self, name: str) -> Comm:
         """The world process group of the live nodes, under the store prefix `name`."""
@@ -90,7 +121,7 @@ class Worker:
         return tuple(sorted(local_nodes(self.P, self.pipeline, self.failed_global)))
 
     def run(self) -> None:
-        for it in range(self.cfg.iterations):
+        for it in range(self.start, self.cfg.iterations):
             failed = self.local_failed()
             stream = compile_schedule(self.P, len(self.mbs), failed, self.cfg.redundancy).streams[self.me]
             self.failover.begin(it, len(self.mbs), failed, self.comm)
@@ -102,6 +133,9 @@ class Worker:
                 report["digests"] = {str(s): digest(m, self.optimizers[s]) for s, m in self.modules.items()}
             self.cluster.put(report, "done", it, self.node)
             self._barrier(it)
+            self._checkpoint(it)
+        if self.writer:
+            self.writer.wait()
         self._save()
 
     def _barrier(self, it: int) -> None:

@@ -1,0 +1,184 @@
+"""Checkpoints: per layer (so a resume may use another depth), atomic, written in
+the background, to a local directory or to `s3://bucket/prefix` with boto3.
+
+Layout under the root, for a checkpoint taken before iteration i:
+
+    ckpt-<i>/layer<k>.pt        parameters and AdamW state of layer k
+    ckpt-<i>/part-<node>.json   written last by each writer: its layers and their sha256
+
+A checkpoint is complete when its parts name every layer and each file matches
+its hash; a write cut short (a SIGKILL) leaves at most files no part names, and
+loading falls back to the newest complete checkpoint. Local files are written to
+a temp name and renamed; an S3 PUT is atomic on its own.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import tempfile
+import threading
+
+import torch
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint, or one that cannot be written."""
+
+
+class LocalStorage:
+    def __init__(self, root: str):
+        self.root = root
+
+    def put(self, key: str, data: bytes) -> None:
+        path = os.path.join(self.root, key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def get(self, key: str) -> bytes:
+        with open(os.path.join(self.root, key), "rb") as f:
+            return f.read()
+
+    def list(self) -> list[str]:
+        out = []
+        for dirpath, _, files in os.walk(self.root):
+            rel = os.path.relpath(dirpath, self.root)
+            out += [os.path.normpath(os.path.join(rel, f)) for f in files if not f.endswith(".tmp")]
+        return out
+
+
+class S3Storage:
+    def __init__(self, url: str, client=None):
+        bucket, _, prefix = url[len("s3://"):].partition("/")
+        if not bucket:
+            raise CheckpointError(f"checkpoint location {url!r}: expected s3://bucket/prefix")
+        import boto3
+        self.client = client or boto3.client("s3", endpoint_url=os.environ.get("BAMBOO_S3_ENDPOINT"))
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def put(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def get(self, key: str) -> bytes:
+        return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+
+    def list(self) -> list[str]:
+        out, token = [], None
+        start = f"{self.prefix}/" if self.prefix else ""
+        while True:
+            kwargs = {"Bucket": self.bucket, "Prefix": start, **({"ContinuationToken": token} if token else {})}
+            page = self.client.list_objects_v2(**kwargs)
+            out += [obj["Key"][len(start):] for obj in page.get("Contents", [])]
+            if not page.get("IsTruncated"):
+                return out
+            token = page["NextContinuationToken"]
+
+
+def storage_for(location: str, s3_client=None):
+    return S3Storage(location, s3_client) if location.startswith("s3://") else LocalStorage(location)
+
+
+def snapshot(layers: dict[int, torch.nn.Module], optimizer: torch.optim.Optimizer) -> dict[int, bytes]:
+    """Serialise layers (index -> module) with their AdamW state, now, into memory."""
+    out = {}
+    for index, layer in layers.items():
+        optim = {name: {k: (v.detach().cpu().clone() if torch.is_tensor(v) else v)
+                        for k, v in optimizer.state.get(p, {}).items()}
+                 for name, p in layer.named_parameters()}
+        buf = io.BytesIO()
+        torch.save({"params": {k: v.detach().cpu().clone() for k, v in layer.state_dict().items()},
+                    "optim": optim}, buf)
+        out[index] = buf.getvalue()
+    return out
+
+
+class Writer:
+    """Writes snapshots in a background thread, one at a time, so training never
+    waits for storage. `wait()` blocks until the queue is written."""
+
+    def __init__(self, storage, node: int):
+        self.storage, self.node = storage, node
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def write(self, iteration: int, blobs: dict[int, bytes]) -> None:
+        self.wait()
+
+        def run():
+            try:
+                write_part(self.storage, iteration, self.node, blobs)
+            except BaseException as e:  # reported by the next wait()
+                self.error = e
+        self._thread = threading.Thread(target=run, daemon=True, name="checkpoint")
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread:
+            self._thread.join()
+            self._thread = None
+        if self.error:
+            error, self.error = self.error, None
+            raise CheckpointError(f"checkpoint write failed: {error}") from error
+
+
+def write_part(storage, iteration: int, node: int, blobs: dict[int, bytes]) -> None:
+    hashes = {}
+    for index, data in sorted(blobs.items()):
+        storage.put(f"ckpt-{iteration:08d}/layer{index}.pt", data)
+        hashes[str(index)] = hashlib.sha256(data).hexdigest()
+    storage.put(f"ckpt-{iteration:08d}/part-{node}.json", json.dumps({"layers": hashes}).encode())
+
+
+def latest(storage, num_layers: int) -> tuple[int, dict[int, bytes]] | None:
+    """(iteration, layer index -> bytes) of the newest complete checkpoint, or None."""
+    keys = storage.list()
+    iterations = sorted({int(m.group(1)) for k in keys if (m := re.match(r"ckpt-(\d+)/part-", k))},
+                        reverse=True)
+    for it in iterations:
+        hashes: dict[int, str] = {}
+        for k in keys:
+            if k.startswith(f"ckpt-{it:08d}/part-"):
+                try:
+                    hashes.update({int(i): h for i, h in json.loads(storage.get(k))["layers"].items()})
+                except (ValueError, KeyError):
+                    continue
+        if sorted(hashes) != list(range(num_layers)):
+            continue
+        blobs = {}
+        for index, h in hashes.items():
+            try:
+                data = storage.get(f"ckpt-{it:08d}/layer{index}.pt")
+            except Exception:
+                break
+            if hashlib.sha256(data).hexdigest() != h:
+                break
+            blobs[index] = data
+        else:
+            return it, blobs
+    return None
+
+
+def restore(blob: bytes, layer: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load one layer's parameters and AdamW state from a snapshot."""
+    state = torch.load(io.BytesIO(blob), weights_only=False)
+    layer.load_state_dict(state["params"])
+    for name, p in layer.named_parameters():
+        saved = state["optim"].get(name)
+        if saved:
+            optimizer.state[p] = {k: (v.to(p.device) if torch.is_tensor(v) and v.dim() else v)
+                                  for k, v in saved.items()}
