@@ -11,7 +11,7 @@ Keys, all under /bamboo/<job>/:
     epoch/<iter>/<try>         failed nodes every worker uses from <iter> + 1 on (first writer
                                wins; a new try when a node dies while the world regroups)
     reduced/<iter>/<stage>     members of a finished data-parallel reduce of <stage>
-    preempted/<node>           wall time of an injected SIGKILL
+    preempted/<node>           {"iteration", "time"} of an injected SIGKILL
     error/<node>               a worker's fatal error, one line
     pg/...                     torch.distributed store keys (process group rendezvous)
 """

@@ -89,7 +89,7 @@ class Executor:
     def _maybe_preempt(self, pc: int) -> None:
         for p in self.cfg.preempt:
             if (p.node, p.iteration, p.instruction) == (self.peer(self.me), self.iteration, pc):
-                self.cluster.put(time.time(), "preempted", p.node)
+                self.cluster.put({"iteration": self.iteration, "time": time.time()}, "preempted", p.node)
                 os.kill(os.getpid(), signal.SIGKILL)
 
     # -- ops ---------------------------------------------------------------------------

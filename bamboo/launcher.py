@@ -112,19 +112,15 @@ class Launcher:
                      "--node", str(n)], stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         start = last = time.monotonic()
         summary = {"iterations": 0, "samples": 0, "preemptions": 0, "failovers": 0}
-        seen_preempts: set[str] = set()
         first = self._wait_start(cluster)
         with _progress(self.progress, self.cfg.iterations) as bar:
             for it in range(first, self.cfg.iterations):
                 reports = self._wait_iteration(cluster, it, since=last)
                 now = time.monotonic()
                 events = [e for r in reports.values() for e in r.get("events", [])]
-                for node, at in cluster.children("preempted").items():
-                    if node not in seen_preempts:
-                        seen_preempts.add(node)
-                        events.append({"type": "preemption", "node": int(node),
-                                       "pause_seconds": round(time.time() - at, 4)})
-                live = self.cfg.nodes - len(cluster.children("failed"))
+                events += [{"type": "preemption", "node": int(n), "pause_seconds": round(time.time() - p["time"], 4)}
+                           for n, p in cluster.children("preempted").items() if p["iteration"] == it]
+                live = self.cfg.nodes - sum(f["iteration"] <= it for f in cluster.children("failed").values())
                 losses = cluster.children("loss", it)
                 record = iteration_record(self.cfg, it, losses, reports, now - last, live, events)
                 self.metrics.write(record)

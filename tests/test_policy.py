@@ -50,17 +50,19 @@ def test_after_failures_and_joins(live, depth, data):
     check_invariants(cfg, now, depth)
     assert cfg.epoch == previous.epoch + 1
     if cfg.depth == previous.depth:
-        # A survivor of a kept pipeline keeps its stage; kept = pipelines that still
-        # have a survivor, as many as fit.
-        before = {n: s for n, (_, s) in previous.slots().items()}
-        after = {n: s for n, (_, s) in cfg.slots().items()}
-        kept_survivors = [n for n in before if n in after]
-        for pipe in previous.pipelines:
-            alive = [n for n in pipe if n in now]
-            if alive and all(n in after for n in alive):
-                assert all(after[n] == before[n] for n in alive)
-        # Only new arrivals in slots and replacements move layers.
-        assert len(moves(previous, cfg)) <= len(after) - sum(after[n] == before.get(n) for n in kept_survivors)
+        # The pipelines with the most survivors (ties: lowest index) are kept: their
+        # survivors keep their stages and stay together.
+        survivors = [[n for n in pipe if n in now] for pipe in previous.pipelines]
+        ranked = sorted(range(len(survivors)), key=lambda j: (-len(survivors[j]), j))
+        kept = [j for j in ranked[:len(cfg.pipelines)] if survivors[j]]
+        before, after = previous.slots(), cfg.slots()
+        for j in kept:
+            assert all(after[n][1] == before[n][1] for n in survivors[j])
+            assert len({after[n][0] for n in survivors[j]}) == 1
+        # Layers move only into the holes of kept pipelines and into new pipelines.
+        holes = sum(cfg.depth - len(survivors[j]) for j in kept)
+        fresh = (len(cfg.pipelines) - len(kept)) * cfg.depth
+        assert len(moves(previous, cfg)) <= holes + fresh
 
 
 def test_standby_replaces_a_failed_node_first_and_from_another_zone():
