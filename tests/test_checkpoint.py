@@ -1,6 +1,5 @@
 """Checkpoints: round trips, interrupted writes, S3 through a real moto server, and
 a resumed run that continues exactly where the checkpoint was taken."""
-import json
 import os
 import signal
 import socket
@@ -14,6 +13,7 @@ import torch
 from bamboo.api import ModelSource
 from bamboo.checkpoint import LocalStorage, S3Storage, latest, restore, snapshot, write_part
 from bamboo.models import dropout_seed
+from tests.training import bamboo_train
 
 
 def _layers_and_optimizer(seed=0):
@@ -130,11 +130,7 @@ def test_s3_checkpoints_through_boto3(moto_endpoint, monkeypatch):
 def test_resumed_run_continues_exactly(tmp_path):
     def train(*args):
         metrics = tmp_path / f"m{len(os.listdir(tmp_path))}.jsonl"
-        out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--stages", "2", "--microbatches", "4",
-                              "--no-progress", "--dtype", "float64", "--metrics-out", str(metrics), *args],
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-2000:]
-        return [json.loads(line) for line in metrics.read_text().splitlines()][:-1]
+        return bamboo_train(metrics, "--stages", "2", "--microbatches", "4", "--dtype", "float64", *args)[1]
 
     whole = train("--iterations", "6")
     ck = str(tmp_path / "ck")

@@ -15,21 +15,18 @@ import torch
 
 from schedules.compiler import compile_schedule
 from schedules.ir import Op
+from tests.training import bamboo_train
 
 P, D, M, ITERS = 4, 2, 8, 20
 COMMON = ["--model", "tiny", "--microbatches", str(M), "--iterations", str(ITERS), "--seed", "3",
-          "--dtype", "float64", "--no-progress"]
+          "--dtype", "float64"]
 RTOL = 1e-5
 
 
 def train(tmp_path, name, *args, check=True):
-    metrics, params = tmp_path / f"{name}.jsonl", tmp_path / f"{name}-params"
-    out = subprocess.run([sys.executable, "-m", "bamboo.cli", *COMMON, "--metrics-out", str(metrics),
-                          "--save-dir", str(params), *args], capture_output=True, text=True, timeout=600)
-    if check:
-        assert out.returncode == 0, out.stderr[-2000:]
-    lines = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
-    return out, lines[:-1], params
+    params = tmp_path / f"{name}-params"
+    out, records = bamboo_train(tmp_path / f"{name}.jsonl", *COMMON, "--save-dir", str(params), *args, check=check)
+    return out, records, params
 
 
 @pytest.fixture(scope="module")
@@ -127,14 +124,10 @@ def test_factory_sequential_on_two_stages_survives_losing_one(tmp_path):
     """P=2: the survivor is predecessor and successor at once and ends up running
     the whole model; a user nn.Sequential named as package.module:function."""
     args = ["--model", "tests.sample_models:byte_mlp", "--microbatches", "4", "--iterations", "6", "--seed", "1",
-            "--dtype", "float64", "--no-progress"]
+            "--dtype", "float64"]
 
     def run(name, *extra):
-        metrics = tmp_path / f"{name}.jsonl"
-        out = subprocess.run([sys.executable, "-m", "bamboo.cli", *args, "--metrics-out", str(metrics), *extra],
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-2000:]
-        return [json.loads(line) for line in metrics.read_text().splitlines()][:-1]
+        return bamboo_train(tmp_path / f"{name}.jsonl", *args, *extra)[1]
 
     ref = run("ref", "--stages", "1")
     got = run("kill", "--stages", "2", "--preempt", "1@2:7")
@@ -173,12 +166,8 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path):
 
 
 def _short(tmp_path, name, *args):
-    metrics = tmp_path / f"{name}.jsonl"
-    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--microbatches", "8", "--iterations", "5",
-                          "--dtype", "float64", "--no-progress", "--metrics-out", str(metrics), *args],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return [json.loads(line) for line in metrics.read_text().splitlines()][:-1]
+    return bamboo_train(tmp_path / f"{name}.jsonl", "--microbatches", "8", "--iterations", "5", "--dtype", "float64",
+                        *args)[1]
 
 
 def test_last_stage_killed_after_its_stream_keeps_every_loss(tmp_path):

@@ -1,0 +1,15 @@
+"""Running bamboo-train from tests: one real command, its metrics read back."""
+import json
+import subprocess
+import sys
+
+
+def bamboo_train(metrics, *args, check=True, timeout=600):
+    """Run `bamboo-train ARGS --metrics-out METRICS`; return (process, iteration
+    records without the summary line)."""
+    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--no-progress", "--metrics-out", str(metrics), *args],
+                         capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert out.returncode == 0, out.stderr[-2000:]
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    return out, [r for r in lines if "summary" not in r]
