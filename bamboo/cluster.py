@@ -21,35 +21,51 @@ import json
 import threading
 import time
 
+from pyetcd import Etcd3Exception
+
 from bamboo.etcd import connect
 
 
 class Cluster:
-    def __init__(self, endpoint: str, job: str):
+    """The job's keys. Each call retries for `patience` seconds while etcd is
+    unreachable (a restart, a slow disk), then raises."""
+
+    def __init__(self, endpoint: str, job: str, patience: float = 20.0):
         self.endpoint = endpoint
         self.client = connect(endpoint)
         self.root = f"/bamboo/{job}/"
+        self.patience = patience
         self._lease = None
+
+    def _call(self, fn):
+        deadline = time.monotonic() + self.patience
+        while True:
+            try:
+                return fn()
+            except (Etcd3Exception, ValueError):  # ValueError: pyetcd's endpoint marked failed
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def key(self, *parts) -> str:
         return self.root + "/".join(str(p) for p in parts)
 
     def put(self, value, *parts) -> None:
-        self.client.put(self.key(*parts), json.dumps(value))
+        self._call(lambda: self.client.put(self.key(*parts), json.dumps(value)))
 
     def create(self, value, *parts) -> bool:
         """Write only if absent (an etcd transaction); True when this call wrote it."""
-        return bool(self.client.put_if_not_exists(self.key(*parts), json.dumps(value)))
+        return bool(self._call(lambda: self.client.put_if_not_exists(self.key(*parts), json.dumps(value))))
 
     def get(self, *parts):
-        value, _ = self.client.get(self.key(*parts))
+        value, _ = self._call(lambda: self.client.get(self.key(*parts)))
         return None if value is None else json.loads(value)
 
     def children(self, *parts) -> dict[str, object]:
         """{last key part: value} for every key under the prefix."""
         prefix = self.key(*parts) + "/"
         return {meta.key.decode()[len(prefix):]: json.loads(value)
-                for value, meta in self.client.get_prefix(prefix)}
+                for value, meta in self._call(lambda: list(self.client.get_prefix(prefix)))}
 
     def wait_for(self, predicate, timeout: float, what: str, poll: float = 0.02):
         """Poll until predicate() returns something truthy; TimeoutError naming `what`."""

@@ -42,6 +42,8 @@ def connect(endpoint: str, timeout: float = 5.0):
 
     host, port = parse_endpoint(endpoint)
     client = pyetcd.client(host=host, port=port, timeout=timeout)
+    for ep in client.endpoints.values():
+        ep.time_retry = 0.5  # after an error, try the server again soon (the default is 300 s)
     try:
         client.status()
     except Exception as e:  # grpc raises several types for an unreachable server

@@ -184,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         Worker(cluster, cfg, args.node).run()
     except Exception as e:  # one line in etcd for the launcher, the traceback on stderr
+        if str(args.node) in cluster.children("failed"):
+            os._exit(FENCED)  # woke up after being declared dead: whatever broke, step aside
         cluster.put(f"{type(e).__name__}: {e}", "error", args.node)
         raise
     return 0

@@ -186,25 +186,26 @@ def test_a_paused_node_is_declared_dead_and_fences_itself(tmp_path):
     import time
 
     import psutil
+    from bamboo.etcd import EtcdServer, connect
     metrics = tmp_path / "m.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "bamboo.cli", "--stages", "2", "--microbatches", "4",
-                             "--iterations", "150", "--no-progress", "--failure-timeout", "2",
-                             "--metrics-out", str(metrics)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    deadline = time.monotonic() + 120
-    worker = None
-    while worker is None and time.monotonic() < deadline:
-        for p in psutil.Process(proc.pid).children(recursive=True):
-            if p.cmdline()[-2:] == ["--node", "1"]:
-                worker = p
-        time.sleep(0.2)
-    time.sleep(4)
-    worker.send_signal(signal.SIGSTOP)
-    time.sleep(6)
-    worker.send_signal(signal.SIGCONT)
-    gone, _ = psutil.wait_procs([worker], timeout=20)
-    assert gone and proc.poll() is None  # the woken node stopped, the job goes on
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-2000:]
+    with EtcdServer() as etcd:
+        proc = subprocess.Popen([sys.executable, "-m", "bamboo.cli", "--stages", "2", "--microbatches", "4",
+                                 "--iterations", "300", "--no-progress", "--failure-timeout", "2",
+                                 "--etcd", etcd.endpoint, "--metrics-out", str(metrics)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        client = connect(etcd.endpoint)
+        deadline = time.monotonic() + 120
+        while not any(b"/done/3/" in meta.key for _, meta in client.get_prefix("/bamboo/")):  # training runs
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        worker = next(p for p in psutil.Process(proc.pid).children(recursive=True)
+                      if p.cmdline()[-2:] == ["--node", "1"])
+        worker.send_signal(signal.SIGSTOP)
+        time.sleep(6)
+        worker.send_signal(signal.SIGCONT)
+        gone, _ = psutil.wait_procs([worker], timeout=20)
+        assert gone and proc.poll() is None  # the woken node stopped, the job goes on
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert records[-1]["summary"]["failovers"] == 1 and records[-2]["nodes"] == 1
