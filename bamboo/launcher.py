@@ -113,7 +113,7 @@ class Launcher:
         start = last = time.monotonic()
         summary = {"iterations": 0, "samples": 0, "preemptions": 0, "failovers": 0}
         first = self._wait_start(cluster)
-        with _progress(self.progress, self.cfg.iterations) as bar:
+        with ProgressBar(self.progress, self.cfg.iterations) as bar:
             for it in range(first, self.cfg.iterations):
                 reports = self._wait_iteration(cluster, it, since=last)
                 now = time.monotonic()
@@ -184,7 +184,7 @@ class Launcher:
 EXPECTED_EXITS = (0, -signal.SIGKILL, FENCED)  # done, preempted, or fenced off by its peers
 
 
-class _progress:
+class ProgressBar:
     """A rich progress bar on stderr (or nothing): iteration, loss, samples/s, nodes."""
 
     def __init__(self, enabled: bool, total: int):

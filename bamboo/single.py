@@ -6,7 +6,7 @@ import os
 import time
 
 from bamboo.config import JobConfig
-from bamboo.launcher import MetricsWriter, _progress
+from bamboo.launcher import MetricsWriter, ProgressBar
 from bamboo.reference import train_reference
 from bamboo.worker import save_layer
 
@@ -14,7 +14,7 @@ from bamboo.worker import save_layer
 def run_single(cfg: JobConfig, metrics_out: str | None, progress: bool = True) -> None:
     metrics = MetricsWriter(metrics_out)
     start = last = time.monotonic()
-    with _progress(progress, cfg.iterations) as bar:
+    with ProgressBar(progress, cfg.iterations) as bar:
         def on_iteration(it, losses):
             nonlocal last
             now = time.monotonic()
