@@ -17,6 +17,7 @@ import os
 import resource
 import sys
 import tempfile
+import time
 from datetime import timedelta
 
 import torch
@@ -127,7 +128,7 @@ class Worker:
             self.failover.begin(it, len(self.mbs), failed, self.comm)
             self.executor.run(it, stream, self.mbs, self.comm, self.failover)
             report = {"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "events": self.failover.events}
+                      "events": self.failover.events, "time": time.time()}
             self.failover.events = []
             if self.cfg.check_replicas:
                 report["digests"] = {str(s): digest(m, self.optimizers[s]) for s, m in self.modules.items()}

@@ -1,0 +1,29 @@
+"""bamboo-status reads a job's state from etcd, as a job left it."""
+import json
+import subprocess
+import sys
+
+from bamboo.etcd import EtcdServer
+from tests.training import bamboo_train
+
+
+def test_status_of_a_finished_job_with_a_preemption(tmp_path):
+    with EtcdServer() as etcd:
+        bamboo_train(tmp_path / "m.jsonl", "--stages", "2", "--microbatches", "4", "--iterations", "4",
+                     "--preempt", "1@1:3", "--etcd", etcd.endpoint)
+        out = subprocess.run([sys.executable, "-m", "bamboo.status", "--etcd", etcd.endpoint, "--json"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        (status,) = [json.loads(line) for line in out.stdout.splitlines()]
+        assert (status["model"], status["stages"], status["pipelines"]) == ("tiny", 2, 1)
+        assert status["last_iteration"] == 3 and status["iterations_per_second"] > 0
+        assert list(status["failed"]) == ["1"] and status["failed"]["1"]["iteration"] == 1
+        text = subprocess.run([sys.executable, "-m", "bamboo.status", "--etcd", etcd.endpoint],
+                              capture_output=True, text=True, timeout=60).stdout
+        assert "iteration 3 of 4" in text and "failed: node 1 in iteration 1" in text
+
+
+def test_status_of_an_unreachable_etcd_is_one_line():
+    out = subprocess.run([sys.executable, "-m", "bamboo.status", "--etcd", "127.0.0.1:1"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1 and "unreachable" in out.stderr
