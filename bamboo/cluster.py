@@ -97,12 +97,13 @@ class Cluster:
                     return
         threading.Thread(target=refresh, daemon=True, name="lease").start()
 
-    def record_silent(self, nodes, iteration: int, by: int) -> None:
-        """Record as dead each of `nodes` whose lease is gone."""
+    def record_silent(self, nodes, iteration: int, by: int) -> list[int]:
+        """Record as dead each of `nodes` whose lease is gone; return them."""
         alive = self.alive()
-        for n in nodes:
-            if n not in alive:
-                self.create({"iteration": iteration, "by": by, "how": "lease expired"}, "failed", n)
+        silent = sorted(n for n in nodes if n not in alive)
+        for n in silent:
+            self.create({"iteration": iteration, "by": by, "how": "lease expired"}, "failed", n)
+        return silent
 
     def alive(self) -> set[int]:
         return {int(k) for k in self.children("alive")}

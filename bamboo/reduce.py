@@ -37,11 +37,8 @@ class Reducer:
 
     def _silent(self, iteration: int, members: tuple[int, ...]) -> str | None:
         """Why waiting for `members` is pointless (one lost its lease), or None."""
-        gone = set(members) - self.cluster.alive()
-        if gone:
-            self.cluster.record_silent(gone, iteration, self.me)
-            return f"nodes {sorted(gone)} lost their leases"
-        return None
+        gone = self.cluster.record_silent(members, iteration, self.me)
+        return f"nodes {gone} lost their leases" if gone else None
 
     def _group(self, iteration: int, stage: int, members: tuple[int, ...]):
         if members not in self._groups:

@@ -22,7 +22,6 @@ from datetime import timedelta
 
 import torch
 
-from schedules.compiler import compile_schedule
 from schedules.layout import Layout
 
 from bamboo.cluster import Cluster
@@ -106,13 +105,14 @@ class Worker:
             blobs.update(snapshot(dict(zip(self.ranges[s], self.modules[s].layers)), self.optimizers[s]))
         self.writer.write(it + 1, blobs)
 
-    def _world(self, name: str) -> Comm:
-        """The world process group of the live nodes, under the store prefix `name`."""
+    def _world(self, name: str, iteration: int = 0) -> Comm:
+        """The world process group of the live nodes, under the store prefix `name`;
+        the rendezvous gives up (and records them dead) if a member's lease runs out."""
         members = [n for n in range(self.cfg.nodes) if n not in self.failed_global]
 
         def silent():
-            gone = set(members) - self.cluster.alive()
-            return f"nodes {sorted(gone)} lost their leases" if gone else None
+            gone = self.cluster.record_silent(members, iteration, self.node)
+            return f"nodes {gone} lost their leases" if gone else None
         store = EtcdStore(self.cluster.client, self.cluster.key("pg", "world", name), timedelta(hours=24), silent)
         self._store = store  # the group keeps using it
         pg, rank_of = new_group(store, members, self.node)
@@ -123,9 +123,8 @@ class Worker:
 
     def run(self) -> None:
         for it in range(self.start, self.cfg.iterations):
-            failed = self.local_failed()
-            stream = compile_schedule(self.P, len(self.mbs), failed, self.cfg.redundancy).streams[self.me]
-            self.failover.begin(it, len(self.mbs), failed, self.comm)
+            self.failover.begin(it, len(self.mbs), self.local_failed(), self.comm)
+            stream = self.failover.base[self.me]  # the failover keeps every node's stream: one compile
             self.executor.run(it, stream, self.mbs, self.comm, self.failover)
             report = {"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "events": self.failover.events, "time": time.time()}
@@ -158,7 +157,7 @@ class Worker:
                 return
             self.failed_global = agreed
             try:
-                self.comm = self._world(f"{it}-{attempt}")
+                self.comm = self._world(f"{it}-{attempt}", it)
                 return
             except (RuntimeError, TimeoutError):
                 continue  # a member died while regrouping: the next try leaves it out
