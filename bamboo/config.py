@@ -12,17 +12,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 # set long enough that a slow model on a CPU does not look like a death.
 GLOO_OP_TIMEOUT = 24 * 3600.0
 FENCED = 75  # exit status of a worker that found itself declared dead and stopped
-
-
-def global_node(stages: int, pipeline: int, local: int) -> int:
-    """Node id in the job of node `local` (= its starting stage) of `pipeline`."""
-    return pipeline * stages + local
-
-
-def local_nodes(stages: int, pipeline: int, nodes) -> set[int]:
-    """The local ids of the given job node ids that belong to `pipeline`."""
-    lo = pipeline * stages
-    return {int(n) - lo for n in nodes if lo <= int(n) < lo + stages}
+PARKED = 76  # exit status of a worker whose node has no stage in the new configuration
 
 
 @dataclass(frozen=True)
@@ -55,6 +45,7 @@ class JobConfig:
     checkpoint_every: int = 0      # iterations between checkpoints (0: never)
     resume: bool = False           # start from the newest complete checkpoint
     check_replicas: bool = False  # digest owners and replicas after every step
+    elastic: bool = False          # agents decide the configuration (else P x D fixed nodes)
     job: str = "job"
 
     @property

@@ -20,23 +20,23 @@ import torch
 from schedules.ir import Instr, Op, RECVS, SENDS
 
 from bamboo.comm import Comm, Interrupted, PeerFailure
-from bamboo.config import JobConfig, dropout_seed_for, global_node
+from bamboo.config import JobConfig, dropout_seed_for
 from bamboo.models import dropout_seed
 from bamboo.swap import SavedTensors
 
 
 class Executor:
-    def __init__(self, cfg: JobConfig, pipeline: int, me: int, modules: dict, optimizers: dict,
+    def __init__(self, cfg: JobConfig, nodes: tuple[int, ...], me: int, modules: dict, optimizers: dict,
                  corpus, device: torch.device, reducer, cluster):
-        self.cfg, self.pipeline, self.me = cfg, pipeline, me
-        self.P = cfg.stages
+        self.cfg, self.nodes, self.me = cfg, nodes, me
+        self.P = len(nodes)
         self.modules, self.optimizers = modules, optimizers
         self.corpus, self.device, self.reducer, self.cluster = corpus, device, reducer, cluster
         self.params = {s: {p.data_ptr() for p in m.parameters()} for s, m in modules.items()}
         self.swap_stream = torch.cuda.Stream() if device.type == "cuda" else None
 
     def peer(self, local: int) -> int:
-        return global_node(self.P, self.pipeline, local)
+        return self.nodes[local]
 
     # -- one iteration -------------------------------------------------------------------
     def run(self, iteration: int, stream: list[Instr], microbatches: range, comm: Comm, failover) -> None:

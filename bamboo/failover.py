@@ -18,7 +18,7 @@ from schedules.compiler import compile_recovery, compile_schedule
 from schedules.ir import Instr, RECVS, SENDS
 
 from bamboo.cluster import Cluster
-from bamboo.config import FENCED, global_node, local_nodes
+from bamboo.config import FENCED
 
 
 class Unsurvivable(RuntimeError):
@@ -47,14 +47,15 @@ def died_before(stream: list[Instr], received: dict[int, dict[str, int]]) -> int
 
 
 class Failover:
-    def __init__(self, cluster: Cluster, stages: int, pipeline: int, me: int, redundancy: str,
+    def __init__(self, cluster: Cluster, nodes: tuple[int, ...], pipeline: int, me: int, redundancy: str,
                  timeout: float):
-        self.cluster, self.P, self.pipeline, self.me = cluster, stages, pipeline, me
+        self.cluster, self.nodes, self.pipeline, self.me = cluster, nodes, pipeline, me
+        self.P = len(nodes)
         self.redundancy, self.timeout = redundancy, timeout
         self.events: list[dict] = []
 
     def to_global(self, local: int) -> int:
-        return global_node(self.P, self.pipeline, local)
+        return self.nodes[local]
 
     def begin(self, iteration: int, microbatches: int, failed: tuple[int, ...], comm) -> None:
         self.iteration, self.M, self.failed, self.comm = iteration, microbatches, failed, comm
@@ -78,7 +79,8 @@ class Failover:
             self._leases_checked = now
             peers = [self.to_global(n) for n in range(self.P) if n not in self.failed and n != self.me]
             self.cluster.record_silent(peers, self.iteration, self.to_global(self.me))
-        new = sorted(local_nodes(self.P, self.pipeline, self.cluster.children("failed")) - set(self.failed))
+        dead = {int(n) for n in self.cluster.children("failed")}
+        new = sorted({s for s, n in enumerate(self.nodes) if n in dead} - set(self.failed))
         if self.me in new:  # declared dead (paused past its lease): stop, as a dead node would
             os._exit(FENCED)
         if len(new) > 1 or (self.dead is not None and new and new != [self.dead]):
@@ -125,7 +127,7 @@ class Failover:
         reports = self.cluster.wait_for(
             lambda: (lambda c: c if len(c) == len(receivers) else None)(self.cluster.children("cut", self.iteration, dg)),
             timeout=max(30.0, 10 * self.timeout), what=f"survivors' reports on node {dg}")
-        received = {int(n) - self.to_global(0): v for n, v in reports.items()}  # by local id
+        received = {self.nodes.index(int(n)): v for n, v in reports.items()}  # by local id
         k = died_before(self.base[d], received)
         try:
             rec = compile_recovery(self.P, self.M, d, k, self.failed, self.redundancy)

@@ -16,6 +16,7 @@ import tempfile
 import time
 import uuid
 
+from bamboo.assignment import Assignment, assignment_at
 from bamboo.cluster import Cluster
 from bamboo.config import FENCED, JobConfig
 from bamboo.etcd import EtcdServer, die_with_parent
@@ -104,6 +105,7 @@ class Launcher:
             self.server = EtcdServer().start()
         cluster = Cluster(self.etcd or self.server.endpoint, self.cfg.job)
         cluster.put(self.cfg.to_dict(), "config")
+        cluster.put(Assignment.static(self.cfg.stages, self.cfg.pipelines).to_dict(), "assignment", 0)
         self.logs = tempfile.mkdtemp(prefix="bamboo-logs-")
         for n in range(self.cfg.nodes):
             with open(os.path.join(self.logs, f"worker{n}.log"), "w") as log:
@@ -120,7 +122,9 @@ class Launcher:
                 events = [e for r in reports.values() for e in r.get("events", [])]
                 events += [{"type": "preemption", "node": int(n), "pause_seconds": round(time.time() - p["time"], 4)}
                            for n, p in cluster.children("preempted").items() if p["iteration"] == it]
-                live = self.cfg.nodes - sum(f["iteration"] <= it for f in cluster.children("failed").values())
+                failed = cluster.children("failed")
+                live = sum(str(n) not in failed or failed[str(n)]["iteration"] > it
+                           for n in assignment_at(cluster, it).members)
                 losses = cluster.children("loss", it)
                 record = iteration_record(self.cfg, it, losses, reports, now - last, live, events)
                 self.metrics.write(record)
@@ -161,7 +165,7 @@ class Launcher:
         while True:
             done = cluster.children("done", it)
             failed = cluster.children("failed")
-            if all(str(n) in done or str(n) in failed for n in range(self.cfg.nodes)):
+            if all(str(n) in done or str(n) in failed for n in assignment_at(cluster, it).members):
                 return done
             self._check_workers(cluster, since, f"iteration {it} to finish")
             time.sleep(0.05)

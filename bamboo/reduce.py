@@ -14,23 +14,24 @@ from schedules.layout import Layout, ScheduleError
 
 from bamboo.cluster import Cluster
 from bamboo.comm import new_group
-from bamboo.config import global_node, local_nodes
+from bamboo.assignment import Assignment
 from bamboo.executor import flat_grads, set_flat_grads
 from bamboo.failover import Unsurvivable
 from bamboo.store import EtcdStore
 
 
 class Reducer:
-    def __init__(self, cluster: Cluster, stages: int, pipelines: int, me: int, timeout: float):
-        self.cluster, self.P, self.D, self.me, self.timeout = cluster, stages, pipelines, me, timeout
+    def __init__(self, cluster: Cluster, assignment: Assignment, me: int, timeout: float):
+        self.cluster, self.assignment, self.me, self.timeout = cluster, assignment, me, timeout
+        self.P, self.D = assignment.depth, len(assignment.pipelines)
         self._groups: dict[tuple[int, ...], tuple] = {}
 
     def members(self, stage: int) -> tuple[int, ...]:
         failed = self.cluster.children("failed")
         out = []
-        for j in range(self.D):
+        for j, pipe in enumerate(self.assignment.pipelines):
             try:
-                out.append(global_node(self.P, j, Layout(self.P, local_nodes(self.P, j, failed)).owner(stage)))
+                out.append(pipe[Layout(self.P, self.assignment.local_failed(j, failed)).owner(stage)])
             except ScheduleError as e:
                 raise Unsurvivable(f"pipeline {j}: {e}") from None
         return tuple(out)
@@ -42,7 +43,7 @@ class Reducer:
 
     def _group(self, iteration: int, stage: int, members: tuple[int, ...]):
         if members not in self._groups:
-            prefix = self.cluster.key("pg", f"stage{stage}", "-".join(map(str, members)))
+            prefix = self.cluster.key("pg", f"e{self.assignment.epoch}-stage{stage}", "-".join(map(str, members)))
             store = EtcdStore(self.cluster.client, prefix, timedelta(hours=24),
                               abort=lambda: self._silent(iteration, members))
             self._groups[members] = (store, new_group(store, list(members), self.me)[0])

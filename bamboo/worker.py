@@ -26,7 +26,9 @@ from schedules.layout import Layout
 
 from bamboo.cluster import Cluster
 from bamboo.comm import Comm, new_group
-from bamboo.config import FENCED, JobConfig, local_nodes
+from bamboo import handover
+from bamboo.assignment import Assignment, latest_assignment, next_assignment, previous_assignment
+from bamboo.config import FENCED, PARKED, JobConfig
 from bamboo.data import ByteCorpus, split_microbatches
 from bamboo.executor import Executor
 from bamboo.failover import Failover
@@ -57,41 +59,107 @@ def save_layer(module: torch.nn.Module, path: str) -> None:
 class Worker:
     def __init__(self, cluster: Cluster, cfg: JobConfig, node: int):
         self.cluster, self.cfg, self.node = cluster, cfg, node
-        self.P, self.D = cfg.stages, cfg.pipelines
-        self.pipeline, self.me = divmod(node, self.P)
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-        source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq)
-        self.ranges = partition(source.costs(), self.P)
-        held = {self.me} | ({(self.me + 1) % self.P} if cfg.redundancy == "eager" else set())
-        self.modules = {s: Stage([source.layer(i) for i in self.ranges[s]], source.loss if s == self.P - 1 else None,
-                                 self.ranges[s].start).to(self.device) for s in sorted(held)}
-        self.optimizers = {s: torch.optim.AdamW(m.parameters(), lr=cfg.lr) for s, m in self.modules.items()}
-        corpus = ByteCorpus(list(cfg.data_files), seq=source.seq, batch=cfg.batch, seed=cfg.seed)
-        self.mbs = split_microbatches(cfg.microbatches, self.D)[self.pipeline]
-        self.failover = Failover(cluster, self.P, self.pipeline, self.me, cfg.redundancy, cfg.failure_timeout)
-        self.failed_global: list[int] = []
-        reducer = Reducer(cluster, self.P, self.D, node, cfg.failure_timeout)
-        self.executor = Executor(cfg, self.pipeline, self.me, self.modules, self.optimizers, corpus,
-                                 self.device, reducer, cluster)
-        self.start = 0
-        self.writer = None
+        self.source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq)
+        self.corpus = ByteCorpus(list(cfg.data_files), seq=self.source.seq, batch=cfg.batch, seed=cfg.seed)
+        self.layers: dict[int, torch.nn.Module] = {}   # layer index -> module, every layer held
+        self.optimizers: dict[int, torch.optim.Optimizer] = {}
+        self.writer = storage = None
         if cfg.checkpoint:
             storage = storage_for(cfg.checkpoint)
             self.writer = Writer(storage, node)
+        assignment = latest_assignment(cluster)
+        if node not in assignment.members:
+            os._exit(PARKED)  # in standby: the agent starts this worker again when a stage is free
+        self.failed_global: list[int] = sorted(assignment.failed)
+        if assignment.epoch == 0 and assignment.restore == "peers":
+            self.start, received = assignment.start, {}
             if cfg.resume:
-                self.start = self._restore(storage, source.count)
-        cluster.create(self.start, "start")
-        self.comm = self._world("start")
+                self.start, blobs = self._restore(storage)
+                received = {i: blobs[i] for i in self._needs(assignment, node)}
+            self._enter(assignment, received)
+            cluster.create(self.start, "start")
+        else:  # joining a running job, or everyone restarting from a checkpoint
+            self.start = assignment.start
+            self._reconfigure(assignment, previous_assignment(cluster, assignment.epoch))
+        self.comm = self._world(f"e{assignment.epoch}")
 
-    def _restore(self, storage, num_layers: int) -> int:
-        found = latest(storage, num_layers)
+    # -- which stages this node runs -----------------------------------------------------
+    def _needs(self, assignment: Assignment, node: int) -> set[int]:
+        """Layer indexes `node` holds in `assignment`: its stage and, with
+        redundancy, the next stage's."""
+        P = assignment.depth
+        _, s = assignment.slot(node)
+        stages = {s} | ({(s + 1) % P} if self.cfg.redundancy == "eager" else set())
+        ranges = partition(self.source.costs(), P)
+        return {i for st in stages for i in ranges[st]}
+
+    def _enter(self, assignment: Assignment, received: dict[int, bytes]) -> None:
+        """Build this node's stages for `assignment` from the layers it kept and the
+        ones it received, and the executor, failover and reducer that run them."""
+        self.assignment = assignment
+        self.P = assignment.depth
+        self.pipeline, self.me = assignment.slot(self.node)
+        nodes = assignment.pipelines[self.pipeline]
+        self.ranges = partition(self.source.costs(), self.P)
+        held = {self.me} | ({(self.me + 1) % self.P} if self.cfg.redundancy == "eager" else set())
+        old_state = {p: st for opt in self.optimizers.values() for p, st in opt.state.items()}
+        layers = {i: self.layers[i] if i in self.layers else self.source.layer(i).to(self.device)
+                  for s in held for i in self.ranges[s]}
+        self.modules = {s: Stage([layers[i] for i in self.ranges[s]], self.source.loss if s == self.P - 1 else None,
+                                 self.ranges[s].start) for s in sorted(held)}
+        self.optimizers = {s: torch.optim.AdamW(m.parameters(), lr=self.cfg.lr) for s, m in self.modules.items()}
+        self.layers = layers
+        for s, opt in self.optimizers.items():
+            for p in self.modules[s].parameters():
+                if p in old_state:
+                    opt.state[p] = old_state[p]
+        for i, blob in received.items():
+            restore(blob, layers[i], self.optimizers[self._stage_of(i)])
+        self.mbs = split_microbatches(self.cfg.microbatches, len(assignment.pipelines))[self.pipeline]
+        self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, self.cfg.redundancy,
+                                 self.cfg.failure_timeout)
+        reducer = Reducer(self.cluster, assignment, self.node, self.cfg.failure_timeout)
+        self.executor = Executor(self.cfg, nodes, self.me, self.modules, self.optimizers, self.corpus,
+                                 self.device, reducer, self.cluster)
+
+    def _stage_of(self, layer: int) -> int:
+        return next(s for s in self.modules if layer in self.ranges[s])
+
+    def _reconfigure(self, new: Assignment, old: Assignment | None) -> None:
+        """Move layers to the nodes that need them from the nodes that hold them,
+        then take this node's place in `new` (or leave, if it has none)."""
+        live_old = old.holders(new.failed, self.cfg.redundancy) if old and new.restore == "peers" else {}
+        old_ranges = partition(self.source.costs(), old.depth) if live_old else []
+        have = {n: {i for s in stages for i in old_ranges[s]} for n, stages in live_old.items()}
+        need = {n: self._needs(new, n) for n in new.members}
+        if new.restore == "checkpoint":
+            received = self._from_checkpoint(need[self.node]) if self.node in need else {}
+        else:
+            members = sorted(set(need) | set(have))
+            store = EtcdStore(self.cluster.client, self.cluster.key("pg", "handover", new.epoch),
+                              timedelta(hours=24), lambda: self._silent(members, new.start))
+            pg, rank_of = new_group(store, members, self.node)
+            received = handover.execute(pg, rank_of, self.node, handover.plan(have, need), self.layers,
+                                        lambda i: self.optimizers[self._stage_of(i)])
+            pg.barrier().wait()  # every layer arrived before a sender may leave
+        if self.node not in new.members:
+            if self.writer:
+                self.writer.wait()
+            os._exit(PARKED)  # nothing to run in this epoch: back to standby
+        self._enter(new, received)
+
+    def _from_checkpoint(self, layers: set[int]) -> dict[int, bytes]:
+        found = latest(storage_for(self.cfg.checkpoint), self.source.count) if self.cfg.checkpoint else None
+        if found is None:
+            raise CheckpointError("a stage was lost on every node and there is no complete checkpoint")
+        return {i: found[1][i] for i in layers}
+
+    def _restore(self, storage) -> tuple[int, dict[int, bytes]]:
+        found = latest(storage, self.source.count)
         if found is None:
             raise CheckpointError(f"--resume: no complete checkpoint in {self.cfg.checkpoint}")
-        iteration, blobs = found
-        for s, module in self.modules.items():
-            for layer, index in zip(module.layers, self.ranges[s]):
-                restore(blobs[index], layer, self.optimizers[s])
-        return iteration
+        return found
 
     def _checkpoint(self, it: int) -> None:
         """After iteration `it`, pipeline 0's owners snapshot their layers now and
@@ -105,21 +173,22 @@ class Worker:
             blobs.update(snapshot(dict(zip(self.ranges[s], self.modules[s].layers)), self.optimizers[s]))
         self.writer.write(it + 1, blobs)
 
+    def _silent(self, members, iteration: int) -> str | None:
+        gone = self.cluster.record_silent(members, iteration, self.node)
+        return f"nodes {gone} lost their leases" if gone else None
+
     def _world(self, name: str, iteration: int = 0) -> Comm:
         """The world process group of the live nodes, under the store prefix `name`;
         the rendezvous gives up (and records them dead) if a member's lease runs out."""
-        members = [n for n in range(self.cfg.nodes) if n not in self.failed_global]
-
-        def silent():
-            gone = self.cluster.record_silent(members, iteration, self.node)
-            return f"nodes {gone} lost their leases" if gone else None
-        store = EtcdStore(self.cluster.client, self.cluster.key("pg", "world", name), timedelta(hours=24), silent)
+        members = [n for n in self.assignment.members if n not in self.failed_global]
+        store = EtcdStore(self.cluster.client, self.cluster.key("pg", "world", name), timedelta(hours=24),
+                          lambda: self._silent(members, iteration))
         self._store = store  # the group keeps using it
         pg, rank_of = new_group(store, members, self.node)
         return Comm(pg, rank_of, self.device)
 
     def local_failed(self) -> tuple[int, ...]:
-        return tuple(sorted(local_nodes(self.P, self.pipeline, self.failed_global)))
+        return self.assignment.local_failed(self.pipeline, self.failed_global)
 
     def run(self) -> None:
         for it in range(self.start, self.cfg.iterations):
@@ -127,40 +196,65 @@ class Worker:
             stream = self.failover.base[self.me]  # the failover keeps every node's stream: one compile
             self.executor.run(it, stream, self.mbs, self.comm, self.failover)
             report = {"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "events": self.failover.events, "time": time.time()}
+                      "events": self.failover.events, "time": time.time(), "epoch": self.assignment.epoch}
             self.failover.events = []
             if self.cfg.check_replicas:
                 report["digests"] = {str(s): digest(m, self.optimizers[s]) for s, m in self.modules.items()}
             self.cluster.put(report, "done", it, self.node)
-            self._barrier(it)
+            change = self._barrier(it)
             self._checkpoint(it)
+            if change and it + 1 < self.cfg.iterations:
+                new = self.cluster.wait_for(lambda: next_assignment(self.cluster, it + 1),
+                                            timeout=self.cfg.stall_timeout, what="the agents' next configuration")
+                self._reconfigure(new, self.assignment)
+                self.failed_global = sorted(new.failed)
+                self.comm = self._world(f"e{new.epoch}", it + 1)
         if self.writer:
             self.writer.wait()
         self._save()
 
-    def _barrier(self, it: int) -> None:
+    def _barrier(self, it: int) -> bool:
         """Wait for every live node's report, agree on the failed set, and regroup
-        the world without the dead (again, with a new try, if one dies meanwhile)."""
+        the world without the dead (again, with a new try, if one dies meanwhile).
+        True when the configuration changes before the next iteration."""
+        members = self.assignment.members
+
         def everyone():
             done = self.cluster.children("done", it)
             failed = self.cluster.children("failed")
-            pending = [n for n in range(self.cfg.nodes) if str(n) not in done and str(n) not in failed]
+            pending = [n for n in members if str(n) not in done and str(n) not in failed]
             self.cluster.record_silent(pending, it, self.node)  # died between its stream and its report
             return not pending
         self.cluster.wait_for(everyone, timeout=24 * 3600, what=f"every node to finish iteration {it}")
         for attempt in itertools.count():
-            self.cluster.create(sorted(int(n) for n in self.cluster.children("failed")), "epoch", it, attempt)
-            agreed = self.cluster.get("epoch", it, attempt)
-            if self.node in agreed:
+            failed = sorted(int(n) for n in self.cluster.children("failed"))
+            self.cluster.create({"failed": failed, "reconfigure": self._wants_change(failed)},
+                                "regroup", it, attempt)
+            agreed = self.cluster.get("regroup", it, attempt)
+            if self.node in agreed["failed"]:
                 os._exit(FENCED)  # the others count this node dead: behave as one
-            if agreed == self.failed_global:
-                return
-            self.failed_global = agreed
+            if agreed["reconfigure"]:
+                self.failed_global = agreed["failed"]
+                return True
+            if agreed["failed"] == self.failed_global:
+                return False
+            self.failed_global = agreed["failed"]
             try:
                 self.comm = self._world(f"{it}-{attempt}", it)
-                return
+                return False
             except (RuntimeError, TimeoutError):
                 continue  # a member died while regrouping: the next try leaves it out
+
+    def _wants_change(self, failed: list[int]) -> bool:
+        """Under agents: a node of this epoch died or is draining, or a node joined
+        that the configuration does not know yet."""
+        if not self.cfg.elastic:
+            return False
+        members = set(self.assignment.members)
+        joined = {int(n) for n in self.cluster.children("members")}
+        draining = {int(n) for n in self.cluster.children("drain")}
+        known = members | set(self.assignment.standby) | set(failed)
+        return bool(members & (set(failed) | draining) or (joined - known - draining))
 
     def _save(self) -> None:
         if not self.cfg.save_dir or self.pipeline != 0:

@@ -208,4 +208,6 @@ def test_a_paused_node_is_declared_dead_and_fences_itself(tmp_path):
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert records[-1]["summary"]["failovers"] == 1 and records[-2]["nodes"] == 1
+    # The pause lands inside an iteration (a failover) or between two (the barrier
+    # records the death): either way the job finishes on one node.
+    assert records[-1]["summary"]["failovers"] <= 1 and records[-2]["nodes"] == 1

@@ -1,0 +1,94 @@
+"""Which node runs which stage, from which iteration on: the workers' view of a
+configuration epoch (the agents' policy writes it; `bamboo` only reads it).
+
+A node's id is a job-wide integer that is never reused. Within a pipeline a node
+is known by the stage it starts the epoch on (its "local id"): after a failover
+the compiler's layouts speak of local ids, and an Assignment translates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schedules.layout import Layout
+
+
+@dataclass(frozen=True)
+class Assignment:
+    epoch: int
+    start: int                                  # first iteration this epoch runs
+    pipelines: tuple[tuple[int, ...], ...]      # pipelines[j][s]: the node that starts on stage s
+    standby: tuple[int, ...] = ()
+    failed: tuple[int, ...] = ()                # dead when the epoch began: hold nothing any more
+    restore: str = "peers"                      # where layers come from: "peers" or "checkpoint"
+
+    @classmethod
+    def static(cls, stages: int, pipelines: int, start: int = 0) -> "Assignment":
+        """Node j * P + s on stage s of pipeline j: the layout without agents."""
+        return cls(0, start, tuple(tuple(range(j * stages, (j + 1) * stages)) for j in range(pipelines)))
+
+    @property
+    def depth(self) -> int:
+        return len(self.pipelines[0]) if self.pipelines else 0
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        return tuple(sorted(n for pipe in self.pipelines for n in pipe))
+
+    def slot(self, node: int) -> tuple[int, int]:
+        """(pipeline, stage) of `node`; KeyError if it runs none."""
+        for j, pipe in enumerate(self.pipelines):
+            if node in pipe:
+                return j, pipe.index(node)
+        raise KeyError(f"node {node} has no stage in epoch {self.epoch}")
+
+    def local_failed(self, pipeline: int, failed) -> tuple[int, ...]:
+        """Local ids of the nodes of `pipeline` among the node ids `failed`."""
+        dead = {int(n) for n in failed}
+        return tuple(s for s, n in enumerate(self.pipelines[pipeline]) if n in dead)
+
+    def holders(self, failed, redundancy: str = "eager") -> dict[int, set[int]]:
+        """node -> the stages it holds up to date, for the live nodes, after the
+        failures `failed` were taken over (owned stages plus the replica kept)."""
+        out: dict[int, set[int]] = {}
+        for j, pipe in enumerate(self.pipelines):
+            down = self.local_failed(j, failed)
+            layout = Layout(len(pipe), frozenset(down), replicas=redundancy == "eager")
+            for s, n in enumerate(pipe):
+                if s not in down:
+                    replica = layout.replica(s)
+                    out[n] = set(layout.owned(s)) | ({replica} if replica is not None else set())
+        return out
+
+    def to_dict(self) -> dict:
+        return {"epoch": self.epoch, "start": self.start, "pipelines": [list(p) for p in self.pipelines],
+                "standby": list(self.standby), "failed": list(self.failed), "restore": self.restore}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Assignment":
+        return cls(int(d["epoch"]), int(d["start"]), tuple(tuple(int(n) for n in p) for p in d["pipelines"]),
+                   tuple(int(n) for n in d.get("standby", ())), tuple(int(n) for n in d.get("failed", ())),
+                   d.get("restore", "peers"))
+
+
+def latest_assignment(cluster) -> Assignment:
+    found = cluster.children("assignment")
+    if not found:
+        raise RuntimeError("the job has no assignment in etcd")
+    return Assignment.from_dict(found[max(found, key=int)])
+
+
+def previous_assignment(cluster, epoch: int) -> Assignment | None:
+    d = cluster.get("assignment", epoch - 1)
+    return Assignment.from_dict(d) if d else None
+
+
+def next_assignment(cluster, start: int) -> Assignment | None:
+    """The assignment the agents wrote for iteration `start`, once it exists."""
+    a = latest_assignment(cluster)
+    return a if a.start == start else None
+
+
+def assignment_at(cluster, iteration: int) -> Assignment:
+    """The assignment iteration `iteration` runs under."""
+    found = [Assignment.from_dict(d) for d in cluster.children("assignment").values()]
+    return max((a for a in found if a.start <= iteration), key=lambda a: a.epoch)
