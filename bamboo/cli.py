@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check-replicas", action="store_true",
                    help="compare digests of every copy of every stage after each step")
     p.add_argument("--etcd", metavar="HOST:PORT", help="use this etcd instead of starting one")
+    p.add_argument("--local-nodes", type=int, metavar="N",
+                   help="run N nodes, each an elastic agent, that keep reconfiguring (D = nodes // P)")
+    p.add_argument("--zones", default="a", metavar="A,B,...", help="zones of the local nodes, dealt in turn")
+    p.add_argument("--join", action="append", default=[], metavar="COUNT@ITER",
+                   help="with --local-nodes: COUNT more nodes join after iteration ITER (repeatable)")
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -78,6 +83,8 @@ def random_preempt(args, rng: random.Random) -> Preempt:
 
 def parse_preempts(specs: list[str], args) -> tuple[Preempt, ...]:
     nodes = args.stages * args.pipelines
+    if args.local_nodes is not None:
+        nodes = args.local_nodes + sum(int(j.partition("@")[0]) for j in args.join if j.partition("@")[0].isdigit())
     rng = random.Random(args.seed)
     out = []
     for spec in specs:
@@ -92,7 +99,7 @@ def parse_preempts(specs: list[str], args) -> tuple[Preempt, ...]:
             raise ValueError(f"--preempt {spec!r}: expected NODE@ITERATION[:INSTRUCTION] or 'random'") from None
         if not 0 <= p.node < nodes:
             raise ValueError(f"--preempt {spec!r}: node {p.node} is out of range 0..{nodes - 1}")
-        length = len(fault_free_stream(args, p.node))
+        length = len(fault_free_stream(args, p.node % (args.stages * args.pipelines)))
         if not 0 <= p.instruction <= length:
             raise ValueError(f"--preempt {spec!r}: node {p.node} runs {length} instructions an iteration "
                              f"(0..{length} allowed; {length} is after the last)")
@@ -100,7 +107,30 @@ def parse_preempts(specs: list[str], args) -> tuple[Preempt, ...]:
     return tuple(out)
 
 
+def local_cluster(args):
+    """The --local-nodes/--zones/--join settings, checked, or None."""
+    from bamboo.launcher import LocalCluster
+    if args.local_nodes is None:
+        if args.join:
+            raise ValueError("--join needs --local-nodes")
+        return None
+    zones = tuple(z.strip() for z in args.zones.split(","))
+    if not all(zones):
+        raise ValueError(f"--zones {args.zones!r}: expected names separated by commas")
+    if args.local_nodes < args.stages:
+        raise ValueError(f"--local-nodes {args.local_nodes} is fewer than --stages {args.stages}")
+    joins = []
+    for spec in args.join:
+        count, _, it = spec.partition("@")
+        if not (count.isdigit() and it.isdigit() and int(count) > 0):
+            raise ValueError(f"--join {spec!r}: expected COUNT@ITERATION")
+        joins.append((int(count), int(it)))
+    return LocalCluster(args.local_nodes, zones, tuple(joins))
+
+
 def config_from_args(args) -> JobConfig:
+    if args.local_nodes is not None:
+        args.pipelines = max(1, args.local_nodes // max(1, args.stages))  # at the start
     for name in ("stages", "pipelines", "microbatches", "iterations", "batch"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1 (got {getattr(args, name)})")
@@ -121,7 +151,8 @@ def config_from_args(args) -> JobConfig:
                      failure_timeout=args.failure_timeout, stall_timeout=args.stall_timeout,
                      preempt=parse_preempts(args.preempt, args) if args.stages > 1 else (),
                      data_files=tuple(args.data), save_dir=args.save_dir, check_replicas=args.check_replicas,
-                     checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume)
+                     checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume,
+                     elastic=args.local_nodes is not None)
 
 
 def _terminate(signum, frame):
@@ -133,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = config_from_args(args)
+        local = local_cluster(args)
     except ValueError as e:
         print(f"bamboo-train: error: {e}", file=sys.stderr)
         return 2
@@ -142,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             run_single(cfg, args.metrics_out, progress=not args.no_progress)
         else:
             from bamboo.launcher import Launcher
-            summary = Launcher(cfg, args.etcd, args.metrics_out, progress=not args.no_progress).run()
+            summary = Launcher(cfg, args.etcd, args.metrics_out, progress=not args.no_progress, cluster=local).run()
             print(json.dumps(summary))
     except KeyboardInterrupt:
         print("bamboo-train: interrupted; every process it started is stopped", file=sys.stderr)

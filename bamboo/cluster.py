@@ -8,9 +8,11 @@ Keys, all under /bamboo/<job>/:
     finished/<iter>/<node>     the node ran its whole stream (it stays to help its pipeline)
     loss/<iter>/<mb>           loss of global microbatch <mb>, written before its gradient leaves
     done/<iter>/<node>         a node's iteration report (memory, digests, events)
-    epoch/<iter>/<try>         failed nodes every worker uses from <iter> + 1 on (first writer
-                               wins; a new try when a node dies while the world regroups)
+    regroup/<iter>/<try>       {"failed", "reconfigure"}: failed nodes every worker uses from
+                               <iter> + 1 on, and whether the agents must reconfigure first
+                               (first writer wins; a new try when a node dies while regrouping)
     reduced/<iter>/<stage>     members of a finished data-parallel reduce of <stage>
+    assignment/<epoch>         node -> (pipeline, stage) from an iteration on (agents/membership.py)
     preempted/<node>           {"iteration", "time"} of an injected SIGKILL
     error/<node>               a worker's fatal error, one line
     pg/...                     torch.distributed store keys (process group rendezvous)
@@ -97,9 +99,12 @@ class Cluster:
                     return
         threading.Thread(target=refresh, daemon=True, name="lease").start()
 
-    def record_silent(self, nodes, iteration: int, by: int) -> list[int]:
-        """Record as dead each of `nodes` whose lease is gone; return them."""
+    def record_silent(self, nodes, iteration: int, by: int, starting=()) -> list[int]:
+        """Record as dead each of `nodes` whose lease is gone; return them. Nodes in
+        `starting` (their worker may not run yet) count as alive while their agent is."""
         alive = self.alive()
+        if starting:
+            alive |= {int(n) for n in self.children("members")} & set(starting)
         silent = sorted(n for n in nodes if n not in alive)
         for n in silent:
             self.create({"iteration": iteration, "by": by, "how": "lease expired"}, "failed", n)

@@ -90,6 +90,8 @@ class Executor:
         for p in self.cfg.preempt:
             if (p.node, p.iteration, p.instruction) == (self.peer(self.me), self.iteration, pc):
                 self.cluster.put({"iteration": self.iteration, "time": time.time()}, "preempted", p.node)
+                if self.cfg.elastic:
+                    os.kill(os.getppid(), signal.SIGKILL)  # the node goes: its agent with it
                 os.kill(os.getpid(), signal.SIGKILL)
 
     # -- ops ---------------------------------------------------------------------------

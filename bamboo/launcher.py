@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 
 from bamboo.assignment import Assignment, assignment_at
 from bamboo.cluster import Cluster
@@ -68,12 +69,30 @@ def replicas_equal(cfg: JobConfig, reports: dict) -> bool:
     return len(by_stage) == cfg.stages and all(len(d) == 1 for d in by_stage.values())
 
 
+@dataclass(frozen=True)
+class LocalCluster:
+    """N agents on this machine, node n in zone zones[n % len(zones)]; `joins`:
+    (count, iteration) pairs: that many more agents start once the iteration ends."""
+    nodes: int
+    zones: tuple[str, ...] = ("a",)
+    joins: tuple[tuple[int, int], ...] = ()
+
+    def zone(self, node: int) -> str:
+        return self.zones[node % len(self.zones)]
+
+    def joining(self, iteration: int) -> list[int]:
+        first = self.nodes + sum(c for c, it in self.joins if it < iteration)
+        count = sum(c for c, it in self.joins if it == iteration)
+        return list(range(first, first + count))
+
+
 class Launcher:
     def __init__(self, cfg: JobConfig, etcd: str | None = None, metrics_out: str | None = None,
-                 progress: bool = True):
+                 progress: bool = True, cluster: LocalCluster | None = None):
         self.cfg = JobConfig(**{**cfg.__dict__, "job": f"{cfg.job}-{uuid.uuid4().hex[:8]}"})
         self.etcd, self.metrics = etcd, MetricsWriter(metrics_out)
         self.progress = progress
+        self.local = cluster
         self.server: EtcdServer | None = None
         self.procs: dict[int, subprocess.Popen] = {}
         self.logs: str | None = None
@@ -105,13 +124,15 @@ class Launcher:
             self.server = EtcdServer().start()
         cluster = Cluster(self.etcd or self.server.endpoint, self.cfg.job)
         cluster.put(self.cfg.to_dict(), "config")
-        cluster.put(Assignment.static(self.cfg.stages, self.cfg.pipelines).to_dict(), "assignment", 0)
         self.logs = tempfile.mkdtemp(prefix="bamboo-logs-")
-        for n in range(self.cfg.nodes):
-            with open(os.path.join(self.logs, f"worker{n}.log"), "w") as log:
-                self.procs[n] = subprocess.Popen(
-                    [sys.executable, "-m", "bamboo.worker", "--etcd", cluster.endpoint, "--job", self.cfg.job,
-                     "--node", str(n)], stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+        if self.local:
+            for n in range(self.local.nodes):
+                self._start(cluster, n, "agents.agent", "--zone", self.local.zone(n), "--min-nodes",
+                            str(self.local.nodes), "--log-dir", self.logs)
+        else:
+            cluster.put(Assignment.static(self.cfg.stages, self.cfg.pipelines).to_dict(), "assignment", 0)
+            for n in range(self.cfg.nodes):
+                self._start(cluster, n, "bamboo.worker")
         start = last = time.monotonic()
         summary = {"iterations": 0, "samples": 0, "preemptions": 0, "failovers": 0}
         first = self._wait_start(cluster)
@@ -135,6 +156,8 @@ class Launcher:
                 summary["failovers"] += sum(e["type"] == "failover" for e in events)
                 summary["peak_memory_mb"] = {n: r["rss_mb"] for n, r in reports.items()}
                 bar(it, record)
+                for n in self.local.joining(it) if self.local else ():
+                    self._start(cluster, n, "agents.agent", "--zone", self.local.zone(n), "--log-dir", self.logs)
         for n, p in self.procs.items():
             if p.wait() not in EXPECTED_EXITS:
                 raise LaunchError(self._worker_error(cluster))
@@ -143,6 +166,14 @@ class Launcher:
         summary["mean_iteration_seconds"] = round(summary["total_seconds"] / max(1, summary["iterations"]), 4)
         self.metrics.write({"summary": summary})
         return summary
+
+    def _start(self, cluster: Cluster, node: int, module: str, *args: str) -> None:
+        """A worker (or, for a local cluster, an agent) for `node`."""
+        kind = "agent" if module.startswith("agents") else "worker"
+        with open(os.path.join(self.logs, f"{kind}{node}.log"), "w") as log:
+            self.procs[node] = subprocess.Popen(
+                [sys.executable, "-m", module, "--etcd", cluster.endpoint, "--job", self.cfg.job,
+                 "--node", str(node), *args], stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
 
     def _wait_start(self, cluster: Cluster) -> int:
         """The iteration the workers start from (0, or a checkpoint's)."""
@@ -179,7 +210,8 @@ class Launcher:
             return f"worker {node} failed: {errors[node]} (logs: {self.logs})"
         for node, p in self.procs.items():
             if p.poll() not in (None, *EXPECTED_EXITS):
-                with open(os.path.join(self.logs, f"worker{node}.log")) as f:
+                kind = "agent" if self.local else "worker"
+                with open(os.path.join(self.logs, f"{kind}{node}.log")) as f:
                     lines = f.read().strip().splitlines()
                 return f"worker {node} exited with status {p.returncode}: {lines[-1] if lines else 'no output'}"
         return "a worker failed"

@@ -138,7 +138,7 @@ class Worker:
         else:
             members = sorted(set(need) | set(have))
             store = EtcdStore(self.cluster.client, self.cluster.key("pg", "handover", new.epoch),
-                              timedelta(hours=24), lambda: self._silent(members, new.start))
+                              timedelta(hours=24), lambda: self._silent(members, new.start, set(need) - set(have)))
             pg, rank_of = new_group(store, members, self.node)
             received = handover.execute(pg, rank_of, self.node, handover.plan(have, need), self.layers,
                                         lambda i: self.optimizers[self._stage_of(i)])
@@ -173,8 +173,8 @@ class Worker:
             blobs.update(snapshot(dict(zip(self.ranges[s], self.modules[s].layers)), self.optimizers[s]))
         self.writer.write(it + 1, blobs)
 
-    def _silent(self, members, iteration: int) -> str | None:
-        gone = self.cluster.record_silent(members, iteration, self.node)
+    def _silent(self, members, iteration: int, starting=()) -> str | None:
+        gone = self.cluster.record_silent(members, iteration, self.node, starting)
         return f"nodes {gone} lost their leases" if gone else None
 
     def _world(self, name: str, iteration: int = 0) -> Comm:

@@ -1,0 +1,163 @@
+"""`bamboo-agent`: one per node. It registers the node and its zone in etcd, forms
+the first configuration with the other agents through torch elastic's dynamic
+rendezvous, starts and watches the node's worker, and takes its turn deciding the
+next configuration when the workers ask for one. SIGTERM (or a cloud preemption
+notice) drains the node: the next configuration leaves it out, its stages move
+to their new owners, and the agent exits.
+
+    bamboo-agent --etcd HOST:PORT --job NAME --zone ZONE [--node ID]
+
+Lifecycle (torch.distributed.elastic's SimpleElasticAgent, steps overridden):
+  _rendezvous      register under a lease; the first agents meet in torch elastic's
+                   rendezvous and its rank 0 writes assignment 0 from the policy;
+                   an agent arriving later waits in the standby queue
+  _start_workers   start `bamboo.worker` once the node has a stage
+  _monitor_workers the worker's exit status: done, parked (standby), fenced, failed
+  _invoke_run      the loop: monitor, reconfigure when asked, drain on request
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from torch.distributed.elastic.agent.server.api import (
+    RunResult, SimpleElasticAgent, Worker, WorkerSpec, WorkerState)
+
+from agents.membership import Membership
+from agents.rendezvous import rendezvous_handler
+from bamboo.assignment import latest_assignment
+from bamboo.cluster import Cluster
+from bamboo.config import FENCED, PARKED, JobConfig
+from bamboo.etcd import EtcdError, die_with_parent
+
+
+class BambooAgent(SimpleElasticAgent):
+    def __init__(self, spec: WorkerSpec, membership: Membership, cfg: JobConfig, log_dir: str | None):
+        super().__init__(spec)
+        self.membership, self.cfg, self.log_dir = membership, cfg, log_dir
+        self.cluster: Cluster = membership.cluster
+        self.proc: subprocess.Popen | None = None
+        self.draining = False
+        self.exit_code: int | None = None  # the worker's, once it exited
+
+    @property
+    def node(self) -> int:
+        return self.membership.node
+
+    # -- torch elastic lifecycle steps ---------------------------------------------------
+    def _rendezvous(self, worker_group) -> None:
+        if self.cluster.children("assignment"):
+            rank, world = -1, 0  # the job runs already: wait in standby for a stage
+        else:
+            info = worker_group.spec.rdzv_handler.next_rendezvous()
+            rank, world = info.rank, info.world_size
+            if rank == 0:
+                self.membership.first_assignment(world)
+        worker_group.workers = [Worker(local_rank=0, global_rank=self.node, role_rank=rank, world_size=world,
+                                       role_world_size=world)]
+        worker_group.group_rank, worker_group.group_world_size = rank, world
+        self.cluster.wait_for(lambda: self.cluster.children("assignment"), timeout=self.cfg.stall_timeout,
+                              what="the first assignment")
+
+    def _start_workers(self, worker_group) -> dict[int, int]:
+        assignment = latest_assignment(self.cluster)
+        if self.proc is not None or self.node not in assignment.members or self.membership.job_finished():
+            return {}
+        log = open(os.path.join(self.log_dir, f"worker{self.node}.log"), "a") if self.log_dir else subprocess.DEVNULL
+        spec = worker_group.spec
+        self.proc = subprocess.Popen([spec.entrypoint, *spec.args], stdout=log, stderr=subprocess.STDOUT,
+                                     preexec_fn=die_with_parent)
+        return {0: self.proc.pid}
+
+    def _stop_workers(self, worker_group, is_restart: bool = False) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def _monitor_workers(self, worker_group) -> RunResult:
+        if self.proc is None or self.proc.poll() is None:
+            return RunResult(state=WorkerState.HEALTHY)
+        self.exit_code = code = self.proc.returncode
+        if code == 0:
+            return self._succeeded()
+        if code == PARKED:
+            return RunResult(state=WorkerState.STOPPED)
+        return RunResult(state=WorkerState.FAILED)  # why: self.exit_code
+
+    def _succeeded(self) -> RunResult:
+        return RunResult(state=WorkerState.SUCCEEDED, return_values={self.node: 0})
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, is_restart: bool = False,
+                  timeout: int = 30) -> None:
+        self._stop_workers(self._worker_group)
+        self.membership.leave()
+
+    def _invoke_run(self, role: str = "default") -> RunResult:
+        group = self._worker_group
+        self._rendezvous(group)
+        while True:
+            self._start_workers(group)
+            time.sleep(group.spec.monitor_interval)
+            self.membership.decide(self.cfg)  # any agent may write the next configuration
+            result = self._monitor_workers(group)
+            group.state = result.state
+            if result.state == WorkerState.SUCCEEDED:
+                return result
+            if result.state == WorkerState.FAILED:
+                return result
+            if result.state == WorkerState.STOPPED:  # parked: back to the standby queue
+                self.proc = None
+                if self.draining:
+                    return self._succeeded()
+            if self.draining:
+                self.membership.drain()
+                if self.proc is None:
+                    return self._succeeded()
+            if self.proc is None and self.membership.job_finished():
+                return self._succeeded()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bamboo-agent", description=__doc__.splitlines()[0])
+    ap.add_argument("--etcd", required=True, metavar="HOST:PORT")
+    ap.add_argument("--job", required=True)
+    ap.add_argument("--zone", required=True, help="availability zone of this node")
+    ap.add_argument("--node", type=int, help="node id (default: the next free one)")
+    ap.add_argument("--min-nodes", type=int, help="nodes the first configuration waits for (default: depth P)")
+    ap.add_argument("--max-nodes", type=int, default=1024)
+    ap.add_argument("--log-dir", help="write the worker's output here")
+    args = ap.parse_args(argv)
+    try:
+        cluster = Cluster(args.etcd, args.job)
+        raw = cluster.wait_for(lambda: cluster.get("config"), timeout=60, what=f"job {args.job!r} in etcd")
+    except (EtcdError, TimeoutError) as e:
+        print(f"bamboo-agent: error: {e}", file=sys.stderr)
+        return 1
+    cfg = JobConfig.from_dict(raw)
+    membership = Membership(cluster, args.zone, args.node, cfg.failure_timeout)
+    handler = rendezvous_handler(args.etcd, args.job, min_nodes=args.min_nodes or cfg.stages,
+                                 max_nodes=max(args.max_nodes, args.min_nodes or 1), local_addr=socket.gethostname(),
+                                 last_call_timeout=2, join_timeout=cfg.stall_timeout)
+    spec = WorkerSpec(role="bamboo", local_world_size=1, rdzv_handler=handler, entrypoint=sys.executable,
+                      args=("-m", "bamboo.worker", "--etcd", args.etcd, "--job", args.job,
+                            "--node", str(membership.node)), monitor_interval=0.05)
+    agent = BambooAgent(spec, membership, cfg, args.log_dir)
+
+    def drain(signum, frame):
+        agent.draining = True
+    signal.signal(signal.SIGTERM, drain)
+    result = agent.run()
+    handler.shutdown()
+    if result is None or result.state == WorkerState.SUCCEEDED:
+        return 0
+    return FENCED if agent.exit_code in (FENCED, -signal.SIGKILL) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""The agents' part of the job's etcd state: which nodes exist, in which zones, and
+which configuration runs next. Keys, under /bamboo/<job>/ (next to the workers'
+keys listed in bamboo/cluster.py):
+
+    ids/<id>              claimed once by the agent that takes node id <id> (never reused)
+    members/<id>          {"zone", "host"} under the agent's lease: the node exists
+    drain/<id>            the node asked to leave (SIGTERM, preemption notice)
+    assignment/<epoch>    the configuration of an epoch: {"epoch", "start", "pipelines",
+                          "standby", "failed", "restore"}; created if absent, so for any
+                          epoch exactly one agent's decision stands
+    regroup/<it>/<try>    (written by the workers) {"failed", "reconfigure"}: the
+                          workers ask for a new configuration before iteration it + 1
+
+Any agent may decide: each reads the same keys and runs the same pure policy, and
+the create-if-absent write of the next epoch lets exactly one decision stand.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+from agents.policy import Config, next_config
+from bamboo.assignment import Assignment, latest_assignment
+from bamboo.cluster import Cluster
+from bamboo.config import JobConfig
+
+
+def to_policy(a: Assignment) -> Config:
+    return Config(a.epoch, a.depth, tuple(tuple(str(n) for n in p) for p in a.pipelines),
+                  tuple(str(n) for n in a.standby))
+
+
+def from_policy(c: Config, start: int, failed) -> Assignment:
+    return Assignment(c.epoch, start, tuple(tuple(int(n) for n in p) for p in c.pipelines),
+                      tuple(int(n) for n in c.standby), tuple(sorted(int(n) for n in failed)))
+
+
+class Membership:
+    def __init__(self, cluster: Cluster, zone: str, node: int | None, ttl: float):
+        self.cluster, self.zone = cluster, zone
+        self.node = node if node is not None else self._claim_id()
+        if node is not None and not cluster.create(True, "ids", node):
+            raise ValueError(f"node id {node} is taken in this job")
+        self.lease = cluster.client.lease(max(1, int(round(ttl))))
+        cluster.client.put(cluster.key("members", self.node),
+                           json.dumps({"zone": zone, "host": socket.gethostname()}), lease=self.lease)
+        self._stop = threading.Event()
+        threading.Thread(target=self._refresh, args=(ttl,), daemon=True, name="membership").start()
+        self._drained = False
+        self._next: int | None = None  # the first iteration whose regroup records are not settled
+
+    def _claim_id(self) -> int:
+        n = len(self.cluster.children("ids"))
+        while not self.cluster.create(True, "ids", n):
+            n += 1
+        return n
+
+    def _refresh(self, ttl: float) -> None:
+        while not self._stop.wait(max(0.2, ttl / 3)):
+            try:
+                self.lease.refresh()
+            except Exception:  # etcd briefly unreachable: the next round tries again
+                continue
+
+    def live(self, exclude=()) -> dict[str, str]:
+        """node -> zone of the registered nodes, without `exclude` and the draining."""
+        out = {n: v["zone"] for n, v in self.cluster.children("members").items()}
+        gone = {str(n) for n in exclude} | set(self.cluster.children("drain"))
+        return {n: z for n, z in out.items() if n not in gone}
+
+    def first_assignment(self, world: int) -> None:
+        """Run by the rendezvous' rank 0: assignment 0 over the nodes that met."""
+        live = self.cluster.wait_for(lambda: (lambda m: m if len(m) >= world else None)(self.live()),
+                                     timeout=60, what=f"{world} nodes to register")
+        cfg = JobConfig.from_dict(self.cluster.get("config"))
+        self.cluster.create(from_policy(next_config(live, None, cfg.stages), 0, ()).to_dict(), "assignment", 0)
+
+    def decide(self, cfg: JobConfig) -> None:
+        """If the workers asked for a new configuration after some iteration and
+        none exists yet, write it (first writer wins)."""
+        if self._next is None:
+            if not self.cluster.children("assignment"):
+                return
+            self._next = latest_assignment(self.cluster).start
+        while True:
+            tries = self.cluster.children("regroup", self._next)
+            if not tries:
+                return
+            asked = [r for r in tries.values() if r["reconfigure"]]
+            if asked and self._next + 1 < cfg.iterations:
+                previous = latest_assignment(self.cluster)
+                if previous.start <= self._next:
+                    failed = asked[0]["failed"]
+                    config = next_config(self.live(failed), to_policy(previous), cfg.stages)
+                    new = from_policy(config, self._next + 1, failed)
+                    self.cluster.create(new.to_dict(), "assignment", new.epoch)
+            if not self.cluster.children("regroup", self._next + 1):
+                return  # this iteration may still get another try
+            self._next += 1
+
+    def drain(self) -> None:
+        if not self._drained:
+            self.cluster.put(time.time(), "drain", self.node)
+            self._drained = True
+
+    def job_finished(self) -> bool:
+        cfg = self.cluster.get("config")
+        return bool(self.cluster.children("done", cfg["iterations"] - 1))
+
+    def leave(self) -> None:
+        self._stop.set()
+        try:
+            self.lease.revoke()
+        except Exception:  # etcd gone: the lease expires on its own
+            pass
