@@ -11,7 +11,7 @@ Lifecycle (torch.distributed.elastic's SimpleElasticAgent, steps overridden):
   _rendezvous      register under a lease; the first agents meet in torch elastic's
                    rendezvous and its rank 0 writes assignment 0 from the policy;
                    an agent arriving later waits in the standby queue
-  _start_workers   start `bamboo.worker` once the node has a stage
+  _start_workers   start `bamboo.worker` (in standby it waits, warm, for a stage)
   _monitor_workers the worker's exit status: done, parked (standby), fenced, failed
   _invoke_run      the loop: monitor, reconfigure when asked, drain on request
 """
@@ -30,7 +30,6 @@ from torch.distributed.elastic.agent.server.api import (
 
 from agents.membership import Membership
 from agents.rendezvous import rendezvous_handler
-from bamboo.assignment import latest_assignment
 from bamboo.cluster import Cluster
 from bamboo.config import FENCED, PARKED, JobConfig
 from bamboo.etcd import EtcdError, die_with_parent
@@ -65,9 +64,8 @@ class BambooAgent(SimpleElasticAgent):
                               what="the first assignment")
 
     def _start_workers(self, worker_group) -> dict[int, int]:
-        assignment = latest_assignment(self.cluster)
-        if self.proc is not None or self.node not in assignment.members or self.membership.job_finished():
-            return {}
+        if self.proc is not None or self.draining or self.membership.job_finished():
+            return {}  # a worker runs (in standby it waits, warm, for a stage), or none is wanted
         log = open(os.path.join(self.log_dir, f"worker{self.node}.log"), "a") if self.log_dir else subprocess.DEVNULL
         spec = worker_group.spec
         self.proc = subprocess.Popen([spec.entrypoint, *spec.args], stdout=log, stderr=subprocess.STDOUT,
@@ -116,7 +114,7 @@ class BambooAgent(SimpleElasticAgent):
                 if self.draining:
                     return self._succeeded()
             if self.draining:
-                self.membership.drain()
+                self.membership.drain()  # the worker leaves after handing its stages over
                 if self.proc is None:
                     return self._succeeded()
             if self.proc is None and self.membership.job_finished():

@@ -92,10 +92,15 @@ class EtcdServer:
         self.stop()
         raise EtcdError(f"etcd did not answer on {self.endpoint} within {timeout:.0f} s")
 
-    def stop(self) -> None:
+    def kill(self) -> None:
+        """SIGKILL the server and keep its data: start() brings it back on the same
+        ports with the same keys and leases."""
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+    def stop(self) -> None:
+        self.kill()
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 

@@ -136,6 +136,7 @@ class Launcher:
         start = last = time.monotonic()
         summary = {"iterations": 0, "samples": 0, "preemptions": 0, "failovers": 0}
         first = self._wait_start(cluster)
+        epoch = None
         with ProgressBar(self.progress, self.cfg.iterations) as bar:
             for it in range(first, self.cfg.iterations):
                 reports = self._wait_iteration(cluster, it, since=last)
@@ -144,8 +145,12 @@ class Launcher:
                 events += [{"type": "preemption", "node": int(n), "pause_seconds": round(time.time() - p["time"], 4)}
                            for n, p in cluster.children("preempted").items() if p["iteration"] == it]
                 failed = cluster.children("failed")
-                live = sum(str(n) not in failed or failed[str(n)]["iteration"] > it
-                           for n in assignment_at(cluster, it).members)
+                assignment = assignment_at(cluster, it)
+                live = sum(str(n) not in failed or failed[str(n)]["iteration"] > it for n in assignment.members)
+                if assignment.epoch != epoch:
+                    epoch = assignment.epoch
+                    events.append({"type": "reconfigure", "epoch": epoch, "pipelines": assignment.pipelines,
+                                   "standby": assignment.standby})
                 losses = cluster.children("loss", it)
                 record = iteration_record(self.cfg, it, losses, reports, now - last, live, events)
                 self.metrics.write(record)

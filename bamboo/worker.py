@@ -68,9 +68,7 @@ class Worker:
         if cfg.checkpoint:
             storage = storage_for(cfg.checkpoint)
             self.writer = Writer(storage, node)
-        assignment = latest_assignment(cluster)
-        if node not in assignment.members:
-            os._exit(PARKED)  # in standby: the agent starts this worker again when a stage is free
+        assignment = cluster.wait_for(self._assigned, timeout=24 * 3600, what="a stage", poll=0.05)
         self.failed_global: list[int] = sorted(assignment.failed)
         if assignment.epoch == 0 and assignment.restore == "peers":
             self.start, received = assignment.start, {}
@@ -83,6 +81,18 @@ class Worker:
             self.start = assignment.start
             self._reconfigure(assignment, previous_assignment(cluster, assignment.epoch))
         self.comm = self._world(f"e{assignment.epoch}")
+
+    def _assigned(self) -> Assignment | None:
+        """The newest assignment once it gives this node a stage. Until then the
+        node is in standby, started and warm; it leaves when training is over."""
+        assignment = latest_assignment(self.cluster)
+        if self.node in assignment.members:
+            return assignment
+        if self.cluster.children("done", self.cfg.iterations - 1):
+            os._exit(0)
+        if self.cluster.get("drain", self.node) is not None:
+            os._exit(PARKED)  # asked to leave before it had a stage
+        return None
 
     # -- which stages this node runs -----------------------------------------------------
     def _needs(self, assignment: Assignment, node: int) -> set[int]:
