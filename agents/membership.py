@@ -23,6 +23,7 @@ import time
 
 from agents.policy import Config, next_config
 from bamboo.assignment import Assignment, latest_assignment
+from bamboo.checkpoint import latest, storage_for
 from bamboo.cluster import Cluster
 from bamboo.config import JobConfig
 
@@ -32,9 +33,16 @@ def to_policy(a: Assignment) -> Config:
                   tuple(str(n) for n in a.standby))
 
 
-def from_policy(c: Config, start: int, failed) -> Assignment:
+def from_policy(c: Config, start: int, failed, gone=None, restore: str = "peers") -> Assignment:
+    failed = tuple(sorted(int(n) for n in failed))
     return Assignment(c.epoch, start, tuple(tuple(int(n) for n in p) for p in c.pipelines),
-                      tuple(int(n) for n in c.standby), tuple(sorted(int(n) for n in failed)))
+                      tuple(int(n) for n in c.standby), failed,
+                      failed if gone is None else tuple(sorted(int(n) for n in gone)), restore, gone is not None)
+
+
+# Keys of one iteration's attempt: cleared when the iteration (or a checkpoint's
+# span) is run again.
+ITERATION_KEYS = ("done", "loss", "finished", "cut", "reduced", "regroup", "abort", "aborted")
 
 
 class Membership:
@@ -49,7 +57,8 @@ class Membership:
         self._stop = threading.Event()
         threading.Thread(target=self._refresh, args=(ttl,), daemon=True, name="membership").start()
         self._drained = False
-        self._next: int | None = None  # the first iteration whose regroup records are not settled
+        self._epoch: int | None = None  # the newest assignment seen
+        self._next = 0                  # the first iteration whose regroup records are not settled
 
     def _claim_id(self) -> int:
         n = len(self.cluster.children("ids"))
@@ -78,12 +87,16 @@ class Membership:
         self.cluster.create(from_policy(next_config(live, None, cfg.stages), 0, ()).to_dict(), "assignment", 0)
 
     def decide(self, cfg: JobConfig) -> None:
-        """If the workers asked for a new configuration after some iteration and
-        none exists yet, write it (first writer wins)."""
-        if self._next is None:
-            if not self.cluster.children("assignment"):
-                return
-            self._next = latest_assignment(self.cluster).start
+        """If the workers asked for a new configuration after some iteration, or
+        abandoned one, and none exists yet, write it (first writer wins)."""
+        if not self.cluster.children("assignment"):
+            return
+        latest = latest_assignment(self.cluster)
+        if latest.epoch != self._epoch:  # a new epoch: what came before it is settled
+            self._epoch, self._next = latest.epoch, latest.start
+        if self.cluster.children("abort"):
+            self._redo(cfg, latest)
+            return
         while True:
             tries = self.cluster.children("regroup", self._next)
             if not tries:
@@ -99,6 +112,41 @@ class Membership:
             if not self.cluster.children("regroup", self._next + 1):
                 return  # this iteration may still get another try
             self._next += 1
+
+    def _redo(self, cfg: JobConfig, previous: Assignment) -> None:
+        """An iteration was abandoned. Once every live node has undone its steps,
+        configure the survivors to redo it from their copies, or, when a stage has
+        no copy left on any node, from the newest complete checkpoint."""
+        it = min(int(k) for k in self.cluster.children("abort"))
+        acked = {int(n) for n in self.cluster.children("aborted", it)}
+        failed = {int(n) for n in self.cluster.children("failed")}
+        waiting = [n for n in previous.members if n not in failed and n not in acked]
+        if waiting:  # a node that died without a record would hold everyone up
+            self.cluster.record_silent(waiting, it, self.node)
+            return
+        if it > previous.start:  # the failures the nodes' layers reflect at the start of `it`
+            tries = self.cluster.children("regroup", it - 1)
+            before = tries[max(tries, key=int)]["failed"]
+        else:
+            before = previous.gone
+        held = {s for n, stages in previous.holders(before, cfg.redundancy).items() if n not in failed
+                for s in stages}
+        start, restore = it, "peers"
+        if len(held) < previous.depth:
+            start, restore = self._checkpoint_iteration(cfg, it), "checkpoint"
+        config = next_config(self.live(failed), to_policy(previous), cfg.stages)
+        new = from_policy(config, start, before, failed, restore)
+        clear = [(family, k) for family in ITERATION_KEYS for k in range(start, it + 1)]
+        self.cluster.create_clearing(new.to_dict(), ("assignment", new.epoch), clear)
+
+    @staticmethod
+    def _checkpoint_iteration(cfg: JobConfig, it: int) -> int:
+        """The iteration of the newest complete checkpoint (`it` if there is none:
+        the workers then stop with that error)."""
+        if not cfg.checkpoint:
+            return it
+        found = latest(storage_for(cfg.checkpoint), cfg.layers)
+        return found[0] if found else it
 
     def drain(self) -> None:
         if not self._drained:

@@ -18,8 +18,10 @@ class Assignment:
     start: int                                  # first iteration this epoch runs
     pipelines: tuple[tuple[int, ...], ...]      # pipelines[j][s]: the node that starts on stage s
     standby: tuple[int, ...] = ()
-    failed: tuple[int, ...] = ()                # dead when the epoch began: hold nothing any more
+    failed: tuple[int, ...] = ()                # the failures the previous epoch's nodes hold layers after
+    gone: tuple[int, ...] = ()                  # dead by now: they send nothing (after an abort, more than failed)
     restore: str = "peers"                      # where layers come from: "peers" or "checkpoint"
+    redo: bool = False                          # the epoch starts by running again an abandoned iteration
 
     @classmethod
     def static(cls, stages: int, pipelines: int, start: int = 0) -> "Assignment":
@@ -61,13 +63,14 @@ class Assignment:
 
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "start": self.start, "pipelines": [list(p) for p in self.pipelines],
-                "standby": list(self.standby), "failed": list(self.failed), "restore": self.restore}
+                "standby": list(self.standby), "failed": list(self.failed), "gone": list(self.gone),
+                "restore": self.restore, "redo": self.redo}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Assignment":
         return cls(int(d["epoch"]), int(d["start"]), tuple(tuple(int(n) for n in p) for p in d["pipelines"]),
                    tuple(int(n) for n in d.get("standby", ())), tuple(int(n) for n in d.get("failed", ())),
-                   d.get("restore", "peers"))
+                   tuple(int(n) for n in d.get("gone", ())), d.get("restore", "peers"), bool(d.get("redo")))
 
 
 def latest_assignment(cluster) -> Assignment:

@@ -152,7 +152,7 @@ def config_from_args(args) -> JobConfig:
                      preempt=parse_preempts(args.preempt, args) if args.stages > 1 else (),
                      data_files=tuple(args.data), save_dir=args.save_dir, check_replicas=args.check_replicas,
                      checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume,
-                     elastic=args.local_nodes is not None)
+                     elastic=args.local_nodes is not None, layers=layers)
 
 
 def _terminate(signum, frame):

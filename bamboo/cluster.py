@@ -8,6 +8,8 @@ Keys, all under /bamboo/<job>/:
     finished/<iter>/<node>     the node ran its whole stream (it stays to help its pipeline)
     loss/<iter>/<mb>           loss of global microbatch <mb>, written before its gradient leaves
     done/<iter>/<node>         a node's iteration report (memory, digests, events)
+    abort/<iter>               {"why", "by"}: no pipeline can finish <iter>; it is redone
+    aborted/<iter>/<node>      the node undid its steps of <iter> and waits for the agents
     regroup/<iter>/<try>       {"failed", "reconfigure"}: failed nodes every worker uses from
                                <iter> + 1 on, and whether the agents must reconfigure first
                                (first writer wins; a new try when a node dies while regrouping)
@@ -24,6 +26,7 @@ import threading
 import time
 
 from pyetcd import Etcd3Exception
+from pyetcd.utils import prefix_range_end
 
 from bamboo.etcd import connect
 
@@ -58,6 +61,18 @@ class Cluster:
     def create(self, value, *parts) -> bool:
         """Write only if absent (an etcd transaction); True when this call wrote it."""
         return bool(self._call(lambda: self.client.put_if_not_exists(self.key(*parts), json.dumps(value))))
+
+    def create_clearing(self, value, parts: tuple, clear: list[tuple]) -> bool:
+        """create(value, *parts) and, in the same transaction, delete each key in
+        `clear` and every key under it: only the writer that creates the key clears."""
+        tx = self.client.transactions
+        key = self.key(*parts)
+        deletes = [op for c in clear for op in (
+            tx.delete(self.key(*c)), tx.delete(self.key(*c) + "/", range_end=prefix_range_end(f"{self.key(*c)}/".encode())))]
+        ok, _ = self._call(lambda: self.client.transaction(compare=[tx.version(key) == 0],
+                                                           success=[tx.put(key, json.dumps(value)), *deletes],
+                                                           failure=[]))
+        return bool(ok)
 
     def get(self, *parts):
         value, _ = self._call(lambda: self.client.get(self.key(*parts)))

@@ -46,6 +46,7 @@ class JobConfig:
     resume: bool = False           # start from the newest complete checkpoint
     check_replicas: bool = False  # digest owners and replicas after every step
     elastic: bool = False          # agents decide the configuration (else P x D fixed nodes)
+    layers: int = 0                # the model's layer count (what a complete checkpoint holds)
     job: str = "job"
 
     @property

@@ -27,13 +27,15 @@ from bamboo.swap import SavedTensors
 
 class Executor:
     def __init__(self, cfg: JobConfig, nodes: tuple[int, ...], me: int, modules: dict, optimizers: dict,
-                 corpus, device: torch.device, reducer, cluster):
+                 corpus, device: torch.device, reducer, cluster, undo: bool = False):
         self.cfg, self.nodes, self.me = cfg, nodes, me
         self.P = len(nodes)
         self.modules, self.optimizers = modules, optimizers
         self.corpus, self.device, self.reducer, self.cluster = corpus, device, reducer, cluster
         self.params = {s: {p.data_ptr() for p in m.parameters()} for s, m in modules.items()}
         self.swap_stream = torch.cuda.Stream() if device.type == "cuda" else None
+        self.keep_undo = undo
+        self.undo: dict[int, tuple] = {}  # stage -> its parameters and optimizer state before this step
 
     def peer(self, local: int) -> int:
         return self.nodes[local]
@@ -44,6 +46,7 @@ class Executor:
         self.inputs, self.labels, self.acts, self.grads, self.states = {}, {}, {}, {}, {}
         for m in self.modules.values():
             m.zero_grad(set_to_none=True)
+        self.undo = {}
         self._base = comm.counts()  # messages received before this iteration
         self._expect(stream)
         pc = 0
@@ -155,7 +158,26 @@ class Executor:
         self.reducer.allreduce(self.iteration, ins.stage, self.modules[ins.stage])
 
     def optimizer_step(self, ins: Instr) -> None:
+        if self.keep_undo and ins.stage not in self.undo:
+            params = list(self.modules[ins.stage].parameters())
+            state = self.optimizers[ins.stage].state
+            self.undo[ins.stage] = ([p.detach().clone() for p in params],
+                                    [{k: v.clone() if torch.is_tensor(v) else v for k, v in state.get(p, {}).items()}
+                                     for p in params])
         self.optimizers[ins.stage].step()
+
+    def rollback(self) -> None:
+        """Undo this iteration's optimizer steps (an aborted iteration is redone)."""
+        for stage, (values, states) in self.undo.items():
+            optimizer = self.optimizers[stage]
+            for p, value, state in zip(self.modules[stage].parameters(), values, states):
+                with torch.no_grad():
+                    p.copy_(value)
+                if state:
+                    optimizer.state[p] = state
+                else:
+                    optimizer.state.pop(p, None)
+        self.undo = {}
 
     def send_sync(self, ins: Instr) -> None:
         self.comm.send(self.peer(ins.peer), Op.SEND_SYNC, flat_grads(self.modules[ins.stage]))

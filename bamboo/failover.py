@@ -25,6 +25,11 @@ class Unsurvivable(RuntimeError):
     """A failure this pipeline cannot recover from inside the iteration."""
 
 
+class Aborted(RuntimeError):
+    """The iteration is abandoned job-wide (a failure no pipeline could absorb):
+    every node undoes its steps and waits for the agents' next configuration."""
+
+
 def died_before(stream: list[Instr], received: dict[int, dict[str, int]]) -> int:
     """k such that the dead node's sends before k all arrived and none after did.
     `received[peer][kind]` counts what `peer` got from it this iteration."""
@@ -48,11 +53,25 @@ def died_before(stream: list[Instr], received: dict[int, dict[str, int]]) -> int
 
 class Failover:
     def __init__(self, cluster: Cluster, nodes: tuple[int, ...], pipeline: int, me: int, redundancy: str,
-                 timeout: float):
+                 timeout: float, elastic: bool = False):
         self.cluster, self.nodes, self.pipeline, self.me = cluster, nodes, pipeline, me
         self.P = len(nodes)
         self.redundancy, self.timeout = redundancy, timeout
+        self.elastic = elastic  # agents can redo the iteration: abort instead of failing the job
         self.events: list[dict] = []
+
+    def unsurvivable(self, why: str):
+        """Give up on this iteration: without agents the job fails; with them every
+        node is told to abort (first writer's reason stands) and the iteration is redone."""
+        if not self.elastic:
+            raise Unsurvivable(why)
+        self.cluster.create({"why": why, "by": self.to_global(self.me)}, "abort", self.iteration)
+        raise Aborted(why)
+
+    def check_abort(self) -> None:
+        reason = self.cluster.get("abort", self.iteration) if self.elastic else None
+        if reason is not None:
+            raise Aborted(reason["why"])
 
     def to_global(self, local: int) -> int:
         return self.nodes[local]
@@ -75,6 +94,7 @@ class Failover:
         if now - self._checked < 0.02:
             return self.dead
         self._checked = now
+        self.check_abort()
         if now - self._leases_checked > 0.5:  # a silent peer: its lease ran out
             self._leases_checked = now
             peers = [self.to_global(n) for n in range(self.P) if n not in self.failed and n != self.me]
@@ -84,8 +104,8 @@ class Failover:
         if self.me in new:  # declared dead (paused past its lease): stop, as a dead node would
             os._exit(FENCED)
         if len(new) > 1 or (self.dead is not None and new and new != [self.dead]):
-            raise Unsurvivable(f"nodes {[self.to_global(n) for n in new]} of pipeline {self.pipeline} failed in "
-                               f"iteration {self.iteration}: one failure per pipeline per iteration is survivable")
+            self.unsurvivable(f"nodes {[self.to_global(n) for n in new]} of pipeline {self.pipeline} failed in "
+                              f"iteration {self.iteration}: one failure per pipeline per iteration is survivable")
         self.dead = new[0] if new else None
         return self.dead
 
@@ -124,15 +144,24 @@ class Failover:
             counts = {kind.value: n - self.baseline.get((peer, kind), 0)
                       for (peer, kind), n in self.comm.counts().items() if peer == dg}
             self.cluster.put(counts, "cut", self.iteration, dg, self.to_global(self.me))
-        reports = self.cluster.wait_for(
-            lambda: (lambda c: c if len(c) == len(receivers) else None)(self.cluster.children("cut", self.iteration, dg)),
-            timeout=max(30.0, 10 * self.timeout), what=f"survivors' reports on node {dg}")
+        def reports():
+            cut = self.cluster.children("cut", self.iteration, dg)
+            if len(cut) == len(receivers):
+                return cut
+            self.check_abort()
+            missing = [self.to_global(n) for n in receivers if str(self.to_global(n)) not in cut]
+            gone = self.cluster.record_silent(missing, self.iteration, self.to_global(self.me))
+            if gone:
+                self.unsurvivable(f"nodes {gone} of pipeline {self.pipeline} died while it recovered from node {dg}")
+            return None
+        reports = self.cluster.wait_for(reports, timeout=max(30.0, 10 * self.timeout),
+                                        what=f"survivors' reports on node {dg}")
         received = {self.nodes.index(int(n)): v for n, v in reports.items()}  # by local id
-        k = died_before(self.base[d], received)
         try:
+            k = died_before(self.base[d], received)
             rec = compile_recovery(self.P, self.M, d, k, self.failed, self.redundancy)
         except Exception as e:
-            raise Unsurvivable(str(e)) from None
+            self.unsurvivable(str(e))
         if self.me == (d - 1) % self.P:  # the node that takes the stage over tells
             self.events.append({"type": "failover", "node": dg, "iteration": self.iteration,
                                 "died_before": k, "by": self.to_global(self.me),

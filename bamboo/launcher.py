@@ -17,7 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from bamboo.assignment import Assignment, assignment_at
+from bamboo.assignment import Assignment, assignment_at, latest_assignment
 from bamboo.cluster import Cluster
 from bamboo.config import FENCED, JobConfig
 from bamboo.etcd import EtcdServer, die_with_parent
@@ -86,6 +86,11 @@ class LocalCluster:
         return list(range(first, first + count))
 
 
+class Rewind(Exception):
+    def __init__(self, assignment: Assignment):
+        self.assignment = assignment
+
+
 class Launcher:
     def __init__(self, cfg: JobConfig, etcd: str | None = None, metrics_out: str | None = None,
                  progress: bool = True, cluster: LocalCluster | None = None):
@@ -93,6 +98,7 @@ class Launcher:
         self.etcd, self.metrics = etcd, MetricsWriter(metrics_out)
         self.progress = progress
         self.local = cluster
+        self._redone = 0  # the newest redo epoch already rewound to
         self.server: EtcdServer | None = None
         self.procs: dict[int, subprocess.Popen] = {}
         self.logs: str | None = None
@@ -138,10 +144,18 @@ class Launcher:
         first = self._wait_start(cluster)
         epoch = None
         with ProgressBar(self.progress, self.cfg.iterations) as bar:
-            for it in range(first, self.cfg.iterations):
-                reports = self._wait_iteration(cluster, it, since=last)
+            it, redo = first, []
+            while it < self.cfg.iterations:
+                try:
+                    reports = self._wait_iteration(cluster, it, since=last)
+                except Rewind as r:  # abandoned: the agents redo it (or restart from a checkpoint)
+                    redo.append({"type": "redo", "abandoned": it, "from": r.assignment.start,
+                                 "restore": r.assignment.restore})
+                    it = r.assignment.start
+                    continue
                 now = time.monotonic()
-                events = [e for r in reports.values() for e in r.get("events", [])]
+                events = redo + [e for r in reports.values() for e in r.get("events", [])]
+                redo = []
                 events += [{"type": "preemption", "node": int(n), "pause_seconds": round(time.time() - p["time"], 4)}
                            for n, p in cluster.children("preempted").items() if p["iteration"] == it]
                 failed = cluster.children("failed")
@@ -163,6 +177,7 @@ class Launcher:
                 bar(it, record)
                 for n in self.local.joining(it) if self.local else ():
                     self._start(cluster, n, "agents.agent", "--zone", self.local.zone(n), "--log-dir", self.logs)
+                it += 1
         for n, p in self.procs.items():
             if p.wait() not in EXPECTED_EXITS:
                 raise LaunchError(self._worker_error(cluster))
@@ -198,7 +213,13 @@ class Launcher:
                               f"{self.cfg.stall_timeout:.0f} s (logs: {self.logs})")
 
     def _wait_iteration(self, cluster: Cluster, it: int, since: float) -> dict:
+        """The reports of iteration `it` once every node sent one (or died); Rewind
+        if the agents abandoned it meanwhile."""
         while True:
+            latest = latest_assignment(cluster)
+            if latest.redo and latest.start <= it and latest.epoch > self._redone:
+                self._redone = latest.epoch
+                raise Rewind(latest)
             done = cluster.children("done", it)
             failed = cluster.children("failed")
             if all(str(n) in done or str(n) in failed for n in assignment_at(cluster, it).members):

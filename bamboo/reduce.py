@@ -8,6 +8,7 @@ and then died took part of the sum with it: that case is refused, by name.
 """
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 from schedules.layout import Layout, ScheduleError
@@ -16,13 +17,13 @@ from bamboo.cluster import Cluster
 from bamboo.comm import new_group
 from bamboo.assignment import Assignment
 from bamboo.executor import flat_grads, set_flat_grads
-from bamboo.failover import Unsurvivable
 from bamboo.store import EtcdStore
 
 
 class Reducer:
-    def __init__(self, cluster: Cluster, assignment: Assignment, me: int, timeout: float):
+    def __init__(self, cluster: Cluster, assignment: Assignment, me: int, timeout: float, failover):
         self.cluster, self.assignment, self.me, self.timeout = cluster, assignment, me, timeout
+        self.failover = failover  # gives up (or aborts the iteration) on what no regroup can mend
         self.P, self.D = assignment.depth, len(assignment.pipelines)
         self._groups: dict[tuple[int, ...], tuple] = {}
 
@@ -33,7 +34,7 @@ class Reducer:
             try:
                 out.append(pipe[Layout(self.P, self.assignment.local_failed(j, failed)).owner(stage)])
             except ScheduleError as e:
-                raise Unsurvivable(f"pipeline {j}: {e}") from None
+                self.failover.unsurvivable(f"pipeline {j}: {e}")
         return tuple(out)
 
     def _silent(self, iteration: int, members: tuple[int, ...]) -> str | None:
@@ -56,16 +57,23 @@ class Reducer:
             members = self.members(stage)
             done = self.cluster.get("reduced", iteration, stage)
             if done is not None and tuple(done) != members:
-                raise Unsurvivable(f"a node died after its data-parallel reduce of stage {stage} in iteration "
-                                   f"{iteration} and before syncing its replica: its share of the sum is lost")
+                self.failover.unsurvivable(f"a node died after its data-parallel reduce of stage {stage} in "
+                                           f"iteration {iteration} and before syncing its replica: its share "
+                                           "of the sum is lost")
             flat = flat_grads(module)
             try:
-                self._group(iteration, stage, members).allreduce([flat]).wait()
+                work = self._group(iteration, stage, members).allreduce([flat])
+                finished = threading.Event()
+                work.get_future().add_done_callback(lambda _: finished.set())
+                while not finished.wait(0.05):  # an abort is noticed while waiting
+                    self.failover.check_abort()
+                work.wait()
                 break
             except (RuntimeError, TimeoutError):  # a member died: wait until it is recorded, then regroup
                 self._groups.pop(members, None)
 
                 def regrouped():
+                    self.failover.check_abort()
                     self._silent(iteration, members)
                     return self.members(stage) != members or self.cluster.get("reduced", iteration, stage)
                 self.cluster.wait_for(regrouped, timeout=max(60.0, 20 * self.timeout),

@@ -31,7 +31,7 @@ from bamboo.assignment import Assignment, latest_assignment, next_assignment, pr
 from bamboo.config import FENCED, PARKED, JobConfig
 from bamboo.data import ByteCorpus, split_microbatches
 from bamboo.executor import Executor
-from bamboo.failover import Failover
+from bamboo.failover import Aborted, Failover
 from bamboo.api import ModelSource
 from bamboo.checkpoint import CheckpointError, Writer, latest, restore, snapshot, storage_for
 from bamboo.models import Stage
@@ -69,7 +69,7 @@ class Worker:
             storage = storage_for(cfg.checkpoint)
             self.writer = Writer(storage, node)
         assignment = cluster.wait_for(self._assigned, timeout=24 * 3600, what="a stage", poll=0.05)
-        self.failed_global: list[int] = sorted(assignment.failed)
+        self.failed_global: list[int] = sorted(assignment.gone)
         if assignment.epoch == 0 and assignment.restore == "peers":
             self.start, received = assignment.start, {}
             if cfg.resume:
@@ -128,10 +128,12 @@ class Worker:
             restore(blob, layers[i], self.optimizers[self._stage_of(i)])
         self.mbs = split_microbatches(self.cfg.microbatches, len(assignment.pipelines))[self.pipeline]
         self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, self.cfg.redundancy,
-                                 self.cfg.failure_timeout)
-        reducer = Reducer(self.cluster, assignment, self.node, self.cfg.failure_timeout)
+                                 self.cfg.failure_timeout, self.cfg.elastic)
+        reducer = Reducer(self.cluster, assignment, self.node, self.cfg.failure_timeout, self.failover)
+        # With agents, each step can be undone, so that an iteration no pipeline can
+        # finish is redone from the copies the survivors hold.
         self.executor = Executor(self.cfg, nodes, self.me, self.modules, self.optimizers, self.corpus,
-                                 self.device, reducer, self.cluster)
+                                 self.device, reducer, self.cluster, undo=self.cfg.elastic)
 
     def _stage_of(self, layer: int) -> int:
         return next(s for s in self.modules if layer in self.ranges[s])
@@ -139,7 +141,8 @@ class Worker:
     def _reconfigure(self, new: Assignment, old: Assignment | None) -> None:
         """Move layers to the nodes that need them from the nodes that hold them,
         then take this node's place in `new` (or leave, if it has none)."""
-        live_old = old.holders(new.failed, self.cfg.redundancy) if old and new.restore == "peers" else {}
+        live_old = {n: stages for n, stages in old.holders(new.failed, self.cfg.redundancy).items()
+                    if n not in new.gone} if old and new.restore == "peers" else {}
         old_ranges = partition(self.source.costs(), old.depth) if live_old else []
         have = {n: {i for s in stages for i in old_ranges[s]} for n, stages in live_old.items()}
         need = {n: self._needs(new, n) for n in new.members}
@@ -201,10 +204,15 @@ class Worker:
         return self.assignment.local_failed(self.pipeline, self.failed_global)
 
     def run(self) -> None:
-        for it in range(self.start, self.cfg.iterations):
+        it = self.start
+        while it < self.cfg.iterations:
             self.failover.begin(it, len(self.mbs), self.local_failed(), self.comm)
             stream = self.failover.base[self.me]  # the failover keeps every node's stream: one compile
-            self.executor.run(it, stream, self.mbs, self.comm, self.failover)
+            try:
+                self.executor.run(it, stream, self.mbs, self.comm, self.failover)
+            except Aborted:
+                it = self._abort(it)
+                continue
             report = {"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "events": self.failover.events, "time": time.time(), "epoch": self.assignment.epoch}
             self.failover.events = []
@@ -217,11 +225,25 @@ class Worker:
                 new = self.cluster.wait_for(lambda: next_assignment(self.cluster, it + 1),
                                             timeout=self.cfg.stall_timeout, what="the agents' next configuration")
                 self._reconfigure(new, self.assignment)
-                self.failed_global = sorted(new.failed)
+                self.failed_global = sorted(new.gone)
                 self.comm = self._world(f"e{new.epoch}", it + 1)
+            it += 1
         if self.writer:
             self.writer.wait()
         self._save()
+
+    def _abort(self, it: int) -> int:
+        """Iteration `it` is abandoned everywhere: undo its steps, tell the agents, and
+        continue from where their next configuration starts (`it` itself when every
+        layer survives on some node, else the newest checkpoint)."""
+        self.executor.rollback()
+        self.cluster.put(True, "aborted", it, self.node)
+        new = self.cluster.wait_for(lambda: (lambda a: a if a.epoch > self.assignment.epoch else None)(
+            latest_assignment(self.cluster)), timeout=self.cfg.stall_timeout, what="the agents' next configuration")
+        self._reconfigure(new, self.assignment)
+        self.failed_global = sorted(new.gone)
+        self.comm = self._world(f"e{new.epoch}", new.start)
+        return new.start
 
     def _barrier(self, it: int) -> bool:
         """Wait for every live node's report, agree on the failed set, and regroup
@@ -292,7 +314,11 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(FENCED)  # woke up after being declared dead: whatever broke, step aside
         cluster.put(f"{type(e).__name__}: {e}", "error", args.node)
         raise
-    return 0
+    # Process groups of an abandoned iteration may still hold a pending collective:
+    # leave without running their destructors (which would abort the process).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

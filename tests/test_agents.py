@@ -91,6 +91,38 @@ def test_joining_nodes_wait_in_standby_then_form_a_pipeline(tmp_path, tmp_path_f
             assert zones[0] != zones[1]
 
 
+def final(records):
+    """The last record of each iteration (a redone iteration appears twice)."""
+    return list({r["iteration"]: r for r in records}.values())
+
+
+def test_adjacent_failures_recovered_from_the_other_pipeline(tmp_path, tmp_path_factory):
+    """Both nodes of pipeline 0 die in one iteration: no copy of their stages is left
+    in that pipeline. Every node undoes the iteration's steps, the survivors of
+    pipeline 1 redo it alone, and no checkpoint is involved (none is configured)."""
+    records = train(tmp_path, "--microbatches", "4", "--local-nodes", "4", "--zones", "a,b",
+                    "--preempt", "0@6:3", "--preempt", "1@6:3")
+    assert [r["iteration"] for r in records] == list(range(ITERS))  # nothing repeated in the metrics
+    redo = [e for r in records for e in r["events"] if e["type"] == "redo"]
+    assert redo == [{"type": "redo", "abandoned": 6, "from": 6, "restore": "peers"}]
+    assert records[6]["nodes"] == 2
+    assert_same_training(records, tmp_path, reference(tmp_path_factory, 4))
+
+
+def test_a_stage_lost_everywhere_restarts_from_the_checkpoint(tmp_path, tmp_path_factory):
+    """One pipeline (P=3) and two spares; two neighbours die in iteration 9: the
+    stage they held is gone, so the job goes back to the checkpoint taken before
+    iteration 8 and loses only iteration 8."""
+    records = train(tmp_path, "--stages", "3", "--microbatches", "4", "--local-nodes", "5", "--zones", "a,b,c",
+                    "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "4",
+                    "--preempt", "1@9:2", "--preempt", "2@9:2")
+    assert [r["iteration"] for r in records] == list(range(9)) + list(range(8, ITERS))
+    redo = [e for r in records for e in r["events"] if e["type"] == "redo"]
+    assert redo == [{"type": "redo", "abandoned": 9, "from": 8, "restore": "checkpoint"}]
+    assert records[8]["loss"] == records[9]["loss"]  # the redone iteration computes the same
+    assert_same_training(final(records), tmp_path, reference(tmp_path_factory, 4))
+
+
 def _launch(tmp_path, etcd, *args):
     return subprocess.Popen([sys.executable, "-m", "bamboo.cli", "--no-progress", "--etcd", etcd.endpoint,
                              "--metrics-out", str(tmp_path / "m.jsonl"), "--save-dir", str(tmp_path / "params"),
