@@ -4,6 +4,7 @@ keys listed in bamboo/cluster.py):
 
     ids/<id>              claimed once by the agent that takes node id <id> (never reused)
     members/<id>          {"zone", "host"} under the agent's lease: the node exists
+    zones/<id>            the node's zone, kept after it is gone (for status and traces)
     drain/<id>            the node asked to leave (SIGTERM, preemption notice)
     assignment/<epoch>    the configuration of an epoch: {"epoch", "start", "pipelines",
                           "standby", "failed", "restore"}; created if absent, so for any
@@ -51,6 +52,7 @@ class Membership:
         self.node = node if node is not None else self._claim_id()
         if node is not None and not cluster.create(True, "ids", node):
             raise ValueError(f"node id {node} is taken in this job")
+        cluster.put(zone, "zones", self.node)
         self.lease = cluster.client.lease(max(1, int(round(ttl))))
         cluster.client.put(cluster.key("members", self.node),
                            json.dumps({"zone": zone, "host": socket.gethostname()}), lease=self.lease)
@@ -94,8 +96,9 @@ class Membership:
         latest = latest_assignment(self.cluster)
         if latest.epoch != self._epoch:  # a new epoch: what came before it is settled
             self._epoch, self._next = latest.epoch, latest.start
-        if self.cluster.children("abort"):
-            self._redo(cfg, latest)
+        aborted = self.cluster.children("abort")
+        if aborted:
+            self._redo(cfg, latest, min(int(k) for k in aborted))
             return
         while True:
             tries = self.cluster.children("regroup", self._next)
@@ -113,11 +116,11 @@ class Membership:
                 return  # this iteration may still get another try
             self._next += 1
 
-    def _redo(self, cfg: JobConfig, previous: Assignment) -> None:
-        """An iteration was abandoned. Once every live node has undone its steps,
+    def _redo(self, cfg: JobConfig, previous: Assignment, it: int) -> None:
+        """Iteration `it` was abandoned. Once every live node has undone its steps,
         configure the survivors to redo it from their copies, or, when a stage has
-        no copy left on any node, from the newest complete checkpoint."""
-        it = min(int(k) for k in self.cluster.children("abort"))
+        no copy left on any node, from the newest complete checkpoint. (Another
+        agent may get there first: its transaction then clears what this one read.)"""
         acked = {int(n) for n in self.cluster.children("aborted", it)}
         failed = {int(n) for n in self.cluster.children("failed")}
         waiting = [n for n in previous.members if n not in failed and n not in acked]
@@ -126,6 +129,8 @@ class Membership:
             return
         if it > previous.start:  # the failures the nodes' layers reflect at the start of `it`
             tries = self.cluster.children("regroup", it - 1)
+            if not tries:
+                return  # cleared: another agent decided
             before = tries[max(tries, key=int)]["failed"]
         else:
             before = previous.gone

@@ -1,5 +1,6 @@
 """`bamboo-status --etcd HOST:PORT [--job NAME] [--json]`: what the jobs in an etcd
-are doing, read from their keys: depth and pipelines, live and failed nodes, the
+are doing, read from their keys: the current assignment (which node runs which
+stage, in which zone), the standby queue, live, draining and failed nodes, the
 last finished iteration and the recent iteration rate."""
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 import json
 import sys
 
+from bamboo.assignment import Assignment
 from bamboo.cluster import Cluster
 from bamboo.etcd import EtcdError, connect
 
@@ -26,9 +28,13 @@ def job_status(endpoint: str, job: str) -> dict:
         it, _, node = key.partition("/")
         done.setdefault(int(it), {})[node] = value
     failed = cluster.children("failed")
-    nodes = cfg.get("stages", 0) * cfg.get("pipelines", 0)
+    assignments = [Assignment.from_dict(a) for a in cluster.children("assignment").values()]
+    current = max(assignments, key=lambda a: a.epoch, default=None)
+
+    def members(it: int) -> tuple[int, ...]:
+        return max((a for a in assignments if a.start <= it), key=lambda a: a.epoch).members
     complete = [it for it, reports in done.items()
-                if all(str(n) in reports or str(n) in failed for n in range(nodes))]
+                if all(str(n) in reports or str(n) in failed for n in members(it))]
     last = max(complete, default=None)
     times = sorted(max(r.get("time", 0) for r in done[it].values()) for it in complete)[-11:]
     rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None
@@ -36,7 +42,14 @@ def job_status(endpoint: str, job: str) -> dict:
               "iterations": cfg.get("iterations"), "last_iteration": last,
               "iterations_per_second": round(rate, 3) if rate else None,
               "alive": sorted(cluster.alive()),
-              "failed": {int(n): f for n, f in sorted(failed.items(), key=lambda kv: int(kv[0]))}}
+              "failed": {int(n): f for n, f in sorted(failed.items(), key=lambda kv: int(kv[0]))},
+              "zones": {int(n): z for n, z in sorted(cluster.children("zones").items(), key=lambda kv: int(kv[0]))},
+              "draining": sorted(int(n) for n in cluster.children("drain")),
+              "epoch": current.epoch if current else None,
+              "assignment": [list(p) for p in current.pipelines] if current else [],
+              "standby": list(current.standby) if current else []}
+    if current:
+        status["pipelines"] = len(current.pipelines)
     cluster.close()
     return status
 
@@ -45,6 +58,13 @@ def render(status: dict) -> str:
     lines = [f"job {status['job']}: {status['model']}, P={status['stages']} x D={status['pipelines']}, "
              f"iteration {status['last_iteration']} of {status['iterations']}"
              + (f", {status['iterations_per_second']} it/s" if status["iterations_per_second"] else "")]
+    def zone(n: int) -> str:
+        return f"{n}({status['zones'][n]})" if n in status["zones"] else str(n)
+    for j, pipe in enumerate(status["assignment"]):
+        lines.append(f"  pipeline {j}: " + " -> ".join(f"stage {s}: node {zone(n)}" for s, n in enumerate(pipe)))
+    if status["epoch"] is not None:
+        lines.append(f"  epoch {status['epoch']}, standby: {' '.join(map(zone, status['standby'])) or '-'}"
+                     + (f", draining: {' '.join(map(str, status['draining']))}" if status["draining"] else ""))
     lines.append(f"  alive:  {' '.join(map(str, status['alive'])) or '-'}")
     for n, f in status["failed"].items():
         lines.append(f"  failed: node {n} in iteration {f.get('iteration')} ({f.get('how', '?')[:60]})")

@@ -23,6 +23,21 @@ def test_status_of_a_finished_job_with_a_preemption(tmp_path):
         assert "iteration 3 of 4" in text and "failed: node 1 in iteration 1" in text
 
 
+def test_status_of_a_local_cluster_shows_zones_assignment_and_standby(tmp_path):
+    with EtcdServer() as etcd:
+        bamboo_train(tmp_path / "m.jsonl", "--stages", "2", "--microbatches", "4", "--iterations", "3",
+                     "--local-nodes", "3", "--zones", "a,b", "--etcd", etcd.endpoint)
+        out = subprocess.run([sys.executable, "-m", "bamboo.status", "--etcd", etcd.endpoint, "--json"],
+                             capture_output=True, text=True, timeout=60)
+        (status,) = [json.loads(line) for line in out.stdout.splitlines()]
+        assert status["zones"] == {"0": "a", "1": "b", "2": "a"}
+        assert status["assignment"] == [[0, 1]] and status["standby"] == [2] and status["epoch"] == 0
+        assert status["last_iteration"] == 2 and status["pipelines"] == 1
+        text = subprocess.run([sys.executable, "-m", "bamboo.status", "--etcd", etcd.endpoint],
+                              capture_output=True, text=True, timeout=60).stdout
+        assert "pipeline 0: stage 0: node 0" in text and "standby: 2" in text
+
+
 def test_status_of_an_unreachable_etcd_is_one_line():
     out = subprocess.run([sys.executable, "-m", "bamboo.status", "--etcd", "127.0.0.1:1"],
                          capture_output=True, text=True, timeout=60)
