@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-dir", metavar="DIR", help="write the final parameters, one file per layer")
     p.add_argument("--checkpoint", metavar="DIR|s3://BUCKET/PREFIX", help="where checkpoints go")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="checkpoint every K iterations")
+    p.add_argument("--checkpoint-seconds", type=float, default=0, metavar="T",
+                   help="checkpoint once T seconds passed since the last one")
     p.add_argument("--resume", action="store_true", help="start from the newest complete checkpoint")
     p.add_argument("--preempt", action="append", default=[], metavar="NODE@ITER[:INSTR]",
                    help="SIGKILL that worker just before that instruction (repeatable), or 'random'")
@@ -139,8 +141,11 @@ def config_from_args(args) -> JobConfig:
         raise ValueError(f"--stages {args.stages} is more than model {args.model}'s {layers} layers")
     if args.microbatches < args.pipelines:
         raise ValueError(f"--microbatches {args.microbatches} is fewer than --pipelines {args.pipelines}")
-    if (args.checkpoint_every or args.resume) and not args.checkpoint:
-        raise ValueError("--checkpoint-every and --resume need --checkpoint DIR|s3://BUCKET/PREFIX")
+    if (args.checkpoint_every or args.checkpoint_seconds or args.resume) and not args.checkpoint:
+        raise ValueError("--checkpoint-every, --checkpoint-seconds and --resume need --checkpoint "
+                         "DIR|s3://BUCKET/PREFIX")
+    if args.checkpoint_every < 0 or args.checkpoint_seconds < 0:
+        raise ValueError("--checkpoint-every and --checkpoint-seconds must not be negative")
     if args.stages == 1 and (args.checkpoint or args.resume):
         raise ValueError("checkpoints need a pipeline (--stages 2 or more)")
     if args.stages == 1 and args.pipelines > 1:
@@ -151,7 +156,8 @@ def config_from_args(args) -> JobConfig:
                      failure_timeout=args.failure_timeout, stall_timeout=args.stall_timeout,
                      preempt=parse_preempts(args.preempt, args) if args.stages > 1 else (),
                      data_files=tuple(args.data), save_dir=args.save_dir, check_replicas=args.check_replicas,
-                     checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume,
+                     checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
+                     checkpoint_seconds=args.checkpoint_seconds, resume=args.resume,
                      elastic=args.local_nodes is not None, layers=layers)
 
 

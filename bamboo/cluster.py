@@ -15,6 +15,7 @@ Keys, all under /bamboo/<job>/:
                                (first writer wins; a new try when a node dies while regrouping)
     reduced/<iter>/<stage>     members of a finished data-parallel reduce of <stage>
     assignment/<epoch>         node -> (pipeline, stage) from an iteration on (agents/membership.py)
+    checkpointed               when the last checkpoint was decided (for --checkpoint-seconds)
     preempted/<node>           {"iteration", "time"} of an injected SIGKILL
     error/<node>               a worker's fatal error, one line
     pg/...                     torch.distributed store keys (process group rendezvous)

@@ -43,6 +43,7 @@ class JobConfig:
     save_dir: str | None = None   # final parameters, one file per layer
     checkpoint: str | None = None  # a directory or s3://bucket/prefix
     checkpoint_every: int = 0      # iterations between checkpoints (0: never)
+    checkpoint_seconds: float = 0  # seconds between checkpoints (0: never)
     resume: bool = False           # start from the newest complete checkpoint
     check_replicas: bool = False  # digest owners and replicas after every step
     elastic: bool = False          # agents decide the configuration (else P x D fixed nodes)

@@ -65,6 +65,7 @@ class Worker:
         self.layers: dict[int, torch.nn.Module] = {}   # layer index -> module, every layer held
         self.optimizers: dict[int, torch.optim.Optimizer] = {}
         self.writer = storage = None
+        self.began = time.time()
         if cfg.checkpoint:
             storage = storage_for(cfg.checkpoint)
             self.writer = Writer(storage, node)
@@ -174,11 +175,19 @@ class Worker:
             raise CheckpointError(f"--resume: no complete checkpoint in {self.cfg.checkpoint}")
         return found
 
+    def _checkpoint_due(self, it: int) -> bool:
+        """Every K iterations, or once T seconds passed since the last checkpoint
+        (the node that writes the barrier record decides, so all agree)."""
+        if not self.writer:
+            return False
+        if self.cfg.checkpoint_every and (it + 1) % self.cfg.checkpoint_every == 0:
+            return True
+        last = self.cluster.get("checkpointed") or self.began
+        return bool(self.cfg.checkpoint_seconds) and time.time() - last >= self.cfg.checkpoint_seconds
+
     def _checkpoint(self, it: int) -> None:
         """After iteration `it`, pipeline 0's owners snapshot their layers now and
         write them in the background (the next iteration does not wait)."""
-        if not self.writer or not self.cfg.checkpoint_every or (it + 1) % self.cfg.checkpoint_every:
-            return
         if self.pipeline != 0:
             return
         blobs = {}
@@ -219,9 +228,10 @@ class Worker:
             if self.cfg.check_replicas:
                 report["digests"] = {str(s): digest(m, self.optimizers[s]) for s, m in self.modules.items()}
             self.cluster.put(report, "done", it, self.node)
-            change = self._barrier(it)
-            self._checkpoint(it)
-            if change and it + 1 < self.cfg.iterations:
+            agreed = self._barrier(it)
+            if agreed["checkpoint"]:
+                self._checkpoint(it)
+            if agreed["reconfigure"] and it + 1 < self.cfg.iterations:
                 new = self.cluster.wait_for(lambda: next_assignment(self.cluster, it + 1),
                                             timeout=self.cfg.stall_timeout, what="the agents' next configuration")
                 self._reconfigure(new, self.assignment)
@@ -245,10 +255,11 @@ class Worker:
         self.comm = self._world(f"e{new.epoch}", new.start)
         return new.start
 
-    def _barrier(self, it: int) -> bool:
+    def _barrier(self, it: int) -> dict:
         """Wait for every live node's report, agree on the failed set, and regroup
         the world without the dead (again, with a new try, if one dies meanwhile).
-        True when the configuration changes before the next iteration."""
+        Returns the agreed record: also whether to checkpoint, and whether the
+        configuration changes before the next iteration."""
         members = self.assignment.members
 
         def everyone():
@@ -260,20 +271,20 @@ class Worker:
         self.cluster.wait_for(everyone, timeout=24 * 3600, what=f"every node to finish iteration {it}")
         for attempt in itertools.count():
             failed = sorted(int(n) for n in self.cluster.children("failed"))
-            self.cluster.create({"failed": failed, "reconfigure": self._wants_change(failed)},
-                                "regroup", it, attempt)
+            due = self._checkpoint_due(it)
+            if self.cluster.create({"failed": failed, "reconfigure": self._wants_change(failed), "checkpoint": due},
+                                   "regroup", it, attempt) and due:
+                self.cluster.put(time.time(), "checkpointed")
             agreed = self.cluster.get("regroup", it, attempt)
             if self.node in agreed["failed"]:
                 os._exit(FENCED)  # the others count this node dead: behave as one
-            if agreed["reconfigure"]:
+            if agreed["reconfigure"] or agreed["failed"] == self.failed_global:
                 self.failed_global = agreed["failed"]
-                return True
-            if agreed["failed"] == self.failed_global:
-                return False
+                return agreed
             self.failed_global = agreed["failed"]
             try:
                 self.comm = self._world(f"{it}-{attempt}", it)
-                return False
+                return agreed
             except (RuntimeError, TimeoutError):
                 continue  # a member died while regrouping: the next try leaves it out
 

@@ -146,3 +146,16 @@ def test_resume_without_a_checkpoint_is_one_clear_error(tmp_path):
                          timeout=300)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1 and "no complete checkpoint" in lines[0], out.stderr
+
+
+def test_checkpoints_by_time_are_agreed_and_complete(tmp_path):
+    """--checkpoint-seconds: the node writing each barrier record decides, so every
+    checkpoint is one iteration's, complete; fewer than one per iteration."""
+    ck = tmp_path / "ck"
+    records = bamboo_train(tmp_path / "m.jsonl", "--stages", "2", "--microbatches", "4", "--iterations", "30",
+                           "--checkpoint", str(ck), "--checkpoint-seconds", "0.4")[1]
+    seconds = sum(r["seconds"] for r in records[1:])
+    taken = sorted(int(d.split("-")[1]) for d in os.listdir(ck))
+    assert 1 <= len(taken) <= 30 and len(taken) <= seconds / 0.4 + 2, (taken, seconds)
+    storage = LocalStorage(str(ck))
+    assert latest(storage, ModelSource("tiny", seed=0).count)[0] == taken[-1]  # the newest is complete
