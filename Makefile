@@ -15,10 +15,12 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	$(PY) -m schedules demo
-	@echo "--- training tiny on P=4 stages; node 2 is SIGKILLed in iteration 15 ---"
+	@echo "--- tiny, P=4, on 5 local nodes (agents) in zones a,b,c: one waits in standby;"
+	@echo "--- node 2 (agent and worker) is SIGKILLed in iteration 15 ---"
 	$(VENV)/bin/bamboo-train --model tiny --stages 4 --microbatches 8 --iterations 30 \
-		--preempt 2@15:20 --metrics-out out/metrics.jsonl
-	@grep -h '"preemption"' out/metrics.jsonl | head -1
+		--local-nodes 5 --zones a,b,c --preempt 2@15:10 --metrics-out out/metrics.jsonl
+	@$(PY) -c "import json; [print(r['iteration'], e) for r in map(json.loads, open('out/metrics.jsonl')) \
+		for e in r.get('events', [])]"
 
 test: $(STAMP)
 	$(PY) -m pytest -q

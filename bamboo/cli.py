@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check-replicas", action="store_true",
                    help="compare digests of every copy of every stage after each step")
     p.add_argument("--etcd", metavar="HOST:PORT", help="use this etcd instead of starting one")
+    p.add_argument("--job", help="name the job (default: a fresh unique name); with --etcd and --local-nodes, "
+                                 "a job of that name that runs already is joined")
     p.add_argument("--local-nodes", type=int, metavar="N",
                    help="run N nodes, each an elastic agent, that keep reconfiguring (D = nodes // P)")
     p.add_argument("--zones", default="a", metavar="A,B,...", help="zones of the local nodes, dealt in turn")
@@ -158,7 +160,7 @@ def config_from_args(args) -> JobConfig:
                      data_files=tuple(args.data), save_dir=args.save_dir, check_replicas=args.check_replicas,
                      checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
                      checkpoint_seconds=args.checkpoint_seconds, resume=args.resume,
-                     elastic=args.local_nodes is not None, layers=layers)
+                     elastic=args.local_nodes is not None, layers=layers, job=args.job or "job")
 
 
 def _terminate(signum, frame):
@@ -180,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             run_single(cfg, args.metrics_out, progress=not args.no_progress)
         else:
             from bamboo.launcher import Launcher
-            summary = Launcher(cfg, args.etcd, args.metrics_out, progress=not args.no_progress, cluster=local).run()
+            summary = Launcher(cfg, args.etcd, args.metrics_out, progress=not args.no_progress, cluster=local,
+                               named=args.job is not None).run()
             print(json.dumps(summary))
     except KeyboardInterrupt:
         print("bamboo-train: interrupted; every process it started is stopped", file=sys.stderr)

@@ -93,8 +93,10 @@ class Rewind(Exception):
 
 class Launcher:
     def __init__(self, cfg: JobConfig, etcd: str | None = None, metrics_out: str | None = None,
-                 progress: bool = True, cluster: LocalCluster | None = None):
-        self.cfg = JobConfig(**{**cfg.__dict__, "job": f"{cfg.job}-{uuid.uuid4().hex[:8]}"})
+                 progress: bool = True, cluster: LocalCluster | None = None, named: bool = False):
+        # A job is named by the user (`--job`: a second launcher may join it) or made unique.
+        self.cfg = cfg if named else JobConfig(**{**cfg.__dict__, "job": f"{cfg.job}-{uuid.uuid4().hex[:8]}"})
+        self.named = named
         self.etcd, self.metrics = etcd, MetricsWriter(metrics_out)
         self.progress = progress
         self.local = cluster
@@ -129,8 +131,10 @@ class Launcher:
         if self.etcd is None:
             self.server = EtcdServer().start()
         cluster = Cluster(self.etcd or self.server.endpoint, self.cfg.job)
-        cluster.put(self.cfg.to_dict(), "config")
         self.logs = tempfile.mkdtemp(prefix="bamboo-logs-")
+        if self.named and cluster.get("config") is not None:
+            return self._join(cluster)
+        cluster.put(self.cfg.to_dict(), "config")
         if self.local:
             for n in range(self.local.nodes):
                 self._start(cluster, n, "agents.agent", "--zone", self.local.zone(n), "--min-nodes",
@@ -187,13 +191,29 @@ class Launcher:
         self.metrics.write({"summary": summary})
         return summary
 
-    def _start(self, cluster: Cluster, node: int, module: str, *args: str) -> None:
-        """A worker (or, for a local cluster, an agent) for `node`."""
+    def _start(self, cluster: Cluster, node: int, module: str, *args: str, named: bool = True) -> None:
+        """A worker (or, for a local cluster, an agent) for `node` (with `named`
+        False the agent claims the next free id and `node` only names its log)."""
         kind = "agent" if module.startswith("agents") else "worker"
         with open(os.path.join(self.logs, f"{kind}{node}.log"), "w") as log:
             self.procs[node] = subprocess.Popen(
                 [sys.executable, "-m", module, "--etcd", cluster.endpoint, "--job", self.cfg.job,
-                 "--node", str(node), *args], stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+                 *(["--node", str(node)] if named else []), *args], stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent)
+
+    def _join(self, cluster: Cluster) -> dict:
+        """The job runs already: add this machine's nodes to it, as agents that wait
+        in standby until the policy gives them stages, and stay until they leave."""
+        if not self.local:
+            raise LaunchError(f"job {self.cfg.job!r} already exists: --local-nodes N joins it with N nodes")
+        if not cluster.get("config").get("elastic"):
+            raise LaunchError(f"job {self.cfg.job!r} runs without agents: it cannot take new nodes")
+        for n in range(self.local.nodes):
+            self._start(cluster, n, "agents.agent", "--zone", self.local.zone(n), "--log-dir", self.logs, named=False)
+        for p in self.procs.values():
+            if p.wait() not in EXPECTED_EXITS:
+                raise LaunchError(self._worker_error(cluster))
+        return {"joined": self.cfg.job, "nodes": self.local.nodes}
 
     def _wait_start(self, cluster: Cluster) -> int:
         """The iteration the workers start from (0, or a checkpoint's)."""

@@ -161,6 +161,24 @@ def test_a_drained_node_hands_its_stage_over(tmp_path, tmp_path_factory):
     assert not any(e["type"] == "failover" for r in records for e in r["events"])
 
 
+def test_a_second_launcher_joins_a_running_job(tmp_path, tmp_path_factory):
+    """`bamboo-train --etcd HOST:PORT --job NAME --local-nodes 2` on a running job
+    adds two nodes to it: they form a second pipeline."""
+    with EtcdServer() as etcd:
+        first = _launch(tmp_path, etcd, "--microbatches", "8", "--local-nodes", "2", "--zones", "a,b", "--job", "shared")
+        _wait_for_iteration(etcd, 1, first)
+        second = subprocess.run([sys.executable, "-m", "bamboo.cli", "--no-progress", "--etcd", etcd.endpoint,
+                                 "--job", "shared", "--local-nodes", "2", "--zones", "c"],
+                                capture_output=True, text=True, timeout=300)
+        assert second.returncode == 0, second.stderr[-2000:]
+        assert json.loads(second.stdout) == {"joined": "shared", "nodes": 2}
+        _, err = first.communicate(timeout=300)
+        assert first.returncode == 0, err[-2000:]
+    records = _records(tmp_path)
+    assert records[0]["nodes"] == 2 and records[-1]["nodes"] == 4
+    assert_same_training(records, tmp_path, reference(tmp_path_factory, 8))
+
+
 def test_etcd_restart_mid_run(tmp_path, tmp_path_factory):
     """etcd SIGKILLed and restarted on the same data dir: agents and workers
     reconnect, every iteration is agreed once, training continues unchanged."""
