@@ -1,0 +1,1 @@
+"""Cluster-level simulation of training on spot nodes, and trace replay."""

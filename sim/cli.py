@@ -1,0 +1,160 @@
+"""`bamboo-sim`: samples per second per dollar of a training job over a preemption
+trace, for Bamboo's redundant computation, checkpoint-restart and on-demand nodes.
+
+    bamboo-sim --trace PATH [--trace-format ec2|gcp|events|auto] --strategy bamboo|checkpoint|on-demand \\
+               --model gpt2|bert-large --stages P [--hours H] [--json] [--plot DIR]
+    bamboo-sim --sweep-rates --model gpt2 --stages P [--plot DIR]
+
+Bad input ends with one line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+from sim.profiles import PROFILES
+from sim.simulator import STRATEGIES, ClusterSimulator, Options
+from sim.traces import TraceError, read, synthetic
+
+SWEEP_RATES = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8)  # preemptions per node-hour
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        print(f"bamboo-sim: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="bamboo-sim", description=__doc__.splitlines()[0])
+    p.add_argument("--trace", help="trace file")
+    p.add_argument("--trace-format", choices=("ec2", "gcp", "events", "auto"), default="auto")
+    p.add_argument("--strategy", choices=STRATEGIES, default="bamboo")
+    p.add_argument("--model", choices=sorted(PROFILES), default="gpt2")
+    p.add_argument("--stages", type=int, default=12, help="pipeline depth P")
+    p.add_argument("--hours", type=float, help="simulate only the first H hours of the trace")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the default output too)")
+    p.add_argument("--sweep-rates", action="store_true",
+                   help="synthetic traces over a range of preemption rates: value per strategy")
+    p.add_argument("--nodes", type=int, help="cluster size of the synthetic traces (default 3 x P)")
+    p.add_argument("--seeds", type=int, default=3, help="synthetic traces per rate")
+    p.add_argument("--plot", metavar="DIR", help="write PNGs: nodes and throughput over time, value vs rate")
+    p.add_argument("--spot-price", type=float, default=Options.spot_price)
+    p.add_argument("--on-demand-price", type=float, default=Options.on_demand_price)
+    p.add_argument("--checkpoint-minutes", type=float, default=Options.checkpoint_seconds / 60)
+    p.add_argument("--restart-seconds", type=float, default=Options.restart_seconds)
+    return p
+
+
+def options_from(args) -> Options:
+    for name in ("spot_price", "on_demand_price", "checkpoint_minutes", "restart_seconds"):
+        if getattr(args, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive")
+    return Options(spot_price=args.spot_price, on_demand_price=args.on_demand_price,
+                   checkpoint_seconds=args.checkpoint_minutes * 60, restart_seconds=args.restart_seconds)
+
+
+def sweep(model: str, stages: int, nodes: int, seeds: int, options: Options, hours: float = 12.0) -> list[dict]:
+    """Value per strategy, averaged over `seeds` synthetic traces per rate."""
+    rows = []
+    for rate in SWEEP_RATES:
+        row = {"rate": rate}
+        for strategy in STRATEGIES:
+            sim = ClusterSimulator(PROFILES[model], stages, strategy, options)
+            runs = [sim.run(synthetic(hours, nodes, options.zones, rate, seed, bulk=0.1), hours)
+                    for seed in range(seeds)]
+            row[strategy] = round(sum(r["value"] for r in runs) / seeds, 5)
+            row[f"{strategy}_fatal"] = sum(r["fatal_failures"] for r in runs) / seeds
+        rows.append(row)
+    return rows
+
+
+def _save(fig, path: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".png")
+    os.close(fd)
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    os.replace(tmp, path)
+
+
+def plot_run(results: dict[str, dict], directory: str) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(directory, exist_ok=True)
+    written = []
+    for name, index, label in (("nodes", 1, "nodes"), ("throughput", 2, "samples/s")):
+        fig, ax = plt.subplots(figsize=(8, 3))
+        for strategy, r in results.items():
+            times = [t / 3600 for t, _, _ in r["timeline"]] + [r["hours"]]
+            values = [row[index] for row in r["timeline"]]
+            ax.step(times, values + values[-1:], where="post", label=strategy)
+            if name == "nodes":
+                break  # the same nodes for every spot strategy
+        ax.set_xlabel("hours")
+        ax.set_ylabel(label)
+        ax.legend()
+        path = os.path.join(directory, f"{name}.png")
+        _save(fig, path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def plot_sweep(rows: list[dict], directory: str, title: str) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(directory, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for strategy in STRATEGIES:
+        ax.plot([r["rate"] for r in rows], [r[strategy] for r in rows], marker="o", label=strategy)
+    ax.set_xscale("log")
+    ax.minorticks_off()
+    ax.set_xticks([r["rate"] for r in rows], [str(r["rate"]) for r in rows])
+    ax.set_xlabel("preemptions per node-hour")
+    ax.set_ylabel("value: samples/s per $/h")
+    ax.set_title(title)
+    ax.legend()
+    path = os.path.join(directory, "value-vs-rate.png")
+    _save(fig, path)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        options = options_from(args)
+        if args.stages < 2:
+            raise ValueError(f"--stages must be at least 2 (got {args.stages})")
+        if args.sweep_rates:
+            nodes = args.nodes or 3 * args.stages
+            rows = sweep(args.model, args.stages, nodes, args.seeds, options)
+            out = {"model": args.model, "stages": args.stages, "nodes": nodes, "sweep": rows}
+            if args.plot:
+                out["plots"] = [plot_sweep(rows, args.plot, f"{args.model}, P={args.stages}, {nodes} spot nodes")]
+            print(json.dumps(out))
+            return 0
+        if not args.trace:
+            raise ValueError("--trace PATH is required (or --sweep-rates)")
+        if args.hours is not None and args.hours <= 0:
+            raise ValueError("--hours must be positive")
+        events = read(args.trace, args.trace_format)
+        result = ClusterSimulator(PROFILES[args.model], args.stages, args.strategy, options).run(events, args.hours)
+        if args.plot:
+            result["plots"] = plot_run({args.strategy: result}, args.plot)
+        result.pop("timeline")
+        print(json.dumps(result))
+    except (TraceError, ValueError) as e:
+        print(f"bamboo-sim: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

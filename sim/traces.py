@@ -1,0 +1,229 @@
+"""Preemption traces: when nodes join and leave, read from the formats real clouds
+give, or generated from a seed.
+
+Formats (`traces/README.md` documents them with examples):
+  ec2     `milliseconds,add|remove,nodeN` per line
+  gcp     `YYYY-MM-DD, HH:MM:SS, running_count` per line: a managed instance group's
+          size sampled over time. Real logs repeat and reorder timestamps: samples
+          are sorted by time (stable), the last sample of a repeated timestamp
+          wins, and each size change becomes that many adds (new names) or removes
+          (the most recently added nodes go first, as a group scales in).
+  events  CSV `seconds,add|remove,node[,zone]` (a header line is allowed) or JSON:
+          a list of {"time", "action", "node", "zone"?}
+Every reader raises TraceError naming the file and the line of the first bad one.
+"""
+from __future__ import annotations
+
+import csv
+import heapq
+import json
+import math
+import os
+import random
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime
+
+
+class TraceError(ValueError):
+    """A trace that cannot be read; the message names the file and line."""
+
+
+@dataclass(frozen=True, order=True)
+class Event:
+    time: float          # seconds from the start of the trace
+    action: str          # "add" or "remove"
+    node: str
+    zone: str | None = None
+
+
+def _bad(path: str, line: int, why: str) -> TraceError:
+    return TraceError(f"{path}:{line}: {why}")
+
+
+def _checked(events: list[Event], path: str, lines: list[int]) -> list[Event]:
+    """Stable sort by time; a remove must name a node that is present."""
+    order = sorted(range(len(events)), key=lambda i: events[i].time)
+    present: set[str] = set()
+    out = []
+    for i in order:
+        e = events[i]
+        if e.action == "add":
+            if e.node in present:
+                raise _bad(path, lines[i], f"node {e.node} added twice")
+            present.add(e.node)
+        else:
+            if e.node not in present:
+                raise _bad(path, lines[i], f"node {e.node} removed but not present")
+            present.discard(e.node)
+        out.append(e)
+    return out
+
+
+def read_ec2(path: str) -> list[Event]:
+    events, lines = [], []
+    with open(path) as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            parts = [p.strip() for p in raw.split(",")]
+            if len(parts) != 3 or parts[1] not in ("add", "remove") or not parts[2]:
+                raise _bad(path, n, f"expected milliseconds,add|remove,node (got {raw.strip()!r})")
+            try:
+                ms = int(parts[0])
+            except ValueError:
+                raise _bad(path, n, f"time {parts[0]!r} is not whole milliseconds") from None
+            if ms < 0:
+                raise _bad(path, n, "negative time")
+            events.append(Event(ms / 1000, parts[1], parts[2]))
+            lines.append(n)
+    return _checked(events, path, lines)
+
+
+def read_gcp(path: str) -> list[Event]:
+    samples: list[tuple[datetime, int, int]] = []
+    with open(path) as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            parts = [p.strip() for p in raw.split(",")]
+            try:
+                if len(parts) != 3:
+                    raise ValueError
+                when = datetime.strptime(f"{parts[0]} {parts[1]}", "%Y-%m-%d %H:%M:%S")
+                size = int(parts[2])
+                if size < 0:
+                    raise ValueError
+            except ValueError:
+                raise _bad(path, n, f"expected YYYY-MM-DD, HH:MM:SS, running_count (got {raw.strip()!r})") from None
+            samples.append((when, n, size))
+    if not samples:
+        raise TraceError(f"{path}: no samples")
+    samples.sort(key=lambda s: s[0])
+    by_time: dict[datetime, int] = {}
+    for when, _, size in samples:
+        by_time[when] = size  # a repeated timestamp: the last sample wins
+    start = min(by_time)
+    events, running, counter = [], [], 0
+    for when, size in by_time.items():
+        t = (when - start).total_seconds()
+        while len(running) < size:
+            counter += 1
+            running.append(f"node{counter}")
+            events.append(Event(t, "add", running[-1]))
+        while len(running) > size:
+            events.append(Event(t, "remove", running.pop()))
+    return events
+
+
+def read_events(path: str) -> list[Event]:
+    events, lines = [], []
+    with open(path) as f:
+        text = f.read()
+    if text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise _bad(path, e.lineno, f"invalid JSON ({e.msg})") from None
+        items = [(i + 1, r) for i, r in enumerate(rows)]
+        kind = "entry"
+    else:
+        items = [(n, r) for n, r in enumerate(csv.reader(text.splitlines()), 1) if r and any(c.strip() for c in r)]
+        if items and items[0][1][0].strip().lower() in ("time", "seconds"):
+            items = items[1:]  # header
+        kind = "line"
+    for n, r in items:
+        try:
+            if isinstance(r, dict):
+                t, action, node, zone = float(r["time"]), r["action"], str(r["node"]), r.get("zone")
+            else:
+                if len(r) not in (3, 4):
+                    raise ValueError
+                t, action, node = float(r[0]), r[1].strip(), r[2].strip()
+                zone = r[3].strip() if len(r) == 4 and r[3].strip() else None
+            if action not in ("add", "remove") or not node or t < 0 or not math.isfinite(t):
+                raise ValueError
+        except (ValueError, KeyError, TypeError, IndexError):
+            where = f"{path}: {kind} {n}" if kind == "entry" else f"{path}:{n}"
+            raise TraceError(f"{where}: expected time,add|remove,node[,zone] (got {r!r})") from None
+        events.append(Event(t, action, node, zone))
+        lines.append(n)
+    return _checked(events, path, lines)
+
+
+READERS = {"ec2": read_ec2, "gcp": read_gcp, "events": read_events}
+
+
+def detect(path: str) -> str:
+    """The format of a trace file, from its first non-empty line."""
+    with open(path) as f:
+        first = next((line.strip() for line in f if line.strip()), "")
+    parts = [p.strip() for p in first.split(",")]
+    if first.startswith("[") or (parts and parts[0].lower() in ("time", "seconds")):
+        return "events"
+    if len(parts) == 3 and parts[1] in ("add", "remove") and parts[0].isdigit():
+        return "ec2"
+    if len(parts) == 3 and len(parts[0]) == 10 and parts[0][4] == "-":
+        return "gcp"
+    if len(parts) in (3, 4) and parts[1] in ("add", "remove"):
+        return "events"
+    raise TraceError(f"{path}:1: unknown trace format (expected ec2, gcp or events lines)")
+
+
+def read(path: str, fmt: str = "auto") -> list[Event]:
+    try:
+        return READERS[detect(path) if fmt == "auto" else fmt](path)
+    except OSError as e:
+        raise TraceError(f"{path}: {e.strerror}") from None
+
+
+def synthetic(hours: float, nodes: int, zones: tuple[str, ...], rate: float, seed: int,
+              bulk: float = 0.0, refill_seconds: float = 300.0) -> list[Event]:
+    """A spot cluster of `nodes` spread over `zones`: each running node is
+    preempted at `rate` per hour (Poisson); with probability `bulk` a preemption
+    takes every node of its zone at once; the autoscaling group starts a
+    replacement in the same zone after an exponential delay of mean
+    `refill_seconds`. The same arguments give the same trace."""
+    rng = random.Random(seed)
+    horizon = hours * 3600
+    events: list[Event] = []
+    running: dict[str, str] = {}
+    refills: list[tuple[float, int, str]] = []  # (time, sequence, zone)
+    names = iter(f"node{i}" for i in range(10 ** 9))
+
+    def add(t: float, zone: str) -> None:
+        name = next(names)
+        running[name] = zone
+        events.append(Event(t, "add", name, zone))
+    for i in range(nodes):
+        add(0.0, zones[i % len(zones)])
+    t = 0.0
+    while True:
+        pressure = rate * len(running) / 3600  # competing exponentials: redraw after each event
+        preempt_at = t + rng.expovariate(pressure) if pressure > 0 else math.inf
+        refill_at = refills[0][0] if refills else math.inf
+        t = min(preempt_at, refill_at)
+        if t >= horizon:
+            return events
+        if refill_at <= preempt_at:
+            add(t, heapq.heappop(refills)[2])
+            continue
+        zone = running[rng.choice(sorted(running))]
+        same_zone = sorted(n for n, z in running.items() if z == zone)
+        victims = same_zone if rng.random() < bulk else [rng.choice(same_zone)]
+        for v in victims:
+            del running[v]
+            events.append(Event(t, "remove", v, zone))
+            delay = rng.expovariate(1 / refill_seconds) if refill_seconds > 0 else 0.0
+            heapq.heappush(refills, (t + delay, len(events), zone))
+
+
+def write_events(events: list[Event], path: str) -> None:
+    """The `events` CSV format (with zones), written to a temp file and renamed."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write("time,action,node,zone\n")
+        for e in events:
+            f.write(f"{e.time:.3f},{e.action},{e.node},{e.zone or ''}\n")
+    os.replace(tmp, path)
