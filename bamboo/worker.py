@@ -81,7 +81,7 @@ class Worker:
         else:  # joining a running job, or everyone restarting from a checkpoint
             self.start = assignment.start
             self._reconfigure(assignment, previous_assignment(cluster, assignment.epoch))
-        self.comm = self._world(f"e{assignment.epoch}")
+        self.comm = self._world(f"e{assignment.epoch}", self.start, starting=assignment.members)
 
     def _assigned(self) -> Assignment | None:
         """The newest assignment once it gives this node a stage. Until then the
@@ -196,15 +196,20 @@ class Worker:
         self.writer.write(it + 1, blobs)
 
     def _silent(self, members, iteration: int, starting=()) -> str | None:
+        """Why waiting for `members` is pointless (some lost their leases), or None.
+        A node in `starting` may not have registered yet: it counts as alive while
+        its agent is, or, without agents, always (the launcher watches it)."""
+        if not self.cfg.elastic:
+            members, starting = [n for n in members if n not in set(starting)], ()
         gone = self.cluster.record_silent(members, iteration, self.node, starting)
         return f"nodes {gone} lost their leases" if gone else None
 
-    def _world(self, name: str, iteration: int = 0) -> Comm:
+    def _world(self, name: str, iteration: int, starting=()) -> Comm:
         """The world process group of the live nodes, under the store prefix `name`;
         the rendezvous gives up (and records them dead) if a member's lease runs out."""
         members = [n for n in self.assignment.members if n not in self.failed_global]
         store = EtcdStore(self.cluster.client, self.cluster.key("pg", "world", name), timedelta(hours=24),
-                          lambda: self._silent(members, iteration))
+                          lambda: self._silent(members, iteration, starting))
         self._store = store  # the group keeps using it
         pg, rank_of = new_group(store, members, self.node)
         return Comm(pg, rank_of, self.device)
