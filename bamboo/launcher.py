@@ -103,6 +103,8 @@ class Launcher:
         self._redone = 0  # the newest redo epoch already rewound to
         self.server: EtcdServer | None = None
         self.procs: dict[int, subprocess.Popen] = {}
+        self.on_tick = None    # called while waiting for iterations (a trace replay adds and kills nodes)
+        self.stopped = False   # set by on_tick: stop after the current iteration, killing every process
         self.logs: str | None = None
         self.keep_logs = False
 
@@ -116,12 +118,15 @@ class Launcher:
             self.stop()
             self.metrics.close()  # what finished is written, even after an error
 
-    def stop(self) -> None:
+    def stop_processes(self) -> None:
         for p in self.procs.values():
             if p.poll() is None:
                 p.kill()
         for p in self.procs.values():
             p.wait()
+
+    def stop(self) -> None:
+        self.stop_processes()
         if self.server:
             self.server.stop()
         if self.logs and not self.keep_logs:
@@ -149,10 +154,12 @@ class Launcher:
         epoch = None
         with ProgressBar(self.progress, self.cfg.iterations) as bar:
             it, redo = first, []
-            while it < self.cfg.iterations:
+            while it < self.cfg.iterations and not self.stopped:
                 try:
                     reports = self._wait_iteration(cluster, it, since=last)
                 except Rewind as r:  # abandoned: the agents redo it (or restart from a checkpoint)
+                    if r.assignment is None:
+                        break
                     redo.append({"type": "redo", "abandoned": it, "from": r.assignment.start,
                                  "restore": r.assignment.restore})
                     it = r.assignment.start
@@ -182,6 +189,8 @@ class Launcher:
                 for n in self.local.joining(it) if self.local else ():
                     self._start(cluster, n, "agents.agent", "--zone", self.local.zone(n), "--log-dir", self.logs)
                 it += 1
+        if self.stopped:
+            self.stop_processes()
         for n, p in self.procs.items():
             if p.wait() not in EXPECTED_EXITS:
                 raise LaunchError(self._worker_error(cluster))
@@ -245,6 +254,10 @@ class Launcher:
             if all(str(n) in done or str(n) in failed for n in assignment_at(cluster, it).members):
                 return done
             self._check_workers(cluster, since, f"iteration {it} to finish")
+            if self.on_tick:
+                self.on_tick(self, cluster)
+                if self.stopped:
+                    raise Rewind(None)  # unwinds the wait: the run loop ends
             time.sleep(0.05)
 
     def _worker_error(self, cluster: Cluster) -> str:

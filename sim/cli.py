@@ -76,6 +76,7 @@ def _save(fig, path: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".png")
     os.close(fd)
     fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 

@@ -80,7 +80,7 @@ class MeasuredProfile:
     pipelines D) at one depth: the simulator uses them instead of the arithmetic."""
     name: str
     depth: int
-    iteration_ms: dict[int, float]
+    iteration_ms: tuple[tuple[int, float], ...]   # (pipelines, milliseconds)
     samples: int
     handover_ms: float = 1500.0   # measured pause of a reconfiguration on that machine
 

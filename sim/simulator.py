@@ -21,7 +21,7 @@ a redo the failure timeout plus the redone iteration; a restart `restart_seconds
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from agents.policy import Config, next_config
@@ -41,6 +41,7 @@ class Options:
     reconfigure_seconds: float = 10.0   # agents' decision and new process groups
     failure_timeout: float = 3.0        # seconds before a silent node counts as dead
     zones: tuple[str, ...] = ("a", "b", "c")  # for traces without zones: nodes dealt in turn
+    startup_seconds: float = 0.0        # from a node's arrival to its being usable (0: the trace says when)
 
 
 @dataclass
@@ -79,7 +80,9 @@ class ClusterSimulator:
     # -- the run -------------------------------------------------------------------------
     def run(self, events: list[Event], hours: float | None = None) -> dict:
         horizon = hours * 3600 if hours else max((e.time for e in events), default=0.0)
-        events = [e for e in events if e.time <= horizon]
+        delay = self.opt.startup_seconds
+        events = sorted((replace(e, time=e.time + delay) if e.action == "add" and e.time > 0 else e
+                         for e in events if e.time <= horizon), key=lambda e: e.time)
         if self.strategy == "on-demand":
             return self._on_demand(events, horizon)
         s = _State(next_checkpoint=self.opt.checkpoint_seconds)
@@ -223,7 +226,7 @@ def _simultaneous(events: list[Event], window: float) -> list[list[Event]]:
 @lru_cache(maxsize=None)
 def _iteration_ms(profile, depth: int, pipelines: int, redundancy: str, merged: bool) -> float:
     if isinstance(profile, MeasuredProfile):
-        known = profile.iteration_ms
+        known = dict(profile.iteration_ms)
         return known.get(pipelines) or known[min(known, key=lambda d: abs(d - pipelines))]
     microbatches = math.ceil(profile.microbatches / pipelines)
     cost = profile.cost(depth, pipelines)
