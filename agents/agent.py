@@ -2,10 +2,10 @@
 the first configuration with the other agents through torch elastic's dynamic
 rendezvous, starts and watches the node's worker, and takes its turn deciding the
 next configuration when the workers ask for one. SIGTERM (or a cloud preemption
-notice) drains the node: the next configuration leaves it out, its stages move
-to their new owners, and the agent exits.
+notice, with `--notice ec2|gcp`) drains the node: the next configuration leaves it
+out, its stages move to their new owners, and the agent exits.
 
-    bamboo-agent --etcd HOST:PORT --job NAME --zone ZONE [--node ID]
+    bamboo-agent --etcd HOST:PORT --job NAME --zone ZONE [--node ID] [--notice ec2|gcp]
 
 Lifecycle (torch.distributed.elastic's SimpleElasticAgent, steps overridden):
   _rendezvous      register under a lease; the first agents meet in torch elastic's
@@ -29,6 +29,7 @@ from torch.distributed.elastic.agent.server.api import (
     RunResult, SimpleElasticAgent, Worker, WorkerSpec, WorkerState)
 
 from agents.membership import Membership
+from agents.notices import WATCHERS, watch
 from agents.rendezvous import rendezvous_handler
 from bamboo.cluster import Cluster
 from bamboo.config import FENCED, PARKED, JobConfig
@@ -130,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-nodes", type=int, help="nodes the first configuration waits for (default: depth P)")
     ap.add_argument("--max-nodes", type=int, default=1024)
     ap.add_argument("--log-dir", help="write the worker's output here")
+    ap.add_argument("--notice", choices=sorted(WATCHERS), help="watch this cloud's preemption notices")
+    ap.add_argument("--metadata-url", help="the metadata service to watch (default: the cloud's own)")
     args = ap.parse_args(argv)
     try:
         cluster = Cluster(args.etcd, args.job)
@@ -150,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     def drain(signum, frame):
         agent.draining = True
     signal.signal(signal.SIGTERM, drain)
+
+    def noticed(notice: dict) -> None:  # leave now, handing the stages over, before the kill
+        cluster.put(dict(notice, time=time.time()), "notices", membership.node)
+        agent.draining = True
+    if args.notice:
+        watch(args.notice, noticed, args.metadata_url, interval=0.2)
     result = agent.run()
     handler.shutdown()
     if result is None or result.state == WorkerState.SUCCEEDED:

@@ -6,6 +6,7 @@ keys listed in bamboo/cluster.py):
     members/<id>          {"zone", "host"} under the agent's lease: the node exists
     zones/<id>            the node's zone, kept after it is gone (for status and traces)
     drain/<id>            the node asked to leave (SIGTERM, preemption notice)
+    notices/<id>          {"source", "action", "time"}: the cloud's preemption notice
     assignment/<epoch>    the configuration of an epoch: {"epoch", "start", "pipelines",
                           "standby", "failed", "restore"}; created if absent, so for any
                           epoch exactly one agent's decision stands

@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-nodes", type=int, metavar="N",
                    help="run N nodes, each an elastic agent, that keep reconfiguring (D = nodes // P)")
     p.add_argument("--zones", default="a", metavar="A,B,...", help="zones of the local nodes, dealt in turn")
+    p.add_argument("--notice", choices=("ec2", "gcp"), help="with --local-nodes: agents watch this cloud's "
+                                                           "preemption notices")
+    p.add_argument("--metadata-url", metavar="URL", help="the metadata service the agents watch ({node} is "
+                                                         "replaced by the node id)")
     p.add_argument("--join", action="append", default=[], metavar="COUNT@ITER",
                    help="with --local-nodes: COUNT more nodes join after iteration ITER (repeatable)")
     p.add_argument("--no-progress", action="store_true")
@@ -129,7 +133,7 @@ def local_cluster(args):
         if not (count.isdigit() and it.isdigit() and int(count) > 0):
             raise ValueError(f"--join {spec!r}: expected COUNT@ITERATION")
         joins.append((int(count), int(it)))
-    return LocalCluster(args.local_nodes, zones, tuple(joins))
+    return LocalCluster(args.local_nodes, zones, tuple(joins), args.notice, args.metadata_url)
 
 
 def config_from_args(args) -> JobConfig:

@@ -76,9 +76,20 @@ class LocalCluster:
     nodes: int
     zones: tuple[str, ...] = ("a",)
     joins: tuple[tuple[int, int], ...] = ()
+    notice: str | None = None        # agents watch this cloud's preemption notices...
+    metadata_url: str | None = None  # ...at this metadata service ("{node}" is replaced)
 
     def zone(self, node: int) -> str:
         return self.zones[node % len(self.zones)]
+
+    def agent_args(self, node: int) -> list[str]:
+        """The options every agent of node `node` gets (beyond etcd, job and id)."""
+        args = ["--zone", self.zone(node)]
+        if self.notice:
+            args += ["--notice", self.notice]
+            if self.metadata_url:
+                args += ["--metadata-url", self.metadata_url.replace("{node}", str(node))]
+        return args
 
     def joining(self, iteration: int) -> list[int]:
         first = self.nodes + sum(c for c, it in self.joins if it < iteration)
@@ -101,6 +112,7 @@ class Launcher:
         self.progress = progress
         self.local = cluster
         self._redone = 0  # the newest redo epoch already rewound to
+        self._noticed: set[str] = set()
         self.server: EtcdServer | None = None
         self.procs: dict[int, subprocess.Popen] = {}
         self.on_tick = None    # called while waiting for iterations (a trace replay adds and kills nodes)
@@ -142,7 +154,7 @@ class Launcher:
         cluster.put(self.cfg.to_dict(), "config")
         if self.local:
             for n in range(self.local.nodes):
-                self._start(cluster, n, "agents.agent", "--zone", self.local.zone(n), "--min-nodes",
+                self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--min-nodes",
                             str(self.local.nodes), "--log-dir", self.logs)
         else:
             cluster.put(Assignment.static(self.cfg.stages, self.cfg.pipelines).to_dict(), "assignment", 0)
@@ -169,6 +181,11 @@ class Launcher:
                 redo = []
                 events += [{"type": "preemption", "node": int(n), "pause_seconds": round(time.time() - p["time"], 4)}
                            for n, p in cluster.children("preempted").items() if p["iteration"] == it]
+                for n, notice in cluster.children("notices").items():  # reported once, when first seen
+                    if n not in self._noticed:
+                        self._noticed.add(n)
+                        events.append({"type": "notice", "node": int(n), "source": notice["source"],
+                                       "action": notice.get("action")})
                 failed = cluster.children("failed")
                 assignment = assignment_at(cluster, it)
                 live = sum(str(n) not in failed or failed[str(n)]["iteration"] > it for n in assignment.members)
@@ -187,7 +204,7 @@ class Launcher:
                 summary["peak_memory_mb"] = {n: r["rss_mb"] for n, r in reports.items()}
                 bar(it, record)
                 for n in self.local.joining(it) if self.local else ():
-                    self._start(cluster, n, "agents.agent", "--zone", self.local.zone(n), "--log-dir", self.logs)
+                    self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--log-dir", self.logs)
                 it += 1
         if self.stopped:
             self.stop_processes()
@@ -218,7 +235,7 @@ class Launcher:
         if not cluster.get("config").get("elastic"):
             raise LaunchError(f"job {self.cfg.job!r} runs without agents: it cannot take new nodes")
         for n in range(self.local.nodes):
-            self._start(cluster, n, "agents.agent", "--zone", self.local.zone(n), "--log-dir", self.logs, named=False)
+            self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--log-dir", self.logs, named=False)
         for p in self.procs.values():
             if p.wait() not in EXPECTED_EXITS:
                 raise LaunchError(self._worker_error(cluster))
