@@ -1,10 +1,36 @@
 """Shared test settings: hypothesis profile sized for a 2-core CI machine. In CI
 (CI=true) the examples are derandomized, so a run there is repeatable; a local
-run explores new examples each time."""
+run explores new examples each time. `moto_endpoint`: a moto server on loopback
+(S3, EC2, autoscaling) for the real boto3 client."""
 import os
+import socket
+import subprocess
+import sys
+import time
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("ci", deadline=None, max_examples=60, derandomize=bool(os.environ.get("CI")),
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci")
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1",
+                             "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield url
+    proc.kill()
+    proc.wait()

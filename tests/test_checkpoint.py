@@ -2,10 +2,8 @@
 a resumed run that continues exactly where the checkpoint was taken."""
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -89,26 +87,6 @@ write_part(Slow({str(tmp_path)!r}), 6, 0, blobs)
     assert not (tmp_path / "ckpt-00000006" / "part-0.json").exists()
     it, blobs = latest(storage, len(layers))
     assert it == 3 and len(blobs) == len(layers)
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1",
-                             "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield url
-    proc.kill()
-    proc.wait()
 
 
 def test_s3_checkpoints_through_boto3(moto_endpoint, monkeypatch):

@@ -1,0 +1,113 @@
+"""EC2 spot capacity with the real boto3 client against a moto server on loopback:
+template and autoscaling group over three zones, scale, a preemption (an instance
+terminated), tear-down; bad zones, refusals with roll-back, missing credentials,
+and the dry run. (moto places every instance in one zone: the tests check the
+zones the requests ask for.)"""
+import base64
+import json
+import subprocess
+import sys
+
+import boto3
+import pytest
+
+from agents.ec2 import Ec2Provider, Ec2Spec, LaunchError
+
+REGION = "us-east-1"
+ZONES = ("us-east-1a", "us-east-1b", "us-east-1c")
+
+
+@pytest.fixture
+def aws(moto_endpoint, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=moto_endpoint)
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    return moto_endpoint, ec2, image
+
+
+def spec(image, name, **kw):
+    return Ec2Spec(name=name, region=REGION, zones=kw.pop("zones", ZONES), nodes=kw.pop("nodes", 3), image=image,
+                   etcd="10.0.0.5:2379", job="gpt", **kw)
+
+
+def test_group_over_three_zones_scale_preempt_and_tear_down(aws):
+    endpoint, ec2, image = aws
+    provider = Ec2Provider(REGION, endpoint)
+    made = provider.up(spec(image, "bamboo-up", key_name="k", iam_profile="p"))
+    subnets = ec2.describe_subnets(SubnetIds=made["subnets"])["Subnets"]
+    assert sorted(s["AvailabilityZone"] for s in subnets) == sorted(ZONES)
+    asg = boto3.client("autoscaling", region_name=REGION, endpoint_url=endpoint)
+    group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["bamboo-up"])["AutoScalingGroups"][0]
+    assert sorted(group["VPCZoneIdentifier"].split(",")) == sorted(made["subnets"])
+    assert group["DesiredCapacity"] == 3
+    version = ec2.describe_launch_template_versions(LaunchTemplateName="bamboo-up")["LaunchTemplateVersions"][0]
+    data = version["LaunchTemplateData"]
+    assert data["InstanceMarketOptions"]["MarketType"] == "spot" and data["IamInstanceProfile"]["Name"] == "p"
+    script = base64.b64decode(data["UserData"]).decode()
+    assert "bamboo-agent --etcd 10.0.0.5:2379 --job gpt" in script and "--notice ec2" in script
+    assert len(provider.describe("bamboo-up")) == 3
+
+    provider.scale("bamboo-up", 5)
+    instances = provider.describe("bamboo-up")
+    assert len(instances) == 5 and all(i["lifecycle"] == "InService" for i in instances)
+    ec2.terminate_instances(InstanceIds=[instances[0]["id"]])  # a preemption: the group replaces the node
+    after = provider.describe("bamboo-up")
+    assert instances[0]["id"] not in {i["id"] for i in after} and len(after) == 5
+
+    provider.down("bamboo-up")
+    assert not asg.describe_auto_scaling_groups(AutoScalingGroupNames=["bamboo-up"])["AutoScalingGroups"]
+    templates = ec2.describe_launch_templates()["LaunchTemplates"]
+    assert "bamboo-up" not in {t["LaunchTemplateName"] for t in templates}
+
+
+def test_an_unknown_zone_is_refused_before_anything_is_created(aws):
+    endpoint, ec2, image = aws
+    with pytest.raises(LaunchError, match="unknown zone.*us-east-1q"):
+        Ec2Provider(REGION, endpoint).up(spec(image, "bamboo-zone", zones=("us-east-1a", "us-east-1q")))
+    assert "bamboo-zone" not in {t["LaunchTemplateName"] for t in ec2.describe_launch_templates()["LaunchTemplates"]}
+
+
+def test_a_refused_group_rolls_the_template_back(aws):
+    """A quota error on the group (injected at the client, the way botocore lets a
+    handler answer a call) deletes the template the launch had created."""
+    endpoint, ec2, image = aws
+    provider = Ec2Provider(REGION, endpoint)
+
+    class Refused:
+        status_code = 400
+
+    def quota(**kwargs):
+        return Refused(), {"Error": {"Code": "LimitExceeded", "Message": "You have reached the limit of groups"},
+                           "ResponseMetadata": {"HTTPStatusCode": 400}}
+    provider.autoscaling.meta.events.register("before-call.auto-scaling.CreateAutoScalingGroup", quota)
+    with pytest.raises(LaunchError, match="LimitExceeded"):
+        provider.up(spec(image, "bamboo-quota"))
+    assert "bamboo-quota" not in {t["LaunchTemplateName"] for t in ec2.describe_launch_templates()["LaunchTemplates"]}
+
+
+def launch(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "agents.launch", *args], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def test_dry_run_prints_every_request_and_sends_none(aws, tmp_path):
+    endpoint, ec2, image = aws
+    out = launch("ec2", "--dry-run", "--nodes", "4", "--zones", ",".join(ZONES), "--region", REGION,
+                 "--image", image, "--etcd", "10.0.0.5:2379", "--job", "dry", "--name", "bamboo-dry",
+                 "--state", str(tmp_path / "state.json"))
+    assert out.returncode == 0, out.stderr
+    requests = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["operation"] for r in requests] == ["describe_availability_zones", "describe_subnets",
+                                                  "create_launch_template", "create_auto_scaling_group"]
+    assert requests[3]["params"]["DesiredCapacity"] == 4
+    assert "bamboo-dry" not in {t["LaunchTemplateName"] for t in ec2.describe_launch_templates()["LaunchTemplates"]}
+    assert not (tmp_path / "state.json").exists()
+
+
+def test_missing_credentials_is_one_line(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true"}
+    out = launch("ec2", "--nodes", "2", "--zones", "us-east-1a", "--region", REGION, "--image", "ami-1",
+                 "--etcd", "h:1", "--job", "j", "--state", str(tmp_path / "s.json"), env=env)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1 and "no AWS credentials" in lines[0], out.stderr
