@@ -1,0 +1,140 @@
+"""A small fake of the Compute Engine REST API on loopback: instance templates,
+regional managed instance groups (insert, resize, listManagedInstances, delete),
+regions and long-running operations (RUNNING when returned, DONE once polled), so
+the real google-cloud-compute client can be tested offline."""
+import http.server
+import itertools
+import json
+import re
+import threading
+from urllib.parse import parse_qs, urlparse
+
+BASE = "/compute/v1/projects/(?P<project>[^/]+)"
+
+
+class FakeCompute(http.server.ThreadingHTTPServer):
+    def __init__(self, zones=("us-central1-a", "us-central1-b", "us-central1-c")):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.zones = zones
+        self.templates: dict[str, dict] = {}
+        self.groups: dict[str, dict] = {}
+        self.operations: dict[str, dict] = {}
+        self.polls = 0
+        self.refuse: set[str] = set()   # "insert-group", ...: answered 403
+        self.requests: list[tuple[str, str]] = []
+        self._ids = itertools.count(1)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def operation(self, kind: str, target: str, region: str | None) -> dict:
+        name = f"operation-{next(self._ids)}"
+        op = {"kind": "compute#operation", "name": name, "status": "RUNNING", "operationType": kind,
+              "targetLink": target, "progress": 0}
+        if region:
+            op["region"] = region
+        self.operations[name] = op
+        return op
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> dict:
+        length = int(self.headers.get("Content-Length") or 0)
+        return json.loads(self.rfile.read(length) or b"{}")
+
+    def _route(self, method: str):
+        s, url = self.server, urlparse(self.path)
+        path, query = url.path, parse_qs(url.query)
+        s.requests.append((method, path))
+        region_base = BASE + "/regions/(?P<region>[^/]+)"
+        routes = [
+            ("GET", region_base + "$", self._region),
+            ("GET", BASE + "/global/operations/(?P<op>[^/]+)$", self._poll),
+            ("GET", region_base + "/operations/(?P<op>[^/]+)$", self._poll),
+            ("POST", BASE + "/global/instanceTemplates$", self._insert_template),
+            ("DELETE", BASE + "/global/instanceTemplates/(?P<name>[^/]+)$", self._delete_template),
+            ("POST", region_base + "/instanceGroupManagers$", self._insert_group),
+            ("POST", region_base + "/instanceGroupManagers/(?P<name>[^/]+)/resize$", self._resize),
+            ("POST", region_base + "/instanceGroupManagers/(?P<name>[^/]+)/listManagedInstances$", self._list),
+            ("DELETE", region_base + "/instanceGroupManagers/(?P<name>[^/]+)$", self._delete_group),
+        ]
+        for verb, pattern, handler in routes:
+            m = re.match(pattern, path)
+            if verb == method and m:
+                return handler(query=query, **m.groupdict())
+        self._reply(404, {"error": {"code": 404, "message": f"no route {method} {path}"}})
+
+    def do_GET(self):
+        self._route("GET")
+
+    def do_POST(self):
+        self._route("POST")
+
+    def do_DELETE(self):
+        self._route("DELETE")
+
+    # -- handlers -----------------------------------------------------------------------
+    def _region(self, project, region, query):
+        zones = [f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{z}" for z in self.server.zones]
+        self._reply(200, {"kind": "compute#region", "name": region, "zones": zones})
+
+    def _poll(self, project, op, query, region=None):
+        self.server.polls += 1
+        found = self.server.operations.get(op)
+        if not found:
+            return self._reply(404, {"error": {"code": 404, "message": f"no operation {op}"}})
+        found["status"], found["progress"] = "DONE", 100
+        self._reply(200, found)
+
+    def _refused(self, what: str) -> bool:
+        if what in self.server.refuse:
+            self._reply(403, {"error": {"code": 403, "message": f"QUOTA_EXCEEDED: {what} refused by the fake"}})
+            return True
+        return False
+
+    def _insert_template(self, project, query):
+        if self._refused("insert-template"):
+            return
+        body = self._body()
+        self.server.templates[body["name"]] = body
+        self._reply(200, self.server.operation("insert", body["name"], None))
+
+    def _delete_template(self, project, name, query):
+        self.server.templates.pop(name, None)
+        self._reply(200, self.server.operation("delete", name, None))
+
+    def _insert_group(self, project, region, query):
+        if self._refused("insert-group"):
+            return
+        body = self._body()
+        self.server.groups[body["name"]] = body
+        self._reply(200, self.server.operation("insert", body["name"], region))
+
+    def _resize(self, project, region, name, query):
+        self.server.groups[name]["targetSize"] = int(query["size"][0])
+        self._reply(200, self.server.operation("resize", name, region))
+
+    def _list(self, project, region, name, query):
+        group = self.server.groups[name]
+        zones = [z["zone"].rsplit("/", 1)[-1] for z in group["distributionPolicy"]["zones"]]
+        instances = [{"instance": f"https://www.googleapis.com/compute/v1/projects/{project}/zones/"
+                                  f"{zones[i % len(zones)]}/instances/{name}-{i:04d}",
+                      "instanceStatus": "RUNNING", "currentAction": "NONE"} for i in range(group["targetSize"])]
+        self._reply(200, {"managedInstances": instances})
+
+    def _delete_group(self, project, region, name, query):
+        self.server.groups.pop(name, None)
+        self._reply(200, self.server.operation("delete", name, region))

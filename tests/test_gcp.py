@@ -1,0 +1,89 @@
+"""GCP spot capacity with the real google-cloud-compute client (REST, anonymous
+credentials) against a fake Compute Engine endpoint on loopback."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agents.ec2 import LaunchError
+from agents.gcp import GcpProvider, GcpSpec
+from tests.fake_gcp import FakeCompute
+
+ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
+
+
+@pytest.fixture
+def compute():
+    server = FakeCompute(ZONES)
+    yield server
+    server.shutdown()
+
+
+def spec(name="bamboo-gcp", zones=ZONES, nodes=3):
+    return GcpSpec(name=name, project="proj", region="us-central1", zones=zones, nodes=nodes,
+                   image="projects/debian-cloud/global/images/family/debian-12", etcd="10.0.0.5:2379", job="gpt")
+
+
+def test_spot_template_and_regional_group_over_three_zones(compute):
+    provider = GcpProvider("proj", "us-central1", compute.url)
+    provider.up(spec())
+    template = compute.templates["bamboo-gcp"]["properties"]
+    assert template["scheduling"]["provisioningModel"] == "SPOT"
+    script = template["metadata"]["items"][0]["value"]
+    assert "bamboo-agent --etcd 10.0.0.5:2379 --job gpt" in script and "--notice gcp" in script
+    group = compute.groups["bamboo-gcp"]
+    assert [z["zone"] for z in group["distributionPolicy"]["zones"]] == [f"zones/{z}" for z in ZONES]
+    assert group["targetSize"] == 3 and group["instanceTemplate"].endswith("instanceTemplates/bamboo-gcp")
+    assert compute.polls >= 2  # both operations were waited on, through our endpoint
+
+    provider.scale("bamboo-gcp", 5)
+    instances = provider.describe("bamboo-gcp")
+    assert len(instances) == 5 and {i["zone"] for i in instances} == set(ZONES)
+
+    provider.down("bamboo-gcp")
+    assert not compute.groups and not compute.templates
+
+
+def test_unknown_zone_creates_nothing(compute):
+    with pytest.raises(LaunchError, match="unknown zone.*europe-west1-b"):
+        GcpProvider("proj", "us-central1", compute.url).up(spec(zones=("us-central1-a", "europe-west1-b")))
+    assert not compute.templates and not compute.groups
+
+
+def test_refused_group_rolls_the_template_back(compute):
+    compute.refuse.add("insert-group")
+    with pytest.raises(LaunchError, match="QUOTA_EXCEEDED"):
+        GcpProvider("proj", "us-central1", compute.url).up(spec())
+    assert not compute.templates and not compute.groups
+
+
+def launch(*args, env=None, cwd=None):
+    return subprocess.run([sys.executable, "-m", "agents.launch", *args], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=cwd)
+
+
+def test_launch_status_down_and_dry_run_through_the_command(compute, tmp_path):
+    common = ["--nodes", "2", "--zones", ",".join(ZONES), "--region", "us-central1", "--project", "proj",
+              "--image", "img", "--etcd", "10.0.0.5:2379", "--job", "gpt", "--endpoint-url", compute.url]
+    state = str(tmp_path / "state.json")
+    dry = launch("--state", state, "gcp", "--dry-run", *common)
+    assert dry.returncode == 0, dry.stderr
+    assert [json.loads(line)["method"] for line in dry.stdout.splitlines()] == ["insert", "insert"]
+    assert not compute.templates and not os.path.exists(state)
+
+    up = launch("--state", state, "gcp", *common)
+    assert up.returncode == 0, up.stderr and compute.groups
+    status = json.loads(launch("--state", state, "status").stdout)
+    assert status["provider"] == "gcp" and len(status["instances"]) == 2
+    assert launch("--state", state, "down").returncode == 0
+    assert not compute.groups and not os.path.exists(state)
+
+
+def test_missing_google_credentials_is_one_line(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "NO_GCE_CHECK": "True"}
+    out = launch("--state", str(tmp_path / "s.json"), "gcp", "--nodes", "1", "--zones", "us-central1-a",
+                 "--region", "us-central1", "--project", "p", "--image", "i", "--etcd", "h:1", "--job", "j", env=env)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1 and "no Google credentials" in lines[0], out.stderr
