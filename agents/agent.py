@@ -56,8 +56,11 @@ class BambooAgent(SimpleElasticAgent):
         else:
             info = worker_group.spec.rdzv_handler.next_rendezvous()
             rank, world = info.rank, info.world_size
-            if rank == 0:
-                self.membership.first_assignment(world)
+            info.store.set(f"bamboo-node-{rank}", str(self.node))
+            if rank == 0:  # the first configuration: over exactly the nodes that met
+                keys = [f"bamboo-node-{r}" for r in range(world)]
+                info.store.wait(keys)
+                self.membership.first_assignment([int(info.store.get(k)) for k in keys])
         worker_group.workers = [Worker(local_rank=0, global_rank=self.node, role_rank=rank, world_size=world,
                                        role_world_size=world)]
         worker_group.group_rank, worker_group.group_world_size = rank, world
@@ -141,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bamboo-agent: error: {e}", file=sys.stderr)
         return 1
     cfg = JobConfig.from_dict(raw)
-    membership = Membership(cluster, args.zone, args.node, cfg.failure_timeout)
+    try:
+        membership = Membership(cluster, args.zone, args.node, cfg.failure_timeout)
+    except ValueError as e:
+        print(f"bamboo-agent: error: {e}", file=sys.stderr)
+        return 1
     handler = rendezvous_handler(args.etcd, args.job, min_nodes=args.min_nodes or cfg.stages,
                                  max_nodes=max(args.max_nodes, args.min_nodes or 1), local_addr=socket.gethostname(),
                                  last_call_timeout=2, join_timeout=cfg.stall_timeout)
@@ -159,7 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         agent.draining = True
     if args.notice:
         watch(args.notice, noticed, args.metadata_url, interval=0.2)
-    result = agent.run()
+    try:
+        result = agent.run()
+    except (EtcdError, TimeoutError) as e:  # one line, not a traceback
+        print(f"bamboo-agent: error: {e}", file=sys.stderr)
+        return 1
     handler.shutdown()
     if result is None or result.state == WorkerState.SUCCEEDED:
         return 0

@@ -39,7 +39,7 @@ def from_policy(c: Config, start: int, failed, gone=None, restore: str = "peers"
     failed = tuple(sorted(int(n) for n in failed))
     return Assignment(c.epoch, start, tuple(tuple(int(n) for n in p) for p in c.pipelines),
                       tuple(int(n) for n in c.standby), failed,
-                      failed if gone is None else tuple(sorted(int(n) for n in gone)), restore, gone is not None)
+                      failed if gone is None else tuple(sorted(int(n) for n in gone)), restore)
 
 
 # Keys of one iteration's attempt: cleared when the iteration (or a checkpoint's
@@ -82,10 +82,10 @@ class Membership:
         gone = {str(n) for n in exclude} | set(self.cluster.children("drain"))
         return {n: z for n, z in out.items() if n not in gone}
 
-    def first_assignment(self, world: int) -> None:
+    def first_assignment(self, nodes: list[int]) -> None:
         """Run by the rendezvous' rank 0: assignment 0 over the nodes that met."""
-        live = self.cluster.wait_for(lambda: (lambda m: m if len(m) >= world else None)(self.live()),
-                                     timeout=60, what=f"{world} nodes to register")
+        zones = {int(n): z for n, z in self.cluster.children("zones").items()}
+        live = {str(n): zones[n] for n in nodes}
         cfg = JobConfig.from_dict(self.cluster.get("config"))
         self.cluster.create(from_policy(next_config(live, None, cfg.stages), 0, ()).to_dict(), "assignment", 0)
 
@@ -110,9 +110,7 @@ class Membership:
                 previous = latest_assignment(self.cluster)
                 if previous.start <= self._next:
                     failed = asked[0]["failed"]
-                    config = next_config(self.live(failed), to_policy(previous), cfg.stages)
-                    new = from_policy(config, self._next + 1, failed)
-                    self.cluster.create(new.to_dict(), "assignment", new.epoch)
+                    self._next_epoch(cfg, previous, self._next, failed, failed, redo=False)
             if not self.cluster.children("regroup", self._next + 1):
                 return  # this iteration may still get another try
             self._next += 1
@@ -135,20 +133,30 @@ class Membership:
             before = tries[max(tries, key=int)]["failed"]
         else:
             before = previous.gone
-        held = {s for n, stages in previous.holders(before, cfg.redundancy).items() if n not in failed
-                for s in stages}
-        start, restore = it, "peers"
-        if len(held) < previous.depth:
-            start, restore = self._checkpoint_iteration(cfg, it), "checkpoint"
+        self._next_epoch(cfg, previous, it, before, failed, redo=True)
+
+    def _next_epoch(self, cfg: JobConfig, previous: Assignment, it: int, before, failed, redo: bool) -> None:
+        """Write the epoch after iteration `it` (before it, with `redo`): the policy
+        over the live nodes; layers from the survivors, whose holdings reflect the
+        failures `before`, or, when some stage is held by no live node, from the
+        newest complete checkpoint (the iterations after it are run again)."""
         config = next_config(self.live(failed), to_policy(previous), cfg.stages)
+        if config.depth < 2:
+            return  # a pipeline needs two nodes: wait for more (the workers wait for this epoch)
+        held = {s for n, stages in previous.holders(before, cfg.redundancy).items() if n not in set(failed)
+                for s in stages}
+        start, restore = (it if redo else it + 1), "peers"
+        if len(held) < previous.depth:
+            start, restore, redo = self._checkpoint_iteration(cfg, it), "checkpoint", True
         new = from_policy(config, start, before, failed, restore)
+        new = Assignment(**{**new.__dict__, "redo": redo})
         clear = [(family, k) for family in ITERATION_KEYS for k in range(start, it + 1)]
         self.cluster.create_clearing(new.to_dict(), ("assignment", new.epoch), clear)
 
     @staticmethod
     def _checkpoint_iteration(cfg: JobConfig, it: int) -> int:
-        """The iteration of the newest complete checkpoint (`it` if there is none:
-        the workers then stop with that error)."""
+        """The iteration of the newest complete checkpoint, which the workers then
+        load by name (`it` if there is none: they stop with that error)."""
         if not cfg.checkpoint:
             return it
         found = latest(storage_for(cfg.checkpoint), cfg.layers)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schedules.layout import Layout
-
 
 @dataclass(frozen=True)
 class Assignment:
@@ -49,16 +47,16 @@ class Assignment:
         return tuple(s for s, n in enumerate(self.pipelines[pipeline]) if n in dead)
 
     def holders(self, failed, redundancy: str = "eager") -> dict[int, set[int]]:
-        """node -> the stages it holds up to date, for the live nodes, after the
-        failures `failed` were taken over (owned stages plus the replica kept)."""
+        """node -> the stages it holds up to date, for the live nodes. With
+        redundancy node s holds stage s and stage s + 1 whatever failed: the replica
+        is synced while its owner lives and owned once the node took it over."""
+        dead = {int(n) for n in failed}
         out: dict[int, set[int]] = {}
-        for j, pipe in enumerate(self.pipelines):
-            down = self.local_failed(j, failed)
-            layout = Layout(len(pipe), frozenset(down), replicas=redundancy == "eager")
+        for pipe in self.pipelines:
+            P = len(pipe)
             for s, n in enumerate(pipe):
-                if s not in down:
-                    replica = layout.replica(s)
-                    out[n] = set(layout.owned(s)) | ({replica} if replica is not None else set())
+                if n not in dead:
+                    out[n] = {s, (s + 1) % P} if redundancy == "eager" else {s}
         return out
 
     def to_dict(self) -> dict:
@@ -83,12 +81,6 @@ def latest_assignment(cluster) -> Assignment:
 def previous_assignment(cluster, epoch: int) -> Assignment | None:
     d = cluster.get("assignment", epoch - 1)
     return Assignment.from_dict(d) if d else None
-
-
-def next_assignment(cluster, start: int) -> Assignment | None:
-    """The assignment the agents wrote for iteration `start`, once it exists."""
-    a = latest_assignment(cluster)
-    return a if a.start == start else None
 
 
 def assignment_at(cluster, iteration: int) -> Assignment:

@@ -150,27 +150,39 @@ def latest(storage, num_layers: int) -> tuple[int, dict[int, bytes]] | None:
     iterations = sorted({int(m.group(1)) for k in keys if (m := re.match(r"ckpt-(\d+)/part-", k))},
                         reverse=True)
     for it in iterations:
-        hashes: dict[int, str] = {}
-        for k in keys:
-            if k.startswith(f"ckpt-{it:08d}/part-"):
-                try:
-                    hashes.update({int(i): h for i, h in json.loads(storage.get(k))["layers"].items()})
-                except (ValueError, KeyError):
-                    continue
-        if sorted(hashes) != list(range(num_layers)):
-            continue
-        blobs = {}
-        for index, h in hashes.items():
-            try:
-                data = storage.get(f"ckpt-{it:08d}/layer{index}.pt")
-            except Exception:
-                break
-            if hashlib.sha256(data).hexdigest() != h:
-                break
-            blobs[index] = data
-        else:
+        blobs = _complete(storage, keys, it, num_layers)
+        if blobs is not None:
             return it, blobs
     return None
+
+
+def load(storage, iteration: int, num_layers: int) -> dict[int, bytes] | None:
+    """The checkpoint taken before `iteration`, if it is complete."""
+    return _complete(storage, storage.list(), iteration, num_layers)
+
+
+def _complete(storage, keys: list[str], it: int, num_layers: int) -> dict[int, bytes] | None:
+    """Layer index -> bytes of checkpoint `it` if its parts name every layer and
+    every file matches its hash, else None."""
+    hashes: dict[int, str] = {}
+    for k in keys:
+        if k.startswith(f"ckpt-{it:08d}/part-"):
+            try:
+                hashes.update({int(i): h for i, h in json.loads(storage.get(k))["layers"].items()})
+            except (ValueError, KeyError):
+                continue
+    if sorted(hashes) != list(range(num_layers)):
+        return None
+    blobs = {}
+    for index, h in hashes.items():
+        try:
+            data = storage.get(f"ckpt-{it:08d}/layer{index}.pt")
+        except Exception:
+            return None
+        if hashlib.sha256(data).hexdigest() != h:
+            return None
+        blobs[index] = data
+    return blobs
 
 
 def restore(blob: bytes, layer: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

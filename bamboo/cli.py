@@ -152,6 +152,9 @@ def config_from_args(args) -> JobConfig:
                          "DIR|s3://BUCKET/PREFIX")
     if args.checkpoint_every < 0 or args.checkpoint_seconds < 0:
         raise ValueError("--checkpoint-every and --checkpoint-seconds must not be negative")
+    if args.resume and args.local_nodes is not None:
+        raise ValueError("--resume with --local-nodes: agents restore from the checkpoint by themselves when a "
+                         "stage is lost; to restart a job from a checkpoint, run it without --local-nodes")
     if args.stages == 1 and (args.checkpoint or args.resume):
         raise ValueError("checkpoints need a pipeline (--stages 2 or more)")
     if args.stages == 1 and args.pipelines > 1:

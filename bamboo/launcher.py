@@ -113,6 +113,7 @@ class Launcher:
         self.local = cluster
         self._redone = 0  # the newest redo epoch already rewound to
         self._noticed: set[str] = set()
+        self._joined: set[int] = set()
         self.server: EtcdServer | None = None
         self.procs: dict[int, subprocess.Popen] = {}
         self.on_tick = None    # called while waiting for iterations (a trace replay adds and kills nodes)
@@ -203,8 +204,9 @@ class Launcher:
                 summary["failovers"] += sum(e["type"] == "failover" for e in events)
                 summary["peak_memory_mb"] = {n: r["rss_mb"] for n, r in reports.items()}
                 bar(it, record)
-                for n in self.local.joining(it) if self.local else ():
+                for n in self.local.joining(it) if self.local and it not in self._joined else ():
                     self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--log-dir", self.logs)
+                self._joined.add(it)  # an iteration run again (after a checkpoint restore) adds nobody twice
                 it += 1
         if self.stopped:
             self.stop_processes()

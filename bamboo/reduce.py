@@ -8,7 +8,7 @@ and then died took part of the sum with it: that case is refused, by name.
 """
 from __future__ import annotations
 
-import threading
+import time
 from datetime import timedelta
 
 from schedules.layout import Layout, ScheduleError
@@ -17,6 +17,7 @@ from bamboo.cluster import Cluster
 from bamboo.comm import new_group
 from bamboo.assignment import Assignment
 from bamboo.executor import flat_grads, set_flat_grads
+from bamboo.failover import Aborted
 from bamboo.store import EtcdStore
 
 
@@ -26,6 +27,7 @@ class Reducer:
         self.failover = failover  # gives up (or aborts the iteration) on what no regroup can mend
         self.P, self.D = assignment.depth, len(assignment.pipelines)
         self._groups: dict[tuple[int, ...], tuple] = {}
+        self._broken: list = []
 
     def members(self, stage: int) -> tuple[int, ...]:
         failed = self.cluster.children("failed")
@@ -63,14 +65,20 @@ class Reducer:
             flat = flat_grads(module)
             try:
                 work = self._group(iteration, stage, members).allreduce([flat])
-                finished = threading.Event()
-                work.get_future().add_done_callback(lambda _: finished.set())
-                while not finished.wait(0.05):  # an abort is noticed while waiting
-                    self.failover.check_abort()
+                checked = time.monotonic()
+                while not work.is_completed():  # an abort is noticed while waiting
+                    time.sleep(0.001)
+                    if time.monotonic() - checked > 0.05:
+                        checked = time.monotonic()
+                        self.failover.check_abort()
                 work.wait()
                 break
+            except Aborted:
+                raise
             except (RuntimeError, TimeoutError):  # a member died: wait until it is recorded, then regroup
-                self._groups.pop(members, None)
+                # A group with a failed collective is kept, never destroyed: gloo's
+                # teardown of it can abort the process.
+                self._broken.append(self._groups.pop(members, None))
 
                 def regrouped():
                     self.failover.check_abort()

@@ -27,13 +27,13 @@ from schedules.layout import Layout
 from bamboo.cluster import Cluster
 from bamboo.comm import Comm, new_group
 from bamboo import handover
-from bamboo.assignment import Assignment, latest_assignment, next_assignment, previous_assignment
+from bamboo.assignment import Assignment, latest_assignment, previous_assignment
 from bamboo.config import FENCED, PARKED, JobConfig
 from bamboo.data import ByteCorpus, split_microbatches
 from bamboo.executor import Executor
 from bamboo.failover import Aborted, Failover
 from bamboo.api import ModelSource
-from bamboo.checkpoint import CheckpointError, Writer, latest, restore, snapshot, storage_for
+from bamboo.checkpoint import CheckpointError, Writer, latest, load, restore, snapshot, storage_for
 from bamboo.models import Stage
 from bamboo.partition import partition
 from bamboo.reduce import Reducer
@@ -148,7 +148,7 @@ class Worker:
         have = {n: {i for s in stages for i in old_ranges[s]} for n, stages in live_old.items()}
         need = {n: self._needs(new, n) for n in new.members}
         if new.restore == "checkpoint":
-            received = self._from_checkpoint(need[self.node]) if self.node in need else {}
+            received = self._from_checkpoint(need[self.node], new.start) if self.node in need else {}
         else:
             members = sorted(set(need) | set(have))
             store = EtcdStore(self.cluster.client, self.cluster.key("pg", "handover", new.epoch),
@@ -163,11 +163,12 @@ class Worker:
             os._exit(PARKED)  # nothing to run in this epoch: back to standby
         self._enter(new, received)
 
-    def _from_checkpoint(self, layers: set[int]) -> dict[int, bytes]:
-        found = latest(storage_for(self.cfg.checkpoint), self.source.count) if self.cfg.checkpoint else None
+    def _from_checkpoint(self, layers: set[int], iteration: int) -> dict[int, bytes]:
+        """The layers of the checkpoint the agents chose (taken before `iteration`)."""
+        found = load(storage_for(self.cfg.checkpoint), iteration, self.source.count) if self.cfg.checkpoint else None
         if found is None:
             raise CheckpointError("a stage was lost on every node and there is no complete checkpoint")
-        return {i: found[1][i] for i in layers}
+        return {i: found[i] for i in layers}
 
     def _restore(self, storage) -> tuple[int, dict[int, bytes]]:
         found = latest(storage, self.source.count)
@@ -224,35 +225,39 @@ class Worker:
             stream = self.failover.base[self.me]  # the failover keeps every node's stream: one compile
             try:
                 self.executor.run(it, stream, self.mbs, self.comm, self.failover)
+                self._report(it)
+                agreed = self._barrier(it)
             except Aborted:
-                it = self._abort(it)
+                it = self._switch(it, aborted=True)
                 continue
-            report = {"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "events": self.failover.events, "time": time.time(), "epoch": self.assignment.epoch}
-            self.failover.events = []
-            if self.cfg.check_replicas:
-                report["digests"] = {str(s): digest(m, self.optimizers[s]) for s, m in self.modules.items()}
-            self.cluster.put(report, "done", it, self.node)
-            agreed = self._barrier(it)
             if agreed["checkpoint"]:
                 self._checkpoint(it)
             if agreed["reconfigure"] and it + 1 < self.cfg.iterations:
-                new = self.cluster.wait_for(lambda: next_assignment(self.cluster, it + 1),
-                                            timeout=self.cfg.stall_timeout, what="the agents' next configuration")
-                self._reconfigure(new, self.assignment)
-                self.failed_global = sorted(new.gone)
-                self.comm = self._world(f"e{new.epoch}", it + 1)
+                it = self._switch(it)
+                continue
             it += 1
         if self.writer:
             self.writer.wait()
         self._save()
 
-    def _abort(self, it: int) -> int:
-        """Iteration `it` is abandoned everywhere: undo its steps, tell the agents, and
-        continue from where their next configuration starts (`it` itself when every
-        layer survives on some node, else the newest checkpoint)."""
-        self.executor.rollback()
-        self.cluster.put(True, "aborted", it, self.node)
+    def _report(self, it: int) -> None:
+        report = {"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "events": self.failover.events, "time": time.time(), "epoch": self.assignment.epoch}
+        self.failover.events = []
+        if self.cfg.check_replicas:
+            report["digests"] = {str(s): digest(m, self.optimizers[s]) for s, m in self.modules.items()}
+        self.cluster.put(report, "done", it, self.node)
+
+    def _switch(self, it: int, aborted: bool = False) -> int:
+        """Move to the agents' next configuration after iteration `it` (or, when `it`
+        was abandoned everywhere, after undoing its steps); return the iteration it
+        starts from: the next one, `it` again, or a checkpoint's when a stage was lost
+        on every node."""
+        if aborted:
+            self.executor.rollback()
+            if self.writer:
+                self.writer.wait()  # a checkpoint being written is complete before the agents pick one
+            self.cluster.put(True, "aborted", it, self.node)
         new = self.cluster.wait_for(lambda: (lambda a: a if a.epoch > self.assignment.epoch else None)(
             latest_assignment(self.cluster)), timeout=self.cfg.stall_timeout, what="the agents' next configuration")
         self._reconfigure(new, self.assignment)
@@ -272,6 +277,7 @@ class Worker:
             failed = self.cluster.children("failed")
             pending = [n for n in members if str(n) not in done and str(n) not in failed]
             self.cluster.record_silent(pending, it, self.node)  # died between its stream and its report
+            self.failover.check_abort()  # another pipeline could not finish: this iteration is redone
             return not pending
         self.cluster.wait_for(everyone, timeout=24 * 3600, what=f"every node to finish iteration {it}")
         for attempt in itertools.count():

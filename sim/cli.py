@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         options = options_from(args)
         if args.stages < 2:
             raise ValueError(f"--stages must be at least 2 (got {args.stages})")
+        if args.seeds < 1 or (args.nodes is not None and args.nodes < args.stages):
+            raise ValueError("--seeds must be at least 1 and --nodes at least --stages")
         if args.sweep_rates:
             nodes = args.nodes or 3 * args.stages
             rows = sweep(args.model, args.stages, nodes, args.seeds, options)

@@ -164,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     records = [json.loads(line) for line in launcher.metrics.lines if "summary" not in line]
     result = measure(records, replay, args.spot_price)
     profile = profile_from(records, cfg)
+    if not profile.iteration_ms:
+        print("bamboo-replay: error: no iteration without events to measure (try a longer slice)", file=sys.stderr)
+        return 1
     options = Options(spot_price=args.spot_price, reconfigure_seconds=0.0, failure_timeout=cfg.failure_timeout,
                       startup_seconds=4.0, zones=zones)
     predicted = ClusterSimulator(profile, cfg.stages, "bamboo", options).run(events, duration / 3600)

@@ -89,7 +89,9 @@ class ClusterSimulator:
         zones: dict[str, str] = {}
         live: dict[str, str] = {}
         config: Config | None = None
-        for batch in _simultaneous(events, self._window(config)):
+        queue = sorted(events, key=lambda e: e.time)
+        while queue:
+            batch = _next_batch(queue, self._window(config))
             self._advance(s, batch[0].time, config, len(live))
             for e in batch:
                 if e.action == "add":
@@ -114,10 +116,11 @@ class ClusterSimulator:
         if self.strategy == "bamboo":
             if config:
                 pause = 0.0
-                lost_stages = set(range(P))
+                depth = config.depth  # below P when too few nodes were left: they wait, holding the state
+                lost_stages = set(range(depth))
                 for pipe in config.pipelines:
                     dead = {i for i, n in enumerate(pipe) if n in removed}
-                    lost_stages &= {i for i in dead if (i - 1) % P in dead}
+                    lost_stages &= {i for i in dead if (i - 1) % depth in dead}
                     if len(dead) == 1:
                         pause = max(pause, self.iteration_seconds(len(config.pipelines), merged=True))
                     elif len(dead) > 1:  # abandoned: redone from copies elsewhere
@@ -211,16 +214,14 @@ def _moved(a: Config, b: Config) -> bool:
     return any(before.get(n) != s for pipe in b.pipelines for s, n in enumerate(pipe))
 
 
-def _simultaneous(events: list[Event], window: float) -> list[list[Event]]:
-    """Events grouped by time; removals within `window` of a group's first join it."""
-    batches: list[list[Event]] = []
-    for e in sorted(events, key=lambda e: e.time):
-        if batches and (e.time == batches[-1][0].time or
-                        (e.action == "remove" and e.time - batches[-1][0].time < window)):
-            batches[-1].append(e)
-        else:
-            batches.append([e])
-    return batches
+def _next_batch(queue: list[Event], window: float) -> list[Event]:
+    """Take the next events that land together off the queue: those at the first
+    one's time, and removals within `window` (one iteration) of it."""
+    batch = [queue.pop(0)]
+    while queue and (queue[0].time == batch[0].time or
+                     (queue[0].action == "remove" and queue[0].time - batch[0].time < window)):
+        batch.append(queue.pop(0))
+    return batch
 
 
 @lru_cache(maxsize=None)
