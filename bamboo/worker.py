@@ -1,12 +1,17 @@
-"""One worker process: node `--node` of the job, running stage node % P of pipeline
-node // P and keeping the replica of the next stage.
+"""One worker process: node `--node` of the job, running the stage its assignment
+gives it (without agents: stage node % P of pipeline node // P) and keeping the
+replica of the next stage. A node in standby waits, started, for a stage.
 
     python -m bamboo.worker --etcd HOST:PORT --job NAME --node N
 
 Between iterations every worker writes its report to etcd and waits for every
 other live node's; the first to get there fixes the failed set the next iteration
-runs with, and the world process group is rebuilt without the dead under a new
-epoch prefix. A worker its peers have declared dead stops (exit status FENCED).
+runs with and whether the agents must reconfigure first. Without a change the world
+process group is rebuilt without the dead under a new prefix; with one, layers move
+to their new owners (bamboo/handover.py) and every group is rebuilt for the new
+epoch. An iteration no pipeline can finish is undone everywhere and run again. A
+worker its peers have declared dead stops (exit status FENCED); one left without a
+stage leaves (PARKED).
 """
 from __future__ import annotations
 
