@@ -13,20 +13,11 @@ import base64
 import json
 from dataclasses import dataclass, field
 
-USER_DATA = """#!/bin/bash
-# Installs Bamboo and runs this node's agent (written by bamboo-launch).
-set -euo pipefail
-python3 -m venv /opt/bamboo
-/opt/bamboo/bin/pip install --quiet torch==2.13.0 '{package}'
-TOKEN=$(curl -sX PUT http://169.254.169.254/latest/api/token -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')
+from agents.cloud import LaunchError, boot_script
+
+ZONE_LOOKUP = """TOKEN=$(curl -sX PUT http://169.254.169.254/latest/api/token -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')
 ZONE=$(curl -s -H "X-aws-ec2-metadata-token: $TOKEN" \\
-  http://169.254.169.254/latest/meta-data/placement/availability-zone)
-exec /opt/bamboo/bin/bamboo-agent --etcd {etcd} --job {job} --zone "$ZONE" --notice ec2
-"""
-
-
-class LaunchError(RuntimeError):
-    """A launch request the cloud refused, or bad input; one line."""
+  http://169.254.169.254/latest/meta-data/placement/availability-zone)"""
 
 
 @dataclass(frozen=True)
@@ -46,7 +37,7 @@ class Ec2Spec:
     tags: dict = field(default_factory=dict)
 
     def user_data(self) -> str:
-        return USER_DATA.format(package=self.package, etcd=self.etcd, job=self.job)
+        return boot_script(self.package, self.etcd, self.job, "ec2", ZONE_LOOKUP)
 
 
 class Ec2Provider:

@@ -13,16 +13,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from agents.ec2 import LaunchError
+from agents.cloud import LaunchError, boot_script
 
-STARTUP = """#!/bin/bash
-# Installs Bamboo and runs this node's agent (written by bamboo-launch).
-set -euo pipefail
-python3 -m venv /opt/bamboo
-/opt/bamboo/bin/pip install --quiet torch==2.13.0 '{package}'
-ZONE=$(curl -s -H 'Metadata-Flavor: Google' http://metadata.google.internal/computeMetadata/v1/instance/zone)
-exec /opt/bamboo/bin/bamboo-agent --etcd {etcd} --job {job} --zone "${{ZONE##*/}}" --notice gcp
-"""
+ZONE_LOOKUP = """ZONE=$(curl -s -H 'Metadata-Flavor: Google' http://metadata.google.internal/computeMetadata/v1/instance/zone)
+ZONE=${ZONE##*/}"""
 
 
 @dataclass(frozen=True)
@@ -39,7 +33,7 @@ class GcpSpec:
     package: str = "bamboo"
 
     def startup_script(self) -> str:
-        return STARTUP.format(package=self.package, etcd=self.etcd, job=self.job)
+        return boot_script(self.package, self.etcd, self.job, "gcp", ZONE_LOOKUP)
 
 
 class GcpProvider:

@@ -22,7 +22,8 @@ import os
 import sys
 import tempfile
 
-from agents.ec2 import Ec2Provider, Ec2Spec, LaunchError
+from agents.cloud import LaunchError
+from agents.ec2 import Ec2Provider, Ec2Spec
 
 
 class _Parser(argparse.ArgumentParser):

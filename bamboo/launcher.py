@@ -171,12 +171,12 @@ class Launcher:
                 try:
                     reports = self._wait_iteration(cluster, it, since=last)
                 except Rewind as r:  # abandoned: the agents redo it (or restart from a checkpoint)
-                    if r.assignment is None:
-                        break
                     redo.append({"type": "redo", "abandoned": it, "from": r.assignment.start,
                                  "restore": r.assignment.restore})
                     it = r.assignment.start
                     continue
+                if reports is None:
+                    break  # stopped by on_tick
                 now = time.monotonic()
                 events = redo + [e for r in reports.values() for e in r.get("events", [])]
                 redo = []
@@ -260,9 +260,9 @@ class Launcher:
             raise LaunchError(f"gave up waiting for {what} after --stall-timeout "
                               f"{self.cfg.stall_timeout:.0f} s (logs: {self.logs})")
 
-    def _wait_iteration(self, cluster: Cluster, it: int, since: float) -> dict:
-        """The reports of iteration `it` once every node sent one (or died); Rewind
-        if the agents abandoned it meanwhile."""
+    def _wait_iteration(self, cluster: Cluster, it: int, since: float) -> dict | None:
+        """The reports of iteration `it` once every node sent one (or died); None
+        if on_tick stopped the run; Rewind if the agents abandoned it meanwhile."""
         while True:
             latest = latest_assignment(cluster)
             if latest.redo and latest.start <= it and latest.epoch > self._redone:
@@ -276,7 +276,7 @@ class Launcher:
             if self.on_tick:
                 self.on_tick(self, cluster)
                 if self.stopped:
-                    raise Rewind(None)  # unwinds the wait: the run loop ends
+                    return None
             time.sleep(0.05)
 
     def _worker_error(self, cluster: Cluster) -> str:

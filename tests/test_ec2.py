@@ -11,7 +11,8 @@ import sys
 import boto3
 import pytest
 
-from agents.ec2 import Ec2Provider, Ec2Spec, LaunchError
+from agents.cloud import LaunchError
+from agents.ec2 import Ec2Provider, Ec2Spec
 
 REGION = "us-east-1"
 ZONES = ("us-east-1a", "us-east-1b", "us-east-1c")

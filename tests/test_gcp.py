@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from agents.ec2 import LaunchError
+from agents.cloud import LaunchError
 from agents.gcp import GcpProvider, GcpSpec
 from tests.fake_gcp import FakeCompute
 
