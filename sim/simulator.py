@@ -184,8 +184,7 @@ class ClusterSimulator:
         return out
 
     def _on_demand(self, events: list[Event], horizon: float) -> dict:
-        probe = ClusterSimulator(self.profile, self.P, "checkpoint", self.opt)
-        s = _State()
+        probe = ClusterSimulator(self.profile, self.P, "checkpoint", self.opt)  # no redundancy
         count, area, last = 0, 0.0, 0.0
         for e in events:
             area += count * (e.time - last)
@@ -194,10 +193,8 @@ class ClusterSimulator:
         mean = area / horizon if horizon else 0.0
         D = max(1, round(mean / self.P))
         rate = probe.throughput(D)
-        s.samples = rate * horizon
-        s.timeline = [(0.0, D * self.P, rate)]
-        return _summary("on-demand", 0, 0, float(D * self.P), s.samples, horizon,
-                        D * self.P * self.opt.on_demand_price, horizon / 3600, s.timeline)
+        return _summary("on-demand", 0, 0, float(D * self.P), rate * horizon, horizon,
+                        D * self.P * self.opt.on_demand_price, horizon / 3600, [(0.0, D * self.P, rate)])
 
 
 def _summary(strategy, preemptions, fatal, mean_nodes, samples, horizon, cost_per_hour, hours, timeline) -> dict:
