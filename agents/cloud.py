@@ -3,6 +3,11 @@ new node boots with (install Bamboo, find the node's zone, run its agent)."""
 from __future__ import annotations
 
 
+# The project's distribution name on the package index (import packages: bamboo,
+# schedules, agents, sim). "bamboo" there is an unrelated project.
+DISTRIBUTION = "bamboo-spot"
+
+
 class LaunchError(RuntimeError):
     """A launch request the cloud refused, or bad input; one line."""
 

@@ -13,7 +13,7 @@ import base64
 import json
 from dataclasses import dataclass, field
 
-from agents.cloud import LaunchError, boot_script
+from agents.cloud import DISTRIBUTION, LaunchError, boot_script
 
 ZONE_LOOKUP = """TOKEN=$(curl -sX PUT http://169.254.169.254/latest/api/token -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')
 ZONE=$(curl -s -H "X-aws-ec2-metadata-token: $TOKEN" \\
@@ -33,7 +33,7 @@ class Ec2Spec:
     key_name: str | None = None
     security_groups: tuple[str, ...] = ()
     iam_profile: str | None = None
-    package: str = "bamboo"
+    package: str = DISTRIBUTION
     tags: dict = field(default_factory=dict)
 
     def user_data(self) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from agents.cloud import LaunchError, boot_script
+from agents.cloud import DISTRIBUTION, LaunchError, boot_script
 
 ZONE_LOOKUP = """ZONE=$(curl -s -H 'Metadata-Flavor: Google' http://metadata.google.internal/computeMetadata/v1/instance/zone)
 ZONE=${ZONE##*/}"""
@@ -30,7 +30,7 @@ class GcpSpec:
     etcd: str
     job: str
     machine_type: str = "n1-standard-8"
-    package: str = "bamboo"
+    package: str = DISTRIBUTION
 
     def startup_script(self) -> str:
         return boot_script(self.package, self.etcd, self.job, "gcp", ZONE_LOOKUP)

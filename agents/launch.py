@@ -22,7 +22,7 @@ import os
 import sys
 import tempfile
 
-from agents.cloud import LaunchError
+from agents.cloud import DISTRIBUTION, LaunchError
 from agents.ec2 import Ec2Provider, Ec2Spec
 
 
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--etcd", required=True, help="HOST:PORT, or 'auto' (EC2) to launch an etcd node")
         c.add_argument("--job", required=True)
         c.add_argument("--name", default="bamboo", help="name of the template and the group")
-        c.add_argument("--package", default="bamboo", help="what the nodes pip-install")
+        c.add_argument("--package", default=DISTRIBUTION, help="what the nodes pip-install (a pip requirement)")
         c.add_argument("--endpoint-url", help="the API endpoint (tests point it at a local server)")
         c.add_argument("--dry-run", action="store_true")
         c.add_argument("--state", default=argparse.SUPPRESS)

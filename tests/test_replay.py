@@ -11,7 +11,7 @@ import pytest
 from sim.replay import slice_trace
 from sim.traces import read
 
-G4DN = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "traces", "ec2-g4dn-trace.csv")
+G4DN = os.path.join(os.path.dirname(__file__), "..", "traces", "ec2-g4dn-trace.csv")
 
 
 def test_slicing_thins_and_compresses():

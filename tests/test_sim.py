@@ -13,7 +13,7 @@ from sim.profiles import PROFILES
 from sim.simulator import ClusterSimulator, Options
 from sim.traces import Event
 
-P3 = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "traces", "ec2-p3-trace.csv")
+P3 = os.path.join(os.path.dirname(__file__), "..", "traces", "ec2-p3-trace.csv")
 BERT = PROFILES["bert-large"]
 
 

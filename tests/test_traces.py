@@ -1,4 +1,4 @@
-"""Trace readers on the real EC2 traces (read from ../shared, never copied here),
+"""Trace readers on the real EC2 traces (shipped in traces/),
 on hand-written GCP and generic files, on malformed input; the synthetic generator."""
 import json
 import os
@@ -8,7 +8,7 @@ import pytest
 
 from sim.traces import Event, TraceError, detect, read, synthetic, write_events
 
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "traces")
+TRACES = os.path.join(os.path.dirname(__file__), "..", "traces")
 
 
 def concurrent(events):
@@ -22,7 +22,7 @@ def concurrent(events):
 
 @pytest.mark.parametrize("name,lines,peak", [("ec2-p3-trace.csv", 344, 32), ("ec2-g4dn-trace.csv", 153, None)])
 def test_real_ec2_traces(name, lines, peak):
-    path = os.path.join(SHARED, name)
+    path = os.path.join(TRACES, name)
     with open(path) as f:
         raw = [line.strip().split(",") for line in f if line.strip()]
     events = read(path)
