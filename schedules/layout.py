@@ -39,12 +39,19 @@ class Layout:
         for n in sorted(self.failed):
             if not 0 <= n < self.stages:
                 raise ScheduleError(f"failed node {n} is out of range 0..{self.stages - 1}")
-        for n in sorted(self.failed):
-            nxt = (n + 1) % self.stages
-            if nxt in self.failed:
-                raise ScheduleError(
-                    f"failed nodes {n} and {nxt} are adjacent: stage {nxt} has no copy left "
-                    "in this pipeline (recover it from another pipeline or a checkpoint)")
+        if lost := Layout.lost(self.stages, self.failed):
+            nxt = min(lost)
+            raise ScheduleError(
+                f"failed nodes {(nxt - 1) % self.stages} and {nxt} are adjacent: stage {nxt} has no copy left "
+                "in this pipeline (recover it from another pipeline or a checkpoint)")
+
+    @staticmethod
+    def lost(stages: int, failed, replicas: bool = True) -> frozenset[int]:
+        """Stages left with no live copy in a pipeline whose nodes `failed` died: with
+        replicas, those whose owner and predecessor both died; without, every failed
+        node's. (A Layout refuses such a failed set; this says which stages went.)"""
+        dead = {int(n) for n in failed}
+        return frozenset(s for s in dead if not replicas or (s - 1) % stages in dead)
 
     @property
     def alive(self) -> tuple[int, ...]:
@@ -56,6 +63,12 @@ class Layout:
     def owned(self, node: int) -> tuple[int, ...]:
         """Stages a live node computes, in increasing stage order."""
         return tuple(s for s in range(self.stages) if self.owner(s) == node)
+
+    def held(self, node: int) -> tuple[int, ...]:
+        """Stages whose layers a live node keeps up to date: its own and, with
+        replicas, its successor's (a replica while the successor lives, owned once
+        the node took it over)."""
+        return tuple(sorted({node, (node + 1) % self.stages} if self.replicas else {node}))
 
     def replica(self, node: int) -> int | None:
         """The stage whose replica `node` keeps warm with FRC, if its owner is alive."""
