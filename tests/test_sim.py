@@ -7,10 +7,12 @@ import sys
 
 import pytest
 
-from agents.policy import next_config
+from agents.policy import Config, next_config
 from schedules.compiler import compile_schedule, simulate
-from sim.profiles import PROFILES
-from sim.simulator import ClusterSimulator, Options
+from sim.profiles import NETWORK, PROFILES
+from sim.accounting import RunState
+from sim.simulator import STRATEGIES, ClusterSimulator, Options
+from sim.strategies import Bamboo, CheckpointRestart, OnDemand
 from sim.traces import Event
 
 P3 = os.path.join(os.path.dirname(__file__), "..", "traces", "ec2-p3-trace.csv")
@@ -59,6 +61,59 @@ def test_a_stage_lost_in_every_pipeline_is_fatal():
     one = start + [Event(600, "remove", n, "a") for n in pipeline]
     r = ClusterSimulator(BERT, 2, "bamboo").run(one, hours=0.5)
     assert r["fatal_failures"] == 0 and r["redone_from_peers"] == 1
+
+
+TWO_PIPES = Config(0, 2, (("n0", "n1"), ("n2", "n3")))
+
+
+def one_batch(strategy, removed, saved=50.0, standby=()):
+    """React to the loss of `removed` from TWO_PIPES plus `standby`, with 80 samples done and `saved` saved."""
+    sim = ClusterSimulator(BERT, 2, strategy)
+    s = RunState(samples=80.0, saved=saved)
+    config = Config(0, 2, TWO_PIPES.pipelines, tuple(standby))
+    live = {n: "a" for n in ("n0", "n1", "n2", "n3", *standby) if n not in removed}
+    return sim, s, sim.rules.react(sim, s, config, live, set(removed))
+
+
+def test_strategy_names_map_to_classes():
+    assert STRATEGIES == {"bamboo": Bamboo, "checkpoint": CheckpointRestart, "on-demand": OnDemand}
+    assert isinstance(ClusterSimulator(BERT, 2, "bamboo").rules, Bamboo)
+
+
+def test_bamboo_react_redoes_a_pipeline_lost_whole_from_the_other():
+    sim, s, nxt = one_batch("bamboo", {"n0", "n1"})
+    assert (s.fatal, s.redos, s.samples) == (0, 1, 80.0)
+    assert s.paused_until == pytest.approx(Options().failure_timeout + sim.iteration_seconds(2))
+    assert nxt.depth == 2 and nxt.pipelines == (("n2", "n3"),)
+
+
+def test_bamboo_react_rewinds_when_a_stage_is_lost_everywhere():
+    sim, s, nxt = one_batch("bamboo", {"n0", "n1", "n2", "n3"})
+    assert (s.fatal, s.redos, s.samples, s.paused_until) == (1, 0, 50.0, Options().restart_seconds)
+    assert nxt.pipelines == ()
+    sim, s, nxt = one_batch("bamboo", {"n1", "n3"})  # stage 1 died in both, but nodes 0 and 2 hold it
+    assert (s.fatal, s.redos, s.samples) == (0, 0, 80.0)
+    assert nxt.pipelines in ((("n0", "n2"),), (("n2", "n0"),))  # a node moves stage: a reconfiguration
+    handover = BERT.stage_state_bytes(2) * 2 / NETWORK
+    assert s.paused_until == pytest.approx(sim.iteration_seconds(2, merged=True) + Options().reconfigure_seconds
+                                           + handover)
+
+
+def test_checkpoint_react_restarts_on_a_used_node_only():
+    _, s, nxt = one_batch("checkpoint", {"n3"})
+    assert (s.fatal, s.samples, s.paused_until) == (1, 50.0, Options().restart_seconds)
+    assert len(nxt.pipelines) == 1
+    _, s, nxt = one_batch("checkpoint", {"n4"}, standby=("n4",))
+    assert (s.fatal, s.samples, s.paused_until) == (0, 80.0, 0.0)
+    assert nxt.pipelines == TWO_PIPES.pipelines
+
+
+def test_on_demand_runs_the_mean_cluster_without_preemptions():
+    r = ClusterSimulator(BERT, 2, "on-demand").run(four_nodes_one_preempted(), hours=1.0)
+    # 4 nodes, then 3, then 4 again: a mean of 3.5 rounds to 2 pipelines of 2
+    assert r["mean_nodes"] == 4.0 and r["preemptions"] == r["fatal_failures"] == 0
+    assert r["samples"] == pytest.approx(rate(2, "off") * 3600, abs=1)
+    assert r["cost_per_hour"] == pytest.approx(4 * 3.06)
 
 
 def test_ec2_p3_trace_gpt2_p12_all_strategies():
