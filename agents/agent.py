@@ -32,8 +32,10 @@ from agents.membership import Membership
 from agents.notices import WATCHERS, watch
 from agents.rendezvous import rendezvous_handler
 from bamboo.cluster import Cluster
-from bamboo.config import FENCED, PARKED, JobConfig
+from bamboo.config import JobConfig
 from bamboo.etcd import EtcdError, die_with_parent
+from bamboo.exits import FENCED, PARKED
+from bamboo.protocol import CONFIG, NOTICES, Notice, rendezvous_node
 
 
 class BambooAgent(SimpleElasticAgent):
@@ -51,20 +53,20 @@ class BambooAgent(SimpleElasticAgent):
 
     # -- torch elastic lifecycle steps ---------------------------------------------------
     def _rendezvous(self, worker_group) -> None:
-        if self.cluster.children("assignment"):
+        if self.cluster.assignments():
             rank, world = -1, 0  # the job runs already: wait in standby for a stage
         else:
             info = worker_group.spec.rdzv_handler.next_rendezvous()
             rank, world = info.rank, info.world_size
-            info.store.set(f"bamboo-node-{rank}", str(self.node))
+            info.store.set(rendezvous_node(rank), str(self.node))
             if rank == 0:  # the first configuration: over exactly the nodes that met
-                keys = [f"bamboo-node-{r}" for r in range(world)]
+                keys = [rendezvous_node(r) for r in range(world)]
                 info.store.wait(keys)
                 self.membership.first_assignment([int(info.store.get(k)) for k in keys])
         worker_group.workers = [Worker(local_rank=0, global_rank=self.node, role_rank=rank, world_size=world,
                                        role_world_size=world)]
         worker_group.group_rank, worker_group.group_world_size = rank, world
-        self.cluster.wait_for(lambda: self.cluster.children("assignment"), timeout=self.cfg.stall_timeout,
+        self.cluster.wait_for(self.cluster.assignments, timeout=self.cfg.stall_timeout,
                               what="the first assignment")
 
     def _start_workers(self, worker_group) -> dict[int, int]:
@@ -139,11 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         cluster = Cluster(args.etcd, args.job)
-        raw = cluster.wait_for(lambda: cluster.get("config"), timeout=60, what=f"job {args.job!r} in etcd")
+        cfg = cluster.wait_for(lambda: cluster.get(CONFIG()), timeout=60, what=f"job {args.job!r} in etcd")
     except (EtcdError, TimeoutError) as e:
         print(f"bamboo-agent: error: {e}", file=sys.stderr)
         return 1
-    cfg = JobConfig.from_dict(raw)
     try:
         membership = Membership(cluster, args.zone, args.node, cfg.failure_timeout)
     except ValueError as e:
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, drain)
 
     def noticed(notice: dict) -> None:  # leave now, handing the stages over, before the kill
-        cluster.put(dict(notice, time=time.time()), "notices", membership.node)
+        cluster.put(NOTICES(membership.node), Notice(notice["source"], time.time(), notice.get("action")))
         agent.draining = True
     if args.notice:
         watch(args.notice, noticed, args.metadata_url, interval=0.2)

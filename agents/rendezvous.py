@@ -9,6 +9,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler, RendezvousBackend, create_handler)
 
 from bamboo.etcd import connect
+from bamboo.protocol import rendezvous_prefix
 from bamboo.store import EtcdStore
 
 
@@ -44,8 +45,8 @@ def rendezvous_handler(endpoint: str, run_id: str, min_nodes: int, max_nodes: in
                        **options) -> DynamicRendezvousHandler:
     """torch elastic's dynamic rendezvous, with its state and its store in etcd."""
     client = connect(endpoint)
-    store = EtcdStore(client, f"/bamboo/rdzv/{run_id}/store")
-    backend = EtcdRendezvousBackend(client, f"/bamboo/rdzv/{run_id}/state")
+    store = EtcdStore(client, rendezvous_prefix(run_id) + "store")
+    backend = EtcdRendezvousBackend(client, rendezvous_prefix(run_id) + "state")
     params = RendezvousParameters(backend=backend.name, endpoint=endpoint, run_id=run_id,
                                   min_nodes=min_nodes, max_nodes=max_nodes, **options)
     return create_handler(store, backend, params)

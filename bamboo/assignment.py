@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from schedules.layout import Layout
+
 
 @dataclass(frozen=True)
 class Assignment:
@@ -53,10 +55,10 @@ class Assignment:
         dead = {int(n) for n in failed}
         out: dict[int, set[int]] = {}
         for pipe in self.pipelines:
-            P = len(pipe)
+            layout = Layout(len(pipe), replicas=redundancy == "eager")
             for s, n in enumerate(pipe):
                 if n not in dead:
-                    out[n] = {s, (s + 1) % P} if redundancy == "eager" else {s}
+                    out[n] = set(layout.held(s))
         return out
 
     def to_dict(self) -> dict:
@@ -69,21 +71,3 @@ class Assignment:
         return cls(int(d["epoch"]), int(d["start"]), tuple(tuple(int(n) for n in p) for p in d["pipelines"]),
                    tuple(int(n) for n in d.get("standby", ())), tuple(int(n) for n in d.get("failed", ())),
                    tuple(int(n) for n in d.get("gone", ())), d.get("restore", "peers"), bool(d.get("redo")))
-
-
-def latest_assignment(cluster) -> Assignment:
-    found = cluster.children("assignment")
-    if not found:
-        raise RuntimeError("the job has no assignment in etcd")
-    return Assignment.from_dict(found[max(found, key=int)])
-
-
-def previous_assignment(cluster, epoch: int) -> Assignment | None:
-    d = cluster.get("assignment", epoch - 1)
-    return Assignment.from_dict(d) if d else None
-
-
-def assignment_at(cluster, iteration: int) -> Assignment:
-    """The assignment iteration `iteration` runs under."""
-    found = [Assignment.from_dict(d) for d in cluster.children("assignment").values()]
-    return max((a for a in found if a.start <= iteration), key=lambda a: a.epoch)

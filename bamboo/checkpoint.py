@@ -20,6 +20,7 @@ import os
 import re
 import tempfile
 import threading
+import time
 
 import torch
 
@@ -134,6 +135,47 @@ class Writer:
         if self.error:
             error, self.error = self.error, None
             raise CheckpointError(f"checkpoint write failed: {error}") from error
+
+
+class Checkpoints:
+    """A worker's checkpoint duties: when one is due (every K iterations, or T
+    seconds after the last), writing its layers in the background, and loading the
+    newest (--resume) or the one the agents chose (a stage lost on every node)."""
+
+    def __init__(self, location: str | None, node: int, layers: int, every: int = 0, seconds: float = 0):
+        self.location, self.layers, self.every, self.seconds = location, layers, every, seconds
+        self.storage = storage_for(location) if location else None
+        self.writer = Writer(self.storage, node) if self.storage else None
+        self.began = time.time()
+
+    def due(self, iteration: int, last: float | None) -> bool:
+        """Whether to checkpoint after `iteration`; `last`: when the last was decided."""
+        if not self.writer:
+            return False
+        if self.every and (iteration + 1) % self.every == 0:
+            return True
+        return bool(self.seconds) and time.time() - (last or self.began) >= self.seconds
+
+    def write(self, iteration: int, blobs: dict[int, bytes]) -> None:
+        """The checkpoint taken before `iteration`, written in the background."""
+        self.writer.write(iteration, blobs)
+
+    def wait(self) -> None:
+        if self.writer:
+            self.writer.wait()
+
+    def newest(self) -> tuple[int, dict[int, bytes]]:
+        found = latest(self.storage, self.layers) if self.storage else None
+        if found is None:
+            raise CheckpointError(f"--resume: no complete checkpoint in {self.location}")
+        return found
+
+    def taken_before(self, iteration: int) -> dict[int, bytes]:
+        """Every layer of the checkpoint taken before `iteration` (the agents' choice)."""
+        found = load(self.storage, iteration, self.layers) if self.storage else None
+        if found is None:
+            raise CheckpointError("a stage was lost on every node and there is no complete checkpoint")
+        return found
 
 
 def write_part(storage, iteration: int, node: int, blobs: dict[int, bytes]) -> None:

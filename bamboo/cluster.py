@@ -1,25 +1,5 @@
-"""The job's shared state in etcd, key by key, and the small operations on it.
-
-Keys, all under /bamboo/<job>/:
-
-    alive/<node>               the node id, bound to its lease: gone when it stops refreshing
-    failed/<node>              {"iteration", "by"}: first detector wins (create-if-absent)
-    cut/<iter>/<dead>/<node>   messages <node> received from <dead> in <iter>, per kind
-    finished/<iter>/<node>     the node ran its whole stream (it stays to help its pipeline)
-    loss/<iter>/<mb>           loss of global microbatch <mb>, written before its gradient leaves
-    done/<iter>/<node>         a node's iteration report (memory, digests, events)
-    abort/<iter>               {"why", "by"}: no pipeline can finish <iter>; it is redone
-    aborted/<iter>/<node>      the node undid its steps of <iter> and waits for the agents
-    regroup/<iter>/<try>       {"failed", "reconfigure"}: failed nodes every worker uses from
-                               <iter> + 1 on, and whether the agents must reconfigure first
-                               (first writer wins; a new try when a node dies while regrouping)
-    reduced/<iter>/<stage>     members of a finished data-parallel reduce of <stage>
-    assignment/<epoch>         node -> (pipeline, stage) from an iteration on (agents/membership.py)
-    checkpointed               when the last checkpoint was decided (for --checkpoint-seconds)
-    preempted/<node>           {"iteration", "time"} of an injected SIGKILL
-    error/<node>               a worker's fatal error, one line
-    pg/...                     torch.distributed store keys (process group rendezvous)
-"""
+"""The job's shared state in etcd: typed reads and writes of the protocol's keys
+(bamboo/protocol.py names them all), and the small operations built on them."""
 from __future__ import annotations
 
 import json
@@ -29,7 +9,17 @@ import time
 from pyetcd import Etcd3Exception
 from pyetcd.utils import prefix_range_end
 
+from bamboo.assignment import Assignment
 from bamboo.etcd import connect
+from bamboo.protocol import ALIVE, ASSIGNMENT, FAILED, MEMBERS, Alive, Failure, Key, job_root
+
+
+def _encode(key: Key, record) -> str:
+    if not key.complete:
+        raise ValueError(f"{key.path}: a value needs the whole key ({', '.join(key.family.params)})")
+    if not isinstance(record, key.family.record):
+        raise TypeError(f"{key.family.name} holds {key.family.record.__name__}, not {type(record).__name__}")
+    return json.dumps(record.to_dict())
 
 
 class Cluster:
@@ -39,7 +29,7 @@ class Cluster:
     def __init__(self, endpoint: str, job: str, patience: float = 20.0):
         self.endpoint = endpoint
         self.client = connect(endpoint)
-        self.root = f"/bamboo/{job}/"
+        self.root = job_root(job)
         self.patience = patience
         self._lease = None
 
@@ -53,37 +43,41 @@ class Cluster:
                     raise
                 time.sleep(0.2)
 
-    def key(self, *parts) -> str:
-        return self.root + "/".join(str(p) for p in parts)
+    def key(self, key: Key | str) -> str:
+        """The raw etcd key of a protocol key (or of a store prefix from the protocol)."""
+        return self.root + (key if isinstance(key, str) else key.path)
 
-    def put(self, value, *parts) -> None:
-        self._call(lambda: self.client.put(self.key(*parts), json.dumps(value)))
+    def put(self, key: Key, record, lease=None) -> None:
+        value = _encode(key, record)
+        self._call(lambda: self.client.put(self.key(key), value, lease=lease))
 
-    def create(self, value, *parts) -> bool:
+    def create(self, key: Key, record) -> bool:
         """Write only if absent (an etcd transaction); True when this call wrote it."""
-        return bool(self._call(lambda: self.client.put_if_not_exists(self.key(*parts), json.dumps(value))))
+        value = _encode(key, record)
+        return bool(self._call(lambda: self.client.put_if_not_exists(self.key(key), value)))
 
-    def create_clearing(self, value, parts: tuple, clear: list[tuple]) -> bool:
-        """create(value, *parts) and, in the same transaction, delete each key in
+    def create_clearing(self, key: Key, record, clear: list[Key]) -> bool:
+        """create(key, record) and, in the same transaction, delete each key in
         `clear` and every key under it: only the writer that creates the key clears."""
         tx = self.client.transactions
-        key = self.key(*parts)
+        raw, value = self.key(key), _encode(key, record)
         deletes = [op for c in clear for op in (
-            tx.delete(self.key(*c)), tx.delete(self.key(*c) + "/", range_end=prefix_range_end(f"{self.key(*c)}/".encode())))]
-        ok, _ = self._call(lambda: self.client.transaction(compare=[tx.version(key) == 0],
-                                                           success=[tx.put(key, json.dumps(value)), *deletes],
-                                                           failure=[]))
+            tx.delete(self.key(c)), tx.delete(self.key(c) + "/", range_end=prefix_range_end(f"{self.key(c)}/".encode())))]
+        ok, _ = self._call(lambda: self.client.transaction(compare=[tx.version(raw) == 0],
+                                                           success=[tx.put(raw, value), *deletes], failure=[]))
         return bool(ok)
 
-    def get(self, *parts):
-        value, _ = self._call(lambda: self.client.get(self.key(*parts)))
-        return None if value is None else json.loads(value)
+    def get(self, key: Key):
+        """The record at `key`, or None."""
+        value, _ = self._call(lambda: self.client.get(self.key(key)))
+        return None if value is None else key.family.record.from_dict(json.loads(value))
 
-    def children(self, *parts) -> dict[str, object]:
-        """{last key part: value} for every key under the prefix."""
-        prefix = self.key(*parts) + "/"
-        return {meta.key.decode()[len(prefix):]: json.loads(value)
-                for value, meta in self._call(lambda: list(self.client.get_prefix(prefix)))}
+    def children(self, prefix: Key) -> dict:
+        """{the parts below the prefix (an int, or a tuple): record} for every key under it."""
+        raw = self.key(prefix) + "/"
+        family = prefix.family
+        return {family.parse(meta.key.decode()[len(raw):]): family.record.from_dict(json.loads(value))
+                for value, meta in self._call(lambda: list(self.client.get_prefix(raw)))}
 
     def wait_for(self, predicate, timeout: float, what: str, poll: float = 0.02):
         """Poll until predicate() returns something truthy; TimeoutError naming `what`."""
@@ -97,11 +91,11 @@ class Cluster:
             time.sleep(poll)
 
     def register(self, node: int, ttl: float, on_lost=None) -> None:
-        """alive/<node> under a lease refreshed by a daemon thread every ttl/3.
+        """ALIVE(node) under a lease refreshed by a daemon thread every ttl/3.
         `on_lost()` runs if the lease expired anyway (the node was paused or cut
         off long enough for its peers to count it dead)."""
         self._lease = self.client.lease(max(1, int(round(ttl))))
-        self.client.put(self.key("alive", node), str(node), lease=self._lease)
+        self.put(ALIVE(node), Alive(node), lease=self._lease)
 
         def refresh():
             while True:
@@ -120,14 +114,31 @@ class Cluster:
         `starting` (their worker may not run yet) count as alive while their agent is."""
         alive = self.alive()
         if starting:
-            alive |= {int(n) for n in self.children("members")} & set(starting)
+            alive |= set(self.children(MEMBERS())) & set(starting)
         silent = sorted(n for n in nodes if n not in alive)
         for n in silent:
-            self.create({"iteration": iteration, "by": by, "how": "lease expired"}, "failed", n)
+            self.create(FAILED(n), Failure(iteration, by, "lease expired"))
         return silent
 
     def alive(self) -> set[int]:
-        return {int(k) for k in self.children("alive")}
+        return set(self.children(ALIVE()))
+
+    def failed(self) -> dict[int, Failure]:
+        return self.children(FAILED())
+
+    # -- configuration epochs -----------------------------------------------------------
+    def assignments(self) -> dict[int, Assignment]:
+        return self.children(ASSIGNMENT())
+
+    def latest_assignment(self) -> Assignment:
+        found = self.assignments()
+        if not found:
+            raise RuntimeError("the job has no assignment in etcd")
+        return found[max(found)]
+
+    def assignment_at(self, iteration: int) -> Assignment:
+        """The assignment iteration `iteration` runs under."""
+        return max((a for a in self.assignments().values() if a.start <= iteration), key=lambda a: a.epoch)
 
     def close(self) -> None:
         self.client.close()

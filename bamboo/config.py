@@ -11,8 +11,6 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 # a dead peer's connection, never from a slow operation: gloo's own timeouts are
 # set long enough that a slow model on a CPU does not look like a death.
 GLOO_OP_TIMEOUT = 24 * 3600.0
-FENCED = 75  # exit status of a worker that found itself declared dead and stopped
-PARKED = 76  # exit status of a worker whose node has no stage in the new configuration
 
 
 @dataclass(frozen=True)

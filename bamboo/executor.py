@@ -4,8 +4,9 @@ One method per op, named after it. A stage's input is always a fresh leaf, so ea
 stage's backward is separate and yields the gradient to send upstream. Redundant
 forwards (FRC) record their saved tensors in a swappable container. A send to a
 dead peer is lost like any message to a dead node; a receive from a dead peer, or
-a failure recorded by anyone in this pipeline, hands control to the failover,
-which returns the recovery stream to continue with from the same position.
+a failure recorded by anyone in this pipeline (seen by polling the failover), hands
+control to the failover, which returns the recovery stream to continue with from
+the same position.
 """
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ from schedules.ir import Instr, Op, RECVS, SENDS
 
 from bamboo.comm import Comm, Interrupted, PeerFailure
 from bamboo.config import JobConfig, dropout_seed_for
+from bamboo.exits import Fenced
+from bamboo.failover import AbortPosted, Aborted, PeersSilent, SelfDead, TooManyDead
 from bamboo.models import dropout_seed
+from bamboo.protocol import LOSS, PREEMPTED, Loss, Preempted
 from bamboo.swap import SavedTensors
 
 
@@ -63,15 +67,29 @@ class Executor:
                         pc += 1  # lost with the dead node, as the compiler assumes
                 except Interrupted:
                     pass
-                if failover.new_failure() is not None:
-                    stream = self._replan(failover, stream, pc)
+                if (event := failover.poll()) is not None:
+                    stream = self._on_event(event, stream, pc)
             # Done here, but a neighbour may still die before the pipeline is: stay
             # available to re-send what it needs until every node has finished.
             self._maybe_preempt(pc)  # INSTRUCTION = stream length: after the stream
             failover.finished()
-            if not failover.linger():
+            if (event := failover.linger()) is None:
                 break
-            stream = self._replan(failover, stream, pc)
+            stream = self._on_event(event, stream, pc)
+
+    def _on_event(self, event, stream: list[Instr], pc: int) -> list[Instr]:
+        """Act on what the failover saw; return the stream to go on with."""
+        if isinstance(event, PeersSilent):
+            for node in event.nodes:
+                self.failover.detected(node, "lease expired")
+            return stream
+        if isinstance(event, SelfDead):
+            raise Fenced(f"node {self.peer(self.me)} was declared dead in iteration {self.iteration}")
+        if isinstance(event, AbortPosted):
+            raise Aborted(event.why)
+        if isinstance(event, TooManyDead):
+            self.failover.unsurvivable(event.why)
+        return self._replan(self.failover, stream, pc)
 
     def _replan(self, failover, old: list[Instr], pc: int) -> list[Instr]:
         """Switch to the recovery stream. This node may already be past its recovery
@@ -92,7 +110,7 @@ class Executor:
     def _maybe_preempt(self, pc: int) -> None:
         for p in self.cfg.preempt:
             if (p.node, p.iteration, p.instruction) == (self.peer(self.me), self.iteration, pc):
-                self.cluster.put({"iteration": self.iteration, "time": time.time()}, "preempted", p.node)
+                self.cluster.put(PREEMPTED(p.node), Preempted(self.iteration, time.time()))
                 if self.cfg.elastic:
                     os.kill(os.getppid(), signal.SIGKILL)  # the node goes: its agent with it
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -123,7 +141,7 @@ class Executor:
         if s == self.P - 1:
             # Recorded before the gradient leaves: if this node dies after sending
             # it, nobody recomputes this microbatch's loss.
-            self.cluster.put(out.item(), "loss", self.iteration, self.mbs[mb])
+            self.cluster.put(LOSS(self.iteration, self.mbs[mb]), Loss(out.item()))
             (out / self.cfg.microbatches).backward()  # the global batch's mean, as the reference
         else:
             out.backward(self.grads[(s + 1, mb)])

@@ -10,15 +10,15 @@ each survivor how to finish the iteration from where it stands.
 """
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
+from dataclasses import dataclass
 
 from schedules.compiler import compile_recovery, compile_schedule
 from schedules.ir import Instr, RECVS, SENDS
 
 from bamboo.cluster import Cluster
-from bamboo.config import FENCED
+from bamboo.protocol import ABORT, CUT, FAILED, FINISHED, Abort, Cut, Failure, Mark
 
 
 class Unsurvivable(RuntimeError):
@@ -28,6 +28,36 @@ class Unsurvivable(RuntimeError):
 class Aborted(RuntimeError):
     """The iteration is abandoned job-wide (a failure no pipeline could absorb):
     every node undoes its steps and waits for the agents' next configuration."""
+
+
+# What a poll of the failover can find; the executor decides what each means for it.
+@dataclass(frozen=True)
+class PeerDead:
+    """A node of this pipeline (local id) is recorded dead: switch to the recovery stream."""
+    local: int
+
+
+@dataclass(frozen=True)
+class PeersSilent:
+    """Peers (node ids) whose leases ran out and who are not recorded dead yet."""
+    nodes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SelfDead:
+    """This node is recorded dead (it was paused past its lease): it must stop."""
+
+
+@dataclass(frozen=True)
+class AbortPosted:
+    """Some node abandoned the iteration job-wide."""
+    why: str
+
+
+@dataclass(frozen=True)
+class TooManyDead:
+    """More failures in this pipeline than one iteration can absorb."""
+    why: str
 
 
 def died_before(stream: list[Instr], received: dict[int, dict[str, int]]) -> int:
@@ -65,13 +95,13 @@ class Failover:
         node is told to abort (first writer's reason stands) and the iteration is redone."""
         if not self.elastic:
             raise Unsurvivable(why)
-        self.cluster.create({"why": why, "by": self.to_global(self.me)}, "abort", self.iteration)
+        self.cluster.create(ABORT(self.iteration), Abort(why, self.to_global(self.me)))
         raise Aborted(why)
 
     def check_abort(self) -> None:
-        reason = self.cluster.get("abort", self.iteration) if self.elastic else None
+        reason = self.cluster.get(ABORT(self.iteration)) if self.elastic else None
         if reason is not None:
-            raise Aborted(reason["why"])
+            raise Aborted(reason.why)
 
     def to_global(self, local: int) -> int:
         return self.nodes[local]
@@ -81,54 +111,68 @@ class Failover:
         self.base = compile_schedule(self.P, microbatches, failed, self.redundancy).streams
         self.baseline = comm.counts()  # messages received before this iteration
         self.dead: int | None = None
+        self._event = None
         self._checked = self._leases_checked = 0.0
 
     def detected(self, peer_global: int, how: str) -> None:
-        self.cluster.create({"iteration": self.iteration, "by": self.to_global(self.me), "how": how},
-                            "failed", peer_global)
+        self.cluster.create(FAILED(peer_global), Failure(self.iteration, self.to_global(self.me), how))
         self._checked = 0.0  # look again at once
 
-    def new_failure(self) -> int | None:
-        """The local id of a node of this pipeline recorded dead and not yet handled."""
+    def poll(self):
+        """What changed for this pipeline since the last look, as an event (None:
+        nothing). Reads etcd at most every 20 ms and never writes it."""
         now = time.monotonic()
-        if now - self._checked < 0.02:
-            return self.dead
-        self._checked = now
-        self.check_abort()
+        if now - self._checked >= 0.02:
+            self._checked = now
+            self._event = self._look(now)
+        return self._event
+
+    def _look(self, now: float):
+        abort = self.cluster.get(ABORT(self.iteration)) if self.elastic else None
+        if abort is not None:
+            return AbortPosted(abort.why)
         if now - self._leases_checked > 0.5:  # a silent peer: its lease ran out
             self._leases_checked = now
-            peers = [self.to_global(n) for n in range(self.P) if n not in self.failed and n != self.me]
-            self.cluster.record_silent(peers, self.iteration, self.to_global(self.me))
-        dead = {int(n) for n in self.cluster.children("failed")}
+            silent = self._silent(n for n in range(self.P) if n not in self.failed and n != self.me)
+            if silent:
+                return PeersSilent(silent)
+        dead = set(self.cluster.failed())
         new = sorted({s for s, n in enumerate(self.nodes) if n in dead} - set(self.failed))
-        if self.me in new:  # declared dead (paused past its lease): stop, as a dead node would
-            os._exit(FENCED)
+        if self.me in new:
+            return SelfDead()
         if len(new) > 1 or (self.dead is not None and new and new != [self.dead]):
-            self.unsurvivable(f"nodes {[self.to_global(n) for n in new]} of pipeline {self.pipeline} failed in "
-                              f"iteration {self.iteration}: one failure per pipeline per iteration is survivable")
+            return TooManyDead(f"nodes {[self.to_global(n) for n in new]} of pipeline {self.pipeline} failed in "
+                               f"iteration {self.iteration}: one failure per pipeline per iteration is survivable")
         self.dead = new[0] if new else None
-        return self.dead
+        return PeerDead(self.dead) if new else None
+
+    def _silent(self, local_ids) -> tuple[int, ...]:
+        """The node ids, among `local_ids`, whose leases are gone."""
+        alive = self.cluster.alive()
+        return tuple(n for n in map(self.to_global, local_ids) if n not in alive)
 
     def finished(self) -> None:
-        self.cluster.put(True, "finished", self.iteration, self.to_global(self.me))
+        self.cluster.put(FINISHED(self.iteration, self.to_global(self.me)), Mark())
 
-    def linger(self, poll: float = 0.02) -> bool:
-        """Wait until every node of the pipeline finished the iteration (False), or a
-        failure needs this node again (True). A node that has neither finished nor
-        kept its lease alive is recorded dead here."""
+    def linger(self, poll: float = 0.02):
+        """Wait until every node of the pipeline finished the iteration (None), or
+        something needs this node again (the event): a failure, or a node that has
+        neither finished nor kept its lease alive."""
         while True:
-            if self.new_failure() is not None:
-                return True
-            finished = self.cluster.children("finished", self.iteration)
-            pending = [self.to_global(n) for n in range(self.P) if n not in self.failed
-                       and str(self.to_global(n)) not in finished]
+            event = self.poll()
+            if event is not None:
+                return event
+            finished = self.cluster.children(FINISHED(self.iteration))
+            pending = [n for n in range(self.P) if n not in self.failed and self.to_global(n) not in finished]
             if not pending:
-                return False
-            self.cluster.record_silent(pending, self.iteration, self.to_global(self.me))
+                return None
+            silent = self._silent(pending)
+            if silent:
+                return PeersSilent(silent)
             time.sleep(poll)
 
     def keep_waiting(self) -> bool:
-        return self.new_failure() is None
+        return self.poll() is None
 
     def resolve(self) -> tuple[list[Instr], int]:
         """Block until the plan for the recorded failure is known; return this node's
@@ -143,20 +187,21 @@ class Failover:
                 time.sleep(0.01)
             counts = {kind.value: n - self.baseline.get((peer, kind), 0)
                       for (peer, kind), n in self.comm.counts().items() if peer == dg}
-            self.cluster.put(counts, "cut", self.iteration, dg, self.to_global(self.me))
+            self.cluster.put(CUT(self.iteration, dg, self.to_global(self.me)), Cut(counts))
+
         def reports():
-            cut = self.cluster.children("cut", self.iteration, dg)
+            cut = self.cluster.children(CUT(self.iteration, dg))
             if len(cut) == len(receivers):
                 return cut
             self.check_abort()
-            missing = [self.to_global(n) for n in receivers if str(self.to_global(n)) not in cut]
+            missing = [self.to_global(n) for n in receivers if self.to_global(n) not in cut]
             gone = self.cluster.record_silent(missing, self.iteration, self.to_global(self.me))
             if gone:
                 self.unsurvivable(f"nodes {gone} of pipeline {self.pipeline} died while it recovered from node {dg}")
             return None
         reports = self.cluster.wait_for(reports, timeout=max(30.0, 10 * self.timeout),
                                         what=f"survivors' reports on node {dg}")
-        received = {self.nodes.index(int(n)): v for n, v in reports.items()}  # by local id
+        received = {self.nodes.index(n): cut.counts for n, cut in reports.items()}  # by local id
         try:
             k = died_before(self.base[d], received)
             rec = compile_recovery(self.P, self.M, d, k, self.failed, self.redundancy)
@@ -167,5 +212,5 @@ class Failover:
                                 "died_before": k, "by": self.to_global(self.me),
                                 "agree_seconds": round(time.monotonic() - t0, 4)})
         self.failed = tuple(sorted(self.failed + (d,)))  # the rest of the job runs merged
-        self.dead = None
+        self.dead = self._event = None
         return rec.streams[self.me], rec.resume_at[self.me]

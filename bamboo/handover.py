@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import torch
 
+from bamboo.assignment import Assignment
 from bamboo.checkpoint import snapshot
+from bamboo.cluster import Cluster
+from bamboo.groups import open_group
+from bamboo.protocol import handover_store
 
 _TAG = 1000  # clear of the executor's channel tags
 
@@ -70,4 +74,21 @@ def execute(pg, rank_of: dict[int, int], me: int, moves: list[tuple[int, int, in
             received[layer] = data.numpy().tobytes()
     for w in works:
         w.wait()
+    return received
+
+
+def exchange(cluster: Cluster, node: int, holdings, new: Assignment, old: Assignment | None,
+             lease_check) -> dict[int, bytes]:
+    """This node's part in moving layers to `new`'s members from the live nodes
+    that hold them after `old` (its `holdings` send and keep what they can); returns
+    what it received. `lease_check(members, starting)` gives up the group's
+    rendezvous when a member can no longer come."""
+    live = old.holders(new.failed, holdings.redundancy).items() if old else ()
+    have = {n: holdings.layers_of(old.depth, stages) for n, stages in live if n not in new.gone}
+    need = {n: holdings.needs(new, n) for n in new.members}
+    members = sorted(set(need) | set(have))
+    pg, rank_of, _ = open_group(cluster, handover_store(new.epoch), members, node,
+                                lease_check(members, set(need) - set(have)))
+    received = execute(pg, rank_of, node, plan(have, need), holdings.layers, holdings.optimizer_of)
+    pg.barrier().wait()  # every layer arrived before a sender may leave
     return received

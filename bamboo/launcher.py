@@ -17,10 +17,12 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from bamboo.assignment import Assignment, assignment_at, latest_assignment
+from bamboo.assignment import Assignment
 from bamboo.cluster import Cluster
-from bamboo.config import FENCED, JobConfig
+from bamboo.config import JobConfig
 from bamboo.etcd import EtcdServer, die_with_parent
+from bamboo.exits import FENCED
+from bamboo.protocol import ASSIGNMENT, CONFIG, DONE, ERROR, LOSS, NOTICES, PREEMPTED, START
 
 
 class LaunchError(RuntimeError):
@@ -50,9 +52,9 @@ class MetricsWriter:
 
 def iteration_record(cfg: JobConfig, it: int, losses: dict, reports: dict, seconds: float, nodes: int,
                      events: list) -> dict:
-    if sorted(losses) != sorted(str(g) for g in range(cfg.microbatches)):
+    if sorted(losses) != list(range(cfg.microbatches)):
         raise LaunchError(f"iteration {it}: {len(losses)} of {cfg.microbatches} microbatch losses arrived")
-    record = {"iteration": it, "loss": sum(losses[str(g)] for g in range(cfg.microbatches)) / cfg.microbatches,
+    record = {"iteration": it, "loss": sum(losses[g].value for g in range(cfg.microbatches)) / cfg.microbatches,
               "samples": cfg.microbatches * cfg.batch, "seconds": round(seconds, 4), "nodes": nodes,
               "events": events}
     if cfg.check_replicas:
@@ -64,7 +66,7 @@ def replicas_equal(cfg: JobConfig, reports: dict) -> bool:
     """Every copy of a stage (owner, replica, other pipelines) has one digest."""
     by_stage: dict[str, set] = {}
     for r in reports.values():
-        for stage, d in r["digests"].items():
+        for stage, d in r.digests.items():
             by_stage.setdefault(stage, set()).add(d)
     return len(by_stage) == cfg.stages and all(len(d) == 1 for d in by_stage.values())
 
@@ -112,7 +114,7 @@ class Launcher:
         self.progress = progress
         self.local = cluster
         self._redone = 0  # the newest redo epoch already rewound to
-        self._noticed: set[str] = set()
+        self._noticed: set[int] = set()
         self._joined: set[int] = set()
         self.server: EtcdServer | None = None
         self.procs: dict[int, subprocess.Popen] = {}
@@ -150,15 +152,15 @@ class Launcher:
             self.server = EtcdServer().start()
         cluster = Cluster(self.etcd or self.server.endpoint, self.cfg.job)
         self.logs = tempfile.mkdtemp(prefix="bamboo-logs-")
-        if self.named and cluster.get("config") is not None:
+        if self.named and cluster.get(CONFIG()) is not None:
             return self._join(cluster)
-        cluster.put(self.cfg.to_dict(), "config")
+        cluster.put(CONFIG(), self.cfg)
         if self.local:
             for n in range(self.local.nodes):
                 self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--min-nodes",
                             str(self.local.nodes), "--log-dir", self.logs)
         else:
-            cluster.put(Assignment.static(self.cfg.stages, self.cfg.pipelines).to_dict(), "assignment", 0)
+            cluster.put(ASSIGNMENT(0), Assignment.static(self.cfg.stages, self.cfg.pipelines))
             for n in range(self.cfg.nodes):
                 self._start(cluster, n, "bamboo.worker")
         start = last = time.monotonic()
@@ -178,23 +180,23 @@ class Launcher:
                 if reports is None:
                     break  # stopped by on_tick
                 now = time.monotonic()
-                events = redo + [e for r in reports.values() for e in r.get("events", [])]
+                events = redo + [e for r in reports.values() for e in r.events]
                 redo = []
-                events += [{"type": "preemption", "node": int(n), "pause_seconds": round(time.time() - p["time"], 4)}
-                           for n, p in cluster.children("preempted").items() if p["iteration"] == it]
-                for n, notice in cluster.children("notices").items():  # reported once, when first seen
+                events += [{"type": "preemption", "node": n, "pause_seconds": round(time.time() - p.time, 4)}
+                           for n, p in cluster.children(PREEMPTED()).items() if p.iteration == it]
+                for n, notice in cluster.children(NOTICES()).items():  # reported once, when first seen
                     if n not in self._noticed:
                         self._noticed.add(n)
-                        events.append({"type": "notice", "node": int(n), "source": notice["source"],
-                                       "action": notice.get("action")})
-                failed = cluster.children("failed")
-                assignment = assignment_at(cluster, it)
-                live = sum(str(n) not in failed or failed[str(n)]["iteration"] > it for n in assignment.members)
+                        events.append({"type": "notice", "node": n, "source": notice.source,
+                                       "action": notice.action})
+                failed = cluster.failed()
+                assignment = cluster.assignment_at(it)
+                live = sum(n not in failed or failed[n].iteration > it for n in assignment.members)
                 if assignment.epoch != epoch:
                     epoch = assignment.epoch
                     events.append({"type": "reconfigure", "epoch": epoch, "pipelines": assignment.pipelines,
                                    "standby": assignment.standby})
-                losses = cluster.children("loss", it)
+                losses = cluster.children(LOSS(it))
                 record = iteration_record(self.cfg, it, losses, reports, now - last, live, events)
                 self.metrics.write(record)
                 last = now
@@ -202,7 +204,7 @@ class Launcher:
                 summary["samples"] += record["samples"]
                 summary["preemptions"] += sum(e["type"] == "preemption" for e in events)
                 summary["failovers"] += sum(e["type"] == "failover" for e in events)
-                summary["peak_memory_mb"] = {n: r["rss_mb"] for n, r in reports.items()}
+                summary["peak_memory_mb"] = {str(n): r.rss_mb for n, r in reports.items()}
                 bar(it, record)
                 for n in self.local.joining(it) if self.local and it not in self._joined else ():
                     self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--log-dir", self.logs)
@@ -234,7 +236,7 @@ class Launcher:
         in standby until the policy gives them stages, and stay until they leave."""
         if not self.local:
             raise LaunchError(f"job {self.cfg.job!r} already exists: --local-nodes N joins it with N nodes")
-        if not cluster.get("config").get("elastic"):
+        if not cluster.get(CONFIG()).elastic:
             raise LaunchError(f"job {self.cfg.job!r} runs without agents: it cannot take new nodes")
         for n in range(self.local.nodes):
             self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--log-dir", self.logs, named=False)
@@ -246,10 +248,10 @@ class Launcher:
     def _wait_start(self, cluster: Cluster) -> int:
         """The iteration the workers start from (0, or a checkpoint's)."""
         since = time.monotonic()
-        while (first := cluster.get("start")) is None:
+        while (first := cluster.get(START())) is None:
             self._check_workers(cluster, since, "the workers to start")
             time.sleep(0.05)
-        return first
+        return first.iteration
 
     def _check_workers(self, cluster: Cluster, since: float, what: str) -> None:
         if any(p.poll() not in (None, *EXPECTED_EXITS) for p in self.procs.values()):
@@ -264,13 +266,13 @@ class Launcher:
         """The reports of iteration `it` once every node sent one (or died); None
         if on_tick stopped the run; Rewind if the agents abandoned it meanwhile."""
         while True:
-            latest = latest_assignment(cluster)
+            latest = cluster.latest_assignment()
             if latest.redo and latest.start <= it and latest.epoch > self._redone:
                 self._redone = latest.epoch
                 raise Rewind(latest)
-            done = cluster.children("done", it)
-            failed = cluster.children("failed")
-            if all(str(n) in done or str(n) in failed for n in assignment_at(cluster, it).members):
+            done = cluster.children(DONE(it))
+            failed = cluster.failed()
+            if all(n in done or n in failed for n in cluster.assignment_at(it).members):
                 return done
             self._check_workers(cluster, since, f"iteration {it} to finish")
             if self.on_tick:
@@ -282,9 +284,9 @@ class Launcher:
     def _worker_error(self, cluster: Cluster) -> str:
         """One line for the failure: a worker's own error, preferring a root cause
         over the time-outs it caused elsewhere, else the last line of a log."""
-        errors = cluster.children("error")
+        errors = {n: e.message for n, e in cluster.children(ERROR()).items()}
         if errors:
-            node = min(errors, key=lambda n: (str(errors[n]).startswith("TimeoutError"), int(n)))
+            node = min(errors, key=lambda n: (errors[n].startswith("TimeoutError"), n))
             return f"worker {node} failed: {errors[node]} (logs: {self.logs})"
         for node, p in self.procs.items():
             if p.poll() not in (None, *EXPECTED_EXITS):

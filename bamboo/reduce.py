@@ -9,16 +9,15 @@ and then died took part of the sum with it: that case is refused, by name.
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 
 from schedules.layout import Layout, ScheduleError
 
-from bamboo.cluster import Cluster
-from bamboo.comm import new_group
 from bamboo.assignment import Assignment
+from bamboo.cluster import Cluster
 from bamboo.executor import flat_grads, set_flat_grads
 from bamboo.failover import Aborted
-from bamboo.store import EtcdStore
+from bamboo.groups import lease_check, open_group
+from bamboo.protocol import REDUCED, Reduced, reduce_store
 
 
 class Reducer:
@@ -30,7 +29,7 @@ class Reducer:
         self._broken: list = []
 
     def members(self, stage: int) -> tuple[int, ...]:
-        failed = self.cluster.children("failed")
+        failed = self.cluster.failed()
         out = []
         for j, pipe in enumerate(self.assignment.pipelines):
             try:
@@ -39,26 +38,19 @@ class Reducer:
                 self.failover.unsurvivable(f"pipeline {j}: {e}")
         return tuple(out)
 
-    def _silent(self, iteration: int, members: tuple[int, ...]) -> str | None:
-        """Why waiting for `members` is pointless (one lost its lease), or None."""
-        gone = self.cluster.record_silent(members, iteration, self.me)
-        return f"nodes {gone} lost their leases" if gone else None
-
     def _group(self, iteration: int, stage: int, members: tuple[int, ...]):
         if members not in self._groups:
-            prefix = self.cluster.key("pg", f"e{self.assignment.epoch}-stage{stage}", "-".join(map(str, members)))
-            store = EtcdStore(self.cluster.client, prefix, timedelta(hours=24),
-                              abort=lambda: self._silent(iteration, members))
-            self._groups[members] = (store, new_group(store, list(members), self.me)[0])
-        return self._groups[members][1]
+            self._groups[members] = open_group(self.cluster, reduce_store(self.assignment.epoch, stage, members),
+                                               members, self.me, lease_check(self.cluster, members, iteration, self.me))
+        return self._groups[members][0]
 
     def allreduce(self, iteration: int, stage: int, module) -> None:
         if self.D == 1:
             return
         while True:
             members = self.members(stage)
-            done = self.cluster.get("reduced", iteration, stage)
-            if done is not None and tuple(done) != members:
+            done = self.cluster.get(REDUCED(iteration, stage))
+            if done is not None and done.members != members:
                 self.failover.unsurvivable(f"a node died after its data-parallel reduce of stage {stage} in "
                                            f"iteration {iteration} and before syncing its replica: its share "
                                            "of the sum is lost")
@@ -82,9 +74,9 @@ class Reducer:
 
                 def regrouped():
                     self.failover.check_abort()
-                    self._silent(iteration, members)
-                    return self.members(stage) != members or self.cluster.get("reduced", iteration, stage)
+                    self.cluster.record_silent(members, iteration, self.me)
+                    return self.members(stage) != members or self.cluster.get(REDUCED(iteration, stage))
                 self.cluster.wait_for(regrouped, timeout=max(60.0, 20 * self.timeout),
                                       what=f"the failed member of stage {stage}'s group to be recorded", poll=0.05)
         set_flat_grads(module, flat)
-        self.cluster.put(list(members), "reduced", iteration, stage)
+        self.cluster.put(REDUCED(iteration, stage), Reduced(members))

@@ -8,7 +8,7 @@ import time
 from bamboo.config import JobConfig
 from bamboo.launcher import MetricsWriter, ProgressBar
 from bamboo.reference import train_reference
-from bamboo.worker import save_layer
+from bamboo.holdings import save_layer
 
 
 def run_single(cfg: JobConfig, metrics_out: str | None, progress: bool = True) -> None:

@@ -8,43 +8,41 @@ import argparse
 import json
 import sys
 
-from bamboo.assignment import Assignment
 from bamboo.cluster import Cluster
 from bamboo.etcd import EtcdError, connect
+from bamboo.protocol import CONFIG, DONE, DRAIN, ZONES, scan
 
 
 def jobs(endpoint: str) -> list[str]:
     client = connect(endpoint)
-    names = {meta.key.decode().split("/")[2] for _, meta in client.get_prefix("/bamboo/")}
+    names = {job for job, _, _ in scan(client)}
     client.close()
-    return sorted(n for n in names if n != "rdzv")
+    return sorted(names)
 
 
 def job_status(endpoint: str, job: str) -> dict:
     cluster = Cluster(endpoint, job)
-    cfg = cluster.get("config") or {}
+    cfg = cluster.get(CONFIG())
     done: dict[int, dict] = {}
-    for key, value in cluster.children("done").items():
-        it, _, node = key.partition("/")
-        done.setdefault(int(it), {})[node] = value
-    failed = cluster.children("failed")
-    assignments = [Assignment.from_dict(a) for a in cluster.children("assignment").values()]
+    for (it, node), report in cluster.children(DONE()).items():
+        done.setdefault(it, {})[node] = report
+    failed = cluster.failed()
+    assignments = list(cluster.assignments().values())
     current = max(assignments, key=lambda a: a.epoch, default=None)
 
     def members(it: int) -> tuple[int, ...]:
         return max((a for a in assignments if a.start <= it), key=lambda a: a.epoch).members
-    complete = [it for it, reports in done.items()
-                if all(str(n) in reports or str(n) in failed for n in members(it))]
+    complete = [it for it, reports in done.items() if all(n in reports or n in failed for n in members(it))]
     last = max(complete, default=None)
-    times = sorted(max(r.get("time", 0) for r in done[it].values()) for it in complete)[-11:]
+    times = sorted(max(r.time for r in done[it].values()) for it in complete)[-11:]
     rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None
-    status = {"job": job, "model": cfg.get("model"), "stages": cfg.get("stages"), "pipelines": cfg.get("pipelines"),
-              "iterations": cfg.get("iterations"), "last_iteration": last,
+    status = {"job": job, "model": cfg and cfg.model, "stages": cfg and cfg.stages,
+              "pipelines": cfg and cfg.pipelines, "iterations": cfg and cfg.iterations, "last_iteration": last,
               "iterations_per_second": round(rate, 3) if rate else None,
               "alive": sorted(cluster.alive()),
-              "failed": {int(n): f for n, f in sorted(failed.items(), key=lambda kv: int(kv[0]))},
-              "zones": {int(n): z for n, z in sorted(cluster.children("zones").items(), key=lambda kv: int(kv[0]))},
-              "draining": sorted(int(n) for n in cluster.children("drain")),
+              "failed": {n: failed[n].to_dict() for n in sorted(failed)},
+              "zones": {n: z.zone for n, z in sorted(cluster.children(ZONES()).items())},
+              "draining": sorted(cluster.children(DRAIN())),
               "epoch": current.epoch if current else None,
               "assignment": [list(p) for p in current.pipelines] if current else [],
               "standby": list(current.standby) if current else []}

@@ -1,7 +1,7 @@
 """Shared test settings: hypothesis profile sized for a 2-core CI machine. In CI
 (CI=true) the examples are derandomized, so a run there is repeatable; a local
 run explores new examples each time. `moto_endpoint`: a moto server on loopback
-(S3, EC2, autoscaling) for the real boto3 client."""
+(S3, EC2, autoscaling) for the real boto3 client; `etcd`: a real etcd server."""
 import os
 import socket
 import subprocess
@@ -10,6 +10,8 @@ import time
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from bamboo.etcd import EtcdServer
 
 settings.register_profile("ci", deadline=None, max_examples=60, derandomize=bool(os.environ.get("CI")),
                           suppress_health_check=[HealthCheck.too_slow])
@@ -34,3 +36,9 @@ def moto_endpoint():
     yield url
     proc.kill()
     proc.wait()
+
+
+@pytest.fixture(scope="module")
+def etcd():
+    with EtcdServer() as server:
+        yield server

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from bamboo.etcd import EtcdServer, connect
+from bamboo.protocol import ASSIGNMENT, DONE, REGROUP, scan
 from tests.training import bamboo_train
 
 ITERS = 30
@@ -132,7 +133,7 @@ def _launch(tmp_path, etcd, *args):
 def _wait_for_iteration(etcd, it: int, proc) -> None:
     client = connect(etcd.endpoint)
     deadline = time.monotonic() + 120
-    while not any(f"/done/{it}/".encode() in meta.key for _, meta in client.get_prefix("/bamboo/")):
+    while not any(family is DONE and parts[0] == it for _, family, parts in scan(client)):
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()[-2000:] if proc.poll() else ""
         time.sleep(0.05)
     client.close()
@@ -191,8 +192,8 @@ def test_etcd_restart_mid_run(tmp_path, tmp_path_factory):
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
         client = connect(etcd.endpoint)
-        keys = [meta.key.decode() for _, meta in client.get_prefix("/bamboo/")]
-    assert sorted(k.split("/regroup/")[1] for k in keys if "/regroup/" in k) == sorted(
-        f"{it}/0" for it in range(ITERS))  # one decision per iteration boundary, none twice
-    assert [k.split("/assignment/")[1] for k in keys if "/assignment/" in k] == ["0"]
+        keys = scan(client)
+    assert sorted(parts for _, family, parts in keys if family is REGROUP) == sorted(
+        (it, 0) for it in range(ITERS))  # one decision per iteration boundary, none twice
+    assert [parts for _, family, parts in keys if family is ASSIGNMENT] == [0]
     assert_same_training(_records(tmp_path), tmp_path, reference(tmp_path_factory, 4))

@@ -6,16 +6,11 @@ import pytest
 import torch.distributed as dist
 
 from bamboo.cluster import Cluster
+from bamboo.protocol import FAILED, Failure
 from bamboo.etcd import EtcdError, EtcdServer, connect
 from bamboo.failover import Unsurvivable, died_before
 from bamboo.store import EtcdStore
 from schedules import ir
-
-
-@pytest.fixture(scope="module")
-def etcd():
-    with EtcdServer() as server:
-        yield server
 
 
 def test_store_semantics(etcd):
@@ -44,8 +39,9 @@ def test_gloo_group_rendezvous_through_the_store(etcd):
 
 def test_first_writer_wins_and_leases_expire(etcd):
     a, b = Cluster(etcd.endpoint, "job1"), Cluster(etcd.endpoint, "job1")
-    assert a.create({"by": 1}, "failed", 3) and not b.create({"by": 2}, "failed", 3)
-    assert b.get("failed", 3) == {"by": 1} and b.children("failed") == {"3": {"by": 1}}
+    assert a.create(FAILED(3), Failure(0, 1)) and not b.create(FAILED(3), Failure(0, 2))
+    assert b.get(FAILED(3)) == Failure(0, 1) and b.children(FAILED()) == {3: Failure(0, 1)}
+    assert Cluster(etcd.endpoint, "job2").get(FAILED(3)) is None  # jobs do not see each other's keys
     a.register(5, ttl=1)
     assert 5 in b.alive()
     a._lease.revoke()

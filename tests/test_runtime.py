@@ -187,6 +187,7 @@ def test_a_paused_node_is_declared_dead_and_fences_itself(tmp_path):
 
     import psutil
     from bamboo.etcd import EtcdServer, connect
+    from bamboo.protocol import DONE, scan
     metrics = tmp_path / "m.jsonl"
     with EtcdServer() as etcd:
         proc = subprocess.Popen([sys.executable, "-m", "bamboo.cli", "--stages", "2", "--microbatches", "4",
@@ -195,7 +196,7 @@ def test_a_paused_node_is_declared_dead_and_fences_itself(tmp_path):
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         client = connect(etcd.endpoint)
         deadline = time.monotonic() + 120
-        while not any(b"/done/3/" in meta.key for _, meta in client.get_prefix("/bamboo/")):  # training runs
+        while not any(family is DONE and parts[0] == 3 for _, family, parts in scan(client)):  # training runs
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.1)
         worker = next(p for p in psutil.Process(proc.pid).children(recursive=True)

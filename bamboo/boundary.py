@@ -1,0 +1,74 @@
+"""The iteration boundary: every node reports, and the first to see every live
+node's report writes what the next iteration runs with (REGROUP: the failed set,
+whether the agents reconfigure first, whether to checkpoint). Every node reads
+that one record. Without a reconfiguration the world group is rebuilt without
+the dead; a node that dies meanwhile makes a new try, with its own record.
+
+It is to the iteration's end what bamboo/failover.py is to its middle."""
+from __future__ import annotations
+
+import itertools
+import time
+
+from bamboo.assignment import Assignment
+from bamboo.checkpoint import Checkpoints
+from bamboo.cluster import Cluster
+from bamboo.exits import Fenced
+from bamboo.protocol import CHECKPOINTED, DONE, DRAIN, MEMBERS, REGROUP, Regroup, Report, Timestamp
+
+
+class Boundary:
+    def __init__(self, cluster: Cluster, node: int, elastic: bool, checkpoints: Checkpoints):
+        self.cluster, self.node, self.elastic = cluster, node, elastic
+        self.checkpoints = checkpoints  # says whether a checkpoint is due
+
+    def report(self, iteration: int, report: Report) -> None:
+        self.cluster.put(DONE(iteration, self.node), report)
+
+    def agree(self, iteration: int, assignment: Assignment, failover, failed: tuple[int, ...], regroup) -> Regroup:
+        """Wait for every live node's report and return the agreed record. When the
+        failed set grew and the agents do not reconfigure, `regroup(failed, try)`
+        rebuilds the world group; if a member dies meanwhile, the next try leaves it out."""
+        self._wait_for_reports(iteration, assignment.members, failover)
+        for attempt in itertools.count():
+            agreed = self._decide(iteration, attempt, assignment)
+            if self.node in agreed.failed:
+                raise Fenced(f"node {self.node} was declared dead in iteration {iteration}")
+            if agreed.reconfigure or agreed.failed == tuple(failed):
+                return agreed
+            try:
+                regroup(agreed.failed, attempt)
+                return agreed
+            except (RuntimeError, TimeoutError):
+                continue  # a member died while regrouping: the next try leaves it out
+
+    def _wait_for_reports(self, iteration: int, members, failover) -> None:
+        def everyone():
+            done = self.cluster.children(DONE(iteration))
+            failed = self.cluster.failed()
+            pending = [n for n in members if n not in done and n not in failed]
+            self.cluster.record_silent(pending, iteration, self.node)  # died between its stream and its report
+            failover.check_abort()  # another pipeline could not finish: this iteration is redone
+            return not pending
+        self.cluster.wait_for(everyone, timeout=24 * 3600, what=f"every node to finish iteration {iteration}")
+
+    def _decide(self, iteration: int, attempt: int, assignment: Assignment) -> Regroup:
+        """Propose this node's view; the first proposal written stands for everyone."""
+        failed = tuple(sorted(self.cluster.failed()))
+        last = self.cluster.get(CHECKPOINTED())
+        due = self.checkpoints.due(iteration, last.time if last else None)
+        proposal = Regroup(failed, self._wants_change(assignment, failed), due)
+        if self.cluster.create(REGROUP(iteration, attempt), proposal) and due:
+            self.cluster.put(CHECKPOINTED(), Timestamp(time.time()))
+        return self.cluster.get(REGROUP(iteration, attempt))
+
+    def _wants_change(self, assignment: Assignment, failed: tuple[int, ...]) -> bool:
+        """Under agents: a node of this epoch died or is draining, or a node joined
+        that the configuration does not know yet."""
+        if not self.elastic:
+            return False
+        members = set(assignment.members)
+        joined = set(self.cluster.children(MEMBERS()))
+        draining = set(self.cluster.children(DRAIN()))
+        known = members | set(assignment.standby) | set(failed)
+        return bool(members & (set(failed) | draining) or (joined - known - draining))

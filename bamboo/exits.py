@@ -1,0 +1,29 @@
+"""How a worker's life ends other than by finishing: exceptions that travel up to
+`bamboo.worker.main`, which maps each to the exit status its agent (or the
+launcher) reads. Nothing below main ends the process itself."""
+from __future__ import annotations
+
+FENCED = 75  # exit status of a worker that found itself declared dead and stopped
+PARKED = 76  # exit status of a worker whose node has no stage in the new configuration
+
+
+class WorkerExit(Exception):
+    """The worker stops here; `status` is its process's exit status."""
+    status = 0
+
+
+class Fenced(WorkerExit):
+    """Its peers count this node dead (it was paused past its lease, or cut off):
+    it stops as a dead node would, whatever it was doing."""
+    status = FENCED
+
+
+class Parked(WorkerExit):
+    """The node has no stage in the new configuration, or was drained while in
+    standby: back to its agent, which may start it again."""
+    status = PARKED
+
+
+class Released(WorkerExit):
+    """The job finished while the node waited in standby."""
+    status = 0

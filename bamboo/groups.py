@@ -1,0 +1,32 @@
+"""gloo process groups whose rendezvous is a prefix in etcd (bamboo/store.py): the
+world of an epoch's live nodes, the handover group, a stage's reduce group. Each
+wait gives up as soon as a member can no longer come (its lease ran out), and the
+member is recorded dead on the way."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from bamboo.cluster import Cluster
+from bamboo.comm import new_group
+from bamboo.store import EtcdStore
+
+
+def lease_check(cluster: Cluster, members, iteration: int, me: int, starting=()):
+    """A callable telling why waiting for `members` is pointless (some lost their
+    leases, now recorded dead), or None. Nodes in `starting` count as alive while
+    their agent is (their worker may not have registered yet)."""
+    def why_not() -> str | None:
+        gone = cluster.record_silent(members, iteration, me, starting)
+        return f"nodes {gone} lost their leases" if gone else None
+    return why_not
+
+
+def open_group(cluster: Cluster, store_key: str, members, me: int, why_not) \
+        -> tuple[dist.ProcessGroup, dict[int, int], EtcdStore]:
+    """A gloo group over `members` (node ids) meeting at `store_key` (from
+    bamboo/protocol.py): the group, node id -> rank, and the store it keeps using."""
+    store = EtcdStore(cluster.client, cluster.key(store_key), timedelta(hours=24), why_not)
+    pg, rank_of = new_group(store, list(members), me)
+    return pg, rank_of, store
