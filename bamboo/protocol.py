@@ -196,7 +196,7 @@ CUT = Family("cut", ("iteration", "dead", "node"), Cut, "messages node received 
 FINISHED = Family("finished", ("iteration", "node"), Mark, "node ran its whole stream (it stays to help)")
 LOSS = Family("loss", ("iteration", "microbatch"), Loss, "a global microbatch's loss, before its gradient leaves")
 DONE = Family("done", ("iteration", "node"), Report, "node's iteration report (memory, events, digests)")
-ABORT = Family("abort", ("iteration",), Abort, "no pipeline can finish the iteration: it is redone")
+ABORT = Family("abort", ("iteration",), Abort, "a pipeline cannot finish the iteration: all abandon it, it is redone")
 ABORTED = Family("aborted", ("iteration", "node"), Mark, "node undid its steps and waits for the agents")
 REGROUP = Family("regroup", ("iteration", "try"), Regroup,
                  "the boundary's agreement; a new try when a node dies while regrouping")
