@@ -36,6 +36,7 @@ class Boundary:
                 raise Fenced(f"node {self.node} was declared dead in iteration {iteration}")
             if agreed.reconfigure or agreed.failed == tuple(failed):
                 return agreed
+            failed = agreed.failed  # what the world is rebuilt without; a later try compares with it
             try:
                 regroup(agreed.failed, attempt)
                 return agreed

@@ -1,6 +1,7 @@
 """How a worker's life ends other than by finishing: exceptions that travel up to
 `bamboo.worker.main`, which maps each to the exit status its agent (or the
-launcher) reads. Nothing below main ends the process itself."""
+launcher) reads. Below main, only an injected preemption (a SIGKILL of itself)
+ends the process; main's lease watcher exits FENCED once the lease expired."""
 from __future__ import annotations
 
 FENCED = 75  # exit status of a worker that found itself declared dead and stopped

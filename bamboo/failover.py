@@ -39,7 +39,8 @@ class PeerDead:
 
 @dataclass(frozen=True)
 class PeersSilent:
-    """Peers (node ids) whose leases ran out and who are not recorded dead yet."""
+    """Peers (node ids) whose leases ran out: the executor records them dead (a
+    record that exists already stands)."""
     nodes: tuple[int, ...]
 
 

@@ -12,6 +12,10 @@ from bamboo.cluster import Cluster
 from bamboo.comm import new_group
 from bamboo.store import EtcdStore
 
+# Every group this process opened, kept until it exits: a group whose collective
+# failed (a member died) cannot be torn down safely, gloo's destructor may abort.
+_KEPT: list[tuple[dist.ProcessGroup, EtcdStore]] = []
+
 
 def lease_check(cluster: Cluster, members, iteration: int, me: int, starting=()):
     """A callable telling why waiting for `members` is pointless (some lost their
@@ -26,7 +30,9 @@ def lease_check(cluster: Cluster, members, iteration: int, me: int, starting=())
 def open_group(cluster: Cluster, store_key: str, members, me: int, why_not) \
         -> tuple[dist.ProcessGroup, dict[int, int], EtcdStore]:
     """A gloo group over `members` (node ids) meeting at `store_key` (from
-    bamboo/protocol.py): the group, node id -> rank, and the store it keeps using."""
+    bamboo/protocol.py): the group, node id -> rank, and the store it keeps using.
+    The group lives as long as the process (see _KEPT)."""
     store = EtcdStore(cluster.client, cluster.key(store_key), timedelta(hours=24), why_not)
     pg, rank_of = new_group(store, list(members), me)
+    _KEPT.append((pg, store))
     return pg, rank_of, store

@@ -30,13 +30,19 @@ class Holdings:
         self.modules: dict[int, Stage] = {}               # stage -> its module, for the stages held
         self.optimizers: dict[int, torch.optim.Optimizer] = {}
         self.ranges: list[range] = []                     # stage -> its layer indexes, at the current depth
+        self._partitions: dict[int, list[range]] = {}     # depth -> stage ranges (a partition is not free)
 
     def stages(self, depth: int, stage: int) -> tuple[int, ...]:
         """The stages a node on `stage` holds."""
         return Layout(depth, replicas=self.redundancy == "eager").held(stage)
 
+    def partition(self, depth: int) -> list[range]:
+        if depth not in self._partitions:
+            self._partitions[depth] = partition(self.source.costs(), depth)
+        return self._partitions[depth]
+
     def layers_of(self, depth: int, stages) -> set[int]:
-        ranges = partition(self.source.costs(), depth)
+        ranges = self.partition(depth)
         return {i for s in stages for i in ranges[s]}
 
     def needs(self, assignment: Assignment, node: int) -> set[int]:
@@ -47,7 +53,7 @@ class Holdings:
         """The stages `node` holds in `assignment`, from the layers kept (with their
         optimizer state) and those `received` (layer -> snapshot bytes)."""
         P, (_, me) = assignment.depth, assignment.slot(node)
-        self.ranges = partition(self.source.costs(), P)
+        self.ranges = self.partition(P)
         held = self.stages(P, me)
         old_state = {p: st for opt in self.optimizers.values() for p, st in opt.state.items()}
         layers = {i: self.layers[i] if i in self.layers else self.source.layer(i).to(self.device)

@@ -12,7 +12,7 @@ The workers' half, one iteration at a time:
   2. per microbatch on the last stage: LOSS, before the gradient leaves
   3. on a peer's death: FAILED (first detector wins); the receivers of the dead
      node's messages publish CUT; every survivor derives the same (dead, k)
-  4. the stream ran: FINISHED; a data-parallel reduce done: REDUCED
+  4. a data-parallel reduce done (inside the stream): REDUCED; the stream ran: FINISHED
   5. the iteration's report: DONE; the first to see every live node's writes
      REGROUP (the failed set from now on, reconfigure?, checkpoint?)
   6. an iteration no pipeline can finish: ABORT; each node undoes its steps: ABORTED
@@ -23,7 +23,7 @@ The agents' half:
   2. meet in torch elastic's rendezvous (RENDEZVOUS_*); its rank 0 writes ASSIGNMENT 0
   3. when a REGROUP asks for it, or after an ABORT once every live node ABORTED:
      create ASSIGNMENT(epoch + 1), clearing the redone iterations' keys
-  4. leave on SIGTERM or a NOTICES entry: DRAIN
+  4. a cloud's preemption notice: NOTICES; leave on SIGTERM or a notice: DRAIN
 """
 from __future__ import annotations
 
@@ -173,7 +173,6 @@ class Family:
     params: tuple[str, ...]        # the integer parts that follow the name
     record: type                   # has to_dict() and from_dict()
     doc: str
-    leased: bool = False           # bound to its writer's lease: gone when the writer is
 
     def __call__(self, *parts: int) -> Key:
         if len(parts) > len(self.params):
@@ -181,7 +180,8 @@ class Family:
         return Key(self, _ints(parts))
 
     def parse(self, rest: str):
-        """The parts of a key below this family's prefix: an int, or a tuple of them."""
+        """The parts of a key below this family's prefix: an int, or a tuple of them
+        (ValueError for parts that are not integers: not a key of this family)."""
         parts = _ints(rest.split("/"))
         return parts[0] if len(parts) == 1 else parts
 
@@ -190,7 +190,7 @@ CONFIG = Family("config", (), JobConfig, "the job's settings (written once by th
 START = Family("start", (), Start, "the iteration the first epoch starts from")
 ASSIGNMENT = Family("assignment", ("epoch",), Assignment,
                     "node -> (pipeline, stage) from an iteration on; created if absent: one decision stands")
-ALIVE = Family("alive", ("node",), Alive, "a worker runs (gone when it stops refreshing its lease)", leased=True)
+ALIVE = Family("alive", ("node",), Alive, "a worker runs (under its lease: gone when it stops refreshing it)")
 FAILED = Family("failed", ("node",), Failure, "a node is dead; first detector wins (create-if-absent)")
 CUT = Family("cut", ("iteration", "dead", "node"), Cut, "messages node received from dead, per kind")
 FINISHED = Family("finished", ("iteration", "node"), Mark, "node ran its whole stream (it stays to help)")
@@ -205,7 +205,7 @@ CHECKPOINTED = Family("checkpointed", (), Timestamp, "when the last checkpoint w
 PREEMPTED = Family("preempted", ("node",), Preempted, "an injected SIGKILL (for the metrics)")
 ERROR = Family("error", ("node",), WorkerError, "a worker's fatal error")
 IDS = Family("ids", ("node",), Mark, "the node id is taken (never reused)")
-MEMBERS = Family("members", ("node",), Member, "an agent runs the node", leased=True)
+MEMBERS = Family("members", ("node",), Member, "an agent runs the node (under the agent's lease)")
 ZONES = Family("zones", ("node",), Zone, "the node's zone, kept after it is gone")
 DRAIN = Family("drain", ("node",), Timestamp, "the node asked to leave (SIGTERM, a notice)")
 NOTICES = Family("notices", ("node",), Notice, "the cloud's preemption notice")
@@ -236,7 +236,10 @@ def parse(key: str) -> tuple[str, Family, object] | None:
         if rest == family.name:
             return job, family, ()
         if rest.startswith(family.name + "/"):
-            return job, family, family.parse(rest[len(family.name) + 1:])
+            try:
+                return job, family, family.parse(rest[len(family.name) + 1:])
+            except ValueError:
+                return None
     return None
 
 
@@ -248,7 +251,7 @@ def scan(client) -> list[tuple[str, Family, object]]:
 # -- torch.distributed store prefixes (process group rendezvous) ------------------------
 def world_store(epoch: int, iteration: int | None = None, attempt: int = 0) -> str:
     """The world group of an epoch's live nodes, or of a regroup after a death."""
-    return f"pg/world/e{epoch}" + ("" if iteration is None else f"/it{iteration}-{attempt}")
+    return f"pg/world/e{epoch}" if iteration is None else f"pg/regroup/e{epoch}-it{iteration}-{attempt}"
 
 
 def handover_store(epoch: int) -> str:

@@ -26,7 +26,6 @@ class Reducer:
         self.failover = failover  # gives up (or aborts the iteration) on what no regroup can mend
         self.P, self.D = assignment.depth, len(assignment.pipelines)
         self._groups: dict[tuple[int, ...], tuple] = {}
-        self._broken: list = []
 
     def members(self, stage: int) -> tuple[int, ...]:
         failed = self.cluster.failed()
@@ -68,9 +67,9 @@ class Reducer:
             except Aborted:
                 raise
             except (RuntimeError, TimeoutError):  # a member died: wait until it is recorded, then regroup
-                # A group with a failed collective is kept, never destroyed: gloo's
-                # teardown of it can abort the process.
-                self._broken.append(self._groups.pop(members, None))
+                # The next try opens a new group (the failed one stays open until the
+                # process exits: bamboo/groups.py keeps every group).
+                self._groups.pop(members, None)
 
                 def regrouped():
                     self.failover.check_abort()

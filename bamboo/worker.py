@@ -178,9 +178,10 @@ class Worker:
         the checkpoint the agents chose), then take its place in `new`, or leave if
         it has none."""
         if new.restore == "checkpoint":
-            needed = self.holdings.needs(new, self.node) if self.node in new.members else set()
-            blobs = self.checkpoints.taken_before(new.start)
-            received = {i: blobs[i] for i in needed}
+            received = {}
+            if self.node in new.members:
+                blobs = self.checkpoints.taken_before(new.start)
+                received = {i: blobs[i] for i in self.holdings.needs(new, self.node)}
         else:
             received = handover.exchange(self.cluster, self.node, self.holdings, new, old,
                                          lambda members, starting: self._lease_check(members, new.start, starting))
@@ -235,8 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     cluster = Cluster(args.etcd, args.job)
     cfg = cluster.get(CONFIG())
     cluster.register(args.node, cfg.failure_timeout, on_lost=lambda: os._exit(FENCED))
+    worker = Worker(cluster, cfg, args.node)
     try:
-        Worker(cluster, cfg, args.node).run()
+        worker.run()
         status = 0
     except WorkerExit as e:
         status = e.status

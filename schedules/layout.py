@@ -40,9 +40,10 @@ class Layout:
             if not 0 <= n < self.stages:
                 raise ScheduleError(f"failed node {n} is out of range 0..{self.stages - 1}")
         if lost := Layout.lost(self.stages, self.failed):
-            nxt = min(lost)
+            n = min((s - 1) % self.stages for s in lost)
+            nxt = (n + 1) % self.stages
             raise ScheduleError(
-                f"failed nodes {(nxt - 1) % self.stages} and {nxt} are adjacent: stage {nxt} has no copy left "
+                f"failed nodes {n} and {nxt} are adjacent: stage {nxt} has no copy left "
                 "in this pipeline (recover it from another pipeline or a checkpoint)")
 
     @staticmethod
