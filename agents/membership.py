@@ -79,7 +79,8 @@ class Membership:
         zones = self.cluster.children(ZONES())
         live = {str(n): zones[n].zone for n in nodes}
         cfg = self.cluster.get(CONFIG())
-        self.cluster.create(ASSIGNMENT(0), from_policy(next_config(live, None, cfg.stages), 0, ()))
+        config = next_config(live, None, cfg.stages, cfg.microbatches)
+        self.cluster.create(ASSIGNMENT(0), from_policy(config, 0, ()))
 
     def decide(self, cfg: JobConfig) -> None:
         """If the workers asked for a new configuration after some iteration, or
@@ -132,7 +133,7 @@ class Membership:
         over the live nodes; layers from the survivors, whose holdings reflect the
         failures `before`, or, when some stage is held by no live node, from the
         newest complete checkpoint (the iterations after it are run again)."""
-        config = next_config(self.live(failed), to_policy(previous), cfg.stages)
+        config = next_config(self.live(failed), to_policy(previous), cfg.stages, cfg.microbatches)
         if config.depth < 2:
             return  # a pipeline needs two nodes: wait for more (the workers wait for this epoch)
         start, restore = (it if redo else it + 1), "peers"

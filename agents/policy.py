@@ -2,8 +2,10 @@
 zones), the previous configuration and the target depth to the next configuration.
 
 Rules, in priority order:
-  1. Keep the depth P; D = live nodes // P. Only when fewer than P nodes are left
-     is the depth reduced (to all of them), and the configuration says so.
+  1. Keep the depth P; D = live nodes // P, but never more pipelines than there
+     are microbatches to share (a pipeline with none would have nothing to run).
+     Only when fewer than P nodes are left is the depth reduced (to all of them),
+     and the configuration says so.
   2. Move as little as possible: a surviving node keeps its (pipeline, stage);
      pipelines with the most survivors are the ones kept.
   3. Holes left by dead nodes are filled first from the standby queue (oldest
@@ -95,8 +97,10 @@ def _pick(candidates: list[str], avoid: set[str], zones: Mapping[str, str]) -> s
     return next((n for n in candidates if zones[n] not in avoid), candidates[0])
 
 
-def next_config(live: Mapping[str, str], previous: Config | None, depth: int) -> Config:
-    """`live`: node -> zone. `previous`: the configuration in force (None at start)."""
+def next_config(live: Mapping[str, str], previous: Config | None, depth: int,
+                max_pipelines: int | None = None) -> Config:
+    """`live`: node -> zone. `previous`: the configuration in force (None at start).
+    `max_pipelines`: at most this many pipelines (the global microbatch count)."""
     if depth < 1:
         raise ValueError(f"depth must be at least 1 (got {depth})")
     epoch = previous.epoch + 1 if previous else 0
@@ -107,7 +111,7 @@ def next_config(live: Mapping[str, str], previous: Config | None, depth: int) ->
         notes.append(f"depth reduced from {depth} to {P}: only {P} nodes are alive")
     if P == 0:
         return Config(epoch, 0, (), (), tuple(notes))
-    D = len(live) // P
+    D = len(live) // P if max_pipelines is None else min(len(live) // P, max_pipelines)
 
     # Surviving pipelines, most survivors first (ties: lowest index), when the depth holds.
     kept: list[list[str | None]] = []

@@ -17,13 +17,14 @@ clusters = st.integers(0, 14).flatmap(
     lambda zs: {f"n{i:02d}": z for i, z in enumerate(zs)})
 
 
-def check_invariants(cfg: Config, live: dict, depth: int):
+def check_invariants(cfg: Config, live: dict, depth: int, most: int | None = None):
     placed = [n for pipe in cfg.pipelines for n in pipe]
     assert sorted(placed + list(cfg.standby)) == sorted(live)       # each live node once
     assert all(len(pipe) == cfg.depth for pipe in cfg.pipelines)
     assert cfg.depth == min(depth, len(live))                       # depth kept while it can be
     if cfg.depth:
-        assert len(cfg.pipelines) == len(live) // cfg.depth         # as many pipelines as fit
+        fit = len(live) // cfg.depth
+        assert len(cfg.pipelines) == (fit if most is None else min(fit, most))  # as many as fit and may run
     assert bool(cfg.notes) == (len(live) < depth) or any("changed" in n for n in cfg.notes)
 
 
@@ -42,12 +43,14 @@ def test_fresh_configuration(live, depth):
 @settings(max_examples=200)
 @given(clusters, st.integers(1, 5), st.data())
 def test_after_failures_and_joins(live, depth, data):
-    previous = next_config(live, None, depth)
+    most = data.draw(st.none() | st.integers(1, 4))  # the microbatches pipelines share
+    previous = next_config(live, None, depth, most)
+    check_invariants(previous, live, depth, most)
     dead = data.draw(st.sets(st.sampled_from(sorted(live)) if live else st.nothing()))
     joined = {f"j{i}": z for i, z in enumerate(data.draw(st.lists(st.sampled_from("abc"), max_size=4)))}
     now = {n: z for n, z in live.items() if n not in dead} | joined
-    cfg = next_config(now, previous, depth)
-    check_invariants(cfg, now, depth)
+    cfg = next_config(now, previous, depth, most)
+    check_invariants(cfg, now, depth, most)
     assert cfg.epoch == previous.epoch + 1
     if cfg.depth == previous.depth:
         # The pipelines with the most survivors (ties: lowest index) are kept: their
