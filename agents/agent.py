@@ -31,7 +31,7 @@ from torch.distributed.elastic.agent.server.api import (
 from agents.membership import Membership
 from agents.notices import WATCHERS, watch
 from agents.rendezvous import rendezvous_handler
-from bamboo.cluster import Cluster
+from bamboo.cluster import Cluster, EtcdLost
 from bamboo.config import JobConfig
 from bamboo.etcd import EtcdError, die_with_parent
 from bamboo.exits import FENCED, PARKED
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         watch(args.notice, noticed, args.metadata_url, interval=0.2)
     try:
         result = agent.run()
-    except (EtcdError, TimeoutError) as e:  # one line, not a traceback
+    except (EtcdError, EtcdLost, TimeoutError) as e:  # one line, not a traceback
         print(f"bamboo-agent: error: {e}", file=sys.stderr)
         return 1
     handler.shutdown()

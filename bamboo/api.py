@@ -63,9 +63,15 @@ class ModelSource:
             factory = getattr(importlib.import_module(module_name), fn_name)
         except (ImportError, AttributeError) as e:
             raise ModelError(f"--model {name!r}: cannot load it ({e})") from None
+        if not callable(factory):
+            raise ModelError(f"--model {name!r} is a {type(factory).__name__}, not a function returning a model")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            layers, loss = layers_from(factory())
+            try:
+                model = factory()
+            except Exception as e:  # the user's code: whatever it raises, one line naming it
+                raise ModelError(f"--model {name!r}: the factory failed ({type(e).__name__}: {e})") from None
+            layers, loss = layers_from(model)
         self._layers = [layer.to(dtype) for layer in layers]
         self.count, self.seq, self.loss = len(self._layers), seq, loss or token_loss
 

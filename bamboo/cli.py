@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import signal
 import sys
+import tempfile
 
 from bamboo.config import DTYPES, JobConfig, Preempt
 from bamboo.api import ModelSource
@@ -107,6 +109,9 @@ def parse_preempts(specs: list[str], args) -> tuple[Preempt, ...]:
             raise ValueError(f"--preempt {spec!r}: expected NODE@ITERATION[:INSTRUCTION] or 'random'") from None
         if not 0 <= p.node < nodes:
             raise ValueError(f"--preempt {spec!r}: node {p.node} is out of range 0..{nodes - 1}")
+        if not 0 <= p.iteration < args.iterations:
+            raise ValueError(f"--preempt {spec!r}: iteration {p.iteration} is out of range "
+                             f"0..{args.iterations - 1} (it would never fire)")
         length = len(fault_free_stream(args, p.node % (args.stages * args.pipelines)))
         if not 0 <= p.instruction <= length:
             raise ValueError(f"--preempt {spec!r}: node {p.node} runs {length} instructions an iteration "
@@ -136,12 +141,26 @@ def local_cluster(args):
     return LocalCluster(args.local_nodes, zones, tuple(joins), args.notice, args.metadata_url)
 
 
+def check_writable(path: str | None, flag: str) -> None:
+    """Fail now, not after training, if `path`'s directory cannot take a file."""
+    if not path:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, suffix=".tmp"):
+            pass
+    except OSError as e:
+        raise ValueError(f"{flag} {path!r}: cannot write there ({e.strerror or e})") from None
+
+
 def config_from_args(args) -> JobConfig:
     if args.local_nodes is not None:
         args.pipelines = max(1, args.local_nodes // max(1, args.stages))  # at the start
     for name in ("stages", "pipelines", "microbatches", "iterations", "batch"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1 (got {getattr(args, name)})")
+    check_writable(args.metrics_out, "--metrics-out")
     layers = ModelSource(args.model, args.seed, seq=args.seq).count
     if args.stages > layers:
         raise ValueError(f"--stages {args.stages} is more than model {args.model}'s {layers} layers")

@@ -11,7 +11,12 @@ from pyetcd.utils import prefix_range_end
 
 from bamboo.assignment import Assignment
 from bamboo.etcd import connect
-from bamboo.protocol import ALIVE, ASSIGNMENT, FAILED, MEMBERS, Alive, Failure, Key, job_root
+from bamboo.protocol import ALIVE, ASSIGNMENT, FAILED, LEASE_EXPIRED, MEMBERS, Alive, Failure, Key, job_root
+
+
+class EtcdLost(Exception):
+    """etcd did not answer for the whole patience: a failure of the control plane,
+    never to be mistaken for a peer's (so not a RuntimeError, which gloo raises)."""
 
 
 def _encode(key: Key, record) -> str:
@@ -38,9 +43,10 @@ class Cluster:
         while True:
             try:
                 return fn()
-            except (Etcd3Exception, ValueError):  # ValueError: pyetcd's endpoint marked failed
+            except (Etcd3Exception, ValueError) as e:  # ValueError: pyetcd's endpoint marked failed
                 if time.monotonic() > deadline:
-                    raise
+                    raise EtcdLost(f"etcd at {self.endpoint} did not answer for {self.patience:.0f} s "
+                                   f"({type(e).__name__}: {e})") from None
                 time.sleep(0.2)
 
     def key(self, key: Key | str) -> str:
@@ -117,7 +123,7 @@ class Cluster:
             alive |= set(self.children(MEMBERS())) & set(starting)
         silent = sorted(n for n in nodes if n not in alive)
         for n in silent:
-            self.create(FAILED(n), Failure(iteration, by, "lease expired"))
+            self.create(FAILED(n), Failure(iteration, by, LEASE_EXPIRED))
         return silent
 
     def alive(self) -> set[int]:

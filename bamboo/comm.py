@@ -80,10 +80,40 @@ class _Mailbox:
             self.inbox.put(t)
 
 
+class _Outbox:
+    """Sends to one peer on one channel, in order, from a thread of its own: a gloo
+    send returns only once the peer takes it, and a paused peer never does, so the
+    sender waits on the outbox instead and can give up (bamboo/failover.py)."""
+
+    def __init__(self, comm: "Comm", peer: int, kind: Op):
+        self.comm, self.peer, self.kind = comm, peer, kind
+        self.queue: queue.Queue = queue.Queue()
+        threading.Thread(target=self._run, daemon=True, name=f"outbox-{peer}-{kind.value}").start()
+
+    def put(self, tensor: torch.Tensor) -> "queue.Queue":
+        """Queue one message; the returned queue gets None once it left, or the error."""
+        done: queue.Queue = queue.Queue(maxsize=1)
+        self.queue.put((tensor, done))
+        return done
+
+    def _run(self) -> None:
+        dst, tag, pg = self.comm.rank_of[self.peer], TAGS[self.kind], self.comm.pg
+        while True:
+            tensor, done = self.queue.get()
+            try:
+                pg.send([_header(tensor)], dst, tag).wait()
+                pg.send([tensor], dst, tag).wait()
+            except RuntimeError as e:
+                done.put(str(e).splitlines()[0][:200])
+                continue
+            done.put(None)
+
+
 class Comm:
     def __init__(self, pg: dist.ProcessGroup, rank_of: dict[int, int], device: torch.device):
         self.pg, self.rank_of, self.device = pg, rank_of, device
         self._boxes: dict[tuple[int, Op], _Mailbox] = {}
+        self._outboxes: dict[tuple[int, Op], _Outbox] = {}
 
     def _box(self, peer: int, kind: Op) -> _Mailbox:
         if (peer, kind) not in self._boxes:
@@ -104,14 +134,24 @@ class Comm:
         enough: a message may still be landing on another.)"""
         return all(b.error or b.received >= b.expected for (p, _), b in self._boxes.items() if p == peer)
 
-    def send(self, peer: int, kind: Op, tensor: torch.Tensor) -> None:
-        t = tensor.detach().contiguous().cpu()
-        try:
-            dst, tag = self.rank_of[peer], TAGS[kind]
-            self.pg.send([_header(t)], dst, tag).wait()
-            self.pg.send([t], dst, tag).wait()
-        except RuntimeError as e:
-            raise PeerFailure(peer, str(e).splitlines()[0][:200]) from None
+    def send(self, peer: int, kind: Op, tensor: torch.Tensor, peer_dead=lambda: False) -> None:
+        """Send, waiting until gloo has it or `peer_dead()` says the peer is recorded
+        dead (a paused peer may never take it): then the message is lost with the
+        peer, as for any dead node, and PeerFailure says so."""
+        if (peer, kind) not in self._outboxes:
+            self._outboxes[(peer, kind)] = _Outbox(self, peer, kind)
+        done = self._outboxes[(peer, kind)].put(tensor.detach().contiguous().cpu())
+        wait = 0.001
+        while True:
+            try:
+                error = done.get(timeout=wait)
+                break
+            except queue.Empty:
+                if peer_dead():
+                    raise PeerFailure(peer, "recorded dead while a send to it was pending") from None
+                wait = min(wait * 2, 0.05)
+        if error is not None:
+            raise PeerFailure(peer, error)
 
     def recv(self, peer: int, kind: Op, keep_waiting=lambda: True, poll: float = 0.05) -> torch.Tensor:
         box = self._box(peer, kind)

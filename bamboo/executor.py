@@ -25,7 +25,7 @@ from bamboo.config import JobConfig, dropout_seed_for
 from bamboo.exits import Fenced
 from bamboo.failover import AbortPosted, Aborted, PeersSilent, SelfDead, TooManyDead
 from bamboo.models import dropout_seed
-from bamboo.protocol import LOSS, PREEMPTED, Loss, Preempted
+from bamboo.protocol import LEASE_EXPIRED, LOSS, PREEMPTED, Loss, Preempted
 from bamboo.swap import SavedTensors
 
 
@@ -81,7 +81,7 @@ class Executor:
         """Act on what the failover saw; return the stream to go on with."""
         if isinstance(event, PeersSilent):
             for node in event.nodes:
-                self.failover.detected(node, "lease expired")
+                self.failover.detected(node, LEASE_EXPIRED)
             return stream
         if isinstance(event, SelfDead):
             raise Fenced(f"node {self.peer(self.me)} was declared dead in iteration {self.iteration}")
@@ -161,13 +161,15 @@ class Executor:
             self.acts[key] = self.acts[key].to(self.device, copy=True)
 
     def send_act(self, ins: Instr) -> None:
-        self.comm.send(self.peer(ins.peer), Op.SEND_ACT, self.acts[(ins.stage, ins.mb)])
+        peer = self.peer(ins.peer)
+        self.comm.send(peer, Op.SEND_ACT, self.acts[(ins.stage, ins.mb)], lambda: self.failover.peer_gone(peer))
 
     def recv_act(self, ins: Instr) -> None:
         self.acts[(ins.stage, ins.mb)] = self.comm.recv(self.peer(ins.peer), Op.SEND_ACT, self.failover.keep_waiting)
 
     def send_grad(self, ins: Instr) -> None:
-        self.comm.send(self.peer(ins.peer), Op.SEND_GRAD, self.grads[(ins.stage, ins.mb)])
+        peer = self.peer(ins.peer)
+        self.comm.send(peer, Op.SEND_GRAD, self.grads[(ins.stage, ins.mb)], lambda: self.failover.peer_gone(peer))
 
     def recv_grad(self, ins: Instr) -> None:
         self.grads[(ins.stage, ins.mb)] = self.comm.recv(self.peer(ins.peer), Op.SEND_GRAD, self.failover.keep_waiting)
@@ -198,7 +200,8 @@ class Executor:
         self.undo = {}
 
     def send_sync(self, ins: Instr) -> None:
-        self.comm.send(self.peer(ins.peer), Op.SEND_SYNC, flat_grads(self.modules[ins.stage]))
+        peer = self.peer(ins.peer)
+        self.comm.send(peer, Op.SEND_SYNC, flat_grads(self.modules[ins.stage]), lambda: self.failover.peer_gone(peer))
 
     def recv_sync(self, ins: Instr) -> None:
         flat = self.comm.recv(self.peer(ins.peer), Op.SEND_SYNC, self.failover.keep_waiting)

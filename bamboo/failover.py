@@ -18,7 +18,7 @@ from schedules.compiler import compile_recovery, compile_schedule
 from schedules.ir import Instr, RECVS, SENDS
 
 from bamboo.cluster import Cluster
-from bamboo.protocol import ABORT, CUT, FAILED, FINISHED, Abort, Cut, Failure, Mark
+from bamboo.protocol import ABORT, CUT, FAILED, FINISHED, LEASE_EXPIRED, Abort, Cut, Failure, Mark
 
 
 class Unsurvivable(RuntimeError):
@@ -112,6 +112,7 @@ class Failover:
         self.base = compile_schedule(self.P, microbatches, failed, self.redundancy).streams
         self.baseline = comm.counts()  # messages received before this iteration
         self.dead: int | None = None
+        self._recorded: set[int] = set()  # node ids recorded dead, as of the last look
         self._event = None
         self._checked = self._leases_checked = 0.0
 
@@ -137,7 +138,7 @@ class Failover:
             silent = self._silent(n for n in range(self.P) if n not in self.failed and n != self.me)
             if silent:
                 return PeersSilent(silent)
-        dead = set(self.cluster.failed())
+        dead = self._recorded = set(self.cluster.failed())
         new = sorted({s for s, n in enumerate(self.nodes) if n in dead} - set(self.failed))
         if self.me in new:
             return SelfDead()
@@ -146,6 +147,15 @@ class Failover:
                                f"iteration {self.iteration}: one failure per pipeline per iteration is survivable")
         self.dead = new[0] if new else None
         return PeerDead(self.dead) if new else None
+
+    def peer_gone(self, node: int) -> bool:
+        """Whether a send to `node` (a node id) waits in vain: the node is recorded
+        dead, or its lease ran out (recorded here, then)."""
+        event = self.poll()
+        if isinstance(event, PeersSilent) and node in event.nodes:
+            self.detected(node, LEASE_EXPIRED)
+            return True
+        return node in self._recorded
 
     def _silent(self, local_ids) -> tuple[int, ...]:
         """The node ids, among `local_ids`, whose leases are gone."""
@@ -183,7 +193,10 @@ class Failover:
         receivers = sorted(n for n, s in self.base.items()
                            if n != d and any(i.op in RECVS and i.peer == d for i in s))
         if self.me in receivers:
-            deadline = time.monotonic() + self.timeout
+            # A node that broke a channel may still have messages landing on others;
+            # one found silent (its lease ran out) sent its last ones long ago.
+            failure = self.cluster.get(FAILED(dg))
+            deadline = time.monotonic() + (0 if failure and failure.how == LEASE_EXPIRED else self.timeout)
             while not self.comm.settled(dg) and time.monotonic() < deadline:
                 time.sleep(0.01)
             counts = {kind.value: n - self.baseline.get((peer, kind), 0)

@@ -40,8 +40,8 @@ class MetricsWriter:
         self.lines.append(json.dumps(record))
 
     def close(self) -> None:
-        if not self.path:
-            return
+        if not self.path or not self.lines:
+            return  # nothing ran: no file, rather than an empty one
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
@@ -126,8 +126,8 @@ class Launcher:
     def run(self) -> dict:
         try:
             return self._run()
-        except BaseException:
-            self.keep_logs = True  # the workers' tracebacks stay for the user
+        except Exception:
+            self.keep_logs = True  # the workers' tracebacks stay for the user (the error names them)
             raise
         finally:
             self.stop()

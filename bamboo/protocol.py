@@ -62,6 +62,9 @@ class Alive(Record):
     node: int
 
 
+LEASE_EXPIRED = "lease expired"    # Failure.how of a node found silent, not seen to break
+
+
 @dataclass(frozen=True)
 class Failure(Record):
     iteration: int

@@ -108,16 +108,29 @@ def test_random_kill_point(tmp_path, reference):
     (["--stages", "9"], "more than model tiny's 8 layers", 2),
     (["--stages", "2", "--preempt", "7@1"], "out of range", 2),
     (["--stages", "2", "--preempt", "x"], "NODE@ITERATION", 2),
-    (["--stages", "2", "--preempt", "1@1:999"], "instructions an iteration", 2),
+    (["--stages", "2", "--preempt", "1@0:999"], "instructions an iteration", 2),
     (["--stages", "2", "--microbatches", "1", "--pipelines", "2"], "fewer than --pipelines", 2),
     (["--stages", "2", "--etcd", "127.0.0.1:1"], "unreachable", 1),
     (["--stages", "2", "--etcd", "nonsense"], "HOST:PORT", 1),
+    (["--model", "math:sqrt"], "the factory failed (TypeError", 2),
+    (["--model", "math:pi"], "is a float, not a function", 2),
+    (["--stages", "2", "--preempt", "1@-1"], "would never fire", 2),
+    (["--stages", "2", "--preempt", "1@1"], "would never fire", 2),  # one iteration: only 0 exists
+    (["--metrics-out", "/proc/no/m.jsonl"], "cannot write there", 2),
 ])
 def test_bad_input_gives_one_line(tmp_path, args, message, code):
     out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--no-progress", "--iterations", "1", *args],
                          capture_output=True, text=True, timeout=120)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == code and len(lines) == 1 and message in lines[0], out.stderr
+
+
+def test_a_run_that_trained_nothing_leaves_no_metrics_file(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--no-progress", "--stages", "2", "--etcd",
+                          "127.0.0.1:1", "--metrics-out", str(metrics)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "unreachable" in out.stderr
+    assert not metrics.exists() and list(tmp_path.iterdir()) == []
 
 
 def test_factory_sequential_on_two_stages_survives_losing_one(tmp_path):
@@ -180,8 +193,9 @@ def test_last_stage_killed_after_its_stream_keeps_every_loss(tmp_path):
 
 
 def test_a_paused_node_is_declared_dead_and_fences_itself(tmp_path):
-    """SIGSTOP past the lease: the pipeline goes on without the node; when it wakes
-    up it finds itself dead and stops instead of corrupting the job."""
+    """SIGSTOP past the lease: the pipeline goes on without the node while it is
+    still stopped (its predecessor gives up a send the node will never take); when
+    it wakes up it finds itself dead and stops instead of corrupting the job."""
     import signal
     import time
 
@@ -189,20 +203,27 @@ def test_a_paused_node_is_declared_dead_and_fences_itself(tmp_path):
     from bamboo.etcd import EtcdServer, connect
     from bamboo.protocol import DONE, scan
     metrics = tmp_path / "m.jsonl"
+
+    def finished(client, it):
+        return any(family is DONE and parts[0] == it for _, family, parts in scan(client))
     with EtcdServer() as etcd:
-        proc = subprocess.Popen([sys.executable, "-m", "bamboo.cli", "--stages", "2", "--microbatches", "4",
-                                 "--iterations", "300", "--no-progress", "--failure-timeout", "2",
+        proc = subprocess.Popen([sys.executable, "-m", "bamboo.cli", "--stages", "4", "--microbatches", "6",
+                                 "--iterations", "120", "--no-progress", "--failure-timeout", "2",
                                  "--etcd", etcd.endpoint, "--metrics-out", str(metrics)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         client = connect(etcd.endpoint)
         deadline = time.monotonic() + 120
-        while not any(family is DONE and parts[0] == 3 for _, family, parts in scan(client)):  # training runs
+        while not finished(client, 3):  # training runs
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.1)
         worker = next(p for p in psutil.Process(proc.pid).children(recursive=True)
                       if p.cmdline()[-2:] == ["--node", "1"])
         worker.send_signal(signal.SIGSTOP)
-        time.sleep(6)
+        stopped_at = max(it for _, family, (it, _) in ((j, f, p) for j, f, p in scan(client) if f is DONE))
+        deadline = time.monotonic() + 90
+        while not finished(client, stopped_at + 3):  # three more iterations while it is stopped
+            assert time.monotonic() < deadline and proc.poll() is None, "no progress while a node is stopped"
+            time.sleep(0.1)
         worker.send_signal(signal.SIGCONT)
         gone, _ = psutil.wait_procs([worker], timeout=20)
         assert gone and proc.poll() is None  # the woken node stopped, the job goes on
@@ -210,5 +231,5 @@ def test_a_paused_node_is_declared_dead_and_fences_itself(tmp_path):
         assert proc.returncode == 0, err[-2000:]
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     # The pause lands inside an iteration (a failover) or between two (the barrier
-    # records the death): either way the job finishes on one node.
-    assert records[-1]["summary"]["failovers"] <= 1 and records[-2]["nodes"] == 1
+    # records the death): either way the job finishes on the three others.
+    assert records[-1]["summary"]["failovers"] <= 1 and records[-2]["nodes"] == 3
