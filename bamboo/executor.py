@@ -160,16 +160,19 @@ class Executor:
         if key in self.acts:
             self.acts[key] = self.acts[key].to(self.device, copy=True)
 
-    def send_act(self, ins: Instr) -> None:
+    def _send(self, ins: Instr, kind: Op, tensor: torch.Tensor) -> None:
+        """A send that gives up once its peer is gone (a paused peer never takes it)."""
         peer = self.peer(ins.peer)
-        self.comm.send(peer, Op.SEND_ACT, self.acts[(ins.stage, ins.mb)], lambda: self.failover.peer_gone(peer))
+        self.comm.send(peer, kind, tensor, lambda: self.failover.peer_gone(peer))
+
+    def send_act(self, ins: Instr) -> None:
+        self._send(ins, Op.SEND_ACT, self.acts[(ins.stage, ins.mb)])
 
     def recv_act(self, ins: Instr) -> None:
         self.acts[(ins.stage, ins.mb)] = self.comm.recv(self.peer(ins.peer), Op.SEND_ACT, self.failover.keep_waiting)
 
     def send_grad(self, ins: Instr) -> None:
-        peer = self.peer(ins.peer)
-        self.comm.send(peer, Op.SEND_GRAD, self.grads[(ins.stage, ins.mb)], lambda: self.failover.peer_gone(peer))
+        self._send(ins, Op.SEND_GRAD, self.grads[(ins.stage, ins.mb)])
 
     def recv_grad(self, ins: Instr) -> None:
         self.grads[(ins.stage, ins.mb)] = self.comm.recv(self.peer(ins.peer), Op.SEND_GRAD, self.failover.keep_waiting)
@@ -200,8 +203,7 @@ class Executor:
         self.undo = {}
 
     def send_sync(self, ins: Instr) -> None:
-        peer = self.peer(ins.peer)
-        self.comm.send(peer, Op.SEND_SYNC, flat_grads(self.modules[ins.stage]), lambda: self.failover.peer_gone(peer))
+        self._send(ins, Op.SEND_SYNC, flat_grads(self.modules[ins.stage]))
 
     def recv_sync(self, ins: Instr) -> None:
         flat = self.comm.recv(self.peer(ins.peer), Op.SEND_SYNC, self.failover.keep_waiting)

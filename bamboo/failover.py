@@ -150,8 +150,11 @@ class Failover:
 
     def peer_gone(self, node: int) -> bool:
         """Whether a send to `node` (a node id) waits in vain: the node is recorded
-        dead, or its lease ran out (recorded here, then)."""
+        dead, or its lease ran out (recorded here, then). Raises Aborted when the
+        iteration was abandoned meanwhile."""
         event = self.poll()
+        if isinstance(event, AbortPosted):
+            raise Aborted(event.why)
         if isinstance(event, PeersSilent) and node in event.nodes:
             self.detected(node, LEASE_EXPIRED)
             return True
