@@ -141,15 +141,13 @@ class Comm:
         if (peer, kind) not in self._outboxes:
             self._outboxes[(peer, kind)] = _Outbox(self, peer, kind)
         done = self._outboxes[(peer, kind)].put(tensor.detach().contiguous().cpu())
-        wait = 0.001
         while True:
             try:
-                error = done.get(timeout=wait)
+                error = done.get(timeout=0.05)  # asks as often as a receive does
                 break
             except queue.Empty:
                 if peer_dead():
                     raise PeerFailure(peer, "recorded dead while a send to it was pending") from None
-                wait = min(wait * 2, 0.05)
         if error is not None:
             raise PeerFailure(peer, error)
 

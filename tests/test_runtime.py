@@ -118,11 +118,27 @@ def test_random_kill_point(tmp_path, reference):
     (["--stages", "2", "--preempt", "1@1"], "would never fire", 2),  # one iteration: only 0 exists
     (["--metrics-out", "/proc/no/m.jsonl"], "cannot write there", 2),
 ])
-def test_bad_input_gives_one_line(tmp_path, args, message, code):
-    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--no-progress", "--iterations", "1", *args],
-                         capture_output=True, text=True, timeout=120)
+def test_bad_input_gives_one_line(capsys, args, message, code):
+    """bamboo-train's main in this process (no interpreter start per case): the exit
+    status and the one line; an exception escaping main fails the test."""
+    import signal
+
+    from bamboo.cli import main
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        status = main(["--no-progress", "--iterations", "1", *args])
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert status == code and len(lines) == 1 and message in lines[0], out.err
+
+
+def test_bad_input_from_a_real_process_is_one_line():
+    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--no-progress", "--iterations", "1",
+                          "--model", "math:sqrt"], capture_output=True, text=True, timeout=120)
     lines = out.stderr.strip().splitlines()
-    assert out.returncode == code and len(lines) == 1 and message in lines[0], out.stderr
+    assert out.returncode == 2 and len(lines) == 1 and "the factory failed" in lines[0], out.stderr
 
 
 def test_a_run_that_trained_nothing_leaves_no_metrics_file(tmp_path):
