@@ -36,13 +36,14 @@ class Holdings:
         """The stages a node on `stage` holds."""
         return Layout(depth, replicas=self.redundancy == "eager").held(stage)
 
-    def partition(self, depth: int) -> list[range]:
+    def ranges_at(self, depth: int) -> list[range]:
+        """Stage -> its layer indexes, for a pipeline of `depth` stages."""
         if depth not in self._partitions:
             self._partitions[depth] = partition(self.source.costs(), depth)
         return self._partitions[depth]
 
     def layers_of(self, depth: int, stages) -> set[int]:
-        ranges = self.partition(depth)
+        ranges = self.ranges_at(depth)
         return {i for s in stages for i in ranges[s]}
 
     def needs(self, assignment: Assignment, node: int) -> set[int]:
@@ -53,7 +54,7 @@ class Holdings:
         """The stages `node` holds in `assignment`, from the layers kept (with their
         optimizer state) and those `received` (layer -> snapshot bytes)."""
         P, (_, me) = assignment.depth, assignment.slot(node)
-        self.ranges = self.partition(P)
+        self.ranges = self.ranges_at(P)
         held = self.stages(P, me)
         old_state = {p: st for opt in self.optimizers.values() for p, st in opt.state.items()}
         layers = {i: self.layers[i] if i in self.layers else self.source.layer(i).to(self.device)
