@@ -35,7 +35,7 @@ from bamboo.cluster import Cluster, EtcdLost
 from bamboo.config import JobConfig
 from bamboo.etcd import EtcdError, die_with_parent
 from bamboo.exits import FENCED, PARKED
-from bamboo.protocol import CONFIG, NOTICES, Notice, rendezvous_node
+from bamboo.protocol import CONFIG, FAILED, NOTICES, Notice, rendezvous_node
 
 
 class BambooAgent(SimpleElasticAgent):
@@ -46,6 +46,7 @@ class BambooAgent(SimpleElasticAgent):
         self.proc: subprocess.Popen | None = None
         self.draining = False
         self.exit_code: int | None = None  # the worker's, once it exited
+        self._fence_checked = 0.0          # when FAILED(node) was last read
 
     @property
     def node(self) -> int:
@@ -85,6 +86,9 @@ class BambooAgent(SimpleElasticAgent):
         self.proc = None
 
     def _monitor_workers(self, worker_group) -> RunResult:
+        if self.proc is not None and self.proc.poll() is None and self._fenced():
+            self.proc.kill()  # hung or paused, and counted dead: make it so
+            self.proc.wait()
         if self.proc is None or self.proc.poll() is None:
             return RunResult(state=WorkerState.HEALTHY)
         self.exit_code = code = self.proc.returncode
@@ -93,6 +97,14 @@ class BambooAgent(SimpleElasticAgent):
         if code == PARKED:
             return RunResult(state=WorkerState.STOPPED)
         return RunResult(state=WorkerState.FAILED)  # why: self.exit_code
+
+    def _fenced(self) -> bool:
+        """Whether the worker is recorded dead (asked at most twice a second)."""
+        now = time.monotonic()
+        if now - self._fence_checked < 0.5:
+            return False
+        self._fence_checked = now
+        return self.cluster.get(FAILED(self.node)) is not None
 
     def _succeeded(self) -> RunResult:
         return RunResult(state=WorkerState.SUCCEEDED, return_values={self.node: 0})
@@ -146,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bamboo-agent: error: {e}", file=sys.stderr)
         return 1
     try:
-        membership = Membership(cluster, args.zone, args.node, cfg.failure_timeout)
+        membership = Membership(cluster, args.zone, args.node, cfg)
     except ValueError as e:
         print(f"bamboo-agent: error: {e}", file=sys.stderr)
         return 1

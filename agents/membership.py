@@ -7,7 +7,6 @@ the create-if-absent write of the next epoch lets exactly one decision stand.
 from __future__ import annotations
 
 import socket
-import threading
 import time
 
 from schedules.layout import Layout
@@ -17,8 +16,9 @@ from bamboo.assignment import Assignment
 from bamboo.checkpoint import latest, storage_for
 from bamboo.cluster import Cluster
 from bamboo.config import JobConfig
-from bamboo.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, IDS, ITERATION_FAMILIES, MEMBERS,
-                             REGROUP, ZONES, Mark, Member, Timestamp, Zone)
+from bamboo.liveness import Heartbeat
+from bamboo.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, HANDOVER, IDS, ITERATION_FAMILIES,
+                             MEMBERS, REGROUP, ZONES, Mark, Member, Timestamp, Zone)
 
 
 def to_policy(a: Assignment) -> Config:
@@ -42,16 +42,15 @@ def lost_everywhere(assignment: Assignment, failed, redundancy: str) -> frozense
 
 
 class Membership:
-    def __init__(self, cluster: Cluster, zone: str, node: int | None, ttl: float):
+    def __init__(self, cluster: Cluster, zone: str, node: int | None, cfg: JobConfig):
         self.cluster, self.zone = cluster, zone
         self.node = node if node is not None else self._claim_id()
         if node is not None and not cluster.create(IDS(node), Mark()):
             raise ValueError(f"node id {node} is taken in this job")
         cluster.put(ZONES(self.node), Zone(zone))
-        self.lease = cluster.client.lease(max(1, int(round(ttl))))
-        cluster.put(MEMBERS(self.node), Member(zone, socket.gethostname()), lease=self.lease)
-        self._stop = threading.Event()
-        threading.Thread(target=self._refresh, args=(ttl,), daemon=True, name="membership").start()
+        host = socket.gethostname()
+        self.heartbeat = Heartbeat(cluster, MEMBERS(self.node), lambda lease: Member(zone, host, lease), cfg.lease_ttl,
+                                   cfg.failure_timeout)
         self._drained = False
         self._epoch: int | None = None  # the newest assignment seen
         self._next = 0                  # the first iteration whose regroup records are not settled
@@ -61,13 +60,6 @@ class Membership:
         while not self.cluster.create(IDS(n), Mark()):
             n += 1
         return n
-
-    def _refresh(self, ttl: float) -> None:
-        while not self._stop.wait(max(0.2, ttl / 3)):
-            try:
-                self.lease.refresh()
-            except Exception:  # etcd briefly unreachable: the next round tries again
-                continue
 
     def live(self, exclude=()) -> dict[str, str]:
         """node -> zone of the registered nodes, without `exclude` and the draining."""
@@ -119,28 +111,40 @@ class Membership:
         if waiting:  # a node that died without a record would hold everyone up
             self.cluster.record_silent(waiting, it, self.node)
             return
-        if it > previous.start:  # the failures the nodes' layers reflect at the start of `it`
+        basis, before = previous, previous.gone
+        if not self._entered(previous):  # no node entered it: the layers are where they were
+            basis, before = self.cluster.get(ASSIGNMENT(previous.layers_from)), previous.failed
+        elif it > previous.start:  # the failures the nodes' layers reflect at the start of `it`
             tries = self.cluster.children(REGROUP(it - 1))
             if not tries:
                 return  # cleared: another agent decided
             before = tries[max(tries)].failed
-        else:
-            before = previous.gone
-        self._next_epoch(cfg, previous, it, before, failed, redo=True)
+        self._next_epoch(cfg, previous, it, before, failed, redo=True, basis=basis)
 
-    def _next_epoch(self, cfg: JobConfig, previous: Assignment, it: int, before, failed, redo: bool) -> None:
+    def _entered(self, epoch: Assignment) -> bool:
+        """Whether the nodes entered `epoch` (hold their layers as it lays them out):
+        its layers came from no handover, or its handover completed."""
+        if epoch.layers_from < 0 or epoch.restore == "checkpoint":
+            return True
+        outcome = self.cluster.get(HANDOVER(epoch.epoch))
+        return outcome is not None and outcome.complete
+
+    def _next_epoch(self, cfg: JobConfig, previous: Assignment, it: int, before, failed, redo: bool,
+                    basis: Assignment | None = None) -> None:
         """Write the epoch after iteration `it` (before it, with `redo`): the policy
-        over the live nodes; layers from the survivors, whose holdings reflect the
-        failures `before`, or, when some stage is held by no live node, from the
-        newest complete checkpoint (the iterations after it are run again)."""
+        over the live nodes; layers from the survivors, whose holdings follow the
+        layout of `basis` (default: `previous`) after the failures `before`, or,
+        when some stage is held by no live node, from the newest complete
+        checkpoint (the iterations after it are run again)."""
+        basis = basis or previous
         config = next_config(self.live(failed), to_policy(previous), cfg.stages, cfg.microbatches)
         if config.depth < 2:
             return  # a pipeline needs two nodes: wait for more (the workers wait for this epoch)
         start, restore = (it if redo else it + 1), "peers"
-        if lost_everywhere(previous, set(before) | set(failed), cfg.redundancy):
+        if lost_everywhere(basis, set(before) | set(failed), cfg.redundancy):
             start, restore, redo = self._checkpoint_iteration(cfg, it), "checkpoint", True
         new = from_policy(config, start, before, failed, restore)
-        new = Assignment(**{**new.__dict__, "redo": redo})
+        new = Assignment(**{**new.__dict__, "redo": redo, "layers_from": basis.epoch})
         clear = [family(k) for family in ITERATION_FAMILIES for k in range(start, it + 1)]
         self.cluster.create_clearing(ASSIGNMENT(new.epoch), new, clear)
 
@@ -163,8 +167,4 @@ class Membership:
         return bool(self.cluster.children(DONE(cfg.iterations - 1)))
 
     def leave(self) -> None:
-        self._stop.set()
-        try:
-            self.lease.revoke()
-        except Exception:  # etcd gone: the lease expires on its own
-            pass
+        self.heartbeat.stop()

@@ -22,6 +22,7 @@ class Assignment:
     gone: tuple[int, ...] = ()                  # dead by now: they send nothing (after an abort, more than failed)
     restore: str = "peers"                      # where layers come from: "peers" or "checkpoint"
     redo: bool = False                          # the epoch starts by running again an abandoned iteration
+    layers_from: int = -1                       # the epoch whose layout the nodes' layers follow (-1: none yet)
 
     @classmethod
     def static(cls, stages: int, pipelines: int, start: int = 0) -> "Assignment":

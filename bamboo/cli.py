@@ -52,7 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preempt", action="append", default=[], metavar="NODE@ITER[:INSTR]",
                    help="SIGKILL that worker just before that instruction (repeatable), or 'random'")
     p.add_argument("--failure-timeout", type=float, default=3.0,
-                   help="seconds of silence (etcd lease) after which a node counts as dead")
+                   help="seconds without a lease refresh after which a node counts as dead")
+    p.add_argument("--lease-ttl", type=float, default=15.0,
+                   help="etcd lease TTL: how long etcd may be unreachable before nodes must register again")
+    p.add_argument("--hang-timeout", type=float, default=300.0,
+                   help="a node whose main thread is stuck this long counts as dead; gloo's operation timeout")
     p.add_argument("--stall-timeout", type=float, default=1800.0,
                    help="give up when no iteration finishes for this many seconds")
     p.add_argument("--check-replicas", action="store_true",
@@ -169,6 +173,11 @@ def config_from_args(args) -> JobConfig:
     if (args.checkpoint_every or args.checkpoint_seconds or args.resume) and not args.checkpoint:
         raise ValueError("--checkpoint-every, --checkpoint-seconds and --resume need --checkpoint "
                          "DIR|s3://BUCKET/PREFIX")
+    for flag in ("failure_timeout", "lease_ttl", "hang_timeout"):
+        if getattr(args, flag) <= 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be positive (got {getattr(args, flag)})")
+    if args.lease_ttl <= args.failure_timeout:
+        raise ValueError(f"--lease-ttl {args.lease_ttl} must exceed --failure-timeout {args.failure_timeout}")
     if args.checkpoint_every < 0 or args.checkpoint_seconds < 0:
         raise ValueError("--checkpoint-every and --checkpoint-seconds must not be negative")
     if args.resume and args.local_nodes is not None:
@@ -181,7 +190,8 @@ def config_from_args(args) -> JobConfig:
     return JobConfig(model=args.model, stages=args.stages, pipelines=args.pipelines,
                      microbatches=args.microbatches, iterations=args.iterations, redundancy=args.redundancy,
                      seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, dtype=args.dtype,
-                     failure_timeout=args.failure_timeout, stall_timeout=args.stall_timeout,
+                     failure_timeout=args.failure_timeout, lease_ttl=args.lease_ttl,
+                     hang_timeout=args.hang_timeout, stall_timeout=args.stall_timeout,
                      preempt=parse_preempts(args.preempt, args) if args.stages > 1 else (),
                      data_files=tuple(args.data), save_dir=args.save_dir, check_replicas=args.check_replicas,
                      checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,

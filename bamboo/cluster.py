@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 from pyetcd import Etcd3Exception
@@ -11,6 +10,7 @@ from pyetcd.utils import prefix_range_end
 
 from bamboo.assignment import Assignment
 from bamboo.etcd import connect
+from bamboo.liveness import Heartbeat, lease_ages
 from bamboo.protocol import ALIVE, ASSIGNMENT, FAILED, LEASE_EXPIRED, MEMBERS, Alive, Failure, Key, job_root
 
 
@@ -36,7 +36,8 @@ class Cluster:
         self.client = connect(endpoint)
         self.root = job_root(job)
         self.patience = patience
-        self._lease = None
+        self.heartbeat: Heartbeat | None = None      # once this process registers
+        self._aged: dict[int, tuple[float, float]] = {}  # lease -> (when asked, its age)
 
     def _call(self, fn):
         deadline = time.monotonic() + self.patience
@@ -90,38 +91,54 @@ class Cluster:
         deadline = time.monotonic() + timeout
         while True:
             result = predicate()
+            self.progress()
             if result:
                 return result
             if time.monotonic() > deadline:
                 raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
             time.sleep(poll)
 
-    def register(self, node: int, ttl: float, on_lost=None) -> None:
-        """ALIVE(node) under a lease refreshed by a daemon thread every ttl/3.
-        `on_lost()` runs if the lease expired anyway (the node was paused or cut
-        off long enough for its peers to count it dead)."""
-        self._lease = self.client.lease(max(1, int(round(ttl))))
-        self.put(ALIVE(node), Alive(node), lease=self._lease)
+    def register(self, node: int, cfg, on_fenced) -> None:
+        """ALIVE(node) under a lease this process keeps refreshing (bamboo/liveness.py);
+        `on_fenced(reason)` runs if it expired while the node was recorded dead."""
+        def fenced():
+            failure = self.get(FAILED(node))
+            return None if failure is None else \
+                f"node {node} was recorded dead in iteration {failure.iteration} by node {failure.by} ({failure.how})"
+        self.heartbeat = Heartbeat(self, ALIVE(node), lambda lease: Alive(node, lease), cfg.lease_ttl,
+                                   cfg.failure_timeout, cfg.hang_timeout, fenced, on_fenced)
 
-        def refresh():
-            while True:
-                time.sleep(max(0.2, ttl / 3))
-                try:
-                    replies = self._lease.refresh()
-                except Exception:  # etcd briefly unreachable: try again next round
-                    continue
-                if on_lost and replies and replies[0].TTL <= 0:
-                    on_lost()
-                    return
-        threading.Thread(target=refresh, daemon=True, name="lease").start()
+    def progress(self) -> None:
+        """The calling (main) thread is not stuck: see Heartbeat.progress."""
+        if self.heartbeat:
+            self.heartbeat.progress()
+
+    def silent(self, nodes, starting=()) -> list[int]:
+        """Those of `nodes` that went silent: their key is gone, or (judged only when
+        this node's own view of etcd is fresh) their lease was not refreshed for
+        the failure timeout. Nodes in `starting` (their worker may not run yet)
+        count as alive while their agent is."""
+        workers = self.children(ALIVE())
+        agents = {n: m for n, m in self.children(MEMBERS()).items() if n in set(starting) and n not in workers}
+        records = {**agents, **workers}  # a starting node's worker counts once it registered
+        silent = {n for n in nodes if n not in records}
+        if self.heartbeat and self.heartbeat.judging():
+            silent |= set(self._stale({n: records[n].lease for n in nodes if n in records and records[n].lease}))
+        return sorted(silent)
+
+    def _stale(self, leases: dict[int, int]) -> list[int]:
+        """Nodes whose lease was not refreshed for the failure timeout (each lease
+        asked at most every 0.25 s)."""
+        now = time.monotonic()
+        asked = {n: lease for n, lease in leases.items() if now - self._aged.get(lease, (-1.0, 0))[0] > 0.25}
+        for n, age in lease_ages(self, asked).items():
+            self._aged[asked[n]] = (now, age)
+        return [n for n, lease in leases.items()
+                if lease in self._aged and self._aged[lease][1] >= self.heartbeat.failure_timeout]
 
     def record_silent(self, nodes, iteration: int, by: int, starting=()) -> list[int]:
-        """Record as dead each of `nodes` whose lease is gone; return them. Nodes in
-        `starting` (their worker may not run yet) count as alive while their agent is."""
-        alive = self.alive()
-        if starting:
-            alive |= set(self.children(MEMBERS())) & set(starting)
-        silent = sorted(n for n in nodes if n not in alive)
+        """Record as dead each of `nodes` that went silent (see `silent`); return them."""
+        silent = self.silent(nodes, starting)
         for n in silent:
             self.create(FAILED(n), Failure(iteration, by, LEASE_EXPIRED))
         return silent

@@ -18,8 +18,6 @@ import torch.distributed as dist
 
 from schedules.ir import Op
 
-from bamboo.config import GLOO_OP_TIMEOUT
-
 TAGS = {Op.SEND_ACT: 1, Op.SEND_GRAD: 2, Op.SEND_SYNC: 3}
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64]
 _HEADER = 10  # ndim, up to 8 dims, dtype code
@@ -166,8 +164,9 @@ class Comm:
             return t.to(self.device)
 
 
-def new_group(store: dist.Store, members: list[int], me: int) -> tuple[dist.ProcessGroup, dict]:
-    """A gloo group over `members` (node ids): returns it and node id -> group rank."""
+def new_group(store: dist.Store, members: list[int], me: int, timeout: float) -> tuple[dist.ProcessGroup, dict]:
+    """A gloo group over `members` (node ids) whose operations give up after
+    `timeout` seconds: returns it and node id -> group rank."""
     rank_of = {n: i for i, n in enumerate(members)}
-    pg = dist.ProcessGroupGloo(store, rank_of[me], len(members), timedelta(seconds=GLOO_OP_TIMEOUT))
+    pg = dist.ProcessGroupGloo(store, rank_of[me], len(members), timedelta(seconds=timeout))
     return pg, rank_of

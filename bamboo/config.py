@@ -7,11 +7,6 @@ import torch
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
-# Liveness comes from etcd leases (JobConfig.failure_timeout) and from gloo closing
-# a dead peer's connection, never from a slow operation: gloo's own timeouts are
-# set long enough that a slow model on a CPU does not look like a death.
-GLOO_OP_TIMEOUT = 24 * 3600.0
-
 
 @dataclass(frozen=True)
 class Preempt:
@@ -34,7 +29,9 @@ class JobConfig:
     seq: int = 32               # tokens per sequence, for factory models (built-ins fix their own)
     lr: float = 1e-3
     dtype: str = "float32"
-    failure_timeout: float = 3.0  # etcd lease TTL: a silent node is dead after this
+    failure_timeout: float = 3.0  # a node whose lease went unrefreshed this long is dead
+    lease_ttl: float = 15.0       # etcd lease TTL: how long etcd may be away before keys vanish
+    hang_timeout: float = 300.0   # a main thread stuck this long lets its lease lapse; gloo's op timeout
     stall_timeout: float = 1800.0  # the launcher gives up when no iteration ends for this long
     preempt: tuple[Preempt, ...] = field(default_factory=tuple)
     data_files: tuple[str, ...] = field(default_factory=tuple)

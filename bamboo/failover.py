@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from schedules.compiler import compile_recovery, compile_schedule
 from schedules.ir import Instr, RECVS, SENDS
+from schedules.layout import ScheduleError
+from schedules.simulator import ValidationError
 
 from bamboo.cluster import Cluster
 from bamboo.protocol import ABORT, CUT, FAILED, FINISHED, LEASE_EXPIRED, Abort, Cut, Failure, Mark
@@ -23,6 +25,12 @@ from bamboo.protocol import ABORT, CUT, FAILED, FINISHED, LEASE_EXPIRED, Abort, 
 
 class Unsurvivable(RuntimeError):
     """A failure this pipeline cannot recover from inside the iteration."""
+
+
+class RecoveryBug(Exception):
+    """Compiling a recovery failed for a reason no failure explains: a bug, reported
+    with the schedule state that triggered it (not a RuntimeError: nothing treats
+    it as a peer's failure)."""
 
 
 class Aborted(RuntimeError):
@@ -123,6 +131,7 @@ class Failover:
     def poll(self):
         """What changed for this pipeline since the last look, as an event (None:
         nothing). Reads etcd at most every 20 ms and never writes it."""
+        self.cluster.progress()
         now = time.monotonic()
         if now - self._checked >= 0.02:
             self._checked = now
@@ -161,9 +170,8 @@ class Failover:
         return node in self._recorded
 
     def _silent(self, local_ids) -> tuple[int, ...]:
-        """The node ids, among `local_ids`, whose leases are gone."""
-        alive = self.cluster.alive()
-        return tuple(n for n in map(self.to_global, local_ids) if n not in alive)
+        """The node ids, among `local_ids`, gone silent (bamboo/liveness.py)."""
+        return tuple(self.cluster.silent(list(map(self.to_global, local_ids))))
 
     def finished(self) -> None:
         self.cluster.put(FINISHED(self.iteration, self.to_global(self.me)), Mark())
@@ -219,11 +227,7 @@ class Failover:
         reports = self.cluster.wait_for(reports, timeout=max(30.0, 10 * self.timeout),
                                         what=f"survivors' reports on node {dg}")
         received = {self.nodes.index(n): cut.counts for n, cut in reports.items()}  # by local id
-        try:
-            k = died_before(self.base[d], received)
-            rec = compile_recovery(self.P, self.M, d, k, self.failed, self.redundancy)
-        except Exception as e:
-            self.unsurvivable(str(e))
+        k, rec = self._recovery(d, received)
         if self.me == (d - 1) % self.P:  # the node that takes the stage over tells
             self.events.append({"type": "failover", "node": dg, "iteration": self.iteration,
                                 "died_before": k, "by": self.to_global(self.me),
@@ -231,3 +235,25 @@ class Failover:
         self.failed = tuple(sorted(self.failed + (d,)))  # the rest of the job runs merged
         self.dead = self._event = None
         return rec.streams[self.me], rec.resume_at[self.me]
+
+    def _recovery(self, d: int, received: dict[int, dict[str, int]]):
+        """(k, the compiled recovery) for local node `d` dying with `received` counts.
+        A failure the schedules cannot absorb is unsurvivable (by its reason); any
+        other error is a bug of ours and is raised as one, with what triggered it."""
+        k = None
+        try:
+            k = died_before(self.base[d], received)
+            return k, compile_recovery(self.P, self.M, d, k, self.failed, self.redundancy)
+        except Unsurvivable as e:
+            self.unsurvivable(str(e))
+        except ScheduleError as e:
+            if isinstance(e, ValidationError):
+                raise RecoveryBug(self._state(d, k, received, e)) from e
+            self.unsurvivable(str(e))
+        except Exception as e:  # noqa: BLE001 - reported with its state, never as a failure
+            raise RecoveryBug(self._state(d, k, received, e)) from e
+
+    def _state(self, d: int, k, received, error: Exception) -> str:
+        return (f"internal error recovering from node {self.to_global(d)} (local {d}) dying before instruction {k} "
+                f"of iteration {self.iteration}: P={self.P} M={self.M} failed={self.failed} "
+                f"redundancy={self.redundancy} received={received}: {type(error).__name__}: {error}")

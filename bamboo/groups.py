@@ -27,12 +27,13 @@ def lease_check(cluster: Cluster, members, iteration: int, me: int, starting=())
     return why_not
 
 
-def open_group(cluster: Cluster, store_key: str, members, me: int, why_not) \
+def open_group(cluster: Cluster, store_key: str, members, me: int, why_not, timeout: float) \
         -> tuple[dist.ProcessGroup, dict[int, int], EtcdStore]:
     """A gloo group over `members` (node ids) meeting at `store_key` (from
     bamboo/protocol.py): the group, node id -> rank, and the store it keeps using.
-    The group lives as long as the process (see _KEPT)."""
-    store = EtcdStore(cluster.client, cluster.key(store_key), timedelta(hours=24), why_not)
-    pg, rank_of = new_group(store, list(members), me)
+    Its rendezvous and each of its operations give up after `timeout` seconds
+    (--hang-timeout). The group lives as long as the process (see _KEPT)."""
+    store = EtcdStore(cluster.client, cluster.key(store_key), timedelta(seconds=timeout), why_not)
+    pg, rank_of = new_group(store, list(members), me, timeout)
     _KEPT.append((pg, store))
     return pg, rank_of, store

@@ -6,8 +6,17 @@ node needs. The plan is the same on every node: each missing (node, layer) pair 
 sent by a holder, spreading the sends over holders. Parameters and AdamW state
 travel together, serialised as a checkpoint layer is, over a gloo group of every
 node that sends or receives.
+
+A participant may die at any moment of it. Each one that got and sent all its
+layers marks HANDED; the first node to see every mark, or to see a participant
+gone without one, writes the outcome (HANDOVER), which every node then reads: on
+"complete" all enter the new epoch, on "failed" none does, all keep the layers
+they had, and the agents write another epoch from those (Assignment.layers_from).
 """
 from __future__ import annotations
+
+import queue
+import threading
 
 import torch
 
@@ -15,9 +24,14 @@ from bamboo.assignment import Assignment
 from bamboo.checkpoint import snapshot
 from bamboo.cluster import Cluster
 from bamboo.groups import open_group
-from bamboo.protocol import handover_store
+from bamboo.protocol import HANDED, HANDOVER, Mark, Outcome, handover_store
+from bamboo.store import RendezvousAborted
 
 _TAG = 1000  # clear of the executor's channel tags
+
+
+class HandoverFailed(Exception):
+    """A participant died during the handover: no node enters the new epoch."""
 
 
 class LayerLost(RuntimeError):
@@ -51,10 +65,11 @@ def plan(have: dict[int, set[int]], need: dict[int, set[int]]) -> list[tuple[int
 
 
 def execute(pg, rank_of: dict[int, int], me: int, moves: list[tuple[int, int, int]],
-            layers: dict[int, torch.nn.Module], optimizer_of) -> dict[int, bytes]:
+            layers: dict[int, torch.nn.Module], optimizer_of, give_up=lambda: None) -> dict[int, bytes]:
     """Run this node's part of `moves`: send what it holds (parameters and the
     optimizer state `optimizer_of(layer)` keeps for them), return what it received
-    (layer -> snapshot bytes)."""
+    (layer -> snapshot bytes). Each wait ends early with RendezvousAborted when
+    `give_up()` names a reason (a paused peer never closes its socket)."""
     works, keep = [], []
     for layer, src, dst in moves:
         if src == me:
@@ -68,27 +83,80 @@ def execute(pg, rank_of: dict[int, int], me: int, moves: list[tuple[int, int, in
     for layer, src, dst in moves:
         if dst == me:
             size = torch.zeros(1, dtype=torch.int64)
-            pg.recv([size], rank_of[src], _TAG + layer).wait()
+            finish(pg.recv([size], rank_of[src], _TAG + layer), give_up)
             data = torch.empty(int(size), dtype=torch.uint8)
-            pg.recv([data], rank_of[src], _TAG + layer).wait()
+            finish(pg.recv([data], rank_of[src], _TAG + layer), give_up)
             received[layer] = data.numpy().tobytes()
     for w in works:
-        w.wait()
+        finish(w, give_up)
     return received
 
 
+def finish(work, give_up, every: float = 0.5) -> None:
+    """work.wait(), asking `give_up()` every `every` seconds meanwhile. A gloo
+    send or receive completes only inside wait(), so a thread waits; one given
+    up stays blocked until gloo's own timeout (the group is kept, bamboo/groups.py)."""
+    done: queue.Queue = queue.Queue(maxsize=1)
+
+    def wait() -> None:
+        try:
+            work.wait()
+            done.put(None)
+        except RuntimeError as e:  # gloo's error: the peer is gone
+            done.put(e)
+    threading.Thread(target=wait, daemon=True, name="handover-wait").start()
+    while True:
+        try:
+            error = done.get(timeout=every)
+            break
+        except queue.Empty:
+            reason = give_up()
+            if reason:
+                raise RendezvousAborted(reason) from None
+    if error is not None:
+        raise error
+
+
 def exchange(cluster: Cluster, node: int, holdings, new: Assignment, old: Assignment | None,
-             lease_check) -> dict[int, bytes]:
+             lease_check, timeout: float) -> dict[int, bytes]:
     """This node's part in moving layers to `new`'s members from the live nodes
     that hold them after `old` (its `holdings` send and keep what they can); returns
-    what it received. `lease_check(members, starting)` gives up the group's
-    rendezvous when a member can no longer come."""
+    what it received, or raises HandoverFailed. `lease_check(members, starting)`
+    tells when a member can no longer come; `timeout` bounds each wait."""
     live = old.holders(new.failed, holdings.redundancy).items() if old else ()
     have = {n: holdings.layers_of(old.depth, stages) for n, stages in live if n not in new.gone}
     need = {n: holdings.needs(new, n) for n in new.members}
     members = sorted(set(need) | set(have))
-    pg, rank_of, _ = open_group(cluster, handover_store(new.epoch), members, node,
-                                lease_check(members, set(need) - set(have)))
-    received = execute(pg, rank_of, node, plan(have, need), holdings.layers, holdings.optimizer_of)
-    pg.barrier().wait()  # every layer arrived before a sender may leave
+    why_not = lease_check(members, set(need) - set(have))
+
+    def give_up() -> str | None:
+        outcome = cluster.get(HANDOVER(new.epoch))
+        return f"the handover failed: {outcome.why}" if outcome and not outcome.complete else why_not()
+    try:
+        pg, rank_of, _ = open_group(cluster, handover_store(new.epoch), members, node, give_up, timeout)
+        received = execute(pg, rank_of, node, plan(have, need), holdings.layers, holdings.optimizer_of, give_up)
+        finish(pg.barrier(), give_up)  # every layer arrived before a sender may leave
+        cluster.put(HANDED(new.epoch, node), Mark())
+    except (RuntimeError, TimeoutError) as e:  # gloo's error for a dead peer, or a wait given up
+        why_not()  # records whoever went silent
+        cluster.create(HANDOVER(new.epoch), Outcome(False, f"node {node}: {str(e).splitlines()[0][:200]}"))
+    outcome = cluster.wait_for(lambda: _settle(cluster, new.epoch, members, why_not), timeout=timeout,
+                               what=f"the outcome of epoch {new.epoch}'s handover")
+    if not outcome.complete:
+        raise HandoverFailed(outcome.why)
     return received
+
+
+def _settle(cluster: Cluster, epoch: int, members: list[int], why_not) -> Outcome | None:
+    """The handover's outcome once decided; decide it when every member marked
+    HANDED (complete) or one went silent without (failed)."""
+    outcome = cluster.get(HANDOVER(epoch))
+    if outcome is None:
+        handed = cluster.children(HANDED(epoch))
+        if all(n in handed for n in members):
+            cluster.create(HANDOVER(epoch), Outcome(True))
+        elif reason := why_not():
+            missing = [n for n in members if n not in handed]
+            cluster.create(HANDOVER(epoch), Outcome(False, f"{reason}; no mark from {missing}"))
+        outcome = cluster.get(HANDOVER(epoch))
+    return outcome

@@ -60,6 +60,7 @@ class Start(Record):
 @dataclass(frozen=True)
 class Alive(Record):
     node: int
+    lease: int = 0                 # its etcd lease: peers ask etcd how long ago it was refreshed
 
 
 LEASE_EXPIRED = "lease expired"    # Failure.how of a node found silent, not seen to break
@@ -140,11 +141,18 @@ class WorkerError(Record):
 class Member(Record):
     zone: str
     host: str
+    lease: int = 0                 # the agent's etcd lease (see Alive)
 
 
 @dataclass(frozen=True)
 class Zone(Record):
     zone: str
+
+
+@dataclass(frozen=True)
+class Outcome(Record):
+    complete: bool                 # every participant got and sent all its layers
+    why: str = ""                  # why not
 
 
 @dataclass(frozen=True)
@@ -203,6 +211,9 @@ ABORT = Family("abort", ("iteration",), Abort, "a pipeline cannot finish the ite
 ABORTED = Family("aborted", ("iteration", "node"), Mark, "node undid its steps and waits for the agents")
 REGROUP = Family("regroup", ("iteration", "try"), Regroup,
                  "the boundary's agreement; a new try when a node dies while regrouping")
+HANDED = Family("handed", ("epoch", "node"), Mark, "node got and sent every layer of the epoch's handover")
+HANDOVER = Family("handover", ("epoch",), Outcome,
+                  "the epoch's handover completed everywhere, or failed (a participant died); one decision stands")
 REDUCED = Family("reduced", ("iteration", "stage"), Reduced, "a data-parallel reduce of stage finished")
 CHECKPOINTED = Family("checkpointed", (), Timestamp, "when the last checkpoint was decided")
 PREEMPTED = Family("preempted", ("node",), Preempted, "an injected SIGKILL (for the metrics)")
@@ -214,7 +225,7 @@ DRAIN = Family("drain", ("node",), Timestamp, "the node asked to leave (SIGTERM,
 NOTICES = Family("notices", ("node",), Notice, "the cloud's preemption notice")
 
 FAMILIES = (CONFIG, START, ASSIGNMENT, ALIVE, FAILED, CUT, FINISHED, LOSS, DONE, ABORT, ABORTED, REGROUP,
-            REDUCED, CHECKPOINTED, PREEMPTED, ERROR, IDS, MEMBERS, ZONES, DRAIN, NOTICES)
+            HANDED, HANDOVER, REDUCED, CHECKPOINTED, PREEMPTED, ERROR, IDS, MEMBERS, ZONES, DRAIN, NOTICES)
 
 # One attempt at an iteration: cleared when the iteration (or a checkpoint's span) runs again.
 ITERATION_FAMILIES = (DONE, LOSS, FINISHED, CUT, REDUCED, REGROUP, ABORT, ABORTED)

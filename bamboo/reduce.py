@@ -21,8 +21,10 @@ from bamboo.protocol import REDUCED, Reduced, reduce_store
 
 
 class Reducer:
-    def __init__(self, cluster: Cluster, assignment: Assignment, me: int, timeout: float, failover):
+    def __init__(self, cluster: Cluster, assignment: Assignment, me: int, timeout: float, failover,
+                 hang_timeout: float):
         self.cluster, self.assignment, self.me, self.timeout = cluster, assignment, me, timeout
+        self.hang_timeout = hang_timeout  # of the groups' operations
         self.failover = failover  # gives up (or aborts the iteration) on what no regroup can mend
         self.P, self.D = assignment.depth, len(assignment.pipelines)
         self._groups: dict[tuple[int, ...], tuple] = {}
@@ -40,7 +42,8 @@ class Reducer:
     def _group(self, iteration: int, stage: int, members: tuple[int, ...]):
         if members not in self._groups:
             self._groups[members] = open_group(self.cluster, reduce_store(self.assignment.epoch, stage, members),
-                                               members, self.me, lease_check(self.cluster, members, iteration, self.me))
+                                               members, self.me, lease_check(self.cluster, members, iteration, self.me),
+                                               self.hang_timeout)
         return self._groups[members][0]
 
     def allreduce(self, iteration: int, stage: int, module) -> None:
@@ -55,14 +58,7 @@ class Reducer:
                                            "of the sum is lost")
             flat = flat_grads(module)
             try:
-                work = self._group(iteration, stage, members).allreduce([flat])
-                checked = time.monotonic()
-                while not work.is_completed():  # an abort is noticed while waiting
-                    time.sleep(0.001)
-                    if time.monotonic() - checked > 0.05:
-                        checked = time.monotonic()
-                        self.failover.check_abort()
-                work.wait()
+                self._wait(self._group(iteration, stage, members).allreduce([flat]), iteration, members)
                 break
             except Aborted:
                 raise
@@ -79,3 +75,18 @@ class Reducer:
                                       what=f"the failed member of stage {stage}'s group to be recorded", poll=0.05)
         set_flat_grads(module, flat)
         self.cluster.put(REDUCED(iteration, stage), Reduced(members))
+
+    def _wait(self, work, iteration: int, members: tuple[int, ...]) -> None:
+        """Wait for the allreduce, noticing meanwhile an abort, or a member gone
+        silent (paused: its socket stays open and gloo would wait on)."""
+        checked = time.monotonic()
+        while not work.is_completed():
+            time.sleep(0.001)
+            if time.monotonic() - checked > 0.05:
+                checked = time.monotonic()
+                self.cluster.progress()
+                self.failover.check_abort()
+                silent = self.cluster.record_silent(members, iteration, self.me)
+                if silent:
+                    raise RuntimeError(f"nodes {silent} of the reduce group went silent")
+        work.wait()

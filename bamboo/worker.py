@@ -36,10 +36,12 @@ from bamboo.executor import Executor
 from bamboo.exits import FENCED, Parked, Released, WorkerExit
 from bamboo.failover import Aborted, Failover
 from bamboo.groups import lease_check, open_group
+from bamboo.handover import HandoverFailed
 from bamboo.holdings import Holdings
-from bamboo.protocol import (ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, ERROR, START, Mark, Regroup, Report,
-                             Start, WorkerError, world_store)
+from bamboo.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, ERROR, START, Abort, Mark, Regroup,
+                             Report, Start, WorkerError, world_store)
 from bamboo.reduce import Reducer
+from bamboo.store import RendezvousAborted
 
 
 class Worker:
@@ -84,18 +86,21 @@ class Worker:
         iteration this node starts with: a new job's first (or --resume's
         checkpoint's), or a running job's next epoch, joined by a handover."""
         assignment = self.cluster.wait_for(self._assigned, timeout=24 * 3600, what="a stage", poll=0.05)
+        if assignment.epoch > 0 or assignment.restore != "peers":
+            return self._move_to(assignment)  # joining a running job, or restarting from a checkpoint
         self.failed = assignment.gone
-        if assignment.epoch == 0 and assignment.restore == "peers":
-            start, received = assignment.start, {}
-            if self.cfg.resume:
-                start, blobs = self.checkpoints.newest()
-                received = {i: blobs[i] for i in self.holdings.needs(assignment, self.node)}
-            self.enter(assignment, received)
-            self.cluster.create(START(), Start(start))
-        else:  # joining a running job, or everyone restarting from a checkpoint
-            start = assignment.start
-            self._move_layers(assignment, self.cluster.get(ASSIGNMENT(assignment.epoch - 1)))
-        self.comm = self._world(world_store(assignment.epoch), start, starting=assignment.members)
+        start, received = assignment.start, {}
+        if self.cfg.resume:
+            start, blobs = self.checkpoints.newest()
+            received = {i: blobs[i] for i in self.holdings.needs(assignment, self.node)}
+        self.enter(assignment, received)
+        self.cluster.create(START(), Start(start))
+        try:
+            self.comm = self._world(world_store(0), start, starting=assignment.members)
+        except (RendezvousAborted, RuntimeError) as e:  # a node died before the first iteration
+            if not self.cfg.elastic:
+                raise
+            return self._move_to(self._abandon(assignment, e))
         return start
 
     def enter(self, assignment: Assignment, received: dict[int, bytes]) -> None:
@@ -109,7 +114,8 @@ class Worker:
         self.mbs = split_microbatches(self.cfg.microbatches, len(assignment.pipelines))[self.pipeline]
         self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, self.cfg.redundancy,
                                  self.cfg.failure_timeout, self.cfg.elastic)
-        reducer = Reducer(self.cluster, assignment, self.node, self.cfg.failure_timeout, self.failover)
+        reducer = Reducer(self.cluster, assignment, self.node, self.cfg.failure_timeout, self.failover,
+                          self.cfg.hang_timeout)
         # With agents, each step can be undone, so that an iteration no pipeline can
         # finish is redone from the copies the survivors hold.
         self.executor = Executor(self.cfg, nodes, self.me, self.holdings.modules, self.holdings.optimizers,
@@ -144,12 +150,7 @@ class Worker:
             self.executor.rollback()
             self.checkpoints.wait()  # a checkpoint being written is complete before the agents pick one
             self.cluster.put(ABORTED(it, self.node), Mark())
-        new = self.cluster.wait_for(self._next_epoch, timeout=self.cfg.stall_timeout,
-                                    what="the agents' next configuration")
-        self._move_layers(new, self.assignment)
-        self.failed = new.gone
-        self.comm = self._world(world_store(new.epoch), new.start)
-        return new.start
+        return self._move_to(self._next_epoch(self.assignment.epoch))
 
     def leave(self) -> None:
         self.checkpoints.wait()
@@ -169,9 +170,38 @@ class Worker:
             raise Parked(f"node {self.node} was asked to leave before it had a stage")
         return None
 
-    def _next_epoch(self) -> Assignment | None:
-        latest = self.cluster.latest_assignment()
-        return latest if latest.epoch > self.assignment.epoch else None
+    def _next_epoch(self, after: int) -> Assignment:
+        """The agents' next configuration after epoch `after`."""
+        def newer():
+            latest = self.cluster.latest_assignment()
+            return latest if latest.epoch > after else None
+        return self.cluster.wait_for(newer, timeout=self.cfg.stall_timeout, what="the agents' next configuration")
+
+    def _move_to(self, new: Assignment) -> int:
+        """Enter `new` (layers move, the world group forms) and return the iteration
+        it starts from. When a node dies on the way, no one enters: the agents are
+        told, and the node moves to the epoch they write next instead."""
+        while True:
+            old = self.cluster.get(ASSIGNMENT(new.layers_from)) if new.layers_from >= 0 else None
+            try:
+                self._move_layers(new, old)
+                self.failed = new.gone
+                self.comm = self._world(world_store(new.epoch), new.start)
+                return new.start
+            except (HandoverFailed, RendezvousAborted, RuntimeError) as e:  # RuntimeError: gloo's, a peer died
+                if not self.cfg.elastic:
+                    raise
+                new = self._abandon(new, e)
+
+    def _abandon(self, epoch: Assignment, error: Exception) -> Assignment:
+        """Epoch `epoch` cannot start (a node died while it formed): abandon its first
+        iteration, as a failover would one no pipeline can finish, and wait for
+        the agents' next epoch."""
+        why = f"epoch {epoch.epoch} could not start: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        print(f"bamboo.worker: node {self.node}: {why}", file=sys.stderr, flush=True)
+        self.cluster.create(ABORT(epoch.start), Abort(why, self.node))
+        self.cluster.put(ABORTED(epoch.start, self.node), Mark())
+        return self._next_epoch(epoch.epoch)
 
     def _move_layers(self, new: Assignment, old: Assignment | None) -> None:
         """Get the layers this node needs in `new` (from their live holders, or from
@@ -184,7 +214,8 @@ class Worker:
                 received = {i: blobs[i] for i in self.holdings.needs(new, self.node)}
         else:
             received = handover.exchange(self.cluster, self.node, self.holdings, new, old,
-                                         lambda members, starting: self._lease_check(members, new.start, starting))
+                                         lambda members, starting: self._lease_check(members, new.start, starting),
+                                         self.cfg.hang_timeout)
         if self.node not in new.members:
             self.checkpoints.wait()
             raise Parked(f"node {self.node} has no stage in epoch {new.epoch}")  # back to standby
@@ -216,7 +247,7 @@ class Worker:
         """The world process group of the live nodes, meeting at `store_key`."""
         members = [n for n in self.assignment.members if n not in self.failed]
         pg, rank_of, self._store = open_group(self.cluster, store_key, members, self.node,
-                                              self._lease_check(members, iteration, starting))
+                                              self._lease_check(members, iteration, starting), self.cfg.hang_timeout)
         return Comm(pg, rank_of, self.device)
 
     def local_failed(self) -> tuple[int, ...]:
@@ -224,6 +255,12 @@ class Worker:
 
     def _owned(self) -> tuple[int, ...]:
         return Layout(self.assignment.depth, frozenset(self.local_failed())).owned(self.me)
+
+
+def fence(reason: str) -> None:
+    """Stop at once, saying why: this node's peers count it dead."""
+    print(f"bamboo.worker: fenced: {reason}", file=sys.stderr, flush=True)
+    os._exit(FENCED)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,17 +272,20 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     cluster = Cluster(args.etcd, args.job)
     cfg = cluster.get(CONFIG())
-    cluster.register(args.node, cfg.failure_timeout, on_lost=lambda: os._exit(FENCED))
+    cluster.register(args.node, cfg, on_fenced=fence)
     worker = Worker(cluster, cfg, args.node)
     try:
         worker.run()
         status = 0
     except WorkerExit as e:
         status = e.status
+        print(f"bamboo.worker: {type(e).__name__.lower()}: {e}", file=sys.stderr)
     except Exception as e:  # one line in etcd for the launcher, the traceback on stderr
         if args.node not in cluster.failed():
             cluster.put(ERROR(args.node), WorkerError(f"{type(e).__name__}: {e}"))
             raise
+        print(f"bamboo.worker: fenced: node {args.node} was declared dead, then hit "
+              f"{type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
         status = FENCED  # woke up after being declared dead: whatever broke, step aside
     # Process groups of an abandoned iteration may still hold a pending collective:
     # leave without running their destructors (which would abort the process).

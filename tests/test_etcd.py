@@ -6,7 +6,8 @@ import pytest
 import torch.distributed as dist
 
 from bamboo.cluster import Cluster
-from bamboo.protocol import FAILED, Failure
+from bamboo.config import JobConfig
+from bamboo.protocol import ALIVE, FAILED, Failure
 from bamboo.etcd import EtcdError, EtcdServer, connect
 from bamboo.failover import Unsurvivable, died_before
 from bamboo.store import EtcdStore
@@ -42,10 +43,10 @@ def test_first_writer_wins_and_leases_expire(etcd):
     assert a.create(FAILED(3), Failure(0, 1)) and not b.create(FAILED(3), Failure(0, 2))
     assert b.get(FAILED(3)) == Failure(0, 1) and b.children(FAILED()) == {3: Failure(0, 1)}
     assert Cluster(etcd.endpoint, "job2").get(FAILED(3)) is None  # jobs do not see each other's keys
-    a.register(5, ttl=1)
-    assert 5 in b.alive()
-    a._lease.revoke()
-    assert 5 not in b.alive()
+    a.register(5, JobConfig(lease_ttl=2), on_fenced=print)
+    assert 5 in b.alive() and b.get(ALIVE(5)).lease == a.heartbeat.lease.id
+    a.heartbeat.stop()
+    assert 5 not in b.alive() and b.silent([5]) == [5]
 
 
 def test_unreachable_etcd_is_one_clear_error():
@@ -65,3 +66,31 @@ def test_died_before_from_message_counts():
     assert died_before(stream, {2: {"send_act": 2}, 0: {"send_grad": 1}}) == 9
     with pytest.raises(Unsurvivable, match="out of order"):
         died_before(stream, {2: {"send_act": 1}, 0: {"send_grad": 1}})
+
+
+def _failover(P=4, M=4):
+    from bamboo.failover import Failover
+    from schedules.compiler import compile_schedule
+    f = Failover(None, tuple(range(P)), 0, 0, "eager", 3.0)
+    f.iteration, f.M, f.failed = 5, M, ()
+    f.base = compile_schedule(P, M).streams
+    return f
+
+
+def test_a_failure_the_schedules_cannot_absorb_is_unsurvivable_by_its_reason():
+    f = _failover()
+    f.redundancy = "off"  # no node holds a replica of node 3's layers
+    with pytest.raises(Unsurvivable, match="not survivable with --redundancy off"):
+        f._recovery(3, {})
+
+
+def test_an_internal_error_in_recovery_is_a_bug_with_its_state(monkeypatch):
+    from bamboo import failover
+    f = _failover()
+
+    def broken(*args):
+        raise KeyError("stage 7")
+    monkeypatch.setattr(failover, "compile_recovery", broken)
+    with pytest.raises(failover.RecoveryBug, match=r"node 2 .* iteration 5: P=4 M=4 failed=\(\) .*KeyError"):
+        f._recovery(2, {})
+    assert not issubclass(failover.RecoveryBug, RuntimeError)  # never taken for a peer's failure

@@ -1,0 +1,115 @@
+"""How a node stays alive in etcd, and how its peers tell that it went silent.
+
+A node's key (ALIVE for a worker, MEMBERS for an agent) lives under a lease that
+a thread of its own refreshes twice a second. Two clocks matter, kept apart:
+
+  - the lease's TTL (--lease-ttl, 15 s) is how long etcd may be unreachable
+    (stalled, restarting) before keys vanish: long, so a stall fences nobody;
+  - a lease's age (seconds since its last refresh, which any client can ask
+    etcd) tells silence: a peer whose lease is older than --failure-timeout
+    stopped refreshing (SIGSTOP, a hang, a machine gone) and is dead. Only an
+    observer that itself kept refreshing without a gap for that long judges, so
+    a stall of etcd, or of the observer, condemns no one.
+
+A worker whose main thread makes no progress for --hang-timeout (a collective
+that never returns) stops refreshing on purpose: its peers then see it silent.
+A lease that expired anyway (etcd was away longer than the TTL) is taken again,
+unless the node was recorded dead meanwhile: then it stops, saying why.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from pyetcd import Etcd3Exception
+
+REFRESH_SECONDS = 0.5
+
+
+class Heartbeat:
+    """Keeps `key` (a protocol key) with `record` under a lease of `ttl` seconds.
+    `fenced()` returns a reason when the node must not come back (it was recorded
+    dead) and `on_fenced(reason)` stops it."""
+
+    def __init__(self, cluster, key, record, ttl: float, failure_timeout: float,
+                 hang_timeout: float | None = None, fenced=lambda: None, on_fenced=None):
+        self.cluster, self.key, self.record = cluster, key, record
+        self.ttl, self.failure_timeout, self.hang_timeout = max(2, int(round(ttl))), failure_timeout, hang_timeout
+        self.fenced, self.on_fenced = fenced, on_fenced
+        self.lease = None
+        self.last_refresh = self.fresh_since = time.monotonic()  # of this node's own lease
+        self.last_progress = time.monotonic()                     # stamped by the main thread
+        self._stop = threading.Event()
+        self._take_lease()
+        threading.Thread(target=self._run, daemon=True, name="heartbeat").start()
+
+    def _take_lease(self) -> None:
+        self.lease = self.cluster.client.lease(self.ttl)
+        self.cluster.put(self.key, self.record(self.lease.id), lease=self.lease)
+
+    def progress(self) -> None:
+        """The main thread is not stuck (called from its wait loops and steps)."""
+        self.last_progress = time.monotonic()
+
+    def judging(self) -> bool:
+        """Whether this node's own view of etcd is fresh enough to call others silent."""
+        now = time.monotonic()
+        return now - self.last_refresh < 2 * REFRESH_SECONDS + 0.5 and \
+            now - self.fresh_since > self.failure_timeout + 2 * REFRESH_SECONDS
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            self.lease.revoke()
+        except (Etcd3Exception, ValueError):  # etcd gone: the lease expires on its own
+            pass
+
+    def _run(self) -> None:
+        hung_said = False
+        while not self._stop.wait(REFRESH_SECONDS):
+            stuck = self.hang_timeout and time.monotonic() - self.last_progress > self.hang_timeout
+            if stuck:  # let the lease age: peers will find this node silent
+                if not hung_said:
+                    print(f"bamboo: no progress for {self.hang_timeout:.0f} s (--hang-timeout): "
+                          "this node stops refreshing its lease and will be counted dead", file=sys.stderr, flush=True)
+                hung_said = True
+                continue
+            try:
+                replies = self.lease.refresh()
+            except (Etcd3Exception, ValueError):  # etcd unreachable: try again next round
+                continue
+            now = time.monotonic()
+            if now - self.last_refresh > 2 * REFRESH_SECONDS + 0.5:
+                self.fresh_since = now  # a gap: this node's view was stale until now
+            self.last_refresh = now
+            if replies and replies[0].TTL <= 0:
+                self._expired()
+
+    def _expired(self) -> None:
+        """The lease ran out (etcd was unreachable longer than its TTL)."""
+        try:
+            reason = self.fenced()
+            if reason is None:
+                self._take_lease()
+                print(f"bamboo: lease expired while etcd was unreachable; registered again as {self.key.path}",
+                      file=sys.stderr, flush=True)
+                reason = self.fenced()  # recorded dead while the key was away
+        except (Etcd3Exception, ValueError):
+            return  # etcd away again: the next round retries
+        if reason is not None and self.on_fenced:
+            self.on_fenced(reason)
+
+
+def lease_ages(cluster, leases: dict[int, int]) -> dict[int, float]:
+    """node -> seconds since its lease was last refreshed (etcd counts whole
+    seconds), infinite for a lease that is gone; nodes etcd did not answer for
+    are left out."""
+    ages = {}
+    for node, lease in leases.items():
+        try:
+            info = cluster.client.get_lease_info(lease)
+        except (Etcd3Exception, ValueError):
+            continue
+        ages[node] = info.grantedTTL - info.TTL if info.TTL > 0 else float("inf")
+    return ages

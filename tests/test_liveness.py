@@ -1,0 +1,107 @@
+"""Liveness against a real etcd (bamboo/liveness.py): a paused process is found
+silent within the failure timeout, while a stalled etcd (SIGSTOP of the server)
+condemns no one; a lease that expired anyway is taken again, or, when the node was
+recorded dead meanwhile, the node is told why it must stop."""
+import queue
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bamboo.cluster import Cluster
+from bamboo.config import JobConfig
+from bamboo.etcd import EtcdServer
+from bamboo.protocol import ALIVE, FAILED, Failure
+
+CFG = JobConfig(failure_timeout=2.0, lease_ttl=15.0)
+
+CHILD = """
+import sys, time
+from bamboo.cluster import Cluster
+from bamboo.config import JobConfig
+c = Cluster(sys.argv[1], "live")
+c.register(int(sys.argv[2]), JobConfig(failure_timeout=2.0, lease_ttl=15.0), on_fenced=print)
+print("registered", flush=True)
+time.sleep(600)
+"""
+
+
+def _registered_child(endpoint: str, node: int) -> subprocess.Popen:
+    child = subprocess.Popen([sys.executable, "-c", CHILD, endpoint, str(node)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "registered"
+    return child
+
+
+def _until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+    return time.monotonic()
+
+
+@pytest.fixture
+def server():
+    with EtcdServer() as etcd:
+        yield etcd
+
+
+def test_a_paused_process_is_silent_within_the_failure_timeout_and_not_before(server):
+    me = Cluster(server.endpoint, "live")
+    me.register(1, CFG, on_fenced=print)
+    child = _registered_child(server.endpoint, 7)
+    try:
+        _until(me.heartbeat.judging, 10, "the observer never became able to judge")
+        assert me.silent([7]) == []
+        child.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        found = _until(lambda: me.silent([7]) == [7], 10, "a stopped process was never found silent")
+        assert CFG.failure_timeout - 1 <= found - stopped <= CFG.failure_timeout + 2
+        assert 7 in me.alive()  # its key is still there: the lease itself has not expired
+        child.send_signal(signal.SIGCONT)
+        _until(lambda: me.silent([7]) == [], 5, "a resumed process stayed silent")
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_ten_second_etcd_stall_condemns_no_one(server):
+    """Both nodes keep their leases through a 10 s SIGSTOP of etcd, and neither
+    finds the other silent at any moment after it."""
+    me = Cluster(server.endpoint, "live")
+    me.register(1, CFG, on_fenced=print)
+    child = _registered_child(server.endpoint, 7)
+    try:
+        _until(me.heartbeat.judging, 10, "the observer never became able to judge")
+        lease = me.heartbeat.lease.id
+        server.proc.send_signal(signal.SIGSTOP)
+        time.sleep(10)  # the stall under test is a duration, not an event
+        server.proc.send_signal(signal.SIGCONT)
+        end = time.monotonic() + CFG.failure_timeout + 3
+        while time.monotonic() < end:
+            assert me.silent([1, 7]) == []
+            time.sleep(0.1)
+        assert me.heartbeat.lease.id == lease and {1, 7} <= me.alive()
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        child.kill()
+        child.wait()
+
+
+def test_an_expired_lease_is_taken_again_unless_the_node_was_recorded_dead(server):
+    reasons: queue.Queue = queue.Queue()
+    short = JobConfig(failure_timeout=1.0, lease_ttl=2.0)
+    a, b = Cluster(server.endpoint, "live"), Cluster(server.endpoint, "live")
+    a.register(1, short, on_fenced=reasons.put)
+    b.register(2, short, on_fenced=reasons.put)
+    old = a.heartbeat.lease.id
+    b.create(FAILED(2), Failure(4, 1, "test"))
+    server.proc.send_signal(signal.SIGSTOP)
+    time.sleep(4)  # longer than the TTL: every lease expires when etcd resumes
+    server.proc.send_signal(signal.SIGCONT)
+    assert "recorded dead in iteration 4 by node 1" in reasons.get(timeout=15)
+    _until(lambda: a.get(ALIVE(1)) is not None and a.get(ALIVE(1)).lease != old, 15,
+           "node 1 did not register again")
+    assert reasons.empty()
