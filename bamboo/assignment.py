@@ -65,10 +65,11 @@ class Assignment:
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "start": self.start, "pipelines": [list(p) for p in self.pipelines],
                 "standby": list(self.standby), "failed": list(self.failed), "gone": list(self.gone),
-                "restore": self.restore, "redo": self.redo}
+                "restore": self.restore, "redo": self.redo, "layers_from": self.layers_from}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Assignment":
         return cls(int(d["epoch"]), int(d["start"]), tuple(tuple(int(n) for n in p) for p in d["pipelines"]),
                    tuple(int(n) for n in d.get("standby", ())), tuple(int(n) for n in d.get("failed", ())),
-                   tuple(int(n) for n in d.get("gone", ())), d.get("restore", "peers"), bool(d.get("redo")))
+                   tuple(int(n) for n in d.get("gone", ())), d.get("restore", "peers"), bool(d.get("redo")),
+                   int(d.get("layers_from", -1)))

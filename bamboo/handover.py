@@ -34,8 +34,9 @@ class HandoverFailed(Exception):
     """A participant died during the handover: no node enters the new epoch."""
 
 
-class LayerLost(RuntimeError):
-    """A layer some node needs is held by no live node."""
+class LayerLost(Exception):
+    """A layer some node needs is held by no live node: the agents should have
+    restored from a checkpoint (not a RuntimeError, which a dead peer's gloo raises)."""
 
     def __init__(self, layers: list[int]):
         super().__init__(f"no live node holds layers {layers}")
@@ -132,9 +133,10 @@ def exchange(cluster: Cluster, node: int, holdings, new: Assignment, old: Assign
     def give_up() -> str | None:
         outcome = cluster.get(HANDOVER(new.epoch))
         return f"the handover failed: {outcome.why}" if outcome and not outcome.complete else why_not()
+    moves = plan(have, need)
     try:
         pg, rank_of, _ = open_group(cluster, handover_store(new.epoch), members, node, give_up, timeout)
-        received = execute(pg, rank_of, node, plan(have, need), holdings.layers, holdings.optimizer_of, give_up)
+        received = execute(pg, rank_of, node, moves, holdings.layers, holdings.optimizer_of, give_up)
         finish(pg.barrier(), give_up)  # every layer arrived before a sender may leave
         cluster.put(HANDED(new.epoch, node), Mark())
     except (RuntimeError, TimeoutError) as e:  # gloo's error for a dead peer, or a wait given up

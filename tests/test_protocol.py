@@ -15,7 +15,7 @@ from bamboo import protocol as p
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = {
     p.CONFIG: JobConfig(stages=4, microbatches=8), p.START: p.Start(3),
-    p.ASSIGNMENT: Assignment(2, 5, ((0, 1), (2, 3)), (4,), (5,), (5, 6), "peers", True),
+    p.ASSIGNMENT: Assignment(2, 5, ((0, 1), (2, 3)), (4,), (5,), (5, 6), "peers", True, 1),
     p.ALIVE: p.Alive(1, 7), p.FAILED: p.Failure(4, 2, "lease expired"), p.CUT: p.Cut({"send_act": 3}),
     p.FINISHED: p.Mark(), p.LOSS: p.Loss(5.5), p.DONE: p.Report(300.5, 1.5, 2, [{"type": "failover"}], {"0": "ab"}),
     p.ABORT: p.Abort("two died", 3), p.ABORTED: p.Mark(), p.REGROUP: p.Regroup((1, 5), True, False),

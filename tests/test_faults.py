@@ -1,0 +1,119 @@
+"""Faults injected from outside at a chosen phase of a real local job (agents,
+workers, etcd), each synchronised on the etcd key that marks the phase, never on
+a sleep: the job must finish with the single-process reference's losses. Also
+the chaos driver's bookkeeping and a one-trial smoke run of `bamboo-chaos`."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from bamboo.chaos import account
+from bamboo.etcd import EtcdServer, connect
+from bamboo.protocol import DONE, FAILED, handover_store, job_root, scan
+
+ARGS = ["--model", "tiny", "--dtype", "float64", "--seed", "3", "--microbatches", "6", "--iterations", "12"]
+RTOL = 1e-9
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ref") / "m.jsonl"
+    subprocess.run([sys.executable, "-m", "bamboo.cli", *ARGS, "--stages", "1", "--no-progress",
+                    "--metrics-out", str(path)], check=True, capture_output=True)
+    return [r["loss"] for r in map(json.loads, open(path)) if "summary" not in r]
+
+
+def _start(etcd, metrics, *args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "bamboo.cli", *ARGS, "--etcd", etcd.endpoint, "--job", "faults",
+                             "--no-progress", "--metrics-out", str(metrics), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _until(proc, predicate, what: str, timeout: float = 180):
+    deadline = time.monotonic() + timeout
+    while not (found := predicate()):
+        assert proc.poll() is None, f"the job exited ({proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+        time.sleep(0.02)
+    return found
+
+
+def _node_processes(proc, node: int) -> list[psutil.Process]:
+    """The agent and the worker of `node`, among the job's processes."""
+    out = []
+    for p in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            cmd = p.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if cmd[-2:] == ["--node", str(node)] or ("agents.agent" in cmd and cmd[cmd.index("--node") + 1] == str(node)):
+            out.append(p)
+    return out
+
+
+def _finish(proc, metrics, reference):
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    records = [r for r in map(json.loads, open(metrics)) if "summary" not in r]
+    last = {r["iteration"]: r["loss"] for r in records}  # a redone iteration: its last run counts
+    assert sorted(last) == list(range(len(reference)))
+    for r in records:  # every run of every iteration computed what the reference did
+        assert r["loss"] == pytest.approx(reference[r["iteration"]], rel=RTOL), f"iteration {r['iteration']}"
+    return records
+
+
+@pytest.mark.parametrize("victim", [4, 0])
+def test_a_death_during_the_layer_handover_is_survived(tmp_path, reference, victim):
+    """Node 2 is preempted in iteration 5; at the boundary a standby node (4) gets
+    its stage and layers move. The victim is SIGKILLed (agent and worker) as soon
+    as the handover's group starts forming: every node abandons that epoch and the
+    agents write another one from the layers where they were."""
+    metrics = tmp_path / "m.jsonl"
+    with EtcdServer() as etcd:
+        proc = _start(etcd, metrics, "--local-nodes", "6", "--zones", "a,b,c", "--stages", "4",
+                      "--preempt", "2@5:10")
+        client = connect(etcd.endpoint)
+        prefix = job_root("faults") + handover_store(1)  # epoch 1: the standby comes in
+        _until(proc, lambda: list(client.get_prefix(prefix)), "handover")
+        for p in _node_processes(proc, victim):
+            p.send_signal(signal.SIGKILL)
+        records = _finish(proc, metrics, reference)
+    assert sum(e["type"] == "reconfigure" for r in records for e in r["events"]) >= 2
+
+
+def test_a_ten_second_etcd_stall_fences_no_one(tmp_path, reference):
+    """SIGSTOP of the etcd server for 10 s mid-run: no node is counted dead, no
+    lease is lost, the job finishes with the reference's losses."""
+    metrics = tmp_path / "m.jsonl"
+    with EtcdServer() as etcd:
+        proc = _start(etcd, metrics, "--local-nodes", "3", "--zones", "a,b", "--stages", "2")
+        client = connect(etcd.endpoint)
+        _until(proc, lambda: any(f is DONE and parts[0] >= 3 for _, f, parts in scan(client)), "iteration 3")
+        etcd.proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(10)  # the stall under test is a duration
+        finally:
+            etcd.proc.send_signal(signal.SIGCONT)
+        _finish(proc, metrics, reference)
+        assert not [parts for _, f, parts in scan(client) if f is FAILED]
+
+
+def test_sample_accounting_counts_a_repeat_only_without_a_restore():
+    redo = {"type": "redo", "abandoned": 3, "from": 2, "restore": "checkpoint"}
+    records = [{"iteration": i, "events": []} for i in range(4)]
+    assert account(records, 4, 12) == (0, 0)
+    assert account(records[:2] + records[3:], 4, 12) == (12, 0)  # iteration 2 never trained
+    assert account(records + [{"iteration": 3, "events": []}], 4, 12) == (0, 12)  # 3 applied twice
+    assert account(records + [{"iteration": 2, "events": [redo]}, records[3]], 4, 12) == (0, 0)
+
+
+def test_one_chaos_trial_from_outside(tmp_path):
+    """`bamboo-chaos` smoke run: one trial with two faults, all checks passing."""
+    out = subprocess.run([sys.executable, "-m", "bamboo.chaos", "--trials", "1", "--seed", "7", "--faults", "2",
+                          "--iterations", "30", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "runs equal to the reference  1" in out.stdout and "orphan processes             0" in out.stdout
