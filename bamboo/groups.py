@@ -4,13 +4,15 @@ wait gives up as soon as a member can no longer come (its lease ran out), and th
 member is recorded dead on the way."""
 from __future__ import annotations
 
+import queue
+import threading
 from datetime import timedelta
 
 import torch.distributed as dist
 
 from bamboo.cluster import Cluster
 from bamboo.comm import new_group
-from bamboo.store import EtcdStore
+from bamboo.store import EtcdStore, RendezvousAborted
 
 # Every group this process opened, kept until it exits: a group whose collective
 # failed (a member died) cannot be torn down safely, gloo's destructor may abort.
@@ -34,6 +36,32 @@ def open_group(cluster: Cluster, store_key: str, members, me: int, why_not, time
     Its rendezvous and each of its operations give up after `timeout` seconds
     (--hang-timeout). The group lives as long as the process (see _KEPT)."""
     store = EtcdStore(cluster.client, cluster.key(store_key), timedelta(seconds=timeout), why_not)
-    pg, rank_of = new_group(store, list(members), me, timeout)
+    pg, rank_of = _formed(lambda: new_group(store, list(members), me, timeout), why_not, cluster)
     _KEPT.append((pg, store))
     return pg, rank_of, store
+
+
+def _formed(form, why_not, cluster: Cluster, every: float = 0.5):
+    """form() from a thread of its own, given up (RendezvousAborted) once `why_not()`
+    names a reason: gloo's connection step waits inside the constructor, for a
+    member that died after the rendezvous, until the whole op timeout."""
+    done: queue.Queue = queue.Queue(maxsize=1)
+
+    def run() -> None:
+        try:
+            done.put((form(), None))
+        except (RuntimeError, TimeoutError) as e:  # gloo's, or the store's wait given up
+            done.put((None, e))
+    threading.Thread(target=run, daemon=True, name="group-forming").start()
+    while True:
+        try:
+            group, error = done.get(timeout=every)
+            break
+        except queue.Empty:
+            cluster.progress()
+            reason = why_not()
+            if reason:
+                raise RendezvousAborted(reason) from None
+    if error is not None:
+        raise error
+    return group

@@ -185,10 +185,14 @@ class Worker:
             old = self.cluster.get(ASSIGNMENT(new.layers_from)) if new.layers_from >= 0 else None
             try:
                 self._move_layers(new, old)
-                self.failed = new.gone
+            except HandoverFailed as e:
+                new = self._abandon(new, e)
+                continue
+            self.failed = new.gone
+            try:
                 self.comm = self._world(world_store(new.epoch), new.start)
                 return new.start
-            except (HandoverFailed, RendezvousAborted, RuntimeError) as e:  # RuntimeError: gloo's, a peer died
+            except (RendezvousAborted, RuntimeError) as e:  # RuntimeError: gloo's, a member died
                 if not self.cfg.elastic:
                     raise
                 new = self._abandon(new, e)

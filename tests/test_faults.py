@@ -71,11 +71,13 @@ def test_a_death_during_the_layer_handover_is_survived(tmp_path, reference, vict
     """Node 2 is preempted in iteration 5; at the boundary a standby node (4) gets
     its stage and layers move. The victim is SIGKILLed (agent and worker) as soon
     as the handover's group starts forming: every node abandons that epoch and the
-    agents write another one from the layers where they were."""
+    agents write another one from the layers where they were. (Node 2 runs stage 3,
+    which holds stage 0's replica: with node 0 gone too, stage 0 is lost everywhere
+    and the job goes back to the newest checkpoint.)"""
     metrics = tmp_path / "m.jsonl"
     with EtcdServer() as etcd:
         proc = _start(etcd, metrics, "--local-nodes", "6", "--zones", "a,b,c", "--stages", "4",
-                      "--preempt", "2@5:10")
+                      "--preempt", "2@5:10", "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "2")
         client = connect(etcd.endpoint)
         prefix = job_root("faults") + handover_store(1)  # epoch 1: the standby comes in
         _until(proc, lambda: list(client.get_prefix(prefix)), "handover")
