@@ -67,6 +67,7 @@ def test_a_paused_process_is_silent_within_the_failure_timeout_and_not_before(se
         child.wait()
 
 
+@pytest.mark.slow  # tests/test_faults.py stalls etcd under a running job in make test
 def test_a_ten_second_etcd_stall_condemns_no_one(server):
     """Both nodes keep their leases through a 10 s SIGSTOP of etcd, and neither
     finds the other silent at any moment after it."""

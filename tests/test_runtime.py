@@ -82,7 +82,7 @@ def _first_forward(stream):
 
 @pytest.mark.parametrize("node,pick", [
     (0, _backward_of_first_stage),   # first stage, during its backward phase
-    (3, _mid_stream),                # last stage
+    pytest.param(3, _mid_stream, marks=pytest.mark.slow),  # last stage (make test-slow)
     (6, _first_forward),             # second pipeline, before it sent anything
 ], ids=["first-stage-backward", "last-stage", "pipeline1-start"])
 def test_sigkill_mid_iteration_keeps_the_math(tmp_path, reference, node, pick):
@@ -98,6 +98,7 @@ def test_sigkill_mid_iteration_keeps_the_math(tmp_path, reference, node, pick):
     assert all(r["replicas_equal"] for r in records)
 
 
+@pytest.mark.slow  # random kill points: bamboo-chaos covers them from outside in make test
 def test_random_kill_point(tmp_path, reference):
     _, records, params = train(tmp_path, "random", "--stages", str(P), "--pipelines", str(D), "--preempt", "random")
     assert_same_training(records, params, reference)
