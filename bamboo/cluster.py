@@ -134,7 +134,7 @@ class Cluster:
         for n, age in lease_ages(self, asked).items():
             self._aged[asked[n]] = (now, age)
         return [n for n, lease in leases.items()
-                if lease in self._aged and self._aged[lease][1] >= self.heartbeat.failure_timeout]
+                if lease in self._aged and self._aged[lease][1] > self.heartbeat.failure_timeout]
 
     def record_silent(self, nodes, iteration: int, by: int, starting=()) -> list[int]:
         """Record as dead each of `nodes` that went silent (see `silent`); return them."""

@@ -6,7 +6,8 @@ a thread of its own refreshes twice a second. Two clocks matter, kept apart:
   - the lease's TTL (--lease-ttl, 15 s) is how long etcd may be unreachable
     (stalled, restarting) before keys vanish: long, so a stall fences nobody;
   - a lease's age (seconds since its last refresh, which any client can ask
-    etcd) tells silence: a peer whose lease is older than --failure-timeout
+    etcd, rounded up to whole seconds) tells silence: a peer whose lease is
+    older than --failure-timeout
     stopped refreshing (SIGSTOP, a hang, a machine gone) and is dead. Only an
     observer that itself kept refreshing without a gap for that long judges, so
     a stall of etcd, or of the observer, condemns no one.

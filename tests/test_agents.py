@@ -68,6 +68,7 @@ def test_a_killed_node_is_replaced_from_standby(tmp_path, tmp_path_factory):
     assert records[4]["nodes"] == 1 and records[5]["nodes"] == 2
 
 
+@pytest.mark.slow  # make test-slow: keeps make test under 15 min on a 2-core machine
 def test_a_pipeline_dissolves_when_nodes_run_short(tmp_path, tmp_path_factory):
     """4 nodes, P=2, D=2; one is killed: 3 nodes make one pipeline and a spare, so
     D drops to 1 and the layers of the dissolved pipeline's survivor move to where
@@ -162,6 +163,7 @@ def test_a_drained_node_hands_its_stage_over(tmp_path, tmp_path_factory):
     assert not any(e["type"] == "failover" for r in records for e in r["events"])
 
 
+@pytest.mark.slow  # make test-slow: keeps make test under 15 min on a 2-core machine
 def test_a_second_launcher_joins_a_running_job(tmp_path, tmp_path_factory):
     """`bamboo-train --etcd HOST:PORT --job NAME --local-nodes 2` on a running job
     adds two nodes to it: they form a second pipeline."""

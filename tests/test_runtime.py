@@ -56,6 +56,7 @@ def kill_point(node: int, pick) -> str:
     return f"{node}@5:{pick(stream)}"
 
 
+@pytest.mark.slow  # make test-slow: keeps make test under 15 min on a 2-core machine
 def test_without_redundancy(tmp_path, reference):
     _, records, params = train(tmp_path, "off", "--stages", str(P), "--pipelines", str(D), "--redundancy", "off")
     assert_same_training(records, params, reference)
@@ -83,7 +84,7 @@ def _first_forward(stream):
 @pytest.mark.parametrize("node,pick", [
     (0, _backward_of_first_stage),   # first stage, during its backward phase
     pytest.param(3, _mid_stream, marks=pytest.mark.slow),  # last stage (make test-slow)
-    (6, _first_forward),             # second pipeline, before it sent anything
+    pytest.param(6, _first_forward, marks=pytest.mark.slow),  # second pipeline, before it sent anything
 ], ids=["first-stage-backward", "last-stage", "pipeline1-start"])
 def test_sigkill_mid_iteration_keeps_the_math(tmp_path, reference, node, pick):
     point = kill_point(node, pick)
@@ -200,6 +201,7 @@ def _short(tmp_path, name, *args):
                         *args)[1]
 
 
+@pytest.mark.slow  # make test-slow: keeps make test under 15 min on a 2-core machine
 def test_last_stage_killed_after_its_stream_keeps_every_loss(tmp_path):
     """The last stage finishes first and lingers: dying then must lose nothing."""
     end = len(compile_schedule(4, 8).streams[3])
