@@ -200,11 +200,14 @@ def config_from_args(args) -> JobConfig:
 
 
 def _terminate(signum, frame):
+    from bamboo.launcher import INTERRUPTED
+    INTERRUPTED.set()  # seen by the launcher's loops even if an etcd call swallowed the exception
     raise KeyboardInterrupt  # the same cleanup as Ctrl-C
 
 
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _terminate)
     args = build_parser().parse_args(argv)
     try:
         cfg = config_from_args(args)

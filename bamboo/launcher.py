@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -23,6 +24,10 @@ from bamboo.config import JobConfig
 from bamboo.etcd import EtcdServer, die_with_parent
 from bamboo.exits import FENCED
 from bamboo.protocol import ASSIGNMENT, CONFIG, DONE, ERROR, LOSS, NOTICES, PREEMPTED, START
+
+
+# Set by bamboo-train's SIGINT/SIGTERM handler.
+INTERRUPTED = threading.Event()
 
 
 class LaunchError(RuntimeError):
@@ -254,6 +259,8 @@ class Launcher:
         return first.iteration
 
     def _check_workers(self, cluster: Cluster, since: float, what: str) -> None:
+        if INTERRUPTED.is_set():  # Ctrl-C landed inside a gRPC call, which retried it away
+            raise KeyboardInterrupt
         if any(p.poll() not in (None, *EXPECTED_EXITS) for p in self.procs.values()):
             raise LaunchError(self._worker_error(cluster))
         if all(p.poll() is not None for p in self.procs.values()):
