@@ -62,6 +62,7 @@ def test_without_redundancy(tmp_path, reference):
     assert_same_training(records, params, reference)
 
 
+@pytest.mark.slow  # make test-slow; the agents' tests check replicas in every run of make test
 def test_eager_redundancy_keeps_replicas_equal_to_owners(tmp_path, reference):
     _, records, params = train(tmp_path, "eager", "--stages", str(P), "--pipelines", str(D), "--check-replicas")
     assert_same_training(records, params, reference)
