@@ -172,7 +172,9 @@ def test_two_failures_in_one_pipeline_and_iteration_end_with_a_reason(tmp_path):
                       "--preempt", "1@2:6", "--preempt", "2@2:6", check=False)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1, out.stderr
-    assert "one failure per pipeline per iteration" in lines[0] or "adjacent" in lines[0]
+    # Seen in one poll, in the cut of the first, or as neighbours: each names the reason.
+    assert any(why in lines[0] for why in ("one failure per pipeline per iteration", "adjacent",
+                                           "died while it recovered from node"))
 
 
 def test_ctrl_c_stops_every_process_it_started(tmp_path):
