@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from bamboo.etcd import EtcdServer, die_with_parent
+from bamboo.etcd import EtcdServer, connect, die_with_parent
 from bamboo.protocol import DONE, scan
 
 KINDS = ("kill-node", "kill-worker", "pause", "etcd-restart", "zone-burst", "join")
@@ -143,10 +143,10 @@ class Trial:
     def _drive(self) -> None:
         """Inject the faults at their times, restore what needs restoring, and wait
         for the job to end (or the trial's time limit)."""
-        client = None
+        client = connect(self.etcd.endpoint)
         while not self._training_started(client):
-            client = client or self._client()
             self._watch()
+            time.sleep(0.05)
         self.t0 = time.monotonic()
         at = self.t0 + self.rng.uniform(0.5, 3.0)
         injected = 0
@@ -166,11 +166,7 @@ class Trial:
     def _training_started(self, client) -> bool:
         if self.launcher.poll() is not None:
             raise RuntimeError(f"the job exited with {self.launcher.returncode} before training")
-        return client is not None and any(family is DONE for _, family, _ in scan(client))
-
-    def _client(self):
-        from bamboo.etcd import connect
-        return connect(self.etcd.endpoint)
+        return any(family is DONE for _, family, _ in scan(client))
 
     # -- faults ------------------------------------------------------------------------
     def _inject(self, kind: str) -> None:
@@ -186,6 +182,12 @@ class Trial:
         except psutil.NoSuchProcess:
             return None
 
+    def _pick_worker(self) -> tuple[psutil.Process | None, psutil.Process | None]:
+        """A running worker drawn at random, with its agent (its zone's)."""
+        pairs = {w.pid: (a, w) for a in self._agents() if (w := self._worker_of(a))}
+        worker = self._pick([w for _, w in pairs.values()])
+        return pairs[worker.pid] if worker else (None, None)
+
     def _kill_node(self) -> str:
         agent = self._pick(self._agents())
         if agent is None:
@@ -193,23 +195,21 @@ class Trial:
         return self._kill(agent, with_worker=True)
 
     def _kill_worker(self) -> str:
-        workers = [w for a in self._agents() if (w := self._worker_of(a))]
-        worker = self._pick(workers)
+        agent, worker = self._pick_worker()
         if worker is None:
             return "no worker to kill"
         self._signal(worker, signal.SIGKILL)
-        self._replace_later(self._zone_of(worker.parent()) if worker.parent() else self.settings.zones[0])
+        self._replace_later(self._zone_of(agent))
         return f"worker {self._node(worker)}"
 
     def _pause(self) -> str:
-        workers = [w for a in self._agents() if (w := self._worker_of(a))]
-        worker = self._pick(workers)
+        agent, worker = self._pick_worker()
         if worker is None:
             return "no worker to pause"
         seconds = self.rng.uniform(2.0, 10.0)
         self._signal(worker, signal.SIGSTOP)
         self.paused.append((time.monotonic() + seconds, worker))
-        self._replace_later(self._zone_of(worker.parent()) if worker.parent() else self.settings.zones[0])
+        self._replace_later(self._zone_of(agent))
         return f"worker {self._node(worker)} for {seconds:.1f} s"
 
     def _etcd_restart(self) -> str:

@@ -118,8 +118,8 @@ class Cluster:
         this node's own view of etcd is fresh) their lease was not refreshed for
         the failure timeout. Nodes in `starting` (their worker may not run yet)
         count as alive while their agent is."""
-        workers = self.children(ALIVE())
-        agents = {n: m for n, m in self.children(MEMBERS()).items() if n in set(starting) and n not in workers}
+        workers, starting = self.children(ALIVE()), set(starting)
+        agents = {n: m for n, m in self.children(MEMBERS()).items() if n in starting and n not in workers}
         records = {**agents, **workers}  # a starting node's worker counts once it registered
         silent = {n for n in nodes if n not in records}
         if self.heartbeat and self.heartbeat.judging():

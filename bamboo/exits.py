@@ -1,7 +1,8 @@
 """How a worker's life ends other than by finishing: exceptions that travel up to
 `bamboo.worker.main`, which maps each to the exit status its agent (or the
 launcher) reads. Below main, only an injected preemption (a SIGKILL of itself)
-ends the process; main's lease watcher exits FENCED once the lease expired."""
+ends the process, and the heartbeat (bamboo/liveness.py), which exits FENCED
+when the lease expired while the node was recorded dead."""
 from __future__ import annotations
 
 FENCED = 75  # exit status of a worker that found itself declared dead and stopped

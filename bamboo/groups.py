@@ -24,6 +24,7 @@ def lease_check(cluster: Cluster, members, iteration: int, me: int, starting=())
     leases, now recorded dead), or None. Nodes in `starting` count as alive while
     their agent is (their worker may not have registered yet)."""
     def why_not() -> str | None:
+        cluster.progress()  # a thread that asks is waiting, not stuck
         gone = cluster.record_silent(members, iteration, me, starting)
         return f"nodes {gone} lost their leases" if gone else None
     return why_not
@@ -36,32 +37,33 @@ def open_group(cluster: Cluster, store_key: str, members, me: int, why_not, time
     Its rendezvous and each of its operations give up after `timeout` seconds
     (--hang-timeout). The group lives as long as the process (see _KEPT)."""
     store = EtcdStore(cluster.client, cluster.key(store_key), timedelta(seconds=timeout), why_not)
-    pg, rank_of = _formed(lambda: new_group(store, list(members), me, timeout), why_not, cluster)
+    # gloo's connection step waits inside the constructor, for a member that died
+    # after the rendezvous, until the whole op timeout: it is given up sooner.
+    pg, rank_of = interruptible(lambda: new_group(store, list(members), me, timeout), why_not)
     _KEPT.append((pg, store))
     return pg, rank_of, store
 
 
-def _formed(form, why_not, cluster: Cluster, every: float = 0.5):
-    """form() from a thread of its own, given up (RendezvousAborted) once `why_not()`
-    names a reason: gloo's connection step waits inside the constructor, for a
-    member that died after the rendezvous, until the whole op timeout."""
+def interruptible(call, give_up, every: float = 0.5):
+    """call()'s result, waited for while asking `give_up()` every `every` seconds;
+    RendezvousAborted once it names a reason. The call runs in a thread of its own,
+    which, given up, stays blocked until gloo's own timeout (the groups are kept)."""
     done: queue.Queue = queue.Queue(maxsize=1)
 
     def run() -> None:
         try:
-            done.put((form(), None))
-        except (RuntimeError, TimeoutError) as e:  # gloo's, or the store's wait given up
+            done.put((call(), None))
+        except (RuntimeError, TimeoutError) as e:  # gloo's (a peer died), or the store's wait given up
             done.put((None, e))
-    threading.Thread(target=run, daemon=True, name="group-forming").start()
+    threading.Thread(target=run, daemon=True, name="interruptible").start()
     while True:
         try:
-            group, error = done.get(timeout=every)
+            result, error = done.get(timeout=every)
             break
         except queue.Empty:
-            cluster.progress()
-            reason = why_not()
+            reason = give_up()
             if reason:
                 raise RendezvousAborted(reason) from None
     if error is not None:
         raise error
-    return group
+    return result

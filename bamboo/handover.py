@@ -15,17 +15,13 @@ they had, and the agents write another epoch from those (Assignment.layers_from)
 """
 from __future__ import annotations
 
-import queue
-import threading
-
 import torch
 
 from bamboo.assignment import Assignment
 from bamboo.checkpoint import snapshot
 from bamboo.cluster import Cluster
-from bamboo.groups import open_group
+from bamboo.groups import interruptible, open_group
 from bamboo.protocol import HANDED, HANDOVER, Mark, Outcome, handover_store
-from bamboo.store import RendezvousAborted
 
 _TAG = 1000  # clear of the executor's channel tags
 
@@ -84,38 +80,13 @@ def execute(pg, rank_of: dict[int, int], me: int, moves: list[tuple[int, int, in
     for layer, src, dst in moves:
         if dst == me:
             size = torch.zeros(1, dtype=torch.int64)
-            finish(pg.recv([size], rank_of[src], _TAG + layer), give_up)
+            interruptible(pg.recv([size], rank_of[src], _TAG + layer).wait, give_up)
             data = torch.empty(int(size), dtype=torch.uint8)
-            finish(pg.recv([data], rank_of[src], _TAG + layer), give_up)
+            interruptible(pg.recv([data], rank_of[src], _TAG + layer).wait, give_up)
             received[layer] = data.numpy().tobytes()
-    for w in works:
-        finish(w, give_up)
+    for w in works:  # a gloo send or receive completes only inside wait(): see interruptible
+        interruptible(w.wait, give_up)
     return received
-
-
-def finish(work, give_up, every: float = 0.5) -> None:
-    """work.wait(), asking `give_up()` every `every` seconds meanwhile. A gloo
-    send or receive completes only inside wait(), so a thread waits; one given
-    up stays blocked until gloo's own timeout (the group is kept, bamboo/groups.py)."""
-    done: queue.Queue = queue.Queue(maxsize=1)
-
-    def wait() -> None:
-        try:
-            work.wait()
-            done.put(None)
-        except RuntimeError as e:  # gloo's error: the peer is gone
-            done.put(e)
-    threading.Thread(target=wait, daemon=True, name="handover-wait").start()
-    while True:
-        try:
-            error = done.get(timeout=every)
-            break
-        except queue.Empty:
-            reason = give_up()
-            if reason:
-                raise RendezvousAborted(reason) from None
-    if error is not None:
-        raise error
 
 
 def exchange(cluster: Cluster, node: int, holdings, new: Assignment, old: Assignment | None,
@@ -137,7 +108,7 @@ def exchange(cluster: Cluster, node: int, holdings, new: Assignment, old: Assign
     try:
         pg, rank_of, _ = open_group(cluster, handover_store(new.epoch), members, node, give_up, timeout)
         received = execute(pg, rank_of, node, moves, holdings.layers, holdings.optimizer_of, give_up)
-        finish(pg.barrier(), give_up)  # every layer arrived before a sender may leave
+        interruptible(pg.barrier().wait, give_up)  # every layer arrived before a sender may leave
         cluster.put(HANDED(new.epoch, node), Mark())
     except (RuntimeError, TimeoutError) as e:  # gloo's error for a dead peer, or a wait given up
         why_not()  # records whoever went silent
