@@ -4,23 +4,46 @@ whether the agents reconfigure first, whether to checkpoint). Every node reads
 that one record. Without a reconfiguration the world group is rebuilt without
 the dead; a node that dies meanwhile makes a new try, with its own record.
 
+The reports also say how long each node computed. A node that computed far
+longer than its peers (a straggler: throttled, starved, on a failing machine)
+is recorded dead here, as if it had gone silent, and the next iteration runs
+without it.
+
 It is to the iteration's end what bamboo/failover.py is to its middle."""
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 
 from bamboo.assignment import Assignment
 from bamboo.checkpoint import Checkpoints
 from bamboo.cluster import Cluster
 from bamboo.exits import Fenced
-from bamboo.protocol import CHECKPOINTED, DONE, DRAIN, MEMBERS, REGROUP, Regroup, Report, Timestamp
+from bamboo.protocol import (CHECKPOINTED, DONE, DRAIN, FAILED, MEMBERS, REGROUP, STRAGGLER, Failure, Regroup,
+                              Report, Timestamp)
+
+
+def stragglers(reports: dict[int, Report], factor: float, slack: float) -> list[int]:
+    """The nodes whose compute time in one iteration exceeds both `factor` times the
+    median of their peers' and that median plus `slack` seconds. Iterations with a
+    failover are not judged: a node that took over a dead peer's work computes more."""
+    if factor <= 0 or len(reports) < 2 or any(r.events for r in reports.values()):
+        return []
+    slow = []
+    for node, report in reports.items():
+        peers = statistics.median(r.busy for n, r in reports.items() if n != node)
+        if report.busy > max(factor * peers, peers + slack):
+            slow.append(node)
+    return sorted(slow)
 
 
 class Boundary:
-    def __init__(self, cluster: Cluster, node: int, elastic: bool, checkpoints: Checkpoints):
+    def __init__(self, cluster: Cluster, node: int, elastic: bool, checkpoints: Checkpoints,
+                 straggler_factor: float = 0.0, straggler_slack: float = 0.0):
         self.cluster, self.node, self.elastic = cluster, node, elastic
         self.checkpoints = checkpoints  # says whether a checkpoint is due
+        self.straggler_factor, self.straggler_slack = straggler_factor, straggler_slack
 
     def report(self, iteration: int, report: Report) -> None:
         self.cluster.put(DONE(iteration, self.node), report)
@@ -30,10 +53,13 @@ class Boundary:
         failed set grew and the agents do not reconfigure, `regroup(failed, try)`
         rebuilds the world group; if a member dies meanwhile, the next try leaves it out."""
         self._wait_for_reports(iteration, assignment.members, failover)
+        self._record_stragglers(iteration)
         for attempt in itertools.count():
             agreed = self._decide(iteration, attempt, assignment)
             if self.node in agreed.failed:
-                raise Fenced(f"node {self.node} was declared dead in iteration {iteration}")
+                failure = self.cluster.failed().get(self.node)
+                how = f" ({failure.how}, recorded by node {failure.by})" if failure else ""
+                raise Fenced(f"node {self.node} was declared dead in iteration {iteration}{how}")
             if agreed.reconfigure or agreed.failed == tuple(failed):
                 return agreed
             failed = agreed.failed  # what the world is rebuilt without; a later try compares with it
@@ -52,6 +78,13 @@ class Boundary:
             failover.check_abort()  # another pipeline could not finish: this iteration is redone
             return not pending
         self.cluster.wait_for(everyone, timeout=24 * 3600, what=f"every node to finish iteration {iteration}")
+
+    def _record_stragglers(self, iteration: int) -> None:
+        """Every node judges the same reports, so each records the same stragglers."""
+        failed = self.cluster.failed()
+        reports = {n: r for n, r in self.cluster.children(DONE(iteration)).items() if n not in failed}
+        for n in stragglers(reports, self.straggler_factor, self.straggler_slack):
+            self.cluster.create(FAILED(n), Failure(iteration, self.node, STRAGGLER))
 
     def _decide(self, iteration: int, attempt: int, assignment: Assignment) -> Regroup:
         """Propose this node's view; the first proposal written stands for everyone."""

@@ -99,8 +99,8 @@ def account(records: list[dict], iterations: int, samples: int) -> tuple[int, in
 
 
 class Trial:
-    def __init__(self, settings: Settings, seed: int, directory: str, ref: list[float]):
-        self.settings, self.seed, self.dir, self.ref = settings, seed, directory, ref
+    def __init__(self, settings: Settings, seed: int, directory: str, ref: list[float], keep: bool = False):
+        self.settings, self.seed, self.dir, self.ref, self.keep = settings, seed, directory, ref, keep
         self.rng = random.Random(seed)
         self.outcome = Outcome(seed)
         self.etcd = EtcdServer(data_dir=os.path.join(directory, "etcd"))
@@ -124,7 +124,7 @@ class Trial:
             self.outcome.error = f"{type(e).__name__}: {e}"
         finally:
             self._cleanup()
-        if self.outcome.ok:
+        if self.outcome.ok and not self.keep:
             shutil.rmtree(self.dir, ignore_errors=True)
         else:
             self.outcome.logs = self.dir
@@ -367,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=Settings.nodes)
     ap.add_argument("--iterations", type=int, default=Settings.iterations)
     ap.add_argument("--out", default=None, help="where failed trials keep their logs (default: a temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep every trial's logs and metrics, not only failed ones'")
     args = ap.parse_args(argv)
     if args.trials < 1 or args.faults < 0 or args.nodes < Settings.stages + 1 or args.iterations < 2:
         print("bamboo-chaos: error: need --trials >= 1, --faults >= 0, --nodes >= "
@@ -379,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = []
     for t in range(args.trials):
         seed = args.seed + t
-        o = Trial(settings, seed, os.path.join(out, f"trial-{seed}"), ref).run()
+        o = Trial(settings, seed, os.path.join(out, f"trial-{seed}"), ref, args.keep).run()
         outcomes.append(o)
         faults = "; ".join(f"{at}s {kind} {detail}" for at, kind, detail in o.faults)
         verdict = "ok" if o.ok else f"FAILED {o.error or ''} (logs: {o.logs}; rerun: --seed {seed} --trials 1)"

@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="etcd lease TTL: how long etcd may be unreachable before nodes must register again")
     p.add_argument("--hang-timeout", type=float, default=300.0,
                    help="a node whose main thread is stuck this long counts as dead; gloo's operation timeout")
+    p.add_argument("--straggler-factor", type=float, default=5.0,
+                   help="a node that computed more than this many times its peers' median in one iteration "
+                        "(and --straggler-slack seconds more) is fenced as a straggler; 0: never")
+    p.add_argument("--straggler-slack", type=float, default=3.0,
+                   help="seconds a straggler's compute must exceed its peers' median by, too")
     p.add_argument("--stall-timeout", type=float, default=1800.0,
                    help="give up when no iteration finishes for this many seconds")
     p.add_argument("--check-replicas", action="store_true",
@@ -176,6 +181,9 @@ def config_from_args(args) -> JobConfig:
     for flag in ("failure_timeout", "lease_ttl", "hang_timeout"):
         if getattr(args, flag) <= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be positive (got {getattr(args, flag)})")
+    if args.straggler_factor < 0 or (args.straggler_factor and args.straggler_factor <= 1) or args.straggler_slack < 0:
+        raise ValueError("--straggler-factor must be 0 (off) or above 1, and --straggler-slack not negative "
+                         f"(got {args.straggler_factor} and {args.straggler_slack})")
     if args.lease_ttl <= args.failure_timeout:
         raise ValueError(f"--lease-ttl {args.lease_ttl} must exceed --failure-timeout {args.failure_timeout}")
     if args.checkpoint_every < 0 or args.checkpoint_seconds < 0:
@@ -192,6 +200,7 @@ def config_from_args(args) -> JobConfig:
                      seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, dtype=args.dtype,
                      failure_timeout=args.failure_timeout, lease_ttl=args.lease_ttl,
                      hang_timeout=args.hang_timeout, stall_timeout=args.stall_timeout,
+                     straggler_factor=args.straggler_factor, straggler_slack=args.straggler_slack,
                      preempt=parse_preempts(args.preempt, args) if args.stages > 1 else (),
                      data_files=tuple(args.data), save_dir=args.save_dir, check_replicas=args.check_replicas,
                      checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,

@@ -32,6 +32,8 @@ class JobConfig:
     failure_timeout: float = 3.0  # a node whose lease went unrefreshed this long is dead
     lease_ttl: float = 15.0       # etcd lease TTL: how long etcd may be away before keys vanish
     hang_timeout: float = 300.0   # a main thread stuck this long lets its lease lapse; gloo's op timeout
+    straggler_factor: float = 5.0  # compute this many times the peers' median (0: never) ...
+    straggler_slack: float = 3.0   # ... and this many seconds more: the node is a straggler, fenced
     stall_timeout: float = 1800.0  # the launcher gives up when no iteration ends for this long
     preempt: tuple[Preempt, ...] = field(default_factory=tuple)
     data_files: tuple[str, ...] = field(default_factory=tuple)

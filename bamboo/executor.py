@@ -20,6 +20,8 @@ import torch
 
 from schedules.ir import Instr, Op, RECVS, SENDS
 
+COMPUTE = frozenset({Op.LOAD, Op.FORWARD, Op.BACKWARD, Op.SWAP_OUT, Op.SWAP_IN, Op.OPTIMIZER_STEP})
+
 from bamboo.comm import Comm, Interrupted, PeerFailure
 from bamboo.config import JobConfig, dropout_seed_for
 from bamboo.exits import Fenced
@@ -40,6 +42,7 @@ class Executor:
         self.swap_stream = torch.cuda.Stream() if device.type == "cuda" else None
         self.keep_undo = undo
         self.undo: dict[int, tuple] = {}  # stage -> its parameters and optimizer state before this step
+        self.busy = 0.0                   # seconds of this iteration in COMPUTE ops (the straggler check)
 
     def peer(self, local: int) -> int:
         return self.nodes[local]
@@ -51,6 +54,7 @@ class Executor:
         for m in self.modules.values():
             m.zero_grad(set_to_none=True)
         self.undo = {}
+        self.busy = 0.0
         self._base = comm.counts()  # messages received before this iteration
         self._expect(stream)
         pc = 0
@@ -59,7 +63,10 @@ class Executor:
                 self._maybe_preempt(pc)
                 ins = stream[pc]
                 try:
+                    began = time.monotonic()
                     getattr(self, ins.op.value)(ins)  # one method per op, named after it
+                    if ins.op in COMPUTE:
+                        self.busy += time.monotonic() - began
                     pc += 1
                 except PeerFailure as e:
                     failover.detected(e.peer, str(e))

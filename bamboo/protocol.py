@@ -64,6 +64,7 @@ class Alive(Record):
 
 
 LEASE_EXPIRED = "lease expired"    # Failure.how of a node found silent, not seen to break
+STRAGGLER = "straggler"            # Failure.how of a node whose compute fell far behind its peers'
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class Report(Record):
     time: float
     epoch: int
     events: list = field(default_factory=list)   # failover events seen by this node
+    busy: float = 0.0              # seconds of this iteration spent computing (not waiting on peers)
     digests: dict | None = None    # stage -> digest of parameters and optimizer state
 
 

@@ -53,7 +53,8 @@ class Worker:
         self.holdings = Holdings(self.source, cfg.redundancy, cfg.lr, self.device)
         self.checkpoints = Checkpoints(cfg.checkpoint, node, self.source.count, cfg.checkpoint_every,
                                        cfg.checkpoint_seconds)
-        self.boundary = Boundary(cluster, node, cfg.elastic, self.checkpoints)
+        self.boundary = Boundary(cluster, node, cfg.elastic, self.checkpoints, cfg.straggler_factor,
+                                 cfg.straggler_slack)
         self.assignment: Assignment | None = None  # the epoch this node runs in
         self.failed: tuple[int, ...] = ()          # nodes dead job-wide, as the last boundary agreed
         self.pipeline = self.me = 0                # where this node runs in the epoch
@@ -227,7 +228,7 @@ class Worker:
 
     def _report(self) -> Report:
         report = Report(rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, time=time.time(),
-                        epoch=self.assignment.epoch, events=self.failover.events,
+                        epoch=self.assignment.epoch, events=self.failover.events, busy=self.executor.busy,
                         digests=self.holdings.digests() if self.cfg.check_replicas else None)
         self.failover.events = []
         return report

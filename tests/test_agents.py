@@ -93,6 +93,16 @@ def test_joining_nodes_wait_in_standby_then_form_a_pipeline(tmp_path, tmp_path_f
             assert zones[0] != zones[1]
 
 
+@pytest.mark.slow  # make test-slow: keeps make test under 15 min on a 2-core machine
+def test_growth_beyond_the_microbatch_count_leaves_the_extra_nodes_in_standby(tmp_path, tmp_path_factory):
+    """Issue 11, item 4, from outside: two microbatches and six nodes at P=2. A third
+    pipeline would have no microbatch to run (it once crashed the job)."""
+    records = train(tmp_path, "--microbatches", "2", "--local-nodes", "2", "--zones", "a,b", "--join", "4@1")
+    assert_same_training(records, tmp_path, reference(tmp_path_factory, 2))
+    last = reconfigurations(records)[-1][1]
+    assert len(last["pipelines"]) == 2 and len(last["standby"]) == 2
+
+
 def final(records):
     """The last record of each iteration (a redone iteration appears twice)."""
     return list({r["iteration"]: r for r in records}.values())

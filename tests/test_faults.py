@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -13,7 +14,8 @@ import pytest
 
 from bamboo.chaos import account
 from bamboo.etcd import EtcdServer, connect
-from bamboo.protocol import DONE, FAILED, handover_store, job_root, scan
+from bamboo.cluster import Cluster
+from bamboo.protocol import DONE, FAILED, STRAGGLER, handover_store, job_root, scan
 
 ARGS = ["--model", "tiny", "--dtype", "float64", "--seed", "3", "--microbatches", "6", "--iterations", "12"]
 RTOL = 1e-9
@@ -102,6 +104,48 @@ def test_a_ten_second_etcd_stall_fences_no_one(tmp_path, reference):
             etcd.proc.send_signal(signal.SIGCONT)
         _finish(proc, metrics, reference)
         assert not [parts for _, f, parts in scan(client) if f is FAILED]
+
+
+def test_a_straggler_ten_times_slower_than_its_peers_is_fenced(tmp_path, reference):
+    """Node 1's worker is slowed from outside to a tenth of its speed (SIGSTOP for
+    90 ms of every 100 ms, as a throttled machine would be): it keeps its lease,
+    but its compute takes ten times its peer's, so it is recorded dead as a
+    straggler at the next boundary, the standby node takes its stage, and the job
+    ends with the reference's losses."""
+    metrics = tmp_path / "m.jsonl"
+    with EtcdServer() as etcd:
+        proc = _start(etcd, metrics, "--local-nodes", "3", "--zones", "a,b", "--stages", "2",
+                      "--straggler-slack", "0.3")
+        client = connect(etcd.endpoint)
+        _until(proc, lambda: any(f is DONE and parts[0] >= 2 for _, f, parts in scan(client)), "iteration 2")
+        worker = next(p for p in _node_processes(proc, 1) if "bamboo.worker" in p.cmdline())
+        fenced = threading.Event()
+        threading.Thread(target=_throttle, args=(worker, fenced), daemon=True).start()
+        cluster = Cluster(etcd.endpoint, "faults")
+        try:
+            failure = _until(proc, lambda: cluster.failed().get(1), "node 1 recorded dead")
+        finally:
+            fenced.set()
+        records = _finish(proc, metrics, reference)
+    assert failure.how == STRAGGLER
+    assert sum(e["type"] == "reconfigure" for r in records for e in r["events"]) >= 2
+
+
+def _throttle(worker: psutil.Process, done: threading.Event) -> None:
+    """Run `worker` a tenth of the time until `done` (the fault's shape is a duration)."""
+    try:
+        while not done.is_set():
+            worker.send_signal(signal.SIGSTOP)
+            time.sleep(0.09)
+            worker.send_signal(signal.SIGCONT)
+            time.sleep(0.01)
+    except psutil.NoSuchProcess:
+        pass
+    finally:
+        try:
+            worker.send_signal(signal.SIGCONT)
+        except psutil.NoSuchProcess:
+            pass
 
 
 def test_sample_accounting_counts_a_repeat_only_without_a_restore():

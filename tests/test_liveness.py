@@ -13,7 +13,8 @@ import pytest
 from bamboo.cluster import Cluster
 from bamboo.config import JobConfig
 from bamboo.etcd import EtcdServer
-from bamboo.protocol import ALIVE, FAILED, Failure
+from bamboo.boundary import stragglers
+from bamboo.protocol import ALIVE, FAILED, Failure, Report
 
 CFG = JobConfig(failure_timeout=2.0, lease_ttl=15.0)
 
@@ -107,3 +108,20 @@ def test_an_expired_lease_is_taken_again_unless_the_node_was_recorded_dead(serve
     _until(lambda: a.get(ALIVE(1)) is not None and a.get(ALIVE(1)).lease != old, 15,
            "node 1 did not register again")
     assert reasons.empty()
+
+
+def _report(busy: float, events=()) -> Report:
+    return Report(rss_mb=0.0, time=0.0, epoch=0, events=list(events), busy=busy)
+
+
+def test_a_straggler_is_judged_against_its_peers_median():
+    """Brute-force reading of the rule: slower than both factor x the median of the
+    others and that median plus the slack."""
+    reports = {0: _report(1.0), 1: _report(1.2), 2: _report(11.0), 3: _report(0.9)}
+    assert stragglers(reports, factor=5, slack=3) == [2]
+    assert stragglers(reports, factor=0, slack=3) == []             # off
+    assert stragglers(reports, factor=5, slack=20) == []            # within the slack
+    assert stragglers({0: _report(0.01), 1: _report(0.2)}, 5, 3) == []  # 20x, but 0.19 s: noise
+    assert stragglers({0: _report(1.0), 1: _report(10.0)}, 5, 3) == [1]  # two nodes: each against the other
+    reports[1] = _report(1.2, events=[{"type": "failover"}])
+    assert stragglers(reports, 5, 3) == []  # a takeover computes more: not judged

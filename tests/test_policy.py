@@ -90,6 +90,16 @@ def test_joining_nodes_form_a_new_pipeline_and_too_few_reduce_depth():
     assert shrunk.depth == 2 and "depth reduced from 4 to 2" in shrunk.notes[0]
 
 
+def test_pipelines_never_outnumber_the_microbatches():
+    """Issue 11, item 4: six nodes at depth 2 could make three pipelines, but with
+    two microbatches a third would have none to run; the rest wait in standby."""
+    live = {f"n{i}": "ab"[i % 2] for i in range(6)}
+    first = next_config({n: live[n] for n in ("n0", "n1")}, None, 2, max_pipelines=2)
+    grown = next_config(live, first, 2, max_pipelines=2)
+    assert len(grown.pipelines) == 2 and len(grown.standby) == 2
+    assert first.pipelines[0] in grown.pipelines  # the running pipeline is kept as it was
+
+
 def test_arrange_alternates_zones():
     zones = {"a1": "a", "a2": "a", "b1": "b", "b2": "b", "c1": "c"}
     order = arrange(list(zones), zones)
