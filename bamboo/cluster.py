@@ -113,6 +113,11 @@ class Cluster:
         if self.heartbeat:
             self.heartbeat.progress()
 
+    def hang_deadline(self, seconds: float) -> None:
+        """From now on, a main thread stuck this long lets the lease lapse."""
+        if self.heartbeat:
+            self.heartbeat.hang_timeout = seconds
+
     def silent(self, nodes, starting=()) -> list[int]:
         """Those of `nodes` that went silent: their key is gone, or (judged only when
         this node's own view of etcd is fresh) their lease was not refreshed for

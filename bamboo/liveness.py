@@ -12,8 +12,11 @@ a thread of its own refreshes twice a second. Two clocks matter, kept apart:
     observer that itself kept refreshing without a gap for that long judges, so
     a stall of etcd, or of the observer, condemns no one.
 
-A worker whose main thread makes no progress for --hang-timeout (a collective
+A worker whose main thread makes no progress for its hang deadline (a collective
 that never returns) stops refreshing on purpose: its peers then see it silent.
+The deadline follows the job's pace: HANG_FACTOR times the running median of its
+recent iterations, never under HANG_FLOOR, never over --hang-timeout (which is
+also gloo's operation timeout, and the deadline before any iteration ended).
 A lease that expired anyway (etcd was away longer than the TTL) is taken again,
 unless the node was recorded dead meanwhile: then it stops, saying why.
 """
@@ -26,6 +29,17 @@ import time
 from pyetcd import Etcd3Exception
 
 REFRESH_SECONDS = 0.5
+HANG_FACTOR = 10      # a main thread stuck this many median iterations is hung ...
+HANG_FLOOR = 60.0     # ... but never sooner: a handover or a restore blocks longer than an iteration
+HANG_WINDOW = 20      # recent iterations the median is taken over
+
+
+def hang_deadline(iteration_seconds: list[float], cap: float) -> float:
+    """The hang deadline after these iterations: see the module's docstring."""
+    recent = sorted(iteration_seconds[-HANG_WINDOW:])
+    if not recent:
+        return cap
+    return min(cap, max(HANG_FLOOR, HANG_FACTOR * recent[len(recent) // 2]))
 
 
 class Heartbeat:
@@ -72,7 +86,7 @@ class Heartbeat:
             stuck = self.hang_timeout and time.monotonic() - self.last_progress > self.hang_timeout
             if stuck:  # let the lease age: peers will find this node silent
                 if not hung_said:
-                    print(f"bamboo: no progress for {self.hang_timeout:.0f} s (--hang-timeout): "
+                    print(f"bamboo: no progress for {self.hang_timeout:.0f} s (the hang deadline): "
                           "this node stops refreshing its lease and will be counted dead", file=sys.stderr, flush=True)
                 hung_said = True
                 continue

@@ -38,6 +38,7 @@ from bamboo.failover import Aborted, Failover
 from bamboo.groups import lease_check, open_group
 from bamboo.handover import HandoverFailed
 from bamboo.holdings import Holdings
+from bamboo.liveness import hang_deadline
 from bamboo.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, ERROR, START, Abort, Mark, Regroup,
                              Report, Start, WorkerError, world_store)
 from bamboo.reduce import Reducer
@@ -63,6 +64,7 @@ class Worker:
         self.executor: Executor | None = None
         self.comm: Comm | None = None
         self._store = None                         # the world group's store (the group keeps using it)
+        self.iteration_seconds: list[float] = []   # the hang deadline follows their running median
 
     def run(self) -> None:
         it = self.join()
@@ -125,9 +127,12 @@ class Worker:
     def run_iteration(self, it: int) -> None:
         """This node's stream of iteration `it`, recovering inside it from one
         death per pipeline (bamboo/failover.py)."""
+        began = time.monotonic()
         self.failover.begin(it, len(self.mbs), self.local_failed(), self.comm)
         stream = self.failover.base[self.me]  # the failover keeps every node's stream: one compile
         self.executor.run(it, stream, self.mbs, self.comm, self.failover)
+        self.iteration_seconds.append(time.monotonic() - began)
+        self.cluster.hang_deadline(hang_deadline(self.iteration_seconds, self.cfg.hang_timeout))
 
     def end_iteration(self, it: int) -> Regroup:
         """Report, and agree with every live node on what the next iteration runs with."""

@@ -14,6 +14,7 @@ from bamboo.cluster import Cluster
 from bamboo.config import JobConfig
 from bamboo.etcd import EtcdServer
 from bamboo.boundary import stragglers
+from bamboo.liveness import HANG_FLOOR, hang_deadline
 from bamboo.protocol import ALIVE, FAILED, Failure, Report
 
 CFG = JobConfig(failure_timeout=2.0, lease_ttl=15.0)
@@ -125,3 +126,10 @@ def test_a_straggler_is_judged_against_its_peers_median():
     assert stragglers({0: _report(1.0), 1: _report(10.0)}, 5, 3) == [1]  # two nodes: each against the other
     reports[1] = _report(1.2, events=[{"type": "failover"}])
     assert stragglers(reports, 5, 3) == []  # a takeover computes more: not judged
+
+
+def test_the_hang_deadline_follows_the_running_median_within_its_bounds():
+    assert hang_deadline([], cap=300) == 300                      # before any iteration: --hang-timeout
+    assert hang_deadline([0.5] * 30, cap=300) == HANG_FLOOR       # fast iterations: never under the floor
+    assert hang_deadline([1.0] * 5 + [20.0] * 20, cap=300) == 200  # ten medians of the recent ones
+    assert hang_deadline([20.0] * 9 + [900.0], cap=300) == 300     # never over --hang-timeout
