@@ -53,7 +53,7 @@ def interruptible(call, give_up, every: float = 0.5):
     def run() -> None:
         try:
             done.put((call(), None))
-        except (RuntimeError, TimeoutError) as e:  # gloo's (a peer died), or the store's wait given up
+        except BaseException as e:  # noqa: BLE001 - not swallowed: raised again in the caller's thread
             done.put((None, e))
     threading.Thread(target=run, daemon=True, name="interruptible").start()
     while True:

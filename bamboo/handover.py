@@ -104,7 +104,10 @@ def exchange(cluster: Cluster, node: int, holdings, new: Assignment, old: Assign
     def give_up() -> str | None:
         outcome = cluster.get(HANDOVER(new.epoch))
         return f"the handover failed: {outcome.why}" if outcome and not outcome.complete else why_not()
+    if node not in members:
+        return {}  # a standby node with no layer to give: nothing to take part in
     moves = plan(have, need)
+    received = None
     try:
         pg, rank_of, _ = open_group(cluster, handover_store(new.epoch), members, node, give_up, timeout)
         received = execute(pg, rank_of, node, moves, holdings.layers, holdings.optimizer_of, give_up)
@@ -117,6 +120,8 @@ def exchange(cluster: Cluster, node: int, holdings, new: Assignment, old: Assign
                                what=f"the outcome of epoch {new.epoch}'s handover")
     if not outcome.complete:
         raise HandoverFailed(outcome.why)
+    if received is None:  # complete needs this node's own mark: it cannot have failed here
+        raise RuntimeError(f"node {node}: epoch {new.epoch}'s handover is complete without this node's part")
     return received
 
 

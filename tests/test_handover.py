@@ -11,6 +11,7 @@ import torch.distributed as dist
 from bamboo import handover
 from bamboo.assignment import Assignment
 from bamboo.checkpoint import restore
+from bamboo.groups import interruptible
 
 
 def test_holders_after_a_takeover():
@@ -74,3 +75,17 @@ def test_a_layer_and_its_optimizer_state_travel_over_gloo():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
         for key in ("exp_avg", "exp_avg_sq", "step"):
             torch.testing.assert_close(src_opt.state[a][key], dst_opt.state[b][key], rtol=0, atol=0)
+
+
+def test_any_error_of_an_interruptible_call_reaches_the_caller():
+    """A KeyError inside the waited-for call (once a standby node's own id missing
+    from a handover's members) is raised in the caller at once, not lost in the
+    thread while the caller waits for a reason to give up."""
+    asked = []
+
+    def give_up():
+        asked.append(1)
+        return "gave up" if len(asked) > 4 else None
+    with pytest.raises(KeyError):
+        interruptible(lambda: {}[6], give_up, every=0.5)
+    assert len(asked) <= 1
