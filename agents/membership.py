@@ -18,7 +18,7 @@ from bamboo.cluster import Cluster
 from bamboo.config import JobConfig
 from bamboo.liveness import Heartbeat
 from bamboo.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, HANDOVER, IDS, ITERATION_FAMILIES,
-                             MEMBERS, REGROUP, ZONES, Mark, Member, Timestamp, Zone)
+                             MEMBERS, REGROUP, START, ZONES, Mark, Member, Timestamp, Zone)
 
 
 def to_policy(a: Assignment) -> Config:
@@ -124,7 +124,7 @@ class Membership:
     def _entered(self, epoch: Assignment) -> bool:
         """Whether the nodes entered `epoch` (hold their layers as it lays them out):
         its layers came from no handover, or its handover completed."""
-        if epoch.layers_from < 0 or epoch.restore == "checkpoint":
+        if epoch.layers_from < 0 or epoch.restore != "peers":
             return True
         outcome = self.cluster.get(HANDOVER(epoch.epoch))
         return outcome is not None and outcome.complete
@@ -142,20 +142,25 @@ class Membership:
             return  # a pipeline needs two nodes: wait for more (the workers wait for this epoch)
         start, restore = (it if redo else it + 1), "peers"
         if lost_everywhere(basis, set(before) | set(failed), cfg.redundancy):
-            start, restore, redo = self._checkpoint_iteration(cfg, it), "checkpoint", True
+            (start, restore), redo = self._restore_point(cfg, it), True
         new = from_policy(config, start, before, failed, restore)
         new = Assignment(**{**new.__dict__, "redo": redo, "layers_from": basis.epoch})
         clear = [family(k) for family in ITERATION_FAMILIES for k in range(start, it + 1)]
         self.cluster.create_clearing(ASSIGNMENT(new.epoch), new, clear)
 
-    @staticmethod
-    def _checkpoint_iteration(cfg: JobConfig, it: int) -> int:
-        """The iteration of the newest complete checkpoint, which the workers then
-        load by name (`it` if there is none: they stop with that error)."""
-        if not cfg.checkpoint:
-            return it
-        found = latest(storage_for(cfg.checkpoint), cfg.layers)
-        return found[0] if found else it
+    def _restore_point(self, cfg: JobConfig, it: int) -> tuple[int, str]:
+        """(iteration, restore) to go back to when a stage is lost on every node: the
+        newest complete checkpoint, which the workers load by name, or, before the
+        first, the job's first iteration, whose layers every node builds again from
+        the seed ("initial"). A job resumed from a checkpoint that is gone since
+        cannot go back: the workers stop with that error."""
+        found = latest(storage_for(cfg.checkpoint), cfg.layers) if cfg.checkpoint else None
+        if found:
+            return found[0], "checkpoint"
+        first = self.cluster.get(START())
+        if first is None or first.iteration == 0:
+            return 0, "initial"
+        return it, "checkpoint"
 
     def drain(self) -> None:
         if not self._drained:

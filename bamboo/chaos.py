@@ -90,7 +90,7 @@ def account(records: list[dict], iterations: int, samples: int) -> tuple[int, in
     repeated = 0
     for r in records:
         for e in r.get("events", []):
-            if e["type"] == "redo" and e.get("restore") == "checkpoint":
+            if e["type"] == "redo" and e.get("restore") in ("checkpoint", "initial"):
                 applied -= {i for i in applied if i >= e["from"]}
         if r["iteration"] in applied:
             repeated += samples

@@ -50,6 +50,10 @@ class Holdings:
         """Layer indexes `node` holds in `assignment`."""
         return self.layers_of(assignment.depth, self.stages(assignment.depth, assignment.slot(node)[1]))
 
+    def drop(self) -> None:
+        """Forget every layer and its optimizer state: the next build starts afresh."""
+        self.layers, self.modules, self.optimizers = {}, {}, {}
+
     def build(self, assignment: Assignment, node: int, received: dict[int, bytes]) -> None:
         """The stages `node` holds in `assignment`, from the layers kept (with their
         optimizer state) and those `received` (layer -> snapshot bytes)."""

@@ -217,9 +217,11 @@ class Worker:
         """Get the layers this node needs in `new` (from their live holders, or from
         the checkpoint the agents chose), then take its place in `new`, or leave if
         it has none."""
-        if new.restore == "checkpoint":
+        if new.restore != "peers":
             received = {}
-            if self.node in new.members:
+            if new.restore == "initial":
+                self.holdings.drop()  # built again from the seed, as at the job's start
+            elif self.node in new.members:
                 blobs = self.checkpoints.taken_before(new.start)
                 received = {i: blobs[i] for i in self.holdings.needs(new, self.node)}
         else:

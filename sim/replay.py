@@ -101,7 +101,7 @@ def measure(records: list[dict], replay: Replay, spot_price: float) -> dict:
     mean_nodes = area / elapsed
     throughput = samples / elapsed
     return {"preemptions": sum(a == "remove" for _, a, _ in replay.applied),
-            "fatal_failures": sum(e.get("restore") == "checkpoint" for r in records for e in r["events"]
+            "fatal_failures": sum(e.get("restore") in ("checkpoint", "initial") for r in records for e in r["events"]
                                   if e["type"] == "redo"),
             "mean_nodes": round(mean_nodes, 3), "throughput": round(throughput, 4),
             "cost_per_hour": round(mean_nodes * spot_price, 3),

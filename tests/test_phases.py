@@ -11,6 +11,7 @@ import signal
 
 import pytest
 
+from bamboo.chaos import account
 from bamboo.cluster import Cluster
 from bamboo.etcd import EtcdServer
 from bamboo.protocol import ABORT, ASSIGNMENT, CHECKPOINTED, DONE, LOSS, REGROUP, job_root
@@ -116,3 +117,17 @@ def test_a_death_while_the_agents_write_the_next_epoch(tmp_path, reference):
         return any(r.reconfigure for r in agreed.values()) and 1 not in cluster.children(ASSIGNMENT())
     _, failed = _phase(tmp_path, reference, [*AGENTS, "--preempt", "2@4:3"], deciding, lambda c: [0])
     assert {0, 2} <= failed
+
+
+def test_a_stage_lost_everywhere_before_any_checkpoint_goes_back_to_the_start(tmp_path, reference):
+    """One pipeline of three and two standby nodes, no checkpoint: two neighbours
+    die at once, so the stage between them has no copy anywhere. Every layer's
+    first values come from the seed alone, so the job goes back to iteration 0
+    (restore "initial") on the three nodes left, and repeats no applied sample."""
+    def neighbours(cluster):
+        return list(cluster.latest_assignment().pipelines[0][:2])
+    records, _ = _phase(tmp_path, reference, ["--local-nodes", "5", "--zones", "a,b,c", "--stages", "3"],
+                        lambda c: c.children(LOSS(3)), neighbours)
+    redo = [e for r in records for e in r["events"] if e["type"] == "redo"]
+    assert redo and redo[-1]["restore"] == "initial" and redo[-1]["from"] == 0
+    assert account(records, len(reference), 12) == (0, 0)
