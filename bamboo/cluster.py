@@ -39,7 +39,9 @@ class Cluster:
         self.heartbeat: Heartbeat | None = None      # once this process registers
         self._aged: dict[int, tuple[float, float]] = {}  # lease -> (when asked, its age)
 
-    def _call(self, fn):
+    def call(self, fn):
+        """fn() (an etcd request), tried again while etcd is away, for up to
+        `patience` seconds; then EtcdLost, which names etcd."""
         deadline = time.monotonic() + self.patience
         while True:
             try:
@@ -56,12 +58,12 @@ class Cluster:
 
     def put(self, key: Key, record, lease=None) -> None:
         value = _encode(key, record)
-        self._call(lambda: self.client.put(self.key(key), value, lease=lease))
+        self.call(lambda: self.client.put(self.key(key), value, lease=lease))
 
     def create(self, key: Key, record) -> bool:
         """Write only if absent (an etcd transaction); True when this call wrote it."""
         value = _encode(key, record)
-        return bool(self._call(lambda: self.client.put_if_not_exists(self.key(key), value)))
+        return bool(self.call(lambda: self.client.put_if_not_exists(self.key(key), value)))
 
     def create_clearing(self, key: Key, record, clear: list[Key]) -> bool:
         """create(key, record) and, in the same transaction, delete each key in
@@ -70,13 +72,13 @@ class Cluster:
         raw, value = self.key(key), _encode(key, record)
         deletes = [op for c in clear for op in (
             tx.delete(self.key(c)), tx.delete(self.key(c) + "/", range_end=prefix_range_end(f"{self.key(c)}/".encode())))]
-        ok, _ = self._call(lambda: self.client.transaction(compare=[tx.version(raw) == 0],
+        ok, _ = self.call(lambda: self.client.transaction(compare=[tx.version(raw) == 0],
                                                            success=[tx.put(raw, value), *deletes], failure=[]))
         return bool(ok)
 
     def get(self, key: Key):
         """The record at `key`, or None."""
-        value, _ = self._call(lambda: self.client.get(self.key(key)))
+        value, _ = self.call(lambda: self.client.get(self.key(key)))
         return None if value is None else key.family.record.from_dict(json.loads(value))
 
     def children(self, prefix: Key) -> dict:
@@ -84,7 +86,7 @@ class Cluster:
         raw = self.key(prefix) + "/"
         family = prefix.family
         return {family.parse(meta.key.decode()[len(raw):]): family.record.from_dict(json.loads(value))
-                for value, meta in self._call(lambda: list(self.client.get_prefix(raw)))}
+                for value, meta in self.call(lambda: list(self.client.get_prefix(raw)))}
 
     def wait_for(self, predicate, timeout: float, what: str, poll: float = 0.02):
         """Poll until predicate() returns something truthy; TimeoutError naming `what`."""

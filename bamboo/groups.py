@@ -36,7 +36,7 @@ def open_group(cluster: Cluster, store_key: str, members, me: int, why_not, time
     bamboo/protocol.py): the group, node id -> rank, and the store it keeps using.
     Its rendezvous and each of its operations give up after `timeout` seconds
     (--hang-timeout). The group lives as long as the process (see _KEPT)."""
-    store = EtcdStore(cluster.client, cluster.key(store_key), timedelta(seconds=timeout), why_not)
+    store = EtcdStore(cluster.client, cluster.key(store_key), timedelta(seconds=timeout), why_not, cluster.call)
     # gloo's connection step waits inside the constructor, for a member that died
     # after the rendezvous, until the whole op timeout: it is given up sooner.
     pg, rank_of = interruptible(lambda: new_group(store, list(members), me, timeout), why_not)

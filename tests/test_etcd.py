@@ -1,5 +1,6 @@
 """The etcd pieces against a real etcd server: the torch Store, the cluster keys,
 and the arithmetic that turns survivors' message counts into the failure point."""
+import threading
 from datetime import timedelta
 
 import pytest
@@ -26,6 +27,23 @@ def test_store_semantics(etcd):
     assert store.delete_key("a") and not store.check(["a"])
     with pytest.raises(TimeoutError, match="missing"):
         store.wait(["missing"], timedelta(seconds=0.2))
+
+
+def test_a_store_wait_outlasts_an_etcd_restart():
+    """Chaos seed 1 once ended a job: a rendezvous wait asked etcd while it
+    restarted. With the cluster's retry, the wait carries on and ends once the
+    key is set after the restart."""
+    with EtcdServer() as server:
+        cluster = Cluster(server.endpoint, "job")
+        store = EtcdStore(cluster.client, "/t/restart", timedelta(seconds=30), retry=cluster.call)
+        server.kill()
+        waited = []
+        waiter = threading.Thread(target=lambda: waited.append(store.wait(["k"]) or "done"), daemon=True)
+        waiter.start()
+        server.start()
+        connect(server.endpoint).put("/t/restart/k", b"1")
+        waiter.join(timeout=30)
+        assert waited == ["done"]
 
 
 def test_gloo_group_rendezvous_through_the_store(etcd):
