@@ -65,6 +65,15 @@ class Cluster:
         value = _encode(key, record)
         return bool(self.call(lambda: self.client.put_if_not_exists(self.key(key), value)))
 
+    def create_unless(self, key: Key, record, unless: Key) -> bool:
+        """create(key, record), but only while `unless` does not exist either (one
+        transaction: a late writer cannot slip in after `unless` was written)."""
+        tx = self.client.transactions
+        raw, value = self.key(key), _encode(key, record)
+        ok, _ = self.call(lambda: self.client.transaction(
+            compare=[tx.version(raw) == 0, tx.version(self.key(unless)) == 0], success=[tx.put(raw, value)], failure=[]))
+        return bool(ok)
+
     def create_clearing(self, key: Key, record, clear: list[Key]) -> bool:
         """create(key, record) and, in the same transaction, delete each key in
         `clear` and every key under it: only the writer that creates the key clears."""

@@ -209,8 +209,11 @@ class Worker:
         the agents' next epoch."""
         why = f"epoch {epoch.epoch} could not start: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
         print(f"bamboo.worker: node {self.node}: {why}", file=sys.stderr, flush=True)
-        self.cluster.create(ABORT(epoch.start), Abort(why, self.node))
-        self.cluster.put(ABORTED(epoch.start, self.node), Mark())
+        # Once the agents wrote the next epoch this one is settled: a late abort
+        # would abandon that epoch's first iteration for nothing.
+        after = ASSIGNMENT(epoch.epoch + 1)
+        self.cluster.create_unless(ABORT(epoch.start), Abort(why, self.node), after)
+        self.cluster.create_unless(ABORTED(epoch.start, self.node), Mark(), after)
         return self._next_epoch(epoch.epoch)
 
     def _move_layers(self, new: Assignment, old: Assignment | None) -> None:

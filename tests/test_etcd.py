@@ -112,3 +112,12 @@ def test_an_internal_error_in_recovery_is_a_bug_with_its_state(monkeypatch):
     with pytest.raises(failover.RecoveryBug, match=r"node 2 .* iteration 5: P=4 M=4 failed=\(\) .*KeyError"):
         f._recovery(2, {})
     assert not issubclass(failover.RecoveryBug, RuntimeError)  # never taken for a peer's failure
+
+
+def test_create_unless_writes_only_while_the_other_key_is_absent(etcd):
+    c = Cluster(etcd.endpoint, "job")
+    assert c.create_unless(FAILED(1), Failure(0, 2), unless=FAILED(9))
+    assert not c.create_unless(FAILED(1), Failure(5, 5), unless=FAILED(9))  # exists: the first stands
+    c.create(FAILED(9), Failure(0, 0))
+    assert not c.create_unless(FAILED(2), Failure(0, 0), unless=FAILED(9))
+    assert c.get(FAILED(1)) == Failure(0, 2) and c.get(FAILED(2)) is None
