@@ -76,7 +76,10 @@ class S3Storage:
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
 
     def get(self, key: str) -> bytes:
-        return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        except self.client.exceptions.NoSuchKey:
+            raise KeyError(key) from None  # as a missing local file is an OSError: both mean "not there"
 
     def list(self) -> list[str]:
         out, token = [], None
@@ -219,7 +222,7 @@ def _complete(storage, keys: list[str], it: int, num_layers: int) -> dict[int, b
     for index, h in hashes.items():
         try:
             data = storage.get(f"ckpt-{it:08d}/layer{index}.pt")
-        except Exception:
+        except (OSError, KeyError):  # listed, then gone (deleted, or a write that never finished)
             return None
         if hashlib.sha256(data).hexdigest() != h:
             return None
