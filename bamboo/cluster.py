@@ -82,7 +82,7 @@ class Cluster:
         deletes = [op for c in clear for op in (
             tx.delete(self.key(c)), tx.delete(self.key(c) + "/", range_end=prefix_range_end(f"{self.key(c)}/".encode())))]
         ok, _ = self.call(lambda: self.client.transaction(compare=[tx.version(raw) == 0],
-                                                           success=[tx.put(raw, value), *deletes], failure=[]))
+                                                          success=[tx.put(raw, value), *deletes], failure=[]))
         return bool(ok)
 
     def get(self, key: Key):
