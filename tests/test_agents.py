@@ -154,6 +154,7 @@ def _records(tmp_path):
     return [r for r in map(json.loads, (tmp_path / "m.jsonl").read_text().splitlines()) if "summary" not in r]
 
 
+@pytest.mark.slow  # make test-slow: keeps make test under 15 min on a 2-core machine
 def test_a_drained_node_hands_its_stage_over(tmp_path, tmp_path_factory):
     """SIGTERM to an agent (what a preemption notice does): the node leaves at the
     next boundary after handing its layers over; nobody counts it as failed."""
@@ -192,6 +193,7 @@ def test_a_second_launcher_joins_a_running_job(tmp_path, tmp_path_factory):
     assert_same_training(records, tmp_path, reference(tmp_path_factory, 8))
 
 
+@pytest.mark.slow  # make test-slow: keeps make test under 15 min on a 2-core machine
 def test_etcd_restart_mid_run(tmp_path, tmp_path_factory):
     """etcd SIGKILLed and restarted on the same data dir: agents and workers
     reconnect, every iteration is agreed once, training continues unchanged."""

@@ -158,8 +158,8 @@ def test_sample_accounting_counts_a_repeat_only_without_a_restore():
 
 
 def test_one_chaos_trial_from_outside(tmp_path):
-    """`bamboo-chaos` smoke run: one trial with two faults, all checks passing."""
+    """`bamboo-chaos` smoke run: one trial with two faults on five nodes, all checks passing."""
     out = subprocess.run([sys.executable, "-m", "bamboo.chaos", "--trials", "1", "--seed", "7", "--faults", "2",
-                          "--iterations", "16", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+                          "--nodes", "5", "--iterations", "16", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "runs equal to the reference  1" in out.stdout and "orphan processes             0" in out.stdout

@@ -14,7 +14,7 @@ import pytest
 from bamboo.chaos import account
 from bamboo.cluster import Cluster
 from bamboo.etcd import EtcdServer
-from bamboo.protocol import ABORT, ASSIGNMENT, CHECKPOINTED, DONE, LOSS, REGROUP, job_root
+from bamboo.protocol import ABORT, ASSIGNMENT, CHECKPOINTED, DONE, LOSS, REGROUP, world_store
 from tests.test_faults import _finish, _node_processes, _start, _until, reference  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow
@@ -75,8 +75,8 @@ def test_a_death_during_a_process_group_rebuild(tmp_path, reference):
     """Without agents: node 1 dies in iteration 4, so the boundary rebuilds the world
     group without it; node 3 (the other pipeline) dies as that group forms, and the
     next try leaves it out too."""
-    def forming(cluster):
-        return list(cluster.client.get_prefix(job_root("faults") + "pg/regroup/"))
+    def forming(cluster):  # iteration 4's first try, in epoch 0 (there are no agents)
+        return list(cluster.client.get_prefix(cluster.key(world_store(0, 4, 0))))
     _, failed = _phase(tmp_path, reference, ["--stages", "2", "--pipelines", "2", "--preempt", "1@4:3"],
                        forming, lambda c: [3])
     assert failed == {1, 3}

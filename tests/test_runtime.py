@@ -230,7 +230,7 @@ def test_a_paused_node_is_declared_dead_and_fences_itself(tmp_path):
         return any(family is DONE and parts[0] == it for _, family, parts in scan(client))
     with EtcdServer() as etcd:
         proc = subprocess.Popen([sys.executable, "-m", "bamboo.cli", "--stages", "4", "--microbatches", "6",
-                                 "--iterations", "120", "--no-progress", "--failure-timeout", "2",
+                                 "--iterations", "40", "--no-progress", "--failure-timeout", "2",
                                  "--etcd", etcd.endpoint, "--metrics-out", str(metrics)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         client = connect(etcd.endpoint)
