@@ -145,7 +145,7 @@ class Membership:
             (start, restore), redo = self._restore_point(cfg, it), True
         new = from_policy(config, start, before, failed, restore)
         new = Assignment(**{**new.__dict__, "redo": redo, "layers_from": basis.epoch})
-        clear = [family(k) for family in ITERATION_FAMILIES for k in range(start, it + 1)]
+        clear = [(family(start), family(it + 1)) for family in ITERATION_FAMILIES]  # iterations start..it
         self.cluster.create_clearing(ASSIGNMENT(new.epoch), new, clear)
 
     def _restore_point(self, cfg: JobConfig, it: int) -> tuple[int, str]:

@@ -6,7 +6,6 @@ import json
 import time
 
 from pyetcd import Etcd3Exception
-from pyetcd.utils import prefix_range_end
 
 from bamboo.assignment import Assignment
 from bamboo.etcd import connect
@@ -74,13 +73,15 @@ class Cluster:
             compare=[tx.version(raw) == 0, tx.version(self.key(unless)) == 0], success=[tx.put(raw, value)], failure=[]))
         return bool(ok)
 
-    def create_clearing(self, key: Key, record, clear: list[Key]) -> bool:
-        """create(key, record) and, in the same transaction, delete each key in
-        `clear` and every key under it: only the writer that creates the key clears."""
+    def create_clearing(self, key: Key, record, clear: list[tuple[Key, Key]]) -> bool:
+        """create(key, record) and, in the same transaction, delete every key from
+        `first` up to, not including, `end` (with the keys under them) for each
+        (first, end) in `clear`: only the writer that creates the key clears. One
+        operation a range (etcd allows 128 in a transaction, whatever the count of
+        iterations cleared)."""
         tx = self.client.transactions
         raw, value = self.key(key), _encode(key, record)
-        deletes = [op for c in clear for op in (
-            tx.delete(self.key(c)), tx.delete(self.key(c) + "/", range_end=prefix_range_end(f"{self.key(c)}/".encode())))]
+        deletes = [tx.delete(self.key(first), range_end=self.key(end).encode()) for first, end in clear]
         ok, _ = self.call(lambda: self.client.transaction(compare=[tx.version(raw) == 0],
                                                           success=[tx.put(raw, value), *deletes], failure=[]))
         return bool(ok)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -300,8 +301,14 @@ class Launcher:
                 kind = "agent" if self.local else "worker"
                 with open(os.path.join(self.logs, f"{kind}{node}.log")) as f:
                     lines = f.read().strip().splitlines()
-                return f"worker {node} exited with status {p.returncode}: {lines[-1] if lines else 'no output'}"
+                return f"{kind} {node} exited with status {p.returncode}: {_last_error(lines)} (logs: {self.logs})"
         return "a worker failed"
+
+
+def _last_error(lines: list[str]) -> str:
+    """A log's last exception line (`SomeError: why`), else its last line."""
+    found = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", ln)]
+    return (found or lines or ["no output"])[-1]
 
 
 EXPECTED_EXITS = (0, -signal.SIGKILL, FENCED)  # done, preempted, or fenced off by its peers

@@ -47,6 +47,9 @@ class Record:
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 
+PART_DIGITS = 8  # of each number in a key (iterations, nodes, epochs, tries)
+
+
 def _ints(values) -> tuple[int, ...]:
     return tuple(int(v) for v in values)
 
@@ -172,8 +175,9 @@ class Key:
 
     @property
     def path(self) -> str:
-        """The key (or prefix) below the job's root."""
-        return "/".join([self.family.name, *map(str, self.parts)])
+        """The key (or prefix) below the job's root. Numbers are zero-padded, so
+        that etcd's byte order is their order: keys of iterations a..b are one range."""
+        return "/".join([self.family.name, *(f"{p:0{PART_DIGITS}d}" for p in self.parts)])
 
     @property
     def complete(self) -> bool:

@@ -121,3 +121,20 @@ def test_create_unless_writes_only_while_the_other_key_is_absent(etcd):
     c.create(FAILED(9), Failure(0, 0))
     assert not c.create_unless(FAILED(2), Failure(0, 0), unless=FAILED(9))
     assert c.get(FAILED(1)) == Failure(0, 2) and c.get(FAILED(2)) is None
+
+
+def test_a_redo_clears_any_number_of_iterations_in_one_transaction(etcd):
+    """Chaos seed 24: going back 30 iterations once needed 480 operations in one
+    transaction (etcd allows 128). Now one range per family: every key of
+    iterations 3..33 goes, those before and after stay (checked key by key)."""
+    from bamboo.protocol import ASSIGNMENT, DONE, ITERATION_FAMILIES, LOSS, Loss, Report
+    from bamboo.assignment import Assignment
+    c = Cluster(etcd.endpoint, "job")
+    for it in range(40):
+        for node in (0, 1, 10):
+            c.put(DONE(it, node), Report(rss_mb=0.0, time=0.0, epoch=0))
+        c.put(LOSS(it, 7), Loss(1.0))
+    clear = [(family(3), family(34)) for family in ITERATION_FAMILIES]
+    assert c.create_clearing(ASSIGNMENT(1), Assignment(1, 3, ((0, 1),)), clear)
+    assert sorted(c.children(LOSS())) == [(it, 7) for it in range(40) if not 3 <= it <= 33]
+    assert sorted(c.children(DONE())) == [(it, n) for it in range(40) if not 3 <= it <= 33 for n in (0, 1, 10)]
