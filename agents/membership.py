@@ -142,25 +142,27 @@ class Membership:
             return  # a pipeline needs two nodes: wait for more (the workers wait for this epoch)
         start, restore = (it if redo else it + 1), "peers"
         if lost_everywhere(basis, set(before) | set(failed), cfg.redundancy):
-            (start, restore), redo = self._restore_point(cfg, it), True
+            (start, restore), redo = self._restore_point(cfg, start), True
         new = from_policy(config, start, before, failed, restore)
         new = Assignment(**{**new.__dict__, "redo": redo, "layers_from": basis.epoch})
         clear = [(family(start), family(it + 1)) for family in ITERATION_FAMILIES]  # iterations start..it
         self.cluster.create_clearing(ASSIGNMENT(new.epoch), new, clear)
 
-    def _restore_point(self, cfg: JobConfig, it: int) -> tuple[int, str]:
+    def _restore_point(self, cfg: JobConfig, start: int) -> tuple[int, str]:
         """(iteration, restore) to go back to when a stage is lost on every node: the
         newest complete checkpoint, which the workers load by name, or, before the
         first, the job's first iteration, whose layers every node builds again from
         the seed ("initial"). A job resumed from a checkpoint that is gone since
         cannot go back: the workers stop with that error."""
-        found = latest(storage_for(cfg.checkpoint), cfg.layers) if cfg.checkpoint else None
+        # taken before `start` at the latest: a newer one is from an earlier run of
+        # these iterations (before the job went back to its start, say)
+        found = latest(storage_for(cfg.checkpoint), cfg.layers, at_most=start) if cfg.checkpoint else None
         if found:
             return found[0], "checkpoint"
         first = self.cluster.get(START())
-        if first is None or first.iteration == 0:
+        if not cfg.resume and (first is None or first.iteration == 0):
             return 0, "initial"
-        return it, "checkpoint"
+        return start, "checkpoint"
 
     def drain(self) -> None:
         if not self._drained:

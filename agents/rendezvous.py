@@ -3,6 +3,7 @@ key, and every update is a transaction on that key's modification revision, so
 two agents can never both move the rendezvous on from the same state."""
 from __future__ import annotations
 
+import grpc
 from pyetcd import Etcd3Exception
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
@@ -25,7 +26,7 @@ class EtcdRendezvousBackend(RendezvousBackend):
     def get_state(self):
         try:
             value, meta = self.client.get(self.key)
-        except (Etcd3Exception, ValueError) as e:  # ValueError: pyetcd's endpoint marked failed
+        except (Etcd3Exception, ValueError, grpc.RpcError) as e:  # ValueError: an endpoint marked failed
             raise RendezvousConnectionError(f"etcd unreachable: {type(e).__name__}") from e
         return None if value is None else (value, meta.mod_revision)
 
@@ -34,7 +35,7 @@ class EtcdRendezvousBackend(RendezvousBackend):
         guard = tx.version(self.key) == 0 if token is None else tx.mod(self.key) == int(token)
         try:
             ok, _ = self.client.transaction(compare=[guard], success=[tx.put(self.key, state)], failure=[])
-        except (Etcd3Exception, ValueError) as e:
+        except (Etcd3Exception, ValueError, grpc.RpcError) as e:
             raise RendezvousConnectionError(f"etcd unreachable: {type(e).__name__}") from e
         current = self.get_state()
         if current is None:

@@ -10,6 +10,7 @@ is the PipelineModule's, else next-token cross-entropy.
 """
 from __future__ import annotations
 
+import copy
 import importlib
 import sys
 
@@ -76,8 +77,10 @@ class ModelSource:
         self.count, self.seq, self.loss = len(self._layers), seq, loss or token_loss
 
     def layer(self, index: int) -> nn.Module:
+        """Layer `index` with its first values: a new module each call (a factory's
+        are copies, so training one never changes what a rebuild gets)."""
         if self._layers is not None:
-            return self._layers[index]
+            return copy.deepcopy(self._layers[index])
         return build_layer(self.config, index, self.seed, self.dtype)
 
     def costs(self) -> list[float]:

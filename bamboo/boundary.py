@@ -21,7 +21,7 @@ from bamboo.checkpoint import Checkpoints
 from bamboo.cluster import Cluster
 from bamboo.exits import Fenced
 from bamboo.protocol import (CHECKPOINTED, DONE, DRAIN, FAILED, MEMBERS, REGROUP, STRAGGLER, Failure, Regroup,
-                              Report, Timestamp)
+                             Report, Timestamp)
 
 
 def stragglers(reports: dict[int, Report], factor: float, slack: float) -> list[int]:
@@ -53,7 +53,7 @@ class Boundary:
         failed set grew and the agents do not reconfigure, `regroup(failed, try)`
         rebuilds the world group; if a member dies meanwhile, the next try leaves it out."""
         self._wait_for_reports(iteration, assignment.members, failover)
-        self._record_stragglers(iteration)
+        self._record_stragglers(iteration, failed)
         for attempt in itertools.count():
             agreed = self._decide(iteration, attempt, assignment)
             if self.node in agreed.failed:
@@ -79,9 +79,9 @@ class Boundary:
             return not pending
         self.cluster.wait_for(everyone, timeout=24 * 3600, what=f"every node to finish iteration {iteration}")
 
-    def _record_stragglers(self, iteration: int) -> None:
-        """Every node judges the same reports, so each records the same stragglers."""
-        failed = self.cluster.failed()
+    def _record_stragglers(self, iteration: int, failed: tuple[int, ...]) -> None:
+        """Every node judges the same reports (those written, less the nodes the last
+        boundary agreed were dead), so each records the same stragglers."""
         reports = {n: r for n, r in self.cluster.children(DONE(iteration)).items() if n not in failed}
         for n in stragglers(reports, self.straggler_factor, self.straggler_slack):
             self.cluster.create(FAILED(n), Failure(iteration, self.node, STRAGGLER))

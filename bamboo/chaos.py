@@ -63,7 +63,7 @@ class Outcome:
     lost: int = 0
     repeated: int = 0
     orphans: int = 0
-    pause: float = 0.0      # the longest iteration less the median one (iteration 0, start-up, aside)
+    pause: float = 0.0      # the longest iteration less the median one (the first record, start-up, aside)
     error: str = ""
     logs: str = ""
 
@@ -313,7 +313,7 @@ class Trial:
         o.equal = all(abs(r["loss"] - self.ref[r["iteration"]]) <= RTOL * abs(self.ref[r["iteration"]])
                       for r in records)
         o.lost, o.repeated = account(records, s.iterations, s.microbatches * 2)
-        seconds = [r["seconds"] for r in records if r["iteration"] > 0]
+        seconds = [r["seconds"] for r in records[1:]]  # the first record holds the start-up
         o.pause = max(seconds) - statistics.median(seconds) if seconds else 0.0
 
     def _cleanup(self) -> None:

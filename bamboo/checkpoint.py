@@ -189,11 +189,13 @@ def write_part(storage, iteration: int, node: int, blobs: dict[int, bytes]) -> N
     storage.put(f"ckpt-{iteration:08d}/part-{node}.json", json.dumps({"layers": hashes}).encode())
 
 
-def latest(storage, num_layers: int) -> tuple[int, dict[int, bytes]] | None:
-    """(iteration, layer index -> bytes) of the newest complete checkpoint, or None."""
+def latest(storage, num_layers: int, at_most: int | None = None) -> tuple[int, dict[int, bytes]] | None:
+    """(iteration, layer index -> bytes) of the newest complete checkpoint (taken
+    before iteration `at_most` or earlier, if given), or None."""
     keys = storage.list()
     iterations = sorted({int(m.group(1)) for k in keys if (m := re.match(r"ckpt-(\d+)/part-", k))},
                         reverse=True)
+    iterations = [it for it in iterations if at_most is None or it <= at_most]
     for it in iterations:
         blobs = _complete(storage, keys, it, num_layers)
         if blobs is not None:

@@ -69,8 +69,8 @@ class Cluster:
         transaction: a late writer cannot slip in after `unless` was written)."""
         tx = self.client.transactions
         raw, value = self.key(key), _encode(key, record)
-        ok, _ = self.call(lambda: self.client.transaction(
-            compare=[tx.version(raw) == 0, tx.version(self.key(unless)) == 0], success=[tx.put(raw, value)], failure=[]))
+        absent = [tx.version(raw) == 0, tx.version(self.key(unless)) == 0]
+        ok, _ = self.call(lambda: self.client.transaction(compare=absent, success=[tx.put(raw, value)], failure=[]))
         return bool(ok)
 
     def create_clearing(self, key: Key, record, clear: list[tuple[Key, Key]]) -> bool:

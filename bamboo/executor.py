@@ -20,8 +20,6 @@ import torch
 
 from schedules.ir import Instr, Op, RECVS, SENDS
 
-COMPUTE = frozenset({Op.LOAD, Op.FORWARD, Op.BACKWARD, Op.SWAP_OUT, Op.SWAP_IN, Op.OPTIMIZER_STEP})
-
 from bamboo.comm import Comm, Interrupted, PeerFailure
 from bamboo.config import JobConfig, dropout_seed_for
 from bamboo.exits import Fenced
@@ -29,6 +27,10 @@ from bamboo.failover import AbortPosted, Aborted, PeersSilent, SelfDead, TooMany
 from bamboo.models import dropout_seed
 from bamboo.protocol import LEASE_EXPIRED, LOSS, PREEMPTED, Loss, Preempted
 from bamboo.swap import SavedTensors
+
+# Ops whose wall time is this node's own work (the straggler check). Timed on the
+# CPU only: CUDA kernels run after their launch returns (see Executor.busy).
+COMPUTE = frozenset({Op.LOAD, Op.FORWARD, Op.BACKWARD, Op.SWAP_OUT, Op.SWAP_IN, Op.OPTIMIZER_STEP})
 
 
 class Executor:
@@ -42,7 +44,7 @@ class Executor:
         self.swap_stream = torch.cuda.Stream() if device.type == "cuda" else None
         self.keep_undo = undo
         self.undo: dict[int, tuple] = {}  # stage -> its parameters and optimizer state before this step
-        self.busy = 0.0                   # seconds of this iteration in COMPUTE ops (the straggler check)
+        self.busy = 0.0                   # seconds of this iteration in COMPUTE ops (CPU only: 0 on CUDA)
 
     def peer(self, local: int) -> int:
         return self.nodes[local]
@@ -65,7 +67,7 @@ class Executor:
                 try:
                     began = time.monotonic()
                     getattr(self, ins.op.value)(ins)  # one method per op, named after it
-                    if ins.op in COMPUTE:
+                    if ins.op in COMPUTE and self.device.type == "cpu":
                         self.busy += time.monotonic() - began
                     pc += 1
                 except PeerFailure as e:

@@ -145,6 +145,7 @@ class Worker:
         """After iteration `it`, pipeline 0's owners snapshot their layers now and
         write them in the background (the next iteration does not wait)."""
         if self.pipeline == 0:
+            self.cluster.hang_deadline(self.cfg.hang_timeout)  # waits for the last write: not an iteration's pace
             self.checkpoints.write(it + 1, self.holdings.snapshot(self._owned()))
 
     def reconfigure(self, it: int, aborted: bool = False) -> int:
@@ -187,6 +188,7 @@ class Worker:
         """Enter `new` (layers move, the world group forms) and return the iteration
         it starts from. When a node dies on the way, no one enters: the agents are
         told, and the node moves to the epoch they write next instead."""
+        self.cluster.hang_deadline(self.cfg.hang_timeout)  # a restore or a handover blocks longer than an iteration
         while True:
             old = self.cluster.get(ASSIGNMENT(new.layers_from)) if new.layers_from >= 0 else None
             try:

@@ -115,7 +115,7 @@ def test_a_straggler_ten_times_slower_than_its_peers_is_fenced(tmp_path, referen
     metrics = tmp_path / "m.jsonl"
     with EtcdServer() as etcd:
         proc = _start(etcd, metrics, "--local-nodes", "3", "--zones", "a,b", "--stages", "2",
-                      "--straggler-slack", "0.3")
+                      "--straggler-slack", "0.1")
         client = connect(etcd.endpoint)
         _until(proc, lambda: any(f is DONE and parts[0] >= 2 for _, f, parts in scan(client)), "iteration 2")
         worker = next(p for p in _node_processes(proc, 1) if "bamboo.worker" in p.cmdline())
@@ -160,6 +160,7 @@ def test_sample_accounting_counts_a_repeat_only_without_a_restore():
 def test_one_chaos_trial_from_outside(tmp_path):
     """`bamboo-chaos` smoke run: one trial with two faults on five nodes, all checks passing."""
     out = subprocess.run([sys.executable, "-m", "bamboo.chaos", "--trials", "1", "--seed", "7", "--faults", "2",
-                          "--nodes", "5", "--iterations", "16", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+                          "--nodes", "5", "--iterations", "16", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "runs equal to the reference  1" in out.stdout and "orphan processes             0" in out.stdout

@@ -140,3 +140,19 @@ def test_layer_specs_build_without_deepspeed_initialised():
 @pytest.mark.parametrize("name,millions", [("tiny", 0.0937), ("gpt2-small", 163.04), ("bert-large", 365.34)])
 def test_built_in_sizes(name, millions):
     assert sum(ModelSource(name, seed=0).costs()) / 1e6 == pytest.approx(millions, rel=1e-3)
+
+
+def test_a_factory_layer_is_new_each_time_so_a_rebuild_is_pristine():
+    """Going back to the job's start rebuilds layers from the source: a factory's
+    layer trained in place must not be what the rebuild gets (built-ins are built
+    anew from (seed, index) anyway)."""
+    source = ModelSource("tests.sample_models:byte_mlp", seed=4)
+    trained = source.layer(1)
+    first = {k: v.clone() for k, v in trained.state_dict().items()}
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(1.0)
+    rebuilt = source.layer(1)
+    assert rebuilt is not trained
+    for k, v in rebuilt.state_dict().items():
+        torch.testing.assert_close(v, first[k], rtol=0, atol=0)

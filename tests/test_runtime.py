@@ -248,7 +248,7 @@ def test_a_paused_node_is_declared_dead_and_fences_itself(tmp_path):
             time.sleep(0.1)
         worker.send_signal(signal.SIGCONT)
         gone, _ = psutil.wait_procs([worker], timeout=20)
-        assert gone and proc.poll() is None  # the woken node stopped, the job goes on
+        assert gone and proc.poll() in (None, 0)  # the woken node stopped; the job goes on (or just ended well)
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
