@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metadata-url", help="the metadata service to watch (default: the cloud's own)")
     args = ap.parse_args(argv)
     try:
-        cluster = Cluster(args.etcd, args.job)
+        cluster = Cluster(args.etcd, args.job, wait=True)
         cfg = cluster.wait_for(lambda: cluster.get(CONFIG()), timeout=60, what=f"job {args.job!r} in etcd")
     except (EtcdError, TimeoutError) as e:
         print(f"bamboo-agent: error: {e}", file=sys.stderr)

@@ -8,7 +8,7 @@ import time
 from pyetcd import Etcd3Exception
 
 from bamboo.assignment import Assignment
-from bamboo.etcd import connect
+from bamboo.etcd import EtcdError, connect
 from bamboo.liveness import Heartbeat, lease_ages
 from bamboo.protocol import ALIVE, ASSIGNMENT, FAILED, LEASE_EXPIRED, MEMBERS, Alive, Failure, Key, job_root
 
@@ -30,13 +30,26 @@ class Cluster:
     """The job's keys. Each call retries for `patience` seconds while etcd is
     unreachable (a restart, a slow disk), then raises."""
 
-    def __init__(self, endpoint: str, job: str, patience: float = 20.0):
+    def __init__(self, endpoint: str, job: str, patience: float = 20.0, wait: bool = False):
+        """`wait`: etcd may be restarting as this process starts (a worker or agent
+        started mid-job): try to connect for up to `patience` seconds, not once."""
         self.endpoint = endpoint
-        self.client = connect(endpoint)
+        self.client = self._connect(endpoint, patience if wait else 0.0)
         self.root = job_root(job)
         self.patience = patience
         self.heartbeat: Heartbeat | None = None      # once this process registers
         self._aged: dict[int, tuple[float, float]] = {}  # lease -> (when asked, its age)
+
+    @staticmethod
+    def _connect(endpoint: str, patience: float):
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                return connect(endpoint)
+            except EtcdError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def call(self, fn):
         """fn() (an etcd request), tried again while etcd is away, for up to

@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--node", type=int, required=True)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    cluster = Cluster(args.etcd, args.job)
+    cluster = Cluster(args.etcd, args.job, wait=True)
     cfg = cluster.get(CONFIG())
     cluster.register(args.node, cfg, on_fenced=fence)
     worker = Worker(cluster, cfg, args.node)

@@ -138,3 +138,19 @@ def test_a_redo_clears_any_number_of_iterations_in_one_transaction(etcd):
     assert c.create_clearing(ASSIGNMENT(1), Assignment(1, 3, ((0, 1),)), clear)
     assert sorted(c.children(LOSS())) == [(it, 7) for it in range(40) if not 3 <= it <= 33]
     assert sorted(c.children(DONE())) == [(it, n) for it in range(40) if not 3 <= it <= 33 for n in (0, 1, 10)]
+
+
+def test_a_process_started_while_etcd_restarts_waits_for_it():
+    """Chaos seed 56: an agent restarted its worker while etcd was down; the
+    worker's first connection failed and the job ended. Workers and agents
+    (wait=True) try for the patience; a command (status, the launcher) fails at once."""
+    with EtcdServer() as server:
+        server.kill()
+        with pytest.raises(EtcdError):
+            Cluster(server.endpoint, "job", patience=30)
+        got = []
+        starter = threading.Thread(target=lambda: got.append(Cluster(server.endpoint, "job", patience=30, wait=True)))
+        starter.start()
+        server.start()
+        starter.join(timeout=60)
+        assert got and got[0].create(FAILED(1), Failure(0, 0))
