@@ -57,9 +57,8 @@ class Boundary:
         for attempt in itertools.count():
             agreed = self._decide(iteration, attempt, assignment)
             if self.node in agreed.failed:
-                failure = self.cluster.failed().get(self.node)
-                how = f" ({failure.how}, recorded by node {failure.by})" if failure else ""
-                raise Fenced(f"node {self.node} was declared dead in iteration {iteration}{how}")
+                why = self.cluster.death_of(self.node)
+                raise Fenced(why or f"node {self.node} was declared dead in iteration {iteration}")
             if agreed.reconfigure or agreed.failed == tuple(failed):
                 return agreed
             failed = agreed.failed  # what the world is rebuilt without; a later try compares with it

@@ -126,12 +126,14 @@ class Cluster:
     def register(self, node: int, cfg, on_fenced) -> None:
         """ALIVE(node) under a lease this process keeps refreshing (bamboo/liveness.py);
         `on_fenced(reason)` runs if it expired while the node was recorded dead."""
-        def fenced():
-            failure = self.get(FAILED(node))
-            return None if failure is None else \
-                f"node {node} was recorded dead in iteration {failure.iteration} by node {failure.by} ({failure.how})"
         self.heartbeat = Heartbeat(self, ALIVE(node), lambda lease: Alive(node, lease), cfg.lease_ttl,
-                                   cfg.failure_timeout, cfg.hang_timeout, fenced, on_fenced)
+                                   cfg.failure_timeout, cfg.hang_timeout, lambda: self.death_of(node), on_fenced)
+
+    def death_of(self, node: int) -> str | None:
+        """Why `node` is dead, as a fenced node says it (None while it is not)."""
+        failure = self.get(FAILED(node))
+        return None if failure is None else \
+            f"node {node} was recorded dead in iteration {failure.iteration} by node {failure.by} ({failure.how})"
 
     def progress(self) -> None:
         """The calling (main) thread is not stuck: see Heartbeat.progress."""

@@ -93,7 +93,8 @@ class Executor:
                 self.failover.detected(node, LEASE_EXPIRED)
             return stream
         if isinstance(event, SelfDead):
-            raise Fenced(f"node {self.peer(self.me)} was declared dead in iteration {self.iteration}")
+            node = self.peer(self.me)
+            raise Fenced(self.cluster.death_of(node) or f"node {node} was declared dead in iteration {self.iteration}")
         if isinstance(event, AbortPosted):
             raise Aborted(event.why)
         if isinstance(event, TooManyDead):
