@@ -154,3 +154,35 @@ def test_a_process_started_while_etcd_restarts_waits_for_it():
         server.start()
         starter.join(timeout=60)
         assert got and got[0].create(FAILED(1), Failure(0, 0))
+
+
+FORK_WHILE_CONNECTING = """
+import subprocess, threading
+from bamboo.etcd import EtcdError, connect, die_with_parent, free_port
+endpoint, stop = f"127.0.0.1:{free_port()}", threading.Event()
+def keep_connecting():
+    while not stop.is_set():
+        try:
+            connect(endpoint, timeout=0.2)
+        except EtcdError:
+            pass
+threads = [threading.Thread(target=keep_connecting) for _ in range(2)]
+for t in threads:
+    t.start()
+codes = [subprocess.run(["true"], preexec_fn=die_with_parent).returncode for _ in range(100)]
+stop.set()
+print("exit codes", sorted(set(codes)))
+"""
+
+
+def test_children_forked_while_grpc_connects_run_no_grpc_code():
+    """CI: etcd started while another thread connected aborted in gRPC's fork
+    handler ("Check failure") before it could exec. Bamboo turns the handlers off;
+    with them on, gRPC logs from fork_posix.cc at nearly every such fork."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", FORK_WHILE_CONNECTING], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "exit codes [0]" in run.stdout
+    assert "fork_posix" not in run.stderr, run.stderr[-2000:]
