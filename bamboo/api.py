@@ -1,7 +1,8 @@
 """Where a job's layers come from.
 
-`--model` names a built-in transformer (`tiny`, `gpt2-small`, `bert-large`) or a
-factory `package.module:function` returning any of: an nn.Sequential, a DeepSpeed
+`--model` names a built-in transformer (`tiny`, `gpt2-small`, `bert-large`), a
+Hugging Face causal LM (`hf:NAME`, or any GPT-2/Llama config given as JSON text:
+bamboo/hf.py), or a factory `package.module:function` returning any of: an nn.Sequential, a DeepSpeed
 PipelineModule (its layer specs and loss are used), or a list of modules or
 DeepSpeed LayerSpecs. Built-in layers are initialised from (seed, index) alone, so
 a node builds only its own; a factory is called once per process under the job's
@@ -47,8 +48,14 @@ def layers_from(model) -> tuple[list[nn.Module], object]:
 
 
 class ModelSource:
-    def __init__(self, name: str, seed: int, dtype: torch.dtype = torch.float32, seq: int = 32):
+    def __init__(self, name: str, seed: int, dtype: torch.dtype = torch.float32, seq: int = 32,
+                 config_json: str | None = None):
         self.name, self.seed, self.dtype = name, seed, dtype
+        self.hf = None      # a Hugging Face family model (bamboo/hf.py)
+        self.ties: list[tuple[int, str, int, str]] = []  # (layer, parameter) pairs that are one weight
+        if name.startswith("hf:") or config_json is not None:
+            self._init_hf(name, seq, config_json)
+            return
         if name in MODELS:
             self.config = MODELS[name]
             self.count, self.seq, self.loss = num_layers(self.config), self.config.seq, token_loss
@@ -76,18 +83,50 @@ class ModelSource:
         self._layers = [layer.to(dtype) for layer in layers]
         self.count, self.seq, self.loss = len(self._layers), seq, loss or token_loss
 
+    def _init_hf(self, name: str, seq: int, config_json: str | None) -> None:
+        from bamboo.hf import HFConfigError, HFModel, causal_lm_loss, load_config
+
+        try:
+            self.hf = HFModel(load_config(name.removeprefix("hf:"), config_json))
+        except HFConfigError as e:
+            raise ModelError(str(e)) from None
+        if seq > self.hf.max_seq:
+            raise ModelError(f"--seq {seq} is longer than the model's {self.hf.max_seq} positions")
+        self.config, self._layers = self.hf.config, None
+        self.count, self.seq, self.loss, self.ties = self.hf.count, seq, causal_lm_loss, self.hf.ties()
+
+    def _build(self, index: int) -> nn.Module:
+        if self.hf is None:
+            return build_layer(self.config, index, self.seed)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed * 7919 + index)
+            return self.hf.build(index)
+
     def layer(self, index: int) -> nn.Module:
         """Layer `index` with its first values: a new module each call (a factory's
-        are copies, so training one never changes what a rebuild gets)."""
+        are copies, so training one never changes what a rebuild gets). A tied
+        weight starts, in every copy, as the first layer of its pair built it."""
         if self._layers is not None:
             return copy.deepcopy(self._layers[index])
-        return build_layer(self.config, index, self.seed, self.dtype)
+        layer = self._build(index)
+        for first, first_name, second, second_name in self.ties:
+            if index == second:
+                with torch.no_grad():
+                    layer.get_parameter(second_name).copy_(self._build(first).get_parameter(first_name))
+        return layer.to(self.dtype)
 
     def costs(self) -> list[float]:
-        """Parameter count per layer (built-in layers are counted on the meta device)."""
+        """Parameter count per layer (built-in and HF layers are counted on the meta device)."""
         if self._layers is None:
             with torch.device("meta"):
-                layers = [build_layer(self.config, i, self.seed) for i in range(self.count)]
+                layers = [self._build(i) for i in range(self.count)]
         else:
             layers = self._layers
         return [float(sum(p.numel() for p in layer.parameters())) or 1.0 for layer in layers]
+
+    def tie(self, layers: list[nn.Module]) -> None:
+        """Make each tied pair one parameter, in a list of every layer (the
+        single-process reference: one weight, one gradient)."""
+        for first, first_name, second, second_name in self.ties:
+            owner, _, attr = second_name.rpartition(".")
+            setattr(layers[second].get_submodule(owner), attr, layers[first].get_parameter(first_name))

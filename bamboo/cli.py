@@ -30,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="bamboo-train", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny",
                    help=f"built-in ({', '.join(sorted(MODELS))}) or a factory package.module:function")
-    p.add_argument("--seq", type=int, default=32, help="tokens per sequence for factory models")
+    p.add_argument("--model-config", metavar="FILE.json",
+                   help="a Hugging Face GPT-2 or Llama config.json (read offline; random weights from --seed)")
+    p.add_argument("--seq", type=int, default=32, help="tokens per sequence for factory and Hugging Face models")
     p.add_argument("--stages", type=int, default=2, help="pipeline depth P")
     p.add_argument("--pipelines", type=int, default=1, help="data-parallel pipelines D")
     p.add_argument("--microbatches", type=int, default=4, help="global microbatches per iteration M")
@@ -163,6 +165,19 @@ def check_writable(path: str | None, flag: str) -> None:
         raise ValueError(f"{flag} {path!r}: cannot write there ({e.strerror or e})") from None
 
 
+def read_model_config(args) -> str | None:
+    """--model-config's text: every worker gets it with the job's settings."""
+    if not args.model_config:
+        return None
+    if args.model != "tiny" and not args.model.startswith("hf"):
+        raise ValueError(f"--model-config names the model: leave out --model {args.model!r}")
+    try:
+        with open(args.model_config) as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"--model-config {args.model_config!r}: cannot read it ({e.strerror})") from None
+
+
 def config_from_args(args) -> JobConfig:
     if args.local_nodes is not None:
         args.pipelines = max(1, args.local_nodes // max(1, args.stages))  # at the start
@@ -170,7 +185,8 @@ def config_from_args(args) -> JobConfig:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1 (got {getattr(args, name)})")
     check_writable(args.metrics_out, "--metrics-out")
-    layers = ModelSource(args.model, args.seed, seq=args.seq).count
+    model_config = read_model_config(args)
+    layers = ModelSource(args.model, args.seed, seq=args.seq, config_json=model_config).count
     if args.stages > layers:
         raise ValueError(f"--stages {args.stages} is more than model {args.model}'s {layers} layers")
     if args.microbatches < args.pipelines:
@@ -195,7 +211,7 @@ def config_from_args(args) -> JobConfig:
         raise ValueError("checkpoints need a pipeline (--stages 2 or more)")
     if args.stages == 1 and args.pipelines > 1:
         raise ValueError("--stages 1 is the single-process reference: use --pipelines 1")
-    return JobConfig(model=args.model, stages=args.stages, pipelines=args.pipelines,
+    return JobConfig(model="hf:config" if model_config else args.model, model_config=model_config, stages=args.stages, pipelines=args.pipelines,
                      microbatches=args.microbatches, iterations=args.iterations, redundancy=args.redundancy,
                      seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, dtype=args.dtype,
                      failure_timeout=args.failure_timeout, lease_ttl=args.lease_ttl,

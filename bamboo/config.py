@@ -19,6 +19,7 @@ class Preempt:
 @dataclass(frozen=True)
 class JobConfig:
     model: str = "tiny"
+    model_config: str | None = None  # a Hugging Face config.json's text (--model-config)
     stages: int = 2
     pipelines: int = 1
     microbatches: int = 4

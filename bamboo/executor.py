@@ -35,7 +35,7 @@ COMPUTE = frozenset({Op.LOAD, Op.FORWARD, Op.BACKWARD, Op.SWAP_OUT, Op.SWAP_IN, 
 
 class Executor:
     def __init__(self, cfg: JobConfig, nodes: tuple[int, ...], me: int, modules: dict, optimizers: dict,
-                 corpus, device: torch.device, reducer, cluster, undo: bool = False):
+                 corpus, device: torch.device, reducer, cluster, undo: bool = False, tied=()):
         self.cfg, self.nodes, self.me = cfg, nodes, me
         self.P = len(nodes)
         self.modules, self.optimizers = modules, optimizers
@@ -45,6 +45,11 @@ class Executor:
         self.keep_undo = undo
         self.undo: dict[int, tuple] = {}  # stage -> its parameters and optimizer state before this step
         self.busy = 0.0                   # seconds of this iteration in COMPUTE ops (CPU only: 0 on CUDA)
+        self.tied = list(tied)            # per tied weight: its stages, stage -> this node's copy
+        self.stream: list[Instr] = []     # the stream being run, and the position in it
+        self.pc = 0
+        self.reduced: set[int] = set()    # stages reduced across pipelines in this iteration
+        self.tied_grads: dict[int, torch.Tensor] = {}  # tied weight -> its summed gradient, once tied
 
     def peer(self, local: int) -> int:
         return self.nodes[local]
@@ -57,13 +62,14 @@ class Executor:
             m.zero_grad(set_to_none=True)
         self.undo = {}
         self.busy = 0.0
+        self.reduced, self.tied_grads = set(), {}
         self._base = comm.counts()  # messages received before this iteration
         self._expect(stream)
         pc = 0
         while True:
             while pc < len(stream):
                 self._maybe_preempt(pc)
-                ins = stream[pc]
+                ins, self.stream, self.pc = stream[pc], stream, pc
                 try:
                     began = time.monotonic()
                     getattr(self, ins.op.value)(ins)  # one method per op, named after it
@@ -188,7 +194,32 @@ class Executor:
         self.grads[(ins.stage, ins.mb)] = self.comm.recv(self.peer(ins.peer), Op.SEND_GRAD, self.failover.keep_waiting)
 
     def reduce_grads(self, ins: Instr) -> None:
-        self.reducer.allreduce(self.iteration, ins.stage, self.modules[ins.stage])
+        if ins.stage not in self.reduced:  # a tie given up runs this instruction again
+            self.reducer.allreduce(self.iteration, ins.stage, self.modules[ins.stage])
+            self.reduced.add(ins.stage)
+        for t, (stages, copies) in enumerate(self.tied):
+            if ins.stage in stages:
+                self._tie(t, stages, copies)
+
+    def _tie(self, t: int, stages: tuple[int, ...], copies: dict) -> None:
+        """Give this node's copies of tied weight `t` the gradient summed over every
+        copy of the pipeline: at the last of their reduces in this node's stream
+        (a node that took over the other copy's stage adds both itself)."""
+        owned = [s for s in copies if self._reduces(s, self.stream[:self.pc + 1])]
+        if any(self._reduces(s, self.stream[self.pc + 1:]) for s in copies):
+            return  # another copy's gradients are not complete yet
+        if t not in self.tied_grads:  # else: tied before the partner died; its share is in the sum
+            total = copies[owned[0]].grad.clone()
+            for s in owned[1:]:
+                total += copies[s].grad
+            self.reducer.tie(self.iteration, stages, total)
+            self.tied_grads[t] = total
+        for s in owned:
+            copies[s].grad = self.tied_grads[t].clone()
+
+    @staticmethod
+    def _reduces(stage: int, instructions) -> bool:
+        return any(i.op is Op.REDUCE_GRADS and i.stage == stage for i in instructions)
 
     def optimizer_step(self, ins: Instr) -> None:
         if self.keep_undo and ins.stage not in self.undo:

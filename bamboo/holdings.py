@@ -74,6 +74,20 @@ class Holdings:
         for i, blob in received.items():
             restore(blob, layers[i], self.optimizer_of(i))
 
+    def tied(self) -> list[tuple[tuple[int, ...], dict[int, torch.nn.Parameter]]]:
+        """For each tied weight of the model: the stages with a copy, and stage ->
+        this node's copy, for the stages it holds."""
+        out = []
+        for pair in self.source.ties:
+            stages, copies = [], {}
+            for layer, name in (pair[:2], pair[2:]):
+                stage = next(s for s, r in enumerate(self.ranges) if layer in r)
+                stages.append(stage)
+                if stage in self.modules:
+                    copies[stage] = self.layers[layer].get_parameter(name)
+            out.append((tuple(stages), copies))
+        return out
+
     def optimizer_of(self, layer: int) -> torch.optim.Optimizer:
         return self.optimizers[next(s for s in self.modules if layer in self.ranges[s])]
 

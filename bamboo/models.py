@@ -51,6 +51,19 @@ def dropout_seed(seed: int):
         _context.seed = previous
 
 
+@contextlib.contextmanager
+def layer_rng(layer: int, device: torch.device):
+    """Inside: the global RNG (CPU, or the CUDA device) seeded per (dropout seed,
+    layer), for layers with plain nn.Dropout; outside a dropout_seed(), unchanged."""
+    seed = getattr(_context, "seed", None)
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed((seed * 1_000_033 + layer) % (2 ** 63))
+        yield
+
+
 class SeededDropout(nn.Module):
     def __init__(self, p: float, layer: int):
         super().__init__()

@@ -282,6 +282,11 @@ def reduce_store(epoch: int, stage: int, members) -> str:
     return f"pg/reduce/e{epoch}-stage{stage}/{'-'.join(map(str, members))}"
 
 
+def tie_store(epoch: int, pipeline: int, members) -> str:
+    """The group that sums a tied weight's gradient over its copies in one pipeline."""
+    return f"pg/tie/e{epoch}-pipeline{pipeline}/{'-'.join(map(str, members))}"
+
+
 def rendezvous_prefix(job: str) -> str:
     """torch elastic's rendezvous of a job's first agents: its state and its store."""
     return f"{RENDEZVOUS_ROOT}{job}/"

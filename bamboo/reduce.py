@@ -5,6 +5,12 @@ predecessor that took the stage over). A reduce that fails because a member died
 waits until that death is recorded and retries in the group of the new owners,
 from an untouched copy of the local gradients. A member that finished a reduce
 and then died took part of the sum with it: that case is refused, by name.
+
+A tied weight (GPT-2's token embedding and output head) has a copy on the first
+and on the last stage; `tie` sums the copies' gradients within a pipeline after
+the data-parallel reduce, so every copy takes the same step, as DeepSpeed's tied
+layers do. A tie whose partner dies is given up (Interrupted): the executor
+replans and ties again where its new stream says.
 """
 from __future__ import annotations
 
@@ -14,10 +20,11 @@ from schedules.layout import Layout, ScheduleError
 
 from bamboo.assignment import Assignment
 from bamboo.cluster import Cluster
+from bamboo.comm import Interrupted
 from bamboo.executor import flat_grads, set_flat_grads
 from bamboo.failover import Aborted
 from bamboo.groups import lease_check, open_group
-from bamboo.protocol import REDUCED, Reduced, reduce_store
+from bamboo.protocol import REDUCED, Reduced, reduce_store, tie_store
 
 
 class Reducer:
@@ -27,7 +34,8 @@ class Reducer:
         self.hang_timeout = hang_timeout  # of the groups' operations
         self.failover = failover  # gives up (or aborts the iteration) on what no regroup can mend
         self.P, self.D = assignment.depth, len(assignment.pipelines)
-        self._groups: dict[tuple[int, ...], tuple] = {}
+        self.pipeline = assignment.slot(me)[0]
+        self._groups: dict[str, tuple] = {}  # store key -> the group (kept for the epoch)
 
     def members(self, stage: int) -> tuple[int, ...]:
         failed = self.cluster.failed()
@@ -39,12 +47,42 @@ class Reducer:
                 self.failover.unsurvivable(f"pipeline {j}: {e}")
         return tuple(out)
 
-    def _group(self, iteration: int, stage: int, members: tuple[int, ...]):
-        if members not in self._groups:
-            self._groups[members] = open_group(self.cluster, reduce_store(self.assignment.epoch, stage, members),
-                                               members, self.me, lease_check(self.cluster, members, iteration, self.me),
-                                               self.hang_timeout)
-        return self._groups[members][0]
+    def owners(self, stages) -> tuple[int, ...]:
+        """The nodes that own `stages` in this node's pipeline now, each once."""
+        pipe = self.assignment.pipelines[self.pipeline]
+        try:
+            layout = Layout(self.P, self.assignment.local_failed(self.pipeline, self.cluster.failed()))
+            return tuple(sorted({pipe[layout.owner(s)] for s in stages}))
+        except ScheduleError as e:
+            self.failover.unsurvivable(f"pipeline {self.pipeline}: {e}")
+
+    def _group(self, iteration: int, key: str, members: tuple[int, ...]):
+        if key not in self._groups:
+            self._groups[key] = open_group(self.cluster, key, members, self.me,
+                                           lease_check(self.cluster, members, iteration, self.me), self.hang_timeout)
+        return self._groups[key][0]
+
+    def tie(self, iteration: int, stages, grad) -> None:
+        """Sum, in place, `grad` (this node's copies of a tied weight, already added
+        up) with the other owners' in this pipeline."""
+        members = self.owners(stages)
+        if members == (self.me,):
+            return
+        key = tie_store(self.assignment.epoch, self.pipeline, members)
+        try:
+            self._wait(self._group(iteration, key, members).allreduce([grad]), iteration, members)
+        except Aborted:
+            raise
+        except (RuntimeError, TimeoutError):  # the partner died: once recorded, replan
+            self._groups.pop(key, None)
+
+            def recorded():
+                self.failover.check_abort()
+                self.cluster.record_silent(members, iteration, self.me)
+                return self.owners(stages) != members
+            self.cluster.wait_for(recorded, timeout=max(60.0, 20 * self.timeout),
+                                  what="the tied weight's dead partner to be recorded", poll=0.05)
+            raise Interrupted(f"tied weight: owners {members} changed") from None
 
     def allreduce(self, iteration: int, stage: int, module) -> None:
         if self.D == 1:
@@ -58,14 +96,15 @@ class Reducer:
                                            "of the sum is lost")
             flat = flat_grads(module)
             try:
-                self._wait(self._group(iteration, stage, members).allreduce([flat]), iteration, members)
+                group = self._group(iteration, reduce_store(self.assignment.epoch, stage, members), members)
+                self._wait(group.allreduce([flat]), iteration, members)
                 break
             except Aborted:
                 raise
             except (RuntimeError, TimeoutError):  # a member died: wait until it is recorded, then regroup
                 # The next try opens a new group (the failed one stays open until the
                 # process exits: bamboo/groups.py keeps every group).
-                self._groups.pop(members, None)
+                self._groups.pop(reduce_store(self.assignment.epoch, stage, members), None)
 
                 def regrouped():
                     self.failover.check_abort()

@@ -13,8 +13,10 @@ from bamboo.models import Stage, dropout_seed
 def train_reference(cfg: JobConfig, on_iteration=None) -> Stage:
     """Run cfg.iterations; on_iteration(i, {global mb: loss}) after each step."""
     torch.set_num_threads(1)
-    source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq)
-    model = Stage([source.layer(i) for i in range(source.count)], source.loss)
+    source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq, cfg.model_config)
+    layers = [source.layer(i) for i in range(source.count)]
+    source.tie(layers)
+    model = Stage(layers, source.loss)
     corpus = ByteCorpus(list(cfg.data_files), seq=source.seq, batch=cfg.batch, seed=cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     for it in range(cfg.iterations):

@@ -49,7 +49,7 @@ class Worker:
     def __init__(self, cluster: Cluster, cfg: JobConfig, node: int):
         self.cluster, self.cfg, self.node = cluster, cfg, node
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-        self.source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq)
+        self.source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq, cfg.model_config)
         self.corpus = ByteCorpus(list(cfg.data_files), seq=self.source.seq, batch=cfg.batch, seed=cfg.seed)
         self.holdings = Holdings(self.source, cfg.redundancy, cfg.lr, self.device)
         self.checkpoints = Checkpoints(cfg.checkpoint, node, self.source.count, cfg.checkpoint_every,
@@ -122,7 +122,8 @@ class Worker:
         # With agents, each step can be undone, so that an iteration no pipeline can
         # finish is redone from the copies the survivors hold.
         self.executor = Executor(self.cfg, nodes, self.me, self.holdings.modules, self.holdings.optimizers,
-                                 self.corpus, self.device, reducer, self.cluster, undo=self.cfg.elastic)
+                                 self.corpus, self.device, reducer, self.cluster, undo=self.cfg.elastic,
+                                 tied=self.holdings.tied())
 
     def run_iteration(self, it: int) -> None:
         """This node's stream of iteration `it`, recovering inside it from one
