@@ -86,10 +86,16 @@ class ModelSource:
     def _init_hf(self, name: str, seq: int, config_json: str | None) -> None:
         from bamboo.hf import HFConfigError, HFModel, causal_lm_loss, load_config
 
+        where = "--model-config" if config_json is not None else f"--model {name}"
         try:
             self.hf = HFModel(load_config(name.removeprefix("hf:"), config_json))
+            with torch.device("meta"):  # a config transformers accepts but cannot build fails here, not in a worker
+                for index in {0, 1, self.hf.count - 2, self.hf.count - 1}:
+                    self.hf.build(index)
         except HFConfigError as e:
             raise ModelError(str(e)) from None
+        except Exception as e:  # noqa: BLE001 -- transformers' own checks raise several types
+            raise ModelError(f"{where}: cannot build it ({type(e).__name__}: {e})") from None
         if seq > self.hf.max_seq:
             raise ModelError(f"--seq {seq} is longer than the model's {self.hf.max_seq} positions")
         self.config, self._layers = self.hf.config, None

@@ -8,9 +8,11 @@ stderr and a non-zero exit.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -18,6 +20,7 @@ import tempfile
 from bamboo.config import DTYPES, JobConfig, Preempt
 from bamboo.api import ModelSource
 from bamboo.models import MODELS
+from bamboo.recipe import SCHEDULES, check as check_recipe
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,7 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatches", type=int, default=4, help="global microbatches per iteration M")
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--batch", type=int, default=2, help="sequences per microbatch")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
+    p.add_argument("--min-lr", type=float, default=0.0, help="where a linear or cosine schedule ends")
+    p.add_argument("--lr-schedule", choices=SCHEDULES, default="constant", help="after the warm-up")
+    p.add_argument("--warmup", type=int, default=0, metavar="ITERS", help="iterations of linear warm-up")
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's, on weights of 2 or more dimensions")
+    p.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.999), metavar=("B1", "B2"))
+    p.add_argument("--grad-clip", type=float, default=0.0, metavar="NORM",
+                   help="clip the whole model's gradient norm (all stages) to NORM; 0: never")
     p.add_argument("--redundancy", choices=("eager", "off"), default="eager")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
@@ -46,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text files to train on (default: the Python standard library's sources)")
     p.add_argument("--metrics-out", metavar="FILE", help="JSON lines, one per iteration, then a summary")
     p.add_argument("--save-dir", metavar="DIR", help="write the final parameters, one file per layer")
+    p.add_argument("--export", metavar="DIR", help="write the trained model to DIR as one safetensors checkpoint; "
+                                                   "for hf: models, a directory from_pretrained loads")
     p.add_argument("--checkpoint", metavar="DIR|s3://BUCKET/PREFIX", help="where checkpoints go")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="checkpoint every K iterations")
     p.add_argument("--checkpoint-seconds", type=float, default=0, metavar="T",
@@ -185,6 +197,10 @@ def config_from_args(args) -> JobConfig:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1 (got {getattr(args, name)})")
     check_writable(args.metrics_out, "--metrics-out")
+    if args.export:
+        from bamboo.export import check_target
+        check_target(args.export)
+    check_recipe(args)
     model_config = read_model_config(args)
     layers = ModelSource(args.model, args.seed, seq=args.seq, config_json=model_config).count
     if args.stages > layers:
@@ -213,7 +229,9 @@ def config_from_args(args) -> JobConfig:
         raise ValueError("--stages 1 is the single-process reference: use --pipelines 1")
     return JobConfig(model="hf:config" if model_config else args.model, model_config=model_config, stages=args.stages, pipelines=args.pipelines,
                      microbatches=args.microbatches, iterations=args.iterations, redundancy=args.redundancy,
-                     seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, dtype=args.dtype,
+                     seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
+                     lr_schedule=args.lr_schedule, warmup=args.warmup, weight_decay=args.weight_decay,
+                     betas=tuple(args.betas), grad_clip=args.grad_clip, dtype=args.dtype,
                      failure_timeout=args.failure_timeout, lease_ttl=args.lease_ttl,
                      hang_timeout=args.hang_timeout, stall_timeout=args.stall_timeout,
                      straggler_factor=args.straggler_factor, straggler_slack=args.straggler_slack,
@@ -240,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"bamboo-train: error: {e}", file=sys.stderr)
         return 2
+    layers = tempfile.mkdtemp(prefix="bamboo-export-") if args.export and not cfg.save_dir else None
+    cfg = dataclasses.replace(cfg, save_dir=cfg.save_dir or layers)
     try:
         if cfg.stages == 1:
             from bamboo.single import run_single
@@ -249,12 +269,19 @@ def main(argv: list[str] | None = None) -> int:
             summary = Launcher(cfg, args.etcd, args.metrics_out, progress=not args.no_progress, cluster=local,
                                named=args.job is not None).run()
             print(json.dumps(summary))
+        if args.export:
+            from bamboo.export import export
+            export(cfg.save_dir, args.export, ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq,
+                                                          cfg.model_config))
     except KeyboardInterrupt:
         print("bamboo-train: interrupted; every process it started is stopped", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 -- one line, not a traceback wall
         print(f"bamboo-train: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        if layers:
+            shutil.rmtree(layers, ignore_errors=True)
     return 0
 
 

@@ -29,6 +29,12 @@ class JobConfig:
     batch: int = 2              # sequences per microbatch
     seq: int = 32               # tokens per sequence, for factory models (built-ins fix their own)
     lr: float = 1e-3
+    min_lr: float = 0.0            # where --lr-schedule linear/cosine ends
+    lr_schedule: str = "constant"  # after --warmup: constant, linear or cosine (bamboo/recipe.py)
+    warmup: int = 0                # iterations of linear warm-up
+    weight_decay: float = 0.01     # AdamW's decoupled decay, on weights of 2+ dimensions
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 0.0         # clip the global gradient norm to this (0: never)
     dtype: str = "float32"
     failure_timeout: float = 3.0  # a node whose lease went unrefreshed this long is dead
     lease_ttl: float = 15.0       # etcd lease TTL: how long etcd may be away before keys vanish
@@ -61,7 +67,8 @@ class JobConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "JobConfig":
-        d = dict(d, preempt=tuple(Preempt(**p) for p in d["preempt"]), data_files=tuple(d["data_files"]))
+        d = dict(d, preempt=tuple(Preempt(**p) for p in d["preempt"]), data_files=tuple(d["data_files"]),
+                 betas=tuple(d["betas"]))
         return cls(**d)
 
 

@@ -21,11 +21,12 @@ import torch
 from schedules.ir import Instr, Op, RECVS, SENDS
 
 from bamboo.comm import Comm, Interrupted, PeerFailure
+from bamboo import recipe
 from bamboo.config import JobConfig, dropout_seed_for
 from bamboo.exits import Fenced
 from bamboo.failover import AbortPosted, Aborted, PeersSilent, SelfDead, TooManyDead
 from bamboo.models import dropout_seed
-from bamboo.protocol import LEASE_EXPIRED, LOSS, PREEMPTED, Loss, Preempted
+from bamboo.protocol import LEASE_EXPIRED, LOSS, NORM, PREEMPTED, Loss, Preempted
 from bamboo.swap import SavedTensors
 
 # Ops whose wall time is this node's own work (the straggler check). Timed on the
@@ -50,6 +51,11 @@ class Executor:
         self.pc = 0
         self.reduced: set[int] = set()    # stages reduced across pipelines in this iteration
         self.tied_grads: dict[int, torch.Tensor] = {}  # tied weight -> its summed gradient, once tied
+        self.deferred: list[Instr] = []   # steps and syncs waiting for this node's later reduces
+        # A step needs every stage this node owns reduced first when a tie or the
+        # global norm joins stages: a node that owns several defers its steps.
+        self.step_after_reduces = bool(cfg.grad_clip) or any(len(c) for _, c in self.tied)
+        self.coefficient: float | None = None  # this iteration's clipping coefficient, once known
 
     def peer(self, local: int) -> int:
         return self.nodes[local]
@@ -62,15 +68,19 @@ class Executor:
             m.zero_grad(set_to_none=True)
         self.undo = {}
         self.busy = 0.0
-        self.reduced, self.tied_grads = set(), {}
+        self.reduced, self.tied_grads, self.deferred, self.coefficient = set(), {}, [], None
         self._base = comm.counts()  # messages received before this iteration
         self._expect(stream)
         pc = 0
         while True:
-            while pc < len(stream):
-                self._maybe_preempt(pc)
-                ins, self.stream, self.pc = stream[pc], stream, pc
+            while pc < len(stream) or self.deferred:
+                ins, self.stream, self.pc = (stream[pc] if pc < len(stream) else None), stream, pc
                 try:
+                    if self.deferred and not self._reduces_ahead():
+                        self._run_deferred()
+                    if ins is None:
+                        continue
+                    self._maybe_preempt(pc)
                     began = time.monotonic()
                     getattr(self, ins.op.value)(ins)  # one method per op, named after it
                     if ins.op in COMPUTE and self.device.type == "cpu":
@@ -78,7 +88,7 @@ class Executor:
                     pc += 1
                 except PeerFailure as e:
                     failover.detected(e.peer, str(e))
-                    if ins.op in SENDS:
+                    if ins is not None and ins.op in SENDS:
                         pc += 1  # lost with the dead node, as the compiler assumes
                 except Interrupted:
                     pass
@@ -218,16 +228,57 @@ class Executor:
             copies[s].grad = self.tied_grads[t].clone()
 
     @staticmethod
-    def _reduces(stage: int, instructions) -> bool:
-        return any(i.op is Op.REDUCE_GRADS and i.stage == stage for i in instructions)
+    def _reduces(stage: int | None, instructions) -> bool:
+        """Whether `instructions` reduce `stage` (None: any stage)."""
+        return any(i.op is Op.REDUCE_GRADS and stage in (None, i.stage) for i in instructions)
 
-    def optimizer_step(self, ins: Instr) -> None:
+    def _reduces_ahead(self) -> bool:
+        return self._reduces(None, self.stream[self.pc:])
+
+    def _run_deferred(self) -> None:
+        """The steps and syncs put off until this node's last reduce, in order. A
+        sync to a dead peer is lost like any send."""
+        while self.deferred:
+            ins = self.deferred[0]
+            try:
+                getattr(self, ins.op.value)(ins, deferred=True)
+            except PeerFailure as e:
+                self.failover.detected(e.peer, str(e))
+            self.deferred.pop(0)
+
+    def _clip(self, stage: int) -> None:
+        """Scale `stage`'s gradients by the coefficient of the whole model's norm.
+        Every stage's owner publishes its squared norm (a tied weight counted on
+        its first stage only); the first to publish a stage wins, so a stage taken
+        over after its owner died is clipped alike."""
+        if self.coefficient is None:
+            for s in {i.stage for i in self.stream if i.op is Op.REDUCE_GRADS}:
+                self.cluster.create(NORM(self.iteration, s), Loss(recipe.squared_norm(self._norm_params(s))))
+            while len(norms := self.cluster.children(NORM(self.iteration))) < self.P:
+                if not self.failover.keep_waiting():
+                    raise Interrupted("a failure while waiting for the stages' gradient norms")
+                time.sleep(0.002)
+            self.coefficient = recipe.clip_coefficient(self.cfg.grad_clip, [n.value for n in norms.values()])
+        recipe.scale_grads(self.modules[stage].parameters(), self.coefficient)
+
+    def _norm_params(self, stage: int) -> list[torch.nn.Parameter]:
+        skip = {id(copies[s]) for stages, copies in self.tied for s in stages[1:] if s in copies}
+        return [p for p in self.modules[stage].parameters() if id(p) not in skip]
+
+    def optimizer_step(self, ins: Instr, deferred: bool = False) -> None:
+        if (self.step_after_reduces and not ins.redundant and not deferred
+                and self._reduces(None, self.stream[self.pc + 1:])):
+            self.deferred.append(ins)  # clipping and ties need every stage this node owns reduced
+            return
+        if not ins.redundant and self.cfg.grad_clip:
+            self._clip(ins.stage)  # a replica's synced gradients are clipped already
         if self.keep_undo and ins.stage not in self.undo:
             params = list(self.modules[ins.stage].parameters())
             state = self.optimizers[ins.stage].state
             self.undo[ins.stage] = ([p.detach().clone() for p in params],
                                     [{k: v.clone() if torch.is_tensor(v) else v for k, v in state.get(p, {}).items()}
                                      for p in params])
+        recipe.set_learning_rate(self.optimizers[ins.stage], recipe.learning_rate(self.cfg, self.iteration))
         self.optimizers[ins.stage].step()
 
     def rollback(self) -> None:
@@ -243,7 +294,10 @@ class Executor:
                     optimizer.state.pop(p, None)
         self.undo = {}
 
-    def send_sync(self, ins: Instr) -> None:
+    def send_sync(self, ins: Instr, deferred: bool = False) -> None:
+        if self.deferred and not deferred:
+            self.deferred.append(ins)  # after the step it follows
+            return
         self._send(ins, Op.SEND_SYNC, flat_grads(self.modules[ins.stage]))
 
     def recv_sync(self, ins: Instr) -> None:

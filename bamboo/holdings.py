@@ -16,6 +16,7 @@ import torch
 
 from schedules.layout import Layout
 
+from bamboo import recipe
 from bamboo.api import ModelSource
 from bamboo.assignment import Assignment
 from bamboo.checkpoint import restore, snapshot
@@ -24,8 +25,8 @@ from bamboo.partition import partition
 
 
 class Holdings:
-    def __init__(self, source: ModelSource, redundancy: str, lr: float, device: torch.device):
-        self.source, self.redundancy, self.lr, self.device = source, redundancy, lr, device
+    def __init__(self, source: ModelSource, cfg, device: torch.device):
+        self.source, self.redundancy, self.cfg, self.device = source, cfg.redundancy, cfg, device
         self.layers: dict[int, torch.nn.Module] = {}      # layer index -> module, every layer held
         self.modules: dict[int, Stage] = {}               # stage -> its module, for the stages held
         self.optimizers: dict[int, torch.optim.Optimizer] = {}
@@ -65,7 +66,7 @@ class Holdings:
                   for s in held for i in self.ranges[s]}
         self.modules = {s: Stage([layers[i] for i in self.ranges[s]], self.source.loss if s == P - 1 else None,
                                  self.ranges[s].start) for s in held}
-        self.optimizers = {s: torch.optim.AdamW(m.parameters(), lr=self.lr) for s, m in self.modules.items()}
+        self.optimizers = {s: recipe.optimizer(m, self.cfg) for s, m in self.modules.items()}
         self.layers = layers
         for s, opt in self.optimizers.items():
             for p in self.modules[s].parameters():

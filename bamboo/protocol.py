@@ -12,7 +12,8 @@ The workers' half, one iteration at a time:
   2. per microbatch on the last stage: LOSS, before the gradient leaves
   3. on a peer's death: FAILED (first detector wins); the receivers of the dead
      node's messages publish CUT; every survivor derives the same (dead, k)
-  4. a data-parallel reduce done (inside the stream): REDUCED; the stream ran: FINISHED
+  4. a data-parallel reduce done (inside the stream): REDUCED; a tied weight's
+     copies summed: TIED; the stream ran: FINISHED
   5. the iteration's report: DONE; the first to see every live node's writes
      REGROUP (the failed set from now on, reconfigure?, checkpoint?)
   6. an iteration no pipeline can finish: ABORT; each node undoes its steps: ABORTED
@@ -221,6 +222,8 @@ HANDED = Family("handed", ("epoch", "node"), Mark, "node got and sent every laye
 HANDOVER = Family("handover", ("epoch",), Outcome,
                   "the epoch's handover completed everywhere, or failed (a participant died); one decision stands")
 REDUCED = Family("reduced", ("iteration", "stage"), Reduced, "a data-parallel reduce of stage finished")
+NORM = Family("norm", ("iteration", "stage"), Loss, "stage's squared gradient norm, reduced and tied (clipping)")
+TIED = Family("tied", ("iteration", "pipeline"), Reduced, "a pipeline's tied-weight gradients were summed")
 CHECKPOINTED = Family("checkpointed", (), Timestamp, "when the last checkpoint was decided")
 PREEMPTED = Family("preempted", ("node",), Preempted, "an injected SIGKILL (for the metrics)")
 ERROR = Family("error", ("node",), WorkerError, "a worker's fatal error")
@@ -231,10 +234,10 @@ DRAIN = Family("drain", ("node",), Timestamp, "the node asked to leave (SIGTERM,
 NOTICES = Family("notices", ("node",), Notice, "the cloud's preemption notice")
 
 FAMILIES = (CONFIG, START, ASSIGNMENT, ALIVE, FAILED, CUT, FINISHED, LOSS, DONE, ABORT, ABORTED, REGROUP,
-            HANDED, HANDOVER, REDUCED, CHECKPOINTED, PREEMPTED, ERROR, IDS, MEMBERS, ZONES, DRAIN, NOTICES)
+            HANDED, HANDOVER, REDUCED, TIED, NORM, CHECKPOINTED, PREEMPTED, ERROR, IDS, MEMBERS, ZONES, DRAIN, NOTICES)
 
 # One attempt at an iteration: cleared when the iteration (or a checkpoint's span) runs again.
-ITERATION_FAMILIES = (DONE, LOSS, FINISHED, CUT, REDUCED, REGROUP, ABORT, ABORTED)
+ITERATION_FAMILIES = (DONE, LOSS, FINISHED, CUT, REDUCED, TIED, NORM, REGROUP, ABORT, ABORTED)
 
 
 def job_root(job: str) -> str:

@@ -24,7 +24,7 @@ from bamboo.comm import Interrupted
 from bamboo.executor import flat_grads, set_flat_grads
 from bamboo.failover import Aborted
 from bamboo.groups import lease_check, open_group
-from bamboo.protocol import REDUCED, Reduced, reduce_store, tie_store
+from bamboo.protocol import REDUCED, TIED, Reduced, reduce_store, tie_store
 
 
 class Reducer:
@@ -66,11 +66,17 @@ class Reducer:
         """Sum, in place, `grad` (this node's copies of a tied weight, already added
         up) with the other owners' in this pipeline."""
         members = self.owners(stages)
+        done = self.cluster.get(TIED(iteration, self.pipeline))
+        if done is not None and done.members != members and set(done.members) & set(members) - {self.me}:
+            # an owner that summed with a partner now dead went on to its step: it will not sum again
+            self.failover.unsurvivable(f"a node died after summing the tied weight's gradients in iteration "
+                                       f"{iteration} and before its step: its copy's share is lost")
         if members == (self.me,):
             return
         key = tie_store(self.assignment.epoch, self.pipeline, members)
         try:
             self._wait(self._group(iteration, key, members).allreduce([grad]), iteration, members)
+            self.cluster.put(TIED(iteration, self.pipeline), Reduced(members))
         except Aborted:
             raise
         except (RuntimeError, TimeoutError):  # the partner died: once recorded, replan

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from bamboo import recipe
 from bamboo.config import JobConfig, dropout_seed_for
 from bamboo.data import ByteCorpus
 from bamboo.api import ModelSource
@@ -18,7 +19,7 @@ def train_reference(cfg: JobConfig, on_iteration=None) -> Stage:
     source.tie(layers)
     model = Stage(layers, source.loss)
     corpus = ByteCorpus(list(cfg.data_files), seq=source.seq, batch=cfg.batch, seed=cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    opt = recipe.optimizer(model, cfg)
     for it in range(cfg.iterations):
         model.zero_grad(set_to_none=True)
         losses = {}
@@ -28,6 +29,10 @@ def train_reference(cfg: JobConfig, on_iteration=None) -> Stage:
                 loss = model(x, y)
             losses[g] = loss.item()
             (loss / cfg.microbatches).backward()
+        if cfg.grad_clip:
+            params = list(model.parameters())  # a tied weight once
+            recipe.scale_grads(params, recipe.clip_coefficient(cfg.grad_clip, [recipe.squared_norm(params)]))
+        recipe.set_learning_rate(opt, recipe.learning_rate(cfg, it))
         opt.step()
         if on_iteration:
             on_iteration(it, losses)

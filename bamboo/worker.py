@@ -51,7 +51,7 @@ class Worker:
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
         self.source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq, cfg.model_config)
         self.corpus = ByteCorpus(list(cfg.data_files), seq=self.source.seq, batch=cfg.batch, seed=cfg.seed)
-        self.holdings = Holdings(self.source, cfg.redundancy, cfg.lr, self.device)
+        self.holdings = Holdings(self.source, cfg, self.device)
         self.checkpoints = Checkpoints(cfg.checkpoint, node, self.source.count, cfg.checkpoint_every,
                                        cfg.checkpoint_seconds)
         self.boundary = Boundary(cluster, node, cfg.elastic, self.checkpoints, cfg.straggler_factor,

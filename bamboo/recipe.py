@@ -1,0 +1,84 @@
+"""The optimizer recipe: AdamW with decoupled weight decay on matrices only, a
+learning rate that warms up and decays, and clipping by the global gradient norm.
+
+The learning rate is a function of the iteration alone, so a checkpoint, a
+failover or a redo lands on exactly the rate the uninterrupted run used. The
+clipping coefficient needs the norm of the whole model's gradient; stages hold
+parts of it and publish their squared norms (bamboo/executor.py), and every copy
+of a stage applies the one coefficient that follows from them.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+SCHEDULES = ("constant", "linear", "cosine")
+
+
+def optimizer(module: torch.nn.Module, cfg) -> torch.optim.AdamW:
+    """AdamW over `module`'s parameters: decay for weights of 2 or more dimensions
+    (matrices, embeddings), none for biases and norms (nanoGPT's and Megatron's
+    choice)."""
+    params = list(module.parameters())
+    decay = [p for p in params if p.dim() >= 2]
+    rest = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=tuple(cfg.betas))
+
+
+def learning_rate(cfg, iteration: int) -> float:
+    """The rate of `iteration`'s step: linear warm-up over the first cfg.warmup
+    iterations, then constant, or a linear or cosine decay to cfg.min_lr at the last."""
+    if iteration < cfg.warmup:
+        return cfg.lr * (iteration + 1) / cfg.warmup
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    span = max(1, cfg.iterations - 1 - cfg.warmup)
+    progress = min(1.0, (iteration - cfg.warmup) / span)
+    if cfg.lr_schedule == "linear":
+        return cfg.lr - (cfg.lr - cfg.min_lr) * progress
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def set_learning_rate(opt: torch.optim.Optimizer, rate: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = rate
+
+
+def squared_norm(params) -> float:
+    """Sum of squared gradient entries, in float64 (the sum of stages' sums is then
+    the same whatever the partition, to rounding)."""
+    total = 0.0
+    for p in params:
+        if p.grad is not None:
+            total += float(p.grad.detach().double().pow(2).sum())
+    return total
+
+
+def clip_coefficient(max_norm: float, squared_norms) -> float:
+    """What every gradient is multiplied by: torch's clip_grad_norm_ rule."""
+    norm = math.sqrt(sum(squared_norms))
+    return min(1.0, max_norm / (norm + 1e-6))
+
+
+def scale_grads(params, coefficient: float) -> None:
+    if coefficient < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coefficient)
+
+
+def check(cfg) -> None:
+    """Raise ValueError naming the first setting that makes no sense."""
+    if cfg.lr <= 0 or cfg.min_lr < 0 or cfg.min_lr > cfg.lr:
+        raise ValueError(f"--lr must be positive and --min-lr between 0 and --lr (got {cfg.lr} and {cfg.min_lr})")
+    if cfg.lr_schedule not in SCHEDULES:
+        raise ValueError(f"--lr-schedule must be one of {', '.join(SCHEDULES)} (got {cfg.lr_schedule!r})")
+    if not 0 <= cfg.warmup <= cfg.iterations:
+        raise ValueError(f"--warmup {cfg.warmup} must be between 0 and --iterations {cfg.iterations}")
+    if len(cfg.betas) != 2 or not all(0 <= b < 1 for b in cfg.betas):
+        raise ValueError(f"--betas must be two numbers in [0, 1) (got {' '.join(map(str, cfg.betas))})")
+    if cfg.weight_decay < 0 or cfg.grad_clip < 0:
+        raise ValueError(f"--weight-decay and --grad-clip must not be negative "
+                         f"(got {cfg.weight_decay} and {cfg.grad_clip})")
