@@ -257,7 +257,7 @@ class Executor:
             while len(norms := self.cluster.children(NORM(self.iteration))) < self.P:
                 if not self.failover.keep_waiting():
                     raise Interrupted("a failure while waiting for the stages' gradient norms")
-                time.sleep(0.002)
+                time.sleep(0.01)
             self.coefficient = recipe.clip_coefficient(self.cfg.grad_clip, [n.value for n in norms.values()])
         recipe.scale_grads(self.modules[stage].parameters(), self.coefficient)
 
