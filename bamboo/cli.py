@@ -19,7 +19,7 @@ import tempfile
 
 from bamboo.config import DTYPES, JobConfig, Preempt
 from bamboo.api import ModelSource
-from bamboo.models import MODELS
+from bamboo.models import MODELS, PRECISIONS
 from bamboo.recipe import SCHEDULES, check as check_recipe
 
 
@@ -51,7 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="clip the whole model's gradient norm (all stages) to NORM; 0: never")
     p.add_argument("--redundancy", choices=("eager", "off"), default="eager")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                   help="of the weights and optimizer state (float64 for exact tests)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="bf16: autocast forwards over float32 weights; fp16 needs CUDA")
     p.add_argument("--data", nargs="+", default=[], metavar="FILE",
                    help="text files to train on (default: the Python standard library's sources)")
     p.add_argument("--metrics-out", metavar="FILE", help="JSON lines, one per iteration, then a summary")
@@ -177,6 +180,14 @@ def check_writable(path: str | None, flag: str) -> None:
         raise ValueError(f"{flag} {path!r}: cannot write there ({e.strerror or e})") from None
 
 
+def check_precision(args) -> None:
+    if args.precision == "fp16":
+        raise ValueError("--precision fp16 needs CUDA (with dynamic loss scaling), and fp16 is not supported yet "
+                         "on any device: use --precision bf16")
+    if args.precision == "bf16" and args.dtype != "float32":
+        raise ValueError(f"--precision bf16 keeps float32 master weights: use --dtype float32 (got {args.dtype})")
+
+
 def read_model_config(args) -> str | None:
     """--model-config's text: every worker gets it with the job's settings."""
     if not args.model_config:
@@ -201,6 +212,7 @@ def config_from_args(args) -> JobConfig:
         from bamboo.export import check_target
         check_target(args.export)
     check_recipe(args)
+    check_precision(args)
     model_config = read_model_config(args)
     layers = ModelSource(args.model, args.seed, seq=args.seq, config_json=model_config).count
     if args.stages > layers:
@@ -231,7 +243,7 @@ def config_from_args(args) -> JobConfig:
                      microbatches=args.microbatches, iterations=args.iterations, redundancy=args.redundancy,
                      seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
                      lr_schedule=args.lr_schedule, warmup=args.warmup, weight_decay=args.weight_decay,
-                     betas=tuple(args.betas), grad_clip=args.grad_clip, dtype=args.dtype,
+                     betas=tuple(args.betas), grad_clip=args.grad_clip, dtype=args.dtype, precision=args.precision,
                      failure_timeout=args.failure_timeout, lease_ttl=args.lease_ttl,
                      hang_timeout=args.hang_timeout, stall_timeout=args.stall_timeout,
                      straggler_factor=args.straggler_factor, straggler_slack=args.straggler_slack,

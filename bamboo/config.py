@@ -36,6 +36,7 @@ class JobConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 0.0         # clip the global gradient norm to this (0: never)
     dtype: str = "float32"
+    precision: str = "fp32"        # fp32, or bf16 autocast over float32 weights (bamboo/models.py)
     failure_timeout: float = 3.0  # a node whose lease went unrefreshed this long is dead
     lease_ttl: float = 15.0       # etcd lease TTL: how long etcd may be away before keys vanish
     hang_timeout: float = 300.0   # a main thread stuck this long lets its lease lapse; gloo's op timeout

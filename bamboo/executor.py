@@ -25,7 +25,7 @@ from bamboo import recipe
 from bamboo.config import JobConfig, dropout_seed_for
 from bamboo.exits import Fenced
 from bamboo.failover import AbortPosted, Aborted, PeersSilent, SelfDead, TooManyDead
-from bamboo.models import dropout_seed
+from bamboo.models import dropout_seed, mixed_precision
 from bamboo.protocol import LEASE_EXPIRED, LOSS, NORM, PREEMPTED, Loss, Preempted
 from bamboo.swap import SavedTensors
 
@@ -155,7 +155,8 @@ class Executor:
         labels = self.labels[mb] if s == self.P - 1 else None
         saved = SavedTensors(self.params[s]) if ins.redundant else None
         seed = dropout_seed_for(self.cfg.seed, self.iteration, self.mbs[mb])
-        with dropout_seed(seed), (saved.recording() if saved else contextlib.nullcontext()):
+        with dropout_seed(seed), mixed_precision(self.cfg.precision, self.device), \
+                (saved.recording() if saved else contextlib.nullcontext()):
             out = self.modules[s](inp, labels) if labels is not None else self.modules[s](inp)
         self.states[(s, mb)] = (inp, out, saved)
         if s < self.P - 1:

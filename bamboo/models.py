@@ -64,6 +64,17 @@ def layer_rng(layer: int, device: torch.device):
         yield
 
 
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def mixed_precision(precision: str, device: torch.device):
+    """The forward's context: bf16 autocast (weights, gradients and AdamW state stay
+    float32), or nothing. fp16 is refused before a job starts (bamboo/cli.py)."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 class SeededDropout(nn.Module):
     def __init__(self, p: float, layer: int):
         super().__init__()

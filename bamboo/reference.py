@@ -8,7 +8,7 @@ from bamboo import recipe
 from bamboo.config import JobConfig, dropout_seed_for
 from bamboo.data import ByteCorpus
 from bamboo.api import ModelSource
-from bamboo.models import Stage, dropout_seed
+from bamboo.models import Stage, dropout_seed, mixed_precision
 
 
 def train_reference(cfg: JobConfig, on_iteration=None) -> Stage:
@@ -20,12 +20,13 @@ def train_reference(cfg: JobConfig, on_iteration=None) -> Stage:
     model = Stage(layers, source.loss)
     corpus = ByteCorpus(list(cfg.data_files), seq=source.seq, batch=cfg.batch, seed=cfg.seed)
     opt = recipe.optimizer(model, cfg)
+    cpu = torch.device("cpu")
     for it in range(cfg.iterations):
         model.zero_grad(set_to_none=True)
         losses = {}
         for g in range(cfg.microbatches):
             x, y = corpus.microbatch(it, g)
-            with dropout_seed(dropout_seed_for(cfg.seed, it, g)):
+            with dropout_seed(dropout_seed_for(cfg.seed, it, g)), mixed_precision(cfg.precision, cpu):
                 loss = model(x, y)
             losses[g] = loss.item()
             (loss / cfg.microbatches).backward()
