@@ -267,8 +267,7 @@ class Executor:
         return [p for p in self.modules[stage].parameters() if id(p) not in skip]
 
     def optimizer_step(self, ins: Instr, deferred: bool = False) -> None:
-        if (self.step_after_reduces and not ins.redundant and not deferred
-                and self._reduces(None, self.stream[self.pc + 1:])):
+        if self.step_after_reduces and not ins.redundant and not deferred and self._reduces_ahead():
             self.deferred.append(ins)  # clipping and ties need every stage this node owns reduced
             return
         if not ins.redundant and self.cfg.grad_clip:

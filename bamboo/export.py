@@ -37,7 +37,7 @@ def check_target(directory: str) -> None:
 
 def consolidated(layer_dir: str, source: ModelSource) -> dict[str, torch.Tensor]:
     """Every layer's parameters under their checkpoint names."""
-    tied_away = {(second, name) for _, _, second, name in source.ties} if source.hf is not None else set()
+    tied_away = {(second, name) for _, _, second, name in source.ties}  # as transformers saves a tied head
     state = {}
     for index in range(source.count):
         for name, value in torch.load(os.path.join(layer_dir, f"layer{index}.pt")).items():

@@ -21,6 +21,11 @@ import json
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from transformers import CONFIG_MAPPING
+from transformers.masking_utils import create_causal_mask
+from transformers.models.gpt2.modeling_gpt2 import GPT2Block, GPT2PreTrainedModel
+from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaPreTrainedModel, LlamaRMSNorm,
+                                                      LlamaRotaryEmbedding)
 
 from bamboo.models import layer_rng
 
@@ -53,8 +58,6 @@ class HFConfigError(ValueError):
 def load_config(name: str | None, text: str | None):
     """The `transformers` config of `hf:NAME` or of a config.json's text, read
     offline; attention through torch's SDPA, as `from_pretrained` picks."""
-    from transformers import CONFIG_MAPPING
-
     if text is not None:
         where = "--model-config"
         try:
@@ -124,9 +127,6 @@ class Block(_Layer):
 
     def __init__(self, config, index: int):
         super().__init__(index)
-        from transformers.models.gpt2.modeling_gpt2 import GPT2Block
-        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
-
         self.config = config
         if config.model_type == "gpt2":
             self.block = GPT2Block(config, layer_idx=index - 1)
@@ -136,8 +136,6 @@ class Block(_Layer):
             self.rotary = LlamaRotaryEmbedding(config=config)
 
     def body(self, x: torch.Tensor) -> torch.Tensor:
-        from transformers.masking_utils import create_causal_mask
-
         positions = _positions(x)
         mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None,
                                   past_key_values=None, position_ids=positions)
@@ -150,8 +148,6 @@ class Block(_Layer):
 class FinalNorm(_Layer):
     def __init__(self, config, index: int):
         super().__init__(index)
-        from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
         if config.model_type == "gpt2":
             self.norm = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         else:
@@ -180,9 +176,6 @@ class HFModel:
     """One family config as a layer list: what ModelSource needs."""
 
     def __init__(self, config):
-        from transformers.models.gpt2.modeling_gpt2 import GPT2PreTrainedModel
-        from transformers.models.llama.modeling_llama import LlamaPreTrainedModel
-
         self.config = config
         self.blocks = config.num_hidden_layers
         self.count = self.blocks + 3
