@@ -32,6 +32,10 @@ from bamboo.swap import SavedTensors
 # Ops whose wall time is this node's own work (the straggler check). Timed on the
 # CPU only: CUDA kernels run after their launch returns (see Executor.busy).
 COMPUTE = frozenset({Op.LOAD, Op.FORWARD, Op.BACKWARD, Op.SWAP_OUT, Op.SWAP_IN, Op.OPTIMIZER_STEP})
+# The step phase: when a tie or the global norm joins the stages' steps, a step
+# waits for every stage's gradients, so nothing a peer needs for those may wait
+# behind one. A node then runs these after every other instruction of its stream.
+STEP_PHASE = frozenset({Op.OPTIMIZER_STEP, Op.SEND_SYNC, Op.RECV_SYNC})
 
 
 class Executor:
@@ -51,9 +55,9 @@ class Executor:
         self.pc = 0
         self.reduced: set[int] = set()    # stages reduced across pipelines in this iteration
         self.tied_grads: dict[int, torch.Tensor] = {}  # tied weight -> its summed gradient, once tied
-        self.deferred: list[Instr] = []   # steps and syncs waiting for this node's later reduces
-        # A step needs every stage this node owns reduced first when a tie or the
-        # global norm joins stages: a node that owns several defers its steps.
+        self.deferred: list[Instr] = []   # step-phase instructions put off, in stream order
+        self.last_owed = -1               # where the stream's last instruction outside the step phase is
+        # With clipping or ties, steps and syncs wait for the rest of the stream (STEP_PHASE).
         self.step_after_reduces = bool(cfg.grad_clip) or any(len(c) for _, c in self.tied)
         self.coefficient: float | None = None  # this iteration's clipping coefficient, once known
 
@@ -76,15 +80,15 @@ class Executor:
             while pc < len(stream) or self.deferred:
                 ins, self.stream, self.pc = (stream[pc] if pc < len(stream) else None), stream, pc
                 try:
-                    if self.deferred and not self._reduces_ahead():
+                    if self.deferred and pc > self.last_owed:
                         self._run_deferred()
                     if ins is None:
                         continue
                     self._maybe_preempt(pc)
-                    began = time.monotonic()
-                    getattr(self, ins.op.value)(ins)  # one method per op, named after it
-                    if ins.op in COMPUTE and self.device.type == "cpu":
-                        self.busy += time.monotonic() - began
+                    if self.step_after_reduces and ins.op in STEP_PHASE and pc < self.last_owed:
+                        self.deferred.append(ins)
+                    else:
+                        self._execute(ins)
                     pc += 1
                 except PeerFailure as e:
                     failover.detected(e.peer, str(e))
@@ -101,6 +105,12 @@ class Executor:
             if (event := failover.linger()) is None:
                 break
             stream = self._on_event(event, stream, pc)
+
+    def _execute(self, ins: Instr) -> None:
+        began = time.monotonic()
+        getattr(self, ins.op.value)(ins)  # one method per op, named after it
+        if ins.op in COMPUTE and self.device.type == "cpu":
+            self.busy += time.monotonic() - began
 
     def _on_event(self, event, stream: list[Instr], pc: int) -> list[Instr]:
         """Act on what the failover saw; return the stream to go on with."""
@@ -128,7 +138,9 @@ class Executor:
         return stream
 
     def _expect(self, stream: list[Instr]) -> None:
-        """Arm the mailboxes with how many messages this iteration brings per channel."""
+        """Arm the mailboxes with how many messages this iteration brings per channel;
+        note where the stream's last instruction outside the step phase is."""
+        self.last_owed = max((pc for pc, i in enumerate(stream) if i.op not in STEP_PHASE), default=-1)
         counts = Counter((self.peer(i.peer), RECVS[i.op]) for i in stream if i.op in RECVS)
         for (peer, kind), n in counts.items():
             self.comm.expect(peer, kind, self._base.get((peer, kind), 0) + n)
@@ -233,16 +245,13 @@ class Executor:
         """Whether `instructions` reduce `stage` (None: any stage)."""
         return any(i.op is Op.REDUCE_GRADS and stage in (None, i.stage) for i in instructions)
 
-    def _reduces_ahead(self) -> bool:
-        return self._reduces(None, self.stream[self.pc:])
-
     def _run_deferred(self) -> None:
-        """The steps and syncs put off until this node's last reduce, in order. A
-        sync to a dead peer is lost like any send."""
+        """The step phase put off until the rest of the stream ran, in order. A sync
+        to a dead peer is lost like any send; a wait interrupted keeps its place."""
         while self.deferred:
             ins = self.deferred[0]
             try:
-                getattr(self, ins.op.value)(ins, deferred=True)
+                self._execute(ins)
             except PeerFailure as e:
                 self.failover.detected(e.peer, str(e))
             self.deferred.pop(0)
@@ -266,10 +275,7 @@ class Executor:
         skip = {id(copies[s]) for stages, copies in self.tied for s in stages[1:] if s in copies}
         return [p for p in self.modules[stage].parameters() if id(p) not in skip]
 
-    def optimizer_step(self, ins: Instr, deferred: bool = False) -> None:
-        if self.step_after_reduces and not ins.redundant and not deferred and self._reduces_ahead():
-            self.deferred.append(ins)  # clipping and ties need every stage this node owns reduced
-            return
+    def optimizer_step(self, ins: Instr) -> None:
         if not ins.redundant and self.cfg.grad_clip:
             self._clip(ins.stage)  # a replica's synced gradients are clipped already
         if self.keep_undo and ins.stage not in self.undo:
@@ -294,10 +300,7 @@ class Executor:
                     optimizer.state.pop(p, None)
         self.undo = {}
 
-    def send_sync(self, ins: Instr, deferred: bool = False) -> None:
-        if self.deferred and not deferred:
-            self.deferred.append(ins)  # after the step it follows
-            return
+    def send_sync(self, ins: Instr) -> None:
         self._send(ins, Op.SEND_SYNC, flat_grads(self.modules[ins.stage]))
 
     def recv_sync(self, ins: Instr) -> None:

@@ -14,8 +14,10 @@ maps them to exit statuses.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import resource
+import signal
 import sys
 import time
 
@@ -287,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job", required=True)
     ap.add_argument("--node", type=int, required=True)
     args = ap.parse_args(argv)
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack to the log
     torch.set_num_threads(1)
     cluster = Cluster(args.etcd, args.job, wait=True)
     cfg = cluster.get(CONFIG())
