@@ -4,20 +4,20 @@
 Hugging Face causal LM (`hf:NAME`, or any GPT-2/Llama config given as JSON text:
 bamboo/hf.py), or a factory `package.module:function` returning any of: an nn.Sequential, a DeepSpeed
 PipelineModule (its layer specs and loss are used), or a list of modules or
-DeepSpeed LayerSpecs. Built-in layers are initialised from (seed, index) alone, so
-a node builds only its own; a factory is called once per process under the job's
-seed. A factory model takes byte tokens [batch, seq] and returns logits; its loss
-is the PipelineModule's, else next-token cross-entropy.
+DeepSpeed LayerSpecs. Every layer is initialised from (seed, index) alone, so a
+node builds only the layers it holds (a factory's lazily: bamboo/factory.py). A
+factory model takes byte tokens [batch, seq] and returns logits; its loss is the
+PipelineModule's, else next-token cross-entropy.
 """
 from __future__ import annotations
 
-import copy
 import importlib
 import sys
 
 import torch
 import torch.nn as nn
 
+from bamboo.factory import FactoryError, FactoryModel
 from bamboo.models import MODELS, build_layer, num_layers, token_loss
 
 
@@ -25,33 +25,12 @@ class ModelError(ValueError):
     """The --model cannot be built."""
 
 
-def layers_from(model) -> tuple[list[nn.Module], object]:
-    """(layers, loss or None) from an nn.Sequential, a PipelineModule or a list."""
-    if isinstance(model, nn.Sequential):
-        return list(model), None
-    specs = getattr(model, "_layer_specs", None)  # deepspeed.pipe.PipelineModule
-    loss = getattr(model, "loss_fn", None) if specs is not None else None
-    items = specs if specs is not None else model
-    built = getattr(model, "forward_funcs", None)
-    if specs is not None and built is not None and len(built) == len(specs):
-        items = built  # built on one stage: keep its weights
-    if not isinstance(items, (list, tuple)):
-        raise ModelError(f"a model factory must return an nn.Sequential, a PipelineModule or a list of layers "
-                         f"(got {type(model).__name__})")
-    layers = []
-    for item in items:
-        built = item.build() if hasattr(item, "build") and not isinstance(item, nn.Module) else item
-        if not isinstance(built, nn.Module):
-            raise ModelError(f"layer {len(layers)} is a {type(built).__name__}, not an nn.Module")
-        layers.append(built)
-    return layers, loss
-
-
 class ModelSource:
     def __init__(self, name: str, seed: int, dtype: torch.dtype = torch.float32, seq: int = 32,
                  config_json: str | None = None):
         self.name, self.seed, self.dtype = name, seed, dtype
         self.hf = None      # a Hugging Face family model (bamboo/hf.py)
+        self.factory = None  # a user's factory, built lazily (bamboo/factory.py)
         self.ties: list[tuple[int, str, int, str]] = []  # (layer, parameter) pairs that are one weight
         if name.startswith("hf:") or config_json is not None:
             self._init_hf(name, seq, config_json)
@@ -59,7 +38,6 @@ class ModelSource:
         if name in MODELS:
             self.config = MODELS[name]
             self.count, self.seq, self.loss = num_layers(self.config), self.config.seq, token_loss
-            self._layers = None
             return
         if ":" not in name:
             raise ModelError(f"--model {name!r} is neither a built-in ({', '.join(sorted(MODELS))}) "
@@ -73,15 +51,11 @@ class ModelSource:
             raise ModelError(f"--model {name!r}: cannot load it ({e})") from None
         if not callable(factory):
             raise ModelError(f"--model {name!r} is a {type(factory).__name__}, not a function returning a model")
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            try:
-                model = factory()
-            except Exception as e:  # the user's code: whatever it raises, one line naming it
-                raise ModelError(f"--model {name!r}: the factory failed ({type(e).__name__}: {e})") from None
-            layers, loss = layers_from(model)
-        self._layers = [layer.to(dtype) for layer in layers]
-        self.count, self.seq, self.loss = len(self._layers), seq, loss or token_loss
+        try:
+            self.factory = FactoryModel(name, factory)
+        except FactoryError as e:
+            raise ModelError(str(e)) from None
+        self.count, self.seq, self.loss = self.factory.count, seq, self.factory.loss or token_loss
 
     def _init_hf(self, name: str, seq: int, config_json: str | None) -> None:
         from bamboo.hf import HFConfigError, HFModel, causal_lm_loss, load_config
@@ -98,22 +72,23 @@ class ModelSource:
             raise ModelError(f"{where}: cannot build it ({type(e).__name__}: {e})") from None
         if seq > self.hf.max_seq:
             raise ModelError(f"--seq {seq} is longer than the model's {self.hf.max_seq} positions")
-        self.config, self._layers = self.hf.config, None
+        self.config = self.hf.config
         self.count, self.seq, self.loss, self.ties = self.hf.count, seq, causal_lm_loss, self.hf.ties()
 
     def _build(self, index: int) -> nn.Module:
-        if self.hf is None:
+        if self.hf is None and self.factory is None:
             return build_layer(self.config, index, self.seed)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed * 7919 + index)
-            return self.hf.build(index)
+            try:
+                return self.hf.build(index) if self.hf is not None else self.factory.build(index)
+            except FactoryError as e:
+                raise ModelError(str(e)) from None
 
     def layer(self, index: int) -> nn.Module:
-        """Layer `index` with its first values: a new module each call (a factory's
-        are copies, so training one never changes what a rebuild gets). A tied
-        weight starts, in every copy, as the first layer of its pair built it."""
-        if self._layers is not None:
-            return copy.deepcopy(self._layers[index])
+        """Layer `index` with its first values: a new module each call, so a rebuild
+        is pristine. A tied weight starts, in every copy, as the first layer of its
+        pair built it."""
         layer = self._build(index)
         for first, first_name, second, second_name in self.ties:
             if index == second:
@@ -122,12 +97,12 @@ class ModelSource:
         return layer.to(self.dtype)
 
     def costs(self) -> list[float]:
-        """Parameter count per layer (built-in and HF layers are counted on the meta device)."""
-        if self._layers is None:
+        """Parameter count per layer, counted on the meta device."""
+        if self.factory is not None:
+            layers = [self.factory.shape(i) for i in range(self.count)]
+        else:
             with torch.device("meta"):
                 layers = [self._build(i) for i in range(self.count)]
-        else:
-            layers = self._layers
         return [float(sum(p.numel() for p in layer.parameters())) or 1.0 for layer in layers]
 
     def tie(self, layers: list[nn.Module]) -> None:

@@ -1,4 +1,8 @@
 """Model factories for tests, named on the command line as tests.sample_models:NAME."""
+import os
+import sys
+
+import torch
 import torch.nn as nn
 
 
@@ -23,3 +27,40 @@ def layer_specs():
 
 def not_a_model():
     return 42
+
+
+class Recorded(nn.Linear):
+    """A Linear that appends "<worker argv> <tag>" to $BAMBOO_RECORD each time it is
+    materialised (its reset_parameters runs on real storage, never on meta)."""
+
+    def __init__(self, dim: int, tag: int):
+        self.tag = tag
+        super().__init__(dim, dim)
+
+    def reset_parameters(self):
+        super().reset_parameters()
+        if not self.weight.is_meta and os.environ.get("BAMBOO_RECORD"):
+            with open(os.environ["BAMBOO_RECORD"], "a") as f:
+                f.write(f"{' '.join(sys.argv)}\t{self.tag}\n")
+
+
+def recorded_mlp() -> nn.Sequential:
+    """Eight layers, six of them recording where they are materialised."""
+    return nn.Sequential(Tokens(16), *[Recorded(16, i) for i in range(1, 7)], nn.Linear(16, 256))
+
+
+class Unresettable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(16))
+
+    def forward(self, x):
+        return x * self.scale
+
+
+def unresettable():
+    return nn.Sequential(Tokens(16), Unresettable(), nn.Linear(16, 256))
+
+
+def meta_hostile():
+    return nn.Sequential(Tokens(int(torch.ones(1).sum().item())), nn.Linear(1, 256))

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from bamboo.api import ModelError, ModelSource, layers_from
+from bamboo.api import ModelError, ModelSource
+from bamboo.factory import FactoryModel, layer_items
 from bamboo.data import ByteCorpus, DataError, split_microbatches
 from bamboo.models import Stage, dropout_seed
 from bamboo.partition import PartitionError, partition
@@ -112,7 +113,7 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORL
 import deepspeed
 from deepspeed.pipe import PipelineModule
 from tests.sample_models import layer_specs
-from bamboo.api import layers_from
+from bamboo.factory import layer_items
 from bamboo.models import Stage
 deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
 torch.manual_seed(0)
@@ -120,7 +121,7 @@ pm = PipelineModule(layers=layer_specs(), num_stages=1, loss_fn=lambda out, y: t
     out.reshape(-1, 256), y.reshape(-1)))
 x = torch.randint(0, 256, (2, 8)); y = torch.randint(0, 256, (2, 8))
 want = pm.loss_fn(pm(x), y)
-layers, loss = layers_from(pm)
+layers, loss = layer_items(pm)
 got = Stage(layers[2:], loss)(Stage(layers[:2])(x), y)
 assert len(layers) == 4 and torch.equal(got, want), (got, want)
 print("same", float(got))
@@ -133,8 +134,9 @@ print("same", float(got))
 def test_layer_specs_build_without_deepspeed_initialised():
     pytest.importorskip("deepspeed")
     from tests.sample_models import layer_specs
-    layers, loss = layers_from(layer_specs())
-    assert [type(m).__name__ for m in layers] == ["Tokens", "Linear", "ReLU", "Linear"] and loss is None
+    model = FactoryModel("specs", layer_specs)
+    assert [type(model.build(i)).__name__ for i in range(4)] == ["Tokens", "Linear", "ReLU", "Linear"]
+    assert model.loss is None
 
 
 @pytest.mark.parametrize("name,millions", [("tiny", 0.0937), ("gpt2-small", 163.04), ("bert-large", 365.34)])
@@ -156,3 +158,53 @@ def test_a_factory_layer_is_new_each_time_so_a_rebuild_is_pristine():
     assert rebuilt is not trained
     for k, v in rebuilt.state_dict().items():
         torch.testing.assert_close(v, first[k], rtol=0, atol=0)
+
+
+def test_a_factory_model_is_called_on_meta_and_layers_are_seeded_alone():
+    source = ModelSource("tests.sample_models:recorded_mlp", seed=3, dtype=torch.float64)
+    assert source.count == 8 and all(t.is_meta for t in source.factory.items[1].parameters())
+    a, b = source.layer(2), ModelSource("tests.sample_models:recorded_mlp", seed=3).layer(2)
+    assert a.weight.dtype == torch.float64 and torch.equal(a.weight, b.weight.double())
+    assert not torch.equal(a.weight, source.layer(3).weight)  # seeded by index too, not one stream
+    # nn.Linear's own initialisation: uniform within 1/sqrt(fan_in)
+    assert a.weight.abs().max() <= 16 ** -0.5 and a.weight.std() > 0.1
+
+
+@pytest.mark.parametrize("factory, message", [
+    ("unresettable", "layer 1 cannot be built lazily: Unresettable holds parameters or buffers but has no "
+                     "reset_parameters()"),
+    ("meta_hostile", "the factory failed on the meta device"),
+])
+def test_a_factory_that_cannot_be_built_lazily_is_one_line(tmp_path, factory, message):
+    with pytest.raises(ModelError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ModelSource(f"tests.sample_models:{factory}", seed=0)
+    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--model", f"tests.sample_models:{factory}",
+                          "--metrics-out", str(tmp_path / "m.jsonl")], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "m.jsonl").exists()
+
+
+def test_no_process_materialises_a_layer_it_does_not_hold(tmp_path, monkeypatch):
+    """Each worker materialises its stage and its replica (eager: stage n + 1 mod P),
+    the launcher none, and the losses are the single-process run's."""
+    from tests.training import bamboo_train
+
+    args = ["--model", "tests.sample_models:recorded_mlp", "--dtype", "float64", "--iterations", "2",
+            "--microbatches", "4", "--seed", "5"]
+    monkeypatch.setenv("BAMBOO_RECORD", str(tmp_path / "single.txt"))
+    _, reference = bamboo_train(tmp_path / "single.jsonl", *args, "--stages", "1", "--pipelines", "1")
+    assert sorted(int(line.split("\t")[1]) for line in open(tmp_path / "single.txt")) == [1, 2, 3, 4, 5, 6]
+    monkeypatch.setenv("BAMBOO_RECORD", str(tmp_path / "pipeline.txt"))
+    _, got = bamboo_train(tmp_path / "pipeline.jsonl", *args, "--stages", "4")
+    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in reference], rel=1e-9)
+    stages = partition(ModelSource("tests.sample_models:recorded_mlp", seed=5).costs(), 4)
+    built: dict[int, list[int]] = {}
+    for line in open(tmp_path / "pipeline.txt"):
+        argv, tag = line.rstrip("\n").split("\t")
+        assert "bamboo/worker.py" in argv, argv  # never the launcher
+        node = int(argv.split("--node ")[1].split()[0])
+        built.setdefault(node, []).append(int(tag))
+    for node in range(4):
+        held = [*stages[node], *stages[(node + 1) % 4]]
+        assert sorted(built.get(node, [])) == sorted(i for i in held if 1 <= i <= 6), node
