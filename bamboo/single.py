@@ -3,6 +3,7 @@ metrics and saved parameters as a distributed job."""
 from __future__ import annotations
 
 import os
+import resource
 import time
 
 from bamboo.config import JobConfig
@@ -28,7 +29,8 @@ def run_single(cfg: JobConfig, metrics_out: str | None, progress: bool = True) -
     total = time.monotonic() - start
     metrics.write({"summary": {"iterations": cfg.iterations, "samples": cfg.iterations * cfg.microbatches * cfg.batch,
                                "total_seconds": round(total, 3),
-                               "mean_iteration_seconds": round(total / cfg.iterations, 4)}})
+                               "mean_iteration_seconds": round(total / cfg.iterations, 4),
+                               "peak_memory_mb": {"0": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}})
     metrics.close()
     if cfg.save_dir:
         os.makedirs(cfg.save_dir, exist_ok=True)
