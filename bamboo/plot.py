@@ -63,6 +63,9 @@ def _check_record(record: dict, where: str) -> None:
             raise BadInput(f"{where}: an iteration record without {key!r}")
         if isinstance(record[key], bool) or not isinstance(record[key], (int, float)):
             raise BadInput(f"{where}: {key!r} is not a number")
+    val_loss = record.get("val_loss")
+    if val_loss is not None and (isinstance(val_loss, bool) or not isinstance(val_loss, (int, float))):
+        raise BadInput(f"{where}: 'val_loss' is not a number")
     events = record.get("events", [])
     if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
         raise BadInput(f"{where}: 'events' is not a list of objects")

@@ -185,6 +185,8 @@ def _one_line(capsys):
     ('{"summary": {"iterations": 0}}\n', "no iteration records"),
     ('{"iteration": 0, "samples": 8, "seconds": 0.5, "nodes": 2}\n', "line 1: an iteration record without 'loss'"),
     ('[1, 2]\n', "line 1: not a JSON object"),
+    ('{"iteration": 0, "loss": 1.0, "samples": 8, "seconds": 0.5, "nodes": 2, "val_loss": "x"}\n',
+     "line 1: 'val_loss' is not a number"),
 ])
 def test_bad_metrics_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, content, problem):
     metrics = tmp_path / "m.jsonl"
