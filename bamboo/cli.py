@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", nargs="+", default=[], metavar="FILE",
                    help="text files to train on (default: the Python standard library's sources)")
     p.add_argument("--metrics-out", metavar="FILE", help="JSON lines, one per iteration, then a summary")
+    p.add_argument("--plot", metavar="PNG", help="at the end, draw loss, samples/s and live nodes against "
+                                                 "wall-clock time, with the run's events marked (bamboo-plot)")
+    p.add_argument("--tensorboard", metavar="DIR", help="write loss, samples/s, nodes and events there as "
+                                                        "iterations finish (tensorboard --logdir DIR)")
     p.add_argument("--save-dir", metavar="DIR", help="write the final parameters, one file per layer")
     p.add_argument("--export", metavar="DIR", help="write the trained model to DIR as one safetensors checkpoint; "
                                                    "for hf: models, a directory from_pretrained loads")
@@ -171,6 +175,8 @@ def check_writable(path: str | None, flag: str) -> None:
     """Fail now, not after training, if `path`'s directory cannot take a file."""
     if not path:
         return
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path!r}: is a directory")
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, exist_ok=True)
@@ -178,6 +184,40 @@ def check_writable(path: str | None, flag: str) -> None:
             pass
     except OSError as e:
         raise ValueError(f"{flag} {path!r}: cannot write there ({e.strerror or e})") from None
+
+
+def check_directory(path: str | None, flag: str) -> None:
+    """Fail now, not at the first iteration, if `path` cannot be a directory of files."""
+    if not path:
+        return
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{flag} {path!r}: is a file, not a directory")
+    check_writable(os.path.join(path, "probe"), flag)
+
+
+def check_outputs(args) -> None:
+    """The files the run will write, checked before it starts."""
+    check_writable(args.metrics_out, "--metrics-out")
+    check_writable(args.plot, "--plot")
+    if args.plot and args.metrics_out and os.path.abspath(args.plot) == os.path.abspath(args.metrics_out):
+        raise ValueError(f"--plot {args.plot!r} is the --metrics-out file")
+    check_directory(args.tensorboard, "--tensorboard")
+    if args.export:
+        from bamboo.export import check_target
+        check_target(args.export)
+
+
+def metric_sinks(args) -> tuple:
+    """Where iteration records go besides --metrics-out: --tensorboard as they come,
+    --plot at the end."""
+    sinks = []
+    if args.tensorboard:
+        from bamboo.board import Board
+        sinks.append(Board(args.tensorboard))
+    if args.plot:
+        from bamboo.plot import PlotSink
+        sinks.append(PlotSink(args.plot))
+    return tuple(sinks)
 
 
 def check_precision(args) -> None:
@@ -207,10 +247,7 @@ def config_from_args(args) -> JobConfig:
     for name in ("stages", "pipelines", "microbatches", "iterations", "batch"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1 (got {getattr(args, name)})")
-    check_writable(args.metrics_out, "--metrics-out")
-    if args.export:
-        from bamboo.export import check_target
-        check_target(args.export)
+    check_outputs(args)
     check_recipe(args)
     check_precision(args)
     model_config = read_model_config(args)
@@ -275,11 +312,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if cfg.stages == 1:
             from bamboo.single import run_single
-            run_single(cfg, args.metrics_out, progress=not args.no_progress)
+            run_single(cfg, args.metrics_out, progress=not args.no_progress, sinks=metric_sinks(args))
         else:
             from bamboo.launcher import Launcher
             summary = Launcher(cfg, args.etcd, args.metrics_out, progress=not args.no_progress, cluster=local,
-                               named=args.job is not None).run()
+                               named=args.job is not None, sinks=metric_sinks(args)).run()
             print(json.dumps(summary))
         if args.export:
             from bamboo.export import export

@@ -37,15 +37,27 @@ class LaunchError(RuntimeError):
 
 class MetricsWriter:
     """JSON lines written to a temp file and renamed into place at the end, so a
-    reader never sees a half-written file."""
+    reader never sees a half-written file. Each record also goes, as it is written,
+    to every sink (`add(record)`, then `close()` at the end): the TensorBoard
+    writer and the figure (`bamboo/board.py`, `bamboo/plot.py`) see exactly what
+    the file holds, on every path that writes metrics."""
 
-    def __init__(self, path: str | None):
-        self.path, self.lines = path, []
+    def __init__(self, path: str | None, sinks: tuple = ()):
+        self.path, self.lines, self.sinks = path, [], sinks
 
     def write(self, record: dict) -> None:
         self.lines.append(json.dumps(record))
+        for sink in self.sinks:
+            sink.add(record)
 
     def close(self) -> None:
+        try:
+            self._write_file()
+        finally:
+            for sink in self.sinks:
+                sink.close()
+
+    def _write_file(self) -> None:
         if not self.path or not self.lines:
             return  # nothing ran: no file, rather than an empty one
         directory = os.path.dirname(os.path.abspath(self.path))
@@ -112,11 +124,12 @@ class Rewind(Exception):
 
 class Launcher:
     def __init__(self, cfg: JobConfig, etcd: str | None = None, metrics_out: str | None = None,
-                 progress: bool = True, cluster: LocalCluster | None = None, named: bool = False):
+                 progress: bool = True, cluster: LocalCluster | None = None, named: bool = False,
+                 sinks: tuple = ()):
         # A job is named by the user (`--job`: a second launcher may join it) or made unique.
         self.cfg = cfg if named else JobConfig(**{**cfg.__dict__, "job": f"{cfg.job}-{uuid.uuid4().hex[:8]}"})
         self.named = named
-        self.etcd, self.metrics = etcd, MetricsWriter(metrics_out)
+        self.etcd, self.metrics = etcd, MetricsWriter(metrics_out, sinks)
         self.progress = progress
         self.local = cluster
         self._redone = 0  # the newest redo epoch already rewound to

@@ -12,8 +12,8 @@ from bamboo.reference import train_reference
 from bamboo.holdings import save_layer
 
 
-def run_single(cfg: JobConfig, metrics_out: str | None, progress: bool = True) -> None:
-    metrics = MetricsWriter(metrics_out)
+def run_single(cfg: JobConfig, metrics_out: str | None, progress: bool = True, sinks: tuple = ()) -> None:
+    metrics = MetricsWriter(metrics_out, sinks)
     start = last = time.monotonic()
     with ProgressBar(progress, cfg.iterations) as bar:
         def on_iteration(it, losses):
