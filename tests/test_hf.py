@@ -171,5 +171,5 @@ def test_clipping_survives_a_death_while_peers_wait_for_the_norms(tmp_path, kill
     args = ["--model", "tiny", "--dtype", "float64", "--iterations", "3", "--microbatches", "4", "--grad-clip", "0.5"]
     _, reference = bamboo_train(tmp_path / "ref.jsonl", *args, "--stages", "1", "--pipelines", "1")
     _, got = bamboo_train(tmp_path / "m.jsonl", *args, "--stages", "4", "--preempt", kill)
-    assert [e["type"] for r in got for e in r["events"]] == ["preemption", "failover"]
+    assert {"preemption", "failover"} <= {e["type"] for r in got for e in r["events"]}
     assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in reference], rel=1e-9)
