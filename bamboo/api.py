@@ -52,7 +52,7 @@ class ModelSource:
         if not callable(factory):
             raise ModelError(f"--model {name!r} is a {type(factory).__name__}, not a function returning a model")
         try:
-            self.factory = FactoryModel(name, factory)
+            self.factory = FactoryModel(name, factory, seed)
         except FactoryError as e:
             raise ModelError(str(e)) from None
         self.count, self.seq, self.loss = self.factory.count, seq, self.factory.loss or token_loss
@@ -99,7 +99,10 @@ class ModelSource:
     def costs(self) -> list[float]:
         """Parameter count per layer, counted on the meta device."""
         if self.factory is not None:
-            layers = [self.factory.shape(i) for i in range(self.count)]
+            try:
+                layers = [self.factory.shape(i) for i in range(self.count)]
+            except FactoryError as e:
+                raise ModelError(str(e)) from None
         else:
             with torch.device("meta"):
                 layers = [self._build(i) for i in range(self.count)]

@@ -64,3 +64,21 @@ def unresettable():
 
 def meta_hostile():
     return nn.Sequential(Tokens(int(torch.ones(1).sum().item())), nn.Linear(1, 256))
+
+
+class SharedPair(nn.Module):
+    """Two Linears sharing one weight, and a buffer the factory places on the CPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.b.weight = self.a.weight
+        self.register_buffer("scale", torch.full((16,), 0.5, device="cpu"))
+
+    def forward(self, x):
+        return self.b(self.a(x)) * self.scale
+
+
+def shared_and_attention():
+    return nn.Sequential(Tokens(16), SharedPair(),
+                         nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True), nn.Linear(16, 256))

@@ -134,7 +134,7 @@ print("same", float(got))
 def test_layer_specs_build_without_deepspeed_initialised():
     pytest.importorskip("deepspeed")
     from tests.sample_models import layer_specs
-    model = FactoryModel("specs", layer_specs)
+    model = FactoryModel("specs", layer_specs, seed=0)
     assert [type(model.build(i)).__name__ for i in range(4)] == ["Tokens", "Linear", "ReLU", "Linear"]
     assert model.loss is None
 
@@ -208,3 +208,13 @@ def test_no_process_materialises_a_layer_it_does_not_hold(tmp_path, monkeypatch)
     for node in range(4):
         held = [*stages[node], *stages[(node + 1) % 4]]
         assert sorted(built.get(node, [])) == sorted(i for i in held if 1 <= i <= 6), node
+
+
+def test_a_lazily_built_layer_keeps_shared_weights_placed_buffers_and_torchs_own_initialisers():
+    source = ModelSource("tests.sample_models:shared_and_attention", seed=1)
+    pair, attention = source.layer(1), source.layer(2)
+    assert pair.a.weight is pair.b.weight and sum(p.numel() for p in pair.parameters()) == 16 * 16 + 2 * 16
+    assert torch.equal(pair.scale, torch.full((16,), 0.5))  # placed on the CPU by the factory: kept
+    weights = attention.self_attn.in_proj_weight  # nn.MultiheadAttention's _reset_parameters: xavier
+    assert torch.isfinite(weights).all() and 0.05 < weights.std() < 0.5
+    assert torch.equal(attention.self_attn.in_proj_bias, torch.zeros(48))
