@@ -55,10 +55,12 @@ class Executor:
         self.pc = 0
         self.reduced: set[int] = set()    # stages reduced across pipelines in this iteration
         self.tied_grads: dict[int, torch.Tensor] = {}  # tied weight -> its summed gradient, once tied
+        self.tie_given: set[tuple[int, int]] = set()   # (tied weight, stage): that copy holds the sum
         self.deferred: list[Instr] = []   # step-phase instructions put off, in stream order
         self.last_owed = -1               # where the stream's last instruction outside the step phase is
-        # With clipping or ties, steps and syncs wait for the rest of the stream (STEP_PHASE).
-        self.step_after_reduces = bool(cfg.grad_clip) or any(len(c) for _, c in self.tied)
+        # With clipping or ties (the model's, on every node), steps and syncs wait for
+        # the rest of the stream (STEP_PHASE).
+        self.step_after_reduces = bool(cfg.grad_clip) or bool(self.tied)
         self.coefficient: float | None = None  # this iteration's clipping coefficient, once known
 
     def peer(self, local: int) -> int:
@@ -72,7 +74,7 @@ class Executor:
             m.zero_grad(set_to_none=True)
         self.undo = {}
         self.busy = 0.0
-        self.reduced, self.tied_grads, self.deferred, self.coefficient = set(), {}, [], None
+        self.reduced, self.tied_grads, self.tie_given, self.deferred, self.coefficient = set(), {}, set(), [], None
         self._base = comm.counts()  # messages received before this iteration
         self._expect(stream)
         pc = 0
@@ -217,33 +219,27 @@ class Executor:
         self.grads[(ins.stage, ins.mb)] = self.comm.recv(self.peer(ins.peer), Op.SEND_GRAD, self.failover.keep_waiting)
 
     def reduce_grads(self, ins: Instr) -> None:
-        if ins.stage not in self.reduced:  # a tie given up runs this instruction again
-            self.reducer.allreduce(self.iteration, ins.stage, self.modules[ins.stage])
-            self.reduced.add(ins.stage)
+        self.reducer.allreduce(self.iteration, ins.stage, self.modules[ins.stage])
+        self.reduced.add(ins.stage)
+
+    def _tie(self) -> None:
+        """Before a step (so in the step phase, which no peer's gradients wait
+        behind): give this node's copies of each tied weight the gradient summed
+        over every copy of the pipeline, once per weight; a copy whose stage this
+        node took over after the sum gets the same sum (its share is in it)."""
         for t, (stages, copies) in enumerate(self.tied):
-            if ins.stage in stages:
-                self._tie(t, stages, copies)
-
-    def _tie(self, t: int, stages: tuple[int, ...], copies: dict) -> None:
-        """Give this node's copies of tied weight `t` the gradient summed over every
-        copy of the pipeline: at the last of their reduces in this node's stream
-        (a node that took over the other copy's stage adds both itself)."""
-        owned = [s for s in copies if self._reduces(s, self.stream[:self.pc + 1])]
-        if any(self._reduces(s, self.stream[self.pc + 1:]) for s in copies):
-            return  # another copy's gradients are not complete yet
-        if t not in self.tied_grads:  # else: tied before the partner died; its share is in the sum
-            total = copies[owned[0]].grad.clone()
-            for s in owned[1:]:
-                total += copies[s].grad
-            self.reducer.tie(self.iteration, stages, total)
-            self.tied_grads[t] = total
-        for s in owned:
-            copies[s].grad = self.tied_grads[t].clone()
-
-    @staticmethod
-    def _reduces(stage: int | None, instructions) -> bool:
-        """Whether `instructions` reduce `stage` (None: any stage)."""
-        return any(i.op is Op.REDUCE_GRADS and stage in (None, i.stage) for i in instructions)
+            owned = [s for s in copies if s in self.reduced and (t, s) not in self.tie_given]
+            if not owned:
+                continue
+            if t not in self.tied_grads:
+                total = copies[owned[0]].grad.clone()
+                for s in owned[1:]:
+                    total += copies[s].grad
+                self.reducer.tie(self.iteration, stages, total)
+                self.tied_grads[t] = total
+            for s in owned:
+                copies[s].grad = self.tied_grads[t].clone()
+                self.tie_given.add((t, s))
 
     def _run_deferred(self) -> None:
         """The step phase put off until the rest of the stream ran, in order. A sync
@@ -276,8 +272,10 @@ class Executor:
         return [p for p in self.modules[stage].parameters() if id(p) not in skip]
 
     def optimizer_step(self, ins: Instr) -> None:
+        if not ins.redundant:
+            self._tie()  # a replica's synced gradients are tied and clipped already
         if not ins.redundant and self.cfg.grad_clip:
-            self._clip(ins.stage)  # a replica's synced gradients are clipped already
+            self._clip(ins.stage)
         if self.keep_undo and ins.stage not in self.undo:
             params = list(self.modules[ins.stage].parameters())
             state = self.optimizers[ins.stage].state
