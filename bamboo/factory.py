@@ -91,8 +91,8 @@ class FactoryModel:
                 torch.manual_seed(seed)  # what the factory puts off the meta device is the same everywhere
                 model = factory()
         except Exception as e:  # the user's code: whatever it raises, one line naming it
-            raise FactoryError(f"--model {name!r}: the factory failed on the meta device, so it cannot be built "
-                               f"lazily ({_one_line(e)})") from None
+            raise FactoryError(f"--model {name!r}: the factory failed ({_one_line(e)}) on the meta device, so it "
+                               "cannot be built lazily") from None
         self.items, self.loss = layer_items(model)
         for i, item in enumerate(self.items):
             where = _uninitialisable(item) if isinstance(item, nn.Module) else None

@@ -173,7 +173,7 @@ def test_a_factory_model_is_called_on_meta_and_layers_are_seeded_alone():
 @pytest.mark.parametrize("factory, message", [
     ("unresettable", "layer 1 cannot be built lazily: Unresettable holds parameters or buffers but has no "
                      "reset_parameters()"),
-    ("meta_hostile", "the factory failed on the meta device"),
+    ("meta_hostile", "on the meta device, so it cannot be built lazily"),
 ])
 def test_a_factory_that_cannot_be_built_lazily_is_one_line(tmp_path, factory, message):
     with pytest.raises(ModelError, match=message.replace("(", r"\(").replace(")", r"\)")):
