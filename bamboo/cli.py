@@ -20,6 +20,7 @@ import tempfile
 from bamboo.config import DTYPES, JobConfig, Preempt
 from bamboo.api import ModelSource
 from bamboo.models import MODELS, PRECISIONS
+from bamboo.plot import check_output
 from bamboo.recipe import SCHEDULES, check as check_recipe
 
 
@@ -173,17 +174,8 @@ def local_cluster(args):
 
 def check_writable(path: str | None, flag: str) -> None:
     """Fail now, not after training, if `path`'s directory cannot take a file."""
-    if not path:
-        return
-    if os.path.isdir(path):
-        raise ValueError(f"{flag} {path!r}: is a directory")
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(directory, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, suffix=".tmp"):
-            pass
-    except OSError as e:
-        raise ValueError(f"{flag} {path!r}: cannot write there ({e.strerror or e})") from None
+    if path:
+        check_output(path, flag)  # its BadInput is a ValueError, as the callers catch
 
 
 def check_directory(path: str | None, flag: str) -> None:
