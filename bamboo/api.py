@@ -18,6 +18,7 @@ import sys
 import torch
 import torch.nn as nn
 
+from bamboo.data import BYTE_VOCAB
 from bamboo.models import MODELS, build_layer, num_layers, token_loss
 
 
@@ -100,6 +101,16 @@ class ModelSource:
             raise ModelError(f"--seq {seq} is longer than the model's {self.hf.max_seq} positions")
         self.config, self._layers = self.hf.config, None
         self.count, self.seq, self.loss, self.ties = self.hf.count, seq, causal_lm_loss, self.hf.ties()
+
+    @property
+    def vocab(self) -> int:
+        """How many token ids the model embeds: a built-in's or a Hugging Face
+        config's; a factory model takes byte tokens (256)."""
+        if self.hf is not None:
+            return self.config.vocab_size
+        if self._layers is None:
+            return self.config.vocab
+        return BYTE_VOCAB
 
     def _build(self, index: int) -> nn.Module:
         if self.hf is None:

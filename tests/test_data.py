@@ -1,0 +1,91 @@
+"""Training data: token files (nanoGPT's flat uint16/uint32 arrays) mapped from disk,
+the held-out validation tail, and the checks against the model's vocabulary."""
+import numpy as np
+import pytest
+import torch
+
+from bamboo.data import ByteCorpus, DataError, TokenFile, open_corpus
+
+SEQ, BATCH = 16, 3
+
+
+def token_file(path, ids, dtype=np.uint16):
+    np.asarray(ids, dtype=dtype).tofile(path)
+    return path
+
+
+@pytest.fixture
+def marked(tmp_path):
+    """900 training ids in 0..99 then 100 held-out ids in 200..255: where a sample
+    came from shows in its ids."""
+    rng = np.random.default_rng(0)
+    ids = np.concatenate([rng.integers(0, 100, 900), rng.integers(200, 256, 100)])
+    return token_file(tmp_path / "train.bin", ids)
+
+
+def test_a_token_file_is_mapped_and_sampled_from_seed_iteration_and_index(marked):
+    corpus = TokenFile(marked, "uint16", SEQ, BATCH, seed=4, val_fraction=0.1)
+    assert isinstance(corpus.tokens, np.memmap) and len(corpus.tokens) == 1000
+    x, y = corpus.microbatch(3, 1)
+    again = TokenFile(marked, "uint16", SEQ, BATCH, seed=4, val_fraction=0.1).microbatch(3, 1)
+    assert torch.equal(x, again[0]) and torch.equal(y, again[1]) and x.shape == (BATCH, SEQ)
+    assert x.dtype == torch.int64 and torch.equal(x[:, 1:], y[:, :-1])
+    assert not torch.equal(corpus.microbatch(3, 2)[0], x)
+
+
+def test_training_never_reaches_the_held_out_tail_and_validation_stays_in_it(marked):
+    corpus = TokenFile(marked, "uint16", SEQ, BATCH, seed=1, val_fraction=0.1)
+    assert corpus.train_end == 900 and corpus.val_tokens == 100
+    for it in range(40):
+        for g in range(4):
+            x, y = corpus.microbatch(it, g)
+            assert int(torch.cat([x, y]).max()) < 100
+    for g in range(8):
+        x, y = corpus.validation(g)
+        assert int(torch.cat([x, y]).min()) >= 200
+        assert torch.equal(x, corpus.validation(g)[0])  # the same batches at every evaluation
+    assert not torch.equal(corpus.validation(0)[0], corpus.validation(1)[0])
+
+
+def test_without_a_held_out_tail_the_samples_are_unchanged(tmp_path):
+    """val_fraction 0 draws exactly what the corpus drew before it had a split."""
+    corpus = ByteCorpus(seq=SEQ, batch=BATCH, seed=7)
+    rng = np.random.default_rng([7, 4, 2])
+    starts = rng.integers(0, len(corpus.tokens) - SEQ - 1, size=BATCH)
+    want = np.stack([corpus.tokens[s:s + SEQ] for s in starts]).astype(np.int64)
+    assert torch.equal(corpus.microbatch(4, 2)[0], torch.from_numpy(want))
+
+
+def test_uint32_files_and_the_vocabulary_check(tmp_path):
+    path = token_file(tmp_path / "big.bin", [5, 70000, 3] * 20, np.uint32)
+    corpus = TokenFile(path, "uint32", 8, 1, 0, 0.0)
+    corpus.check_vocabulary(70001, "m")
+    with pytest.raises(DataError, match=r"token id 70000 at position 1 is outside model m's vocabulary of 50257"):
+        corpus.check_vocabulary(50257, "m")
+    with pytest.raises(DataError, match="more than model m's vocabulary of 100"):
+        ByteCorpus(seq=8).check_vocabulary(100, "m")
+
+
+@pytest.mark.parametrize("ids,dtype,seq,fraction,message", [
+    (b"\x01\x00\x02", None, 4, 0.0, "3 bytes, not a whole number of uint16 ids"),
+    ([1, 2, 3, 4], np.uint16, 4, 0.0, "4 training tokens, fewer than one sequence of 5"),
+    (list(range(20)), np.uint16, 10, 0.5, "10 training tokens, fewer than one sequence of 11 .after holding out 10 "),
+    (b"", None, 4, 0.0, "0 training tokens"),
+])
+def test_token_files_that_cannot_be_used(tmp_path, ids, dtype, seq, fraction, message):
+    path = tmp_path / "t.bin"
+    path.write_bytes(ids) if dtype is None else token_file(path, ids, dtype)
+    with pytest.raises(DataError, match=message):
+        TokenFile(path, "uint16", seq, 1, 0, fraction)
+
+
+def test_validation_needs_a_sequence_in_the_tail_and_token_files_come_alone(tmp_path, marked):
+    corpus = TokenFile(marked, "uint16", SEQ, 1, 0, 0.01)  # 10 held out, fewer than 17
+    with pytest.raises(DataError, match="holds out 10 tokens, fewer than one validation sequence of 17"):
+        corpus.check_validation()
+    text = tmp_path / "a.txt"
+    text.write_text("hello " * 100)
+    with pytest.raises(DataError, match="must be the only file"):
+        open_corpus([str(text), str(marked)], "uint16", SEQ, 1, 0, 0.0)
+    with pytest.raises(DataError, match="cannot read token file"):
+        TokenFile(tmp_path / "missing.bin")
