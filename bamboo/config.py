@@ -10,10 +10,15 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 @dataclass(frozen=True)
 class Preempt:
-    """SIGKILL node `node` just before instruction `instruction` of `iteration`."""
+    """SIGKILL node `node` just before instruction `instruction` of `iteration`'s
+    training stream, or (phase "eval") of its evaluation stream after the step."""
     node: int
     iteration: int
     instruction: int = 0
+    phase: str = "train"
+
+    def fires(self, node: int, iteration: int, instruction: int, phase: str) -> bool:
+        return (self.node, self.iteration, self.instruction, self.phase) == (node, iteration, instruction, phase)
 
 
 @dataclass(frozen=True)
