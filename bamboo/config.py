@@ -49,7 +49,11 @@ class JobConfig:
     straggler_slack: float = 3.0   # ... and this many seconds more: the node is a straggler, fenced
     stall_timeout: float = 1800.0  # the launcher gives up when no iteration ends for this long
     preempt: tuple[Preempt, ...] = field(default_factory=tuple)
-    data_files: tuple[str, ...] = field(default_factory=tuple)
+    data_files: tuple[str, ...] = field(default_factory=tuple)  # text files, or one token file (.bin)
+    token_dtype: str = "uint16"    # of a token file's ids (bamboo/data.py)
+    val_fraction: float = 0.05     # the tail of the token stream held out for validation
+    eval_every: int = 0            # validation loss after every K-th iteration (and the last); 0: never
+    eval_batches: int = 8          # validation microbatches per evaluation (fixed, global)
     save_dir: str | None = None   # final parameters, one file per layer
     checkpoint: str | None = None  # a directory or s3://bucket/prefix
     checkpoint_every: int = 0      # iterations between checkpoints (0: never)
@@ -68,6 +72,10 @@ class JobConfig:
     def nodes(self) -> int:
         return self.stages * self.pipelines
 
+    def evaluates(self, iteration: int) -> bool:
+        """Whether the validation loss is computed after `iteration`'s step."""
+        return evaluated(iteration, self.eval_every, self.iterations)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -76,6 +84,11 @@ class JobConfig:
         d = dict(d, preempt=tuple(Preempt(**p) for p in d["preempt"]), data_files=tuple(d["data_files"]),
                  betas=tuple(d["betas"]))
         return cls(**d)
+
+
+def evaluated(iteration: int, every: int, iterations: int) -> bool:
+    """After every `every`-th iteration's step, and after the last (0: never)."""
+    return every > 0 and ((iteration + 1) % every == 0 or iteration == iterations - 1)
 
 
 def dropout_seed_for(seed: int, iteration: int, microbatch: int) -> int:

@@ -1,5 +1,10 @@
 """Training data: token files (nanoGPT's flat uint16/uint32 arrays) mapped from disk,
-the held-out validation tail, and the checks against the model's vocabulary."""
+the held-out validation tail, the checks against the model's vocabulary, and the
+one line bamboo-train prints for data it cannot use (nothing written)."""
+import signal
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -89,3 +94,54 @@ def test_validation_needs_a_sequence_in_the_tail_and_token_files_come_alone(tmp_
         open_corpus([str(text), str(marked)], "uint16", SEQ, 1, 0, 0.0)
     with pytest.raises(DataError, match="cannot read token file"):
         TokenFile(tmp_path / "missing.bin")
+
+
+def bad_token_files(tmp_path):
+    odd = tmp_path / "odd.bin"
+    odd.write_bytes(bytes(2001))
+    wide = token_file(tmp_path / "wide.bin", [1, 2, 300] * 400)
+    return odd, wide
+
+
+def cases(tmp_path):
+    odd, wide = bad_token_files(tmp_path)
+    good = token_file(tmp_path / "good.bin", list(range(256)) * 8)
+    return [
+        (["--data", str(odd)], "2001 bytes, not a whole number of uint16 ids"),
+        (["--data", str(wide)], "token id 300 at position 2 is outside model tiny's vocabulary of 256"),
+        (["--data", str(good), "--token-dtype", "uint32"], "outside model tiny's vocabulary"),  # read as uint32
+        (["--data", str(good), str(odd)], "must be the only file"),
+        (["--data", str(good), "--eval-every", "2", "--val-fraction", "0"], "holds out 0 tokens"),
+        (["--val-fraction", "1"], "--val-fraction must be at least 0 and below 1"),
+        (["--eval-every", "-1"], "--eval-every must not be negative"),
+        (["--eval-every", "1", "--eval-batches", "0"], "--eval-batches must be at least 1"),
+        (["--stages", "2", "--iterations", "4", "--eval-every", "2", "--preempt", "1@0:eval1"],
+         "evaluates nothing after iteration 0"),
+        (["--stages", "2", "--eval-every", "1", "--eval-batches", "2", "--preempt", "1@0:eval99"],
+         "instructions an evaluation"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(10))
+def test_bad_data_gives_one_line_and_status_2(tmp_path, capsys, index):
+    from bamboo.cli import main
+    args, message = cases(tmp_path)[index]
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        status = main(["--no-progress", "--iterations", "1", *args, "--metrics-out", str(tmp_path / "m.jsonl")])
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and message in lines[0], lines
+    assert not (tmp_path / "m.jsonl").exists()
+
+
+def test_a_bad_token_file_from_a_real_process_writes_nothing(tmp_path):
+    odd, wide = bad_token_files(tmp_path)
+    for path, message in ((odd, "not a whole number of uint16 ids"), (wide, "outside model tiny's vocabulary")):
+        out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--no-progress", "--stages", "2", "--data", str(path),
+                              "--metrics-out", str(tmp_path / "out" / "m.jsonl"), "--save-dir", str(tmp_path / "p")],
+                             capture_output=True, text=True, timeout=120)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and message in lines[0], out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["odd.bin", "wide.bin"]
