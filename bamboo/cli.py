@@ -19,7 +19,7 @@ import tempfile
 
 from bamboo.config import DTYPES, JobConfig, Preempt, evaluated
 from bamboo.api import ModelSource
-from bamboo.data import TOKEN_DTYPES, open_corpus
+from bamboo.data import TOKEN_DTYPES, corpora
 from bamboo.models import MODELS, PRECISIONS
 from bamboo.recipe import SCHEDULES, check as check_recipe
 
@@ -60,8 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text files to train on as bytes (default: the Python standard library's sources), or one "
                         "token file FILE.bin (a flat array of --token-dtype ids, as nanoGPT's prepare.py writes)")
     p.add_argument("--token-dtype", choices=sorted(TOKEN_DTYPES), default="uint16", help="of a token file's ids")
-    p.add_argument("--val-fraction", type=float, default=0.05, metavar="F",
-                   help="the tail of the token stream held out for validation, never trained on")
+    p.add_argument("--val-fraction", type=float, metavar="F",
+                   help="the tail of the token stream held out for validation, never trained on (default 0.05)")
+    p.add_argument("--val-data", nargs="+", default=[], metavar="FILE",
+                   help="validate on these files instead (nanoGPT's val.bin, or text); the training data are not split")
     p.add_argument("--eval-every", type=int, default=0, metavar="K",
                    help="validation loss on the pipeline after every K-th iteration and the last; 0: never")
     p.add_argument("--eval-batches", type=int, default=8, metavar="N",
@@ -232,15 +234,19 @@ def read_model_config(args) -> str | None:
 def check_data(args, source: ModelSource) -> None:
     """The data fit the model and the evaluation, checked before any process starts
     (a token file is scanned once, here, for ids outside the vocabulary)."""
+    if args.val_data and args.val_fraction is not None:
+        raise ValueError("--val-data and --val-fraction: validate on a file or on the data's tail, not both")
+    args.val_fraction = (0.0 if args.val_data else 0.05) if args.val_fraction is None else args.val_fraction
     if not 0 <= args.val_fraction < 1:
         raise ValueError(f"--val-fraction must be at least 0 and below 1 (got {args.val_fraction})")
     if args.eval_every < 0 or args.eval_batches < 1:
         raise ValueError(f"--eval-every must not be negative and --eval-batches must be at least 1 "
                          f"(got {args.eval_every} and {args.eval_batches})")
-    corpus = open_corpus(args.data, args.token_dtype, source.seq, args.batch, args.seed, args.val_fraction)
-    corpus.check_vocabulary(source.vocab, args.model_config or args.model)
+    found = corpora(args.data, args.val_data, args.token_dtype, source.seq, args.batch, args.seed, args.val_fraction)
+    for corpus in found:
+        corpus.check_vocabulary(source.vocab, args.model_config or args.model)
     if args.eval_every:
-        corpus.check_validation()
+        found[0].check_validation()
 
 
 def config_from_args(args) -> JobConfig:
@@ -293,8 +299,8 @@ def config_from_args(args) -> JobConfig:
                      hang_timeout=args.hang_timeout, stall_timeout=args.stall_timeout,
                      straggler_factor=args.straggler_factor, straggler_slack=args.straggler_slack,
                      preempt=preempt, data_files=tuple(args.data), token_dtype=args.token_dtype,
-                     val_fraction=args.val_fraction, eval_every=args.eval_every, eval_batches=args.eval_batches,
-                     save_dir=args.save_dir, check_replicas=args.check_replicas,
+                     val_fraction=args.val_fraction, val_files=tuple(args.val_data), eval_every=args.eval_every,
+                     eval_batches=args.eval_batches, save_dir=args.save_dir, check_replicas=args.check_replicas,
                      checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
                      checkpoint_seconds=args.checkpoint_seconds, resume=args.resume,
                      elastic=args.local_nodes is not None, layers=layers, job=args.job or "job")

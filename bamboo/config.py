@@ -51,7 +51,8 @@ class JobConfig:
     preempt: tuple[Preempt, ...] = field(default_factory=tuple)
     data_files: tuple[str, ...] = field(default_factory=tuple)  # text files, or one token file (.bin)
     token_dtype: str = "uint16"    # of a token file's ids (bamboo/data.py)
-    val_fraction: float = 0.05     # the tail of the token stream held out for validation
+    val_fraction: float = 0.05     # the tail of the token stream held out for validation ...
+    val_files: tuple[str, ...] = field(default_factory=tuple)  # ... unless validation has files of its own
     eval_every: int = 0            # validation loss after every K-th iteration (and the last); 0: never
     eval_batches: int = 8          # validation microbatches per evaluation (fixed, global)
     save_dir: str | None = None   # final parameters, one file per layer
@@ -82,6 +83,7 @@ class JobConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "JobConfig":
         d = dict(d, preempt=tuple(Preempt(**p) for p in d["preempt"]), data_files=tuple(d["data_files"]),
+                 val_files=tuple(d.get("val_files", ())),
                  betas=tuple(d["betas"]))
         return cls(**d)
 

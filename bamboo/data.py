@@ -8,7 +8,8 @@ or one token file (`FILE.bin`: a flat array of uint16 or uint32 ids, as nanoGPT'
 
 The tail of the token stream (`val_fraction` of it) is held out: training never
 samples a window that reaches into it, and the validation microbatches are
-drawn from it alone. Training microbatch g of iteration i is drawn from (seed, i,
+drawn from it alone; or they are drawn from a validation file of their own
+(nanoGPT's `val.bin`), and the training stream is not split. Training microbatch g of iteration i is drawn from (seed, i,
 g) alone, validation microbatch g from (seed, g), so every process, and the
 single-process reference, sees the same samples however the global batch is
 split across pipelines.
@@ -41,40 +42,48 @@ def is_token_file(path: str | pathlib.Path) -> bool:
 
 
 class Corpus:
-    """A token stream: a training head and a held-out validation tail."""
+    """A token stream: a training head and a held-out validation tail (or, after
+    `validate_on`, all of another stream)."""
 
     def __init__(self, tokens: np.ndarray, seq: int, batch: int, seed: int, val_fraction: float, what: str):
         self.tokens, self.seq, self.batch, self.seed, self.what = tokens, seq, batch, seed, what
         held = int(len(tokens) * val_fraction)
         self.train_end = len(tokens) - held  # training windows end before this token
         if self.train_end < seq + 2:
-            raise DataError(f"{what} has {self.train_end} training tokens, fewer than one sequence of {seq + 1}"
+            raise DataError(f"{what} has {self.train_end} tokens, fewer than one sequence of {seq + 1}"
                             + (f" (after holding out {held} for validation)" if held else ""))
+        self.held = (tokens, self.train_end, f"{what}: --val-fraction holds out")  # validation's tokens from an index
+
+    def validate_on(self, other: "Corpus") -> None:
+        """Draw validation microbatches from all of `other` (a file of its own)."""
+        self.held = (other.tokens, 0, f"{other.what} (--val-data) has")
 
     @property
     def val_tokens(self) -> int:
-        return len(self.tokens) - self.train_end
+        tokens, start, _ = self.held
+        return len(tokens) - start
 
     def check_validation(self) -> None:
-        """Validation microbatches need at least one sequence in the held-out tail."""
+        """Validation microbatches need at least one sequence in the held-out tokens."""
         if self.val_tokens < self.seq + 2:
-            raise DataError(f"{self.what}: --val-fraction holds out {self.val_tokens} tokens, fewer than one "
-                            f"validation sequence of {self.seq + 1}")
+            raise DataError(f"{self.held[2]} {self.val_tokens} tokens, fewer than one validation sequence of "
+                            f"{self.seq + 1}")
 
     def microbatch(self, iteration: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, labels), each [batch, seq] int64: labels are inputs shifted by one."""
         rng = np.random.default_rng([self.seed, iteration, index])
-        return self._rows(rng.integers(0, self.train_end - self.seq - 1, size=self.batch))
+        return self._rows(self.tokens, rng.integers(0, self.train_end - self.seq - 1, size=self.batch))
 
     def validation(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Validation microbatch `index`, the same in every evaluation. Its windows
         lie in the held-out tail, so they share no token with a training window."""
         self.check_validation()
+        tokens, start, _ = self.held
         rng = np.random.default_rng([self.seed, index])
-        return self._rows(self.train_end + rng.integers(0, self.val_tokens - self.seq - 1, size=self.batch))
+        return self._rows(tokens, start + rng.integers(0, self.val_tokens - self.seq - 1, size=self.batch))
 
-    def _rows(self, starts) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.from_numpy(np.stack([self.tokens[s:s + self.seq + 1] for s in starts]).astype(np.int64))
+    def _rows(self, tokens, starts) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.from_numpy(np.stack([tokens[s:s + self.seq + 1] for s in starts]).astype(np.int64))
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 
     def check_vocabulary(self, vocab: int, model: str) -> None:
@@ -136,8 +145,21 @@ def open_corpus(files, token_dtype: str, seq: int, batch: int, seed: int, val_fr
 
 
 def corpus_of(cfg, seq: int) -> Corpus:
-    """The job's corpus (`cfg` a JobConfig; `seq` the model's sequence length)."""
-    return open_corpus(cfg.data_files, cfg.token_dtype, seq, cfg.batch, cfg.seed, cfg.val_fraction)
+    """The job's corpus (`cfg` a JobConfig; `seq` the model's sequence length),
+    validated on its held-out tail or on cfg.val_files."""
+    return corpora(cfg.data_files, cfg.val_files, cfg.token_dtype, seq, cfg.batch, cfg.seed, cfg.val_fraction)[0]
+
+
+def corpora(files, val_files, token_dtype: str, seq: int, batch: int, seed: int,
+            val_fraction: float) -> list[Corpus]:
+    """The training corpus, then the validation file's when there is one (the
+    training stream is then not split)."""
+    train = open_corpus(files, token_dtype, seq, batch, seed, 0.0 if val_files else val_fraction)
+    if not val_files:
+        return [train]
+    validation = open_corpus(val_files, token_dtype, seq, batch, seed, 0.0)
+    train.validate_on(validation)
+    return [train, validation]
 
 
 def split_microbatches(total: int, pipelines: int) -> list[range]:

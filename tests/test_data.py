@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from bamboo.data import ByteCorpus, DataError, TokenFile, open_corpus
+from bamboo.data import ByteCorpus, DataError, TokenFile, corpora, open_corpus
 
 SEQ, BATCH = 16, 3
 
@@ -73,9 +73,9 @@ def test_uint32_files_and_the_vocabulary_check(tmp_path):
 
 @pytest.mark.parametrize("ids,dtype,seq,fraction,message", [
     (b"\x01\x00\x02", None, 4, 0.0, "3 bytes, not a whole number of uint16 ids"),
-    ([1, 2, 3, 4], np.uint16, 4, 0.0, "4 training tokens, fewer than one sequence of 5"),
-    (list(range(20)), np.uint16, 10, 0.5, "10 training tokens, fewer than one sequence of 11 .after holding out 10 "),
-    (b"", None, 4, 0.0, "0 training tokens"),
+    ([1, 2, 3, 4], np.uint16, 4, 0.0, "4 tokens, fewer than one sequence of 5"),
+    (list(range(20)), np.uint16, 10, 0.5, "10 tokens, fewer than one sequence of 11 .after holding out 10 "),
+    (b"", None, 4, 0.0, "has 0 tokens"),
 ])
 def test_token_files_that_cannot_be_used(tmp_path, ids, dtype, seq, fraction, message):
     path = tmp_path / "t.bin"
@@ -96,6 +96,18 @@ def test_validation_needs_a_sequence_in_the_tail_and_token_files_come_alone(tmp_
         TokenFile(tmp_path / "missing.bin")
 
 
+def test_a_validation_file_of_its_own_leaves_the_training_stream_whole(tmp_path, marked):
+    """nanoGPT's train.bin and val.bin: validation draws only from val.bin."""
+    val = token_file(tmp_path / "val.bin", np.arange(200, 256).repeat(3))
+    train, validation = corpora([str(marked)], [str(val)], "uint16", SEQ, BATCH, 2, 0.0)
+    assert train.train_end == 1000 and train.val_tokens == len(validation.tokens) == 168
+    for g in range(8):
+        assert int(train.validation(g)[0].min()) >= 200
+    small = token_file(tmp_path / "small.bin", [1] * 10)
+    with pytest.raises(DataError, match="small.bin has 10 tokens, fewer than one sequence of 17"):
+        corpora([str(marked)], [str(small)], "uint16", SEQ, BATCH, 2, 0.0)
+
+
 def bad_token_files(tmp_path):
     odd = tmp_path / "odd.bin"
     odd.write_bytes(bytes(2001))
@@ -113,6 +125,8 @@ def cases(tmp_path):
         (["--data", str(good), str(odd)], "must be the only file"),
         (["--data", str(good), "--eval-every", "2", "--val-fraction", "0"], "holds out 0 tokens"),
         (["--val-fraction", "1"], "--val-fraction must be at least 0 and below 1"),
+        (["--data", str(good), "--val-data", str(wide)], "token file " + str(wide) + ": token id 300 at position 2"),
+        (["--val-data", str(good), "--val-fraction", "0.1"], "not both"),
         (["--eval-every", "-1"], "--eval-every must not be negative"),
         (["--eval-every", "1", "--eval-batches", "0"], "--eval-batches must be at least 1"),
         (["--stages", "2", "--iterations", "4", "--eval-every", "2", "--preempt", "1@0:eval1"],
@@ -122,7 +136,7 @@ def cases(tmp_path):
     ]
 
 
-@pytest.mark.parametrize("index", range(10))
+@pytest.mark.parametrize("index", range(12))
 def test_bad_data_gives_one_line_and_status_2(tmp_path, capsys, index):
     from bamboo.cli import main
     args, message = cases(tmp_path)[index]

@@ -25,6 +25,14 @@ def tokens(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def val_file(tokens):
+    """nanoGPT's val.bin beside train.bin: validation on a file of its own."""
+    path = tokens.parent / "val.bin"
+    np.random.default_rng(1).integers(0, 256, 4_000).astype(np.uint16).tofile(path)
+    return path
+
+
 def common(tokens):
     return ["--model", "tiny", "--dtype", "float64", "--microbatches", "4", "--iterations", str(ITERS),
             "--seed", "3", "--data", str(tokens), "--eval-batches", "4"]
@@ -93,12 +101,15 @@ def test_evaluation_leaves_training_bit_equal(tmp_path, tokens, evaluated):
         assert all(torch.equal(a[k], b[k]) for k in a), f
 
 
-def test_a_node_killed_during_an_evaluation(tmp_path, tokens, reference):
-    """P=4: node 2 dies before its 5th evaluation instruction after iteration 3.
-    That evaluation is cut short on the pipeline and recorded as skipped; the
-    boundary handles the death as one between iterations, and iteration 4 trains
-    and evaluates on three nodes (node 1 runs stages 1 and 2), as the reference."""
-    got = train(tmp_path, tokens, "kill", "--stages", "4", "--eval-every", "2", "--preempt", "2@3:eval4")
+def test_a_node_killed_during_an_evaluation(tmp_path, tokens, val_file):
+    """P=4, validating on val.bin: node 2 dies before its 5th evaluation instruction
+    after iteration 3. That evaluation is cut short on the pipeline and recorded as
+    skipped; the boundary handles the death as one between iterations, and
+    iteration 4 trains and evaluates on three nodes (node 1 runs stages 1 and 2),
+    as the reference."""
+    files = ["--eval-every", "2", "--val-data", str(val_file)]
+    reference = train(tmp_path, tokens, "reference", "--stages", "1", *files)
+    got = train(tmp_path, tokens, "kill", "--stages", "4", *files, "--preempt", "2@3:eval4")
     assert_same(got, reference, skipped=[3])
     records = got[0]
     events = {e["type"]: e for e in records[3]["events"]}
