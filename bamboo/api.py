@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from bamboo.factory import FactoryError, FactoryModel
+from bamboo.data import BYTE_VOCAB
 from bamboo.models import MODELS, build_layer, num_layers, token_loss
 
 
@@ -74,6 +75,16 @@ class ModelSource:
             raise ModelError(f"--seq {seq} is longer than the model's {self.hf.max_seq} positions")
         self.config = self.hf.config
         self.count, self.seq, self.loss, self.ties = self.hf.count, seq, causal_lm_loss, self.hf.ties()
+
+    @property
+    def vocab(self) -> int:
+        """How many token ids the model embeds: a built-in's or a Hugging Face
+        config's; a factory model takes byte tokens (256)."""
+        if self.hf is not None:
+            return self.config.vocab_size
+        if self.factory is None:
+            return self.config.vocab
+        return BYTE_VOCAB
 
     def _build(self, index: int) -> nn.Module:
         if self.hf is None and self.factory is None:

@@ -17,8 +17,9 @@ import signal
 import sys
 import tempfile
 
-from bamboo.config import DTYPES, JobConfig, Preempt
+from bamboo.config import DTYPES, JobConfig, Preempt, evaluated
 from bamboo.api import ModelSource
+from bamboo.data import TOKEN_DTYPES, corpora
 from bamboo.models import MODELS, PRECISIONS
 from bamboo.plot import check_output
 from bamboo.recipe import SCHEDULES, check as check_recipe
@@ -57,7 +58,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="bf16: autocast forwards over float32 weights; fp16 needs CUDA")
     p.add_argument("--data", nargs="+", default=[], metavar="FILE",
-                   help="text files to train on (default: the Python standard library's sources)")
+                   help="text files to train on as bytes (default: the Python standard library's sources), or one "
+                        "token file FILE.bin (a flat array of --token-dtype ids, as nanoGPT's prepare.py writes)")
+    p.add_argument("--token-dtype", choices=sorted(TOKEN_DTYPES), default="uint16", help="of a token file's ids")
+    p.add_argument("--val-fraction", type=float, metavar="F",
+                   help="the tail of the token stream held out for validation, never trained on (default 0.05)")
+    p.add_argument("--val-data", nargs="+", default=[], metavar="FILE",
+                   help="validate on these files instead (nanoGPT's val.bin, or text); the training data are not split")
+    p.add_argument("--eval-every", type=int, default=0, metavar="K",
+                   help="validation loss on the pipeline after every K-th iteration and the last; 0: never")
+    p.add_argument("--eval-batches", type=int, default=8, metavar="N",
+                   help="validation microbatches per evaluation (fixed, split over the pipelines)")
     p.add_argument("--metrics-out", metavar="FILE", help="JSON lines, one per iteration, then a summary")
     p.add_argument("--plot", metavar="PNG", help="at the end, draw loss, samples/s and live nodes against "
                                                  "wall-clock time, with the run's events marked (bamboo-plot)")
@@ -72,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="checkpoint once T seconds passed since the last one")
     p.add_argument("--resume", action="store_true", help="start from the newest complete checkpoint")
     p.add_argument("--preempt", action="append", default=[], metavar="NODE@ITER[:INSTR]",
-                   help="SIGKILL that worker just before that instruction (repeatable), or 'random'")
+                   help="SIGKILL that worker just before that instruction (repeatable; INSTR evalK: before "
+                        "instruction K of its evaluation stream after the step), or 'random'")
     p.add_argument("--failure-timeout", type=float, default=3.0,
                    help="seconds without a lease refresh after which a node counts as dead")
     p.add_argument("--lease-ttl", type=float, default=15.0,
@@ -135,20 +147,38 @@ def parse_preempts(specs: list[str], args) -> tuple[Preempt, ...]:
         try:
             node, _, rest = spec.partition("@")
             it, _, ins = rest.partition(":")
-            p = Preempt(int(node), int(it), int(ins or 0))
+            phase = "eval" if ins.startswith("eval") else "train"
+            p = Preempt(int(node), int(it), int(ins.removeprefix("eval") or 0), phase)
         except ValueError:
-            raise ValueError(f"--preempt {spec!r}: expected NODE@ITERATION[:INSTRUCTION] or 'random'") from None
+            raise ValueError(f"--preempt {spec!r}: expected NODE@ITERATION[:[eval]INSTRUCTION] or 'random'") from None
         if not 0 <= p.node < nodes:
             raise ValueError(f"--preempt {spec!r}: node {p.node} is out of range 0..{nodes - 1}")
         if not 0 <= p.iteration < args.iterations:
             raise ValueError(f"--preempt {spec!r}: iteration {p.iteration} is out of range "
                              f"0..{args.iterations - 1} (it would never fire)")
-        length = len(fault_free_stream(args, p.node % (args.stages * args.pipelines)))
+        length = len(preempted_stream(args, p, spec))
         if not 0 <= p.instruction <= length:
-            raise ValueError(f"--preempt {spec!r}: node {p.node} runs {length} instructions an iteration "
+            raise ValueError(f"--preempt {spec!r}: node {p.node} runs {length} instructions "
+                             f"{'an evaluation' if phase == 'eval' else 'an iteration'} "
                              f"(0..{length} allowed; {length} is after the last)")
         out.append(p)
     return tuple(out)
+
+
+def preempted_stream(args, p: Preempt, spec: str) -> list:
+    """The fault-free stream a --preempt counts instructions in: the node's training
+    stream, or its evaluation stream after an evaluated iteration's step."""
+    node = p.node % (args.stages * args.pipelines)
+    if p.phase == "train":
+        return fault_free_stream(args, node)
+    from schedules.compiler import compile_eval
+    from bamboo.data import split_microbatches
+
+    m = len(split_microbatches(args.eval_batches, args.pipelines)[node // args.stages])
+    if not evaluated(p.iteration, args.eval_every, args.iterations) or not m:
+        raise ValueError(f"--preempt {spec!r}: node {p.node} evaluates nothing after iteration {p.iteration} "
+                         f"(--eval-every {args.eval_every}, --eval-batches {args.eval_batches})")
+    return compile_eval(args.stages, m, (), args.redundancy).streams[node % args.stages]
 
 
 def local_cluster(args):
@@ -233,17 +263,36 @@ def read_model_config(args) -> str | None:
         raise ValueError(f"--model-config {args.model_config!r}: cannot read it ({e.strerror})") from None
 
 
+def check_data(args, source: ModelSource) -> None:
+    """The data fit the model and the evaluation, checked before any process starts
+    (a token file is scanned once, here, for ids outside the vocabulary)."""
+    if args.val_data and args.val_fraction is not None:
+        raise ValueError("--val-data and --val-fraction: validate on a file or on the data's tail, not both")
+    args.val_fraction = (0.0 if args.val_data else 0.05) if args.val_fraction is None else args.val_fraction
+    if not 0 <= args.val_fraction < 1:
+        raise ValueError(f"--val-fraction must be at least 0 and below 1 (got {args.val_fraction})")
+    if args.eval_every < 0 or args.eval_batches < 1:
+        raise ValueError(f"--eval-every must not be negative and --eval-batches must be at least 1 "
+                         f"(got {args.eval_every} and {args.eval_batches})")
+    found = corpora(args.data, args.val_data, args.token_dtype, source.seq, args.batch, args.seed, args.val_fraction)
+    for corpus in found:
+        corpus.check_vocabulary(source.vocab, args.model_config or args.model)
+    if args.eval_every:
+        found[0].check_validation()
+
+
 def config_from_args(args) -> JobConfig:
     if args.local_nodes is not None:
         args.pipelines = max(1, args.local_nodes // max(1, args.stages))  # at the start
     for name in ("stages", "pipelines", "microbatches", "iterations", "batch"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1 (got {getattr(args, name)})")
-    check_outputs(args)
     check_recipe(args)
     check_precision(args)
     model_config = read_model_config(args)
-    layers = ModelSource(args.model, args.seed, seq=args.seq, config_json=model_config).count
+    source = ModelSource(args.model, args.seed, seq=args.seq, config_json=model_config)
+    layers = source.count
+    check_data(args, source)
     if args.stages > layers:
         raise ValueError(f"--stages {args.stages} is more than model {args.model}'s {layers} layers")
     if args.microbatches < args.pipelines:
@@ -268,6 +317,8 @@ def config_from_args(args) -> JobConfig:
         raise ValueError("checkpoints need a pipeline (--stages 2 or more)")
     if args.stages == 1 and args.pipelines > 1:
         raise ValueError("--stages 1 is the single-process reference: use --pipelines 1")
+    preempt = parse_preempts(args.preempt, args) if args.stages > 1 else ()
+    check_outputs(args)  # last: it may create the directories
     return JobConfig(model="hf:config" if model_config else args.model, model_config=model_config, stages=args.stages, pipelines=args.pipelines,
                      microbatches=args.microbatches, iterations=args.iterations, redundancy=args.redundancy,
                      seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
@@ -276,8 +327,9 @@ def config_from_args(args) -> JobConfig:
                      failure_timeout=args.failure_timeout, lease_ttl=args.lease_ttl,
                      hang_timeout=args.hang_timeout, stall_timeout=args.stall_timeout,
                      straggler_factor=args.straggler_factor, straggler_slack=args.straggler_slack,
-                     preempt=parse_preempts(args.preempt, args) if args.stages > 1 else (),
-                     data_files=tuple(args.data), save_dir=args.save_dir, check_replicas=args.check_replicas,
+                     preempt=preempt, data_files=tuple(args.data), token_dtype=args.token_dtype,
+                     val_fraction=args.val_fraction, val_files=tuple(args.val_data), eval_every=args.eval_every,
+                     eval_batches=args.eval_batches, save_dir=args.save_dir, check_replicas=args.check_replicas,
                      checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
                      checkpoint_seconds=args.checkpoint_seconds, resume=args.resume,
                      elastic=args.local_nodes is not None, layers=layers, job=args.job or "job")

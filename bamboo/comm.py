@@ -6,6 +6,9 @@ receiver, kind), as the compiler assumes. Receiving is done ahead by one mailbox
 thread per incoming channel, so a node always knows exactly how many messages a
 peer delivered: after a peer dies that count is what tells survivors how far it
 got. A peer's death shows up as an error on its channel (gloo closes the pair).
+Evaluation streams send their activations on channels of their own (another
+tag, other mailboxes), so an evaluation cut short by a death never leaves a
+message where training would take it, nor changes training's counts.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import torch.distributed as dist
 from schedules.ir import Op
 
 TAGS = {Op.SEND_ACT: 1, Op.SEND_GRAD: 2, Op.SEND_SYNC: 3}
+EVAL_TAGS = {Op.SEND_ACT: 4}  # evaluation's activations (Comm.evaluation)
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64]
 _HEADER = 10  # ndim, up to 8 dims, dtype code
 
@@ -57,7 +61,7 @@ class _Mailbox:
             self.cond.notify()
 
     def _run(self) -> None:
-        src, tag, pg = self.comm.rank_of[self.peer], TAGS[self.kind], self.comm.pg
+        src, tag, pg = self.comm.rank_of[self.peer], self.comm.tags[self.kind], self.comm.pg
         while True:
             with self.cond:
                 while self.received >= self.expected:
@@ -95,7 +99,7 @@ class _Outbox:
         return done
 
     def _run(self) -> None:
-        dst, tag, pg = self.comm.rank_of[self.peer], TAGS[self.kind], self.comm.pg
+        dst, tag, pg = self.comm.rank_of[self.peer], self.comm.tags[self.kind], self.comm.pg
         while True:
             tensor, done = self.queue.get()
             try:
@@ -108,10 +112,12 @@ class _Outbox:
 
 
 class Comm:
-    def __init__(self, pg: dist.ProcessGroup, rank_of: dict[int, int], device: torch.device):
-        self.pg, self.rank_of, self.device = pg, rank_of, device
+    def __init__(self, pg: dist.ProcessGroup, rank_of: dict[int, int], device: torch.device, tags: dict = TAGS):
+        self.pg, self.rank_of, self.device, self.tags = pg, rank_of, device, tags
         self._boxes: dict[tuple[int, Op], _Mailbox] = {}
         self._outboxes: dict[tuple[int, Op], _Outbox] = {}
+        # The same group's evaluation channels (no threads until first used).
+        self.evaluation = Comm(pg, rank_of, device, EVAL_TAGS) if tags is TAGS else None
 
     def _box(self, peer: int, kind: Op) -> _Mailbox:
         if (peer, kind) not in self._boxes:

@@ -10,10 +10,15 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 @dataclass(frozen=True)
 class Preempt:
-    """SIGKILL node `node` just before instruction `instruction` of `iteration`."""
+    """SIGKILL node `node` just before instruction `instruction` of `iteration`'s
+    training stream, or (phase "eval") of its evaluation stream after the step."""
     node: int
     iteration: int
     instruction: int = 0
+    phase: str = "train"
+
+    def fires(self, node: int, iteration: int, instruction: int, phase: str) -> bool:
+        return (self.node, self.iteration, self.instruction, self.phase) == (node, iteration, instruction, phase)
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,12 @@ class JobConfig:
     straggler_slack: float = 3.0   # ... and this many seconds more: the node is a straggler, fenced
     stall_timeout: float = 1800.0  # the launcher gives up when no iteration ends for this long
     preempt: tuple[Preempt, ...] = field(default_factory=tuple)
-    data_files: tuple[str, ...] = field(default_factory=tuple)
+    data_files: tuple[str, ...] = field(default_factory=tuple)  # text files, or one token file (.bin)
+    token_dtype: str = "uint16"    # of a token file's ids (bamboo/data.py)
+    val_fraction: float = 0.05     # the tail of the token stream held out for validation ...
+    val_files: tuple[str, ...] = field(default_factory=tuple)  # ... unless validation has files of its own
+    eval_every: int = 0            # validation loss after every K-th iteration (and the last); 0: never
+    eval_batches: int = 8          # validation microbatches per evaluation (fixed, global)
     save_dir: str | None = None   # final parameters, one file per layer
     checkpoint: str | None = None  # a directory or s3://bucket/prefix
     checkpoint_every: int = 0      # iterations between checkpoints (0: never)
@@ -63,14 +73,24 @@ class JobConfig:
     def nodes(self) -> int:
         return self.stages * self.pipelines
 
+    def evaluates(self, iteration: int) -> bool:
+        """Whether the validation loss is computed after `iteration`'s step."""
+        return evaluated(iteration, self.eval_every, self.iterations)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "JobConfig":
         d = dict(d, preempt=tuple(Preempt(**p) for p in d["preempt"]), data_files=tuple(d["data_files"]),
+                 val_files=tuple(d.get("val_files", ())),
                  betas=tuple(d["betas"]))
         return cls(**d)
+
+
+def evaluated(iteration: int, every: int, iterations: int) -> bool:
+    """After every `every`-th iteration's step, and after the last (0: never)."""
+    return every > 0 and ((iteration + 1) % every == 0 or iteration == iterations - 1)
 
 
 def dropout_seed_for(seed: int, iteration: int, microbatch: int) -> int:

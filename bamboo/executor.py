@@ -11,8 +11,6 @@ the same position.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import time
 from collections import Counter
 
@@ -23,10 +21,10 @@ from schedules.ir import Instr, Op, RECVS, SENDS
 from bamboo.comm import Comm, Interrupted, PeerFailure
 from bamboo import recipe
 from bamboo.config import JobConfig, dropout_seed_for
-from bamboo.exits import Fenced
+from bamboo.exits import Fenced, preempt_if_due
 from bamboo.failover import AbortPosted, Aborted, PeersSilent, SelfDead, TooManyDead
 from bamboo.models import dropout_seed, mixed_precision
-from bamboo.protocol import LEASE_EXPIRED, LOSS, NORM, PREEMPTED, Loss, Preempted
+from bamboo.protocol import LEASE_EXPIRED, LOSS, NORM, Loss
 from bamboo.swap import SavedTensors
 
 # Ops whose wall time is this node's own work (the straggler check). Timed on the
@@ -148,12 +146,7 @@ class Executor:
             self.comm.expect(peer, kind, self._base.get((peer, kind), 0) + n)
 
     def _maybe_preempt(self, pc: int) -> None:
-        for p in self.cfg.preempt:
-            if (p.node, p.iteration, p.instruction) == (self.peer(self.me), self.iteration, pc):
-                self.cluster.put(PREEMPTED(p.node), Preempted(self.iteration, time.time()))
-                if self.cfg.elastic:
-                    os.kill(os.getppid(), signal.SIGKILL)  # the node goes: its agent with it
-                os.kill(os.getpid(), signal.SIGKILL)
+        preempt_if_due(self.cfg, self.cluster, self.peer(self.me), self.iteration, pc, "train")
 
     # -- ops ---------------------------------------------------------------------------
     def load(self, ins: Instr) -> None:

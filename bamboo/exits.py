@@ -5,6 +5,12 @@ ends the process, and the heartbeat (bamboo/liveness.py), which exits FENCED
 when the lease expired while the node was recorded dead."""
 from __future__ import annotations
 
+import os
+import signal
+import time
+
+from bamboo.protocol import PREEMPTED, Preempted
+
 FENCED = 75  # exit status of a worker that found itself declared dead and stopped
 PARKED = 76  # exit status of a worker whose node has no stage in the new configuration
 
@@ -29,3 +35,14 @@ class Parked(WorkerExit):
 class Released(WorkerExit):
     """The job finished while the node waited in standby."""
     status = 0
+
+
+def preempt_if_due(cfg, cluster, node: int, iteration: int, instruction: int, phase: str) -> None:
+    """An injected preemption (--preempt): SIGKILL this process, and under agents
+    its agent too (the node goes), just before `instruction` of `phase`'s stream."""
+    for p in cfg.preempt:
+        if p.fires(node, iteration, instruction, phase):
+            cluster.put(PREEMPTED(node), Preempted(iteration, time.time()))
+            if cfg.elastic:
+                os.kill(os.getppid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)

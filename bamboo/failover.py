@@ -179,15 +179,17 @@ class Failover:
     def linger(self, poll: float = 0.02):
         """Wait until every node of the pipeline finished the iteration (None), or
         something needs this node again (the event): a failure, or a node that has
-        neither finished nor kept its lease alive."""
+        neither finished nor kept its lease alive. Once every node finished, a
+        death is one between iterations (a node may already be evaluating, and
+        die there): nobody recovers it inside this iteration."""
         while True:
-            event = self.poll()
-            if event is not None:
-                return event
             finished = self.cluster.children(FINISHED(self.iteration))
             pending = [n for n in range(self.P) if n not in self.failed and self.to_global(n) not in finished]
             if not pending:
                 return None
+            event = self.poll()
+            if event is not None:
+                return event
             silent = self._silent(pending)
             if silent:
                 return PeersSilent(silent)

@@ -24,7 +24,8 @@ from bamboo.cluster import Cluster
 from bamboo.config import JobConfig
 from bamboo.etcd import EtcdServer, die_with_parent
 from bamboo.exits import FENCED
-from bamboo.protocol import ASSIGNMENT, CONFIG, DONE, ERROR, LOSS, NOTICES, PREEMPTED, START
+from bamboo.protocol import ASSIGNMENT, CONFIG, DONE, ERROR, LOSS, NOTICES, PREEMPTED, START, VAL_LOSS
+from bamboo.reference import mean_loss
 
 
 # Set by bamboo-train's SIGINT/SIGTERM handler.
@@ -78,6 +79,16 @@ def iteration_record(cfg: JobConfig, it: int, losses: dict, reports: dict, secon
     if cfg.check_replicas:
         record["replicas_equal"] = replicas_equal(cfg, reports)
     return record
+
+
+def add_validation(cfg: JobConfig, record: dict, losses: dict) -> None:
+    """An evaluated iteration's `val_loss`; or, when a death cut the evaluation
+    short (some validation losses never arrived), an `eval_skipped` event."""
+    if sorted(losses) == list(range(cfg.eval_batches)):
+        record["val_loss"] = mean_loss({g: loss.value for g, loss in losses.items()}, cfg.eval_batches)
+    else:
+        record["events"].append({"type": "eval_skipped", "iteration": record["iteration"], "arrived": len(losses),
+                                 "of": cfg.eval_batches})
 
 
 def replicas_equal(cfg: JobConfig, reports: dict) -> bool:
@@ -217,6 +228,8 @@ class Launcher:
                                    "standby": assignment.standby})
                 losses = cluster.children(LOSS(it))
                 record = iteration_record(self.cfg, it, losses, reports, now - last, live, events)
+                if self.cfg.evaluates(it):
+                    add_validation(self.cfg, record, cluster.children(VAL_LOSS(it)))
                 self.metrics.write(record)
                 last = now
                 summary["iterations"] += 1

@@ -75,6 +75,20 @@ def mixed_precision(precision: str, device: torch.device):
     return contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def evaluating(modules):
+    """Inside: every module in eval mode (no dropout); after, each back in the mode
+    it had. An evaluation leaves training exactly as it was."""
+    modes = [(m, m.training) for m in modules]
+    for m, _ in modes:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, was in modes:
+            m.train(was)
+
+
 class SeededDropout(nn.Module):
     def __init__(self, p: float, layer: int):
         super().__init__()

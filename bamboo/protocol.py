@@ -9,7 +9,8 @@ under /bamboo-rdzv/<job>/.
 The workers' half, one iteration at a time:
   1. register ALIVE under a lease; wait for an ASSIGNMENT that gives the node a
      stage; the first epoch's nodes publish START
-  2. per microbatch on the last stage: LOSS, before the gradient leaves
+  2. per microbatch on the last stage: LOSS, before the gradient leaves; after
+     the step of an evaluated iteration, per validation microbatch: VAL_LOSS
   3. on a peer's death: FAILED (first detector wins); the receivers of the dead
      node's messages publish CUT; every survivor derives the same (dead, k)
   4. a data-parallel reduce done (inside the stream): REDUCED; a tied weight's
@@ -213,6 +214,8 @@ FAILED = Family("failed", ("node",), Failure, "a node is dead; first detector wi
 CUT = Family("cut", ("iteration", "dead", "node"), Cut, "messages node received from dead, per kind")
 FINISHED = Family("finished", ("iteration", "node"), Mark, "node ran its whole stream (it stays to help)")
 LOSS = Family("loss", ("iteration", "microbatch"), Loss, "a global microbatch's loss, before its gradient leaves")
+VAL_LOSS = Family("val_loss", ("iteration", "microbatch"), Loss,
+                  "a validation microbatch's loss after the iteration's step (--eval-every)")
 DONE = Family("done", ("iteration", "node"), Report, "node's iteration report (memory, events, digests)")
 ABORT = Family("abort", ("iteration",), Abort, "a pipeline cannot finish the iteration: all abandon it, it is redone")
 ABORTED = Family("aborted", ("iteration", "node"), Mark, "node undid its steps and waits for the agents")
@@ -233,11 +236,11 @@ ZONES = Family("zones", ("node",), Zone, "the node's zone, kept after it is gone
 DRAIN = Family("drain", ("node",), Timestamp, "the node asked to leave (SIGTERM, a notice)")
 NOTICES = Family("notices", ("node",), Notice, "the cloud's preemption notice")
 
-FAMILIES = (CONFIG, START, ASSIGNMENT, ALIVE, FAILED, CUT, FINISHED, LOSS, DONE, ABORT, ABORTED, REGROUP,
+FAMILIES = (CONFIG, START, ASSIGNMENT, ALIVE, FAILED, CUT, FINISHED, LOSS, VAL_LOSS, DONE, ABORT, ABORTED, REGROUP,
             HANDED, HANDOVER, REDUCED, TIED, NORM, CHECKPOINTED, PREEMPTED, ERROR, IDS, MEMBERS, ZONES, DRAIN, NOTICES)
 
 # One attempt at an iteration: cleared when the iteration (or a checkpoint's span) runs again.
-ITERATION_FAMILIES = (DONE, LOSS, FINISHED, CUT, REDUCED, TIED, NORM, REGROUP, ABORT, ABORTED)
+ITERATION_FAMILIES = (DONE, LOSS, VAL_LOSS, FINISHED, CUT, REDUCED, TIED, NORM, REGROUP, ABORT, ABORTED)
 
 
 def job_root(job: str) -> str:

@@ -6,19 +6,20 @@ import torch
 
 from bamboo import recipe
 from bamboo.config import JobConfig, dropout_seed_for
-from bamboo.data import ByteCorpus
+from bamboo.data import Corpus, corpus_of
 from bamboo.api import ModelSource
-from bamboo.models import Stage, dropout_seed, mixed_precision
+from bamboo.models import Stage, dropout_seed, evaluating, mixed_precision
 
 
-def train_reference(cfg: JobConfig, on_iteration=None) -> Stage:
-    """Run cfg.iterations; on_iteration(i, {global mb: loss}) after each step."""
+def train_reference(cfg: JobConfig, on_iteration=None, on_eval=None) -> Stage:
+    """Run cfg.iterations; on_iteration(i, {global mb: loss}) after each step,
+    preceded, when the iteration is evaluated, by on_eval(i, validation loss)."""
     torch.set_num_threads(1)
     source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq, cfg.model_config)
     layers = [source.layer(i) for i in range(source.count)]
     source.tie(layers)
     model = Stage(layers, source.loss)
-    corpus = ByteCorpus(list(cfg.data_files), seq=source.seq, batch=cfg.batch, seed=cfg.seed)
+    corpus = corpus_of(cfg, source.seq)
     opt = recipe.optimizer(model, cfg)
     cpu = torch.device("cpu")
     for it in range(cfg.iterations):
@@ -35,6 +36,23 @@ def train_reference(cfg: JobConfig, on_iteration=None) -> Stage:
             recipe.scale_grads(params, recipe.clip_coefficient(cfg.grad_clip, [recipe.squared_norm(params)]))
         recipe.set_learning_rate(opt, recipe.learning_rate(cfg, it))
         opt.step()
+        if on_eval and cfg.evaluates(it):
+            on_eval(it, validation_loss(model, corpus, cfg))
         if on_iteration:
             on_iteration(it, losses)
     return model
+
+
+def validation_loss(model: Stage, corpus: Corpus, cfg: JobConfig) -> float:
+    """The mean loss of the cfg.eval_batches validation microbatches: eval mode (no
+    dropout), no gradients, the training precision; the model is left as it was."""
+    cpu = torch.device("cpu")
+    with torch.no_grad(), evaluating([model]), mixed_precision(cfg.precision, cpu):
+        losses = [model(*corpus.validation(g)).item() for g in range(cfg.eval_batches)]
+    return mean_loss(dict(enumerate(losses)), cfg.eval_batches)
+
+
+def mean_loss(losses: dict[int, float], count: int) -> float:
+    """The mean of microbatches 0..count-1's losses, summed in index order (the
+    launcher's and the reference's mean are one computation)."""
+    return sum(losses[g] for g in range(count)) / count

@@ -15,6 +15,7 @@ from bamboo.holdings import save_layer
 def run_single(cfg: JobConfig, metrics_out: str | None, progress: bool = True, sinks: tuple = ()) -> None:
     metrics = MetricsWriter(metrics_out, sinks)
     start = last = time.monotonic()
+    validation: dict[int, float] = {}
     with ProgressBar(progress, cfg.iterations) as bar:
         def on_iteration(it, losses):
             nonlocal last
@@ -22,10 +23,12 @@ def run_single(cfg: JobConfig, metrics_out: str | None, progress: bool = True, s
             record = {"iteration": it, "loss": sum(losses[g] for g in range(cfg.microbatches)) / cfg.microbatches,
                       "samples": cfg.microbatches * cfg.batch, "seconds": round(now - last, 4), "nodes": 1,
                       "events": []}
+            if it in validation:
+                record["val_loss"] = validation.pop(it)
             last = now
             metrics.write(record)
             bar(it, record)
-        model = train_reference(cfg, on_iteration)
+        model = train_reference(cfg, on_iteration, validation.__setitem__)
     total = time.monotonic() - start
     metrics.write({"summary": {"iterations": cfg.iterations, "samples": cfg.iterations * cfg.microbatches * cfg.batch,
                                "total_seconds": round(total, 3),

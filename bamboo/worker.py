@@ -6,8 +6,9 @@ replica of the next stage. A node in standby waits, started, for a stage.
 
 Its lifecycle, in the manner of torch elastic's agent, is the list of public
 methods of `Worker`, in order: join (wait for a stage), enter an epoch, run an
-iteration, end it at the boundary (bamboo/boundary.py), reconfigure when the
-agents wrote a new epoch (layers move, bamboo/handover.py), leave. Fencing,
+iteration, evaluate it (the validation loss, when due, bamboo/evaluator.py),
+end it at the boundary (bamboo/boundary.py), reconfigure when the agents wrote
+a new epoch (layers move, bamboo/handover.py), leave. Fencing,
 parking and release are exceptions (bamboo/exits.py) that reach `main`, which
 maps them to exit statuses.
 """
@@ -33,7 +34,8 @@ from bamboo.checkpoint import Checkpoints
 from bamboo.cluster import Cluster
 from bamboo.comm import Comm
 from bamboo.config import JobConfig
-from bamboo.data import ByteCorpus, split_microbatches
+from bamboo.data import corpus_of, split_microbatches
+from bamboo.evaluator import Evaluator
 from bamboo.executor import Executor
 from bamboo.exits import FENCED, Parked, Released, WorkerExit
 from bamboo.failover import Aborted, Failover
@@ -52,7 +54,7 @@ class Worker:
         self.cluster, self.cfg, self.node = cluster, cfg, node
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
         self.source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq, cfg.model_config)
-        self.corpus = ByteCorpus(list(cfg.data_files), seq=self.source.seq, batch=cfg.batch, seed=cfg.seed)
+        self.corpus = corpus_of(cfg, self.source.seq)
         self.holdings = Holdings(self.source, cfg, self.device)
         self.checkpoints = Checkpoints(cfg.checkpoint, node, self.source.count, cfg.checkpoint_every,
                                        cfg.checkpoint_seconds)
@@ -64,6 +66,7 @@ class Worker:
         self.mbs = range(0)                        # this pipeline's share of the global microbatches
         self.failover: Failover | None = None
         self.executor: Executor | None = None
+        self.evaluator: Evaluator | None = None
         self.comm: Comm | None = None
         self._store = None                         # the world group's store (the group keeps using it)
         self.iteration_seconds: list[float] = []   # the hang deadline follows their running median
@@ -73,6 +76,7 @@ class Worker:
         while it < self.cfg.iterations:
             try:
                 self.run_iteration(it)
+                self.evaluate(it)
                 agreed = self.end_iteration(it)
             except Aborted:
                 it = self.reconfigure(it, aborted=True)
@@ -126,6 +130,8 @@ class Worker:
         self.executor = Executor(self.cfg, nodes, self.me, self.holdings.modules, self.holdings.optimizers,
                                  self.corpus, self.device, reducer, self.cluster, undo=self.cfg.elastic,
                                  tied=self.holdings.tied())
+        self.evaluator = Evaluator(self.cfg, nodes, self.me, self.holdings.modules, self.corpus, self.device,
+                                   self.cluster)
 
     def run_iteration(self, it: int) -> None:
         """This node's stream of iteration `it`, recovering inside it from one
@@ -136,6 +142,19 @@ class Worker:
         self.executor.run(it, stream, self.mbs, self.comm, self.failover)
         self.iteration_seconds.append(time.monotonic() - began)
         self.cluster.hang_deadline(hang_deadline(self.iteration_seconds, self.cfg.hang_timeout))
+
+    def evaluate(self, it: int) -> None:
+        """After iteration `it`'s step, when due: this pipeline's share of the
+        validation microbatches, forward only on the pipeline as it stands (a node
+        merged in by a failover included). A death cuts it short: the boundary
+        then handles the death as one between iterations."""
+        if not self.cfg.evaluates(it):
+            return
+        mbs = split_microbatches(self.cfg.eval_batches, len(self.assignment.pipelines))[self.pipeline]
+        if mbs:
+            self.cluster.hang_deadline(self.cfg.hang_timeout)  # not an iteration's pace
+            self.evaluator.run(it, mbs, self.comm, self.failover)
+            self.cluster.hang_deadline(hang_deadline(self.iteration_seconds, self.cfg.hang_timeout))
 
     def end_iteration(self, it: int) -> Regroup:
         """Report, and agree with every live node on what the next iteration runs with."""

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from schedules.compiler import REDUNDANCY, compile_recovery, compile_schedule, simulate
+from schedules.compiler import REDUNDANCY, compile_eval, compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
 from schedules.layout import ScheduleError
 from schedules.order import ORDERS
@@ -30,6 +30,7 @@ def _schedule_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fail-before", type=int, metavar="K", help="... before its instruction K")
     p.add_argument("--redundancy", choices=REDUNDANCY, default="eager")
     p.add_argument("--order", choices=tuple(ORDERS), default="1f1b")
+    p.add_argument("--eval", action="store_true", help="the forward-only streams of a validation loss")
     p.add_argument("--forward", type=float, default=1.0, help="cost of one stage forward")
     p.add_argument("--backward", type=float, default=2.0, help="cost of one stage backward")
     p.add_argument("--transfer", type=float, default=0.05, help="message latency")
@@ -40,6 +41,10 @@ def _build(args):
     if (args.fail_node is None) != (args.fail_before is None):
         raise ScheduleError("--fail-node and --fail-before go together")
     cost = CostModel(forward=args.forward, backward=args.backward, transfer=args.transfer, swap=args.swap)
+    if args.eval:
+        if args.fail_node is not None:
+            raise ScheduleError("--eval streams have no mid-iteration failure: leave out --fail-node")
+        return compile_eval(args.stages, args.microbatches, tuple(args.failed), args.redundancy, cost), cost
     common = dict(failed=tuple(args.failed), redundancy=args.redundancy, order=args.order, cost=cost)
     if args.fail_node is None:
         return compile_schedule(args.stages, args.microbatches, **common), cost
@@ -48,6 +53,8 @@ def _build(args):
 
 def _title(schedule) -> str:
     what = f"P={schedule.stages} M={schedule.microbatches} {schedule.order} redundancy={schedule.redundancy}"
+    if schedule.evaluation:
+        what = f"evaluation (forward only) P={schedule.stages} M={schedule.microbatches}"
     if schedule.failed:
         what += f" failed={list(schedule.failed)}"
     if schedule.fail_node is not None:

@@ -4,6 +4,7 @@
     insert_frc         pass (c) eager FRC in bubbles + (d) swap-out         redundancy.py
     lazy_brc           pass (e) what a node runs if its successor dies      redundancy.py
     recover            pass (f) mid-iteration failure                       recovery.py
+    eval_streams       pass (g) forward-only evaluation streams             evaluation.py
 
 Streams are compiled for all nodes at once because FRC goes where the cost model
 says a node waits; `compile_stage` picks one node's stream out.
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from schedules.cost import CostModel
+from schedules.evaluation import eval_streams
 from schedules.ir import Instr
 from schedules.layout import Layout, ScheduleError, check_microbatches
 from schedules.lower import plain_streams
@@ -35,6 +37,7 @@ class Schedule:
     fail_node: int | None = None
     fail_before: int | None = None
     resume_at: dict[int, int] = field(default_factory=dict)
+    evaluation: bool = False  # forward-only streams of the validation loss (compile_eval)
     cost: CostModel = field(default_factory=CostModel, compare=False, repr=False)
 
     @property
@@ -43,7 +46,7 @@ class Schedule:
 
     def lazy_brc(self, node: int) -> list[Instr]:
         """What `node` would run for its replica if the replica's owner died."""
-        if self.redundancy != "eager" or self.fail_node is not None:
+        if self.redundancy != "eager" or self.fail_node is not None or self.evaluation:
             return []
         return lazy_brc(self.layout, node, self.microbatches)
 
@@ -52,6 +55,8 @@ class Schedule:
                "redundancy": self.redundancy, "order": self.order}
         if self.fail_node is not None:
             out.update(fail_node=self.fail_node, fail_before=self.fail_before)
+        if self.evaluation:
+            out["evaluation"] = True
         streams = []
         for node, stream in self.streams.items():
             entry = {"node": node, "instructions": [i.to_dict() for i in stream]}
@@ -117,6 +122,25 @@ def compile_recovery(stages: int, microbatches: int, fail_node: int, fail_before
                     fail_node=fail_node, fail_before=fail_before, resume_at=resume_at, cost=cost)
 
 
+@lru_cache(maxsize=64)
+def _compile_eval(stages: int, microbatches: int, failed: tuple[int, ...], redundancy: str,
+                  cost: CostModel) -> Schedule:
+    _check_options(microbatches, redundancy, "1f1b")
+    layout = Layout(stages, frozenset(failed), redundancy == "eager")
+    cost.check_stages(stages)
+    return Schedule(stages, microbatches, tuple(sorted(set(failed))), redundancy, "1f1b",
+                    eval_streams(layout, microbatches, cost), evaluation=True, cost=cost)
+
+
+def compile_eval(stages: int, microbatches: int, failed: tuple[int, ...] = (), redundancy: str = "eager",
+                 cost: CostModel = CostModel()) -> Schedule:
+    """Forward-only streams that compute the loss of `microbatches` evaluation
+    microbatches on the pipeline as it stands (`failed` nodes' groups merged), and
+    change no parameter. Validated by the simulator as they are compiled; cached."""
+    cached = _compile_eval(stages, microbatches, tuple(failed), redundancy, cost)
+    return replace(cached, streams={n: list(s) for n, s in cached.streams.items()})
+
+
 def simulate(schedule: Schedule, cost: CostModel | None = None):
     """Run a compiled schedule (recovery included: the dead node runs its prefix)
     through the validating simulator, on the cost model it was compiled with unless
@@ -125,6 +149,8 @@ def simulate(schedule: Schedule, cost: CostModel | None = None):
 
     cost = cost or schedule.cost
     streams = dict(schedule.streams)
+    if schedule.evaluation:
+        return Simulator(schedule.layout, schedule.microbatches, cost, evaluation=True).run(streams)
     dead = None
     if schedule.fail_node is not None:
         base = compile_schedule(schedule.stages, schedule.microbatches, schedule.failed,

@@ -6,7 +6,9 @@ receives block until the next message on their channel arrives, and that message
 must be the one they expect (NCCL and gloo pair point-to-point calls in order).
 Every instruction's inputs must exist on the node when it starts. At the end every
 stage's gradients must hold every microbatch exactly once, every stage is stepped
-on its owner and replica holder, and no message is left unreceived.
+on its owner and replica holder, and no message is left unreceived. An
+evaluation (forward-only) run keeps no forward state and checks instead that
+every stage ran every microbatch's forward exactly once, on its owner.
 
 A node may also be *list scheduled*: instead of one fixed stream it has a few
 chains, and whenever it can run the head of more than one chain the simulator
@@ -91,13 +93,14 @@ class _Node:
 
 class Simulator:
     def __init__(self, layout: Layout, microbatches: int, cost: CostModel | None = None,
-                 dead: tuple[int, int] | None = None, expect_frc: bool = True):
+                 dead: tuple[int, int] | None = None, expect_frc: bool = True, evaluation: bool = False):
         self.layout = layout
         self.P = layout.stages
         self.M = microbatches
         self.cost = cost or CostModel()
         self.dead_node, self.dead_at = dead if dead else (None, None)
         self.expect_frc = expect_frc  # False for streams before the FRC pass
+        self.evaluation = evaluation  # forward-only streams: no state kept, nothing stepped
         self.nodes = {n: _Node(layers=frozenset(layout.owned(n)) | {layout.replica(n)} - {None})
                       for n in layout.alive}
         self.channels: dict[tuple, deque] = defaultdict(deque)
@@ -181,6 +184,9 @@ class Simulator:
                 self.expected[channel(ins, node)].popleft()
         if op is Op.LOAD:
             st.loaded.add(ins.mb)
+        elif op is Op.FORWARD and self.evaluation:
+            st.acts.add(key)
+            self.normal_forwards[key] += 1
         elif op is Op.FORWARD:
             st.acts.add(key)
             st.states[key] = True
@@ -302,6 +308,9 @@ class Simulator:
         for (src, dst, _), q in self.channels.items():
             if q and self.dead_node not in (src, dst):
                 raise ValidationError("unmatched", f"node {src} sent {q[0][0]} to node {dst}, never received")
+        if self.evaluation:
+            self._check_forwards()
+            return
         final = self.layout if self.dead_node is None else self.layout.with_failed(self.dead_node)
         reducers = Counter(s for n in live for s in self.nodes[n].reduced)
         for s in range(self.P):
@@ -323,6 +332,16 @@ class Simulator:
         twice = sorted(k for k, c in self.normal_forwards.items() if c > 1)
         if twice:
             raise ValidationError("exactly-once", f"forward (stage, mb) {twice[0]} computed twice as normal work")
+
+
+    def _check_forwards(self) -> None:
+        """Evaluation: every (stage, mb) forwarded exactly once, by the stage's owner."""
+        for s in range(self.P):
+            owner = self.nodes[self.layout.owner(s)]
+            for mb in range(self.M):
+                if self.normal_forwards[(s, mb)] != 1 or (s, mb) not in owner.acts:
+                    raise ValidationError("exactly-once", f"evaluation forward (stage {s}, mb {mb}) ran "
+                                          f"{self.normal_forwards[(s, mb)]} times or not on its owner")
 
 
 def validate(layout: Layout, microbatches: int, streams: dict[int, list[Instr]],

@@ -79,6 +79,17 @@ def test_dump_mid_iteration_failure():
     assert all("resume_at" in s for s in doc["streams"])
 
 
+def test_dump_evaluation_streams_forward_only():
+    doc = dump("--eval", "--stages", "4", "--microbatches", "3", "--failed", "0")
+    assert doc["evaluation"] is True and [s["node"] for s in doc["streams"]] == [1, 2, 3]
+    check_channels(doc)
+    node3 = doc["streams"][2]["instructions"]  # stages 0 and 3: loads once per microbatch, both forwards
+    assert sorted((i["stage"], i["mb"]) for i in node3 if i["op"] == "forward") == [
+        (s, mb) for s in (0, 3) for mb in range(3)]
+    assert [i["mb"] for i in node3 if i["op"] == "load"] == [0, 1, 2]
+    assert {i["op"] for s in doc["streams"] for i in s["instructions"]} == {"load", "forward", "send_act", "recv_act"}
+
+
 @pytest.mark.parametrize("args,message", [
     (["--stages", "1"], "at least 2"),
     (["--microbatches", "0"], "at least 1"),
@@ -87,6 +98,7 @@ def test_dump_mid_iteration_failure():
     (["--fail-node", "1"], "go together"),
     (["--stages", "x"], "invalid int"),
     (["--redundancy", "lazy"], "invalid choice"),
+    (["--eval", "--fail-node", "1", "--fail-before", "2"], "no mid-iteration failure"),
 ])
 def test_bad_arguments_give_one_line_and_exit_2(args, message):
     out = run("dump", *args)

@@ -1,9 +1,10 @@
 """Property tests: every stream the compiler emits passes the validator, for P in
 2..16, M in 1..64, any non-adjacent set of failed nodes, and any mid-iteration
-failure of any survivable node at any instruction."""
+failure of any survivable node at any instruction; evaluation streams too."""
 from hypothesis import given, settings, strategies as st
 
-from schedules.compiler import compile_recovery, compile_schedule, simulate
+from schedules.compiler import compile_eval, compile_recovery, compile_schedule, simulate
+from schedules.ir import Op
 from schedules.cost import CostModel
 
 costs = st.builds(CostModel, forward=st.floats(0, 4), backward=st.floats(0, 4), transfer=st.floats(0, 3),
@@ -43,3 +44,18 @@ def test_any_mid_iteration_failure_recovers(layout, order, cost, data):
     rec = compile_recovery(P, M, d, k, failed, order=order, cost=cost)
     report = simulate(rec)
     assert all(report.finished.values())
+
+
+@settings(max_examples=200)
+@given(layouts(), costs)
+def test_evaluation_streams_validate_and_only_run_forwards(layout, cost):
+    """Forward-only: each stage runs each microbatch once on its owner (the
+    validator), nothing is stepped, and the node of the last stage has the labels."""
+    P, M, failed = layout
+    sched = compile_eval(P, M, failed, cost=cost)
+    report = simulate(sched)
+    assert set(report.finished) == set(range(P)) - set(failed) and all(report.finished.values())
+    ops = {i.op for s in sched.streams.values() for i in s}
+    assert ops <= {Op.LOAD, Op.FORWARD, Op.SEND_ACT, Op.RECV_ACT}
+    last = sched.layout.owner(P - 1)
+    assert sorted(i.mb for i in sched.streams[last] if i.op is Op.LOAD) == list(range(M))

@@ -3,10 +3,10 @@ deliberately broken streams."""
 import pytest
 
 from schedules import ir
-from schedules.compiler import compile_schedule, simulate
+from schedules.compiler import compile_eval, compile_schedule, simulate
 from schedules.cost import CostModel
 from schedules.ir import Op
-from schedules.simulator import ValidationError, validate
+from schedules.simulator import Simulator, ValidationError, validate
 
 # No latency and free bookkeeping: the textbook pipeline model.
 IDEAL = CostModel(forward=1.0, backward=2.0, transfer=0.0, swap=0.0, step=0.0, sync_transfer=0.0)
@@ -161,3 +161,18 @@ def test_cached_schedules_are_not_shared():
     a = compile_schedule(3, 2).streams[0]
     a.clear()
     assert len(compile_schedule(3, 2).streams[0]) > 0
+
+
+def test_evaluation_streams_are_checked_too():
+    """A forward left out, or run twice, is caught in a forward-only run."""
+    sched = compile_eval(3, 2)
+    assert simulate(sched).makespan == pytest.approx(4 * 1.0 + 2 * 0.05)  # M + P - 1 forwards, two hops
+    streams = {n: list(v) for n, v in sched.streams.items()}
+    last = streams[2]
+    del last[_index(last, Op.FORWARD, stage=2, mb=1)]
+    with pytest.raises(ValidationError, match="exactly-once"):
+        Simulator(sched.layout, 2, evaluation=True).run(streams)
+    streams = {n: list(v) for n, v in sched.streams.items()}
+    streams[0].append(ir.forward(0, 0))
+    with pytest.raises(ValidationError, match=r"\(stage 0, mb 0\) ran 2 times"):
+        Simulator(sched.layout, 2, evaluation=True).run(streams)
