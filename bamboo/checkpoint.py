@@ -120,12 +120,12 @@ class Writer:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
-    def write(self, iteration: int, blobs: dict[int, bytes]) -> None:
+    def write(self, iteration: int, blobs: dict[int, bytes], extra: dict | None = None) -> None:
         self.wait()
 
         def run():
             try:
-                write_part(self.storage, iteration, self.node, blobs)
+                write_part(self.storage, iteration, self.node, blobs, extra)
             except BaseException as e:  # reported by the next wait()
                 self.error = e
         self._thread = threading.Thread(target=run, daemon=True, name="checkpoint")
@@ -159,9 +159,10 @@ class Checkpoints:
             return True
         return bool(self.seconds) and time.time() - (last or self.began) >= self.seconds
 
-    def write(self, iteration: int, blobs: dict[int, bytes]) -> None:
-        """The checkpoint taken before `iteration`, written in the background."""
-        self.writer.write(iteration, blobs)
+    def write(self, iteration: int, blobs: dict[int, bytes], loss_scale=None) -> None:
+        """The checkpoint taken before `iteration`, written in the background; with
+        fp16, the loss scale record of the iteration before it (protocol.LossScale)."""
+        self.writer.write(iteration, blobs, {"loss_scale": loss_scale.to_dict()} if loss_scale else None)
 
     def wait(self) -> None:
         if self.writer:
@@ -173,6 +174,15 @@ class Checkpoints:
             raise CheckpointError(f"--resume: no complete checkpoint in {self.location}")
         return found
 
+    def loss_scale(self, iteration: int) -> dict | None:
+        """The loss scale record stored with the checkpoint taken before `iteration`."""
+        for key in self.storage.list():
+            if key.startswith(f"ckpt-{iteration:08d}/part-"):
+                found = json.loads(self.storage.get(key)).get("loss_scale")
+                if found is not None:
+                    return found
+        return None
+
     def taken_before(self, iteration: int) -> dict[int, bytes]:
         """Every layer of the checkpoint taken before `iteration` (the agents' choice)."""
         found = load(self.storage, iteration, self.layers) if self.storage else None
@@ -181,12 +191,14 @@ class Checkpoints:
         return found
 
 
-def write_part(storage, iteration: int, node: int, blobs: dict[int, bytes]) -> None:
+def write_part(storage, iteration: int, node: int, blobs: dict[int, bytes], extra: dict | None = None) -> None:
+    """A node's layers, then its part file naming them (with their hashes, and any
+    `extra` state of the job): a part is only read once its layers are written."""
     hashes = {}
     for index, data in sorted(blobs.items()):
         storage.put(f"ckpt-{iteration:08d}/layer{index}.pt", data)
         hashes[str(index)] = hashlib.sha256(data).hexdigest()
-    storage.put(f"ckpt-{iteration:08d}/part-{node}.json", json.dumps({"layers": hashes}).encode())
+    storage.put(f"ckpt-{iteration:08d}/part-{node}.json", json.dumps({"layers": hashes, **(extra or {})}).encode())
 
 
 def latest(storage, num_layers: int, at_most: int | None = None) -> tuple[int, dict[int, bytes]] | None:

@@ -17,10 +17,12 @@ import signal
 import sys
 import tempfile
 
+import torch
+
 from bamboo.config import DTYPES, JobConfig, Preempt, evaluated
 from bamboo.api import ModelSource
 from bamboo.data import TOKEN_DTYPES, corpora
-from bamboo.models import MODELS, PRECISIONS
+from bamboo.models import MODELS, PRECISIONS, fp16_allowed
 from bamboo.plot import check_output
 from bamboo.recipe import SCHEDULES, check as check_recipe
 
@@ -56,7 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                    help="of the weights and optimizer state (float64 for exact tests)")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="bf16: autocast forwards over float32 weights; fp16 needs CUDA")
+                   help="bf16, fp16: autocast forwards over float32 weights; fp16 (CUDA) scales its loss dynamically")
+    p.add_argument("--initial-loss-scale", type=float, default=65536.0, metavar="S",
+                   help="fp16: the loss scale's first value, a power of two (halved after an overflow)")
+    p.add_argument("--loss-scale-window", type=int, default=1000, metavar="N",
+                   help="fp16: the loss scale doubles after N steps in a row without an overflow")
+    p.add_argument("--min-loss-scale", type=float, default=1.0, metavar="S", help="fp16: the scale's floor")
     p.add_argument("--data", nargs="+", default=[], metavar="FILE",
                    help="text files to train on as bytes (default: the Python standard library's sources), or one "
                         "token file FILE.bin (a flat array of --token-dtype ids, as nanoGPT's prepare.py writes)")
@@ -243,11 +250,12 @@ def metric_sinks(args) -> tuple:
 
 
 def check_precision(args) -> None:
-    if args.precision == "fp16":
-        raise ValueError("--precision fp16 needs CUDA (with dynamic loss scaling), and fp16 is not supported yet "
-                         "on any device: use --precision bf16")
-    if args.precision == "bf16" and args.dtype != "float32":
-        raise ValueError(f"--precision bf16 keeps float32 master weights: use --dtype float32 (got {args.dtype})")
+    if args.precision == "fp16" and not fp16_allowed(torch.device("cuda" if torch.cuda.is_available() else "cpu")):
+        raise ValueError("--precision fp16 needs CUDA (fp16 with a dynamic loss scale is for GPUs); "
+                         "on the CPU use --precision bf16")
+    if args.precision != "fp32" and args.dtype != "float32":
+        raise ValueError(f"--precision {args.precision} keeps float32 master weights: use --dtype float32 "
+                         f"(got {args.dtype})")
 
 
 def read_model_config(args) -> str | None:
@@ -324,6 +332,8 @@ def config_from_args(args) -> JobConfig:
                      seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
                      lr_schedule=args.lr_schedule, warmup=args.warmup, weight_decay=args.weight_decay,
                      betas=tuple(args.betas), grad_clip=args.grad_clip, dtype=args.dtype, precision=args.precision,
+                     initial_loss_scale=args.initial_loss_scale, loss_scale_window=args.loss_scale_window,
+                     min_loss_scale=args.min_loss_scale,
                      failure_timeout=args.failure_timeout, lease_ttl=args.lease_ttl,
                      hang_timeout=args.hang_timeout, stall_timeout=args.stall_timeout,
                      straggler_factor=args.straggler_factor, straggler_slack=args.straggler_slack,

@@ -41,7 +41,10 @@ class JobConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 0.0         # clip the global gradient norm to this (0: never)
     dtype: str = "float32"
-    precision: str = "fp32"        # fp32, or bf16 autocast over float32 weights (bamboo/models.py)
+    precision: str = "fp32"        # fp32, or bf16/fp16 autocast over float32 weights (bamboo/models.py)
+    initial_loss_scale: float = 65536.0  # fp16: the dynamic loss scale's first value ...
+    loss_scale_window: int = 1000        # ... doubled after this many steps in a row without an overflow ...
+    min_loss_scale: float = 1.0          # ... halved after one, never below this
     failure_timeout: float = 3.0  # a node whose lease went unrefreshed this long is dead
     lease_ttl: float = 15.0       # etcd lease TTL: how long etcd may be away before keys vanish
     hang_timeout: float = 300.0   # a main thread stuck this long lets its lease lapse; gloo's op timeout
@@ -72,6 +75,11 @@ class JobConfig:
     @property
     def nodes(self) -> int:
         return self.stages * self.pipelines
+
+    @property
+    def loss_scaling(self) -> bool:
+        """fp16 scales its loss dynamically (bamboo/recipe.py, protocol.LossScale)."""
+        return self.precision == "fp16"
 
     def evaluates(self, iteration: int) -> bool:
         """Whether the validation loss is computed after `iteration`'s step."""

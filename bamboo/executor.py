@@ -56,23 +56,28 @@ class Executor:
         self.tie_given: set[tuple[int, int]] = set()   # (tied weight, stage): that copy holds the sum
         self.deferred: list[Instr] = []   # step-phase instructions put off, in stream order
         self.last_owed = -1               # where the stream's last instruction outside the step phase is
-        # With clipping or ties (the model's, on every node), steps and syncs wait for
-        # the rest of the stream (STEP_PHASE).
-        self.step_after_reduces = bool(cfg.grad_clip) or bool(self.tied)
-        self.coefficient: float | None = None  # this iteration's clipping coefficient, once known
+        # With clipping, ties (the model's, on every node) or fp16's loss scale, steps
+        # and syncs wait for the rest of the stream (STEP_PHASE).
+        self.step_after_reduces = bool(cfg.grad_clip) or bool(self.tied) or cfg.loss_scaling
+        self.loss_scale = 1.0             # fp16: this iteration's loss is multiplied by it
+        self.norms_read = False           # every stage's squared norm was read, and so ...
+        self.multiplier: float | None = None  # ... what the gradients are multiplied by (None: overflow)
+        self.overflow: bool | None = None     # fp16: whether this iteration's steps were skipped, once known
 
     def peer(self, local: int) -> int:
         return self.nodes[local]
 
     # -- one iteration -------------------------------------------------------------------
-    def run(self, iteration: int, stream: list[Instr], microbatches: range, comm: Comm, failover) -> None:
+    def run(self, iteration: int, stream: list[Instr], microbatches: range, comm: Comm, failover,
+            loss_scale: float = 1.0) -> None:
         self.iteration, self.mbs, self.comm, self.failover = iteration, microbatches, comm, failover
+        self.loss_scale, self.norms_read, self.multiplier, self.overflow = loss_scale, False, None, None
         self.inputs, self.labels, self.acts, self.grads, self.states = {}, {}, {}, {}, {}
         for m in self.modules.values():
             m.zero_grad(set_to_none=True)
         self.undo = {}
         self.busy = 0.0
-        self.reduced, self.tied_grads, self.tie_given, self.deferred, self.coefficient = set(), {}, set(), [], None
+        self.reduced, self.tied_grads, self.tie_given, self.deferred = set(), {}, set(), []
         self._base = comm.counts()  # messages received before this iteration
         self._expect(stream)
         pc = 0
@@ -176,7 +181,7 @@ class Executor:
             # Recorded before the gradient leaves: if this node dies after sending
             # it, nobody recomputes this microbatch's loss.
             self.cluster.put(LOSS(self.iteration, self.mbs[mb]), Loss(out.item()))
-            (out / self.cfg.microbatches).backward()  # the global batch's mean, as the reference
+            recipe.scaled_loss(out, self.cfg.microbatches, self.loss_scale).backward()  # as the reference
         else:
             out.backward(self.grads[(s + 1, mb)])
         if s > 0:
@@ -245,30 +250,37 @@ class Executor:
                 self.failover.detected(e.peer, str(e))
             self.deferred.pop(0)
 
-    def _clip(self, stage: int) -> None:
-        """Scale `stage`'s gradients by the coefficient of the whole model's norm.
-        Every stage's owner publishes its squared norm (a tied weight counted on
-        its first stage only); the first to publish a stage wins, so a stage taken
-        over after its owner died is clipped alike."""
-        if self.coefficient is None:
+    def _grad_multiplier(self) -> float | None:
+        """What this iteration's gradients are multiplied by before a step: the loss
+        scale undone, clipped by the whole model's norm; None after an fp16 overflow
+        anywhere (every copy of every stage then skips its step). Every stage's
+        owner publishes its squared norm (a tied weight counted on its first stage
+        only); the first to publish a stage wins, so a stage taken over after its
+        owner died counts alike."""
+        if not self.norms_read:
             for s in {i.stage for i in self.stream if i.op is Op.REDUCE_GRADS}:
                 self.cluster.create(NORM(self.iteration, s), Loss(recipe.squared_norm(self._norm_params(s))))
             while len(norms := self.cluster.children(NORM(self.iteration))) < self.P:
                 if not self.failover.keep_waiting():
                     raise Interrupted("a failure while waiting for the stages' gradient norms")
                 time.sleep(0.01)
-            self.coefficient = recipe.clip_coefficient(self.cfg.grad_clip, [n.value for n in norms.values()])
-        recipe.scale_grads(self.modules[stage].parameters(), self.coefficient)
+            self.multiplier = recipe.grad_multiplier(self.cfg, [n.value for n in norms.values()], self.loss_scale)
+            self.norms_read, self.overflow = True, self.multiplier is None
+        return self.multiplier
 
     def _norm_params(self, stage: int) -> list[torch.nn.Parameter]:
         skip = {id(copies[s]) for stages, copies in self.tied for s in stages[1:] if s in copies}
         return [p for p in self.modules[stage].parameters() if id(p) not in skip]
 
     def optimizer_step(self, ins: Instr) -> None:
-        if not ins.redundant:
-            self._tie()  # a replica's synced gradients are tied and clipped already
-        if not ins.redundant and self.cfg.grad_clip:
-            self._clip(ins.stage)
+        if not ins.redundant or self.cfg.loss_scaling:
+            self._tie()  # a replica's synced gradients are tied, unscaled and clipped already
+        if (not ins.redundant and self.cfg.grad_clip) or self.cfg.loss_scaling:
+            multiplier = self._grad_multiplier()
+            if multiplier is None:
+                return  # an fp16 overflow somewhere: no copy of any stage steps
+            if not ins.redundant:
+                recipe.scale_grads(self.modules[ins.stage].parameters(), multiplier)
         if self.keep_undo and ins.stage not in self.undo:
             params = list(self.modules[ins.stage].parameters())
             state = self.optimizers[ins.stage].state

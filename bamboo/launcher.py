@@ -24,7 +24,7 @@ from bamboo.cluster import Cluster
 from bamboo.config import JobConfig
 from bamboo.etcd import EtcdServer, die_with_parent
 from bamboo.exits import FENCED
-from bamboo.protocol import ASSIGNMENT, CONFIG, DONE, ERROR, LOSS, NOTICES, PREEMPTED, START, VAL_LOSS
+from bamboo.protocol import ASSIGNMENT, CONFIG, DONE, ERROR, LOSS, NOTICES, PREEMPTED, SCALE, START, VAL_LOSS
 from bamboo.reference import mean_loss
 
 
@@ -79,6 +79,14 @@ def iteration_record(cfg: JobConfig, it: int, losses: dict, reports: dict, secon
     if cfg.check_replicas:
         record["replicas_equal"] = replicas_equal(cfg, reports)
     return record
+
+
+def add_loss_scale(record: dict, scale) -> None:
+    """fp16: the loss scale the iteration ran with; an `overflow` event when every
+    copy skipped its step (the scale halves for the next)."""
+    record["loss_scale"] = scale.scale
+    if scale.overflow:
+        record["events"].append({"type": "overflow", "iteration": record["iteration"], "loss_scale": scale.scale})
 
 
 def add_validation(cfg: JobConfig, record: dict, losses: dict) -> None:
@@ -228,6 +236,8 @@ class Launcher:
                                    "standby": assignment.standby})
                 losses = cluster.children(LOSS(it))
                 record = iteration_record(self.cfg, it, losses, reports, now - last, live, events)
+                if self.cfg.loss_scaling:
+                    add_loss_scale(record, cluster.get(SCALE(it)))
                 if self.cfg.evaluates(it):
                     add_validation(self.cfg, record, cluster.children(VAL_LOSS(it)))
                 self.metrics.write(record)
@@ -236,6 +246,9 @@ class Launcher:
                 summary["samples"] += record["samples"]
                 summary["preemptions"] += sum(e["type"] == "preemption" for e in events)
                 summary["failovers"] += sum(e["type"] == "failover" for e in events)
+                if self.cfg.loss_scaling:
+                    summary["skipped_steps"] = summary.get("skipped_steps", 0) + sum(
+                        e["type"] == "overflow" for e in record["events"])
                 summary["peak_memory_mb"] = {str(n): r.rss_mb for n, r in reports.items()}
                 bar(it, record)
                 for n in self.local.joining(it) if self.local and it not in self._joined else ():

@@ -10,6 +10,7 @@ does not depend on the partition.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from dataclasses import dataclass
 
@@ -65,13 +66,21 @@ def layer_rng(layer: int, device: torch.device):
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# fp16 is for CUDA. Tests set this to run its loss scaling on the CPU, where torch's
+# autocast computes in fp16 too (slowly), since no GPU is at hand there.
+FP16_ON_CPU = "BAMBOO_FP16_ON_CPU"
+
+
+def fp16_allowed(device: torch.device) -> bool:
+    return device.type == "cuda" or os.environ.get(FP16_ON_CPU) == "1"
 
 
 def mixed_precision(precision: str, device: torch.device):
-    """The forward's context: bf16 autocast (weights, gradients and AdamW state stay
-    float32), or nothing. fp16 is refused before a job starts (bamboo/cli.py)."""
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    """The forward's context: bf16 or fp16 autocast (weights, gradients and AdamW
+    state stay float32; fp16 with a dynamic loss scale, on CUDA), or nothing."""
+    if precision in AUTOCAST:
+        return torch.autocast(device_type=device.type, dtype=AUTOCAST[precision])
     return contextlib.nullcontext()
 
 

@@ -15,7 +15,8 @@ The workers' half, one iteration at a time:
      node's messages publish CUT; every survivor derives the same (dead, k)
   4. a data-parallel reduce done (inside the stream): REDUCED; a tied weight's
      copies summed: TIED; the stream ran: FINISHED
-  5. the iteration's report: DONE; the first to see every live node's writes
+  5. fp16: the loss scale it ran with, and whether it overflowed: SCALE; the
+     iteration's report: DONE; the first to see every live node's writes
      REGROUP (the failed set from now on, reconfigure?, checkpoint?)
   6. an iteration no pipeline can finish: ABORT; each node undoes its steps: ABORTED
   7. fatal error: ERROR; an injected preemption: PREEMPTED
@@ -92,6 +93,25 @@ class Mark(Record):
 @dataclass(frozen=True)
 class Loss(Record):
     value: float
+
+
+@dataclass(frozen=True)
+class LossScale(Record):
+    """fp16's dynamic loss scale as one iteration ran with it: every copy of every
+    stage agrees on it, because an overflow anywhere shows in the global norm
+    (NORM) that every node reads before its steps."""
+    scale: float             # the iteration's loss was multiplied by this before the backward
+    good: int = 0            # steps in a row without an overflow before it
+    overflow: bool = False   # its gradients overflowed: every owner and replica skipped the step
+
+    def following(self, window: int, minimum: float) -> "LossScale":
+        """The next iteration's: halved after an overflow (not below `minimum`),
+        doubled after `window` good steps in a row (torch's GradScaler rule)."""
+        if self.overflow:
+            return LossScale(max(minimum, self.scale / 2))
+        if self.good + 1 >= window:
+            return LossScale(self.scale * 2)
+        return LossScale(self.scale, self.good + 1)
 
 
 @dataclass(frozen=True)
@@ -226,6 +246,8 @@ HANDOVER = Family("handover", ("epoch",), Outcome,
                   "the epoch's handover completed everywhere, or failed (a participant died); one decision stands")
 REDUCED = Family("reduced", ("iteration", "stage"), Reduced, "a data-parallel reduce of stage finished")
 NORM = Family("norm", ("iteration", "stage"), Loss, "stage's squared gradient norm, reduced and tied (clipping)")
+SCALE = Family("scale", ("iteration",), LossScale,
+               "fp16: the loss scale the iteration ran with and whether it overflowed (at its boundary)")
 TIED = Family("tied", ("iteration", "pipeline"), Reduced, "a pipeline's tied-weight gradients were summed")
 CHECKPOINTED = Family("checkpointed", (), Timestamp, "when the last checkpoint was decided")
 PREEMPTED = Family("preempted", ("node",), Preempted, "an injected SIGKILL (for the metrics)")
@@ -237,10 +259,10 @@ DRAIN = Family("drain", ("node",), Timestamp, "the node asked to leave (SIGTERM,
 NOTICES = Family("notices", ("node",), Notice, "the cloud's preemption notice")
 
 FAMILIES = (CONFIG, START, ASSIGNMENT, ALIVE, FAILED, CUT, FINISHED, LOSS, VAL_LOSS, DONE, ABORT, ABORTED, REGROUP,
-            HANDED, HANDOVER, REDUCED, TIED, NORM, CHECKPOINTED, PREEMPTED, ERROR, IDS, MEMBERS, ZONES, DRAIN, NOTICES)
+            HANDED, HANDOVER, REDUCED, TIED, NORM, SCALE, CHECKPOINTED, PREEMPTED, ERROR, IDS, MEMBERS, ZONES, DRAIN, NOTICES)
 
 # One attempt at an iteration: cleared when the iteration (or a checkpoint's span) runs again.
-ITERATION_FAMILIES = (DONE, LOSS, VAL_LOSS, FINISHED, CUT, REDUCED, TIED, NORM, REGROUP, ABORT, ABORTED)
+ITERATION_FAMILIES = (DONE, LOSS, VAL_LOSS, FINISHED, CUT, REDUCED, TIED, NORM, SCALE, REGROUP, ABORT, ABORTED)
 
 
 def job_root(job: str) -> str:

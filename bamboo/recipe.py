@@ -5,7 +5,9 @@ The learning rate is a function of the iteration alone, so a checkpoint, a
 failover or a redo lands on exactly the rate the uninterrupted run used. The
 clipping coefficient needs the norm of the whole model's gradient; stages hold
 parts of it and publish their squared norms (bamboo/executor.py), and every copy
-of a stage applies the one coefficient that follows from them.
+of a stage applies the one coefficient that follows from them. fp16's loss scale
+rides on the same norms: a norm that is not finite is an overflow, and every
+copy skips that step (protocol.LossScale holds the scale's rule).
 """
 from __future__ import annotations
 
@@ -46,6 +48,13 @@ def set_learning_rate(opt: torch.optim.Optimizer, rate: float) -> None:
         group["lr"] = rate
 
 
+def scaled_loss(loss: torch.Tensor, microbatches: int, scale: float) -> torch.Tensor:
+    """What a microbatch's backward starts from: its share of the global batch's
+    mean loss, times fp16's loss scale (a power of two: exact)."""
+    share = loss / microbatches
+    return share if scale == 1.0 else share * scale
+
+
 def squared_norm(params) -> float:
     """Sum of squared gradient entries, in float64 (the sum of stages' sums is then
     the same whatever the partition, to rounding)."""
@@ -56,6 +65,18 @@ def squared_norm(params) -> float:
     return total
 
 
+def grad_multiplier(cfg, squared_norms, scale: float = 1.0) -> float | None:
+    """What every gradient is multiplied by before the step: 1/scale (fp16's loss
+    scale undone; a power of two, so exact) times the clipping coefficient of the
+    unscaled global norm. None when that norm is not finite: an fp16 overflow
+    somewhere, and every copy of every stage skips the step."""
+    total = sum(squared_norms)
+    if not math.isfinite(total):
+        return None
+    coefficient = clip_coefficient(cfg.grad_clip, [total / (scale * scale)]) if cfg.grad_clip else 1.0
+    return coefficient / scale
+
+
 def clip_coefficient(max_norm: float, squared_norms) -> float:
     """What every gradient is multiplied by: torch's clip_grad_norm_ rule."""
     norm = math.sqrt(sum(squared_norms))
@@ -63,7 +84,7 @@ def clip_coefficient(max_norm: float, squared_norms) -> float:
 
 
 def scale_grads(params, coefficient: float) -> None:
-    if coefficient < 1.0:
+    if coefficient != 1.0:
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(coefficient)
@@ -79,6 +100,13 @@ def check(cfg) -> None:
         raise ValueError(f"--warmup {cfg.warmup} must be between 0 and --iterations {cfg.iterations}")
     if len(cfg.betas) != 2 or not all(0 <= b < 1 for b in cfg.betas):
         raise ValueError(f"--betas must be two numbers in [0, 1) (got {' '.join(map(str, cfg.betas))})")
+    if cfg.initial_loss_scale <= 0 or cfg.min_loss_scale <= 0 or cfg.loss_scale_window < 1:
+        raise ValueError(f"--initial-loss-scale and --min-loss-scale must be positive and --loss-scale-window "
+                         f"at least 1 (got {cfg.initial_loss_scale}, {cfg.min_loss_scale} and "
+                         f"{cfg.loss_scale_window})")
+    for flag, value in (("--initial-loss-scale", cfg.initial_loss_scale), ("--min-loss-scale", cfg.min_loss_scale)):
+        if math.frexp(value)[0] != 0.5:
+            raise ValueError(f"{flag} must be a power of two, so that undoing it is exact (got {value})")
     if cfg.weight_decay < 0 or cfg.grad_clip < 0:
         raise ValueError(f"--weight-decay and --grad-clip must not be negative "
                          f"(got {cfg.weight_decay} and {cfg.grad_clip})")

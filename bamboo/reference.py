@@ -2,6 +2,8 @@
 pipeline at all. Tests compare every distributed run against it."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from bamboo import recipe
@@ -9,11 +11,13 @@ from bamboo.config import JobConfig, dropout_seed_for
 from bamboo.data import Corpus, corpus_of
 from bamboo.api import ModelSource
 from bamboo.models import Stage, dropout_seed, evaluating, mixed_precision
+from bamboo.protocol import LossScale
 
 
-def train_reference(cfg: JobConfig, on_iteration=None, on_eval=None) -> Stage:
+def train_reference(cfg: JobConfig, on_iteration=None, on_eval=None, on_scale=None) -> Stage:
     """Run cfg.iterations; on_iteration(i, {global mb: loss}) after each step,
-    preceded, when the iteration is evaluated, by on_eval(i, validation loss)."""
+    preceded, when the iteration is evaluated, by on_eval(i, validation loss), and
+    with fp16 by on_scale(i, the LossScale it ran with)."""
     torch.set_num_threads(1)
     source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq, cfg.model_config)
     layers = [source.layer(i) for i in range(source.count)]
@@ -22,6 +26,7 @@ def train_reference(cfg: JobConfig, on_iteration=None, on_eval=None) -> Stage:
     corpus = corpus_of(cfg, source.seq)
     opt = recipe.optimizer(model, cfg)
     cpu = torch.device("cpu")
+    scale = LossScale(cfg.initial_loss_scale if cfg.loss_scaling else 1.0)
     for it in range(cfg.iterations):
         model.zero_grad(set_to_none=True)
         losses = {}
@@ -30,12 +35,20 @@ def train_reference(cfg: JobConfig, on_iteration=None, on_eval=None) -> Stage:
             with dropout_seed(dropout_seed_for(cfg.seed, it, g)), mixed_precision(cfg.precision, cpu):
                 loss = model(x, y)
             losses[g] = loss.item()
-            (loss / cfg.microbatches).backward()
-        if cfg.grad_clip:
-            params = list(model.parameters())  # a tied weight once
-            recipe.scale_grads(params, recipe.clip_coefficient(cfg.grad_clip, [recipe.squared_norm(params)]))
-        recipe.set_learning_rate(opt, recipe.learning_rate(cfg, it))
-        opt.step()
+            recipe.scaled_loss(loss, cfg.microbatches, scale.scale).backward()
+        params = list(model.parameters())  # a tied weight once
+        if cfg.grad_clip or cfg.loss_scaling:
+            multiplier = recipe.grad_multiplier(cfg, [recipe.squared_norm(params)], scale.scale)
+            scale = dataclasses.replace(scale, overflow=multiplier is None)
+            if multiplier is not None:
+                recipe.scale_grads(params, multiplier)
+        if not scale.overflow:
+            recipe.set_learning_rate(opt, recipe.learning_rate(cfg, it))
+            opt.step()
+        if cfg.loss_scaling:
+            if on_scale:
+                on_scale(it, scale)
+            scale = scale.following(cfg.loss_scale_window, cfg.min_loss_scale)
         if on_eval and cfg.evaluates(it):
             on_eval(it, validation_loss(model, corpus, cfg))
         if on_iteration:

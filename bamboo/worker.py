@@ -15,6 +15,7 @@ maps them to exit statuses.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import os
 import resource
@@ -43,8 +44,9 @@ from bamboo.groups import lease_check, open_group
 from bamboo.handover import HandoverFailed
 from bamboo.holdings import Holdings
 from bamboo.liveness import hang_deadline
-from bamboo.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, ERROR, START, Abort, Mark, Regroup,
-                             Report, Start, WorkerError, world_store)
+from bamboo.models import fp16_allowed
+from bamboo.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, ERROR, SCALE, START, Abort, LossScale,
+                             Mark, Regroup, Report, Start, WorkerError, world_store)
 from bamboo.reduce import Reducer
 from bamboo.store import RendezvousAborted
 
@@ -70,6 +72,9 @@ class Worker:
         self.comm: Comm | None = None
         self._store = None                         # the world group's store (the group keeps using it)
         self.iteration_seconds: list[float] = []   # the hang deadline follows their running median
+        self.loss_scale: LossScale | None = None   # fp16: the scale of the iteration being run
+        if cfg.loss_scaling and not fp16_allowed(self.device):
+            raise ValueError("--precision fp16 needs CUDA, and this node has none")
 
     def run(self) -> None:
         it = self.join()
@@ -102,6 +107,7 @@ class Worker:
         if self.cfg.resume:
             start, blobs = self.checkpoints.newest()
             received = {i: blobs[i] for i in self.holdings.needs(assignment, self.node)}
+            self._restore_loss_scale(start)
         self.enter(assignment, received)
         self.cluster.create(START(), Start(start))
         try:
@@ -139,7 +145,9 @@ class Worker:
         began = time.monotonic()
         self.failover.begin(it, len(self.mbs), self.local_failed(), self.comm)
         stream = self.failover.base[self.me]  # the failover keeps every node's stream: one compile
-        self.executor.run(it, stream, self.mbs, self.comm, self.failover)
+        self.loss_scale = self._loss_scale_of(it)
+        self.executor.run(it, stream, self.mbs, self.comm, self.failover,
+                          self.loss_scale.scale if self.loss_scale else 1.0)
         self.iteration_seconds.append(time.monotonic() - began)
         self.cluster.hang_deadline(hang_deadline(self.iteration_seconds, self.cfg.hang_timeout))
 
@@ -158,6 +166,8 @@ class Worker:
 
     def end_iteration(self, it: int) -> Regroup:
         """Report, and agree with every live node on what the next iteration runs with."""
+        if self.loss_scale and self.executor.overflow is not None:  # every node decided alike: first wins
+            self.cluster.create(SCALE(it), dataclasses.replace(self.loss_scale, overflow=self.executor.overflow))
         self.boundary.report(it, self._report())
         agreed = self.boundary.agree(it, self.assignment, self.failover, self.failed, self._regroup(it))
         self.failed = agreed.failed
@@ -168,7 +178,8 @@ class Worker:
         write them in the background (the next iteration does not wait)."""
         if self.pipeline == 0:
             self.cluster.hang_deadline(self.cfg.hang_timeout)  # waits for the last write: not an iteration's pace
-            self.checkpoints.write(it + 1, self.holdings.snapshot(self._owned()))
+            self.checkpoints.write(it + 1, self.holdings.snapshot(self._owned()),
+                                   self.cluster.get(SCALE(it)) if self.cfg.loss_scaling else None)
 
     def reconfigure(self, it: int, aborted: bool = False) -> int:
         """Move to the agents' next configuration after iteration `it` (or, when `it`
@@ -251,6 +262,7 @@ class Worker:
             elif self.node in new.members:
                 blobs = self.checkpoints.taken_before(new.start)
                 received = {i: blobs[i] for i in self.holdings.needs(new, self.node)}
+                self._restore_loss_scale(new.start)
         else:
             received = handover.exchange(self.cluster, self.node, self.holdings, new, old,
                                          lambda members, starting: self._lease_check(members, new.start, starting),
@@ -259,6 +271,28 @@ class Worker:
             self.checkpoints.wait()
             raise Parked(f"node {self.node} has no stage in epoch {new.epoch}")  # back to standby
         self.enter(new, received)
+
+    def _loss_scale_of(self, it: int) -> LossScale | None:
+        """fp16: the scale iteration `it` runs with, following the record every node
+        agreed on for the iteration before (written at its boundary, or brought
+        back from a checkpoint by a restart)."""
+        if not self.cfg.loss_scaling:
+            return None
+        if it == 0:
+            return LossScale(self.cfg.initial_loss_scale)
+        before = self.cluster.get(SCALE(it - 1))
+        if before is None:
+            raise RuntimeError(f"no loss scale record of iteration {it - 1} to start iteration {it} from")
+        return before.following(self.cfg.loss_scale_window, self.cfg.min_loss_scale)
+
+    def _restore_loss_scale(self, start: int) -> None:
+        """A restart from the checkpoint taken before `start`: the loss scale record
+        stored with it, unless the job's etcd still has that iteration's."""
+        if self.cfg.loss_scaling and start > 0:
+            found = self.checkpoints.loss_scale(start)
+            if found is None:
+                raise RuntimeError(f"the checkpoint taken before iteration {start} has no loss scale (not fp16?)")
+            self.cluster.create(SCALE(start - 1), LossScale.from_dict(found))
 
     def _report(self) -> Report:
         report = Report(rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, time=time.time(),
@@ -313,9 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     cluster = Cluster(args.etcd, args.job, wait=True)
     cfg = cluster.get(CONFIG())
     cluster.register(args.node, cfg, on_fenced=fence)
-    worker = Worker(cluster, cfg, args.node)
     try:
-        worker.run()
+        Worker(cluster, cfg, args.node).run()
         status = 0
     except WorkerExit as e:
         status = e.status
