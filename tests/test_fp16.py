@@ -79,7 +79,7 @@ def test_a_restart_from_a_checkpoint_keeps_the_scale(tmp_path, fp16_on_cpu):
     def train(name, *args):
         return bamboo_train(tmp_path / name, *FP16, "--stages", "2", *args)[1]
 
-    whole = train("whole.jsonl", "--iterations", "8")
+    whole = bamboo_train(tmp_path / "whole.jsonl", *FP16, "--stages", "1", "--iterations", "8")[1]
     ck = str(tmp_path / "ck")
     train("first.jsonl", "--iterations", "6", "--checkpoint", ck, "--checkpoint-every", "5")
     resumed = train("resumed.jsonl", "--iterations", "8", "--checkpoint", ck, "--resume")
