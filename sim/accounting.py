@@ -6,6 +6,7 @@ strategy reports in the same shape.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -13,12 +14,19 @@ from dataclasses import dataclass, field
 class RunState:
     t: float = 0.0
     samples: float = 0.0
-    saved: float = 0.0          # samples in the last checkpoint
-    next_checkpoint: float = 0.0
+    saved: float = 0.0          # samples in the last complete checkpoint
+    pending: tuple[float, float] | None = None  # (samples, write ends): a checkpoint being written
+    next_checkpoint: float = math.inf
+    period_start: float = 0.0   # when training since the last checkpoint (or restart) began
+    checkpoints: int = 0
+    interval_sum: float = 0.0   # intervals scheduled, summed (their mean is reported)
+    intervals: int = 0
     paused_until: float = 0.0
     node_seconds: float = 0.0
     fatal: int = 0
     redos: int = 0              # iterations abandoned and redone from another pipeline's copies
+    iteration_start: float = 0.0  # samples when the iteration under way began
+    lost_partial: float = 0.0   # samples of abandoned partial iterations
     preemptions: int = 0
     timeline: list = field(default_factory=list)  # (time, nodes, samples/s)
 
@@ -26,13 +34,33 @@ class RunState:
         """Stop training for `seconds` more, from now or from the end of a pause under way."""
         self.paused_until = max(self.paused_until, self.t) + seconds
 
-    def checkpoint(self) -> None:
-        self.saved = self.samples
+    def resumes(self) -> float:
+        """When training goes on again."""
+        return max(self.t, self.paused_until)
+
+    def checkpoint(self, done_at: float | None = None) -> None:
+        """Save the samples so far; the checkpoint counts once its write ends at `done_at`."""
+        self._settle()
+        self.pending = (self.samples, self.t if done_at is None else done_at)
+        self._settle()
+
+    def _settle(self) -> None:
+        if self.pending and self.pending[1] <= self.t:
+            self.saved, self.pending = self.pending[0], None
 
     def rewind(self) -> None:
-        """A fatal failure: the work since the last checkpoint is gone."""
+        """A fatal failure: the work since the last complete checkpoint is gone."""
+        self._settle()
+        self.pending = None
         self.fatal += 1
-        self.samples = self.saved
+        self.samples = self.iteration_start = self.saved
+
+    def abandon_iteration(self, per_iteration: float) -> None:
+        """The iteration under way is dropped: back to its first sample."""
+        partial = (self.samples - self.iteration_start) % per_iteration
+        self.samples -= partial
+        self.lost_partial += partial
+        self.iteration_start = self.samples
 
 
 def summary(strategy, preemptions, fatal, mean_nodes, samples, horizon, cost_per_hour, hours, timeline) -> dict:

@@ -1,10 +1,13 @@
 """`bamboo-sim`: samples per second per dollar of a training job over a preemption
-trace, for Bamboo's redundant computation, checkpoint-restart and on-demand nodes.
+trace, for Bamboo's redundant computation, redo from data-parallel peers,
+checkpoint-restart and on-demand nodes.
 
-    bamboo-sim --trace PATH [--trace-format ec2|gcp|events|auto] --strategy bamboo|checkpoint|on-demand \\
-               --model gpt2|bert-large --stages P [--hours H] [--json] [--plot DIR]
+    bamboo-sim --trace PATH [--trace-format ec2|gcp|events|auto] --strategy bamboo|redo|checkpoint|on-demand|all \\
+               --model gpt2|bert-large [--profile calibrated|arithmetic] --stages P [--hours H] [--json] [--plot DIR]
     bamboo-sim --sweep-rates --model gpt2 --stages P [--plot DIR]
 
+Checkpoints are taken at Young's or Daly's optimal interval unless --checkpoint-minutes
+fixes one; every cost parameter below appears in the JSON output.
 Bad input ends with one line on stderr and exit status 2.
 """
 from __future__ import annotations
@@ -15,11 +18,13 @@ import os
 import sys
 import tempfile
 
-from sim.profiles import PROFILES
+from sim.checkpointing import FORMULAS
+from sim.profiles import PROFILES, SOURCES, profile
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
 from sim.traces import TraceError, read, synthetic
 
 SWEEP_RATES = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8)  # preemptions per node-hour
+GB = 1e9
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,8 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="bamboo-sim", description=__doc__.splitlines()[0])
     p.add_argument("--trace", help="trace file")
     p.add_argument("--trace-format", choices=("ec2", "gcp", "events", "auto"), default="auto")
-    p.add_argument("--strategy", choices=STRATEGIES, default="bamboo")
+    p.add_argument("--strategy", choices=(*STRATEGIES, "all"), default="bamboo")
     p.add_argument("--model", choices=sorted(PROFILES), default="gpt2")
+    p.add_argument("--profile", choices=SOURCES, default="calibrated",
+                   help="per-op times measured on this machine and scaled, or transformer arithmetic")
     p.add_argument("--stages", type=int, default=12, help="pipeline depth P")
     p.add_argument("--hours", type=float, help="simulate only the first H hours of the trace")
     p.add_argument("--json", action="store_true", help="print one JSON object (the default output too)")
@@ -42,30 +49,60 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, help="cluster size of the synthetic traces (default 3 x P)")
     p.add_argument("--seeds", type=int, default=3, help="synthetic traces per rate")
     p.add_argument("--plot", metavar="DIR", help="write PNGs: nodes and throughput over time, value vs rate")
-    p.add_argument("--spot-price", type=float, default=Options.spot_price)
-    p.add_argument("--on-demand-price", type=float, default=Options.on_demand_price)
-    p.add_argument("--checkpoint-minutes", type=float, default=Options.checkpoint_seconds / 60)
-    p.add_argument("--restart-seconds", type=float, default=Options.restart_seconds)
+    _cost_arguments(p)
     return p
 
 
+def _cost_arguments(p: argparse.ArgumentParser) -> None:
+    d = Options()
+    p.add_argument("--spot-price", type=float, default=d.spot_price, help="USD per node-hour")
+    p.add_argument("--on-demand-price", type=float, default=d.on_demand_price, help="USD per node-hour")
+    p.add_argument("--checkpoint-minutes", type=float, help="a fixed checkpoint interval (default: the formula's)")
+    p.add_argument("--checkpoint-formula", choices=FORMULAS, default=d.checkpoint_formula)
+    p.add_argument("--bytes-per-param", type=float, default=d.checkpoint_bytes_per_param,
+                   help="checkpointed bytes per parameter (fp32 weights + AdamW moments: 12)")
+    p.add_argument("--storage-bandwidth", type=float, default=d.storage_bandwidth / GB,
+                   help="GB/s per node to and from checkpoint storage")
+    p.add_argument("--snapshot-bandwidth", type=float, default=d.snapshot_bandwidth / GB,
+                   help="GB/s accelerator to host (the snapshot stall)")
+    p.add_argument("--peer-bandwidth", type=float, default=d.peer_bandwidth / GB,
+                   help="GB/s of a stage reloaded from a peer pipeline")
+    p.add_argument("--free-checkpoints", action="store_true", help="writes cost nothing (the old baseline)")
+    p.add_argument("--relaunch-seconds", type=float, default=d.relaunch_seconds)
+    p.add_argument("--warmup-seconds", type=float, default=d.warmup_seconds)
+    p.add_argument("--restart-seconds", type=float, help="a fixed restart cost instead of relaunch + load + warm-up")
+
+
 def options_from(args) -> Options:
-    for name in ("spot_price", "on_demand_price", "checkpoint_minutes", "restart_seconds"):
-        if getattr(args, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive")
-    return Options(spot_price=args.spot_price, on_demand_price=args.on_demand_price,
-                   checkpoint_seconds=args.checkpoint_minutes * 60, restart_seconds=args.restart_seconds)
+    for name in ("checkpoint_minutes", "storage_bandwidth", "snapshot_bandwidth", "peer_bandwidth"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive (got {value})")
+    options = Options(
+        spot_price=args.spot_price, on_demand_price=args.on_demand_price,
+        checkpoint_seconds=args.checkpoint_minutes * 60 if args.checkpoint_minutes else None,
+        checkpoint_formula=args.checkpoint_formula, checkpoint_bytes_per_param=args.bytes_per_param,
+        storage_bandwidth=args.storage_bandwidth * GB, snapshot_bandwidth=args.snapshot_bandwidth * GB,
+        peer_bandwidth=args.peer_bandwidth * GB, free_checkpoints=args.free_checkpoints,
+        relaunch_seconds=args.relaunch_seconds, warmup_seconds=args.warmup_seconds,
+        restart_seconds=args.restart_seconds)
+    try:
+        options.check()
+    except ValueError as e:
+        raise ValueError(str(e).replace("--checkpoint-bytes-per-param", "--bytes-per-param")) from None
+    return options
 
 
-def sweep(model: str, stages: int, nodes: int, seeds: int, options: Options, hours: float = 12.0) -> list[dict]:
+def sweep(model: str, source: str, stages: int, nodes: int, seeds: int, options: Options,
+          hours: float = 12.0) -> list[dict]:
     """Value per strategy, averaged over `seeds` synthetic traces per rate."""
     rows = []
     for rate in SWEEP_RATES:
         row = {"rate": rate}
+        traces = [synthetic(hours, nodes, options.zones, rate, seed, bulk=0.1) for seed in range(seeds)]
         for strategy in STRATEGIES:
-            sim = ClusterSimulator(PROFILES[model], stages, strategy, options)
-            runs = [sim.run(synthetic(hours, nodes, options.zones, rate, seed, bulk=0.1), hours)
-                    for seed in range(seeds)]
+            sim = ClusterSimulator(profile(model, source), stages, strategy, options)
+            runs = [sim.run(trace, hours) for trace in traces]
             row[strategy] = round(sum(r["value"] for r in runs) / seeds, 5)
             row[f"{strategy}_fatal"] = sum(r["fatal_failures"] for r in runs) / seeds
         rows.append(row)
@@ -127,6 +164,33 @@ def plot_sweep(rows: list[dict], directory: str, title: str) -> str:
     return path
 
 
+def simulate(args, options: Options) -> dict:
+    """One trace: one strategy's summary, or with `all` every strategy's under "strategies"."""
+    if not args.trace:
+        raise ValueError("--trace PATH is required (or --sweep-rates)")
+    if args.hours is not None and args.hours <= 0:
+        raise ValueError("--hours must be positive")
+    events = read(args.trace, args.trace_format)
+    chosen = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
+    results, stats = {}, None
+    for strategy in chosen:
+        sim = ClusterSimulator(profile(args.model, args.profile), args.stages, strategy, options)
+        results[strategy] = sim.run(events, args.hours)
+        stats = sim.trace.describe()
+    if args.plot:
+        plots = plot_run(results, args.plot)
+        for r in results.values():
+            r["plots"] = plots
+    for r in results.values():
+        r.pop("timeline")
+    context = {"trace": {"path": args.trace, **stats}, "model": args.model, "stages": args.stages,
+               "prices": {"spot": options.spot_price, "on_demand": options.on_demand_price},
+               "profile": profile(args.model, args.profile).sources()}
+    if args.strategy == "all":
+        return {**context, "strategies": results}
+    return {**results[args.strategy], **context}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -137,22 +201,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--seeds must be at least 1 and --nodes at least --stages")
         if args.sweep_rates:
             nodes = args.nodes or 3 * args.stages
-            rows = sweep(args.model, args.stages, nodes, args.seeds, options)
-            out = {"model": args.model, "stages": args.stages, "nodes": nodes, "sweep": rows}
+            rows = sweep(args.model, args.profile, args.stages, nodes, args.seeds, options)
+            out = {"model": args.model, "stages": args.stages, "nodes": nodes, "sweep": rows,
+                   "profile": profile(args.model, args.profile).sources()}
             if args.plot:
                 out["plots"] = [plot_sweep(rows, args.plot, f"{args.model}, P={args.stages}, {nodes} spot nodes")]
             print(json.dumps(out))
             return 0
-        if not args.trace:
-            raise ValueError("--trace PATH is required (or --sweep-rates)")
-        if args.hours is not None and args.hours <= 0:
-            raise ValueError("--hours must be positive")
-        events = read(args.trace, args.trace_format)
-        result = ClusterSimulator(PROFILES[args.model], args.stages, args.strategy, options).run(events, args.hours)
-        if args.plot:
-            result["plots"] = plot_run({args.strategy: result}, args.plot)
-        result.pop("timeline")
-        print(json.dumps(result))
+        print(json.dumps(simulate(args, options)))
     except (TraceError, ValueError) as e:
         print(f"bamboo-sim: error: {e}", file=sys.stderr)
         return 2

@@ -1,14 +1,16 @@
 """A discrete-event simulation of one training job over a preemption trace, for
-three strategies (sim/strategies.py), in samples per second per dollar.
+the strategies of sim/strategies.py, in samples per second per dollar.
 
 This module is the part every strategy shares: the trace replayed batch by batch
 (removals within one iteration land together), training between batches at the
-rate of the healthy pipelines, checkpoints, and the cost of the nodes held.
+rate of the healthy pipelines, checkpoints that stall training (sim/checkpointing.py)
+and the cost of the nodes held.
 
 Iteration times come from the schedule simulator on a model profile's cost model
 (or from a profile measured by bamboo-train). Pauses: a failover costs one
 iteration; a reconfiguration `reconfigure_seconds` plus moving one stage's state;
-a redo the failure timeout plus the redone iteration; a restart `restart_seconds`.
+a redo the failure timeout plus the redone iteration; a restart relaunches, loads
+the checkpoint and warms up.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from functools import lru_cache
 from agents.policy import Config
 from schedules.compiler import compile_schedule, simulate as simulate_schedule
 from sim.accounting import RunState, summary
-from sim.profiles import MeasuredProfile, Profile
+from sim.checkpointing import CheckpointCosts, TraceStats, optimal_interval, trace_stats
+from sim.profiles import NETWORK, PCIE, MeasuredProfile, Profile
 from sim.strategies import STRATEGIES
 from sim.traces import Event
 
@@ -30,12 +33,35 @@ __all__ = ["STRATEGIES", "ClusterSimulator", "Options"]
 class Options:
     spot_price: float = 0.918           # USD per node-hour (EC2 p3.2xlarge spot, as in the Bamboo paper)
     on_demand_price: float = 3.06       # USD per node-hour (p3.2xlarge on demand)
-    checkpoint_seconds: float = 1800.0  # checkpoint interval
-    restart_seconds: float = 120.0      # stop, relaunch, load a checkpoint
+    checkpoint_seconds: float | None = None  # a fixed interval; None: the formula's optimum
+    checkpoint_formula: str = "daly"    # or "young"
+    checkpoint_bytes_per_param: float = 12.0  # fp32 master weights and AdamW's two moments
+    storage_bandwidth: float = 0.5e9    # bytes/s per node to and from storage (S3 or EBS)
+    snapshot_bandwidth: float = PCIE    # bytes/s accelerator -> host
+    free_checkpoints: bool = False      # the old baseline: writes cost nothing
+    relaunch_seconds: float = 60.0      # stop, relaunch the processes, rendezvous
+    warmup_seconds: float = 30.0        # after a restart, before full speed
+    restart_seconds: float | None = None  # a fixed restart cost instead of relaunch + load + warm-up
+    peer_bandwidth: float = NETWORK     # bytes/s of a stage reloaded from a data-parallel peer
     reconfigure_seconds: float = 10.0   # agents' decision and new process groups
     failure_timeout: float = 3.0        # seconds before a silent node counts as dead
     zones: tuple[str, ...] = ("a", "b", "c")  # for traces without zones: nodes dealt in turn
     startup_seconds: float = 0.0        # from a node's arrival to its being usable (0: the trace says when)
+
+    def check(self) -> None:
+        """Raise ValueError naming the first option that cannot be used."""
+        for name in ("spot_price", "on_demand_price", "storage_bandwidth", "snapshot_bandwidth",
+                     "peer_bandwidth", "checkpoint_bytes_per_param"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive (got {getattr(self, name)})")
+        for name in ("relaunch_seconds", "warmup_seconds", "reconfigure_seconds", "failure_timeout",
+                     "startup_seconds"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must not be negative (got {getattr(self, name)})")
+        if self.checkpoint_seconds is not None and not self.checkpoint_seconds > 0:
+            raise ValueError(f"the checkpoint interval must be positive (got {self.checkpoint_seconds} s)")
+        if self.restart_seconds is not None and not self.restart_seconds >= 0:
+            raise ValueError(f"--restart-seconds must not be negative (got {self.restart_seconds})")
 
 
 class ClusterSimulator:
@@ -44,9 +70,13 @@ class ClusterSimulator:
             raise ValueError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
         if depth < 2:
             raise ValueError(f"--stages must be at least 2 (got {depth})")
+        options.check()
         self.profile, self.P, self.opt = profile, depth, options
         self.strategy = strategy              # the name, as the result reports it
         self.rules = STRATEGIES[strategy]()   # what this strategy does about the trace
+        self.costs = checkpoint_costs(profile, depth, options)
+        self.trace = TraceStats(0.0, 0)       # set by run()
+        self.job_mtbf: float = math.inf       # the failures this strategy must checkpoint against, per node
 
     # -- iteration times -------------------------------------------------------------------
     def iteration_seconds(self, pipelines: int, merged: bool = False) -> float:
@@ -58,6 +88,17 @@ class ClusterSimulator:
             return 0.0
         return self.profile.samples_per_iteration() / self.iteration_seconds(pipelines)
 
+    @property
+    def restart_seconds(self) -> float:
+        return self.costs.restart_seconds
+
+    def checkpoint_interval(self, used_nodes: int) -> float:
+        """Training seconds between checkpoints while `used_nodes` nodes compute."""
+        if self.opt.checkpoint_seconds is not None:
+            return self.opt.checkpoint_seconds
+        mtbf = self.rules.mtbf(self, max(1, used_nodes))
+        return optimal_interval(self.opt.checkpoint_formula, self.costs.write_seconds, mtbf)
+
     # -- the run -------------------------------------------------------------------------
     def run(self, events: list[Event], hours: float | None = None) -> dict:
         """The first `hours` of the trace (all of it by default), arrivals delayed by the startup time."""
@@ -65,12 +106,13 @@ class ClusterSimulator:
         delay = self.opt.startup_seconds
         events = sorted((replace(e, time=e.time + delay) if e.action == "add" and e.time > 0 else e
                          for e in events if e.time <= horizon), key=lambda e: e.time)
+        self.trace = trace_stats(events, horizon)
         return self.rules.run(self, events, horizon)
 
     def replay(self, events: list[Event], horizon: float) -> dict:
         """Spot nodes: train between batches of simultaneous events (sorted by time),
         letting the strategy react to each batch."""
-        s = RunState(next_checkpoint=self.opt.checkpoint_seconds)
+        s = RunState()
         zones: dict[str, str] = {}
         live: dict[str, str] = {}
         config: Config | None = None
@@ -86,28 +128,64 @@ class ClusterSimulator:
             s.preemptions += len(removed)
             for n in removed:
                 live.pop(n, None)
+            fatal, was_running = s.fatal, self._running(config)
             config = self.rules.react(self, s, config, live, removed)
+            self._rearm(s, config, restarted=s.fatal > fatal or not was_running)
         self._advance(s, horizon, config, len(live))
         return self._result(s, horizon)
+
+    def _running(self, config: Config | None) -> bool:
+        return bool(config and config.depth == self.P and config.pipelines)
+
+    def _rearm(self, s: RunState, config: Config | None, restarted: bool) -> None:
+        """Schedule the next checkpoint for the nodes `config` uses: a period starts
+        again when training (re)starts."""
+        if not self._running(config):
+            s.next_checkpoint = math.inf
+            return
+        if restarted:
+            s.period_start = s.resumes()
+        interval = self.checkpoint_interval(len(config.pipelines) * self.P)
+        s.next_checkpoint = s.period_start + interval
 
     def _window(self, config: Config | None) -> float:
         """Removals closer than this land in one iteration."""
         return self.iteration_seconds(max(1, len(config.pipelines) if config else 1))
 
     def _advance(self, s: RunState, to: float, config: Config | None, nodes: int) -> None:
-        """Train from s.t to `to` under `config`, taking checkpoints on the way."""
-        D = len(config.pipelines) if config and config.depth == self.P else 0
+        """Train from s.t to `to` under `config`, stalling for checkpoints on the way."""
+        D = len(config.pipelines) if self._running(config) else 0
         rate = self.throughput(D)
         s.timeline.append((s.t, nodes, rate))
         s.node_seconds += nodes * max(0.0, to - s.t)
         while s.t < to:
-            step_to = min(to, s.next_checkpoint)
+            step_to = min(to, max(s.t, s.next_checkpoint))
             working = max(0.0, step_to - max(s.t, s.paused_until))
             s.samples += rate * working
             s.t = step_to
             if s.t >= s.next_checkpoint:
-                s.checkpoint()
-                s.next_checkpoint += self.opt.checkpoint_seconds
+                self.take_checkpoint(s, D * self.P)
+
+    def take_checkpoint(self, s: RunState, used_nodes: int) -> None:
+        """Stall for the write; the period to the next checkpoint starts when it ends."""
+        s.pause(self.costs.write_seconds)
+        s.checkpoint(done_at=s.paused_until)
+        s.checkpoints += 1
+        s.period_start = s.paused_until
+        interval = self.checkpoint_interval(used_nodes)
+        s.interval_sum, s.intervals = s.interval_sum + interval, s.intervals + 1
+        s.next_checkpoint = s.period_start + interval
+
+    def parameters(self, s: RunState | None = None) -> dict:
+        """Every parameter of this run's checkpoints and restarts, and what followed."""
+        out = {"formula": "fixed" if self.opt.checkpoint_seconds is not None else self.opt.checkpoint_formula,
+               "bytes_per_param": self.opt.checkpoint_bytes_per_param, **self.costs.describe()}
+        if self.opt.checkpoint_seconds is not None:
+            out["interval_seconds"] = self.opt.checkpoint_seconds
+        if s is not None:
+            out["checkpoints_taken"] = s.checkpoints
+            out["mean_interval_seconds"] = round(s.interval_sum / s.intervals, 2) if s.intervals else None
+        return out
 
     def _result(self, s: RunState, horizon: float) -> dict:
         hours = horizon / 3600 if horizon else 0.0
@@ -115,8 +193,19 @@ class ClusterSimulator:
         cost_per_hour = mean_nodes * self.opt.spot_price
         out = summary(self.strategy, s.preemptions, s.fatal, mean_nodes, s.samples, horizon, cost_per_hour,
                       hours, s.timeline)
-        out.update(self.rules.report(s))
+        out.update(self.rules.report(self, s))
+        out["checkpointing"] = self.parameters(s)
         return out
+
+
+def checkpoint_costs(profile, depth: int, opt: Options) -> CheckpointCosts:
+    """One stage's checkpoint bytes from the profile's parameter count (a measured
+    profile has none: its checkpoints are free)."""
+    params = profile.stage_params(depth) if isinstance(profile, Profile) else 0.0
+    return CheckpointCosts(state_bytes=params * opt.checkpoint_bytes_per_param,
+                           snapshot_bandwidth=opt.snapshot_bandwidth, storage_bandwidth=opt.storage_bandwidth,
+                           relaunch_seconds=opt.relaunch_seconds, warmup_seconds=opt.warmup_seconds,
+                           free_writes=opt.free_checkpoints or params == 0, restart_override=opt.restart_seconds)
 
 
 def _next_batch(queue: list[Event], window: float) -> list[Event]:

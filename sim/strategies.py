@@ -7,6 +7,10 @@ come and go, so that the simulator's event loop stays the same for all of them.
               agents run) reconfigures; an iteration no pipeline can finish is
               redone from another pipeline's copies, and only a stage lost on every
               node sends the job back to its last checkpoint (a fatal failure)
+  redo        no redundant computation (Oobleck's semantics): a preemption of a
+              node in use abandons the iteration under way, the lost stages are
+              reloaded from a data-parallel peer pipeline over the network, and the
+              job goes back to its last checkpoint only when no copy of a stage is left
   checkpoint  no redundancy (Varuna-style): any preemption of a node in use stops
               the job, which restarts from its last checkpoint on the nodes left;
               a scale-out restarts it too (after a fresh checkpoint, losing nothing)
@@ -15,10 +19,12 @@ come and go, so that the simulator's event loop stays the same for all of them.
 
 A spot strategy's `react` takes one batch of simultaneous trace events (the nodes
 now `live`, those just `removed`), charges its pauses and losses to the run's
-state and returns the next configuration.
+state and returns the next configuration. Every spot strategy checkpoints at the
+same cost (sim/checkpointing.py); `mtbf` says how often it needs one.
 """
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
@@ -40,17 +46,45 @@ class Spot(ABC):
         """The run's summary; the simulator's replay calls back `react` on each batch."""
         return sim.replay(events, horizon)
 
+    def mtbf(self, sim: ClusterSimulator, used_nodes: int) -> float:
+        """Mean seconds between the failures that send this job back to a checkpoint:
+        any preemption of a node in use (the trace's node MTBF over the nodes used)."""
+        return sim.trace.node_mtbf_seconds / used_nodes
+
     @abstractmethod
     def react(self, sim: ClusterSimulator, s: RunState, config: Config | None, live: dict[str, str],
               removed: set[str]) -> Config | None:
         """Charge the batch's pauses and losses to `s`; return the configuration to run next."""
 
-    def report(self, s: RunState) -> dict:
+    def report(self, sim: ClusterSimulator, s: RunState) -> dict:
         """Fields of this strategy's own, added at the end of the run's summary."""
         return {}
 
 
-class Bamboo(Spot):
+class PeerRecovery(Spot):
+    """A strategy that survives most preemptions without a checkpoint: it needs one
+    only against the rarer loss of every copy of a stage."""
+
+    def run(self, sim: ClusterSimulator, events: list[Event], horizon: float) -> dict:
+        """Two passes when the interval is the formula's: one without checkpoints
+        counts the fatal failures the trace brings (at least one is assumed), which
+        sets the MTBF; the second is the run."""
+        if sim.opt.checkpoint_seconds is None:
+            sim.job_mtbf = math.inf
+            fatal = sim.replay(events, horizon)["fatal_failures"]
+            sim.job_mtbf = horizon / max(1, fatal)
+        return sim.replay(events, horizon)
+
+    def mtbf(self, sim: ClusterSimulator, used_nodes: int) -> float:
+        return sim.job_mtbf
+
+    def report(self, sim: ClusterSimulator, s: RunState) -> dict:
+        mtbf = sim.job_mtbf
+        return {"redone_from_peers": s.redos,
+                "fatal_mtbf_hours": round(mtbf / 3600, 3) if math.isfinite(mtbf) else None}
+
+
+class Bamboo(PeerRecovery):
     """Redundant computation: survive what the replicas cover, reconfigure at the boundary."""
     redundancy = "eager"
 
@@ -71,7 +105,7 @@ class Bamboo(Spot):
         pipeline died, a redo where more did, a restart where a stage died everywhere."""
         depth = config.depth  # below P when too few nodes were left: they wait, holding the state
         pipelines = len(config.pipelines)
-        deaths = [{i for i, n in enumerate(pipe) if n in removed} for pipe in config.pipelines]
+        deaths = _deaths(config, removed)
         pause = 0.0
         for dead in deaths:
             if len(dead) == 1:
@@ -80,13 +114,36 @@ class Bamboo(Spot):
                 pause = max(pause, sim.opt.failure_timeout + sim.iteration_seconds(pipelines))
         if _lost_everywhere(depth, deaths):
             s.rewind()  # back to the checkpoint
-            return sim.opt.restart_seconds
+            return sim.restart_seconds
         if any(len(dead) > 1 for dead in deaths):
             s.redos += 1
         return pause
 
-    def report(self, s: RunState) -> dict:
-        return {"redone_from_peers": s.redos}
+
+class RedoFromPeers(PeerRecovery):
+    """Oobleck's semantics: no redundant computation; a failure drops the iteration
+    under way and reloads the lost stages from a data-parallel peer."""
+
+    def react(self, sim: ClusterSimulator, s: RunState, config: Config | None, live: dict[str, str],
+              removed: set[str]) -> Config | None:
+        deaths = _deaths(config, removed) if config else []
+        if any(deaths):
+            s.abandon_iteration(sim.profile.samples_per_iteration())
+            if any(all(stage in dead for dead in deaths) for stage in range(config.depth)):
+                s.rewind()  # a stage with no copy left: back to the checkpoint
+                s.pause(sim.restart_seconds)
+                return next_config(live, None, sim.P)
+            s.redos += 1
+            s.pause(sim.opt.failure_timeout)
+        nxt = next_config(live, config, sim.P)
+        if config and nxt.depth == sim.P and _moved(config, nxt):
+            s.pause(sim.opt.reconfigure_seconds + peer_reload_seconds(sim))
+        return nxt
+
+    def report(self, sim: ClusterSimulator, s: RunState) -> dict:
+        return {**super().report(sim, s), "partial_iterations_lost_samples": round(s.lost_partial),
+                "peer_bandwidth": sim.opt.peer_bandwidth, "peer_reload_seconds": round(peer_reload_seconds(sim), 3),
+                "failure_timeout": sim.opt.failure_timeout, "reconfigure_seconds": sim.opt.reconfigure_seconds}
 
 
 class CheckpointRestart(Spot):
@@ -98,13 +155,17 @@ class CheckpointRestart(Spot):
         used = {n for pipe in config.pipelines for n in pipe} if config else set()
         if config and used & removed:
             s.rewind()
-            s.pause(sim.opt.restart_seconds)
+            s.pause(sim.restart_seconds)
             return nxt
         if config and len(nxt.pipelines) > len(config.pipelines):
-            s.checkpoint()  # then restart wider
-            s.pause(sim.opt.restart_seconds)
+            sim.take_checkpoint(s, len(used))  # then restart wider
+            s.pause(sim.restart_seconds)
             return nxt
         return config if config and config.depth == sim.P else nxt
+
+    def report(self, sim: ClusterSimulator, s: RunState) -> dict:
+        mtbf = sim.trace.node_mtbf_seconds
+        return {"node_mtbf_hours": round(mtbf / 3600, 4) if math.isfinite(mtbf) else None}
 
 
 class OnDemand:
@@ -126,13 +187,25 @@ class OnDemand:
                        nodes * sim.opt.on_demand_price, horizon / 3600, [(0.0, nodes, rate)])
 
 
-STRATEGIES = {"bamboo": Bamboo, "checkpoint": CheckpointRestart, "on-demand": OnDemand}
+STRATEGIES = {"bamboo": Bamboo, "redo": RedoFromPeers, "checkpoint": CheckpointRestart, "on-demand": OnDemand}
 
 
 def _moved(a: Config, b: Config) -> bool:
     """Whether any node of `b` computes a different stage than it did in `a`."""
     before = {n: s for pipe in a.pipelines for s, n in enumerate(pipe)}
     return any(before.get(n) != s for pipe in b.pipelines for s, n in enumerate(pipe))
+
+
+def _deaths(config: Config, removed: set[str]) -> list[set[int]]:
+    """The stage positions that died in each pipeline of `config`."""
+    return [{i for i, n in enumerate(pipe) if n in removed} for pipe in config.pipelines]
+
+
+def peer_reload_seconds(sim: ClusterSimulator) -> float:
+    """One stage's state from a peer pipeline; the stages reload in parallel."""
+    if isinstance(sim.profile, Profile):
+        return sim.profile.stage_state_bytes(sim.P) / sim.opt.peer_bandwidth
+    return sim.profile.handover_ms / 1000
 
 
 def _lost_everywhere(depth: int, deaths: list[set[int]]) -> frozenset[int]:
