@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 import time
 
-from schedules.layout import Layout
+from schedules.layout import Layout, keeps_replicas
 
 from agents.policy import Config, next_config
 from bamboo.assignment import Assignment
@@ -37,7 +37,7 @@ def lost_everywhere(assignment: Assignment, failed, redundancy: str) -> frozense
     """Stages no live node holds once `failed` died: lost in every pipeline."""
     lost = frozenset(range(assignment.depth))
     for j, pipe in enumerate(assignment.pipelines):
-        lost &= Layout.lost(len(pipe), assignment.local_failed(j, failed), redundancy == "eager")
+        lost &= Layout.lost(len(pipe), assignment.local_failed(j, failed), keeps_replicas(redundancy))
     return lost
 
 

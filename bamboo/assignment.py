@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schedules.layout import Layout
+from schedules.layout import Layout, keeps_replicas
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Assignment:
         dead = {int(n) for n in failed}
         out: dict[int, set[int]] = {}
         for pipe in self.pipelines:
-            layout = Layout(len(pipe), replicas=redundancy == "eager")
+            layout = Layout(len(pipe), replicas=keeps_replicas(redundancy))
             for s, n in enumerate(pipe):
                 if n not in dead:
                     out[n] = set(layout.held(s))

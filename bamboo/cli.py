@@ -53,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.999), metavar=("B1", "B2"))
     p.add_argument("--grad-clip", type=float, default=0.0, metavar="NORM",
                    help="clip the whole model's gradient norm (all stages) to NORM; 0: never")
-    p.add_argument("--redundancy", choices=("eager", "off"), default="eager")
+    p.add_argument("--redundancy", choices=("eager", "lazy", "off"), default="eager",
+                   help="eager: the next stage's forward in the bubbles (FRC); lazy: its layers kept in sync, "
+                        "FRC and BRC only after a failure; off: no replica")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                    help="of the weights and optimizer state (float64 for exact tests)")
@@ -249,6 +251,20 @@ def metric_sinks(args) -> tuple:
     return tuple(sinks)
 
 
+def check_redundancy(args) -> None:
+    """--redundancy off survives a death only by redoing the iteration from a peer
+    pipeline's copy of the lost stage, which needs agents and two pipelines."""
+    if args.redundancy != "off" or args.stages == 1:
+        return
+    if args.preempt and args.local_nodes is None:
+        raise ValueError("--preempt with --redundancy off and no agents: no node holds the killed node's layers, "
+                         "so the job would end; use --redundancy eager or lazy, or --local-nodes with 2+ pipelines")
+    if args.local_nodes is not None and args.local_nodes < 2 * args.stages and not args.checkpoint:
+        raise ValueError(f"--redundancy off with agents needs 2 pipelines (--local-nodes {2 * args.stages} or more) "
+                         "to redo an iteration from a peer's copy, or --checkpoint to restore from; else one death "
+                         "restarts training from iteration 0")
+
+
 def check_precision(args) -> None:
     if args.precision == "fp16" and not fp16_allowed(torch.device("cuda" if torch.cuda.is_available() else "cpu")):
         raise ValueError("--precision fp16 needs CUDA (fp16 with a dynamic loss scale is for GPUs); "
@@ -326,6 +342,7 @@ def config_from_args(args) -> JobConfig:
     if args.stages == 1 and args.pipelines > 1:
         raise ValueError("--stages 1 is the single-process reference: use --pipelines 1")
     preempt = parse_preempts(args.preempt, args) if args.stages > 1 else ()
+    check_redundancy(args)
     check_outputs(args)  # last: it may create the directories
     return JobConfig(model="hf:config" if model_config else args.model, model_config=model_config, stages=args.stages, pipelines=args.pipelines,
                      microbatches=args.microbatches, iterations=args.iterations, redundancy=args.redundancy,

@@ -163,7 +163,7 @@ class Executor:
         if s == 0:
             inp = self.inputs[mb]
         else:
-            inp = self.acts[(s - 1, mb)].detach().requires_grad_(True)
+            inp = self.acts[(s - 1, mb)].to(self.device).detach().requires_grad_(True)
         labels = self.labels[mb] if s == self.P - 1 else None
         saved = SavedTensors(self.params[s]) if ins.redundant else None
         seed = dropout_seed_for(self.cfg.seed, self.iteration, self.mbs[mb])
@@ -205,7 +205,11 @@ class Executor:
         self.comm.send(peer, kind, tensor, lambda: self.failover.peer_gone(peer))
 
     def send_act(self, ins: Instr) -> None:
-        self._send(ins, Op.SEND_ACT, self.acts[(ins.stage, ins.mb)])
+        key = (ins.stage, ins.mb)
+        self._send(ins, Op.SEND_ACT, self.acts[key])
+        if self.cfg.redundancy == "lazy" and self.device.type == "cuda":
+            # The replica's input, should its owner die: kept in host memory, not on the GPU.
+            self.acts[key] = self.acts[key].to("cpu")
 
     def recv_act(self, ins: Instr) -> None:
         self.acts[(ins.stage, ins.mb)] = self.comm.recv(self.peer(ins.peer), Op.SEND_ACT, self.failover.keep_waiting)

@@ -14,7 +14,7 @@ import tempfile
 
 import torch
 
-from schedules.layout import Layout
+from schedules.layout import Layout, keeps_replicas
 
 from bamboo import recipe
 from bamboo.api import ModelSource
@@ -35,7 +35,7 @@ class Holdings:
 
     def stages(self, depth: int, stage: int) -> tuple[int, ...]:
         """The stages a node on `stage` holds."""
-        return Layout(depth, replicas=self.redundancy == "eager").held(stage)
+        return Layout(depth, replicas=keeps_replicas(self.redundancy)).held(stage)
 
     def ranges_at(self, depth: int) -> list[range]:
         """Stage -> its layer indexes, for a pipeline of `depth` stages."""

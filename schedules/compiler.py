@@ -3,6 +3,8 @@
     plain_streams      pass (a) order + (b) communication, groups merged   lower.py
     insert_frc         pass (c) eager FRC in bubbles + (d) swap-out         redundancy.py
     lazy_brc           pass (e) what a node runs if its successor dies      redundancy.py
+                       (lazy redundancy: no FRC; replicas kept in sync, and
+                       after a death FRC and BRC both run in recovery)
     recover            pass (f) mid-iteration failure                       recovery.py
     eval_streams       pass (g) forward-only evaluation streams             evaluation.py
 
@@ -17,13 +19,13 @@ from functools import lru_cache
 from schedules.cost import CostModel
 from schedules.evaluation import eval_streams
 from schedules.ir import Instr
-from schedules.layout import Layout, ScheduleError, check_microbatches
+from schedules.layout import Layout, ScheduleError, check_microbatches, keeps_replicas
 from schedules.lower import plain_streams
 from schedules.order import ORDERS
 from schedules.recovery import recover
 from schedules.redundancy import insert_frc, lazy_brc
 
-REDUNDANCY = ("eager", "off")
+REDUNDANCY = ("eager", "lazy", "off")
 
 
 @dataclass(frozen=True)
@@ -42,13 +44,13 @@ class Schedule:
 
     @property
     def layout(self) -> Layout:
-        return Layout(self.stages, frozenset(self.failed), self.redundancy == "eager")
+        return Layout(self.stages, frozenset(self.failed), keeps_replicas(self.redundancy))
 
     def lazy_brc(self, node: int) -> list[Instr]:
         """What `node` would run for its replica if the replica's owner died."""
-        if self.redundancy != "eager" or self.fail_node is not None or self.evaluation:
+        if self.redundancy == "off" or self.fail_node is not None or self.evaluation:
             return []
-        return lazy_brc(self.layout, node, self.microbatches)
+        return lazy_brc(self.layout, node, self.microbatches, frc_ran=self.redundancy == "eager")
 
     def to_json(self) -> dict:
         out = {"stages": self.stages, "microbatches": self.microbatches, "failed": list(self.failed),
@@ -82,7 +84,7 @@ def _check_options(microbatches: int, redundancy: str, order: str) -> None:
 def _compile(stages: int, microbatches: int, failed: tuple[int, ...], redundancy: str, order: str,
              cost: CostModel) -> Schedule:
     _check_options(microbatches, redundancy, order)
-    layout = Layout(stages, frozenset(failed), redundancy == "eager")
+    layout = Layout(stages, frozenset(failed), keeps_replicas(redundancy))
     cost.check_stages(stages)
     streams = plain_streams(layout, microbatches, order, cost)
     if redundancy == "eager":
@@ -117,7 +119,8 @@ def compile_recovery(stages: int, microbatches: int, fail_node: int, fail_before
     if redundancy == "off":
         raise ScheduleError(f"node {fail_node} failing mid-iteration is not survivable with "
                             "--redundancy off: no other node holds its layers")
-    streams, resume_at, _ = recover(base.layout, microbatches, base.streams, fail_node, fail_before, cost)
+    streams, resume_at, _ = recover(base.layout, microbatches, base.streams, fail_node, fail_before, cost,
+                                    frc=redundancy == "eager")
     return Schedule(stages, microbatches, base.failed, redundancy, order, dict(sorted(streams.items())),
                     fail_node=fail_node, fail_before=fail_before, resume_at=resume_at, cost=cost)
 
@@ -126,7 +129,7 @@ def compile_recovery(stages: int, microbatches: int, fail_node: int, fail_before
 def _compile_eval(stages: int, microbatches: int, failed: tuple[int, ...], redundancy: str,
                   cost: CostModel) -> Schedule:
     _check_options(microbatches, redundancy, "1f1b")
-    layout = Layout(stages, frozenset(failed), redundancy == "eager")
+    layout = Layout(stages, frozenset(failed), keeps_replicas(redundancy))
     cost.check_stages(stages)
     return Schedule(stages, microbatches, tuple(sorted(set(failed))), redundancy, "1f1b",
                     eval_streams(layout, microbatches, cost), evaluation=True, cost=cost)
@@ -157,4 +160,5 @@ def simulate(schedule: Schedule, cost: CostModel | None = None):
                                 schedule.redundancy, schedule.order, cost)
         streams[schedule.fail_node] = base.streams[schedule.fail_node]
         dead = (schedule.fail_node, schedule.fail_before)
-    return Simulator(schedule.layout, schedule.microbatches, cost, dead).run(streams)
+    return Simulator(schedule.layout, schedule.microbatches, cost, dead,
+                     expect_frc=schedule.redundancy == "eager").run(streams)

@@ -56,13 +56,14 @@ def check_failure(layout: Layout, base: dict[int, list[Instr]], node: int, befor
 
 
 def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: int, k: int,
-            cost: CostModel | None = None) -> tuple[dict[int, list[Instr]], dict[int, int], Report]:
+            cost: CostModel | None = None, frc: bool = True) -> tuple[dict[int, list[Instr]], dict[int, int], Report]:
     """Full streams of the survivors (prefix + recovery), where each recovery starts,
-    and the simulator's report of the whole iteration."""
+    and the simulator's report of the whole iteration. `frc`: the base streams ran
+    FRC (eager); without (lazy), p recomputes every forward of stage d it needs."""
     P, M = layout.stages, microbatches
     after = check_failure(layout, base, d, k)
     p, q = (d - 1) % P, (d + 1) % P
-    cut = Simulator(layout, M, cost, dead=(d, k))
+    cut = Simulator(layout, M, cost, dead=(d, k), expect_frc=frc)
     prefix = {n: s for n, s in cut.run(base, allow_stuck=True).streams.items() if n != d}
     dead_ran = base[d][:k]
     # What survivors took in from d counts; a message of d still queued at the cut
@@ -79,7 +80,7 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
         new_tail = _without(tail(after, n), [i for i in pre if is_tail(i)])
         full[n] = pre + _reroute(n, body, d, p, q) + new_tail
     if stage_done:
-        report = Simulator(layout, M, cost, dead=(d, k)).run({**full, d: dead_ran})
+        report = Simulator(layout, M, cost, dead=(d, k), expect_frc=frc).run({**full, d: dead_ran})
         return full, {n: len(prefix[n]) for n in prefix}, report
 
     resend = [ir.send_grad(i.stage, i.mb, p) for i in prefix[q] if i.op is Op.SEND_GRAD and i.peer == d]
@@ -93,7 +94,7 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
     p_tail = [i for i in full[p][len(prefix[p]):] if is_tail(i)]
     recvs, acts, urgent, deferred = chains
     scheduled = {p: Chains(prefix[p], [recvs, acts, own, urgent, deferred], p_tail)}
-    report = Simulator(layout, M, cost, dead=(d, k)).run({**full, d: dead_ran}, scheduled)
+    report = Simulator(layout, M, cost, dead=(d, k), expect_frc=frc).run({**full, d: dead_ran}, scheduled)
     full[p] = report.streams[p]
     return full, {n: len(prefix[n]) for n in prefix}, report
 

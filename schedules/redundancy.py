@@ -1,5 +1,9 @@
 """Passes (c), (d), (e): eager FRC in bubbles, swap-out after it, and the lazy BRC stream.
 
+With lazy redundancy, pass (c) does not run: the replica is kept in sync at every
+step, and only after its owner dies does the node run FRC (from the replica's
+inputs, its own stage's outputs, which it kept) and BRC, both in the recovery.
+
 Node m keeps a replica of stage r = (m+1) mod P warm by running r's forward on
 every microbatch (forward redundant computation, FRC) from its own stage's output
 (node P-1 loads the microbatch to run stage 0; node P-2 loads labels for the loss). The intermediates go straight to
@@ -25,16 +29,17 @@ def frc_ops(replica: int, mb: int, load: bool) -> list[Instr]:
     return ops + [ir.forward(replica, mb, redundant=True), ir.swap_out(replica, mb)]
 
 
-def lazy_brc(layout: Layout, node: int, microbatches: int) -> list[Instr]:
+def lazy_brc(layout: Layout, node: int, microbatches: int, frc_ran: bool = True) -> list[Instr]:
     """The BRC work `node` owes its replica if the replica's owner dies: swap in and
-    backward for every microbatch. The recovery pass (recovery.py) turns it into a
-    real stream: it adds the gradient receives, the activations the successor
-    still needs, and drops the swap-ins of microbatches whose FRC had not run."""
+    backward for every microbatch, or, with lazy redundancy (no FRC ran), forward
+    from the replica's input it kept and backward. The recovery pass (recovery.py)
+    turns it into a real stream: it adds the gradient receives, the activations the
+    successor still needs, and drops the swap-ins of microbatches whose FRC had not run."""
     r = layout.replica(node)
     if r is None:
         return []
-    return [op for mb in range(microbatches)
-            for op in (ir.swap_in(r, mb), ir.backward(r, mb, redundant=True))]
+    first = ir.swap_in if frc_ran else (lambda stage, mb: ir.forward(stage, mb, redundant=True))
+    return [op for mb in range(microbatches) for op in (first(r, mb), ir.backward(r, mb, redundant=True))]
 
 
 def insert_frc(layout: Layout, microbatches: int, streams: dict[int, list[Instr]],

@@ -1,11 +1,12 @@
-"""Runtime benchmark: what eager redundancy costs on real processes, and how long a
-preemption pauses training.
+"""Runtime benchmark: what eager and lazy redundancy cost on real processes, and
+how long a preemption pauses training in each.
 
 Runs bamboo-train with P=2, D=1 (one process per core on a 2-core machine, the
-only layout where a bubble is really idle), alternating --redundancy off and
-eager, and prints side-by-side ratios: mean iteration time (warm-up iterations
-dropped) and peak process memory; then one run with a node SIGKILLed mid-iteration
-and its pause (kill to the end of that iteration) against a normal iteration.
+only layout where a bubble is really idle), alternating --redundancy off, eager
+and lazy, and prints side-by-side ratios: mean iteration time (warm-up iterations
+dropped) and peak process memory; then, per redundant mode, one run with a node
+SIGKILLed mid-iteration and its pause (kill to the end of that iteration) against
+a normal iteration.
 
     python scripts/bench_runtime.py [--rounds 3] [--iterations 30] [--batch 8]
 """
@@ -26,6 +27,9 @@ def run(args: list[str]) -> list[dict]:
         return [json.loads(line) for line in open(f.name)]
 
 
+MODES = ("off", "eager", "lazy")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -36,25 +40,28 @@ def main() -> None:
     common = ["--model", "tiny", "--stages", "2", "--microbatches", str(a.microbatches),
               "--iterations", str(a.iterations), "--batch", str(a.batch)]
     warm = 3
-    times: dict[str, list[float]] = {"off": [], "eager": []}
-    memory: dict[str, list[float]] = {"off": [], "eager": []}
+    times: dict[str, list[float]] = {m: [] for m in MODES}
+    memory: dict[str, list[float]] = {m: [] for m in MODES}
     for _ in range(a.rounds):
-        for mode in ("off", "eager"):
+        for mode in MODES:
             records = run(common + ["--redundancy", mode])
             times[mode].append(statistics.mean(r["seconds"] for r in records[warm:-1]))
             memory[mode].append(max(records[-1]["summary"]["peak_memory_mb"].values()))
-    t_off, t_eager = statistics.median(times["off"]), statistics.median(times["eager"])
-    m_off, m_eager = statistics.median(memory["off"]), statistics.median(memory["eager"])
+    t = {m: statistics.median(times[m]) for m in MODES}
+    mem = {m: statistics.median(memory[m]) for m in MODES}
     print(f"P=2 D=1 M={a.microbatches} batch={a.batch} tiny, {a.rounds} rounds alternating, median of means")
-    print(f"iteration time  off {t_off * 1e3:8.1f} ms   eager {t_eager * 1e3:8.1f} ms   eager/off {t_eager / t_off:.3f}")
-    print(f"peak RSS        off {m_off:8.1f} MB   eager {m_eager:8.1f} MB   eager/off {m_eager / m_off:.3f}")
+    print("iteration time  " + "   ".join(f"{m} {t[m] * 1e3:8.1f} ms" for m in MODES)
+          + "   " + "   ".join(f"{m}/off {t[m] / t['off']:.3f}" for m in MODES[1:]))
+    print("peak RSS        " + "   ".join(f"{m} {mem[m]:8.1f} MB" for m in MODES)
+          + "   " + "   ".join(f"{m}/off {mem[m] / mem['off']:.3f}" for m in MODES[1:]))
     kill_at = a.iterations // 2
-    records = run(common + ["--redundancy", "eager", "--preempt", f"1@{kill_at}:6"])
-    pause = next(e["pause_seconds"] for r in records[:-1] for e in r["events"] if e["type"] == "preemption")
-    normal = statistics.mean(r["seconds"] for r in records[warm:kill_at])
-    after = statistics.mean(r["seconds"] for r in records[kill_at + 1:-1])
-    print(f"preemption      pause {pause * 1e3:.1f} ms = {pause / normal:.2f} normal iterations; "
-          f"merged iterations after it {after / normal:.2f}x (one node runs both stages)")
+    for mode in MODES[1:]:  # off cannot survive a death without agents
+        records = run(common + ["--redundancy", mode, "--preempt", f"1@{kill_at}:6"])
+        pause = next(e["pause_seconds"] for r in records[:-1] for e in r["events"] if e["type"] == "preemption")
+        normal = statistics.mean(r["seconds"] for r in records[warm:kill_at])
+        after = statistics.mean(r["seconds"] for r in records[kill_at + 1:-1])
+        print(f"preemption ({mode:5}) pause {pause * 1e3:.1f} ms = {pause / normal:.2f} normal iterations; "
+              f"merged iterations after it {after / normal:.2f}x (one node runs both stages)")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ def layouts(draw):
 
 
 @settings(max_examples=300)
-@given(layouts(), st.sampled_from(["1f1b", "gpipe"]), st.sampled_from(["eager", "off"]))
+@given(layouts(), st.sampled_from(["1f1b", "gpipe"]), st.sampled_from(["eager", "lazy", "off"]))
 def test_compiled_streams_validate(layout, order, redundancy):
     P, M, failed = layout
     sched = compile_schedule(P, M, failed, redundancy, order)
@@ -32,16 +32,16 @@ def test_compiled_streams_validate(layout, order, redundancy):
 
 
 @settings(max_examples=300)
-@given(layouts(), st.sampled_from(["1f1b", "gpipe"]), costs, st.data())
-def test_any_mid_iteration_failure_recovers(layout, order, cost, data):
+@given(layouts(), st.sampled_from(["1f1b", "gpipe"]), costs, st.sampled_from(["eager", "lazy"]), st.data())
+def test_any_mid_iteration_failure_recovers(layout, order, cost, redundancy, data):
     P, M, failed = layout
-    base = compile_schedule(P, M, failed, order=order, cost=cost)
+    base = compile_schedule(P, M, failed, redundancy, order=order, cost=cost)
     candidates = [d for d in base.streams if (d - 1) % P not in failed and (d + 1) % P not in failed]
     if not candidates:
         return
     d = data.draw(st.sampled_from(candidates))
     k = data.draw(st.integers(0, len(base.streams[d])))
-    rec = compile_recovery(P, M, d, k, failed, order=order, cost=cost)
+    rec = compile_recovery(P, M, d, k, failed, redundancy, order=order, cost=cost)
     report = simulate(rec)
     assert all(report.finished.values())
 

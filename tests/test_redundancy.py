@@ -1,7 +1,7 @@
 """Passes (c)-(e): eager FRC, swap-out, lazy BRC; and merged groups after a failure."""
 import pytest
 
-from schedules.compiler import compile_schedule, simulate
+from schedules.compiler import compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
 from schedules.ir import Op, is_frc
 from schedules.layout import Layout
@@ -80,3 +80,20 @@ def test_failed_nodes_stages_run_as_normal_work_on_the_predecessor(P, M, failed)
         assert not any(x.peer == d for x in stream)
         assert not any(is_frc(x) for x in stream)  # p holds no replica any more
     simulate(sched)
+
+
+@pytest.mark.parametrize("P,M", [(2, 3), (4, 8), (5, 7)])
+def test_lazy_runs_no_frc_but_keeps_and_syncs_the_replica(P, M):
+    """Lazy: the plain streams plus the replica's sync and step, nothing redundant
+    before a failure; after one, the predecessor recomputes the dead stage's
+    forward (FRC) and backward (BRC) for every microbatch whose gradients died."""
+    off, lazy = compile_schedule(P, M, redundancy="off"), compile_schedule(P, M, redundancy="lazy")
+    for m in off.streams:
+        assert not any(is_frc(x) or x.op in (Op.SWAP_OUT, Op.SWAP_IN) for x in lazy.streams[m])
+        assert _normal_work(lazy.streams[m]) == _normal_work(off.streams[m])
+        assert [(x.op, x.stage) for x in lazy.streams[m] if x.redundant or x.op in (Op.SEND_SYNC, Op.RECV_SYNC)] \
+            == [(Op.SEND_SYNC, m), (Op.RECV_SYNC, (m + 1) % P), (Op.OPTIMIZER_STEP, (m + 1) % P)]
+    rec = compile_recovery(P, M, 1, 0, redundancy="lazy")
+    simulate(rec)
+    brc = [(x.op, x.mb) for x in rec.streams[0] if x.stage == 1 and x.op in (Op.FORWARD, Op.BACKWARD)]
+    assert sorted(brc) == sorted([(Op.FORWARD, mb) for mb in range(M)] + [(Op.BACKWARD, mb) for mb in range(M)])

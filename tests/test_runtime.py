@@ -50,9 +50,9 @@ def assert_same_training(records, params, reference):
             torch.testing.assert_close(b[name], a[name], rtol=RTOL, atol=1e-9)
 
 
-def kill_point(node: int, pick) -> str:
+def kill_point(node: int, pick, mode: str = "eager") -> str:
     """NODE@5:INSTR with INSTR chosen by `pick` from the node's iteration-5 stream."""
-    stream = compile_schedule(P, M // D, ()).streams[node % P]
+    stream = compile_schedule(P, M // D, (), mode).streams[node % P]
     return f"{node}@5:{pick(stream)}"
 
 
@@ -82,14 +82,15 @@ def _first_forward(stream):
     return next(i for i, x in enumerate(stream) if x.op is Op.FORWARD)
 
 
-@pytest.mark.parametrize("node,pick", [
-    (0, _backward_of_first_stage),   # first stage, during its backward phase
-    pytest.param(3, _mid_stream, marks=pytest.mark.slow),  # last stage (make test-slow)
-    pytest.param(6, _first_forward, marks=pytest.mark.slow),  # second pipeline, before it sent anything
-], ids=["first-stage-backward", "last-stage", "pipeline1-start"])
-def test_sigkill_mid_iteration_keeps_the_math(tmp_path, reference, node, pick):
-    point = kill_point(node, pick)
-    _, records, params = train(tmp_path, "kill", "--stages", str(P), "--pipelines", str(D),
+@pytest.mark.parametrize("mode,node,pick", [
+    ("eager", 0, _backward_of_first_stage),   # first stage, during its backward phase
+    pytest.param("eager", 3, _mid_stream, marks=pytest.mark.slow),  # last stage (make test-slow)
+    pytest.param("eager", 6, _first_forward, marks=pytest.mark.slow),  # second pipeline, before it sent anything
+    ("lazy", 5, _mid_stream),  # lazy: FRC and BRC of stage 1 both after the death
+], ids=["first-stage-backward", "last-stage", "pipeline1-start", "lazy-mid-stream"])
+def test_sigkill_mid_iteration_keeps_the_math(tmp_path, reference, mode, node, pick):
+    point = kill_point(node, pick, mode)
+    _, records, params = train(tmp_path, "kill", "--stages", str(P), "--pipelines", str(D), "--redundancy", mode,
                                "--preempt", point, "--check-replicas")
     assert_same_training(records, params, reference)
     events = records[5]["events"]

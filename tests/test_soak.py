@@ -1,5 +1,6 @@
-"""Soak (slow, `make test-slow`): kill every node at many points of an iteration and
-check the losses against the reference each time."""
+"""Soak (slow, `make test-slow`): kill every node at many points of an iteration,
+with eager and with lazy redundancy, and check the losses against the reference
+each time."""
 import json
 import subprocess
 import sys
@@ -11,8 +12,8 @@ from bamboo.reference import train_reference
 from schedules.compiler import compile_schedule
 
 P, M, ITERS = 4, 4, 3
-STREAMS = compile_schedule(P, M, ()).streams
-POINTS = [(n, k) for n in range(P) for k in range(0, len(STREAMS[n]), 3)]
+POINTS = [(mode, n, k) for mode in ("eager", "lazy")
+          for n, stream in compile_schedule(P, M, (), mode).streams.items() for k in range(0, len(stream), 3)]
 
 
 @pytest.fixture(scope="module")
@@ -24,11 +25,11 @@ def reference_losses():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("node,k", POINTS)
-def test_kill_point(tmp_path, reference_losses, node, k):
+@pytest.mark.parametrize("mode,node,k", POINTS)
+def test_kill_point(tmp_path, reference_losses, mode, node, k):
     metrics = tmp_path / "m.jsonl"
     out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--stages", str(P), "--microbatches", str(M),
-                          "--iterations", str(ITERS), "--dtype", "float64", "--no-progress",
+                          "--iterations", str(ITERS), "--dtype", "float64", "--no-progress", "--redundancy", mode,
                           "--preempt", f"{node}@1:{k}", "--metrics-out", str(metrics)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-1500:]

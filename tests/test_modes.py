@@ -1,0 +1,61 @@
+"""Redundancy modes with agents: `off` survives a death by redoing the iteration
+from a peer pipeline's copy of the lost stage (no replica anywhere), `lazy` by
+FRC and BRC after the death; both keep the single-process reference's losses.
+And the settings where a mode cannot survive a death are refused up front."""
+import subprocess
+import sys
+
+import pytest
+
+from tests.training import bamboo_train
+
+COMMON = ["--model", "tiny", "--microbatches", "4", "--iterations", "5", "--dtype", "float64"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return bamboo_train(tmp_path_factory.mktemp("ref") / "ref.jsonl", *COMMON, "--stages", "1")[1]
+
+
+def losses(records):
+    return [r["loss"] for r in records]
+
+
+def events(records, it):
+    return {e["type"] for e in records[it]["events"]}
+
+
+def test_off_with_agents_redoes_the_iteration_from_a_peer_pipeline(tmp_path, reference):
+    """Two pipelines of 2 and a standby, no replicas: node 1 dies in iteration 2;
+    the iteration is abandoned everywhere, redone with the standby holding stage 1
+    (copied from pipeline 1's owner), and no sample is lost or counted twice."""
+    _, got = bamboo_train(tmp_path / "off.jsonl", *COMMON, "--stages", "2", "--local-nodes", "5",
+                          "--redundancy", "off", "--preempt", "1@2:5", "--check-replicas")
+    assert [r["iteration"] for r in got] == [0, 1, 2, 3, 4]
+    assert losses(got) == pytest.approx(losses(reference), rel=1e-9)
+    assert {"redo", "preemption", "reconfigure"} <= events(got, 2)
+    assert all(r["replicas_equal"] for r in got)
+
+
+@pytest.mark.slow
+def test_lazy_with_agents_recovers_inside_the_iteration(tmp_path, reference):
+    """Lazy: node 1's predecessor runs stage 1's forward and backward after the
+    death and finishes iteration 2 (a failover, no redo); the standby takes the
+    stage at the boundary and replicas are whole again."""
+    _, got = bamboo_train(tmp_path / "lazy.jsonl", *COMMON, "--stages", "2", "--local-nodes", "5",
+                          "--redundancy", "lazy", "--preempt", "1@2:5", "--check-replicas")
+    assert losses(got) == pytest.approx(losses(reference), rel=1e-9)
+    assert "failover" in events(got, 2) and "redo" not in events(got, 2)
+    assert "reconfigure" in events(got, 3)
+    assert all(r["replicas_equal"] for r in got)
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--stages", "2", "--redundancy", "off", "--preempt", "1@1:3"], "no agents"),
+    (["--stages", "2", "--redundancy", "off", "--local-nodes", "3"], "2 pipelines"),
+])
+def test_off_where_a_death_cannot_be_survived_is_refused(tmp_path, args, named):
+    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--no-progress", "--metrics-out",
+                          str(tmp_path / "m.jsonl"), *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and named in out.stderr, out.stderr
+    assert not (tmp_path / "m.jsonl").exists()
