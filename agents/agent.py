@@ -121,6 +121,7 @@ class BambooAgent(SimpleElasticAgent):
             self._start_workers(group)
             time.sleep(group.spec.monitor_interval)
             self.membership.decide(self.cfg)  # any agent may write the next configuration
+            self.membership.observe_modes(self.cfg)  # --redundancy auto: the mode wanted next
             result = self._monitor_workers(group)
             group.state = result.state
             if result.state == WorkerState.SUCCEEDED:

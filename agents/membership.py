@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import socket
 import time
+from dataclasses import asdict
 
 from schedules.layout import Layout, keeps_replicas
 
+from agents.modes import ModeStats, choose, estimates, observe
 from agents.policy import Config, next_config
 from bamboo.assignment import Assignment
 from bamboo.checkpoint import latest, storage_for
@@ -18,7 +20,7 @@ from bamboo.cluster import Cluster
 from bamboo.config import JobConfig
 from bamboo.liveness import Heartbeat
 from bamboo.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, HANDOVER, IDS, ITERATION_FAMILIES,
-                             MEMBERS, REGROUP, START, ZONES, Mark, Member, Timestamp, Zone)
+                             MEMBERS, MODE, REGROUP, START, ZONES, Mark, Member, ModeChoice, Timestamp, Zone)
 
 
 def to_policy(a: Assignment) -> Config:
@@ -54,6 +56,7 @@ class Membership:
         self._drained = False
         self._epoch: int | None = None  # the newest assignment seen
         self._next = 0                  # the first iteration whose regroup records are not settled
+        self._observed: int | None = None  # --redundancy auto: the last iteration folded into the mode stats
 
     def _claim_id(self) -> int:
         n = len(self.cluster.children(IDS()))
@@ -72,7 +75,9 @@ class Membership:
         live = {str(n): zones[n].zone for n in nodes}
         cfg = self.cluster.get(CONFIG())
         config = next_config(live, None, cfg.stages, cfg.microbatches)
-        self.cluster.create(ASSIGNMENT(0), from_policy(config, 0, ()))
+        first = from_policy(config, 0, ())
+        mode = self._mode_for(cfg, 0, first, ModeStats())
+        self.cluster.create(ASSIGNMENT(0), Assignment(**{**first.__dict__, "redundancy": mode}))
 
     def decide(self, cfg: JobConfig) -> None:
         """If the workers asked for a new configuration after some iteration, or
@@ -141,12 +146,54 @@ class Membership:
         if config.depth < 2:
             return  # a pipeline needs two nodes: wait for more (the workers wait for this epoch)
         start, restore = (it if redo else it + 1), "peers"
-        if lost_everywhere(basis, set(before) | set(failed), cfg.redundancy):
+        if lost_everywhere(basis, set(before) | set(failed), basis.mode(cfg.redundancy)):
             (start, restore), redo = self._restore_point(cfg, start), True
         new = from_policy(config, start, before, failed, restore)
-        new = Assignment(**{**new.__dict__, "redo": redo, "layers_from": basis.epoch})
+        wanted = self.cluster.get(MODE(it - 1))  # what the boundary of `it` compared with (auto)
+        mode = self._mode_for(cfg, it, new, ModeStats(**wanted.stats) if wanted else None, wanted)
+        new = Assignment(**{**new.__dict__, "redo": redo, "layers_from": basis.epoch, "redundancy": mode})
         clear = [(family(start), family(it + 1)) for family in ITERATION_FAMILIES]  # iterations start..it
         self.cluster.create_clearing(ASSIGNMENT(new.epoch), new, clear)
+
+    def observe_modes(self, cfg: JobConfig) -> None:
+        """--redundancy auto: fold every iteration whose boundary was reached into the
+        job's observations and record the mode wanted after it (MODE, first writer
+        wins; every agent computes the same from the same keys)."""
+        if cfg.redundancy != "auto":
+            return
+        if self._observed is None:
+            first = self.cluster.get(START())
+            if first is None:
+                return
+            self._observed = first.iteration - 1
+        while self.cluster.children(REGROUP(self._observed + 1)):
+            it = self._observed + 1
+            if self.cluster.get(MODE(it)) is None:
+                self.cluster.create(MODE(it), self._observation(cfg, it))
+            self._observed = it
+
+    def _observation(self, cfg: JobConfig, it: int) -> ModeChoice:
+        reports = self.cluster.children(DONE(it))
+        epoch = self.cluster.assignment_at(it)
+        before = self.cluster.get(MODE(it - 1))
+        mode = epoch.mode(cfg.redundancy)
+        disturbed = epoch.start == it or any(r.events for r in reports.values())  # a new epoch: its handover
+        stats = observe(ModeStats(**before.stats) if before else ModeStats(), max(r.time for r in reports.values()),
+                        len(reports), len(self.cluster.failed()), mode, disturbed)
+        return ModeChoice(self._mode_for(cfg, it, epoch, stats), asdict(stats))
+
+    def _mode_for(self, cfg: JobConfig, it: int, epoch: Assignment, stats: ModeStats | None,
+                  wanted: ModeChoice | None = None) -> str:
+        """The job's mode, or with auto the one `choose` picks for `epoch` from
+        `stats` (`wanted`: already picked after the iteration before `it`)."""
+        if cfg.redundancy != "auto":
+            return cfg.redundancy
+        if wanted is not None and (wanted.mode != "off" or len(epoch.pipelines) >= 2):
+            return wanted.mode
+        stats = stats or ModeStats()
+        seconds, pause = estimates(stats, epoch.depth, max(1, cfg.microbatches // len(epoch.pipelines)))
+        current = epoch.redundancy or "lazy"
+        return choose(current, stats.rate(), len(epoch.members), len(epoch.pipelines), seconds, pause)
 
     def _restore_point(self, cfg: JobConfig, start: int) -> tuple[int, str]:
         """(iteration, restore) to go back to when a stage is lost on every node: the

@@ -23,11 +23,17 @@ class Assignment:
     restore: str = "peers"                      # where layers come from: "peers", "checkpoint" or "initial"
     redo: bool = False                          # the epoch starts by running again an abandoned iteration
     layers_from: int = -1                       # the epoch whose layout the nodes' layers follow (-1: none yet)
+    redundancy: str = ""                        # the epoch's mode (eager, lazy, off); "": the job's --redundancy
 
     @classmethod
     def static(cls, stages: int, pipelines: int, start: int = 0) -> "Assignment":
         """Node j * P + s on stage s of pipeline j: the layout without agents."""
         return cls(0, start, tuple(tuple(range(j * stages, (j + 1) * stages)) for j in range(pipelines)))
+
+    def mode(self, default: str) -> str:
+        """The redundancy mode this epoch runs (with --redundancy auto, the agents'
+        choice; else the job's, `default`)."""
+        return self.redundancy or default
 
     @property
     def depth(self) -> int:
@@ -65,11 +71,12 @@ class Assignment:
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "start": self.start, "pipelines": [list(p) for p in self.pipelines],
                 "standby": list(self.standby), "failed": list(self.failed), "gone": list(self.gone),
-                "restore": self.restore, "redo": self.redo, "layers_from": self.layers_from}
+                "restore": self.restore, "redo": self.redo, "layers_from": self.layers_from,
+                "redundancy": self.redundancy}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Assignment":
         return cls(int(d["epoch"]), int(d["start"]), tuple(tuple(int(n) for n in p) for p in d["pipelines"]),
                    tuple(int(n) for n in d.get("standby", ())), tuple(int(n) for n in d.get("failed", ())),
                    tuple(int(n) for n in d.get("gone", ())), d.get("restore", "peers"), bool(d.get("redo")),
-                   int(d.get("layers_from", -1)))
+                   int(d.get("layers_from", -1)), d.get("redundancy", ""))

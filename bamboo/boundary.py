@@ -20,8 +20,8 @@ from bamboo.assignment import Assignment
 from bamboo.checkpoint import Checkpoints
 from bamboo.cluster import Cluster
 from bamboo.exits import Fenced
-from bamboo.protocol import (CHECKPOINTED, DONE, DRAIN, FAILED, MEMBERS, REGROUP, STRAGGLER, Failure, Regroup,
-                             Report, Timestamp)
+from bamboo.protocol import (CHECKPOINTED, DONE, DRAIN, FAILED, MEMBERS, MODE, REGROUP, STRAGGLER, Failure,
+                             Regroup, Report, Timestamp)
 
 
 def stragglers(reports: dict[int, Report], factor: float, slack: float) -> list[int]:
@@ -40,8 +40,9 @@ def stragglers(reports: dict[int, Report], factor: float, slack: float) -> list[
 
 class Boundary:
     def __init__(self, cluster: Cluster, node: int, elastic: bool, checkpoints: Checkpoints,
-                 straggler_factor: float = 0.0, straggler_slack: float = 0.0):
+                 straggler_factor: float = 0.0, straggler_slack: float = 0.0, auto: bool = False):
         self.cluster, self.node, self.elastic = cluster, node, elastic
+        self.auto = auto  # --redundancy auto: the agents may want another mode (agents/modes.py)
         self.checkpoints = checkpoints  # says whether a checkpoint is due
         self.straggler_factor, self.straggler_slack = straggler_factor, straggler_slack
 
@@ -90,10 +91,17 @@ class Boundary:
         failed = tuple(sorted(self.cluster.failed()))
         last = self.cluster.get(CHECKPOINTED())
         due = self.checkpoints.due(iteration, last.time if last else None)
-        proposal = Regroup(failed, self._wants_change(assignment, failed), due)
+        proposal = Regroup(failed, self._wants_change(assignment, failed) or self._mode_change(iteration, assignment),
+                           due)
         if self.cluster.create(REGROUP(iteration, attempt), proposal) and due:
             self.cluster.put(CHECKPOINTED(), Timestamp(time.time()))
         return self.cluster.get(REGROUP(iteration, attempt))
+
+    def _mode_change(self, iteration: int, assignment: Assignment) -> bool:
+        """--redundancy auto: the agents, having seen the iteration before this one,
+        want another mode than this epoch's (the next epoch switches to it)."""
+        wanted = self.cluster.get(MODE(iteration - 1)) if self.auto and iteration > 0 else None
+        return wanted is not None and wanted.mode != assignment.redundancy
 
     def _wants_change(self, assignment: Assignment, failed: tuple[int, ...]) -> bool:
         """Under agents: a node of this epoch died or is draining, or a node joined

@@ -53,9 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.999), metavar=("B1", "B2"))
     p.add_argument("--grad-clip", type=float, default=0.0, metavar="NORM",
                    help="clip the whole model's gradient norm (all stages) to NORM; 0: never")
-    p.add_argument("--redundancy", choices=("eager", "lazy", "off"), default="eager",
+    p.add_argument("--redundancy", choices=("eager", "lazy", "off", "auto"), default="eager",
                    help="eager: the next stage's forward in the bubbles (FRC); lazy: its layers kept in sync, "
-                        "FRC and BRC only after a failure; off: no replica")
+                        "FRC and BRC only after a failure; off: no replica; auto (with --local-nodes): the agents "
+                        "switch between them from the preemption rate they observe")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                    help="of the weights and optimizer state (float64 for exact tests)")
@@ -131,7 +132,7 @@ def fault_free_stream(args, node: int) -> list:
     from bamboo.data import split_microbatches
 
     m = len(split_microbatches(args.microbatches, args.pipelines)[node // args.stages])
-    return compile_schedule(args.stages, m, (), args.redundancy).streams[node % args.stages]
+    return compile_schedule(args.stages, m, (), stream_mode(args)).streams[node % args.stages]
 
 
 def random_preempt(args, rng: random.Random) -> Preempt:
@@ -187,7 +188,7 @@ def preempted_stream(args, p: Preempt, spec: str) -> list:
     if not evaluated(p.iteration, args.eval_every, args.iterations) or not m:
         raise ValueError(f"--preempt {spec!r}: node {p.node} evaluates nothing after iteration {p.iteration} "
                          f"(--eval-every {args.eval_every}, --eval-batches {args.eval_batches})")
-    return compile_eval(args.stages, m, (), args.redundancy).streams[node % args.stages]
+    return compile_eval(args.stages, m, (), stream_mode(args)).streams[node % args.stages]
 
 
 def local_cluster(args):
@@ -251,9 +252,17 @@ def metric_sinks(args) -> tuple:
     return tuple(sinks)
 
 
+def stream_mode(args) -> str:
+    """The mode whose streams --preempt positions count in: with auto, eager's (the
+    longest; the mode running at that iteration may be another)."""
+    return "eager" if args.redundancy == "auto" else args.redundancy
+
+
 def check_redundancy(args) -> None:
     """--redundancy off survives a death only by redoing the iteration from a peer
     pipeline's copy of the lost stage, which needs agents and two pipelines."""
+    if args.redundancy == "auto" and args.local_nodes is None and args.stages > 1:
+        raise ValueError("--redundancy auto needs agents (--local-nodes N): they choose the mode between iterations")
     if args.redundancy != "off" or args.stages == 1:
         return
     if args.preempt and args.local_nodes is None:

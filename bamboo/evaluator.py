@@ -54,7 +54,7 @@ class Evaluator:
             return False  # messages of the cut evaluation may still be on its channels
         self.iteration, self.mbs, self.comm, self.failover = iteration, microbatches, comm.evaluation, failover
         self.inputs, self.labels, self.acts = {}, {}, {}
-        stream = compile_eval(self.P, len(microbatches), failover.failed, self.cfg.redundancy).streams[self.me]
+        stream = compile_eval(self.P, len(microbatches), failover.failed, failover.redundancy).streams[self.me]
         self._expect(stream)
         try:
             with torch.no_grad(), evaluating(self.modules.values()):

@@ -207,7 +207,7 @@ class Executor:
     def send_act(self, ins: Instr) -> None:
         key = (ins.stage, ins.mb)
         self._send(ins, Op.SEND_ACT, self.acts[key])
-        if self.cfg.redundancy == "lazy" and self.device.type == "cuda":
+        if self.failover.redundancy == "lazy" and self.device.type == "cuda":
             # The replica's input, should its owner die: kept in host memory, not on the GPU.
             self.acts[key] = self.acts[key].to("cpu")
 

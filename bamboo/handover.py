@@ -95,7 +95,7 @@ def exchange(cluster: Cluster, node: int, holdings, new: Assignment, old: Assign
     that hold them after `old` (its `holdings` send and keep what they can); returns
     what it received, or raises HandoverFailed. `lease_check(members, starting)`
     tells when a member can no longer come; `timeout` bounds each wait."""
-    live = old.holders(new.failed, holdings.redundancy).items() if old else ()
+    live = old.holders(new.failed, holdings.mode(old)).items() if old else ()
     have = {n: holdings.layers_of(old.depth, stages) for n, stages in live if n not in new.gone}
     need = {n: holdings.needs(new, n) for n in new.members}
     members = sorted(set(need) | set(have))

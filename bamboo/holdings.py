@@ -26,16 +26,20 @@ from bamboo.partition import partition
 
 class Holdings:
     def __init__(self, source: ModelSource, cfg, device: torch.device):
-        self.source, self.redundancy, self.cfg, self.device = source, cfg.redundancy, cfg, device
+        self.source, self.cfg, self.device = source, cfg, device
         self.layers: dict[int, torch.nn.Module] = {}      # layer index -> module, every layer held
         self.modules: dict[int, Stage] = {}               # stage -> its module, for the stages held
         self.optimizers: dict[int, torch.optim.Optimizer] = {}
         self.ranges: list[range] = []                     # stage -> its layer indexes, at the current depth
         self._partitions: dict[int, list[range]] = {}     # depth -> stage ranges (a partition is not free)
 
-    def stages(self, depth: int, stage: int) -> tuple[int, ...]:
-        """The stages a node on `stage` holds."""
-        return Layout(depth, replicas=keeps_replicas(self.redundancy)).held(stage)
+    def mode(self, assignment: Assignment) -> str:
+        """The redundancy mode of `assignment` (it may change between epochs)."""
+        return assignment.mode(self.cfg.redundancy)
+
+    def stages(self, depth: int, stage: int, mode: str) -> tuple[int, ...]:
+        """The stages a node on `stage` holds in redundancy mode `mode`."""
+        return Layout(depth, replicas=keeps_replicas(mode)).held(stage)
 
     def ranges_at(self, depth: int) -> list[range]:
         """Stage -> its layer indexes, for a pipeline of `depth` stages."""
@@ -49,7 +53,8 @@ class Holdings:
 
     def needs(self, assignment: Assignment, node: int) -> set[int]:
         """Layer indexes `node` holds in `assignment`."""
-        return self.layers_of(assignment.depth, self.stages(assignment.depth, assignment.slot(node)[1]))
+        return self.layers_of(assignment.depth,
+                              self.stages(assignment.depth, assignment.slot(node)[1], self.mode(assignment)))
 
     def drop(self) -> None:
         """Forget every layer and its optimizer state: the next build starts afresh."""
@@ -60,7 +65,7 @@ class Holdings:
         optimizer state) and those `received` (layer -> snapshot bytes)."""
         P, (_, me) = assignment.depth, assignment.slot(node)
         self.ranges = self.ranges_at(P)
-        held = self.stages(P, me)
+        held = self.stages(P, me, self.mode(assignment))
         old_state = {p: st for opt in self.optimizers.values() for p, st in opt.state.items()}
         layers = {i: self.layers[i] if i in self.layers else self.source.layer(i).to(self.device)
                   for s in held for i in self.ranges[s]}

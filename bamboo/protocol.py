@@ -27,6 +27,8 @@ The agents' half:
   3. when a REGROUP asks for it, or after an ABORT once every live node ABORTED:
      create ASSIGNMENT(epoch + 1), clearing the redone iterations' keys
   4. a cloud's preemption notice: NOTICES; leave on SIGTERM or a notice: DRAIN
+  5. --redundancy auto: after each iteration's REGROUP, the mode wanted: MODE; a
+     boundary that finds it differs from its epoch's asks to reconfigure
 """
 from __future__ import annotations
 
@@ -112,6 +114,14 @@ class LossScale(Record):
         if self.good + 1 >= window:
             return LossScale(self.scale * 2)
         return LossScale(self.scale, self.good + 1)
+
+
+@dataclass(frozen=True)
+class ModeChoice(Record):
+    """--redundancy auto: the mode the agents want after an iteration, and what
+    they observed to choose it (agents.modes.ModeStats as a dict)."""
+    mode: str
+    stats: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -248,6 +258,8 @@ REDUCED = Family("reduced", ("iteration", "stage"), Reduced, "a data-parallel re
 NORM = Family("norm", ("iteration", "stage"), Loss, "stage's squared gradient norm, reduced and tied (clipping)")
 SCALE = Family("scale", ("iteration",), LossScale,
                "fp16: the loss scale the iteration ran with and whether it overflowed (at its boundary)")
+MODE = Family("mode", ("iteration",), ModeChoice,
+              "--redundancy auto: the mode wanted after the iteration; the boundary after the next one switches")
 TIED = Family("tied", ("iteration", "pipeline"), Reduced, "a pipeline's tied-weight gradients were summed")
 CHECKPOINTED = Family("checkpointed", (), Timestamp, "when the last checkpoint was decided")
 PREEMPTED = Family("preempted", ("node",), Preempted, "an injected SIGKILL (for the metrics)")
@@ -259,7 +271,7 @@ DRAIN = Family("drain", ("node",), Timestamp, "the node asked to leave (SIGTERM,
 NOTICES = Family("notices", ("node",), Notice, "the cloud's preemption notice")
 
 FAMILIES = (CONFIG, START, ASSIGNMENT, ALIVE, FAILED, CUT, FINISHED, LOSS, VAL_LOSS, DONE, ABORT, ABORTED, REGROUP,
-            HANDED, HANDOVER, REDUCED, TIED, NORM, SCALE, CHECKPOINTED, PREEMPTED, ERROR, IDS, MEMBERS, ZONES, DRAIN, NOTICES)
+            HANDED, HANDOVER, REDUCED, TIED, NORM, SCALE, MODE, CHECKPOINTED, PREEMPTED, ERROR, IDS, MEMBERS, ZONES, DRAIN, NOTICES)
 
 # One attempt at an iteration: cleared when the iteration (or a checkpoint's span) runs again.
 ITERATION_FAMILIES = (DONE, LOSS, VAL_LOSS, FINISHED, CUT, REDUCED, TIED, NORM, SCALE, REGROUP, ABORT, ABORTED)

@@ -61,7 +61,7 @@ class Worker:
         self.checkpoints = Checkpoints(cfg.checkpoint, node, self.source.count, cfg.checkpoint_every,
                                        cfg.checkpoint_seconds)
         self.boundary = Boundary(cluster, node, cfg.elastic, self.checkpoints, cfg.straggler_factor,
-                                 cfg.straggler_slack)
+                                 cfg.straggler_slack, auto=cfg.redundancy == "auto")
         self.assignment: Assignment | None = None  # the epoch this node runs in
         self.failed: tuple[int, ...] = ()          # nodes dead job-wide, as the last boundary agreed
         self.pipeline = self.me = 0                # where this node runs in the epoch
@@ -127,7 +127,7 @@ class Worker:
         self.holdings.build(assignment, self.node, received)
         nodes = assignment.pipelines[self.pipeline]
         self.mbs = split_microbatches(self.cfg.microbatches, len(assignment.pipelines))[self.pipeline]
-        self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, self.cfg.redundancy,
+        self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, self.holdings.mode(assignment),
                                  self.cfg.failure_timeout, self.cfg.elastic)
         reducer = Reducer(self.cluster, assignment, self.node, self.cfg.failure_timeout, self.failover,
                           self.cfg.hang_timeout)

@@ -97,7 +97,7 @@ def test_dump_evaluation_streams_forward_only():
     (["--failed", "1", "2"], "adjacent"),
     (["--fail-node", "1"], "go together"),
     (["--stages", "x"], "invalid int"),
-    (["--redundancy", "lazy"], "invalid choice"),
+    (["--redundancy", "auto"], "invalid choice"),
     (["--eval", "--fail-node", "1", "--fail-before", "2"], "no mid-iteration failure"),
 ])
 def test_bad_arguments_give_one_line_and_exit_2(args, message):

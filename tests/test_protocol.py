@@ -15,12 +15,12 @@ from bamboo import protocol as p
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = {
     p.CONFIG: JobConfig(stages=4, microbatches=8), p.START: p.Start(3),
-    p.ASSIGNMENT: Assignment(2, 5, ((0, 1), (2, 3)), (4,), (5,), (5, 6), "peers", True, 1),
+    p.ASSIGNMENT: Assignment(2, 5, ((0, 1), (2, 3)), (4,), (5,), (5, 6), "peers", True, 1, "lazy"),
     p.ALIVE: p.Alive(1, 7), p.FAILED: p.Failure(4, 2, "lease expired"), p.CUT: p.Cut({"send_act": 3}),
     p.FINISHED: p.Mark(), p.LOSS: p.Loss(5.5), p.VAL_LOSS: p.Loss(4.5), p.DONE: p.Report(300.5, 1.5, 2, [{"type": "failover"}], {"0": "ab"}),
     p.ABORT: p.Abort("two died", 3), p.ABORTED: p.Mark(), p.REGROUP: p.Regroup((1, 5), True, False),
     p.HANDED: p.Mark(), p.HANDOVER: p.Outcome(False, "node 3 died"), p.REDUCED: p.Reduced((0, 4)), p.TIED: p.Reduced((0, 3)), p.NORM: p.Loss(2.5),
-    p.SCALE: p.LossScale(32768.0, 7, True),
+    p.SCALE: p.LossScale(32768.0, 7, True), p.MODE: p.ModeChoice("lazy", {"deaths": 1.5, "seconds": {"off": 0.2}}),
     p.CHECKPOINTED: p.Timestamp(12.5), p.PREEMPTED: p.Preempted(2, 9.0),
     p.ERROR: p.WorkerError("TimeoutError: x"), p.IDS: p.Mark(), p.MEMBERS: p.Member("a", "host", 9),
     p.ZONES: p.Zone("b"), p.DRAIN: p.Timestamp(1.0), p.NOTICES: p.Notice("ec2", 2.0, "terminate"),

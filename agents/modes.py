@@ -1,0 +1,109 @@
+"""`--redundancy auto`: which redundancy mode the next iterations run in.
+
+Eager redundancy pays for its fast recovery in every fault-free iteration, off
+pays nothing until a death costs a whole redone iteration, lazy sits between.
+Which is cheapest depends on how often nodes die, so the agents measure it: after
+each iteration one agent folds what the job observed into `ModeStats` (deaths and
+node-hours, exponentially weighted; each mode's fault-free iteration time and
+what a death cost in it), and `choose` picks the mode with the fewest expected
+seconds per iteration. Modes not measured yet are estimated from the schedule
+simulator's ratios to the one that was. `choose` is pure, and bamboo-sim's auto
+strategy calls it too, as both call `agents.policy.next_config`.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+MODES = ("eager", "lazy", "off")
+MARGIN = 0.05            # a switch must save this share of an iteration: it costs a reconfiguration
+HALF_LIFE_HOURS = 1.0    # of the weights of past deaths and node-hours
+PRIOR_RATE = 0.05        # deaths per node-hour assumed before any are seen ...
+PRIOR_NODE_HOURS = 2.0   # ... with the weight of this many node-hours
+SMOOTHING = 0.3          # of the measured times: new = (1 - s) * old + s * sample
+REDO_ITERATIONS = 1.5    # off: a death loses half an iteration on average, and the redo's epoch about one
+
+
+@dataclass(frozen=True)
+class ModeStats:
+    """What a job observed, after some iteration."""
+    deaths: float = 0.0                          # weighted deaths
+    node_hours: float = 0.0                      # weighted node-hours run
+    seconds: dict = field(default_factory=dict)  # mode -> fault-free iteration seconds
+    pause: dict = field(default_factory=dict)    # mode -> seconds a death added to its iteration
+    time: float = 0.0                            # when the last observed iteration ended (0: none yet)
+    dead: int = 0                                # deaths recorded in the job so far
+
+    def rate(self) -> float:
+        """Deaths per node-hour: the weighted observation with a weak prior."""
+        return (self.deaths + PRIOR_RATE * PRIOR_NODE_HOURS) / (self.node_hours + PRIOR_NODE_HOURS)
+
+
+def _smooth(old: float | None, sample: float) -> float:
+    return sample if old is None else (1 - SMOOTHING) * old + SMOOTHING * sample
+
+
+def observe(stats: ModeStats, now: float, nodes: int, dead: int, mode: str, disturbed: bool) -> ModeStats:
+    """`stats` after one more iteration in `mode` that ended at `now` on `nodes`
+    nodes, with `dead` deaths recorded job-wide by then; `disturbed`: it had a
+    failover, a redo or a new epoch, so its time is not a fault-free sample."""
+    if not stats.time:
+        return ModeStats(stats.deaths, stats.node_hours, stats.seconds, stats.pause, now, dead)
+    elapsed = max(0.0, now - stats.time)
+    decay = 0.5 ** (elapsed / 3600 / HALF_LIFE_HOURS)
+    new_deaths = max(0, dead - stats.dead)
+    seconds, pause = dict(stats.seconds), dict(stats.pause)
+    if new_deaths and mode in seconds:
+        pause[mode] = _smooth(pause.get(mode), max(0.0, elapsed - seconds[mode]) / new_deaths)
+    elif not new_deaths and not disturbed:
+        seconds[mode] = _smooth(seconds.get(mode), elapsed)
+    return ModeStats(stats.deaths * decay + new_deaths, stats.node_hours * decay + nodes * elapsed / 3600,
+                     seconds, pause, now, dead)
+
+
+@functools.lru_cache(maxsize=64)
+def simulated(stages: int, microbatches: int) -> tuple[dict, dict]:
+    """(iteration time, added time of a death mid-iteration) of each mode, in units
+    of the fault-free iteration without redundancy, from the schedule simulator's
+    default cost model (a death halfway through the middle node's stream)."""
+    from schedules.compiler import compile_recovery, compile_schedule, simulate
+
+    off = simulate(compile_schedule(stages, microbatches, (), "off")).makespan
+    times, pauses = {"off": 1.0}, {"off": REDO_ITERATIONS}
+    for mode in ("eager", "lazy"):
+        base = compile_schedule(stages, microbatches, (), mode)
+        d = stages // 2
+        recovered = simulate(compile_recovery(stages, microbatches, d, len(base.streams[d]) // 2, (), mode))
+        times[mode] = simulate(base).makespan / off
+        pauses[mode] = max(0.0, recovered.makespan - simulate(base).makespan) / off
+    return times, pauses
+
+
+def estimates(stats: ModeStats, stages: int, microbatches: int) -> tuple[dict, dict]:
+    """Iteration seconds and seconds per death of every mode: measured where a mode
+    ran, else the simulator's ratio to a measured one (1 s units before any)."""
+    times, pauses = simulated(stages, microbatches)
+    known = next((m for m in MODES if m in stats.seconds), None)
+    unit = stats.seconds[known] / times[known] if known else 1.0  # seconds of an off iteration
+    seconds = {m: stats.seconds.get(m, times[m] * unit) for m in MODES}
+    pause = {m: stats.pause.get(m, pauses[m] * unit) for m in MODES}
+    return seconds, pause
+
+
+def expected_seconds(seconds: float, pause: float, rate: float, nodes: int) -> float:
+    """Seconds per iteration: the iteration, plus the deaths expected during it
+    (rate per node-hour x nodes x its length) times what each adds."""
+    return seconds * (1 + rate * nodes * pause / 3600)
+
+
+def choose(current: str, rate: float, nodes: int, pipelines: int, seconds: dict, pause: dict) -> str:
+    """The mode with the fewest expected seconds per iteration, kept unless another
+    saves more than MARGIN of it. Off needs a second pipeline (a death is redone
+    from its copy of the stage), else it would restart the job."""
+    allowed = [m for m in MODES if m != "off" or pipelines >= 2]
+    cost = {m: expected_seconds(seconds[m], pause[m], rate, nodes) for m in allowed}
+    best = min(allowed, key=lambda m: (cost[m], MODES.index(m)))
+    if current in cost and not math.isclose(cost[current], 0.0) and cost[best] >= cost[current] * (1 - MARGIN):
+        return current
+    return best
