@@ -192,8 +192,9 @@ class Membership:
             return wanted.mode
         stats = stats or ModeStats()
         seconds, pause = estimates(stats, epoch.depth, max(1, cfg.microbatches // len(epoch.pipelines)))
-        current = epoch.redundancy or "lazy"
-        return choose(current, stats.rate(), len(epoch.members), len(epoch.pipelines), seconds, pause)
+        current = epoch.redundancy  # "" for the first epoch: no mode to keep, the best one
+        rate = stats.rate(cfg.auto_prior_rate, cfg.auto_prior_hours)
+        return choose(current, rate, len(epoch.members), len(epoch.pipelines), seconds, pause)
 
     def _restore_point(self, cfg: JobConfig, start: int) -> tuple[int, str]:
         """(iteration, restore) to go back to when a stage is lost on every node: the

@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 MODES = ("eager", "lazy", "off")
 MARGIN = 0.05            # a switch must save this share of an iteration: it costs a reconfiguration
 HALF_LIFE_HOURS = 1.0    # of the weights of past deaths and node-hours
-PRIOR_RATE = 0.05        # deaths per node-hour assumed before any are seen ...
-PRIOR_NODE_HOURS = 2.0   # ... with the weight of this many node-hours
 SMOOTHING = 0.3          # of the measured times: new = (1 - s) * old + s * sample
 REDO_ITERATIONS = 1.5    # off: a death loses half an iteration on average, and the redo's epoch about one
 
@@ -35,9 +33,10 @@ class ModeStats:
     time: float = 0.0                            # when the last observed iteration ended (0: none yet)
     dead: int = 0                                # deaths recorded in the job so far
 
-    def rate(self) -> float:
-        """Deaths per node-hour: the weighted observation with a weak prior."""
-        return (self.deaths + PRIOR_RATE * PRIOR_NODE_HOURS) / (self.node_hours + PRIOR_NODE_HOURS)
+    def rate(self, prior_rate: float, prior_hours: float) -> float:
+        """Deaths per node-hour: the weighted observation, and `prior_rate` with the
+        weight of `prior_hours` node-hours (--auto-prior-rate, --auto-prior-hours)."""
+        return (self.deaths + prior_rate * prior_hours) / (self.node_hours + prior_hours)
 
 
 def _smooth(old: float | None, sample: float) -> float:
@@ -99,7 +98,7 @@ def expected_seconds(seconds: float, pause: float, rate: float, nodes: int) -> f
 
 def choose(current: str, rate: float, nodes: int, pipelines: int, seconds: dict, pause: dict) -> str:
     """The mode with the fewest expected seconds per iteration, kept unless another
-    saves more than MARGIN of it. Off needs a second pipeline (a death is redone
+    saves more than MARGIN of it (`current` "": none yet). Off needs a second pipeline (a death is redone
     from its copy of the stage), else it would restart the job."""
     allowed = [m for m in MODES if m != "off" or pipelines >= 2]
     cost = {m: expected_seconds(seconds[m], pause[m], rate, nodes) for m in allowed}

@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="eager: the next stage's forward in the bubbles (FRC); lazy: its layers kept in sync, "
                         "FRC and BRC only after a failure; off: no replica; auto (with --local-nodes): the agents "
                         "switch between them from the preemption rate they observe")
+    p.add_argument("--auto-prior-rate", type=float, default=0.05, metavar="R",
+                   help="--redundancy auto: preemptions per node-hour to assume before any are seen")
+    p.add_argument("--auto-prior-hours", type=float, default=2.0, metavar="H",
+                   help="--redundancy auto: how many node-hours of observation that assumption weighs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                    help="of the weights and optimizer state (float64 for exact tests)")
@@ -263,6 +267,9 @@ def check_redundancy(args) -> None:
     pipeline's copy of the lost stage, which needs agents and two pipelines."""
     if args.redundancy == "auto" and args.local_nodes is None and args.stages > 1:
         raise ValueError("--redundancy auto needs agents (--local-nodes N): they choose the mode between iterations")
+    if args.auto_prior_rate < 0 or args.auto_prior_hours <= 0:
+        raise ValueError(f"--auto-prior-rate must not be negative and --auto-prior-hours must be positive "
+                         f"(got {args.auto_prior_rate} and {args.auto_prior_hours})")
     if args.redundancy != "off" or args.stages == 1:
         return
     if args.preempt and args.local_nodes is None:
@@ -355,6 +362,7 @@ def config_from_args(args) -> JobConfig:
     check_outputs(args)  # last: it may create the directories
     return JobConfig(model="hf:config" if model_config else args.model, model_config=model_config, stages=args.stages, pipelines=args.pipelines,
                      microbatches=args.microbatches, iterations=args.iterations, redundancy=args.redundancy,
+                     auto_prior_rate=args.auto_prior_rate, auto_prior_hours=args.auto_prior_hours,
                      seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
                      lr_schedule=args.lr_schedule, warmup=args.warmup, weight_decay=args.weight_decay,
                      betas=tuple(args.betas), grad_clip=args.grad_clip, dtype=args.dtype, precision=args.precision,

@@ -204,7 +204,7 @@ class Launcher:
         start = last = time.monotonic()
         summary = {"iterations": 0, "samples": 0, "preemptions": 0, "failovers": 0}
         first = self._wait_start(cluster)
-        epoch = None
+        epoch = mode = None  # the epoch and redundancy mode of the last iteration recorded
         with ProgressBar(self.progress, self.cfg.iterations) as bar:
             it, redo = first, []
             while it < self.cfg.iterations and not self.stopped:
@@ -233,7 +233,11 @@ class Launcher:
                 if assignment.epoch != epoch:
                     epoch = assignment.epoch
                     events.append({"type": "reconfigure", "epoch": epoch, "pipelines": assignment.pipelines,
-                                   "standby": assignment.standby})
+                                   "standby": assignment.standby, "redundancy": assignment.mode(self.cfg.redundancy)})
+                    if mode not in (None, assignment.mode(self.cfg.redundancy)):
+                        events.append({"type": "mode", "epoch": epoch, "from": mode,
+                                       "to": assignment.mode(self.cfg.redundancy)})
+                    mode = assignment.mode(self.cfg.redundancy)
                 losses = cluster.children(LOSS(it))
                 record = iteration_record(self.cfg, it, losses, reports, now - last, live, events)
                 if self.cfg.loss_scaling:

@@ -1,7 +1,8 @@
 """Redundancy modes with agents: `off` survives a death by redoing the iteration
 from a peer pipeline's copy of the lost stage (no replica anywhere), `lazy` by
-FRC and BRC after the death; both keep the single-process reference's losses.
-And the settings where a mode cannot survive a death are refused up front."""
+FRC and BRC after the death, `auto` switches between modes live; all keep the
+single-process reference's losses. And the settings where a mode cannot survive
+a death are refused up front."""
 import subprocess
 import sys
 
@@ -25,6 +26,7 @@ def events(records, it):
     return {e["type"] for e in records[it]["events"]}
 
 
+@pytest.mark.slow  # make test-slow; the auto test below redoes an iteration with off in make test
 def test_off_with_agents_redoes_the_iteration_from_a_peer_pipeline(tmp_path, reference):
     """Two pipelines of 2 and a standby, no replicas: node 1 dies in iteration 2;
     the iteration is abandoned everywhere, redone with the standby holding stage 1
@@ -50,9 +52,29 @@ def test_lazy_with_agents_recovers_inside_the_iteration(tmp_path, reference):
     assert all(r["replicas_equal"] for r in got)
 
 
+def test_auto_starts_without_redundancy_and_switches_live_after_a_death(tmp_path, reference):
+    """--redundancy auto assuming no preemptions: the agents start with off (two
+    pipelines). Node 1's death costs a redo; the agents see a preemption rate at
+    which a replica pays and switch at a boundary, building the replicas through
+    the handover; the losses stay the reference's and replicas equal owners."""
+    _, got = bamboo_train(tmp_path / "auto.jsonl", *COMMON, "--iterations", "8", "--stages", "2",
+                          "--local-nodes", "5", "--redundancy", "auto", "--auto-prior-rate", "0",
+                          "--auto-prior-hours", "0.00001", "--preempt", "1@3:5", "--check-replicas")
+    whole = bamboo_train(tmp_path / "ref8.jsonl", *COMMON, "--iterations", "8", "--stages", "1")[1]
+    assert losses(got) == pytest.approx(losses(whole), rel=1e-9)
+    modes = [e for r in got for e in r["events"] if e["type"] == "reconfigure"]
+    assert modes[0]["redundancy"] == "off"
+    assert "redo" in events(got, 3)
+    switches = [e for r in got[4:] for e in r["events"] if e["type"] == "mode"]
+    assert switches and switches[0]["from"] == "off" and switches[0]["to"] in ("eager", "lazy")
+    assert all(r["replicas_equal"] for r in got)
+
+
 @pytest.mark.parametrize("args, named", [
     (["--stages", "2", "--redundancy", "off", "--preempt", "1@1:3"], "no agents"),
     (["--stages", "2", "--redundancy", "off", "--local-nodes", "3"], "2 pipelines"),
+    (["--stages", "2", "--redundancy", "auto"], "needs agents"),
+    (["--stages", "2", "--redundancy", "auto", "--local-nodes", "4", "--auto-prior-hours", "0"], "--auto-prior-hours"),
 ])
 def test_off_where_a_death_cannot_be_survived_is_refused(tmp_path, args, named):
     out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--no-progress", "--metrics-out",

@@ -1,0 +1,68 @@
+"""`agents.modes`: the pure choice of --redundancy auto against a brute force of
+expected seconds per iteration, the observation of rates and times against hand
+computations, and the simulator's priors against the compiled schedules."""
+import itertools
+import random
+
+import pytest
+
+from agents.modes import MARGIN, MODES, ModeStats, choose, estimates, observe, simulated
+from schedules.compiler import compile_schedule, simulate
+
+
+def brute_force(current, rate, nodes, pipelines, seconds, pause):
+    """Expected seconds of every allowed mode, one death at a time: an iteration of
+    t seconds on n nodes at r deaths per node-hour sees r n t / 3600 deaths."""
+    cost = {}
+    for m in MODES:
+        if m == "off" and pipelines < 2:
+            continue
+        deaths = rate * nodes * seconds[m] / 3600
+        cost[m] = seconds[m] + deaths * pause[m]
+    best = min(cost.values())
+    if current in cost and best >= cost[current] * (1 - MARGIN):
+        return {current}
+    return {m for m, c in cost.items() if c == best}
+
+
+def test_choose_agrees_with_a_brute_force():
+    rng = random.Random(5)
+    for _ in range(2000):
+        seconds = {m: rng.uniform(0.5, 2.0) for m in MODES}
+        pause = {m: rng.uniform(0.0, 60.0) for m in MODES}
+        rate, nodes, pipelines = rng.choice([0, 0.1, 10, 1e3, 1e5]), rng.randint(2, 64), rng.randint(1, 4)
+        current = rng.choice(MODES + ("",))
+        assert choose(current, rate, nodes, pipelines, seconds, pause) in \
+            brute_force(current, rate, nodes, pipelines, seconds, pause)
+
+
+def test_no_preemptions_pick_the_cheapest_iteration_and_many_the_cheapest_death():
+    seconds, pause = {"eager": 1.3, "lazy": 1.05, "off": 1.0}, {"eager": 0.2, "lazy": 0.6, "off": 30.0}
+    assert choose("", 0.0, 16, 2, seconds, pause) == "off"
+    assert choose("", 0.0, 16, 1, seconds, pause) == "lazy"  # off needs a peer pipeline
+    assert choose("", 1e4, 16, 2, seconds, pause) == "eager"
+    assert choose("lazy", 0.0, 16, 2, seconds, pause) == "lazy"  # off saves under 5%: not worth a switch
+
+
+def test_observe_weighs_deaths_per_node_hour_and_separates_times_from_pauses():
+    s = observe(ModeStats(), now=1000.0, nodes=4, dead=0, mode="off", disturbed=False)
+    assert s.time == 1000.0 and s.node_hours == 0  # the first iteration only starts the clock
+    s = observe(s, 1002.0, 4, 0, "off", False)
+    assert s.seconds == {"off": 2.0} and s.node_hours == pytest.approx(4 * 2 / 3600 * 1, rel=1e-9)
+    s = observe(s, 1007.0, 4, 1, "off", True)  # a death: 5 s where 2 were usual
+    assert s.pause == {"off": 3.0} and s.seconds == {"off": 2.0} and s.deaths == pytest.approx(1.0, rel=1e-3)
+    assert s.rate(0.0, 1e-9) == pytest.approx(1.0 / s.node_hours, rel=1e-6)
+    later = observe(s, 1007.0 + 3600, 4, 1, "off", True)  # an hour later the old death weighs half
+    assert later.deaths == pytest.approx(s.deaths / 2, rel=1e-9)
+
+
+@pytest.mark.parametrize("stages, microbatches", [(2, 4), (4, 8)])
+def test_priors_are_the_simulated_schedules(stages, microbatches):
+    times, pauses = simulated(stages, microbatches)
+    off = simulate(compile_schedule(stages, microbatches, (), "off")).makespan
+    for mode in ("eager", "lazy"):
+        assert times[mode] == pytest.approx(simulate(compile_schedule(stages, microbatches, (), mode)).makespan / off)
+    assert times["off"] == 1.0 and all(p >= 0 for p in pauses.values())
+    seconds, pause = estimates(ModeStats(seconds={"lazy": 3.0}), stages, microbatches)
+    assert seconds["lazy"] == 3.0 and seconds["eager"] == pytest.approx(3.0 * times["eager"] / times["lazy"])
+    assert set(itertools.chain(seconds, pause)) == set(MODES)
