@@ -23,10 +23,13 @@ from schedules.compiler import compile_schedule, simulate as simulate_schedule
 from sim.accounting import RunState, summary
 from sim.checkpointing import CheckpointCosts, TraceStats, optimal_interval, trace_stats
 from sim.profiles import NETWORK, PCIE, MeasuredProfile, Profile
-from sim.strategies import STRATEGIES
+from sim.auto import Auto
+from sim.strategies import STRATEGIES as SPOT_AND_ON_DEMAND
 from sim.traces import Event
 
 __all__ = ["STRATEGIES", "ClusterSimulator", "Options"]
+
+STRATEGIES = {**SPOT_AND_ON_DEMAND, "auto": Auto}
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from agents.policy import Config, next_config
 from schedules.compiler import compile_schedule, simulate
 from sim.profiles import NETWORK, PROFILES
 from sim.accounting import RunState
+from sim.auto import Auto
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
 from sim.strategies import Bamboo, CheckpointRestart, OnDemand, RedoFromPeers
 from sim.traces import Event
@@ -81,7 +82,7 @@ def one_batch(strategy, removed, saved=50.0, standby=()):
 
 def test_strategy_names_map_to_classes():
     assert STRATEGIES == {"bamboo": Bamboo, "redo": RedoFromPeers, "checkpoint": CheckpointRestart,
-                          "on-demand": OnDemand}
+                          "on-demand": OnDemand, "auto": Auto}
     assert isinstance(ClusterSimulator(BERT, 2, "bamboo").rules, Bamboo)
 
 
@@ -146,6 +147,10 @@ def test_ec2_p3_trace_gpt2_p12_all_strategies():
     # the honest baselines: with paid writes at the optimal interval checkpoint-restart
     # beats eager Bamboo on this trace, and redo from peers beats both
     assert out["redo"]["value"] > out["checkpoint"]["value"] > out["bamboo"]["value"] > out["on-demand"]["value"]
+    # auto (the agents' choose() at every batch): off most of the time, a redundant
+    # mode when deaths crowd; within 2% of redo, above eager Bamboo
+    assert out["auto"]["value"] > out["bamboo"]["value"] and out["auto"]["value"] > 0.98 * out["redo"]["value"]
+    assert set(out["auto"]["hours_per_mode"]) <= {"eager", "lazy", "off"}
     assert out["on-demand"]["cost_per_hour"] == pytest.approx(out["on-demand"]["mean_nodes"] * 3.06)
 
 
@@ -179,3 +184,17 @@ def test_bad_input_is_one_line(args, needle):
     res = subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, timeout=60)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and needle in lines[0], res.stderr
+
+
+def test_auto_stays_without_redundancy_without_preemptions_and_adds_it_when_they_crowd():
+    """No preemption: off all along (two pipelines), the value of redo from peers.
+    A preemption every few minutes per node: a redundant mode most of the time."""
+    calm = [Event(0, "add", f"n{i}", "ab"[i % 2]) for i in range(4)]
+    quiet = ClusterSimulator(BERT, 2, "auto").run(calm, hours=1.0)
+    assert quiet["hours_per_mode"] == {"off": 1.0} and quiet["mode_switches"] == 0
+    assert quiet["samples"] == pytest.approx(ClusterSimulator(BERT, 2, "redo").run(calm, hours=1.0)["samples"])
+    from sim.traces import synthetic
+    stormy = synthetic(2.0, 8, ("a", "b", "c"), rate=20.0, seed=1, refill_seconds=30)
+    r = ClusterSimulator(BERT, 2, "auto").run(stormy, hours=2.0)
+    redundant = sum(h for m, h in r["hours_per_mode"].items() if m != "off")
+    assert redundant > r["hours_per_mode"].get("off", 0.0), r["hours_per_mode"]

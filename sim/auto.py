@@ -1,0 +1,74 @@
+"""The `auto` strategy: Bamboo with `--redundancy auto`, the mode re-chosen at every
+batch of trace events by the agents' own pure function (`agents.modes.choose`).
+
+The rate it chooses from is weighted as the agents weigh it (deaths and node-hours
+of the nodes in use, a one-hour half-life, from the same prior). Where the runtime
+measures each mode's iteration time and cost of a death, the simulator knows them
+from its profile: the iteration of each mode's schedule; a death costs a merged
+iteration with eager, that plus the dead stage's forwards (a third of its share of
+the work) with lazy, and a redo with off (the failure timeout, half an iteration
+lost, the reconfiguration and a stage reloaded from a peer). A switch pauses for a
+reconfiguration, and one from off to a redundant mode also for the replicas' handover.
+"""
+from __future__ import annotations
+
+from agents.modes import HALF_LIFE_HOURS, choose
+from agents.policy import Config
+from sim.accounting import RunState
+from sim.strategies import Bamboo, RedoFromPeers, _handover_seconds, peer_reload_seconds
+
+PRIOR_RATE, PRIOR_HOURS = 0.05, 2.0  # the runtime's defaults (--auto-prior-rate, --auto-prior-hours)
+
+
+class Auto(Bamboo):
+    def __init__(self, state: RunState | None = None):
+        self.state = state       # the run these observations belong to (a strategy may replay twice)
+        self.redundancy = "off"  # until the first choice
+        self.deaths = self.node_hours = self.last = 0.0
+        self.switches: list[tuple[float, str]] = []  # (time, the mode switched to)
+
+    def react(self, sim, s: RunState, config: Config | None, live: dict[str, str],
+              removed: set[str]) -> Config | None:
+        if s is not self.state:
+            self.__init__(s)  # a new replay starts afresh
+        used = {n for pipe in config.pipelines for n in pipe} if config else set()
+        decay = 0.5 ** ((s.t - self.last) / 3600 / HALF_LIFE_HOURS)
+        self.node_hours = self.node_hours * decay + len(used) * (s.t - self.last) / 3600
+        self.deaths = self.deaths * decay + len(used & removed)
+        self.last = s.t
+        rules = RedoFromPeers if self.redundancy == "off" else Bamboo
+        nxt = rules.react(self, sim, s, config, live, removed)
+        if self.redundancy == "lazy" and used & removed:  # the dead stage's forwards, recomputed
+            s.pause(_seconds(sim, len(config.pipelines), "off") / (3 * sim.P))
+        if nxt and nxt.depth == sim.P and nxt.pipelines:
+            self._choose(sim, s, nxt)
+        return nxt
+
+    def _choose(self, sim, s: RunState, config: Config) -> None:
+        pipelines = len(config.pipelines)
+        seconds = {m: _seconds(sim, pipelines, m) for m in ("eager", "lazy", "off")}
+        merged = _seconds(sim, pipelines, "eager", merged=True)
+        pause = {"eager": merged, "lazy": merged + seconds["off"] / (3 * sim.P),
+                 "off": sim.opt.failure_timeout + seconds["off"] / 2 + sim.opt.reconfigure_seconds
+                 + peer_reload_seconds(sim)}
+        rate = (self.deaths + PRIOR_RATE * PRIOR_HOURS) / (self.node_hours + PRIOR_HOURS)
+        mode = choose(self.redundancy if self.switches else "", rate, pipelines * sim.P, pipelines, seconds, pause)
+        if mode != self.redundancy or not self.switches:
+            if self.switches:
+                build = _handover_seconds(sim.profile, sim.P) if self.redundancy == "off" else 0.0
+                s.pause(sim.opt.reconfigure_seconds + build)
+            self.redundancy = mode
+            self.switches.append((s.t, mode))
+
+    def report(self, sim, s: RunState) -> dict:
+        time_in = {}
+        for (t, mode), (end, _) in zip(self.switches, self.switches[1:] + [(s.t, "")]):
+            time_in[mode] = time_in.get(mode, 0.0) + end - t
+        return {**super().report(sim, s), "mode_switches": len(self.switches) - 1,
+                "hours_per_mode": {m: round(v / 3600, 3) for m, v in time_in.items()},
+                "auto_prior_rate": PRIOR_RATE, "auto_prior_hours": PRIOR_HOURS}
+
+
+def _seconds(sim, pipelines: int, mode: str, merged: bool = False) -> float:
+    from sim.simulator import _iteration_ms
+    return _iteration_ms(sim.profile, sim.P, pipelines, mode, merged) / 1000
