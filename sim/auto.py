@@ -7,7 +7,8 @@ measures each mode's iteration time and cost of a death, the simulator knows the
 from its profile: the iteration of each mode's schedule; a death costs a merged
 iteration with eager, that plus the dead stage's forwards (a third of its share of
 the work) with lazy, and a redo with off (the failure timeout, half an iteration
-lost, the reconfiguration and a stage reloaded from a peer). A switch pauses for a
+lost and a stage reloaded from a peer; the reconfiguration after a death is paid in
+every mode, so it is left out of the comparison). A switch pauses for a
 reconfiguration, and one from off to a redundant mode also for the replicas' handover.
 """
 from __future__ import annotations
@@ -49,8 +50,7 @@ class Auto(Bamboo):
         seconds = {m: _seconds(sim, pipelines, m) for m in ("eager", "lazy", "off")}
         merged = _seconds(sim, pipelines, "eager", merged=True)
         pause = {"eager": merged, "lazy": merged + seconds["off"] / (3 * sim.P),
-                 "off": sim.opt.failure_timeout + seconds["off"] / 2 + sim.opt.reconfigure_seconds
-                 + peer_reload_seconds(sim)}
+                 "off": sim.opt.failure_timeout + seconds["off"] / 2 + peer_reload_seconds(sim)}
         rate = (self.deaths + PRIOR_RATE * PRIOR_HOURS) / (self.node_hours + PRIOR_HOURS)
         mode = choose(self.redundancy if self.switches else "", rate, pipelines * sim.P, pipelines, seconds, pause)
         if mode != self.redundancy or not self.switches:
