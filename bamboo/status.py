@@ -45,7 +45,8 @@ def job_status(endpoint: str, job: str) -> dict:
               "draining": sorted(cluster.children(DRAIN())),
               "epoch": current.epoch if current else None,
               "assignment": [list(p) for p in current.pipelines] if current else [],
-              "standby": list(current.standby) if current else []}
+              "standby": list(current.standby) if current else [],
+              "redundancy": current.mode(cfg.redundancy) if current and cfg else cfg and cfg.redundancy}
     if current:
         status["pipelines"] = len(current.pipelines)
     cluster.close()
@@ -61,7 +62,8 @@ def render(status: dict) -> str:
     for j, pipe in enumerate(status["assignment"]):
         lines.append(f"  pipeline {j}: " + " -> ".join(f"stage {s}: node {zone(n)}" for s, n in enumerate(pipe)))
     if status["epoch"] is not None:
-        lines.append(f"  epoch {status['epoch']}, standby: {' '.join(map(zone, status['standby'])) or '-'}"
+        lines.append(f"  epoch {status['epoch']} ({status['redundancy']} redundancy), "
+                     f"standby: {' '.join(map(zone, status['standby'])) or '-'}"
                      + (f", draining: {' '.join(map(str, status['draining']))}" if status["draining"] else ""))
     lines.append(f"  alive:  {' '.join(map(str, status['alive'])) or '-'}")
     for n, f in status["failed"].items():

@@ -35,7 +35,7 @@ def test_status_of_a_local_cluster_shows_zones_assignment_and_standby(tmp_path):
         assert status["last_iteration"] == 2 and status["pipelines"] == 1
         text = subprocess.run([sys.executable, "-m", "bamboo.status", "--etcd", etcd.endpoint],
                               capture_output=True, text=True, timeout=60).stdout
-        assert "pipeline 0: stage 0: node 0" in text and "standby: 2" in text
+        assert "pipeline 0: stage 0: node 0" in text and "standby: 2" in text and "(eager redundancy)" in text
 
 
 def test_status_of_an_unreachable_etcd_is_one_line():
