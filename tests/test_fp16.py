@@ -73,6 +73,7 @@ def test_pipeline_skips_the_reference_steps_through_a_sigkill(tmp_path, fp16_on_
     assert any(e["type"] == "failover" for e in got[5]["events"])
 
 
+@pytest.mark.slow  # make test-slow: keeps make test under 15 minutes
 def test_a_restart_from_a_checkpoint_keeps_the_scale(tmp_path, fp16_on_cpu):
     """A checkpoint taken after iteration 4 (scale 2^19, one good step) brings the
     scale back: the resumed run overflows at iteration 5 as the whole run did."""

@@ -1,6 +1,6 @@
 """End to end: real worker processes, a real etcd, real gloo, a real SIGKILL.
 
-Every distributed run (P=4, D=2, M=8, 20 iterations of `tiny`) is compared with
+Every distributed run (P=4, D=2, M=8, 10 iterations of `tiny`) is compared with
 the single-process reference on the same samples: per-iteration losses, sample
 counts and final parameters. float64 keeps summation-order noise far below the
 tolerance, so any lost or double-counted microbatch shows.
@@ -17,7 +17,7 @@ from schedules.compiler import compile_schedule
 from schedules.ir import Op
 from tests.training import bamboo_train
 
-P, D, M, ITERS = 4, 2, 8, 20
+P, D, M, ITERS = 4, 2, 8, 10
 COMMON = ["--model", "tiny", "--microbatches", str(M), "--iterations", str(ITERS), "--seed", "3",
           "--dtype", "float64"]
 RTOL = 1e-5
