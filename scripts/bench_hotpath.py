@@ -1,0 +1,338 @@
+"""The hot path: Bamboo's no-redundancy pipeline against DeepSpeed's PipelineEngine
+and torch.distributed.pipelining's Schedule1F1B, then where Bamboo's time goes.
+
+One GPT of the project's own layers (bamboo/models.py: Embedding, 4 Blocks, Head;
+dim 256, 4 heads, seq 128, byte vocabulary, dropout 0: 3.32M parameters), given to
+bamboo-train by this file's factory (`--model scripts.bench_hotpath:gpt`), so the
+workers build layer i from (seed, i) as for any factory; the baselines build the
+same layers the same way (ModelSource.layer) with Bamboo's stage split, and draw
+Bamboo's samples (microbatch g of iteration i: Corpus.microbatch(i, g)). Every run:
+P=2, D=1, M=8, batch 8, gloo on the CPU, one process per stage with one torch
+thread, AdamW as bamboo/recipe.py builds it (lr 1e-3, betas 0.9/0.999, decay
+0.01 on matrices). Dropout is 0 because the baselines have no per-microbatch
+dropout seeds: with it, the losses could not match.
+
+Iteration time is the steady period of iteration ends on the nodes' own clocks
+(the first --warm iterations dropped): Bamboo's iteration reports (the time in
+done/<it>/<node>, written before the barrier), the baselines' returns from
+train_batch / step. Systems alternate in each round; medians over rounds.
+Bamboo runs against one etcd started here (the same binary and flags as the
+launcher's embedded one), so that its /metrics can be read.
+
+--profile DIR then runs Bamboo twice unprofiled (N and 2N iterations: etcd's
+request counters and CPU per iteration by difference) and once under cProfile
+in every Python process (a sitecustomize on PYTHONPATH, nothing in bamboo/
+changed), and prints per iteration where each process's main thread spends it.
+
+    python scripts/bench_hotpath.py [--rounds 3] [--iterations 12] [--warm 3] [--profile DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pstats
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections import Counter
+
+import torch
+import torch.nn as nn
+
+from bamboo.models import Block, Embedding, GPTConfig, Head, token_loss
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CFG = GPTConfig(vocab=256, seq=128, dim=256, layers=4, heads=4, dropout=0.0)
+MODEL, P, M, BATCH = "scripts.bench_hotpath:gpt", 2, 8, 8
+SYSTEMS = ("off", "deepspeed", "torch", "eager", "lazy")  # the order of each round
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": ROOT}
+
+
+def gpt() -> nn.Sequential:
+    """The factory bamboo-train calls (on the meta device): the built-in GPT layers."""
+    return nn.Sequential(Embedding(CFG, 0), *[Block(CFG, i) for i in range(1, CFG.layers + 1)],
+                         Head(CFG, CFG.layers + 1))
+
+
+def setup(seed: int):
+    """What every baseline rank shares with Bamboo's workers: the layers from
+    (seed, i), Bamboo's stage ranges, the corpus, the job's recipe settings."""
+    from bamboo.api import ModelSource
+    from bamboo.config import JobConfig
+    from bamboo.data import corpus_of
+    from bamboo.partition import partition
+    cfg = JobConfig(model=MODEL, seq=CFG.seq, batch=BATCH, seed=seed, microbatches=M, stages=P)
+    source = ModelSource(MODEL, seed, seq=CFG.seq)
+    return [source.layer(i) for i in range(source.count)], partition(source.costs(), P), corpus_of(cfg, CFG.seq), cfg
+
+
+# -- the baselines, one process per rank ------------------------------------------------
+def deepspeed_stepper(rank: int, layers, ranges, corpus, cfg):
+    """DeepSpeed's PipelineEngine with nothing extra: no timers, no activation
+    checkpointing, no clipping, the client AdamW used as it is (fp32, no ZeRO)."""
+    import deepspeed
+    from deepspeed.pipe import PipelineModule
+    from bamboo import recipe
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+    module = PipelineModule(layers=layers, num_stages=P, loss_fn=token_loss, partition_method="parameters",
+                            activation_checkpoint_interval=0)
+    assert module.parts == [r.start for r in ranges] + [ranges[-1].stop], (module.parts, ranges)
+    config = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": M,
+              "steps_per_print": 10 ** 9, "wall_clock_breakdown": False, "gradient_clipping": 0.0}
+    engine, *_ = deepspeed.initialize(model=module, optimizer=recipe.optimizer(module, cfg), config=config)
+    return lambda it: float(engine.train_batch(iter([corpus.microbatch(it, g) for g in range(M)])))
+
+
+def torch_stepper(rank: int, layers, ranges, corpus, cfg):
+    """torch.distributed.pipelining: one PipelineStage per rank, Schedule1F1B with
+    its defaults (gradients scaled by 1/M), outputs not gathered (unused)."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    from bamboo import recipe
+    dist.init_process_group("gloo")
+    module = nn.Sequential(*[layers[i] for i in ranges[rank]])
+    optimizer = recipe.optimizer(module, cfg)
+    schedule = Schedule1F1B(PipelineStage(module, rank, P, torch.device("cpu")), M, loss_fn=token_loss)
+
+    def step(it: int):
+        x, y = (torch.cat(t) for t in zip(*(corpus.microbatch(it, g) for g in range(M))))
+        optimizer.zero_grad(set_to_none=True)
+        losses: list = []
+        if rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=y, losses=losses, return_outputs=False)
+        optimizer.step()
+        return sum(float(v) for v in losses) / M if losses else None
+    return step
+
+
+def baseline_rank(a) -> None:
+    """One rank of a baseline (this script, started by run_baseline)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port), RANK=str(a.rank),
+                      WORLD_SIZE=str(P), LOCAL_RANK=str(a.rank))
+    torch.set_num_threads(1)
+    layers, ranges, corpus, cfg = setup(a.seed)
+    step = (deepspeed_stepper if a.role == "deepspeed" else torch_stepper)(a.rank, layers, ranges, corpus, cfg)
+    ends, losses = [], []
+    for it in range(a.iterations):
+        losses.append(step(it))
+        ends.append(time.time())
+    with open(a.out, "w") as f:
+        json.dump({"ends": ends, "losses": losses}, f)
+
+
+def run_baseline(system: str, a) -> dict:
+    from bamboo.etcd import free_port
+    port = free_port()
+    with tempfile.TemporaryDirectory() as d:
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", system, "--rank", str(r),
+                                   "--port", str(port), "--out", f"{d}/{r}.json", "--iterations",
+                                   str(a.iterations), "--seed", str(a.seed)], cwd=ROOT, env=ENV,
+                                  stdout=subprocess.DEVNULL, stderr=open(f"{d}/{r}.log", "w")) for r in range(P)]
+        if any(p.wait() for p in procs):
+            raise RuntimeError(f"{system} failed:\n" + open(f"{d}/0.log").read()[-3000:])
+        ranks = [json.load(open(f"{d}/{r}.json")) for r in range(P)]
+    return {"ends": [max(t) for t in zip(*(r["ends"] for r in ranks))], "losses": ranks[-1]["losses"]}
+
+
+# -- Bamboo ------------------------------------------------------------------------------
+def run_bamboo(mode: str, a, etcd: str, iterations: int | None = None, env=ENV) -> dict:
+    """bamboo-train with --redundancy `mode` on `etcd`; iteration ends from the reports."""
+    from bamboo.cluster import Cluster
+    from bamboo.protocol import DONE
+    n, job = iterations or a.iterations, f"hot-{mode}-{uuid.uuid4().hex[:8]}"
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run([sys.executable, "-m", "bamboo.cli", "--no-progress", "--model", MODEL, "--seq", str(CFG.seq),
+                        "--stages", str(P), "--microbatches", str(M), "--batch", str(BATCH), "--iterations", str(n),
+                        "--seed", str(a.seed), "--redundancy", mode, "--etcd", etcd, "--job", job,
+                        "--metrics-out", f"{d}/m.jsonl"], cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
+        records = [json.loads(line) for line in open(f"{d}/m.jsonl")][:-1]
+    cluster = Cluster(etcd, job)
+    ends = [max(r.time for r in cluster.children(DONE(it)).values()) for it in range(n)]
+    cluster.close()
+    return {"ends": ends, "losses": [r["loss"] for r in records], "launcher": [r["seconds"] for r in records]}
+
+
+def period(ends: list[float], warm: int) -> float:
+    """Mean time between iteration ends after the warm-up."""
+    return (ends[-1] - ends[warm - 1]) / (len(ends) - warm)
+
+
+def compare_losses(runs: dict, check: int, rtol: float) -> None:
+    """Print the first iterations' losses of every system and assert they match."""
+    print(f"\nlosses of the first {check} iterations (round 1); every round checked, rtol {rtol:g}")
+    print("it  " + "".join(f"{s:>12}" for s in SYSTEMS))
+    for it in range(check):
+        print(f"{it:<4}" + "".join(f"{runs[s][0]['losses'][it]:12.6f}" for s in SYSTEMS))
+    want = runs["off"][0]["losses"][:check]
+    for s in SYSTEMS:
+        worst = max(abs(r["losses"][i] - want[i]) / abs(want[i]) for r in runs[s] for i in range(check))
+        print(f"  {s:10} largest relative difference from off: {worst:.2e}")
+        assert worst <= rtol, f"{s}'s losses differ from Bamboo's: {worst:.2e}"
+
+
+def report_times(runs: dict, a) -> None:
+    t = {s: statistics.median(period(r["ends"], a.warm) for r in runs[s]) for s in SYSTEMS}
+    launcher = statistics.median(statistics.mean(r["launcher"][a.warm:]) for r in runs["off"])
+    print(f"\nmedian iteration time over {a.rounds} rounds (iterations {a.warm}..{a.iterations - 1} of each run):")
+    for s in SYSTEMS:
+        print(f"  {s:10} {t[s] * 1e3:8.1f} ms   per round: "
+              + " ".join(f"{period(r['ends'], a.warm) * 1e3:.1f}" for r in runs[s]))
+    print(f"  (off as the launcher's metrics record it: {launcher * 1e3:.1f} ms)")
+    print("ratios: " + "   ".join(f"{x}/{y} {t[x] / t[y]:.3f}" for x, y in
+                                  (("off", "deepspeed"), ("off", "torch"), ("eager", "off"), ("lazy", "off"))))
+
+
+# -- where the time goes -----------------------------------------------------------------
+SITE = '''import os
+if os.environ.get("BENCH_PROFILE"):  # scripts/bench_hotpath.py --profile: profile this process's main thread
+    import atexit, cProfile, json, sys, time
+    _profile, _began, _done = cProfile.Profile(), time.time(), []
+    _profile.enable()
+
+    def _dump():
+        if _done:
+            return
+        _done.append(1)
+        _profile.disable()
+        base, t = os.path.join(os.environ["BENCH_PROFILE"], str(os.getpid())), os.times()
+        _profile.dump_stats(base + ".prof")
+        with open(base + ".json", "w") as f:
+            json.dump({"argv": sys.argv, "cpu": t.user + t.system, "wall": time.time() - _began}, f)
+    atexit.register(_dump)
+    _exit = os._exit
+    os._exit = lambda status: (_dump(), _exit(status))
+'''
+
+
+def etcd_counters(endpoint: str) -> Counter:
+    """etcd's own counters: gRPC messages received per method, its CPU seconds, WAL fsyncs."""
+    text = urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10).read().decode()
+    found: Counter = Counter()
+    for line in text.splitlines():
+        if line.startswith("grpc_server_msg_received_total{"):
+            found[re.search(r'grpc_method="(\w+)"', line)[1]] += float(line.rsplit(" ", 1)[1])
+        elif line.startswith(("process_cpu_seconds_total ", "etcd_disk_wal_fsync_duration_seconds_count ")):
+            name, value = line.split()
+            found[name] = float(value)
+    return found
+
+
+def etcd_per_iteration(a, etcd: str) -> None:
+    """Requests etcd receives per iteration (all processes), by difference of an
+    N- and a 2N-iteration run, so start-up and shutdown cancel out."""
+    deltas = []
+    for n in (a.iterations, 2 * a.iterations):
+        before = etcd_counters(etcd)
+        run_bamboo("off", a, etcd, n)
+        after = etcd_counters(etcd)
+        deltas.append(Counter({k: after[k] - before[k] for k in after}))
+    per = {k: (deltas[1][k] - deltas[0][k]) / a.iterations for k in deltas[1]}
+    print(f"\netcd per iteration (off, ({2 * a.iterations} - {a.iterations} iterations) / {a.iterations}):")
+    for k, v in sorted(per.items(), key=lambda kv: -kv[1]):
+        if v > 0.05:
+            print(f"  {k:45} {v:8.2f}")
+
+
+def calls(stats: pstats.Stats, where: str, name: str, caller: str | None = None) -> tuple[int, float]:
+    """(calls, cumulative seconds) of functions `name` in files ending `where`
+    (from `caller`'s call sites only, when given: pstats keeps that per caller)."""
+    n, t = 0, 0.0
+    for (file, _, func), (_, nc, _, ct, callers) in stats.stats.items():
+        if file.endswith(where) and func == name:
+            if caller is None:
+                n, t = n + nc, t + ct
+            else:
+                for (_, _, cfunc), (_, cnc, _, cct) in callers.items():
+                    if cfunc == caller:
+                        n, t = n + cnc, t + cct
+    return n, t
+
+
+WORKER = [  # (what, file, function, caller): the worker's main thread per iteration
+    ("iteration (stream + linger + barrier)", "worker.py", "run_iteration", None),
+    ("  forward", "executor.py", "forward", None), ("  backward (incl. loss write)", "executor.py", "backward", None),
+    ("    loss writes to etcd", "cluster.py", "put", "backward"),
+    ("  optimizer step", "executor.py", "optimizer_step", None), ("  load", "executor.py", "load", None),
+    ("  waits in recv (gloo, with polls)", "comm.py", "recv", None),
+    ("  waits in send (gloo, with polls)", "comm.py", "send", None),
+    ("  failover polls between instructions", "failover.py", "poll", "run"),
+    ("  finished + linger", "failover.py", "linger", None), ("", "failover.py", "finished", None),
+    ("boundary: report", "boundary.py", "report", None), ("boundary: agree (barrier)", "boundary.py", "agree", None),
+    ("etcd requests of the main thread (all)", "cluster.py", "call", None),
+    ("time.sleep (all)", "~", "<built-in method time.sleep>", None)]
+LAUNCHER = [("waiting for reports (the 50 ms poll)", "launcher.py", "_wait_iteration", None),
+            ("etcd requests (all)", "cluster.py", "call", None),
+            ("time.sleep", "~", "<built-in method time.sleep>", None)]
+
+
+def profile(a, etcd: str, out: str) -> None:
+    """One off run with every Python process under cProfile; per iteration, what
+    each main thread did (cProfile's overhead inflates Python-heavy parts)."""
+    os.makedirs(os.path.join(out, "site"), exist_ok=True)
+    with open(os.path.join(out, "site", "sitecustomize.py"), "w") as f:
+        f.write(SITE)
+    env = {**ENV, "BENCH_PROFILE": out, "PYTHONPATH": os.path.join(out, "site") + os.pathsep + ROOT}
+    before = etcd_counters(etcd)["process_cpu_seconds_total"]
+    run = run_bamboo("off", a, etcd, env=env)
+    etcd_cpu = etcd_counters(etcd)["process_cpu_seconds_total"] - before
+    n = a.iterations
+    print(f"\nprofiled off run: {n} iterations, {period(run['ends'], a.warm) * 1e3:.1f} ms each under cProfile;"
+          f" per iteration, ms (calls):")
+    for info in sorted(f for f in os.listdir(out) if f.endswith(".json")):
+        meta = json.load(open(os.path.join(out, info)))
+        stats = pstats.Stats(os.path.join(out, info.replace(".json", ".prof")))
+        role = " ".join(os.path.basename(x) for x in meta["argv"][:1] + meta["argv"][-2:])
+        print(f"  {role}: CPU {meta['cpu'] / n * 1e3:.0f} ms/it over the whole run ({meta['wall']:.1f} s wall)")
+        for what, where, name, caller in WORKER if "worker" in meta["argv"][0] else LAUNCHER:
+            c, t = calls(stats, where, name, caller)
+            if what and c:
+                print(f"    {what:42} {t / n * 1e3:8.1f} ms  ({c / n:.1f})")
+    print(f"  etcd: CPU {etcd_cpu / n * 1e3:.0f} ms/it over the whole run")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iterations", type=int, default=12)
+    ap.add_argument("--warm", type=int, default=3, help="iterations dropped at the start of each run")
+    ap.add_argument("--check", type=int, default=5, help="iterations whose losses are compared")
+    ap.add_argument("--rtol", type=float, default=1e-5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", metavar="DIR", help="then find where Bamboo's time goes (profiles land here)")
+    ap.add_argument("--role", choices=("deepspeed", "torch"), help=argparse.SUPPRESS)  # a baseline's rank
+    ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.role:
+        return baseline_rank(a)
+    from bamboo.etcd import EtcdServer
+    params = sum(p.numel() for layer in setup(a.seed)[0] for p in layer.parameters())
+    print(f"GPT {MODEL} ({params / 1e6:.2f}M parameters: dim {CFG.dim}, {CFG.layers} blocks, {CFG.heads} heads, "
+          f"seq {CFG.seq}, vocab {CFG.vocab}, dropout 0), P={P} D=1 M={M} batch {BATCH}, seed {a.seed}, "
+          f"{a.iterations} iterations per run, gloo on the CPU, one process per stage, 1 torch thread each, "
+          f"AdamW lr 1e-3 betas 0.9/0.999 decay 0.01, {os.cpu_count()} cores, torch {torch.__version__}")
+    with EtcdServer() as etcd:
+        runs: dict[str, list] = {s: [] for s in SYSTEMS}
+        for _ in range(a.rounds):
+            for s in SYSTEMS:
+                runs[s].append(run_bamboo(s, a, etcd.endpoint) if s in ("off", "eager", "lazy")
+                               else run_baseline(s, a))
+        if a.rounds:
+            compare_losses(runs, a.check, a.rtol)
+            report_times(runs, a)
+        if a.profile:
+            etcd_per_iteration(a, etcd.endpoint)
+            profile(a, etcd.endpoint, a.profile)
+
+
+if __name__ == "__main__":
+    main()
