@@ -128,13 +128,14 @@ def baseline_rank(a) -> None:
         json.dump({"ends": ends, "losses": losses}, f)
 
 
-def run_baseline(system: str, a) -> dict:
+def run_baseline(system: str, a, iterations: int | None = None, env=ENV) -> dict:
+    """Both ranks of `system`; iteration ends are the later rank's."""
     from bamboo.etcd import free_port
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", system, "--rank", str(r),
                                    "--port", str(port), "--out", f"{d}/{r}.json", "--iterations",
-                                   str(a.iterations), "--seed", str(a.seed)], cwd=ROOT, env=ENV,
+                                   str(iterations or a.iterations), "--seed", str(a.seed)], cwd=ROOT, env=env,
                                   stdout=subprocess.DEVNULL, stderr=open(f"{d}/{r}.log", "w")) for r in range(P)]
         if any(p.wait() for p in procs):
             raise RuntimeError(f"{system} failed:\n" + open(f"{d}/0.log").read()[-3000:])
@@ -155,9 +156,10 @@ def run_bamboo(mode: str, a, etcd: str, iterations: int | None = None, env=ENV) 
                         "--metrics-out", f"{d}/m.jsonl"], cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
         records = [json.loads(line) for line in open(f"{d}/m.jsonl")][:-1]
     cluster = Cluster(etcd, job)
-    ends = [max(r.time for r in cluster.children(DONE(it)).values()) for it in range(n)]
+    reports = [cluster.children(DONE(it)).values() for it in range(n)]
     cluster.close()
-    return {"ends": ends, "losses": [r["loss"] for r in records], "launcher": [r["seconds"] for r in records]}
+    return {"ends": [max(r.time for r in done) for done in reports], "losses": [r["loss"] for r in records],
+            "launcher": [r["seconds"] for r in records], "busy": [max(r.busy for r in done) for done in reports]}
 
 
 def period(ends: list[float], warm: int) -> float:
@@ -185,31 +187,57 @@ def report_times(runs: dict, a) -> None:
     for s in SYSTEMS:
         print(f"  {s:10} {t[s] * 1e3:8.1f} ms   per round: "
               + " ".join(f"{period(r['ends'], a.warm) * 1e3:.1f}" for r in runs[s]))
-    print(f"  (off as the launcher's metrics record it: {launcher * 1e3:.1f} ms)")
+    busy = statistics.median(statistics.mean(r["busy"][a.warm:]) for r in runs["off"])
+    print(f"  (off as the launcher's metrics record it: {launcher * 1e3:.1f} ms; the busier node's compute ops, "
+          f"Executor.busy: {busy * 1e3:.1f} ms)")
     print("ratios: " + "   ".join(f"{x}/{y} {t[x] / t[y]:.3f}" for x, y in
                                   (("off", "deepspeed"), ("off", "torch"), ("eager", "off"), ("lazy", "off"))))
 
 
 # -- where the time goes -----------------------------------------------------------------
-SITE = '''import os
-if os.environ.get("BENCH_PROFILE"):  # scripts/bench_hotpath.py --profile: profile this process's main thread
-    import atexit, cProfile, json, sys, time
-    _profile, _began, _done = cProfile.Profile(), time.time(), []
-    _profile.enable()
+SITE = """import os
+if os.environ.get("BENCH_PROFILE"):  # scripts/bench_hotpath.py: this process's CPU (and profile) at exit
+    import atexit, cProfile, json, sys
+    _profile, _done = cProfile.Profile() if os.environ.get("BENCH_CPROFILE") else None, []
+    _profile and _profile.enable()
 
     def _dump():
-        if _done:
-            return
-        _done.append(1)
-        _profile.disable()
-        base, t = os.path.join(os.environ["BENCH_PROFILE"], str(os.getpid())), os.times()
-        _profile.dump_stats(base + ".prof")
-        with open(base + ".json", "w") as f:
-            json.dump({"argv": sys.argv, "cpu": t.user + t.system, "wall": time.time() - _began}, f)
+        if not _done:
+            _done.append(1)
+            base, t = os.path.join(os.environ["BENCH_PROFILE"], str(os.getpid())), os.times()
+            if _profile:
+                _profile.disable()
+                _profile.dump_stats(base + ".prof")
+            with open(base + ".json", "w") as f:
+                json.dump({"argv": sys.argv, "cpu": t.user + t.system}, f)
     atexit.register(_dump)
     _exit = os._exit
     os._exit = lambda status: (_dump(), _exit(status))
-'''
+"""
+
+
+def traced(out: str, cprofile: bool = False) -> dict:
+    """The environment of a run whose Python processes leave their CPU seconds (and
+    with `cprofile` their main thread's profile) in `out`: a sitecustomize on
+    PYTHONPATH, so nothing in bamboo/ changes."""
+    os.makedirs(os.path.join(out, "site"), exist_ok=True)
+    with open(os.path.join(out, "site", "sitecustomize.py"), "w") as f:
+        f.write(SITE)
+    return {**ENV, "BENCH_PROFILE": out, "BENCH_CPROFILE": "1" if cprofile else "",
+            "PYTHONPATH": os.path.join(out, "site") + os.pathsep + ROOT}
+
+
+def processes(out: str) -> dict[str, tuple[dict, str]]:
+    """role -> (what the process wrote at exit, its profile's path)."""
+    found = {}
+    for name in (f for f in os.listdir(out) if f.endswith(".json")):
+        meta, argv = json.load(open(os.path.join(out, name))), json.load(open(os.path.join(out, name)))["argv"]
+        role = (f"worker {argv[argv.index('--node') + 1]}" if "--node" in argv else
+                f"{argv[argv.index('--role') + 1]} rank {argv[argv.index('--rank') + 1]}" if "--rank" in argv else
+                "launcher" if argv[0].endswith("cli.py") else None)
+        if role:
+            found[role] = (meta, os.path.join(out, name.replace(".json", ".prof")))
+    return found
 
 
 def etcd_counters(endpoint: str) -> Counter:
@@ -218,27 +246,31 @@ def etcd_counters(endpoint: str) -> Counter:
     found: Counter = Counter()
     for line in text.splitlines():
         if line.startswith("grpc_server_msg_received_total{"):
-            found[re.search(r'grpc_method="(\w+)"', line)[1]] += float(line.rsplit(" ", 1)[1])
+            found["etcd " + re.search(r'grpc_method="(\w+)"', line)[1]] += float(line.rsplit(" ", 1)[1])
         elif line.startswith(("process_cpu_seconds_total ", "etcd_disk_wal_fsync_duration_seconds_count ")):
             name, value = line.split()
-            found[name] = float(value)
+            found["etcd " + name] = float(value)
     return found
 
 
-def etcd_per_iteration(a, etcd: str) -> None:
-    """Requests etcd receives per iteration (all processes), by difference of an
-    N- and a 2N-iteration run, so start-up and shutdown cancel out."""
-    deltas = []
-    for n in (a.iterations, 2 * a.iterations):
-        before = etcd_counters(etcd)
-        run_bamboo("off", a, etcd, n)
-        after = etcd_counters(etcd)
-        deltas.append(Counter({k: after[k] - before[k] for k in after}))
-    per = {k: (deltas[1][k] - deltas[0][k]) / a.iterations for k in deltas[1]}
-    print(f"\netcd per iteration (off, ({2 * a.iterations} - {a.iterations} iterations) / {a.iterations}):")
-    for k, v in sorted(per.items(), key=lambda kv: -kv[1]):
-        if v > 0.05:
-            print(f"  {k:45} {v:8.2f}")
+def per_iteration(a, etcd: str, out: str) -> None:
+    """CPU seconds of every process and etcd's requests per iteration, by difference
+    of an N- and a 2N-iteration run (start-up and shutdown cancel out)."""
+    print(f"\nper iteration, from ({2 * a.iterations} - {a.iterations} iterations) / {a.iterations}:")
+    for system in ("off", "deepspeed", "torch"):
+        runs = []
+        for n in (a.iterations, 2 * a.iterations):
+            d, before = tempfile.mkdtemp(dir=out), etcd_counters(etcd)
+            if system == "off":
+                run_bamboo(system, a, etcd, n, traced(d))
+            else:
+                run_baseline(system, a, n, traced(d))
+            after = etcd_counters(etcd) if system == "off" else before
+            runs.append(Counter({**{k: after[k] - before[k] for k in after},
+                                 **{f"CPU s, {role}": m["cpu"] for role, (m, _) in processes(d).items()}}))
+        for key in sorted(runs[1], key=lambda k: (not k.startswith("CPU"), k)):
+            if (value := (runs[1][key] - runs[0][key]) / a.iterations) > 0.005:
+                print(f"  {system:10} {key:50} {value:9.3f}")
 
 
 def calls(stats: pstats.Stats, where: str, name: str, caller: str | None = None) -> tuple[int, float]:
@@ -247,55 +279,42 @@ def calls(stats: pstats.Stats, where: str, name: str, caller: str | None = None)
     n, t = 0, 0.0
     for (file, _, func), (_, nc, _, ct, callers) in stats.stats.items():
         if file.endswith(where) and func == name:
-            if caller is None:
-                n, t = n + nc, t + ct
-            else:
-                for (_, _, cfunc), (_, cnc, _, cct) in callers.items():
-                    if cfunc == caller:
-                        n, t = n + cnc, t + cct
+            for (_, _, cfunc), (_, cnc, _, cct) in callers.items() if caller else [(("", 0, ""), (0, nc, 0, ct))]:
+                if caller is None or cfunc == caller:
+                    n, t = n + cnc, t + cct
     return n, t
 
 
-WORKER = [  # (what, file, function, caller): the worker's main thread per iteration
-    ("iteration (stream + linger + barrier)", "worker.py", "run_iteration", None),
-    ("  forward", "executor.py", "forward", None), ("  backward (incl. loss write)", "executor.py", "backward", None),
+WORKER = [  # (what, file, function, caller): a worker's main thread
+    ("stream + linger (run_iteration)", "worker.py", "run_iteration", None),
+    ("  forward", "executor.py", "forward", None), ("  backward, loss write included", "executor.py", "backward", None),
     ("    loss writes to etcd", "cluster.py", "put", "backward"),
     ("  optimizer step", "executor.py", "optimizer_step", None), ("  load", "executor.py", "load", None),
-    ("  waits in recv (gloo, with polls)", "comm.py", "recv", None),
-    ("  waits in send (gloo, with polls)", "comm.py", "send", None),
+    ("  waits in recv (gloo; polls included)", "comm.py", "recv", None),
+    ("  waits in send (gloo; polls included)", "comm.py", "send", None),
     ("  failover polls between instructions", "failover.py", "poll", "run"),
     ("  finished + linger", "failover.py", "linger", None), ("", "failover.py", "finished", None),
     ("boundary: report", "boundary.py", "report", None), ("boundary: agree (barrier)", "boundary.py", "agree", None),
-    ("etcd requests of the main thread (all)", "cluster.py", "call", None),
+    ("etcd requests (all, as Cluster.call)", "cluster.py", "call", None),
     ("time.sleep (all)", "~", "<built-in method time.sleep>", None)]
 LAUNCHER = [("waiting for reports (the 50 ms poll)", "launcher.py", "_wait_iteration", None),
-            ("etcd requests (all)", "cluster.py", "call", None),
+            ("etcd requests (all, as Cluster.call)", "cluster.py", "call", None),
             ("time.sleep", "~", "<built-in method time.sleep>", None)]
 
 
 def profile(a, etcd: str, out: str) -> None:
-    """One off run with every Python process under cProfile; per iteration, what
+    """One off run with every Python process under cProfile: per iteration, what
     each main thread did (cProfile's overhead inflates Python-heavy parts)."""
-    os.makedirs(os.path.join(out, "site"), exist_ok=True)
-    with open(os.path.join(out, "site", "sitecustomize.py"), "w") as f:
-        f.write(SITE)
-    env = {**ENV, "BENCH_PROFILE": out, "PYTHONPATH": os.path.join(out, "site") + os.pathsep + ROOT}
-    before = etcd_counters(etcd)["process_cpu_seconds_total"]
-    run = run_bamboo("off", a, etcd, env=env)
-    etcd_cpu = etcd_counters(etcd)["process_cpu_seconds_total"] - before
+    run = run_bamboo("off", a, etcd, env=traced(out, cprofile=True))
     n = a.iterations
-    print(f"\nprofiled off run: {n} iterations, {period(run['ends'], a.warm) * 1e3:.1f} ms each under cProfile;"
-          f" per iteration, ms (calls):")
-    for info in sorted(f for f in os.listdir(out) if f.endswith(".json")):
-        meta = json.load(open(os.path.join(out, info)))
-        stats = pstats.Stats(os.path.join(out, info.replace(".json", ".prof")))
-        role = " ".join(os.path.basename(x) for x in meta["argv"][:1] + meta["argv"][-2:])
-        print(f"  {role}: CPU {meta['cpu'] / n * 1e3:.0f} ms/it over the whole run ({meta['wall']:.1f} s wall)")
-        for what, where, name, caller in WORKER if "worker" in meta["argv"][0] else LAUNCHER:
-            c, t = calls(stats, where, name, caller)
+    print(f"\nprofiled off run: {period(run['ends'], a.warm) * 1e3:.1f} ms per iteration under cProfile; "
+          f"totals / {n} iterations, ms (calls):")
+    for role, (meta, path) in sorted(processes(out).items()):
+        print(f"  {role}")
+        for what, where, name, caller in WORKER if role.startswith("worker") else LAUNCHER:
+            c, t = calls(pstats.Stats(path), where, name, caller)
             if what and c:
                 print(f"    {what:42} {t / n * 1e3:8.1f} ms  ({c / n:.1f})")
-    print(f"  etcd: CPU {etcd_cpu / n * 1e3:.0f} ms/it over the whole run")
 
 
 def main() -> None:
@@ -330,8 +349,9 @@ def main() -> None:
             compare_losses(runs, a.check, a.rtol)
             report_times(runs, a)
         if a.profile:
-            etcd_per_iteration(a, etcd.endpoint)
-            profile(a, etcd.endpoint, a.profile)
+            os.makedirs(a.profile, exist_ok=True)
+            per_iteration(a, etcd.endpoint, a.profile)
+            profile(a, etcd.endpoint, tempfile.mkdtemp(dir=a.profile))
 
 
 if __name__ == "__main__":
