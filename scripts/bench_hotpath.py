@@ -1,28 +1,26 @@
 """The hot path: Bamboo's no-redundancy pipeline against DeepSpeed's PipelineEngine
 and torch.distributed.pipelining's Schedule1F1B, then where Bamboo's time goes.
 
-One GPT of the project's own layers (bamboo/models.py: Embedding, 4 Blocks, Head;
-dim 256, 4 heads, seq 128, byte vocabulary, dropout 0: 3.32M parameters), given to
-bamboo-train by this file's factory (`--model scripts.bench_hotpath:gpt`), so the
-workers build layer i from (seed, i) as for any factory; the baselines build the
-same layers the same way (ModelSource.layer) with Bamboo's stage split, and draw
-Bamboo's samples (microbatch g of iteration i: Corpus.microbatch(i, g)). Every run:
+The model is the project's own GPT layers (bamboo/models.py: Embedding, 4 Blocks,
+Head; dim 256, 4 heads, seq 128, byte vocabulary, dropout 0: 3.32M parameters),
+given to bamboo-train by this file's factory (`--model scripts.bench_hotpath:gpt`).
+The baselines build layer i from (seed, i) the same way (ModelSource.layer), split
+the stages as Bamboo does and draw Bamboo's samples (Corpus.microbatch(i, g)).
 P=2, D=1, M=8, batch 8, gloo on the CPU, one process per stage with one torch
-thread, AdamW as bamboo/recipe.py builds it (lr 1e-3, betas 0.9/0.999, decay
-0.01 on matrices). Dropout is 0 because the baselines have no per-microbatch
-dropout seeds: with it, the losses could not match.
+thread, AdamW from bamboo/recipe.py (lr 1e-3, betas 0.9/0.999, decay 0.01 on
+matrices). Dropout is 0: the baselines have no per-microbatch dropout seeds.
 
-Iteration time is the steady period of iteration ends on the nodes' own clocks
-(the first --warm iterations dropped): Bamboo's iteration reports (the time in
-done/<it>/<node>, written before the barrier), the baselines' returns from
-train_batch / step. Systems alternate in each round; medians over rounds.
-Bamboo runs against one etcd started here (the same binary and flags as the
-launcher's embedded one), so that its /metrics can be read.
+Iteration time: the steady period of iteration ends on the nodes' own clocks
+(the first --warm iterations dropped): Bamboo's reports (done/<it>/<node>, written
+before the barrier), the baselines' returns from train_batch / step. Systems
+alternate within each round; medians over rounds. Bamboo runs on one etcd started
+here (the launcher's binary and flags) whose /metrics are read. "off-poll1s" is
+off with the launcher's 50 ms poll stretched to 1 s (time.sleep patched in the
+launcher process only, by a sitecustomize): what that polling costs the workers.
 
---profile DIR then runs Bamboo twice unprofiled (N and 2N iterations: etcd's
-request counters and CPU per iteration by difference) and once under cProfile
-in every Python process (a sitecustomize on PYTHONPATH, nothing in bamboo/
-changed), and prints per iteration where each process's main thread spends it.
+--profile DIR then measures, per iteration: every process's CPU and etcd's
+requests (by difference of an N- and a 2N-iteration run), and each main
+thread's time under cProfile (a sitecustomize again: bamboo/ is not changed).
 
     python scripts/bench_hotpath.py [--rounds 3] [--iterations 12] [--warm 3] [--profile DIR]
 """
@@ -50,7 +48,7 @@ from bamboo.models import Block, Embedding, GPTConfig, Head, token_loss
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = GPTConfig(vocab=256, seq=128, dim=256, layers=4, heads=4, dropout=0.0)
 MODEL, P, M, BATCH = "scripts.bench_hotpath:gpt", 2, 8, 8
-SYSTEMS = ("off", "deepspeed", "torch", "eager", "lazy")  # the order of each round
+SYSTEMS = ("off", "deepspeed", "torch", "eager", "lazy", "off-poll1s")  # the order of each round
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": ROOT}
 
 
@@ -191,13 +189,18 @@ def report_times(runs: dict, a) -> None:
     print(f"  (off as the launcher's metrics record it: {launcher * 1e3:.1f} ms; the busier node's compute ops, "
           f"Executor.busy: {busy * 1e3:.1f} ms)")
     print("ratios: " + "   ".join(f"{x}/{y} {t[x] / t[y]:.3f}" for x, y in
-                                  (("off", "deepspeed"), ("off", "torch"), ("eager", "off"), ("lazy", "off"))))
+                                  (("off", "deepspeed"), ("off", "torch"), ("eager", "off"), ("lazy", "off"),
+                                   ("off-poll1s", "off"), ("off-poll1s", "deepspeed"))))
 
 
 # -- where the time goes -----------------------------------------------------------------
-SITE = """import os
+SITE = """import os, sys
+if os.environ.get("BENCH_SLOW_POLL") and "--metrics-out" in sys.argv:  # the launcher: poll every 1 s
+    import time
+    _sleep = time.sleep
+    time.sleep = lambda s: _sleep(1.0 if s == 0.05 else s)
 if os.environ.get("BENCH_PROFILE"):  # scripts/bench_hotpath.py: this process's CPU (and profile) at exit
-    import atexit, cProfile, json, sys
+    import atexit, cProfile, json
     _profile, _done = cProfile.Profile() if os.environ.get("BENCH_CPROFILE") else None, []
     _profile and _profile.enable()
 
@@ -216,7 +219,7 @@ if os.environ.get("BENCH_PROFILE"):  # scripts/bench_hotpath.py: this process's 
 """
 
 
-def traced(out: str, cprofile: bool = False) -> dict:
+def traced(out: str, cprofile: bool = False, slow_poll: bool = False) -> dict:
     """The environment of a run whose Python processes leave their CPU seconds (and
     with `cprofile` their main thread's profile) in `out`: a sitecustomize on
     PYTHONPATH, so nothing in bamboo/ changes."""
@@ -224,14 +227,15 @@ def traced(out: str, cprofile: bool = False) -> dict:
     with open(os.path.join(out, "site", "sitecustomize.py"), "w") as f:
         f.write(SITE)
     return {**ENV, "BENCH_PROFILE": out, "BENCH_CPROFILE": "1" if cprofile else "",
-            "PYTHONPATH": os.path.join(out, "site") + os.pathsep + ROOT}
+            "BENCH_SLOW_POLL": "1" if slow_poll else "", "PYTHONPATH": os.path.join(out, "site") + os.pathsep + ROOT}
 
 
 def processes(out: str) -> dict[str, tuple[dict, str]]:
     """role -> (what the process wrote at exit, its profile's path)."""
     found = {}
     for name in (f for f in os.listdir(out) if f.endswith(".json")):
-        meta, argv = json.load(open(os.path.join(out, name))), json.load(open(os.path.join(out, name)))["argv"]
+        meta = json.load(open(os.path.join(out, name)))
+        argv = meta["argv"]
         role = (f"worker {argv[argv.index('--node') + 1]}" if "--node" in argv else
                 f"{argv[argv.index('--role') + 1]} rank {argv[argv.index('--rank') + 1]}" if "--rank" in argv else
                 "launcher" if argv[0].endswith("cli.py") else None)
@@ -247,7 +251,8 @@ def etcd_counters(endpoint: str) -> Counter:
     for line in text.splitlines():
         if line.startswith("grpc_server_msg_received_total{"):
             found["etcd " + re.search(r'grpc_method="(\w+)"', line)[1]] += float(line.rsplit(" ", 1)[1])
-        elif line.startswith(("process_cpu_seconds_total ", "etcd_disk_wal_fsync_duration_seconds_count ")):
+        elif line.startswith(("process_cpu_seconds_total ", "etcd_disk_wal_fsync_duration_seconds_sum ",
+                              "etcd_disk_wal_fsync_duration_seconds_count ")):
             name, value = line.split()
             found["etcd " + name] = float(value)
     return found
@@ -288,10 +293,9 @@ def calls(stats: pstats.Stats, where: str, name: str, caller: str | None = None)
 WORKER = [  # (what, file, function, caller): a worker's main thread
     ("stream + linger (run_iteration)", "worker.py", "run_iteration", None),
     ("  forward", "executor.py", "forward", None), ("  backward, loss write included", "executor.py", "backward", None),
-    ("    loss writes to etcd", "cluster.py", "put", "backward"),
-    ("  optimizer step", "executor.py", "optimizer_step", None), ("  load", "executor.py", "load", None),
-    ("  waits in recv (gloo; polls included)", "comm.py", "recv", None),
-    ("  waits in send (gloo; polls included)", "comm.py", "send", None),
+    ("    loss writes to etcd", "cluster.py", "put", "backward"), ("  step", "executor.py", "optimizer_step", None),
+    ("  recv waits (gloo; polls included)", "comm.py", "recv", None),
+    ("  send waits (gloo; polls included)", "comm.py", "send", None),
     ("  failover polls between instructions", "failover.py", "poll", "run"),
     ("  finished + linger", "failover.py", "linger", None), ("", "failover.py", "finished", None),
     ("boundary: report", "boundary.py", "report", None), ("boundary: agree (barrier)", "boundary.py", "agree", None),
@@ -339,12 +343,15 @@ def main() -> None:
           f"seq {CFG.seq}, vocab {CFG.vocab}, dropout 0), P={P} D=1 M={M} batch {BATCH}, seed {a.seed}, "
           f"{a.iterations} iterations per run, gloo on the CPU, one process per stage, 1 torch thread each, "
           f"AdamW lr 1e-3 betas 0.9/0.999 decay 0.01, {os.cpu_count()} cores, torch {torch.__version__}")
-    with EtcdServer() as etcd:
+    with EtcdServer() as etcd, tempfile.TemporaryDirectory() as scratch:
         runs: dict[str, list] = {s: [] for s in SYSTEMS}
         for _ in range(a.rounds):
             for s in SYSTEMS:
-                runs[s].append(run_bamboo(s, a, etcd.endpoint) if s in ("off", "eager", "lazy")
-                               else run_baseline(s, a))
+                if s in ("deepspeed", "torch"):
+                    runs[s].append(run_baseline(s, a))
+                else:
+                    env = traced(tempfile.mkdtemp(dir=scratch), slow_poll=True) if s == "off-poll1s" else ENV
+                    runs[s].append(run_bamboo(s.split("-")[0], a, etcd.endpoint, env=env))
         if a.rounds:
             compare_losses(runs, a.check, a.rtol)
             report_times(runs, a)
