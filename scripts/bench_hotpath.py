@@ -342,7 +342,8 @@ def main() -> None:
     print(f"GPT {MODEL} ({params / 1e6:.2f}M parameters: dim {CFG.dim}, {CFG.layers} blocks, {CFG.heads} heads, "
           f"seq {CFG.seq}, vocab {CFG.vocab}, dropout 0), P={P} D=1 M={M} batch {BATCH}, seed {a.seed}, "
           f"{a.iterations} iterations per run, gloo on the CPU, one process per stage, 1 torch thread each, "
-          f"AdamW lr 1e-3 betas 0.9/0.999 decay 0.01, {os.cpu_count()} cores, torch {torch.__version__}")
+          f"AdamW lr 1e-3 betas 0.9/0.999 decay 0.01, {os.cpu_count()} cores, torch {torch.__version__}; "
+          f"load average {os.getloadavg()[0]:.2f}")
     with EtcdServer() as etcd, tempfile.TemporaryDirectory() as scratch:
         runs: dict[str, list] = {s: [] for s in SYSTEMS}
         for _ in range(a.rounds):
@@ -355,6 +356,7 @@ def main() -> None:
         if a.rounds:
             compare_losses(runs, a.check, a.rtol)
             report_times(runs, a)
+            print(f"load average after the rounds: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (1, 5, 15 min)")
         if a.profile:
             os.makedirs(a.profile, exist_ok=True)
             per_iteration(a, etcd.endpoint, a.profile)
