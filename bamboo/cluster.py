@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 from pyetcd import Etcd3Exception
@@ -194,6 +195,18 @@ class Cluster:
     def assignment_at(self, iteration: int) -> Assignment:
         """The assignment iteration `iteration` runs under."""
         return max((a for a in self.assignments().values() if a.start <= iteration), key=lambda a: a.epoch)
+
+    def changes(self, *prefixes: Key) -> threading.Event:
+        """An event set whenever a key under one of `prefixes` is written or deleted,
+        for a reader that would otherwise poll (the launcher). Best effort: a watch
+        lost with etcd only means the reader waits out its timeout."""
+        changed = threading.Event()
+        for prefix in prefixes:
+            try:
+                self.client.add_watch_prefix_callback(self.key(prefix), lambda _response: changed.set())
+            except Exception:  # noqa: BLE001 -- no watch: the reader polls at its timeout
+                changed.set()
+        return changed
 
     def close(self) -> None:
         self.client.close()

@@ -24,7 +24,8 @@ from bamboo.cluster import Cluster
 from bamboo.config import JobConfig
 from bamboo.etcd import EtcdServer, die_with_parent
 from bamboo.exits import FENCED
-from bamboo.protocol import ASSIGNMENT, CONFIG, DONE, ERROR, LOSS, NOTICES, PREEMPTED, SCALE, START, VAL_LOSS
+from bamboo.protocol import (ASSIGNMENT, CONFIG, DONE, ERROR, FAILED, LOSS, NOTICES, PREEMPTED, SCALE, START,
+                             VAL_LOSS)
 from bamboo.reference import mean_loss
 
 
@@ -152,6 +153,7 @@ class Launcher:
         self.progress = progress
         self.local = cluster
         self._redone = 0  # the newest redo epoch already rewound to
+        self._changes: threading.Event | None = None  # set by an etcd watch: a report, death, epoch or error
         self._noticed: set[int] = set()
         self._joined: set[int] = set()
         self.server: EtcdServer | None = None
@@ -316,7 +318,10 @@ class Launcher:
     def _wait_iteration(self, cluster: Cluster, it: int, since: float) -> dict | None:
         """The reports of iteration `it` once every node sent one (or died); None
         if on_tick stopped the run; Rewind if the agents abandoned it meanwhile."""
+        changed = self._changes or cluster.changes(DONE(), FAILED(), ASSIGNMENT(), ERROR())
+        self._changes = changed
         while True:
+            changed.clear()
             latest = cluster.latest_assignment()
             if latest.redo and latest.start <= it and latest.epoch > self._redone:
                 self._redone = latest.epoch
@@ -330,7 +335,10 @@ class Launcher:
                 self.on_tick(self, cluster)
                 if self.stopped:
                     return None
-            time.sleep(0.05)
+            # Off the critical path: woken by a report, a death, an epoch or an error
+            # (an etcd watch), else every half second to look at the processes.
+            # bamboo-chaos and bamboo-replay tick on their own clock.
+            changed.wait(0.05 if self.on_tick else 0.5)
 
     def _worker_error(self, cluster: Cluster) -> str:
         """One line for the failure: a worker's own error, preferring a root cause
