@@ -11,7 +11,6 @@ import argparse
 import dataclasses
 import json
 import os
-import random
 import shutil
 import signal
 import sys
@@ -19,11 +18,12 @@ import tempfile
 
 import torch
 
-from bamboo.config import DTYPES, JobConfig, Preempt, evaluated
+from bamboo.config import DTYPES, JobConfig
 from bamboo.api import ModelSource
 from bamboo.data import TOKEN_DTYPES, corpora
 from bamboo.models import MODELS, PRECISIONS, fp16_allowed
 from bamboo.plot import check_output
+from bamboo.preempts import parse_preempts
 from bamboo.recipe import SCHEDULES, check as check_recipe
 
 
@@ -130,71 +130,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def fault_free_stream(args, node: int) -> list:
-    """Node `node`'s instruction stream in an iteration without failures."""
-    from schedules.compiler import compile_schedule
-    from bamboo.data import split_microbatches
-
-    m = len(split_microbatches(args.microbatches, args.pipelines)[node // args.stages])
-    return compile_schedule(args.stages, m, (), stream_mode(args)).streams[node % args.stages]
-
-
-def random_preempt(args, rng: random.Random) -> Preempt:
-    """A node, an iteration after the first, and an instruction before the node's
-    data-parallel reduce (a death after it is not survivable inside the iteration)."""
-    node = rng.randrange(args.stages * args.pipelines)
-    stream = fault_free_stream(args, node)
-    reduce_at = next(i for i, ins in enumerate(stream) if ins.op.value == "reduce_grads")
-    return Preempt(node, rng.randrange(1, max(2, args.iterations)), rng.randrange(reduce_at))
-
-
-def parse_preempts(specs: list[str], args) -> tuple[Preempt, ...]:
-    nodes = args.stages * args.pipelines
-    if args.local_nodes is not None:
-        nodes = args.local_nodes + sum(int(j.partition("@")[0]) for j in args.join if j.partition("@")[0].isdigit())
-    rng = random.Random(args.seed)
-    out = []
-    for spec in specs:
-        if spec == "random":
-            out.append(random_preempt(args, rng))
-            continue
-        try:
-            node, _, rest = spec.partition("@")
-            it, _, ins = rest.partition(":")
-            phase = "eval" if ins.startswith("eval") else "train"
-            p = Preempt(int(node), int(it), int(ins.removeprefix("eval") or 0), phase)
-        except ValueError:
-            raise ValueError(f"--preempt {spec!r}: expected NODE@ITERATION[:[eval]INSTRUCTION] or 'random'") from None
-        if not 0 <= p.node < nodes:
-            raise ValueError(f"--preempt {spec!r}: node {p.node} is out of range 0..{nodes - 1}")
-        if not 0 <= p.iteration < args.iterations:
-            raise ValueError(f"--preempt {spec!r}: iteration {p.iteration} is out of range "
-                             f"0..{args.iterations - 1} (it would never fire)")
-        length = len(preempted_stream(args, p, spec))
-        if not 0 <= p.instruction <= length:
-            raise ValueError(f"--preempt {spec!r}: node {p.node} runs {length} instructions "
-                             f"{'an evaluation' if phase == 'eval' else 'an iteration'} "
-                             f"(0..{length} allowed; {length} is after the last)")
-        out.append(p)
-    return tuple(out)
-
-
-def preempted_stream(args, p: Preempt, spec: str) -> list:
-    """The fault-free stream a --preempt counts instructions in: the node's training
-    stream, or its evaluation stream after an evaluated iteration's step."""
-    node = p.node % (args.stages * args.pipelines)
-    if p.phase == "train":
-        return fault_free_stream(args, node)
-    from schedules.compiler import compile_eval
-    from bamboo.data import split_microbatches
-
-    m = len(split_microbatches(args.eval_batches, args.pipelines)[node // args.stages])
-    if not evaluated(p.iteration, args.eval_every, args.iterations) or not m:
-        raise ValueError(f"--preempt {spec!r}: node {p.node} evaluates nothing after iteration {p.iteration} "
-                         f"(--eval-every {args.eval_every}, --eval-batches {args.eval_batches})")
-    return compile_eval(args.stages, m, (), stream_mode(args)).streams[node % args.stages]
-
-
 def local_cluster(args):
     """The --local-nodes/--zones/--join settings, checked, or None."""
     from bamboo.launcher import LocalCluster
@@ -254,12 +189,6 @@ def metric_sinks(args) -> tuple:
         from bamboo.plot import PlotSink
         sinks.append(PlotSink(args.plot))
     return tuple(sinks)
-
-
-def stream_mode(args) -> str:
-    """The mode whose streams --preempt positions count in: with auto, eager's (the
-    longest; the mode running at that iteration may be another)."""
-    return "eager" if args.redundancy == "auto" else args.redundancy
 
 
 def check_redundancy(args) -> None:
