@@ -233,13 +233,11 @@ class Launcher:
                 assignment = cluster.assignment_at(it)
                 live = sum(n not in failed or failed[n].iteration > it for n in assignment.members)
                 if assignment.epoch != epoch:
-                    epoch = assignment.epoch
+                    epoch, before, mode = assignment.epoch, mode, assignment.mode(self.cfg.redundancy)
                     events.append({"type": "reconfigure", "epoch": epoch, "pipelines": assignment.pipelines,
-                                   "standby": assignment.standby, "redundancy": assignment.mode(self.cfg.redundancy)})
-                    if mode not in (None, assignment.mode(self.cfg.redundancy)):
-                        events.append({"type": "mode", "epoch": epoch, "from": mode,
-                                       "to": assignment.mode(self.cfg.redundancy)})
-                    mode = assignment.mode(self.cfg.redundancy)
+                                   "standby": assignment.standby, "redundancy": mode})
+                    if before not in (None, mode):  # --redundancy auto switched
+                        events.append({"type": "mode", "epoch": epoch, "from": before, "to": mode})
                 losses = cluster.children(LOSS(it))
                 record = iteration_record(self.cfg, it, losses, reports, now - last, live, events)
                 if self.cfg.loss_scaling:
