@@ -58,8 +58,12 @@ class Reducer:
 
     def _group(self, iteration: int, key: str, members: tuple[int, ...]):
         if key not in self._groups:
-            self._groups[key] = open_group(self.cluster, key, members, self.me,
-                                           lease_check(self.cluster, members, iteration, self.me), self.hang_timeout)
+            silent = lease_check(self.cluster, members, iteration, self.me)
+
+            def why_not():  # a member that aborted the iteration will never come: Aborted
+                self.failover.check_abort()
+                return silent()
+            self._groups[key] = open_group(self.cluster, key, members, self.me, why_not, self.hang_timeout)
         return self._groups[key][0]
 
     def tie(self, iteration: int, stages, grad) -> None:

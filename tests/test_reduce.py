@@ -1,0 +1,42 @@
+"""The data-parallel reduce's group (bamboo/reduce.py) against a real etcd: a
+member that abandoned the iteration never comes to the rendezvous, and the
+waiting node must notice the abort rather than wait out --hang-timeout."""
+import threading
+
+import torch
+
+from bamboo.assignment import Assignment
+from bamboo.cluster import Cluster
+from bamboo.failover import Aborted, Failover
+from bamboo.protocol import ABORT, ALIVE, Abort, Alive
+from bamboo.reduce import Reducer
+
+HANG_TIMEOUT = 600.0  # far longer than the test waits: only the abort can end the wait
+
+
+def test_a_reduce_rendezvous_with_a_peer_that_aborted_gives_up_on_the_abort(etcd):
+    cluster = Cluster(etcd.endpoint, "reduce-abort")
+    cluster.put(ALIVE(0), Alive(0))
+    cluster.put(ALIVE(2), Alive(2))  # node 2 is alive (its key is there) but went to the redo
+    assignment = Assignment.static(stages=2, pipelines=2)  # stage 0 on node 0 and on node 2
+    failover = Failover(cluster, (0, 1), 0, 0, "off", 3.0, elastic=True)
+    failover.iteration = 2
+    reducer = Reducer(cluster, assignment, 0, 3.0, failover, HANG_TIMEOUT)
+    assert reducer.members(0) == (0, 2)
+    cluster.create(ABORT(2), Abort("node 3 died with redundancy off", 2))
+
+    module = torch.nn.Linear(2, 2)
+    module(torch.ones(1, 2)).sum().backward()
+    raised = []
+
+    def reduce():
+        try:
+            reducer.allreduce(2, 0, module)
+        except BaseException as e:  # noqa: BLE001 - inspected below
+            raised.append(e)
+    t = threading.Thread(target=reduce, daemon=True)
+    t.start()
+    t.join(timeout=60)
+    assert not t.is_alive(), "the reduce still waits for a member that aborted the iteration"
+    assert len(raised) == 1 and isinstance(raised[0], Aborted), raised
+    assert "redundancy off" in str(raised[0])
