@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 from pyetcd import Etcd3Exception
 
 from bamboo.assignment import Assignment
+from bamboo.changes import Changes
 from bamboo.etcd import EtcdError, connect
 from bamboo.liveness import Heartbeat, lease_ages
 from bamboo.protocol import ALIVE, ASSIGNMENT, FAILED, LEASE_EXPIRED, MEMBERS, Alive, Failure, Key, job_root
@@ -196,17 +196,10 @@ class Cluster:
         """The assignment iteration `iteration` runs under."""
         return max((a for a in self.assignments().values() if a.start <= iteration), key=lambda a: a.epoch)
 
-    def changes(self, *prefixes: Key) -> threading.Event:
-        """An event set whenever a key under one of `prefixes` is written or deleted,
-        for a reader that would otherwise poll (the launcher). Best effort: a watch
-        lost with etcd only means the reader waits out its timeout."""
-        changed = threading.Event()
-        for prefix in prefixes:
-            try:
-                self.client.add_watch_prefix_callback(self.key(prefix), lambda _response: changed.set())
-            except Exception:  # noqa: BLE001 -- no watch: the reader polls at its timeout
-                changed.set()
-        return changed
+    def changes(self, *prefixes: Key) -> Changes:
+        """A flag raised whenever a key under one of `prefixes` is written or deleted
+        (an etcd watch), for a reader that would otherwise poll: bamboo/changes.py."""
+        return Changes(self, *prefixes)
 
     def close(self) -> None:
         self.client.close()

@@ -19,8 +19,14 @@ from schedules.ir import Instr, RECVS, SENDS
 from schedules.layout import ScheduleError
 from schedules.simulator import ValidationError
 
+from bamboo.changes import Changes
 from bamboo.cluster import Cluster
 from bamboo.protocol import ABORT, CUT, FAILED, FINISHED, LEASE_EXPIRED, Abort, Cut, Failure, Mark
+
+
+LEASE_WAIT = 0.5  # seconds a wait on peers lasts before their leases are asked, and between asks
+WAIT_GAP = 0.2    # a pause this long between two asks of a waiting node ends its wait (recv asks every 50 ms)
+LINGER_WAKE = 0.1  # a lingering node looks at least this often (a watch wakes it sooner)
 
 
 class Unsurvivable(RuntimeError):
@@ -92,11 +98,14 @@ def died_before(stream: list[Instr], received: dict[int, dict[str, int]]) -> int
 
 class Failover:
     def __init__(self, cluster: Cluster, nodes: tuple[int, ...], pipeline: int, me: int, redundancy: str,
-                 timeout: float, elastic: bool = False):
+                 timeout: float, elastic: bool = False, failures: Changes | None = None,
+                 finishes: Changes | None = None):
         self.cluster, self.nodes, self.pipeline, self.me = cluster, nodes, pipeline, me
         self.P = len(nodes)
         self.redundancy, self.timeout = redundancy, timeout
         self.elastic = elastic  # agents can redo the iteration: abort instead of failing the job
+        self.failures = failures  # raised by a watch on failed/ and abort/ (None: read every 20 ms)
+        self.finishes = finishes  # raised by a watch on finished/, failed/ and abort/ (wakes linger)
         self.events: list[dict] = []
 
     def unsurvivable(self, why: str):
@@ -123,30 +132,29 @@ class Failover:
         self._recorded: set[int] = set()  # node ids recorded dead, as of the last look
         self._event = None
         self._checked = self._leases_checked = 0.0
+        self._due = True  # etcd is read at the next poll whatever the watch says
+        self._wait_began = self._waited = 0.0  # the current wait on peers: when it began, last asked
 
     def detected(self, peer_global: int, how: str) -> None:
         self.cluster.create(FAILED(peer_global), Failure(self.iteration, self.to_global(self.me), how))
-        self._checked = 0.0  # look again at once
+        self._due = True  # look again at once
 
     def poll(self):
         """What changed for this pipeline since the last look, as an event (None:
-        nothing). Reads etcd at most every 20 ms and never writes it."""
+        nothing). Reads etcd only when its watch says failed/ or abort/ changed
+        (without a watch, at most every 20 ms); never writes it."""
         self.cluster.progress()
         now = time.monotonic()
-        if now - self._checked >= 0.02:
-            self._checked = now
-            self._event = self._look(now)
+        changed = self.failures.take() if self.failures is not None else now - self._checked >= 0.02
+        if changed or self._due:
+            self._checked, self._due = now, False
+            self._event = self._look()
         return self._event
 
-    def _look(self, now: float):
+    def _look(self):
         abort = self.cluster.get(ABORT(self.iteration)) if self.elastic else None
         if abort is not None:
             return AbortPosted(abort.why)
-        if now - self._leases_checked > 0.5:  # a silent peer: its lease ran out
-            self._leases_checked = now
-            silent = self._silent(n for n in range(self.P) if n not in self.failed and n != self.me)
-            if silent:
-                return PeersSilent(silent)
         dead = self._recorded = set(self.cluster.failed())
         new = sorted({s for s, n in enumerate(self.nodes) if n in dead} - set(self.failed))
         if self.me in new:
@@ -157,6 +165,23 @@ class Failover:
         self.dead = new[0] if new else None
         return PeerDead(self.dead) if new else None
 
+    def _silent_while_waiting(self, local_ids) -> PeersSilent | None:
+        """Peers among `local_ids` whose leases ran out, asked only once a wait on
+        peers has lasted LEASE_WAIT, then every LEASE_WAIT: a silent peer matters
+        only to a node that waits for it, and the fault-free path asks nothing."""
+        now = time.monotonic()
+        if now - self._waited > WAIT_GAP:  # the last wait ended: this is a new one
+            self._wait_began = now
+        self._waited = now
+        if now - self._wait_began < LEASE_WAIT or now - self._leases_checked < LEASE_WAIT:
+            return None
+        self._leases_checked = now
+        silent = self._silent(local_ids)
+        return PeersSilent(silent) if silent else None
+
+    def _others(self) -> list[int]:
+        return [n for n in range(self.P) if n not in self.failed and n != self.me]
+
     def peer_gone(self, node: int) -> bool:
         """Whether a send to `node` (a node id) waits in vain: the node is recorded
         dead, or its lease ran out (recorded here, then). Raises Aborted when the
@@ -164,7 +189,7 @@ class Failover:
         event = self.poll()
         if isinstance(event, AbortPosted):
             raise Aborted(event.why)
-        if isinstance(event, PeersSilent) and node in event.nodes:
+        if event is None and (silent := self._silent_while_waiting(self._others())) and node in silent.nodes:
             self.detected(node, LEASE_EXPIRED)
             return True
         return node in self._recorded
@@ -183,20 +208,26 @@ class Failover:
         death is one between iterations (a node may already be evaluating, and
         die there): nobody recovers it inside this iteration."""
         while True:
+            if self.finishes is not None:
+                self.finishes.take()  # lowered before reading: a finish after the read wakes the wait
             finished = self.cluster.children(FINISHED(self.iteration))
             pending = [n for n in range(self.P) if n not in self.failed and self.to_global(n) not in finished]
             if not pending:
                 return None
-            event = self.poll()
+            event = self.poll() or self._silent_while_waiting(pending)
             if event is not None:
                 return event
-            silent = self._silent(pending)
-            if silent:
-                return PeersSilent(silent)
-            time.sleep(poll)
+            if self.finishes is not None:
+                self.finishes.wait(LINGER_WAKE)
+            else:
+                time.sleep(poll)
 
     def keep_waiting(self) -> bool:
-        return self.poll() is None
+        """False once something needs this node (then `poll()` says what): asked by
+        a receive that has waited a while for its peer."""
+        if self.poll() is None:
+            self._event = self._silent_while_waiting(self._others())
+        return self._event is None
 
     def resolve(self) -> tuple[list[Instr], int]:
         """Block until the plan for the recorded failure is known; return this node's
@@ -236,6 +267,7 @@ class Failover:
                                 "agree_seconds": round(time.monotonic() - t0, 4)})
         self.failed = tuple(sorted(self.failed + (d,)))  # the rest of the job runs merged
         self.dead = self._event = None
+        self._due = True
         return rec.streams[self.me], rec.resume_at[self.me]
 
     def _recovery(self, d: int, received: dict[int, dict[str, int]]):

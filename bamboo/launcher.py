@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass
 
 from bamboo.assignment import Assignment
+from bamboo.changes import Changes
 from bamboo.cluster import Cluster
 from bamboo.config import JobConfig
 from bamboo.etcd import EtcdServer, die_with_parent
@@ -153,7 +154,7 @@ class Launcher:
         self.progress = progress
         self.local = cluster
         self._redone = 0  # the newest redo epoch already rewound to
-        self._changes: threading.Event | None = None  # set by an etcd watch: a report, death, epoch or error
+        self._changes: Changes | None = None  # set by an etcd watch: a report, death, epoch or error
         self._noticed: set[int] = set()
         self._joined: set[int] = set()
         self.server: EtcdServer | None = None

@@ -45,8 +45,8 @@ from bamboo.handover import HandoverFailed
 from bamboo.holdings import Holdings
 from bamboo.liveness import hang_deadline
 from bamboo.models import fp16_allowed
-from bamboo.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, ERROR, SCALE, START, Abort, LossScale,
-                             Mark, Regroup, Report, Start, WorkerError, world_store)
+from bamboo.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, ERROR, FAILED, FINISHED, SCALE, START,
+                             Abort, LossScale, Mark, Regroup, Report, Start, WorkerError, world_store)
 from bamboo.reduce import Reducer
 from bamboo.store import RendezvousAborted
 
@@ -73,6 +73,9 @@ class Worker:
         self._store = None                         # the world group's store (the group keeps using it)
         self.iteration_seconds: list[float] = []   # the hang deadline follows their running median
         self.loss_scale: LossScale | None = None   # fp16: the scale of the iteration being run
+        # Watches the failover reads instead of polling etcd (docs/HOTPATH.md, finding 2)
+        self.failures = cluster.changes(FAILED(), ABORT())
+        self.finishes = cluster.changes(FINISHED(), FAILED(), ABORT())
         if cfg.loss_scaling and not fp16_allowed(self.device):
             raise ValueError("--precision fp16 needs CUDA, and this node has none")
 
@@ -128,7 +131,7 @@ class Worker:
         nodes = assignment.pipelines[self.pipeline]
         self.mbs = split_microbatches(self.cfg.microbatches, len(assignment.pipelines))[self.pipeline]
         self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, self.holdings.mode(assignment),
-                                 self.cfg.failure_timeout, self.cfg.elastic)
+                                 self.cfg.failure_timeout, self.cfg.elastic, self.failures, self.finishes)
         reducer = Reducer(self.cluster, assignment, self.node, self.cfg.failure_timeout, self.failover,
                           self.cfg.hang_timeout)
         # With agents, each step can be undone, so that an iteration no pipeline can

@@ -103,7 +103,7 @@ def test_a_ten_second_etcd_stall_fences_no_one(tmp_path, reference):
         finally:
             etcd.proc.send_signal(signal.SIGCONT)
         _finish(proc, metrics, reference)
-        assert not [parts for _, f, parts in scan(client) if f is FAILED]
+        assert not [parts for _, f, parts in scan(client) if f is FAILED], Cluster(etcd.endpoint, "faults").failed()
 
 
 def test_a_straggler_ten_times_slower_than_its_peers_is_fenced(tmp_path, reference):

@@ -1,0 +1,60 @@
+"""A flag that an etcd watch raises, for a reader that would otherwise poll a
+prefix (the failover reading failed/ and abort/ between instructions, a node
+lingering for finished/, the launcher waiting for reports).
+
+A watch is lost when etcd restarts: pyetcd then calls back with the error and
+forgets the callback. While it is lost the flag counts as always raised (the
+reader reads every time, as a poll would), and it is armed again at most once
+a second; once armed the flag is raised, so whatever changed meanwhile is read.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+REARM_SECONDS = 1.0  # how often a lost watch is asked for again
+POLL_SECONDS = 0.02  # a wait's pause while the watch is lost
+
+
+class Changes:
+    def __init__(self, cluster, *prefixes):
+        self.cluster, self.prefixes = cluster, prefixes
+        self.flag = threading.Event()   # raised by the watch: something under a prefix changed
+        self.lost = True                # no watch armed (never yet, or etcd dropped it)
+        self._tried = 0.0               # when arming was last tried
+        self._arm()
+
+    def _arm(self) -> None:
+        self._tried = time.monotonic()
+        try:
+            for prefix in self.prefixes:
+                self.cluster.client.add_watch_prefix_callback(self.cluster.key(prefix), self._on_response)
+        except Exception:  # noqa: BLE001 -- etcd away: the reader reads every time until a later try
+            return
+        self.lost = False
+        self.flag.set()  # what changed while no watch was armed
+
+    def _on_response(self, response) -> None:
+        if isinstance(response, Exception):  # the watch stream broke: pyetcd dropped the callback
+            self.lost = True
+        self.flag.set()
+
+    def take(self) -> bool:
+        """Whether anything changed since the last take (always True while the
+        watch is lost), lowering the flag: a change after this call raises it again."""
+        if self.lost and time.monotonic() - self._tried > REARM_SECONDS:
+            self._arm()
+        changed = self.flag.is_set() or self.lost
+        self.flag.clear()
+        return changed
+
+    def clear(self) -> None:
+        self.flag.clear()
+
+    def wait(self, timeout: float) -> bool:
+        """Until a change or `timeout` seconds; while the watch is lost, a poll's
+        pause (at most POLL_SECONDS) and True."""
+        if self.lost:
+            time.sleep(min(timeout, POLL_SECONDS))
+            return True
+        return self.flag.wait(timeout)
