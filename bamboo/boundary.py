@@ -17,9 +17,11 @@ import statistics
 import time
 
 from bamboo.assignment import Assignment
+from bamboo.changes import Changes
 from bamboo.checkpoint import Checkpoints
 from bamboo.cluster import Cluster
 from bamboo.exits import Fenced
+from bamboo.failover import LEASE_WAIT, LINGER_WAKE
 from bamboo.protocol import (CHECKPOINTED, DONE, DRAIN, FAILED, MEMBERS, MODE, REGROUP, STRAGGLER, Failure,
                              Regroup, Report, Timestamp)
 
@@ -40,8 +42,10 @@ def stragglers(reports: dict[int, Report], factor: float, slack: float) -> list[
 
 class Boundary:
     def __init__(self, cluster: Cluster, node: int, elastic: bool, checkpoints: Checkpoints,
-                 straggler_factor: float = 0.0, straggler_slack: float = 0.0, auto: bool = False):
+                 straggler_factor: float = 0.0, straggler_slack: float = 0.0, auto: bool = False,
+                 changes: Changes | None = None):
         self.cluster, self.node, self.elastic = cluster, node, elastic
+        self.changes = changes  # raised by a watch on done/, failed/ and abort/ (None: read every 20 ms)
         self.auto = auto  # --redundancy auto: the agents may want another mode (agents/modes.py)
         self.checkpoints = checkpoints  # says whether a checkpoint is due
         self.straggler_factor, self.straggler_slack = straggler_factor, straggler_slack
@@ -53,8 +57,8 @@ class Boundary:
         """Wait for every live node's report and return the agreed record. When the
         failed set grew and the agents do not reconfigure, `regroup(failed, try)`
         rebuilds the world group; if a member dies meanwhile, the next try leaves it out."""
-        self._wait_for_reports(iteration, assignment.members, failover)
-        self._record_stragglers(iteration, failed)
+        reports = self._wait_for_reports(iteration, assignment.members, failover)
+        self._record_stragglers(iteration, failed, reports)
         for attempt in itertools.count():
             agreed = self._decide(iteration, attempt, assignment)
             if self.node in agreed.failed:
@@ -69,32 +73,48 @@ class Boundary:
             except (RuntimeError, TimeoutError):
                 continue  # a member died while regrouping: the next try leaves it out
 
-    def _wait_for_reports(self, iteration: int, members, failover) -> None:
-        def everyone():
+    def _wait_for_reports(self, iteration: int, members, failover) -> dict[int, Report]:
+        """Every live node's report, read when a watch says a report or a death came.
+        A node that died between its stream and its report is found by its lease,
+        asked only once a report is LEASE_WAIT late."""
+        began = asked = time.monotonic()
+        while True:
+            if self.changes is not None:
+                self.changes.take()  # lowered before reading: a report after the read wakes the wait
             done = self.cluster.children(DONE(iteration))
             failed = self.cluster.failed()
             pending = [n for n in members if n not in done and n not in failed]
-            self.cluster.record_silent(pending, iteration, self.node)  # died between its stream and its report
             failover.check_abort()  # another pipeline could not finish: this iteration is redone
-            return not pending
-        self.cluster.wait_for(everyone, timeout=24 * 3600, what=f"every node to finish iteration {iteration}")
+            if not pending:
+                return done
+            self.cluster.progress()
+            now = time.monotonic()
+            if now - began > LEASE_WAIT and now - asked > LEASE_WAIT:
+                asked = now
+                self.cluster.record_silent(pending, iteration, self.node)
+            if self.changes is not None:
+                self.changes.wait(LINGER_WAKE)
+            else:
+                time.sleep(0.02)
 
-    def _record_stragglers(self, iteration: int, failed: tuple[int, ...]) -> None:
-        """Every node judges the same reports (those written, less the nodes the last
-        boundary agreed were dead), so each records the same stragglers."""
-        reports = {n: r for n, r in self.cluster.children(DONE(iteration)).items() if n not in failed}
+    def _record_stragglers(self, iteration: int, failed: tuple[int, ...], reports: dict[int, Report]) -> None:
+        """Every node judges the same reports (every live node's, less the nodes the
+        last boundary agreed were dead), so each records the same stragglers."""
+        reports = {n: r for n, r in reports.items() if n not in failed}
         for n in stragglers(reports, self.straggler_factor, self.straggler_slack):
             self.cluster.create(FAILED(n), Failure(iteration, self.node, STRAGGLER))
 
     def _decide(self, iteration: int, attempt: int, assignment: Assignment) -> Regroup:
         """Propose this node's view; the first proposal written stands for everyone."""
         failed = tuple(sorted(self.cluster.failed()))
-        last = self.cluster.get(CHECKPOINTED())
+        last = self.cluster.get(CHECKPOINTED()) if self.checkpoints.writer else None
         due = self.checkpoints.due(iteration, last.time if last else None)
         proposal = Regroup(failed, self._wants_change(assignment, failed) or self._mode_change(iteration, assignment),
                            due)
-        if self.cluster.create(REGROUP(iteration, attempt), proposal) and due:
-            self.cluster.put(CHECKPOINTED(), Timestamp(time.time()))
+        if self.cluster.create(REGROUP(iteration, attempt), proposal):
+            if due:
+                self.cluster.put(CHECKPOINTED(), Timestamp(time.time()))
+            return proposal
         return self.cluster.get(REGROUP(iteration, attempt))
 
     def _mode_change(self, iteration: int, assignment: Assignment) -> bool:

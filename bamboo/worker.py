@@ -60,8 +60,12 @@ class Worker:
         self.holdings = Holdings(self.source, cfg, self.device)
         self.checkpoints = Checkpoints(cfg.checkpoint, node, self.source.count, cfg.checkpoint_every,
                                        cfg.checkpoint_seconds)
+        # Watches the failover and the boundary read instead of polling etcd (docs/HOTPATH.md)
+        self.failures = cluster.changes(FAILED(), ABORT())
+        self.finishes = cluster.changes(FINISHED(), FAILED(), ABORT())
         self.boundary = Boundary(cluster, node, cfg.elastic, self.checkpoints, cfg.straggler_factor,
-                                 cfg.straggler_slack, auto=cfg.redundancy == "auto")
+                                 cfg.straggler_slack, auto=cfg.redundancy == "auto",
+                                 changes=cluster.changes(DONE(), FAILED(), ABORT()))
         self.assignment: Assignment | None = None  # the epoch this node runs in
         self.failed: tuple[int, ...] = ()          # nodes dead job-wide, as the last boundary agreed
         self.pipeline = self.me = 0                # where this node runs in the epoch
@@ -73,9 +77,6 @@ class Worker:
         self._store = None                         # the world group's store (the group keeps using it)
         self.iteration_seconds: list[float] = []   # the hang deadline follows their running median
         self.loss_scale: LossScale | None = None   # fp16: the scale of the iteration being run
-        # Watches the failover reads instead of polling etcd (docs/HOTPATH.md, finding 2)
-        self.failures = cluster.changes(FAILED(), ABORT())
-        self.finishes = cluster.changes(FINISHED(), FAILED(), ABORT())
         if cfg.loss_scaling and not fp16_allowed(self.device):
             raise ValueError("--precision fp16 needs CUDA, and this node has none")
 
