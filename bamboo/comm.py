@@ -24,7 +24,8 @@ from schedules.ir import Op
 TAGS = {Op.SEND_ACT: 1, Op.SEND_GRAD: 2, Op.SEND_SYNC: 3}
 EVAL_TAGS = {Op.SEND_ACT: 4}  # evaluation's activations (Comm.evaluation)
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64]
-_HEADER = 10  # ndim, up to 8 dims, dtype code
+_HEADER = 11  # ndim, up to 8 dims, a note (float64 bits; NaN: none), dtype code
+_NOTE = 9
 
 
 class PeerFailure(RuntimeError):
@@ -37,12 +38,18 @@ class Interrupted(Exception):
     """A blocking receive gave up because the caller's plan changed."""
 
 
-def _header(t: torch.Tensor) -> torch.Tensor:
+def _header(t: torch.Tensor, note: float | None = None) -> torch.Tensor:
     h = torch.zeros(_HEADER, dtype=torch.int64)
     h[0] = t.dim()
     h[1:1 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+    h[_NOTE] = torch.tensor([float("nan") if note is None else note], dtype=torch.float64).view(torch.int64)[0]
     h[-1] = _DTYPES.index(t.dtype)
     return h
+
+
+def _note(h: torch.Tensor) -> float | None:
+    value = h[_NOTE:_NOTE + 1].view(torch.float64).item()
+    return None if value != value else value
 
 
 class _Mailbox:
@@ -79,7 +86,7 @@ class _Mailbox:
                 return
             with self.cond:
                 self.received += 1
-            self.inbox.put(t)
+            self.inbox.put((t, _note(h)))
 
 
 class _Outbox:
@@ -92,18 +99,18 @@ class _Outbox:
         self.queue: queue.Queue = queue.Queue()
         threading.Thread(target=self._run, daemon=True, name=f"outbox-{peer}-{kind.value}").start()
 
-    def put(self, tensor: torch.Tensor) -> "queue.Queue":
+    def put(self, tensor: torch.Tensor, note: float | None) -> "queue.Queue":
         """Queue one message; the returned queue gets None once it left, or the error."""
         done: queue.Queue = queue.Queue(maxsize=1)
-        self.queue.put((tensor, done))
+        self.queue.put((tensor, note, done))
         return done
 
     def _run(self) -> None:
         dst, tag, pg = self.comm.rank_of[self.peer], self.comm.tags[self.kind], self.comm.pg
         while True:
-            tensor, done = self.queue.get()
+            tensor, note, done = self.queue.get()
             try:
-                pg.send([_header(tensor)], dst, tag).wait()
+                pg.send([_header(tensor, note)], dst, tag).wait()
                 pg.send([tensor], dst, tag).wait()
             except RuntimeError as e:
                 done.put(str(e).splitlines()[0][:200])
@@ -138,13 +145,15 @@ class Comm:
         enough: a message may still be landing on another.)"""
         return all(b.error or b.received >= b.expected for (p, _), b in self._boxes.items() if p == peer)
 
-    def send(self, peer: int, kind: Op, tensor: torch.Tensor, peer_dead=lambda: False) -> None:
+    def send(self, peer: int, kind: Op, tensor: torch.Tensor, peer_dead=lambda: False,
+             note: float | None = None) -> None:
         """Send, waiting until gloo has it or `peer_dead()` says the peer is recorded
         dead (a paused peer may never take it): then the message is lost with the
-        peer, as for any dead node, and PeerFailure says so."""
+        peer, as for any dead node, and PeerFailure says so. `note`, a number that
+        travels in the header (a microbatch's loss with its gradient), arrives with it."""
         if (peer, kind) not in self._outboxes:
             self._outboxes[(peer, kind)] = _Outbox(self, peer, kind)
-        done = self._outboxes[(peer, kind)].put(tensor.detach().contiguous().cpu())
+        done = self._outboxes[(peer, kind)].put(tensor.detach().contiguous().cpu(), note)
         while True:
             try:
                 error = done.get(timeout=0.05)  # asks as often as a receive does
@@ -156,18 +165,24 @@ class Comm:
             raise PeerFailure(peer, error)
 
     def recv(self, peer: int, kind: Op, keep_waiting=lambda: True, poll: float = 0.05) -> torch.Tensor:
+        return self.recv_noted(peer, kind, keep_waiting, poll)[0]
+
+    def recv_noted(self, peer: int, kind: Op, keep_waiting=lambda: True, poll: float = 0.05) \
+            -> tuple[torch.Tensor, float | None]:
+        """The next message of `kind` from `peer`, and the note it came with (None: none)."""
         box = self._box(peer, kind)
         while True:
             try:
-                t = box.inbox.get(timeout=poll)
+                message = box.inbox.get(timeout=poll)
             except queue.Empty:
                 if not keep_waiting():
                     raise Interrupted() from None
                 continue
-            if t is None:
+            if message is None:
                 box.inbox.put(None)  # stays closed for later receives
                 raise PeerFailure(peer, box.error or "channel closed")
-            return t.to(self.device)
+            t, note = message
+            return t.to(self.device), note
 
 
 def new_group(store: dist.Store, members: list[int], me: int, timeout: float) -> tuple[dist.ProcessGroup, dict]:

@@ -17,6 +17,7 @@ from collections import Counter
 import torch
 
 from schedules.ir import Instr, Op, RECVS, SENDS
+from schedules.layout import Layout
 
 from bamboo.comm import Comm, Interrupted, PeerFailure
 from bamboo import recipe
@@ -73,6 +74,7 @@ class Executor:
         self.iteration, self.mbs, self.comm, self.failover = iteration, microbatches, comm, failover
         self.loss_scale, self.norms_read, self.multiplier, self.overflow = loss_scale, False, None, None
         self.inputs, self.labels, self.acts, self.grads, self.states = {}, {}, {}, {}, {}
+        self.losses: dict[int, torch.Tensor | float] = {}  # global microbatch -> its loss (the last stage's)
         for m in self.modules.values():
             m.zero_grad(set_to_none=True)
         self.undo = {}
@@ -106,6 +108,7 @@ class Executor:
             # Done here, but a neighbour may still die before the pipeline is: stay
             # available to re-send what it needs until every node has finished.
             self._maybe_preempt(pc)  # INSTRUCTION = stream length: after the stream
+            self._write_losses()
             failover.finished()
             if (event := failover.linger()) is None:
                 break
@@ -178,9 +181,7 @@ class Executor:
         s, mb = ins.stage, ins.mb
         inp, out, _ = self.states.pop((s, mb))
         if s == self.P - 1:
-            # Recorded before the gradient leaves: if this node dies after sending
-            # it, nobody recomputes this microbatch's loss.
-            self.cluster.put(LOSS(self.iteration, self.mbs[mb]), Loss(out.item()))
+            self.losses[self.mbs[mb]] = out.detach()  # leaves with the gradient (send_grad)
             recipe.scaled_loss(out, self.cfg.microbatches, self.loss_scale).backward()  # as the reference
         else:
             out.backward(self.grads[(s + 1, mb)])
@@ -199,10 +200,10 @@ class Executor:
         if key in self.acts:
             self.acts[key] = self.acts[key].to(self.device, copy=True)
 
-    def _send(self, ins: Instr, kind: Op, tensor: torch.Tensor) -> None:
+    def _send(self, ins: Instr, kind: Op, tensor: torch.Tensor, note: float | None = None) -> None:
         """A send that gives up once its peer is gone (a paused peer never takes it)."""
         peer = self.peer(ins.peer)
-        self.comm.send(peer, kind, tensor, lambda: self.failover.peer_gone(peer))
+        self.comm.send(peer, kind, tensor, lambda: self.failover.peer_gone(peer), note)
 
     def send_act(self, ins: Instr) -> None:
         key = (ins.stage, ins.mb)
@@ -215,10 +216,23 @@ class Executor:
         self.acts[(ins.stage, ins.mb)] = self.comm.recv(self.peer(ins.peer), Op.SEND_ACT, self.failover.keep_waiting)
 
     def send_grad(self, ins: Instr) -> None:
-        self._send(ins, Op.SEND_GRAD, self.grads[(ins.stage, ins.mb)])
+        # The last stage's gradient carries its microbatch's loss: should this node die
+        # once it left, the receiver, which takes the stage over, holds the loss.
+        loss = float(self.losses[self.mbs[ins.mb]]) if ins.stage == self.P - 1 else None
+        self._send(ins, Op.SEND_GRAD, self.grads[(ins.stage, ins.mb)], loss)
 
     def recv_grad(self, ins: Instr) -> None:
-        self.grads[(ins.stage, ins.mb)] = self.comm.recv(self.peer(ins.peer), Op.SEND_GRAD, self.failover.keep_waiting)
+        grad, loss = self.comm.recv_noted(self.peer(ins.peer), Op.SEND_GRAD, self.failover.keep_waiting)
+        self.grads[(ins.stage, ins.mb)] = grad
+        if loss is not None:
+            self.losses[self.mbs[ins.mb]] = loss
+
+    def _write_losses(self) -> None:
+        """The last stage's owner (after any failover) writes the pipeline's losses
+        once per iteration, in one etcd transaction: those it computed and those
+        that came with the gradients of a last stage that died since."""
+        if Layout(self.P, self.failover.failed).owner(self.P - 1) == self.me and self.losses:
+            self.cluster.put_all({LOSS(self.iteration, g): Loss(float(v)) for g, v in sorted(self.losses.items())})
 
     def reduce_grads(self, ins: Instr) -> None:
         self.reducer.allreduce(self.iteration, ins.stage, self.modules[ins.stage])

@@ -9,8 +9,9 @@ under /bamboo-rdzv/<job>/.
 The workers' half, one iteration at a time:
   1. register ALIVE under a lease; wait for an ASSIGNMENT that gives the node a
      stage; the first epoch's nodes publish START
-  2. per microbatch on the last stage: LOSS, before the gradient leaves; after
-     the step of an evaluated iteration, per validation microbatch: VAL_LOSS
+  2. the last stage's owner, when its stream ends: every microbatch's LOSS, in one
+     transaction (each loss also rides with its gradient); after the step of an
+     evaluated iteration, per validation microbatch: VAL_LOSS
   3. on a peer's death: FAILED (first detector wins); the receivers of the dead
      node's messages publish CUT; every survivor derives the same (dead, k)
   4. a data-parallel reduce done (inside the stream): REDUCED; a tied weight's
@@ -243,7 +244,7 @@ ALIVE = Family("alive", ("node",), Alive, "a worker runs (under its lease: gone 
 FAILED = Family("failed", ("node",), Failure, "a node is dead; first detector wins (create-if-absent)")
 CUT = Family("cut", ("iteration", "dead", "node"), Cut, "messages node received from dead, per kind")
 FINISHED = Family("finished", ("iteration", "node"), Mark, "node ran its whole stream (it stays to help)")
-LOSS = Family("loss", ("iteration", "microbatch"), Loss, "a global microbatch's loss, before its gradient leaves")
+LOSS = Family("loss", ("iteration", "microbatch"), Loss, "a global microbatch's loss, all written at the end of the last stage's stream")
 VAL_LOSS = Family("val_loss", ("iteration", "microbatch"), Loss,
                   "a validation microbatch's loss after the iteration's step (--eval-every)")
 DONE = Family("done", ("iteration", "node"), Report, "node's iteration report (memory, events, digests)")
