@@ -29,7 +29,7 @@ from bamboo.recipe import SCHEDULES, check as check_recipe
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:
-        print(f"bamboo-train: error: {message}", file=sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)  # bamboo-launch parses these options too
         raise SystemExit(2)
 
 
