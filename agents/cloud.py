@@ -40,14 +40,13 @@ mkdir -p "$ROOT/opt" "$ROOT/var/log/bamboo"
 {zone_lookup}
 echo "bamboo boot: instance $INSTANCE in zone $ZONE"
 python3 -m venv "$ROOT/opt/bamboo"
-PIP="$ROOT/opt/bamboo/bin/pip"
+pip_install() {{ "$ROOT/opt/bamboo/bin/python" -m pip install --quiet "$@"; }}
 if command -v nvidia-smi >/dev/null 2>&1; then
-  "$PIP" install --quiet "torch=={torch}"  # the package index's Linux build is the CUDA one
+  pip_install "torch=={torch}"  # the package index's Linux build is the CUDA one
 else
-  "$PIP" install --quiet "torch=={torch}" --index-url https://download.pytorch.org/whl/cpu \\
-    --extra-index-url https://pypi.org/simple
+  pip_install "torch=={torch}" --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple
 fi
-{fetch}"$PIP" install --quiet {requirement}
+{fetch}pip_install {requirement}
 echo "bamboo boot: installed, starting the agent"
 exec "$ROOT/opt/bamboo/bin/bamboo-agent" --etcd {etcd} --job {job} --zone "$ZONE" --notice {notice} \\
   --metadata-url "$META" --log-dir "$ROOT/var/log/bamboo"
