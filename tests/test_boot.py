@@ -16,7 +16,7 @@ import boto3
 import pytest
 
 from bamboo.cluster import Cluster
-from bamboo.protocol import DONE, LOSS, ZONES
+from bamboo.protocol import DONE, LOSS, NOTICES, ZONES
 from tests.sandbox import FakeMetadata, boot, boot_log
 from tests.training import bamboo_train
 
@@ -110,3 +110,39 @@ def test_a_node_boots_from_the_ec2_user_data_and_trains(aws, etcd, tmp_path):
                 os.killpg(p.pid, 9) if p is node else p.kill()
         cluster.close()
         meta.close()
+
+
+@pytest.mark.slow
+def test_three_nodes_boot_train_and_one_drains_on_a_spot_notice(aws, etcd, tmp_path):
+    """Three nodes from the script (P=2: a pipeline and a standby). After
+    iteration 2 the IMDS of a node in the pipeline posts spot/instance-action: its
+    agent drains it, the standby takes the stage, and the losses are the reference's."""
+    iterations = 10
+    script = launch_ec2(aws, etcd, tmp_path, "boot-three", nodes=3, iterations=iterations)
+    (tmp_path / "wheelhouse").mkdir()
+    metas = {z: FakeMetadata(z, f"i-0{z[-1]}") for z in ("us-east-1a", "us-east-1b", "us-east-1c")}
+    roots = {z: tmp_path / f"node-{z[-1]}" for z in metas}
+    nodes = {z: boot(script, roots[z], metas[z], tmp_path / "wheelhouse") for z in metas}
+    procs = {f"node in {z}": (nodes[z], lambda z=z: boot_log(roots[z])) for z in metas}
+    cluster = Cluster(etcd.endpoint, "boot-three")
+    try:
+        wait_done(cluster, 2, procs)
+        zone_of = {n: z.zone for n, z in cluster.children(ZONES()).items()}
+        assert sorted(zone_of.values()) == sorted(metas)
+        working = cluster.latest_assignment().pipelines[0]
+        victim = zone_of[working[0]]
+        metas[victim].notice()
+        wait_done(cluster, iterations - 1, procs)
+        for z, proc in nodes.items():
+            assert proc.wait(60) == 0, boot_log(roots[z])[-3000:]
+        assert working[0] in cluster.children(NOTICES())
+        assert working[0] not in cluster.latest_assignment().members
+        assert all(installed_from_wheel(str(r)) for r in roots.values())
+        assert losses(cluster, iterations) == pytest.approx(reference(tmp_path, iterations), rel=1e-9)
+    finally:
+        for proc in nodes.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+        cluster.close()
+        for m in metas.values():
+            m.close()
