@@ -59,7 +59,7 @@ def job_config(train_argv: list[str], nodes: int, job: str) -> JobConfig:
         cfg = cli.config_from_args(args)
         cli.local_cluster(args)  # the --local-nodes checks: nodes >= stages
     except ValueError as e:
-        raise BadInput(str(e)) from None
+        raise BadInput(str(e).replace("--local-nodes", "--nodes")) from None  # its checks name our flag
     return cfg
 
 
