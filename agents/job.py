@@ -37,14 +37,16 @@ def check_flags(train_argv: list[str]) -> None:
 
 
 def check_remote(args) -> None:
-    """Nodes cannot read this machine's files: data and checkpoints are URIs."""
+    """Nodes cannot read this machine's files, and what they can read from object
+    storage so far is an s3:// checkpoint (gs:// and --data URIs: not yet)."""
     for path in (*args.data, *args.val_data):
         if not path.startswith(REMOTE):
-            raise BadInput(f"--data/--val-data {path!r}: a cloud job's nodes cannot read this machine's files; "
-                           f"give s3://BUCKET/KEY or gs://BUCKET/KEY")
-    if args.checkpoint and not args.checkpoint.startswith(REMOTE):
+            raise BadInput(f"--data/--val-data {path!r}: a cloud job's nodes cannot read this machine's files")
+        raise BadInput(f"--data/--val-data {path!r}: reading data from object storage is not built yet; "
+                       f"leave --data out (the nodes train on the default corpus)")
+    if args.checkpoint and not args.checkpoint.startswith("s3://"):
         raise BadInput(f"--checkpoint {args.checkpoint!r}: every node must reach it; give s3://BUCKET/PREFIX "
-                       f"or gs://BUCKET/PREFIX")
+                       f"(gs:// is not built yet)")
 
 
 def job_config(train_argv: list[str], nodes: int, job: str) -> JobConfig:
