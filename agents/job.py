@@ -37,16 +37,15 @@ def check_flags(train_argv: list[str]) -> None:
 
 
 def check_remote(args) -> None:
-    """Nodes cannot read this machine's files, and what they can read from object
-    storage so far is an s3:// checkpoint (gs:// and --data URIs: not yet)."""
+    """Nodes cannot read this machine's files: data and checkpoints must be objects
+    (s3:// or gs://) that every node reads with its own credentials."""
     for path in (*args.data, *args.val_data):
         if not path.startswith(REMOTE):
-            raise BadInput(f"--data/--val-data {path!r}: a cloud job's nodes cannot read this machine's files")
-        raise BadInput(f"--data/--val-data {path!r}: reading data from object storage is not built yet; "
-                       f"leave --data out (the nodes train on the default corpus)")
-    if args.checkpoint and not args.checkpoint.startswith("s3://"):
+            raise BadInput(f"--data/--val-data {path!r}: a cloud job's nodes cannot read this machine's files; "
+                           f"upload it and give s3://BUCKET/KEY or gs://BUCKET/KEY")
+    if args.checkpoint and not args.checkpoint.startswith(REMOTE):
         raise BadInput(f"--checkpoint {args.checkpoint!r}: every node must reach it; give s3://BUCKET/PREFIX "
-                       f"(gs:// is not built yet)")
+                       f"or gs://BUCKET/PREFIX")
 
 
 def job_config(train_argv: list[str], nodes: int, job: str) -> JobConfig:
@@ -58,7 +57,7 @@ def job_config(train_argv: list[str], nodes: int, job: str) -> JobConfig:
     args = parser.parse_args([*train_argv, "--job", job, "--local-nodes", str(nodes)])
     check_remote(args)
     try:
-        cfg = cli.config_from_args(args)
+        cfg = cli.config_from_args(args, fetch_data=False)  # the objects are checked, the nodes fetch them
         cli.local_cluster(args)  # the --local-nodes checks: nodes >= stages
     except ValueError as e:
         raise BadInput(str(e).replace("--local-nodes", "--nodes")) from None  # its checks name our flag

@@ -1,9 +1,13 @@
 """A small fake of Cloud Storage on loopback for the real google-cloud-storage
 client: the OAuth token endpoint a service account's credentials refresh at, the
-JSON API's multipart upload and delete, and XML-API GETs of V4 signed URLs (the
-signature checked against the service account's public key)."""
+JSON API's multipart upload, delete, object metadata, listing (paged) and media
+downloads (with x-goog-hash, pinned to a generation), and XML-API GETs of V4
+signed URLs (the signature checked against the service account's public key).
+`requests` records (method, route) of every storage call, so tests can count
+downloads."""
 import base64
 import hashlib
+import itertools
 import http.server
 import json
 import threading
@@ -19,6 +23,9 @@ class FakeStorage(http.server.ThreadingHTTPServer):
         self.objects: dict[tuple[str, str], bytes] = {}
         self.buckets = set(buckets)
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        self.generations: dict[tuple[str, str], int] = {}
+        self.requests: list[tuple[str, str]] = []
+        self._next = itertools.count(1000)
         self.signed_gets = 0
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
@@ -33,6 +40,20 @@ class FakeStorage(http.server.ThreadingHTTPServer):
         return {"type": "service_account", "project_id": "proj", "private_key_id": "k1", "private_key": pem,
                 "client_email": "launcher@proj.iam.gserviceaccount.com", "client_id": "1",
                 "token_uri": f"{self.url}/token"}
+
+    def put(self, bucket: str, name: str, data: bytes) -> int:
+        """Store an object (a new generation, as every GCS write makes)."""
+        self.objects[(bucket, name)] = data
+        self.generations[(bucket, name)] = generation = next(self._next)
+        return generation
+
+    def resource(self, bucket: str, name: str) -> dict:
+        import google_crc32c
+        data = self.objects[(bucket, name)]
+        return {"kind": "storage#object", "bucket": bucket, "name": name, "size": str(len(data)),
+                "generation": str(self.generations.get((bucket, name), 1)),
+                "md5Hash": base64.b64encode(hashlib.md5(data).digest()).decode(),
+                "crc32c": base64.b64encode(google_crc32c.Checksum(data).digest()).decode()}
 
     def close(self) -> None:
         self.shutdown()
@@ -68,9 +89,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             sections = [p for p in body.split(b"--" + boundary) if p.strip() not in (b"", b"--")]
             meta = json.loads(sections[0].split(b"\r\n\r\n", 1)[1])
             data = sections[1].split(b"\r\n\r\n", 1)[1].rsplit(b"\r\n", 1)[0]
-            self.server.objects[(bucket, meta["name"])] = data
-            return self._reply(200, {"bucket": bucket, "name": meta["name"], "size": str(len(data)),
-                                     "md5Hash": base64.b64encode(hashlib.md5(data).digest()).decode()})
+            self.server.requests.append(("POST", "upload"))
+            self.server.put(bucket, meta["name"], data)
+            return self._reply(200, self.server.resource(bucket, meta["name"]))
         self._reply(404, {"error": {"code": 404, "message": f"no route POST {url.path}"}})
 
     def do_DELETE(self):
@@ -82,6 +103,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         url = urlparse(self.path)
+        if url.path.startswith(("/storage/v1/b/", "/download/storage/v1/b/")):
+            return self._json_get(url)
         bucket, _, name = url.path.lstrip("/").partition("/")
         data = self.server.objects.get((bucket, unquote(name)))
         if data is None:
@@ -110,3 +133,39 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return True
         except Exception:  # noqa: BLE001 -- any mismatch is a refusal
             return False
+
+    def _json_get(self, url):
+        """Metadata (/storage/v1/b/B/o/NAME), a listing (/storage/v1/b/B/o) or the
+        bytes (/download/storage/v1/b/B/o/NAME?alt=media)."""
+        media = url.path.startswith("/download/")
+        parts = url.path.split("/")[3 if media else 2:]  # ["v1", "b", BUCKET, "o", NAME]
+        bucket, name = parts[2], unquote("/".join(parts[4:]))
+        q = {k: v[0] for k, v in parse_qs(url.query).items()}
+        self.server.requests.append(("GET", "media" if media else "metadata" if name else "list"))
+        if bucket not in self.server.buckets:
+            return self._missing(bucket)
+        if not name:
+            return self._list(bucket, q)
+        key = (bucket, name)
+        if key not in self.server.objects or ("generation" in q and
+                                              int(q["generation"]) != self.server.generations.get(key, 1)):
+            return self._reply(404, {"error": {"code": 404, "message": f"No such object: {bucket}/{name}"}})
+        if not media:
+            return self._reply(200, self.server.resource(bucket, name))
+        meta = self.server.resource(bucket, name)
+        data = self.server.objects[key]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("x-goog-generation", meta["generation"])
+        self.send_header("x-goog-hash", f"crc32c={meta['crc32c']},md5={meta['md5Hash']}")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _list(self, bucket: str, q: dict):
+        names = sorted(n for b, n in self.server.objects if b == bucket and n.startswith(q.get("prefix", "")))
+        start, size = int(q.get("pageToken", 0)), int(q.get("maxResults", 3))  # small pages: paging is exercised
+        page = {"kind": "storage#objects", "items": [self.server.resource(bucket, n) for n in names[start:start + size]]}
+        if start + size < len(names):
+            page["nextPageToken"] = str(start + size)
+        self._reply(200, page)
