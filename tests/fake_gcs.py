@@ -27,6 +27,7 @@ class FakeStorage(http.server.ThreadingHTTPServer):
         self.requests: list[tuple[str, str]] = []
         self._next = itertools.count(1000)
         self.signed_gets = 0
+        self.page_size = 1000  # GCS's own; a test may shrink it to exercise paging
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
     @property
@@ -164,7 +165,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _list(self, bucket: str, q: dict):
         names = sorted(n for b, n in self.server.objects if b == bucket and n.startswith(q.get("prefix", "")))
-        start, size = int(q.get("pageToken", 0)), int(q.get("maxResults", 3))  # small pages: paging is exercised
+        start, size = int(q.get("pageToken", 0)), int(q.get("maxResults", self.server.page_size))
         page = {"kind": "storage#objects", "items": [self.server.resource(bucket, n) for n in names[start:start + size]]}
         if start + size < len(names):
             page["nextPageToken"] = str(start + size)
