@@ -71,7 +71,10 @@ class S3Bucket:
         try:
             head = self._call("read", key, lambda: self.client.head_object(Bucket=self.bucket, Key=key))
         except KeyError:  # a HEAD's 404 does not say whether the bucket is missing too
-            self._call("read", key, lambda: self.client.head_bucket(Bucket=self.bucket))
+            try:
+                self._call("read", key, lambda: self.client.head_bucket(Bucket=self.bucket))
+            except KeyError:
+                raise ObjectError(f"s3://{self.bucket}/{key}: cannot read it: no such bucket") from None
             raise
         return Stat(int(head["ContentLength"]), head["ETag"])
 

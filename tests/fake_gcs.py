@@ -28,7 +28,7 @@ class FakeStorage(http.server.ThreadingHTTPServer):
         self._next = itertools.count(1000)
         self.signed_gets = 0
         self.page_size = 1000  # GCS's own; a test may shrink it to exercise paging
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
 
     @property
     def url(self) -> str:
