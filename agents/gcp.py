@@ -4,7 +4,9 @@ onHostMaintenance=TERMINATE) and an external IP (egress for the installs; or
 leave it to Cloud NAT, see the README), and a regional managed instance group
 spread over the chosen zones. Every instance boots into `bamboo-agent` (startup
 script) with the job's etcd endpoint, its zone from the metadata server and
-preemption watching. `--etcd auto` starts one more instance running etcd.
+preemption watching, and the default service account with read-write Cloud
+Storage scope (gs:// data and checkpoints). `--etcd auto` starts one more
+instance running etcd.
 
 Requests go through `_call` (printed instead of sent with `dry_run`). Credentials
 come from Google's default chain (never printed); with an endpoint given (tests,
@@ -19,6 +21,9 @@ from dataclasses import dataclass
 from agents.cloud import BadInput, Install, LaunchError, boot_script
 
 METADATA = "http://metadata.google.internal"
+# the nodes' credentials (the project's default service account, from the metadata
+# server) may read and write Cloud Storage: gs:// data and checkpoints
+STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 ZONE_LOOKUP = """ZONE=$(curl -fsS -H 'Metadata-Flavor: Google' "$META/computeMetadata/v1/instance/zone")
 ZONE=${ZONE##*/}
 INSTANCE=$(curl -fsS -H 'Metadata-Flavor: Google' "$META/computeMetadata/v1/instance/id")"""
@@ -129,6 +134,7 @@ class GcpProvider:
             scheduling=c.Scheduling(provisioning_model="SPOT", instance_termination_action="DELETE",
                                     on_host_maintenance="TERMINATE", automatic_restart=False),
             metadata=c.Metadata(items=[c.Items(key="startup-script", value=spec.startup_script())]),
+            service_accounts=[c.ServiceAccount(email="default", scopes=[STORAGE_SCOPE])],
             labels={"bamboo-job": spec.job}))
         self._call("templates", "insert", project=self.project, instance_template_resource=template)
         group = c.InstanceGroupManager(

@@ -94,6 +94,25 @@ def test_bad_input_is_refused_before_any_request(extra, why, tmp_path):
     assert not os.listdir(tmp_path)
 
 
+def test_object_storage_data_and_checkpoints_are_checked_not_downloaded(gcs, s3):
+    """The launch checks each object exists (metadata, a listing), the nodes fetch it."""
+    from agents.cloud import BadInput
+    from agents.job import job_config
+    gcs.put("data", "tokens.bin", bytes(4000))
+    s3.create_bucket(Bucket="ckpts")
+    s3.put_object(Bucket="ckpts", Key="val.bin", Body=bytes(400))
+    cfg = job_config([*TRAIN, "--data", "gs://data/tokens.bin", "--val-data", "s3://ckpts/val.bin",
+                      "--checkpoint", "gs://ckpts/run"], 3, "j")
+    assert cfg.data_files == ("gs://data/tokens.bin",) and cfg.checkpoint == "gs://ckpts/run"
+    assert ("GET", "media") not in gcs.requests and ("GET", "metadata") in gcs.requests
+    assert job_config([*TRAIN, "--checkpoint", "s3://ckpts/run"], 3, "j").checkpoint == "s3://ckpts/run"
+    for extra, why in ((["--data", "gs://data/gone.bin"], "gs://data/gone.bin: no such object"),
+                       (["--checkpoint", "gs://nope/ck"], "gs://nope/ck/: cannot list it: no such bucket"),
+                       (["--checkpoint", "/tmp/ck"], "give s3://BUCKET/PREFIX or gs://BUCKET/PREFIX")):
+        with pytest.raises(BadInput, match=why):
+            job_config([*TRAIN, *extra], 3, "j")
+
+
 def test_unreachable_etcd_unwritable_bucket_unknown_type_leave_nothing(aws, etcd, tmp_path):
     endpoint, clients, image = aws
     state = str(tmp_path / "s.json")
