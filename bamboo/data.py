@@ -5,6 +5,8 @@ By default the corpus is the Python standard library's top-level sources of the
 running interpreter, read in sorted order; users can name their own text files,
 or one token file (`FILE.bin`: a flat array of uint16 or uint32 ids, as nanoGPT's
 `prepare.py` writes), which every process maps from disk rather than reading it.
+Any of them may be an object (s3://BUCKET/KEY, gs://BUCKET/KEY): each machine
+reads its local copy (bamboo/cache.py), and messages name the object.
 
 The tail of the token stream (`val_fraction` of it) is held out: training never
 samples a window that reaches into it, and the validation microbatches are
@@ -111,17 +113,18 @@ class TokenFile(Corpus):
     """A flat array of token ids on disk, mapped (never read whole into memory)."""
 
     def __init__(self, path: str | pathlib.Path, dtype: str = "uint16", seq: int = 32, batch: int = 2,
-                 seed: int = 0, val_fraction: float = 0.0):
+                 seed: int = 0, val_fraction: float = 0.0, name: str | None = None):
+        shown = name or path
         itemsize = np.dtype(TOKEN_DTYPES[dtype]).itemsize
         try:
             size = os.path.getsize(path)
         except OSError as e:
-            raise DataError(f"cannot read token file {path}: {e.strerror}") from None
+            raise DataError(f"cannot read token file {shown}: {e.strerror}") from None
         if size % itemsize:
-            raise DataError(f"token file {path} has {size} bytes, not a whole number of {dtype} ids "
+            raise DataError(f"token file {shown} has {size} bytes, not a whole number of {dtype} ids "
                             f"({itemsize} bytes each): is --token-dtype right?")
         tokens = np.memmap(path, dtype=TOKEN_DTYPES[dtype], mode="r") if size else np.zeros(0, TOKEN_DTYPES[dtype])
-        super().__init__(tokens, seq, batch, seed, val_fraction, f"token file {path}")
+        super().__init__(tokens, seq, batch, seed, val_fraction, f"token file {shown}")
         self.dtype = dtype
 
     def check_vocabulary(self, vocab: int, model: str) -> None:
@@ -134,14 +137,33 @@ class TokenFile(Corpus):
                                 f"{model}'s vocabulary of {vocab} (ids 0..{vocab - 1}): is --token-dtype right?")
 
 
-def open_corpus(files, token_dtype: str, seq: int, batch: int, seed: int, val_fraction: float) -> Corpus:
-    """Text files (byte tokens), or one token file."""
+def check_files(files) -> None:
+    """A token file comes alone."""
     tokens = [f for f in files if is_token_file(f)]
     if tokens and len(files) > 1:
         raise DataError(f"--data: a token file ({tokens[0]}) must be the only file given")
-    if tokens:
-        return TokenFile(tokens[0], token_dtype, seq, batch, seed, val_fraction)
-    return ByteCorpus(list(files), seq, batch, seed, val_fraction)
+
+
+def local_paths(files) -> list[str]:
+    """Local files as given; objects as this machine's cached copies."""
+    from bamboo.objects import is_remote
+    if not any(is_remote(f) for f in files):
+        return list(files)
+    from bamboo.cache import local_copy
+    from bamboo.objects import ObjectError
+    try:
+        return [local_copy(str(f)) if is_remote(f) else f for f in files]
+    except ObjectError as e:
+        raise DataError(str(e)) from None
+
+
+def open_corpus(files, token_dtype: str, seq: int, batch: int, seed: int, val_fraction: float) -> Corpus:
+    """Text files (byte tokens), or one token file."""
+    check_files(files)
+    paths = local_paths(files)
+    if files and is_token_file(files[0]):
+        return TokenFile(paths[0], token_dtype, seq, batch, seed, val_fraction, name=str(files[0]))
+    return ByteCorpus(paths, seq, batch, seed, val_fraction)
 
 
 def corpus_of(cfg, seq: int) -> Corpus:

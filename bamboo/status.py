@@ -10,7 +10,7 @@ import sys
 
 from bamboo.cluster import Cluster
 from bamboo.etcd import EtcdError, connect
-from bamboo.protocol import CONFIG, DONE, DRAIN, ZONES, scan
+from bamboo.protocol import CONFIG, DONE, DRAIN, LOSS, ZONES, scan
 
 
 def jobs(endpoint: str) -> list[str]:
@@ -36,9 +36,13 @@ def job_status(endpoint: str, job: str) -> dict:
     last = max(complete, default=None)
     times = sorted(max(r.time for r in done[it].values()) for it in complete)[-11:]
     rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None
-    status = {"job": job, "model": cfg and cfg.model, "stages": cfg and cfg.stages,
-              "pipelines": cfg and cfg.pipelines, "iterations": cfg and cfg.iterations, "last_iteration": last,
+    losses = [r.value for r in cluster.children(LOSS(last)).values()] if last is not None else []
+    status = {"job": job, "state": job_state(cfg, last, assignments), "model": cfg and cfg.model,
+              "stages": cfg and cfg.stages, "pipelines": cfg and cfg.pipelines, "microbatches": cfg and cfg.microbatches,
+              "iterations": cfg and cfg.iterations, "last_iteration": last,
+              "loss": sum(losses) / len(losses) if losses else None,
               "iterations_per_second": round(rate, 3) if rate else None,
+              "samples_per_second": round(rate * cfg.microbatches * cfg.batch, 2) if rate and cfg else None,
               "alive": sorted(cluster.alive()),
               "failed": {n: failed[n].to_dict() for n in sorted(failed)},
               "zones": {n: z.zone for n, z in sorted(cluster.children(ZONES()).items())},
@@ -53,10 +57,21 @@ def job_status(endpoint: str, job: str) -> dict:
     return status
 
 
+def job_state(cfg, last: int | None, assignments: list) -> str:
+    """unknown (no config), configured (no node has met yet), running or finished."""
+    if cfg is None:
+        return "unknown"
+    if last is not None and last >= cfg.iterations - 1:
+        return "finished"
+    return "running" if assignments else "configured"
+
+
 def render(status: dict) -> str:
-    lines = [f"job {status['job']}: {status['model']}, P={status['stages']} x D={status['pipelines']}, "
-             f"iteration {status['last_iteration']} of {status['iterations']}"
-             + (f", {status['iterations_per_second']} it/s" if status["iterations_per_second"] else "")]
+    lines = [f"job {status['job']} ({status['state']}): {status['model']}, P={status['stages']} x "
+             f"D={status['pipelines']}, iteration {status['last_iteration']} of {status['iterations']}"
+             + (f", loss {status['loss']:.4f}" if status["loss"] is not None else "")
+             + (f", {status['iterations_per_second']} it/s, {status['samples_per_second']} samples/s"
+                if status["iterations_per_second"] else "")]
     def zone(n: int) -> str:
         return f"{n}({status['zones'][n]})" if n in status["zones"] else str(n)
     for j, pipe in enumerate(status["assignment"]):

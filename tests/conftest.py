@@ -1,7 +1,11 @@
 """Shared test settings: hypothesis profile sized for a 2-core CI machine. In CI
 (CI=true) the examples are derandomized, so a run there is repeatable; a local
 run explores new examples each time. `moto_endpoint`: a moto server on loopback
-(S3, EC2, autoscaling) for the real boto3 client; `etcd`: a real etcd server."""
+(S3, EC2, autoscaling) for the real boto3 client; `etcd`: a real etcd server;
+`gcs`: the fake Cloud Storage, with credentials and endpoint in the environment
+(so subprocesses reach it too), and `s3`: moto's S3 the same way; both give this
+test a data cache of its own."""
+import json
 import os
 import socket
 import subprocess
@@ -42,3 +46,26 @@ def moto_endpoint():
 def etcd():
     with EtcdServer() as server:
         yield server
+
+
+@pytest.fixture
+def gcs(tmp_path, monkeypatch):
+    from tests.fake_gcs import FakeStorage
+    fake = FakeStorage(buckets=("data", "ckpts"))
+    key = tmp_path / "gcs-key.json"
+    key.write_text(json.dumps(fake.service_account()))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
+    monkeypatch.setenv("BAMBOO_GCS_ENDPOINT", fake.url)
+    monkeypatch.setenv("BAMBOO_DATA_CACHE", str(tmp_path / "cache"))
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def s3(moto_endpoint, tmp_path, monkeypatch):
+    """A boto3 client of moto's S3; BAMBOO_S3_ENDPOINT points bamboo there."""
+    import boto3
+    for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+                 "BAMBOO_S3_ENDPOINT": moto_endpoint, "BAMBOO_DATA_CACHE": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(k, v)
+    return boto3.client("s3", endpoint_url=moto_endpoint)

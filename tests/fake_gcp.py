@@ -1,6 +1,7 @@
 """A small fake of the Compute Engine REST API on loopback: instance templates,
 regional managed instance groups (insert, resize, listManagedInstances, delete),
-regions and long-running operations (RUNNING when returned, DONE once polled), so
+regions, machine and accelerator types, single instances (the --etcd auto node)
+and long-running operations (RUNNING when returned, DONE once polled), so
 the real google-cloud-compute client can be tested offline."""
 import http.server
 import itertools
@@ -18,6 +19,9 @@ class FakeCompute(http.server.ThreadingHTTPServer):
         self.zones = zones
         self.templates: dict[str, dict] = {}
         self.groups: dict[str, dict] = {}
+        self.instances: dict[str, dict] = {}   # name -> the inserted body (plus networkInterfaces' IP)
+        self.machine_types = {"n1-standard-8", "n1-standard-4", "e2-small"}
+        self.accelerator_types = {"nvidia-tesla-t4", "nvidia-l4"}
         self.operations: dict[str, dict] = {}
         self.polls = 0
         self.refuse: set[str] = set()   # "insert-group", ...: answered 403
@@ -29,12 +33,14 @@ class FakeCompute(http.server.ThreadingHTTPServer):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
 
-    def operation(self, kind: str, target: str, region: str | None) -> dict:
+    def operation(self, kind: str, target: str, region: str | None, zone: str | None = None) -> dict:
         name = f"operation-{next(self._ids)}"
         op = {"kind": "compute#operation", "name": name, "status": "RUNNING", "operationType": kind,
               "targetLink": target, "progress": 0}
         if region:
             op["region"] = region
+        if zone:
+            op["zone"] = zone
         self.operations[name] = op
         return op
 
@@ -60,6 +66,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         path, query = url.path, parse_qs(url.query)
         s.requests.append((method, path))
         region_base = BASE + "/regions/(?P<region>[^/]+)"
+        zone_base = BASE + "/zones/(?P<zone>[^/]+)"
         routes = [
             ("GET", region_base + "$", self._region),
             ("GET", BASE + "/global/operations/(?P<op>[^/]+)$", self._poll),
@@ -70,6 +77,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             ("POST", region_base + "/instanceGroupManagers/(?P<name>[^/]+)/resize$", self._resize),
             ("POST", region_base + "/instanceGroupManagers/(?P<name>[^/]+)/listManagedInstances$", self._list),
             ("DELETE", region_base + "/instanceGroupManagers/(?P<name>[^/]+)$", self._delete_group),
+            ("GET", zone_base + "/machineTypes/(?P<name>[^/]+)$", self._machine_type),
+            ("GET", zone_base + "/acceleratorTypes/(?P<name>[^/]+)$", self._accelerator_type),
+            ("GET", zone_base + "/operations/(?P<op>[^/]+)$", self._poll),
+            ("POST", zone_base + "/instances$", self._insert_instance),
+            ("GET", zone_base + "/instances/(?P<name>[^/]+)$", self._get_instance),
+            ("DELETE", zone_base + "/instances/(?P<name>[^/]+)$", self._delete_instance),
         ]
         for verb, pattern, handler in routes:
             m = re.match(pattern, path)
@@ -91,7 +104,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         zones = [f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{z}" for z in self.server.zones]
         self._reply(200, {"kind": "compute#region", "name": region, "zones": zones})
 
-    def _poll(self, project, op, query, region=None):
+    def _poll(self, project, op, query, region=None, zone=None):
         self.server.polls += 1
         found = self.server.operations.get(op)
         if not found:
@@ -138,3 +151,31 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _delete_group(self, project, region, name, query):
         self.server.groups.pop(name, None)
         self._reply(200, self.server.operation("delete", name, region))
+
+    def _known(self, kind: str, names: set, name: str) -> None:
+        if name in names:
+            return self._reply(200, {"name": name})
+        self._reply(404, {"error": {"code": 404, "message": f"The resource '{kind}/{name}' was not found"}})
+
+    def _machine_type(self, project, zone, name, query):
+        self._known("machineTypes", self.server.machine_types, name)
+
+    def _accelerator_type(self, project, zone, name, query):
+        self._known("acceleratorTypes", self.server.accelerator_types, name)
+
+    def _insert_instance(self, project, zone, query):
+        if self._refused("insert-instance"):
+            return
+        body = self._body()
+        body["networkInterfaces"][0]["networkIP"] = f"10.128.0.{len(self.server.instances) + 2}"
+        body["zone"] = zone
+        self.server.instances[body["name"]] = body
+        self._reply(200, self.server.operation("insert", body["name"], None, zone))
+
+    def _get_instance(self, project, zone, name, query):
+        found = self.server.instances.get(name)
+        self._reply(200, found) if found else self._reply(404, {"error": {"code": 404, "message": f"no {name}"}})
+
+    def _delete_instance(self, project, zone, name, query):
+        self.server.instances.pop(name, None)
+        self._reply(200, self.server.operation("delete", name, None, zone))

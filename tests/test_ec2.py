@@ -11,7 +11,7 @@ import sys
 import boto3
 import pytest
 
-from agents.cloud import LaunchError
+from agents.cloud import Install, LaunchError
 from agents.ec2 import Ec2Provider, Ec2Spec
 
 REGION = "us-east-1"
@@ -29,13 +29,13 @@ def aws(moto_endpoint, monkeypatch):
 
 def spec(image, name, **kw):
     return Ec2Spec(name=name, region=REGION, zones=kw.pop("zones", ZONES), nodes=kw.pop("nodes", 3), image=image,
-                   etcd="10.0.0.5:2379", job="gpt", **kw)
+                   etcd="10.0.0.5:2379", job="gpt", install=Install("https://example.com/b.whl"), **kw)
 
 
 def test_group_over_three_zones_scale_preempt_and_tear_down(aws):
     endpoint, ec2, image = aws
     provider = Ec2Provider(REGION, endpoint)
-    made = provider.up(spec(image, "bamboo-up", key_name="k", iam_profile="p"))
+    made = provider.up(spec(image, "bamboo-up", key_name="k", iam_profile="p"), provider.subnets(ZONES))
     subnets = ec2.describe_subnets(SubnetIds=made["subnets"])["Subnets"]
     assert sorted(s["AvailabilityZone"] for s in subnets) == sorted(ZONES)
     asg = boto3.client("autoscaling", region_name=REGION, endpoint_url=endpoint)
@@ -44,9 +44,11 @@ def test_group_over_three_zones_scale_preempt_and_tear_down(aws):
     assert group["DesiredCapacity"] == 3
     version = ec2.describe_launch_template_versions(LaunchTemplateName="bamboo-up")["LaunchTemplateVersions"][0]
     data = version["LaunchTemplateData"]
-    assert data["InstanceMarketOptions"]["MarketType"] == "spot" and data["IamInstanceProfile"]["Name"] == "p"
+    assert data["IamInstanceProfile"]["Name"] == "p" and data["MetadataOptions"]["HttpTokens"] == "required"
+    spot = group["MixedInstancesPolicy"]["InstancesDistribution"]
+    assert spot["OnDemandPercentageAboveBaseCapacity"] == 0 and spot["SpotAllocationStrategy"] == "capacity-optimized"
     script = base64.b64decode(data["UserData"]).decode()
-    assert "bamboo-agent --etcd 10.0.0.5:2379 --job gpt" in script and "--notice ec2" in script
+    assert "bamboo-agent\" --etcd 10.0.0.5:2379 --job gpt" in script and "--notice ec2" in script
     assert len(provider.describe("bamboo-up")) == 3
 
     provider.scale("bamboo-up", 5)
@@ -65,7 +67,7 @@ def test_group_over_three_zones_scale_preempt_and_tear_down(aws):
 def test_an_unknown_zone_is_refused_before_anything_is_created(aws):
     endpoint, ec2, image = aws
     with pytest.raises(LaunchError, match="unknown zone.*us-east-1q"):
-        Ec2Provider(REGION, endpoint).up(spec(image, "bamboo-zone", zones=("us-east-1a", "us-east-1q")))
+        Ec2Provider(REGION, endpoint).subnets(("us-east-1a", "us-east-1q"))
     assert "bamboo-zone" not in {t["LaunchTemplateName"] for t in ec2.describe_launch_templates()["LaunchTemplates"]}
 
 
@@ -83,7 +85,7 @@ def test_a_refused_group_rolls_the_template_back(aws):
                            "ResponseMetadata": {"HTTPStatusCode": 400}}
     provider.autoscaling.meta.events.register("before-call.auto-scaling.CreateAutoScalingGroup", quota)
     with pytest.raises(LaunchError, match="LimitExceeded"):
-        provider.up(spec(image, "bamboo-quota"))
+        provider.up(spec(image, "bamboo-quota"), provider.subnets(ZONES))
     assert "bamboo-quota" not in {t["LaunchTemplateName"] for t in ec2.describe_launch_templates()["LaunchTemplates"]}
 
 
@@ -96,12 +98,14 @@ def test_dry_run_prints_every_request_and_sends_none(aws, tmp_path):
     endpoint, ec2, image = aws
     out = launch("ec2", "--dry-run", "--nodes", "4", "--zones", ",".join(ZONES), "--region", REGION,
                  "--image", image, "--etcd", "10.0.0.5:2379", "--job", "dry", "--name", "bamboo-dry",
+                 "--package", "https://example.com/bamboo_spot-0.1.0-py3-none-any.whl",
                  "--state", str(tmp_path / "state.json"))
     assert out.returncode == 0, out.stderr
     requests = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["operation"] for r in requests] == ["describe_availability_zones", "describe_subnets",
+                                                  "describe_instance_type_offerings", "put_if_not_exists",
                                                   "create_launch_template", "create_auto_scaling_group"]
-    assert requests[3]["params"]["DesiredCapacity"] == 4
+    assert requests[5]["params"]["DesiredCapacity"] == 4
     assert "bamboo-dry" not in {t["LaunchTemplateName"] for t in ec2.describe_launch_templates()["LaunchTemplates"]}
     assert not (tmp_path / "state.json").exists()
 
@@ -109,6 +113,7 @@ def test_dry_run_prints_every_request_and_sends_none(aws, tmp_path):
 def test_missing_credentials_is_one_line(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true"}
     out = launch("ec2", "--nodes", "2", "--zones", "us-east-1a", "--region", REGION, "--image", "ami-1",
-                 "--etcd", "h:1", "--job", "j", "--state", str(tmp_path / "s.json"), env=env)
+                 "--etcd", "auto", "--job", "j", "--package", "https://example.com/b.whl",
+                 "--state", str(tmp_path / "s.json"), env=env)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1 and "no AWS credentials" in lines[0], out.stderr

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from agents.cloud import LaunchError
+from agents.cloud import Install, LaunchError
 from agents.gcp import GcpProvider, GcpSpec
 from tests.fake_gcp import FakeCompute
 
@@ -23,7 +23,8 @@ def compute():
 
 def spec(name="bamboo-gcp", zones=ZONES, nodes=3):
     return GcpSpec(name=name, project="proj", region="us-central1", zones=zones, nodes=nodes,
-                   image="projects/debian-cloud/global/images/family/debian-12", etcd="10.0.0.5:2379", job="gpt")
+                   image="projects/debian-cloud/global/images/family/debian-12", etcd="10.0.0.5:2379", job="gpt",
+                   install=Install("https://example.com/bamboo_spot-0.1.0-py3-none-any.whl"))
 
 
 def test_spot_template_and_regional_group_over_three_zones(compute):
@@ -31,8 +32,13 @@ def test_spot_template_and_regional_group_over_three_zones(compute):
     provider.up(spec())
     template = compute.templates["bamboo-gcp"]["properties"]
     assert template["scheduling"]["provisioningModel"] == "SPOT"
+    assert template["scheduling"]["onHostMaintenance"] == "TERMINATE"
+    assert template["guestAccelerators"] == [{"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 1}]
+    assert template["networkInterfaces"][0]["accessConfigs"][0]["type"] == "ONE_TO_ONE_NAT"
+    assert template["serviceAccounts"] == [{"email": "default", "scopes": [
+        "https://www.googleapis.com/auth/devstorage.read_write"]}]  # gs:// data and checkpoints
     script = template["metadata"]["items"][0]["value"]
-    assert "bamboo-agent --etcd 10.0.0.5:2379 --job gpt" in script and "--notice gcp" in script
+    assert 'bamboo-agent" --etcd 10.0.0.5:2379 --job gpt' in script and "--notice gcp" in script
     group = compute.groups["bamboo-gcp"]
     assert [z["zone"] for z in group["distributionPolicy"]["zones"]] == [f"zones/{z}" for z in ZONES]
     assert group["targetSize"] == 3 and group["instanceTemplate"].endswith("instanceTemplates/bamboo-gcp")
@@ -47,8 +53,13 @@ def test_spot_template_and_regional_group_over_three_zones(compute):
 
 
 def test_unknown_zone_creates_nothing(compute):
+    provider = GcpProvider("proj", "us-central1", compute.url)
     with pytest.raises(LaunchError, match="unknown zone.*europe-west1-b"):
-        GcpProvider("proj", "us-central1", compute.url).up(spec(zones=("us-central1-a", "europe-west1-b")))
+        provider.check(("us-central1-a", "europe-west1-b"), "n1-standard-8", "nvidia-tesla-t4:1")
+    with pytest.raises(LaunchError, match="machineTypes/n9-huge"):
+        provider.check(ZONES, "n9-huge", "none")
+    with pytest.raises(LaunchError, match="acceleratorTypes/nvidia-x"):
+        provider.check(ZONES, "n1-standard-8", "nvidia-x:2")
     assert not compute.templates and not compute.groups
 
 
@@ -66,24 +77,32 @@ def launch(*args, env=None, cwd=None):
 
 def test_launch_status_down_and_dry_run_through_the_command(compute, tmp_path):
     common = ["--nodes", "2", "--zones", ",".join(ZONES), "--region", "us-central1", "--project", "proj",
-              "--image", "img", "--etcd", "10.0.0.5:2379", "--job", "gpt", "--endpoint-url", compute.url]
+              "--image", "img", "--etcd", "auto", "--job", "gpt", "--endpoint-url", compute.url,
+              "--package", "https://example.com/bamboo_spot-0.1.0-py3-none-any.whl"]
     state = str(tmp_path / "state.json")
     dry = launch("--state", state, "gcp", "--dry-run", *common)
     assert dry.returncode == 0, dry.stderr
-    assert [json.loads(line)["method"] for line in dry.stdout.splitlines()] == ["insert", "insert"]
+    requests = [json.loads(line) for line in dry.stdout.splitlines()]
+    assert [(r["service"], r.get("method") or r["operation"]) for r in requests] == [
+        ("etcd", "put_if_not_exists"), ("instances", "insert"), ("templates", "insert"), ("groups", "insert")]
     assert not compute.templates and not os.path.exists(state)
 
     up = launch("--state", state, "gcp", *common)
     assert up.returncode == 0, up.stderr and compute.groups
+    etcd_node = compute.instances["bamboo-etcd"]
+    assert "put /bamboo/gpt/config" in etcd_node["metadata"]["items"][0]["value"]
+    assert 'bamboo-agent" --etcd 10.128.0.2:2379' in compute.templates["bamboo"]["properties"]["metadata"]["items"][0][
+        "value"]
     status = json.loads(launch("--state", state, "status").stdout)
-    assert status["provider"] == "gcp" and len(status["instances"]) == 2
+    assert status["provider"] == "gcp" and len(status["instances"]) == 2 and "unreachable" in status["progress"]["error"]
     assert launch("--state", state, "down").returncode == 0
-    assert not compute.groups and not os.path.exists(state)
+    assert not compute.groups and not compute.instances and not os.path.exists(state)
 
 
 def test_missing_google_credentials_is_one_line(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "NO_GCE_CHECK": "True"}
-    out = launch("--state", str(tmp_path / "s.json"), "gcp", "--nodes", "1", "--zones", "us-central1-a",
-                 "--region", "us-central1", "--project", "p", "--image", "i", "--etcd", "h:1", "--job", "j", env=env)
+    out = launch("--state", str(tmp_path / "s.json"), "gcp", "--nodes", "2", "--zones", "us-central1-a",
+                 "--region", "us-central1", "--project", "p", "--image", "i", "--etcd", "auto", "--job", "j",
+                 "--package", "https://example.com/b.whl", env=env)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1 and "no Google credentials" in lines[0], out.stderr

@@ -1,0 +1,163 @@
+"""bamboo-launch configures the job: bamboo-train's arguments are checked by its
+own code before any request, the job's config is in its etcd before any node
+boots (bamboo-status shows it), the wheel is in S3, and bad input or a launch
+failing half-way leaves nothing behind. Real boto3 against moto, a real etcd."""
+import base64
+import json
+import os
+import subprocess
+import sys
+
+import boto3
+import pytest
+
+REGION = "us-east-1"
+ZONES = "us-east-1a,us-east-1b,us-east-1c"
+BIN = os.path.dirname(sys.executable)
+
+
+@pytest.fixture
+def aws(moto_endpoint, monkeypatch):
+    for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": REGION}.items():
+        monkeypatch.setenv(k, v)
+    clients = {s: boto3.client(s, region_name=REGION, endpoint_url=moto_endpoint)
+               for s in ("ec2", "s3", "autoscaling")}
+    image = clients["ec2"].describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    return moto_endpoint, clients, image
+
+
+def run(command, *args):
+    return subprocess.run([os.path.join(BIN, command), *args], capture_output=True, text=True, timeout=120)
+
+
+def launch_args(endpoint, image, etcd, job, name, *extra):
+    return ["--state", extra[0], "ec2", "--nodes", "3", "--zones", ZONES, "--region", REGION, "--image", image,
+            "--etcd", etcd, "--job", job, "--name", name, "--endpoint-url", endpoint, *extra[1:]]
+
+
+TRAIN = ["--model", "tiny", "--stages", "3", "--microbatches", "6", "--iterations", "5", "--lr", "3e-4"]
+
+
+def names(clients):
+    templates = {t["LaunchTemplateName"] for t in clients["ec2"].describe_launch_templates()["LaunchTemplates"]}
+    groups = {g["AutoScalingGroupName"] for g in clients["autoscaling"].describe_auto_scaling_groups()
+              ["AutoScalingGroups"]}
+    return templates, groups
+
+
+def objects(clients, bucket):
+    return [o["Key"] for o in clients["s3"].list_objects_v2(Bucket=bucket).get("Contents", [])]
+
+
+def test_launch_configures_the_job_status_shows_it_and_down_removes_it(aws, etcd, tmp_path):
+    endpoint, clients, image = aws
+    clients["s3"].create_bucket(Bucket="wheels-1")
+    state = str(tmp_path / "state.json")
+    up = run("bamboo-launch", *launch_args(endpoint, image, etcd.endpoint, "gpt-a", "bamboo-a", state,
+                                           "--bucket", "wheels-1/runs", *TRAIN))
+    assert up.returncode == 0, up.stderr
+    status = json.loads(run("bamboo-status", "--etcd", etcd.endpoint, "--job", "gpt-a", "--json").stdout)
+    assert (status["model"], status["stages"], status["iterations"], status["state"]) == ("tiny", 3, 5, "configured")
+    assert status["last_iteration"] is None and status["assignment"] == []
+    wheel = objects(clients, "wheels-1")
+    assert len(wheel) == 1 and wheel[0].startswith("runs/bamboo-launch/gpt-a/bamboo_spot-")
+    group = clients["autoscaling"].describe_auto_scaling_groups(AutoScalingGroupNames=["bamboo-a"])[
+        "AutoScalingGroups"][0]
+    policy = group["MixedInstancesPolicy"]
+    assert policy["InstancesDistribution"]["SpotAllocationStrategy"] == "capacity-optimized"
+    assert policy["InstancesDistribution"]["OnDemandPercentageAboveBaseCapacity"] == 0
+    assert len(policy["LaunchTemplate"]["Overrides"]) >= 3 and len(group["VPCZoneIdentifier"].split(",")) == 3
+    shown = json.loads(run("bamboo-launch", "--state", state, "status").stdout)
+    assert shown["progress"]["model"] == "tiny" and len(shown["instances"]) == 3
+
+    assert run("bamboo-launch", "--state", state, "down").returncode == 0
+    assert "bamboo-a" not in names(clients)[0] | names(clients)[1] and not objects(clients, "wheels-1")
+    gone = json.loads(run("bamboo-status", "--etcd", etcd.endpoint, "--job", "gpt-a", "--json").stdout)
+    assert gone["state"] == "unknown" and not os.path.exists(state)
+
+
+@pytest.mark.parametrize("extra, why", [
+    (["--stages", "0"], "--stages must be at least 1"),
+    (["--stages", "99"], "more than model tiny's"),
+    (["--data", "/tmp/local.txt"], "cannot read this machine's files"),
+    (["--metrics-out", "m.jsonl"], "--metrics-out is not for a cloud job"),
+    (["--package", "bamboo"], "unrelated project"),
+    (["--package", "bamboo-spot"], "bare name"),
+])
+def test_bad_input_is_refused_before_any_request(extra, why, tmp_path):
+    """The endpoints are unreachable: any request would fail with another message."""
+    args = launch_args("http://127.0.0.1:9", "ami-1", "127.0.0.1:9", "j", "n", str(tmp_path / "s.json"),
+                       "--bucket", "b", "--model", "tiny", *extra)
+    out = run("bamboo-launch", *args)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and why in lines[0], out.stderr
+    assert not os.listdir(tmp_path)
+
+
+def test_object_storage_data_and_checkpoints_are_checked_not_downloaded(gcs, s3):
+    """The launch checks each object exists (metadata, a listing), the nodes fetch it."""
+    from agents.cloud import BadInput
+    from agents.job import job_config
+    gcs.put("data", "tokens.bin", bytes(4000))
+    s3.create_bucket(Bucket="ckpts")
+    s3.put_object(Bucket="ckpts", Key="val.bin", Body=bytes(400))
+    cfg = job_config([*TRAIN, "--data", "gs://data/tokens.bin", "--val-data", "s3://ckpts/val.bin",
+                      "--checkpoint", "gs://ckpts/run"], 3, "j")
+    assert cfg.data_files == ("gs://data/tokens.bin",) and cfg.checkpoint == "gs://ckpts/run"
+    assert ("GET", "media") not in gcs.requests and ("GET", "metadata") in gcs.requests
+    assert job_config([*TRAIN, "--checkpoint", "s3://ckpts/run"], 3, "j").checkpoint == "s3://ckpts/run"
+    for extra, why in ((["--data", "gs://data/gone.bin"], "gs://data/gone.bin: no such object"),
+                       (["--checkpoint", "gs://nope/ck"], "gs://nope/ck/: cannot list it: no such bucket"),
+                       (["--checkpoint", "/tmp/ck"], "give s3://BUCKET/PREFIX or gs://BUCKET/PREFIX")):
+        with pytest.raises(BadInput, match=why):
+            job_config([*TRAIN, *extra], 3, "j")
+
+
+def test_unreachable_etcd_unwritable_bucket_unknown_type_leave_nothing(aws, etcd, tmp_path):
+    endpoint, clients, image = aws
+    state = str(tmp_path / "s.json")
+    cases = [("127.0.0.1:9", ["--bucket", "wheels-x"], "etcd at 127.0.0.1:9 is unreachable"),
+             (etcd.endpoint, ["--bucket", "no-such-bucket"], "NoSuchBucket"),
+             (etcd.endpoint, ["--bucket", "wheels-x", "--instance-type", "g9.mega"], "g9.mega not offered")]
+    clients["s3"].create_bucket(Bucket="wheels-x")
+    for where, extra, why in cases:
+        out = run("bamboo-launch", *launch_args(endpoint, image, where, "bad", "bamboo-bad", state, *extra, *TRAIN))
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 1 and len(lines) == 1 and why in lines[0], out.stderr
+        assert "bamboo-bad" not in names(clients)[0] and not objects(clients, "wheels-x")
+        status = json.loads(run("bamboo-status", "--etcd", etcd.endpoint, "--job", "bad", "--json").stdout)
+        assert status["state"] == "unknown" and not os.path.exists(state)
+
+
+def test_a_launch_failing_half_way_removes_the_etcd_instance_and_the_wheel(aws, tmp_path):
+    """The template's name is taken (a real refusal from the API) after the etcd
+    instance was started and the wheel uploaded; the template that was there stays."""
+    endpoint, clients, image = aws
+    clients["s3"].create_bucket(Bucket="wheels-h")
+    clients["ec2"].create_launch_template(LaunchTemplateName="bamboo-taken", LaunchTemplateData={"ImageId": image})
+    out = run("bamboo-launch", *launch_args(endpoint, image, "auto", "half", "bamboo-taken", str(tmp_path / "s.json"),
+                                            "--bucket", "wheels-h", *TRAIN))
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1 and "AlreadyExists" in lines[0], out.stderr
+    tagged = clients["ec2"].describe_instances(Filters=[{"Name": "tag:bamboo-job", "Values": ["half"]}])
+    etcd_nodes = [i for r in tagged["Reservations"] for i in r["Instances"]]
+    assert len(etcd_nodes) == 1 and etcd_nodes[0]["State"]["Name"] in ("shutting-down", "terminated")
+    script = base64.b64decode(clients["ec2"].describe_instance_attribute(
+        InstanceId=etcd_nodes[0]["InstanceId"], Attribute="userData")["UserData"]["Value"]).decode()
+    assert "etcdctl --endpoints 127.0.0.1:2379 put /bamboo/half/config" in script.replace('"$BIN/etcdctl"', "etcdctl")
+    templates, groups = names(clients)
+    assert "bamboo-taken" in templates and "bamboo-taken" not in groups and not objects(clients, "wheels-h")
+
+
+def test_dry_run_prints_the_upload_and_the_etcd_write(tmp_path):
+    out = run("bamboo-launch", *launch_args("http://127.0.0.1:9", "ami-1", "10.0.0.5:2379", "dry", "bamboo-dry",
+                                            str(tmp_path / "s.json"), "--bucket", "wheels", "--dry-run", *TRAIN))
+    assert out.returncode == 0, out.stderr
+    requests = [json.loads(line) for line in out.stdout.splitlines()]
+    ops = [r["operation"] for r in requests]
+    assert ops == ["describe_availability_zones", "describe_subnets", "describe_instance_type_offerings",
+                   "put_object", "generate_presigned_url", "put_if_not_exists", "create_launch_template",
+                   "create_auto_scaling_group"]
+    write = requests[5]
+    assert write["key"] == "/bamboo/dry/config" and write["value"]["stages"] == 3 and write["value"]["elastic"]
+    assert requests[3]["params"]["Body"].endswith("bytes>") and not os.listdir(tmp_path)
