@@ -40,11 +40,12 @@ def zones_of(args) -> tuple[str, ...]:
     return zones
 
 
-def check_install(args) -> None:
-    """--package names where to get the code, or --bucket is where it goes."""
+def check_install(args, default_bucket: bool = False) -> None:
+    """--package names where to get the code, or --bucket is where it goes (on EC2
+    a bucket of the launch's own when neither is given)."""
     if args.package:
         check_package(args.package)
-    elif not args.bucket:
+    elif not args.bucket and not default_bucket:
         raise BadInput("give --bucket BUCKET[/PREFIX] (where the project's wheel goes) or --package REQUIREMENT")
 
 
@@ -52,7 +53,12 @@ def installable(args, shipper, job: str, undo: Undo) -> tuple[Install, str | Non
     """--package as given, else this project's wheel uploaded through `shipper`."""
     if args.package:
         return Install(check_package(args.package)), None
-    install, uri = shipper.ship(build_wheel(), job)
+    wheel = build_wheel()
+    try:
+        install, uri = shipper.ship(wheel, job)
+    finally:
+        if getattr(shipper, "created", False):
+            undo.push(shipper.delete_bucket)  # runs after the object's removal (undo is last in, first out)
     undo.push(lambda: shipper.delete(uri))
     return install, uri
 
@@ -82,16 +88,18 @@ def check_etcd(args, job: str, log) -> None:
 
 def launch_ec2(args, cfg, log=print) -> dict:
     from agents.ec2 import GPU_TYPES, Ec2Provider, Ec2Spec
-    from agents.storage import S3Shipper
+    from agents.storage import S3Shipper, default_bucket
     zones, types = zones_of(args), tuple(args.instance_type or GPU_TYPES)
-    check_install(args)
+    check_install(args, default_bucket=True)
     check_etcd(args, cfg.job, log)
     provider = Ec2Provider(args.region, args.endpoint_url, args.dry_run, log)
     subnets = provider.subnets(zones)
     provider.check_types(types, zones)
     undo = Undo()
     try:
-        shipper = None if args.package else S3Shipper(args.bucket, args.region, args.endpoint_url, args.dry_run, log)
+        shipper = None if args.package else S3Shipper(args.bucket or default_bucket(cfg.job, args.region),
+                                                      args.region, args.endpoint_url, args.dry_run, log,
+                                                      create=not args.bucket)
         install, wheel = installable(args, shipper, cfg.job, undo)
         spec = Ec2Spec(name=args.name, region=args.region, zones=zones, nodes=args.nodes, image=args.image,
                        etcd=args.etcd, job=cfg.job, install=install, instance_types=types, key_name=args.key_name,
@@ -106,7 +114,7 @@ def launch_ec2(args, cfg, log=print) -> dict:
     except BaseException as e:
         raise _undone(e, undo) from None
     return {**made, "job": cfg.job, "etcd": etcd, "etcd_instance": etcd_instance, "wheel": wheel,
-            "endpoint_url": args.endpoint_url}
+            "wheel_bucket_created": bool(shipper and shipper.created), "endpoint_url": args.endpoint_url}
 
 
 def launch_gcp(args, cfg, log=print) -> dict:

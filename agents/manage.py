@@ -53,7 +53,10 @@ def down(state: dict) -> None:
             zone, _, name = state["etcd_instance"].partition("/")
             provider.remove_instance(zone, name)
     if state.get("wheel"):
-        shipper_for(state).delete(state["wheel"])
+        shipper = shipper_for(state)
+        shipper.delete(state["wheel"])
+        if state.get("wheel_bucket_created"):
+            shipper.delete_bucket()  # the launch's own bucket (no --bucket was given)
     if state.get("job") and not state.get("etcd_instance"):
         from agents.job import JobStore
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 
 from agents.cloud import BadInput, Install, LaunchError
 
@@ -24,6 +25,12 @@ def split_location(location: str, scheme: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
+def default_bucket(job: str, region: str) -> str:
+    """The bucket an EC2 launch without --bucket or --package makes for its wheel
+    (and removes at down): named after the job and region."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", f"bamboo-{job}-{region}".lower())).strip("-")[:63]
+
+
 def object_key(prefix: str, job: str, wheel: str) -> str:
     return "/".join(p for p in (prefix, "bamboo-launch", job, os.path.basename(wheel)) if p)
 
@@ -31,9 +38,12 @@ def object_key(prefix: str, job: str, wheel: str) -> str:
 class S3Shipper:
     scheme = "s3://"
 
-    def __init__(self, location: str, region: str, endpoint_url: str | None, dry_run: bool, log=print):
+    def __init__(self, location: str, region: str, endpoint_url: str | None, dry_run: bool, log=print,
+                 create: bool = False):
         self.bucket, self.prefix = split_location(location, self.scheme)
-        self.dry_run, self.log = dry_run, log
+        self.region, self.dry_run, self.log = region, dry_run, log
+        self.create = create    # the bucket is the launch's own (default_bucket): made if absent
+        self.created = False    # this launch made it: down removes it
         if not dry_run:
             import boto3
             self.s3 = boto3.session.Session(region_name=region).client("s3", endpoint_url=endpoint_url)
@@ -60,6 +70,8 @@ class S3Shipper:
     def ship(self, wheel: str, job: str) -> tuple[Install, str]:
         """Upload `wheel`; what nodes install, and the object's URI (for down)."""
         key = object_key(self.prefix, job, wheel)
+        if self.create:
+            self._ensure_bucket()
         with open(wheel, "rb") as body:
             self._call("put_object", Bucket=self.bucket, Key=key, Body=body)
         url = self._call("generate_presigned_url", ClientMethod="get_object",
@@ -67,9 +79,25 @@ class S3Shipper:
         name = os.path.basename(wheel)
         return Install(name, url, name), f"s3://{self.bucket}/{key}"
 
+    def _ensure_bucket(self) -> None:
+        if not self.dry_run:
+            from botocore.exceptions import ClientError
+            try:
+                self.s3.head_bucket(Bucket=self.bucket)
+                return
+            except ClientError:
+                pass  # absent (or not ours: create_bucket then says which, in one line)
+        where = {} if self.region == "us-east-1" else {
+            "CreateBucketConfiguration": {"LocationConstraint": self.region}}
+        self._call("create_bucket", Bucket=self.bucket, **where)
+        self.created = True
+
     def delete(self, uri: str) -> None:
         bucket, _, key = uri[len(self.scheme):].partition("/")
         self._call("delete_object", Bucket=bucket, Key=key)
+
+    def delete_bucket(self) -> None:
+        self._call("delete_bucket", Bucket=self.bucket)
 
 
 class GcsShipper:

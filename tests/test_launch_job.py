@@ -161,3 +161,17 @@ def test_dry_run_prints_the_upload_and_the_etcd_write(tmp_path):
     write = requests[5]
     assert write["key"] == "/bamboo/dry/config" and write["value"]["stages"] == 3 and write["value"]["elastic"]
     assert requests[3]["params"]["Body"].endswith("bytes>") and not os.listdir(tmp_path)
+
+
+def test_without_bucket_or_package_the_launch_makes_its_own_bucket_and_down_removes_it(aws, etcd, tmp_path):
+    """The issue's contract command names no --bucket: the wheel goes to a bucket
+    named after the job and region, made by the launch and removed by down."""
+    endpoint, clients, image = aws
+    state = str(tmp_path / "state.json")
+    up = run("bamboo-launch", *launch_args(endpoint, image, etcd.endpoint, "gpt-own", "bamboo-own", state, *TRAIN))
+    assert up.returncode == 0, up.stderr
+    buckets = {b["Name"] for b in clients["s3"].list_buckets()["Buckets"]}
+    own = next(b for b in buckets if b.startswith("bamboo-gpt-own-"))
+    assert objects(clients, own)[0].startswith("bamboo-launch/gpt-own/bamboo_spot-")
+    assert run("bamboo-launch", "--state", state, "down").returncode == 0
+    assert own not in {b["Name"] for b in clients["s3"].list_buckets()["Buckets"]}
