@@ -24,10 +24,9 @@ from schedules.ir import Instr, Op, RECVS
 
 from bamboo.comm import Comm, Interrupted, PeerFailure
 from bamboo.config import JobConfig
-from bamboo.exits import Fenced, preempt_if_due
-from bamboo.failover import AbortPosted, Aborted, PeersSilent, SelfDead
+from bamboo.exits import preempt_if_due
 from bamboo.models import evaluating, mixed_precision
-from bamboo.protocol import LEASE_EXPIRED, VAL_LOSS, Loss
+from bamboo.protocol import VAL_LOSS, Loss
 
 
 class EvalCut(Exception):
@@ -83,14 +82,7 @@ class Evaluator:
         they end training; any other death in the pipeline cuts it."""
         if event is None:
             return
-        if isinstance(event, AbortPosted):
-            raise Aborted(event.why)
-        if isinstance(event, SelfDead):
-            node = self.nodes[self.me]
-            raise Fenced(self.cluster.death_of(node) or f"node {node} was declared dead in iteration {self.iteration}")
-        if isinstance(event, PeersSilent):
-            for node in event.nodes:
-                self.failover.detected(node, LEASE_EXPIRED)
+        self.failover.settle(event)  # an abort, this node's death, silent peers
         raise EvalCut(f"evaluation of iteration {self.iteration} cut short: {event}")
 
     def _expect(self, stream: list[Instr]) -> None:

@@ -22,10 +22,10 @@ from schedules.layout import Layout
 from bamboo.comm import Comm, Interrupted, PeerFailure
 from bamboo import recipe
 from bamboo.config import JobConfig, dropout_seed_for
-from bamboo.exits import Fenced, preempt_if_due
-from bamboo.failover import AbortPosted, Aborted, PeersSilent, SelfDead, TooManyDead
+from bamboo.exits import preempt_if_due
+from bamboo.failover import PeersSilent, TooManyDead
 from bamboo.models import dropout_seed, mixed_precision
-from bamboo.protocol import LEASE_EXPIRED, LOSS, NORM, Loss
+from bamboo.protocol import LOSS, NORM, Loss
 from bamboo.swap import SavedTensors
 
 # Ops whose wall time is this node's own work (the straggler check). Timed on the
@@ -122,15 +122,9 @@ class Executor:
 
     def _on_event(self, event, stream: list[Instr], pc: int) -> list[Instr]:
         """Act on what the failover saw; return the stream to go on with."""
+        self.failover.settle(event)  # an abort, this node's death, silent peers
         if isinstance(event, PeersSilent):
-            for node in event.nodes:
-                self.failover.detected(node, LEASE_EXPIRED)
             return stream
-        if isinstance(event, SelfDead):
-            node = self.peer(self.me)
-            raise Fenced(self.cluster.death_of(node) or f"node {node} was declared dead in iteration {self.iteration}")
-        if isinstance(event, AbortPosted):
-            raise Aborted(event.why)
         if isinstance(event, TooManyDead):
             self.failover.unsurvivable(event.why)
         return self._replan(self.failover, stream, pc)

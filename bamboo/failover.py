@@ -21,6 +21,7 @@ from schedules.simulator import ValidationError
 
 from bamboo.changes import Changes
 from bamboo.cluster import Cluster
+from bamboo.exits import Fenced
 from bamboo.protocol import ABORT, CUT, FAILED, FINISHED, LEASE_EXPIRED, Abort, Cut, Failure, Mark
 
 
@@ -164,6 +165,19 @@ class Failover:
                                f"iteration {self.iteration}: one failure per pipeline per iteration is survivable")
         self.dead = new[0] if new else None
         return PeerDead(self.dead) if new else None
+
+    def settle(self, event) -> None:
+        """What every reader of `poll` does alike: an abandoned iteration (Aborted)
+        and this node's own death (Fenced) end what it runs; silent peers are
+        recorded dead. Any other event is the reader's to act on."""
+        if isinstance(event, AbortPosted):
+            raise Aborted(event.why)
+        if isinstance(event, SelfDead):
+            node = self.to_global(self.me)
+            raise Fenced(self.cluster.death_of(node) or f"node {node} was declared dead in iteration {self.iteration}")
+        if isinstance(event, PeersSilent):
+            for node in event.nodes:
+                self.detected(node, LEASE_EXPIRED)
 
     def _silent_while_waiting(self, local_ids) -> PeersSilent | None:
         """Peers among `local_ids` whose leases ran out, asked only once a wait on
