@@ -123,6 +123,8 @@ class Comm:
         self.pg, self.rank_of, self.device, self.tags = pg, rank_of, device, tags
         self._boxes: dict[tuple[int, Op], _Mailbox] = {}
         self._outboxes: dict[tuple[int, Op], _Outbox] = {}
+        self._posted: list[tuple[int, queue.Queue]] = []  # (peer, outcome) of sends posted, oldest first
+        self._failed: list[PeerFailure] = []              # posted sends found failed, not yet raised
         # The same group's evaluation channels (no threads until first used).
         self.evaluation = Comm(pg, rank_of, device, EVAL_TAGS) if tags is TAGS else None
 
@@ -145,15 +147,18 @@ class Comm:
         enough: a message may still be landing on another.)"""
         return all(b.error or b.received >= b.expected for (p, _), b in self._boxes.items() if p == peer)
 
+    def _outbox(self, peer: int, kind: Op) -> _Outbox:
+        if (peer, kind) not in self._outboxes:
+            self._outboxes[(peer, kind)] = _Outbox(self, peer, kind)
+        return self._outboxes[(peer, kind)]
+
     def send(self, peer: int, kind: Op, tensor: torch.Tensor, peer_dead=lambda: False,
              note: float | None = None) -> None:
         """Send, waiting until gloo has it or `peer_dead()` says the peer is recorded
         dead (a paused peer may never take it): then the message is lost with the
         peer, as for any dead node, and PeerFailure says so. `note`, a number that
         travels in the header (a microbatch's loss with its gradient), arrives with it."""
-        if (peer, kind) not in self._outboxes:
-            self._outboxes[(peer, kind)] = _Outbox(self, peer, kind)
-        done = self._outboxes[(peer, kind)].put(tensor.detach().contiguous().cpu(), note)
+        done = self._outbox(peer, kind).put(tensor.detach().contiguous().cpu(), note)
         while True:
             try:
                 error = done.get(timeout=0.05)  # asks as often as a receive does
@@ -163,6 +168,48 @@ class Comm:
                     raise PeerFailure(peer, "recorded dead while a send to it was pending") from None
         if error is not None:
             raise PeerFailure(peer, error)
+
+    def post(self, peer: int, kind: Op, tensor: torch.Tensor, note: float | None = None) -> None:
+        """Queue a send and go on computing while it leaves (docs/HOTPATH.md, finding 5).
+        Its outcome is learnt by a later `post` or by `flush`: after this one is queued,
+        an earlier send found failed raises PeerFailure. The tensor must not change
+        in place afterwards (activations and gradients never do)."""
+        self._posted.append((peer, self._outbox(peer, kind).put(tensor.detach().contiguous().cpu(), note)))
+        still = []
+        for peer_of, done in self._posted:
+            try:
+                error = done.get_nowait()
+            except queue.Empty:
+                still.append((peer_of, done))
+                continue
+            if error is not None:
+                self._failed.append(PeerFailure(peer_of, error))
+        self._posted = still
+        if self._failed:
+            raise self._failed.pop(0)
+
+    def pending(self) -> bool:
+        """Whether a posted send's outcome is still to be learnt."""
+        return bool(self._posted or self._failed)
+
+    def flush(self, peer_dead) -> None:
+        """Wait until every posted send left, oldest first. A send whose peer
+        `peer_dead(peer)` says is gone, or which failed, raises PeerFailure (once per
+        failure; call again for the rest): the peer's pending sends are lost with it."""
+        if self._failed:
+            raise self._failed.pop(0)
+        while self._posted:
+            peer, done = self._posted[0]
+            try:
+                error = done.get(timeout=0.05)  # asks as often as a receive does
+            except queue.Empty:
+                if peer_dead(peer):
+                    self._posted = [(p, d) for p, d in self._posted if p != peer]
+                    raise PeerFailure(peer, "recorded dead while a send to it was pending") from None
+                continue
+            self._posted.pop(0)
+            if error is not None:
+                raise PeerFailure(peer, error)
 
     def recv(self, peer: int, kind: Op, keep_waiting=lambda: True, poll: float = 0.05) -> torch.Tensor:
         return self.recv_noted(peer, kind, keep_waiting, poll)[0]

@@ -84,12 +84,13 @@ class Executor:
         self._expect(stream)
         pc = 0
         while True:
-            while pc < len(stream) or self.deferred:
+            while pc < len(stream) or self.deferred or comm.pending():
                 ins, self.stream, self.pc = (stream[pc] if pc < len(stream) else None), stream, pc
                 try:
                     if self.deferred and pc > self.last_owed:
                         self._run_deferred()
-                    if ins is None:
+                    if ins is None:  # the sends' outcomes, before this node says it finished
+                        comm.flush(failover.peer_gone)
                         continue
                     self._maybe_preempt(pc)
                     if self.step_after_reduces and ins.op in STEP_PHASE and pc < self.last_owed:
@@ -195,9 +196,9 @@ class Executor:
             self.acts[key] = self.acts[key].to(self.device, copy=True)
 
     def _send(self, ins: Instr, kind: Op, tensor: torch.Tensor, note: float | None = None) -> None:
-        """A send that gives up once its peer is gone (a paused peer never takes it)."""
-        peer = self.peer(ins.peer)
-        self.comm.send(peer, kind, tensor, lambda: self.failover.peer_gone(peer), note)
+        """A send posted to go out while this node computes on; its outcome is learnt
+        later (Comm.post), at the latest before the stream is done."""
+        self.comm.post(self.peer(ins.peer), kind, tensor, note)
 
     def send_act(self, ins: Instr) -> None:
         key = (ins.stage, ins.mb)

@@ -1,0 +1,60 @@
+"""Posted sends (Comm.post): the sender goes on before the receiver takes the
+message, messages keep their order and notes, and `flush` learns every outcome."""
+import threading
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from schedules.ir import Op
+from bamboo.comm import Comm, PeerFailure
+
+
+def _pair():
+    store = dist.HashStore()
+    comms = {}
+
+    def make(node, rank):
+        pg = dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=30))
+        comms[node] = Comm(pg, {10: 0, 20: 1}, torch.device("cpu"))
+    threads = [threading.Thread(target=make, args=a) for a in ((10, 0), (20, 1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return comms[10], comms[20]
+
+
+def test_posts_return_before_the_receiver_asks_and_arrive_in_order_with_their_notes():
+    sender, receiver = _pair()
+    sent = [torch.randn(4, 8) for _ in range(3)]
+    posted = threading.Event()
+
+    def post_all():
+        for i, t in enumerate(sent):
+            sender.post(20, Op.SEND_GRAD, t, note=0.5 * i if i else None)
+        posted.set()
+    threading.Thread(target=post_all, daemon=True).start()
+    # The receiver has not asked for anything yet: a send that waited for it would never return.
+    assert posted.wait(timeout=30), "post waited for the receiver"
+    receiver.expect(10, Op.SEND_GRAD, 3)
+    got = [receiver.recv_noted(10, Op.SEND_GRAD) for _ in sent]
+    sender.flush(lambda peer: False)
+    assert not sender.pending()
+    for (t, note), want, i in zip(got, sent, range(3)):
+        torch.testing.assert_close(t, want, rtol=0, atol=0)
+        assert note == (0.5 * i if i else None)
+
+
+def test_flush_gives_up_on_a_peer_recorded_dead_and_drops_its_sends():
+    sender, _receiver = _pair()  # the receiver never takes anything: as good as dead
+    sender.post(20, Op.SEND_ACT, torch.ones(2))
+    sender.post(20, Op.SEND_ACT, torch.ones(2))
+    assert sender.pending()
+    asked = []
+    with pytest.raises(PeerFailure) as failure:
+        sender.flush(lambda peer: asked.append(peer) or True)
+    assert failure.value.peer == 20 and asked == [20]
+    assert not sender.pending()
+    sender.flush(lambda peer: pytest.fail("nothing is left to wait for"))
