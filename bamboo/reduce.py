@@ -10,7 +10,9 @@ A tied weight (GPT-2's token embedding and output head) has a copy on the first
 and on the last stage; `tie` sums the copies' gradients within a pipeline after
 the data-parallel reduce, so every copy takes the same step, as DeepSpeed's tied
 layers do. A tie whose partner dies is given up (Interrupted): the executor
-replans and ties again where its new stream says.
+replans and ties again where its new stream says. A tie waiting for a partner that
+first needs this node for a death elsewhere in the pipeline (its report, its
+re-sends) is left too, its allreduce pending, and taken up again after the replan.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ class Reducer:
         self.P, self.D = assignment.depth, len(assignment.pipelines)
         self.pipeline = assignment.slot(me)[0]
         self._groups: dict[str, tuple] = {}  # store key -> the group (kept for the epoch)
+        self._tie_left: dict[tuple[int, str], tuple] = {}  # (iteration, key) -> (work, its buffer) left pending
 
     def members(self, stage: int) -> tuple[int, ...]:
         failed = self.cluster.failed()
@@ -79,7 +82,14 @@ class Reducer:
             return
         key = tie_store(self.assignment.epoch, self.pipeline, members)
         try:
-            self._wait(self._group(iteration, key, members).allreduce([grad]), iteration, members)
+            work, summed = self._tie_work(iteration, key, members, grad)
+            try:  # a death elsewhere in the pipeline may need this node's report first
+                self._wait(work, iteration, members, leave=lambda: self.failover.poll() is not None)
+            except Interrupted:
+                self._tie_left[(iteration, key)] = (work, summed)
+                raise
+            if summed is not grad:
+                grad.copy_(summed)
             self.cluster.put(TIED(iteration, self.pipeline), Reduced(members))
         except Aborted:
             raise
@@ -93,6 +103,15 @@ class Reducer:
             self.cluster.wait_for(recorded, timeout=max(60.0, 20 * self.timeout),
                                   what="the tied weight's dead partner to be recorded", poll=0.05)
             raise Interrupted(f"tied weight: owners {members} changed") from None
+
+    def _tie_work(self, iteration: int, key: str, members, grad) -> tuple:
+        """The tie's allreduce and the buffer it sums into: the one left pending when
+        a wait on it was interrupted, if any (the partner's one call pairs with it;
+        a second call would wait forever), else a new one. The sum is the same:
+        a death outside the tie's members changes none of their tied gradients."""
+        self._tie_left = {k: v for k, v in self._tie_left.items() if k[0] == iteration}
+        left = self._tie_left.pop((iteration, key), None)
+        return left or (self._group(iteration, key, members).allreduce([grad]), grad)
 
     def allreduce(self, iteration: int, stage: int, module) -> None:
         if self.D == 1:
@@ -125,9 +144,10 @@ class Reducer:
         set_flat_grads(module, flat)
         self.cluster.put(REDUCED(iteration, stage), Reduced(members))
 
-    def _wait(self, work, iteration: int, members: tuple[int, ...]) -> None:
-        """Wait for the allreduce, noticing meanwhile an abort, or a member gone
-        silent (paused: its socket stays open and gloo would wait on)."""
+    def _wait(self, work, iteration: int, members: tuple[int, ...], leave=lambda: False) -> None:
+        """Wait for the allreduce, noticing meanwhile an abort, a member gone silent
+        (paused: its socket stays open and gloo would wait on), or `leave()`
+        (Interrupted: the work stays pending)."""
         checked = time.monotonic()
         while not work.is_completed():
             time.sleep(0.001)
@@ -138,4 +158,6 @@ class Reducer:
                 silent = self.cluster.record_silent(members, iteration, self.me)
                 if silent:
                     raise RuntimeError(f"nodes {silent} of the reduce group went silent")
+                if leave():
+                    raise Interrupted("called away from the allreduce")
         work.wait()
