@@ -19,6 +19,7 @@ import tempfile
 import numpy as np
 import torch
 
+from bamboo import devices
 from bamboo.config import DTYPES, JobConfig
 from bamboo.api import ModelSource
 from bamboo.data import TOKEN_DTYPES, check_files, corpora, is_token_file
@@ -117,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="give up when no iteration finishes for this many seconds")
     p.add_argument("--check-replicas", action="store_true",
                    help="compare digests of every copy of every stage after each step")
+    devices.add_flags(p)
     p.add_argument("--etcd", metavar="HOST:PORT", help="use this etcd instead of starting one")
     p.add_argument("--job", help="name the job (default: a fresh unique name); with --etcd and --local-nodes, "
                                  "a job of that name that runs already is joined")
@@ -318,6 +320,9 @@ def config_from_args(args, fetch_data: bool = True) -> JobConfig:
         raise ValueError("--stages 1 is the single-process reference: use --pipelines 1")
     preempt = parse_preempts(args.preempt, args) if args.stages > 1 else ()
     check_redundancy(args)
+    parsed_devices = devices.parse_devices(args.devices)
+    if args.transport == "nccl" and args.share_gpu:
+        raise ValueError("--transport nccl cannot share a GPU between workers: drop --share-gpu or use gloo")
     check_outputs(args)  # last: it may create the directories
     return JobConfig(model="hf:config" if model_config else args.model, model_config=model_config, stages=args.stages, pipelines=args.pipelines,
                      microbatches=args.microbatches, iterations=args.iterations, redundancy=args.redundancy,
@@ -334,7 +339,8 @@ def config_from_args(args, fetch_data: bool = True) -> JobConfig:
                      val_fraction=args.val_fraction, val_files=tuple(args.val_data), eval_every=args.eval_every,
                      eval_batches=args.eval_batches, save_dir=args.save_dir, check_replicas=args.check_replicas,
                      checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
-                     checkpoint_seconds=args.checkpoint_seconds, resume=args.resume,
+                     checkpoint_seconds=args.checkpoint_seconds, resume=args.resume, devices=parsed_devices,
+                     share_gpu=args.share_gpu, transport=args.transport,
                      elastic=args.local_nodes is not None, layers=layers, job=args.job or "job")
 
 
@@ -351,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
         local = local_cluster(args)
+        if cfg.stages > 1:  # every worker runs on this host: can each have its device?
+            workers = local.nodes + sum(c for c, _ in local.joins) if local else cfg.nodes
+            devices.check_flags(args.devices, args.share_gpu, args.transport, workers)
     except ValueError as e:
         print(f"bamboo-train: error: {e}", file=sys.stderr)
         return 2

@@ -9,6 +9,10 @@ got. A peer's death shows up as an error on its channel (gloo closes the pair).
 Evaluation streams send their activations on channels of their own (another
 tag, other mailboxes), so an evaluation cut short by a death never leaves a
 message where training would take it, nor changes training's counts.
+A GPU tensor travels through a pinned host buffer (bamboo/staging.py): copied
+out on a side stream once its kernels are done, sent by the outbox thread after
+the copy's event, received into a pooled buffer and copied in on a side stream
+that the receiver's kernels wait for. On the CPU, gloo reads the tensor itself.
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ import torch
 import torch.distributed as dist
 
 from schedules.ir import Op
+
+from bamboo.staging import Copy, Stager
 
 TAGS = {Op.SEND_ACT: 1, Op.SEND_GRAD: 2, Op.SEND_SYNC: 3}
 EVAL_TAGS = {Op.SEND_ACT: 4}  # evaluation's activations (Comm.evaluation)
@@ -77,7 +83,8 @@ class _Mailbox:
                 h = torch.zeros(_HEADER, dtype=torch.int64)
                 pg.recv([h], src, tag).wait()
                 shape = tuple(int(x) for x in h[1:1 + int(h[0])])
-                t = torch.empty(shape, dtype=_DTYPES[int(h[-1])])
+                dtype = _DTYPES[int(h[-1])]
+                t = self.comm.stager.pool.take(shape, dtype) if self.comm.stager.on_gpu else torch.empty(shape, dtype=dtype)
                 pg.recv([t], src, tag).wait()
             except RuntimeError as e:
                 with self.cond:
@@ -99,34 +106,40 @@ class _Outbox:
         self.queue: queue.Queue = queue.Queue()
         threading.Thread(target=self._run, daemon=True, name=f"outbox-{peer}-{kind.value}").start()
 
-    def put(self, tensor: torch.Tensor, note: float | None) -> "queue.Queue":
+    def put(self, staged: Copy, note: float | None) -> "queue.Queue":
         """Queue one message; the returned queue gets None once it left, or the error."""
         done: queue.Queue = queue.Queue(maxsize=1)
-        self.queue.put((tensor, note, done))
+        self.queue.put((staged, note, done))
         return done
 
     def _run(self) -> None:
         dst, tag, pg = self.comm.rank_of[self.peer], self.comm.tags[self.kind], self.comm.pg
         while True:
-            tensor, note, done = self.queue.get()
+            staged, note, done = self.queue.get()
+            tensor = staged.wait_host()  # this thread waits for the copy out, not the compute
             try:
                 pg.send([_header(tensor, note)], dst, tag).wait()
                 pg.send([tensor], dst, tag).wait()
             except RuntimeError as e:
                 done.put(str(e).splitlines()[0][:200])
                 continue
+            finally:
+                if staged.event is not None:
+                    self.comm.stager.pool.give(tensor)
             done.put(None)
 
 
 class Comm:
-    def __init__(self, pg: dist.ProcessGroup, rank_of: dict[int, int], device: torch.device, tags: dict = TAGS):
+    def __init__(self, pg: dist.ProcessGroup, rank_of: dict[int, int], device: torch.device, tags: dict = TAGS,
+                 stager: Stager | None = None):
         self.pg, self.rank_of, self.device, self.tags = pg, rank_of, device, tags
+        self.stager = stager or Stager(device)  # host buffers for GPU tensors
         self._boxes: dict[tuple[int, Op], _Mailbox] = {}
         self._outboxes: dict[tuple[int, Op], _Outbox] = {}
         self._posted: list[tuple[int, queue.Queue]] = []  # (peer, outcome) of sends posted, oldest first
         self._failed: list[PeerFailure] = []              # posted sends found failed, not yet raised
         # The same group's evaluation channels (no threads until first used).
-        self.evaluation = Comm(pg, rank_of, device, EVAL_TAGS) if tags is TAGS else None
+        self.evaluation = Comm(pg, rank_of, device, EVAL_TAGS, self.stager) if tags is TAGS else None
 
     def _box(self, peer: int, kind: Op) -> _Mailbox:
         if (peer, kind) not in self._boxes:
@@ -158,7 +171,7 @@ class Comm:
         dead (a paused peer may never take it): then the message is lost with the
         peer, as for any dead node, and PeerFailure says so. `note`, a number that
         travels in the header (a microbatch's loss with its gradient), arrives with it."""
-        done = self._outbox(peer, kind).put(tensor.detach().contiguous().cpu(), note)
+        done = self._outbox(peer, kind).put(self.stager.to_host(tensor, pooled=False), note)
         while True:
             try:
                 error = done.get(timeout=0.05)  # asks as often as a receive does
@@ -174,7 +187,7 @@ class Comm:
         Its outcome is learnt by a later `post` or by `flush`: after this one is queued,
         an earlier send found failed raises PeerFailure. The tensor must not change
         in place afterwards (activations and gradients never do)."""
-        self._posted.append((peer, self._outbox(peer, kind).put(tensor.detach().contiguous().cpu(), note)))
+        self._posted.append((peer, self._outbox(peer, kind).put(self.stager.to_host(tensor, pooled=False), note)))
         still = []
         for peer_of, done in self._posted:
             try:
@@ -229,7 +242,7 @@ class Comm:
                 box.inbox.put(None)  # stays closed for later receives
                 raise PeerFailure(peer, box.error or "channel closed")
             t, note = message
-            return t.to(self.device), note
+            return (self.stager.to_device(t).wait_here() if self.stager.on_gpu else t), note
 
 
 def new_group(store: dist.Store, members: list[int], me: int, timeout: float) -> tuple[dist.ProcessGroup, dict]:

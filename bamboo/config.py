@@ -66,6 +66,9 @@ class JobConfig:
     checkpoint_seconds: float = 0  # seconds between checkpoints (0: never)
     resume: bool = False           # start from the newest complete checkpoint
     check_replicas: bool = False  # digest owners and replicas after every step
+    devices: tuple[str, ...] = field(default_factory=tuple)  # GPUs of a host's workers, or ("cpu",) (devices.py)
+    share_gpu: bool = False        # more workers than GPUs on a host share them
+    transport: str = "auto"        # gloo, nccl, or auto: nccl when every worker has a GPU of its own
     elastic: bool = False          # agents decide the configuration (else P x D fixed nodes)
     layers: int = 0                # the model's layer count (what a complete checkpoint holds)
     job: str = "job"
@@ -94,6 +97,7 @@ class JobConfig:
     def from_dict(cls, d: dict) -> "JobConfig":
         d = dict(d, preempt=tuple(Preempt(**p) for p in d["preempt"]), data_files=tuple(d["data_files"]),
                  val_files=tuple(d.get("val_files", ())),
+                 devices=tuple(d.get("devices", ())),
                  betas=tuple(d["betas"]))
         return cls(**d)
 

@@ -26,6 +26,7 @@ from bamboo.exits import preempt_if_due
 from bamboo.failover import PeersSilent, TooManyDead
 from bamboo.models import dropout_seed, mixed_precision
 from bamboo.protocol import LOSS, NORM, Loss
+from bamboo.staging import Copy, Stager
 from bamboo.swap import SavedTensors
 
 # Ops whose wall time is this node's own work (the straggler check). Timed on the
@@ -45,7 +46,9 @@ class Executor:
         self.modules, self.optimizers = modules, optimizers
         self.corpus, self.device, self.reducer, self.cluster = corpus, device, reducer, cluster
         self.params = {s: {p.data_ptr() for p in m.parameters()} for s, m in modules.items()}
-        self.swap_stream = torch.cuda.Stream() if device.type == "cuda" else None
+        self.stager = Stager(device)      # swaps and kept activations to host memory and back
+        self.acts_host: dict[tuple[int, int], Copy] = {}  # (stage, mb) -> an output kept in host memory
+        self.states: dict[tuple[int, int], tuple] = {}     # (stage, mb) -> input, output, saved tensors
         self.keep_undo = undo
         self.undo: dict[int, tuple] = {}  # stage -> its parameters and optimizer state before this step
         self.busy = 0.0                   # seconds of this iteration in COMPUTE ops (CPU only: 0 on CUDA)
@@ -73,6 +76,7 @@ class Executor:
             loss_scale: float = 1.0) -> None:
         self.iteration, self.mbs, self.comm, self.failover = iteration, microbatches, comm, failover
         self.loss_scale, self.norms_read, self.multiplier, self.overflow = loss_scale, False, None, None
+        self._release()
         self.inputs, self.labels, self.acts, self.grads, self.states = {}, {}, {}, {}, {}
         self.losses: dict[int, torch.Tensor | float] = {}  # global microbatch -> its loss (the last stage's)
         for m in self.modules.values():
@@ -161,7 +165,7 @@ class Executor:
         if s == 0:
             inp = self.inputs[mb]
         else:
-            inp = self.acts[(s - 1, mb)].to(self.device).detach().requires_grad_(True)
+            inp = self._act((s - 1, mb)).to(self.device).detach().requires_grad_(True)
         labels = self.labels[mb] if s == self.P - 1 else None
         saved = SavedTensors(self.params[s]) if ins.redundant else None
         seed = dropout_seed_for(self.cfg.seed, self.iteration, self.mbs[mb])
@@ -185,15 +189,37 @@ class Executor:
 
     def swap_out(self, ins: Instr) -> None:
         key = (ins.stage, ins.mb)
-        self.states[key][2].swap_out(self.swap_stream)
+        self.states[key][2].swap_out(self.stager)
         if key in self.acts:
-            self.acts[key] = self.acts[key].to("cpu", copy=True)
+            self.acts_host[key] = self.stager.to_host(self.acts.pop(key))
 
     def swap_in(self, ins: Instr) -> None:
-        key = (ins.stage, ins.mb)
-        self.states[key][2].swap_in()
-        if key in self.acts:
-            self.acts[key] = self.acts[key].to(self.device, copy=True)
+        """Start this swap-in, and the next one of the stream too (a prefetch: its
+        copies overlap what runs until its BRC)."""
+        for key in [(ins.stage, ins.mb)] + [(i.stage, i.mb) for i in self.stream[self.pc + 1:]
+                                           if i.op is Op.SWAP_IN][:1]:
+            if key in self.states:
+                self.states[key][2].swap_in()
+            if key in self.acts_host:
+                self.acts[key] = self.stager.to_device(self.acts_host.pop(key).tensor)
+
+    def _act(self, key: tuple[int, int]) -> torch.Tensor:
+        """An output of this node's forward: on the device, once its copy back
+        (from a swap, or lazy's kept inputs) is ordered before what reads it."""
+        if key not in self.acts and key in self.acts_host:
+            self.acts[key] = self.stager.to_device(self.acts_host.pop(key).tensor)
+        if isinstance(self.acts[key], Copy):
+            self.acts[key] = self.acts[key].wait_here()
+        return self.acts[key]
+
+    def _release(self) -> None:
+        """The last iteration's host buffers back to the pool (FRC results that BRC
+        never needed, lazy's kept inputs)."""
+        for _, _, saved in self.states.values():
+            if saved is not None:
+                saved.release()
+        self.stager.release(list(self.acts_host.values()))
+        self.acts_host = {}
 
     def _send(self, ins: Instr, kind: Op, tensor: torch.Tensor, note: float | None = None) -> None:
         """A send posted to go out while this node computes on; its outcome is learnt
@@ -202,10 +228,10 @@ class Executor:
 
     def send_act(self, ins: Instr) -> None:
         key = (ins.stage, ins.mb)
-        self._send(ins, Op.SEND_ACT, self.acts[key])
+        self._send(ins, Op.SEND_ACT, self._act(key))
         if self.failover.redundancy == "lazy" and self.device.type == "cuda":
             # The replica's input, should its owner die: kept in host memory, not on the GPU.
-            self.acts[key] = self.acts[key].to("cpu")
+            self.acts_host[key] = self.stager.to_host(self.acts.pop(key))
 
     def recv_act(self, ins: Instr) -> None:
         self.acts[(ins.stage, ins.mb)] = self.comm.recv(self.peer(ins.peer), Op.SEND_ACT, self.failover.keep_waiting)

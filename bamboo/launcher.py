@@ -23,6 +23,7 @@ from bamboo.assignment import Assignment
 from bamboo.changes import Changes
 from bamboo.cluster import Cluster
 from bamboo.config import JobConfig
+from bamboo.devices import LOCAL_RANK
 from bamboo.etcd import EtcdServer, die_with_parent
 from bamboo.exits import FENCED
 from bamboo.protocol import (ASSIGNMENT, CONFIG, DONE, ERROR, FAILED, LOSS, NOTICES, PREEMPTED, SCALE, START,
@@ -159,6 +160,7 @@ class Launcher:
         self._joined: set[int] = set()
         self.server: EtcdServer | None = None
         self.procs: dict[int, subprocess.Popen] = {}
+        self.slots: dict[int, int] = {}  # node -> its LOCAL_RANK, the device it takes (bamboo/devices.py)
         self.on_tick = None    # called while waiting for iterations (a trace replay adds and kills nodes)
         self.stopped = False   # set by on_tick: stop after the current iteration, killing every process
         self.logs: str | None = None
@@ -255,6 +257,8 @@ class Launcher:
                     summary["skipped_steps"] = summary.get("skipped_steps", 0) + sum(
                         e["type"] == "overflow" for e in record["events"])
                 summary["peak_memory_mb"] = {str(n): r.rss_mb for n, r in reports.items()}
+                if cuda := {str(n): r.cuda_mb for n, r in reports.items() if r.cuda_mb}:  # peak allocated
+                    summary["peak_cuda_mb"] = {**summary.get("peak_cuda_mb", {}), **cuda}
                 bar(it, record)
                 for n in self.local.joining(it) if self.local and it not in self._joined else ():
                     self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--log-dir", self.logs)
@@ -275,11 +279,13 @@ class Launcher:
         """A worker (or, for a local cluster, an agent) for `node` (with `named`
         False the agent claims the next free id and `node` only names its log)."""
         kind = "agent" if module.startswith("agents") else "worker"
+        held = {self.slots[n] for n, p in self.procs.items() if p.poll() is None}
+        self.slots[node] = min(set(range(len(held) + 1)) - held)  # the lowest index no live process has
         with open(os.path.join(self.logs, f"{kind}{node}.log"), "w") as log:
             self.procs[node] = subprocess.Popen(
                 [sys.executable, "-m", module, "--etcd", cluster.endpoint, "--job", self.cfg.job,
                  *(["--node", str(node)] if named else []), *args], stdout=log, stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent)
+                preexec_fn=die_with_parent, env={**os.environ, LOCAL_RANK: str(self.slots[node])})
 
     def _join(self, cluster: Cluster) -> dict:
         """The job runs already: add this machine's nodes to it, as agents that wait

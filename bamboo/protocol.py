@@ -133,6 +133,7 @@ class Report(Record):
     events: list = field(default_factory=list)   # failover events seen by this node
     busy: float = 0.0              # seconds of this iteration spent computing (not waiting on peers)
     digests: dict | None = None    # stage -> digest of parameters and optimizer state
+    cuda_mb: float = 0.0           # peak CUDA memory allocated by the worker so far (0: on the CPU)
 
 
 @dataclass(frozen=True)

@@ -1,24 +1,32 @@
 """Swapping the intermediates of a redundant forward to host memory and back.
 
 A forward run under `SavedTensors.recording()` keeps the tensors autograd saves
-for backward in this container instead of inside the graph. `swap_out` copies them
-into host buffers (pinned, on a side stream, when on CUDA) and drops the device
-copies; `swap_in` copies them back. Backward then finds them wherever they are.
-Parameters are left alone: the node holds them anyway.
+for backward in this container instead of inside the graph. `swap_out` starts
+their copies into pooled host buffers (bamboo/staging.py: on a side stream that
+waits for the forward's kernels, pinned, no host synchronisation) and drops the
+device copies; `swap_in` starts the copies back, ahead of use (the executor
+prefetches the next one); backward's kernels wait for them on the GPU, not the
+host. Parameters are left alone: the node holds them anyway.
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
+
+from bamboo.staging import Copy, Stager
+
+
+class PoisonReached(RuntimeError):
+    """A swapped tensor came back with the NaN its host buffer was filled with."""
 
 
 class SavedTensors:
     def __init__(self, params: set[int]):
         self._params = params  # data_ptrs of parameters, never swapped
         self.tensors: list[torch.Tensor] = []
+        self.host: list[Copy] = []      # the copies in host memory, while swapped out
+        self.coming: list[Copy] = []    # the copies on their way back, until backward reads them
         self.on_host = False
-        self.device: torch.device | None = None
+        self.stager: Stager | None = None
 
     def _pack(self, t: torch.Tensor):
         if t.data_ptr() in self._params:
@@ -34,33 +42,38 @@ class SavedTensors:
             return value
         if self.on_host:
             raise RuntimeError("backward from swapped-out intermediates: swap_in first")
+        if self.coming:
+            self.tensors = [c.wait_here() for c in self.coming]
+            self.coming = []
+            if self.stager.pool.poison and any(t.is_floating_point() and t.isnan().any() for t in self.tensors):
+                raise PoisonReached("a swapped-in tensor holds its host buffer's poison: BRC read it before "
+                                    "the copies landed")
         return self.tensors[value]
 
     def recording(self):
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
-    def swap_out(self, stream: "torch.cuda.Stream | None" = None) -> None:
-        if not self.tensors:
-            self.on_host = True
+    def swap_out(self, stager: Stager | None = None) -> None:
+        if self.on_host:
             return
-        self.device = self.tensors[0].device
-        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        with ctx:
-            pin = self.device.type == "cuda"
-            host = []
-            for t in self.tensors:
-                buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
-                buf.copy_(t, non_blocking=pin)
-                host.append(buf)
-        if stream is not None:
-            stream.synchronize()
-        self.tensors, self.on_host = host, True
+        if self.tensors:
+            self.stager = stager or Stager(self.tensors[0].device)
+            self.host = [self.stager.to_host(t) for t in self.tensors]
+        self.tensors, self.on_host = [], True
 
     def swap_in(self) -> None:
-        if self.device is not None:
-            self.tensors = [t.to(self.device, copy=True, non_blocking=self.device.type == "cuda")
-                            for t in self.tensors]
-        self.on_host = False
+        """Start the copies back (a no-op when they are back or on their way)."""
+        if not self.on_host:
+            return
+        self.coming = [self.stager.to_device(c.tensor) for c in self.host]
+        self.host, self.on_host = [], False
+
+    def release(self) -> None:
+        """Give the host buffers back: BRC did not need this forward."""
+        if self.host:
+            self.stager.release(self.host)
+        self.host = []
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors)
+        held = self.tensors or [c.tensor for c in self.host + self.coming]
+        return sum(t.numel() * t.element_size() for t in held)

@@ -27,7 +27,7 @@ import torch
 
 from schedules.layout import Layout
 
-from bamboo import handover
+from bamboo import devices, handover
 from bamboo.api import ModelSource
 from bamboo.assignment import Assignment
 from bamboo.boundary import Boundary
@@ -48,13 +48,19 @@ from bamboo.models import fp16_allowed
 from bamboo.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, ERROR, FAILED, FINISHED, SCALE, START,
                              Abort, LossScale, Mark, Regroup, Report, Start, WorkerError, world_store)
 from bamboo.reduce import Reducer
+from bamboo.staging import Stager
 from bamboo.store import RendezvousAborted
 
 
 class Worker:
     def __init__(self, cluster: Cluster, cfg: JobConfig, node: int):
         self.cluster, self.cfg, self.node = cluster, cfg, node
-        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = devices.pick(devices.local_rank(), cfg.devices,
+                                   torch.cuda.device_count() if torch.cuda.is_available() else 0, cfg.share_gpu)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # kernels, streams and NCCL default to it
+        self.transport = devices.transport(cfg.transport, self.device, cfg.share_gpu)
+        self.stager = Stager(self.device)  # pinned host buffers for its messages
         self.source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq, cfg.model_config)
         self.corpus = corpus_of(cfg, self.source.seq)
         self.holdings = Holdings(self.source, cfg, self.device)
@@ -301,7 +307,8 @@ class Worker:
     def _report(self) -> Report:
         report = Report(rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, time=time.time(),
                         epoch=self.assignment.epoch, events=self.failover.events, busy=self.executor.busy,
-                        digests=self.holdings.digests() if self.cfg.check_replicas else None)
+                        digests=self.holdings.digests() if self.cfg.check_replicas else None,
+                        cuda_mb=torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else 0.0)
         self.failover.events = []
         return report
 
@@ -325,7 +332,7 @@ class Worker:
         members = [n for n in self.assignment.members if n not in self.failed]
         pg, rank_of, self._store = open_group(self.cluster, store_key, members, self.node,
                                               self._lease_check(members, iteration, starting), self.cfg.hang_timeout)
-        return Comm(pg, rank_of, self.device)
+        return Comm(pg, rank_of, self.device, stager=self.stager)
 
     def local_failed(self) -> tuple[int, ...]:
         return self.assignment.local_failed(self.pipeline, self.failed)

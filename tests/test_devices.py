@@ -1,0 +1,89 @@
+"""Device selection (bamboo/devices.py): one GPU per worker of a host, the
+--devices list, --share-gpu, the transport, and the launcher's LOCAL_RANK."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bamboo.config import JobConfig
+from bamboo.devices import DeviceError, parse_devices, pick, transport
+
+
+def test_each_worker_of_a_host_takes_the_gpu_of_its_index():
+    assert [pick(r, (), 4, False) for r in range(4)] == [torch.device("cuda", r) for r in range(4)]
+    assert [pick(r, ("3", "1"), 4, False) for r in range(2)] == [torch.device("cuda", 3), torch.device("cuda", 1)]
+
+
+def test_no_gpu_or_cpu_asked_for_means_the_cpu():
+    assert pick(5, (), 0, False) == torch.device("cpu")
+    assert pick(0, ("cpu",), 8, False) == torch.device("cpu")
+
+
+def test_more_workers_than_gpus_is_an_error_unless_sharing_is_asked_for():
+    with pytest.raises(DeviceError, match="--share-gpu"):
+        pick(2, (), 2, False)
+    with pytest.raises(DeviceError, match="--share-gpu"):
+        pick(1, ("0",), 2, False)
+    assert [pick(r, (), 2, True) for r in range(5)] == [torch.device("cuda", r % 2) for r in range(5)]
+    assert [pick(r, ("1",), 2, True) for r in range(3)] == [torch.device("cuda", 1)] * 3
+
+
+def test_devices_the_host_does_not_have_or_malformed_are_refused():
+    with pytest.raises(DeviceError, match="GPU 2, but this host has 2"):
+        pick(0, ("0", "2"), 2, False)
+    for bad in ("a,b", "0,0", "-1", "cpu,0"):
+        with pytest.raises(DeviceError):
+            parse_devices(bad)
+    assert parse_devices("2, 0") == ("2", "0") and parse_devices(None) == ()
+
+
+def test_the_transport_is_gloo_and_nccl_says_why_not():
+    assert transport("auto", torch.device("cuda", 0), False) == "gloo"
+    assert transport("gloo", torch.device("cpu"), False) == "gloo"
+    with pytest.raises(DeviceError, match="needs a GPU"):
+        transport("nccl", torch.device("cpu"), False)
+    with pytest.raises(DeviceError, match="cannot share"):
+        transport("nccl", torch.device("cuda", 0), True)
+    with pytest.raises(DeviceError, match="not built yet"):
+        transport("nccl", torch.device("cuda", 0), False)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--devices", "0,x"], "--devices takes GPU indices"),
+    (["--transport", "nccl"], "--transport nccl needs a GPU"),
+    (["--transport", "nccl", "--share-gpu"], "--transport nccl cannot share a GPU"),
+])
+def test_bamboo_train_refuses_device_flags_in_one_line(flags, says):
+    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--stages", "2", "--iterations", "1", *flags],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and says in out.stderr
+
+
+def test_the_launcher_gives_each_local_process_the_lowest_free_index(tmp_path, monkeypatch):
+    """LOCAL_RANK reaches every worker (and agent, whose worker inherits it); the
+    index of a process that exited goes to the next one started."""
+    from bamboo.launcher import Launcher
+
+    started = []
+
+    class Popen:
+        def __init__(self, args, env=None, **kwargs):
+            self.exited = None
+            started.append((self, env))
+
+        def poll(self):
+            return self.exited
+    monkeypatch.setattr(subprocess, "Popen", Popen)
+    launcher = Launcher(JobConfig(job="j"))
+    launcher.logs = str(tmp_path)
+
+    class Cluster:
+        endpoint = "127.0.0.1:1"
+    for node in (0, 1, 2):
+        launcher._start(Cluster(), node, "bamboo.worker")
+    started[1][0].exited = -9  # node 1 was killed: its GPU is free
+    launcher._start(Cluster(), 7, "agents.agent", named=False)
+    launcher._start(Cluster(), 8, "agents.agent", named=False)
+    assert [env["LOCAL_RANK"] for _, env in started] == ["0", "1", "2", "1", "3"]
