@@ -106,8 +106,9 @@ class _Outbox:
         self.queue: queue.Queue = queue.Queue()
         threading.Thread(target=self._run, daemon=True, name=f"outbox-{peer}-{kind.value}").start()
 
-    def put(self, staged: Copy, note: float | None) -> "queue.Queue":
-        """Queue one message; the returned queue gets None once it left, or the error."""
+    def put(self, staged: Copy, note: "float | Copy | None") -> "queue.Queue":
+        """Queue one message; the returned queue gets None once it left, or the error.
+        A note still on its way to the host (a Copy) is read here, in this thread."""
         done: queue.Queue = queue.Queue(maxsize=1)
         self.queue.put((staged, note, done))
         return done
@@ -117,6 +118,11 @@ class _Outbox:
         while True:
             staged, note, done = self.queue.get()
             tensor = staged.wait_host()  # this thread waits for the copy out, not the compute
+            if isinstance(note, Copy):
+                value = float(note.wait_host())
+                if note.event is not None:
+                    self.comm.stager.pool.give(note.tensor)
+                note = value
             try:
                 pg.send([_header(tensor, note)], dst, tag).wait()
                 pg.send([tensor], dst, tag).wait()
@@ -182,11 +188,13 @@ class Comm:
         if error is not None:
             raise PeerFailure(peer, error)
 
-    def post(self, peer: int, kind: Op, tensor: torch.Tensor, note: float | None = None) -> None:
+    def post(self, peer: int, kind: Op, tensor: torch.Tensor, note: "float | torch.Tensor | None" = None) -> None:
         """Queue a send and go on computing while it leaves (docs/HOTPATH.md, finding 5).
         Its outcome is learnt by a later `post` or by `flush`: after this one is queued,
         an earlier send found failed raises PeerFailure. The tensor must not change
         in place afterwards (activations and gradients never do)."""
+        if isinstance(note, torch.Tensor):  # read by the outbox: no host synchronisation here
+            note = self.stager.to_host(note.reshape(1), pooled=False)
         self._posted.append((peer, self._outbox(peer, kind).put(self.stager.to_host(tensor, pooled=False), note)))
         still = []
         for peer_of, done in self._posted:

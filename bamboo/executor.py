@@ -221,7 +221,7 @@ class Executor:
         self.stager.release(list(self.acts_host.values()))
         self.acts_host = {}
 
-    def _send(self, ins: Instr, kind: Op, tensor: torch.Tensor, note: float | None = None) -> None:
+    def _send(self, ins: Instr, kind: Op, tensor: torch.Tensor, note=None) -> None:
         """A send posted to go out while this node computes on; its outcome is learnt
         later (Comm.post), at the latest before the stream is done."""
         self.comm.post(self.peer(ins.peer), kind, tensor, note)
@@ -239,7 +239,7 @@ class Executor:
     def send_grad(self, ins: Instr) -> None:
         # The last stage's gradient carries its microbatch's loss: should this node die
         # once it left, the receiver, which takes the stage over, holds the loss.
-        loss = float(self.losses[self.mbs[ins.mb]]) if ins.stage == self.P - 1 else None
+        loss = self.losses[self.mbs[ins.mb]] if ins.stage == self.P - 1 else None  # (a tensor: no sync)
         self._send(ins, Op.SEND_GRAD, self.grads[(ins.stage, ins.mb)], loss)
 
     def recv_grad(self, ins: Instr) -> None:

@@ -1,0 +1,132 @@
+"""make gpu-check: the CUDA path, correct and measured (issue 15).
+
+    python scripts/gpu_check.py [--out out/gpu-check.json] [--quick]
+
+Needs a CUDA machine; on one without, it says so and exits 0. Every run is a
+real `bamboo-train` with its workers sharing the GPU(s) (`--share-gpu`, gloo:
+GPU tensors staged through pinned host buffers), a node SIGKILLed mid-iteration,
+compared with the single-process reference computed in float64 on the CPU:
+the built-in and Hugging Face models, fp32 and bf16, eager and lazy, and the
+swap poison run (every host buffer filled with NaN before its copy: a NaN that
+reaches BRC fails it). Then eager/off and lazy/off iteration time and peak CUDA
+memory per worker for GPT-2 small's shape. Exit 1 if a correctness check fails.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2}  # relative, against the float64 CPU reference
+COMMON = ["--microbatches", "8", "--iterations", "6", "--batch", "2", "--seq", "64", "--seed", "3"]
+
+
+def train(metrics: str, *args: str, env: dict | None = None) -> tuple[list[dict], dict, str]:
+    """Run bamboo-train; its iteration records, its summary and its stderr's tail."""
+    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--no-progress", "--metrics-out", metrics, *args],
+                         capture_output=True, text=True, timeout=1800, env={**os.environ, **(env or {})})
+    lines = [json.loads(x) for x in open(metrics)] if os.path.exists(metrics) and out.returncode == 0 else []
+    records = [r for r in lines if "summary" not in r]
+    summary = next((r["summary"] for r in lines if "summary" in r), {})
+    return records, summary, out.stderr.strip().splitlines()[-1] if out.returncode else ""
+
+
+def reference(tmp: str, model: str) -> list[float]:
+    records, _, error = train(os.path.join(tmp, f"ref-{model}.jsonl"), "--model", model, *COMMON,
+                              "--stages", "1", "--dtype", "float64", "--devices", "cpu")
+    if error:
+        raise SystemExit(f"gpu-check: the reference run failed: {error}")
+    return [r["loss"] for r in records]
+
+
+CASES = [  # name, model, precision, redundancy, extra flags, extra environment
+    ("tiny fp32 eager", "tiny", "fp32", "eager", [], {}),
+    ("tiny bf16 eager", "tiny", "bf16", "eager", [], {}),
+    ("tiny fp32 lazy", "tiny", "fp32", "lazy", [], {}),
+    ("tiny fp32 eager, swap poison", "tiny", "fp32", "eager", [], {"BAMBOO_POISON_HOST": "1"}),
+    ("gpt2-tiny fp32 eager", "hf:gpt2-tiny", "fp32", "eager", [], {}),
+    ("gpt2-tiny bf16 eager", "hf:gpt2-tiny", "bf16", "eager", [], {}),
+    ("llama-tiny bf16 lazy", "hf:llama-tiny", "bf16", "lazy", [], {}),
+]
+
+
+def correctness(tmp: str, quick: bool) -> list[dict]:
+    rows, refs = [], {}
+    for name, model, precision, mode, extra, env in CASES[:3] if quick else CASES:
+        refs.setdefault(model, reference(tmp, model))
+        records, summary, error = train(os.path.join(tmp, f"{name.replace(' ', '_')}.jsonl"), "--model", model,
+                                        *COMMON, "--stages", "4", "--share-gpu", "--precision", precision,
+                                        "--redundancy", mode, "--preempt", "2@3:12", *extra, env=env)
+        losses = [r["loss"] for r in records]
+        worst = max((abs(a - b) / abs(b) for a, b in zip(losses, refs[model])), default=float("inf"))
+        killed = any(e["type"] == "preemption" for r in records for e in r.get("events", []))
+        ok = not error and len(losses) == len(refs[model]) and killed and worst <= TOLERANCE[precision]
+        rows.append({"check": name, "ok": ok, "max_rel_loss_error": worst, "tolerance": TOLERANCE[precision],
+                     "killed": killed, "peak_cuda_mb": summary.get("peak_cuda_mb"), "error": error})
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: max relative loss error {worst:.2e} "
+              f"(tolerance {TOLERANCE[precision]:g}), node 2 killed in iteration 3: {killed}"
+              + (f" -- {error}" if error else ""), flush=True)
+    return rows
+
+
+def performance(tmp: str, quick: bool) -> dict:
+    """eager/off and lazy/off on GPT-2 small's shape (124M), P=2, fault-free."""
+    args = ["--model", "hf:gpt2", "--stages", "2", "--microbatches", "8", "--batch", "4", "--seq", "256",
+            "--iterations", "4" if quick else "8", "--precision", "bf16", "--share-gpu"]
+    result = {"flags": " ".join(args)}
+    for mode in ("off", "eager", "lazy"):
+        records, summary, error = train(os.path.join(tmp, f"perf-{mode}.jsonl"), *args, "--redundancy", mode)
+        if error:
+            result[mode] = {"error": error}
+            continue
+        seconds = [r["seconds"] for r in records[2:]] or [r["seconds"] for r in records]
+        result[mode] = {"iteration_s": statistics.median(seconds), "peak_cuda_mb": summary.get("peak_cuda_mb")}
+    base = result.get("off", {})
+    for mode in ("eager", "lazy"):
+        mine = result.get(mode, {})
+        if "iteration_s" in mine and "iteration_s" in base:
+            result[f"{mode}/off time"] = round(mine["iteration_s"] / base["iteration_s"], 3)
+            result[f"{mode}/off memory"] = round(max(mine["peak_cuda_mb"].values())
+                                                 / max(base["peak_cuda_mb"].values()), 3)
+    print(json.dumps(result, indent=1), flush=True)
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="gpu_check", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="out/gpu-check.json")
+    ap.add_argument("--quick", action="store_true", help="three correctness runs and a short timing")
+    ap.add_argument("--on-cpu", action="store_true", help="run the correctness checks on the CPU (tests this script)")
+    args = ap.parse_args()
+    if args.on_cpu:
+        with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+            return 0 if all(r["ok"] for r in correctness(tmp, args.quick)) else 1
+    if not torch.cuda.is_available():
+        print("gpu-check: skipped: this machine has no CUDA device (run `make gpu-check` on a GPU host)")
+        return 0
+    gpus = torch.cuda.device_count()
+    device = torch.cuda.get_device_name(0)
+    print(f"gpu-check on {gpus} x {device}, torch {torch.__version__}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        rows = correctness(tmp, args.quick)
+        perf = performance(tmp, args.quick)
+    nccl = "not run: --transport nccl is not built yet" if gpus >= 2 else "not run: one GPU"
+    print(f"nccl: {nccl}")
+    report = {"device": device, "gpus": gpus, "torch": torch.__version__, "checks": rows, "performance": perf,
+              "nccl": nccl}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(os.path.abspath(args.out)), delete=False) as f:
+        json.dump(report, f, indent=1)
+    os.replace(f.name, args.out)
+    print(f"wrote {args.out}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
