@@ -83,8 +83,8 @@ class _Mailbox:
                 h = torch.zeros(_HEADER, dtype=torch.int64)
                 pg.recv([h], src, tag).wait()
                 shape = tuple(int(x) for x in h[1:1 + int(h[0])])
-                dtype = _DTYPES[int(h[-1])]
-                t = self.comm.stager.pool.take(shape, dtype) if self.comm.stager.on_gpu else torch.empty(shape, dtype=dtype)
+                dtype, stager = _DTYPES[int(h[-1])], self.comm.stager
+                t = stager.pool.take(shape, dtype) if stager.on_gpu else torch.empty(shape, dtype=dtype)
                 pg.recv([t], src, tag).wait()
             except RuntimeError as e:
                 with self.cond:
