@@ -16,7 +16,7 @@ from __future__ import annotations
 from agents.modes import HALF_LIFE_HOURS, choose
 from agents.policy import Config
 from sim.accounting import RunState
-from sim.strategies import Bamboo, RedoFromPeers, _handover_seconds, peer_reload_seconds
+from sim.strategies import Bamboo, RedoFromPeers, _handover_seconds, lazy_forwards_seconds, peer_reload_seconds
 
 PRIOR_RATE, PRIOR_HOURS = 0.05, 2.0  # the runtime's defaults (--auto-prior-rate, --auto-prior-hours)
 
@@ -39,16 +39,16 @@ class Auto(Bamboo):
         self.last = s.t
         rules = RedoFromPeers if self.redundancy == "off" else Bamboo
         nxt = rules.react(self, sim, s, config, live, removed)
-        if self.redundancy == "lazy" and used & removed:  # the dead stage's forwards, recomputed
-            s.pause(_seconds(sim, len(config.pipelines), "off") / (3 * sim.P))
+        if self.redundancy == "lazy":
+            s.pause(lazy_forwards_seconds(sim, config, removed))
         if nxt and nxt.depth == sim.P and nxt.pipelines:
             self._choose(sim, s, nxt)
         return nxt
 
     def _choose(self, sim, s: RunState, config: Config) -> None:
         pipelines = len(config.pipelines)
-        seconds = {m: _seconds(sim, pipelines, m) for m in ("eager", "lazy", "off")}
-        merged = _seconds(sim, pipelines, "eager", merged=True)
+        seconds = {m: sim.iteration_seconds(pipelines, mode=m) for m in ("eager", "lazy", "off")}
+        merged = sim.iteration_seconds(pipelines, merged=True, mode="eager")
         pause = {"eager": merged, "lazy": merged + seconds["off"] / (3 * sim.P),
                  "off": sim.opt.failure_timeout + seconds["off"] / 2 + peer_reload_seconds(sim)}
         rate = (self.deaths + PRIOR_RATE * PRIOR_HOURS) / (self.node_hours + PRIOR_HOURS)
@@ -68,7 +68,3 @@ class Auto(Bamboo):
                 "hours_per_mode": {m: round(v / 3600, 3) for m, v in time_in.items()},
                 "auto_prior_rate": PRIOR_RATE, "auto_prior_hours": PRIOR_HOURS}
 
-
-def _seconds(sim, pipelines: int, mode: str, merged: bool = False) -> float:
-    from sim.simulator import _iteration_ms
-    return _iteration_ms(sim.profile, sim.P, pipelines, mode, merged) / 1000

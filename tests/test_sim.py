@@ -13,7 +13,8 @@ from sim.profiles import NETWORK, PROFILES
 from sim.accounting import RunState
 from sim.auto import Auto
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
-from sim.strategies import Bamboo, CheckpointRestart, OnDemand, RedoFromPeers
+from sim.cli import main
+from sim.strategies import Bamboo, CheckpointRestart, Lazy, OnDemand, RedoFromPeers
 from sim.traces import Event
 
 P3 = os.path.join(os.path.dirname(__file__), "..", "traces", "ec2-p3-trace.csv")
@@ -81,7 +82,7 @@ def one_batch(strategy, removed, saved=50.0, standby=()):
 
 
 def test_strategy_names_map_to_classes():
-    assert STRATEGIES == {"bamboo": Bamboo, "redo": RedoFromPeers, "checkpoint": CheckpointRestart,
+    assert STRATEGIES == {"bamboo": Bamboo, "lazy": Lazy, "redo": RedoFromPeers, "checkpoint": CheckpointRestart,
                           "on-demand": OnDemand, "auto": Auto}
     assert isinstance(ClusterSimulator(BERT, 2, "bamboo").rules, Bamboo)
 
@@ -103,6 +104,22 @@ def test_bamboo_react_rewinds_when_a_stage_is_lost_everywhere():
     handover = BERT.stage_state_bytes(2) * 2 / NETWORK
     assert s.paused_until == pytest.approx(sim.iteration_seconds(2, merged=True) + Options().reconfigure_seconds
                                            + handover)
+
+
+def test_lazy_runs_the_lazy_schedule_and_adds_the_dead_stage_s_forwards_to_eager_s_failover():
+    lazy, s, nxt = one_batch("lazy", {"n1"})
+    eager, e, _ = one_batch("bamboo", {"n1"})
+    assert lazy.throughput(2) == pytest.approx(rate(2, "lazy"))
+    assert rate(2, "off") > lazy.throughput(2) > eager.throughput(2)
+    forwards = lazy.iteration_seconds(2, mode="off") / (3 * 2)  # a third of one stage's share of the work
+    assert s.paused_until == pytest.approx(e.paused_until + forwards) and s.samples == 80.0
+    assert nxt.pipelines == (("n2", "n3"),)
+
+
+@pytest.mark.parametrize("mode,strategy", [("eager", "bamboo"), ("lazy", "lazy"), ("off", "redo"), ("auto", "auto")])
+def test_redundancy_picks_bamboo_s_mode(mode, strategy, capsys):
+    assert main(["--trace", P3, "--strategy", "bamboo", "--redundancy", mode, "--hours", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["strategy"] == strategy
 
 
 def test_checkpoint_react_restarts_on_a_used_node_only():
@@ -179,6 +196,9 @@ def test_sweep_writes_the_value_plot(tmp_path):
     (["--trace", P3, "--warmup-seconds", "-1"], "--warmup-seconds"),
     (["--trace", P3, "--spot-price", "0"], "--spot-price"),
     (["--trace", P3, "--profile", "guess"], "--profile"),
+    (["--trace", P3, "--strategy", "redo", "--redundancy", "lazy"], "--redundancy"),
+    (["--trace", P3, "--redundancy", "sometimes"], "--redundancy"),
+    (["--sweep-rates", "--redundancy", "off"], "--redundancy"),
 ])
 def test_bad_input_is_one_line(args, needle):
     res = subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, timeout=60)
@@ -198,3 +218,4 @@ def test_auto_stays_without_redundancy_without_preemptions_and_adds_it_when_they
     r = ClusterSimulator(BERT, 2, "auto").run(stormy, hours=1.0)
     redundant = sum(h for m, h in r["hours_per_mode"].items() if m != "off")
     assert redundant > r["hours_per_mode"].get("off", 0.0), r["hours_per_mode"]
+
