@@ -164,11 +164,29 @@ def test_ec2_p3_trace_gpt2_p12_all_strategies():
     # the honest baselines: with paid writes at the optimal interval checkpoint-restart
     # beats eager Bamboo on this trace, and redo from peers beats both
     assert out["redo"]["value"] > out["checkpoint"]["value"] > out["bamboo"]["value"] > out["on-demand"]["value"]
-    # auto (the agents' choose() at every batch): off most of the time, a redundant
-    # mode when deaths crowd; within 2% of redo, above eager Bamboo
-    assert out["auto"]["value"] > out["bamboo"]["value"] and out["auto"]["value"] > 0.98 * out["redo"]["value"]
+    # auto (the agents' choose() at every batch): within 2% of the best fixed mode
+    # (the issue's done-when; on this trace it stays off), above eager Bamboo
+    assert out["auto"]["value"] > out["bamboo"]["value"] and out["auto"]["value"] >= 0.98 * best_fixed(out)
     assert set(out["auto"]["hours_per_mode"]) <= {"eager", "lazy", "off"}
     assert out["on-demand"]["cost_per_hour"] == pytest.approx(out["on-demand"]["mean_nodes"] * 3.06)
+
+
+def best_fixed(values):
+    """The best of eager, lazy, off (redo) and checkpoint-restart at its optimal interval."""
+    return max(values[k]["value"] if isinstance(values[k], dict) else values[k]
+               for k in ("bamboo", "lazy", "redo", "checkpoint"))
+
+
+@pytest.mark.parametrize("stages", [6, 12])
+def test_ec2_g4dn_trace_auto_within_2_percent_of_the_best_fixed_mode(stages, capsys):
+    """The g4dn trace holds 12.6 nodes on average: P=6 gives two pipelines as P=12
+    does on p3; at P=12 the job runs one pipeline or none, where off means a rollback."""
+    g4dn = os.path.join(os.path.dirname(P3), "ec2-g4dn-trace.csv")
+    assert main(["--trace", g4dn, "--strategy", "all", "--model", "gpt2", "--stages", str(stages)]) == 0
+    top = json.loads(capsys.readouterr().out)
+    out = top["strategies"]
+    assert top["trace"]["preemptions"] == 74 and out["redo"]["preemptions"] == 74
+    assert out["auto"]["value"] >= 0.98 * best_fixed(out)
 
 
 def test_sweep_writes_the_value_plot(tmp_path):
@@ -219,3 +237,16 @@ def test_auto_stays_without_redundancy_without_preemptions_and_adds_it_when_they
     redundant = sum(h for m, h in r["hours_per_mode"].items() if m != "off")
     assert redundant > r["hours_per_mode"].get("off", 0.0), r["hours_per_mode"]
 
+
+def test_auto_on_one_pipeline_risks_off_with_a_checkpoint_while_deaths_are_rare():
+    """One pipeline: off goes back to the checkpoint on a death, worth it without
+    preemptions (the value of redo, which does the same), not when they crowd."""
+    calm = [Event(0, "add", f"n{i}", "ab"[i % 2]) for i in range(2)]
+    quiet = ClusterSimulator(BERT, 2, "auto").run(calm, hours=1.0)
+    assert quiet["hours_per_mode"] == {"off": 1.0}
+    assert quiet["samples"] == pytest.approx(ClusterSimulator(BERT, 2, "redo").run(calm, hours=1.0)["samples"])
+    from sim.traces import synthetic
+    stormy = synthetic(1.0, 3, ("a", "b", "c"), rate=50.0, seed=1, refill_seconds=10)
+    r = ClusterSimulator(BERT, 2, "auto").run(stormy, hours=1.0)
+    redundant = sum(h for m, h in r["hours_per_mode"].items() if m != "off")
+    assert redundant > r["hours_per_mode"].get("off", 0.0), r["hours_per_mode"]
