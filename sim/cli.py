@@ -24,7 +24,7 @@ from sim.profiles import PROFILES, SOURCES, profile
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
 from sim.traces import TraceError, read, synthetic
 
-SWEEP_RATES = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8)  # preemptions per node-hour
+SWEEP_RATES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)  # preemptions per node-hour
 # --strategy bamboo --redundancy MODE: the strategy that runs Bamboo in that mode
 REDUNDANCY = {"eager": "bamboo", "lazy": "lazy", "off": "redo", "auto": "auto"}
 GB = 1e9
@@ -158,7 +158,7 @@ def plot_sweep(rows: list[dict], directory: str, title: str) -> str:
         ax.plot([r["rate"] for r in rows], [r[strategy] for r in rows], marker="o", label=strategy)
     ax.set_xscale("log")
     ax.minorticks_off()
-    ax.set_xticks([r["rate"] for r in rows], [str(r["rate"]) for r in rows])
+    ax.set_xticks([r["rate"] for r in rows], [f"{r['rate']:g}" for r in rows])
     ax.set_xlabel("preemptions per node-hour")
     ax.set_ylabel("value: samples/s per $/h")
     ax.set_title(title)

@@ -13,7 +13,7 @@ from sim.profiles import NETWORK, PROFILES
 from sim.accounting import RunState
 from sim.auto import Auto
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
-from sim.cli import main
+from sim.cli import SWEEP_RATES, main
 from sim.strategies import Bamboo, CheckpointRestart, Lazy, OnDemand, RedoFromPeers
 from sim.traces import Event
 
@@ -196,7 +196,10 @@ def test_sweep_writes_the_value_plot(tmp_path):
     out = json.loads(res.stdout)
     assert (tmp_path / "value-vs-rate.png").stat().st_size > 1000
     rows = out["sweep"]
-    assert len(rows) >= 5 and all(r["on-demand"] == rows[0]["on-demand"] for r in rows)
+    assert [r["rate"] for r in rows] == list(SWEEP_RATES) == [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2]  # the README's
+    # on-demand: the trace's mean cluster, the same until refills lag enough to shrink it (2 per node-hour)
+    assert len({r["on-demand"] for r in rows if r["rate"] <= 1}) == 1
+    assert all(r["auto"] >= 0.98 * best_fixed(r) for r in rows)  # the done-when, on this model
     assert rows[-1]["checkpoint"] < rows[0]["checkpoint"]  # restarts hurt more as preemptions grow
 
 
