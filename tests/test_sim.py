@@ -203,6 +203,12 @@ def test_sweep_writes_the_value_plot(tmp_path):
     assert rows[-1]["checkpoint"] < rows[0]["checkpoint"]  # restarts hurt more as preemptions grow
 
 
+def test_the_readme_s_sweep_table_has_the_sweep_s_rates():
+    readme = open(os.path.join(os.path.dirname(P3), "..", "README.md")).read()
+    header = next(line for line in readme.splitlines() if line.startswith("| preemptions per node-hour |"))
+    assert [float(cell) for cell in header.strip(" |").split(" | ")[1:]] == list(SWEEP_RATES)
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--trace", "/nonexistent.csv"], "/nonexistent.csv"),
     (["--trace", P3, "--stages", "1"], "--stages"),
