@@ -211,7 +211,8 @@ class OnDemand:
                        nodes * sim.opt.on_demand_price, horizon / 3600, [(0.0, nodes, rate)])
 
 
-STRATEGIES = {"bamboo": Bamboo, "lazy": Lazy, "redo": RedoFromPeers, "checkpoint": CheckpointRestart, "on-demand": OnDemand}
+STRATEGIES = {"bamboo": Bamboo, "lazy": Lazy, "redo": RedoFromPeers, "checkpoint": CheckpointRestart,
+              "on-demand": OnDemand}
 
 
 def _moved(a: Config, b: Config) -> bool:
