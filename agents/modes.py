@@ -96,11 +96,15 @@ def expected_seconds(seconds: float, pause: float, rate: float, nodes: int) -> f
     return seconds * (1 + rate * nodes * pause / 3600)
 
 
-def choose(current: str, rate: float, nodes: int, pipelines: int, seconds: dict, pause: dict) -> str:
+def choose(current: str, rate: float, nodes: int, pipelines: int, seconds: dict, pause: dict,
+           rollback: float | None = None) -> str:
     """The mode with the fewest expected seconds per iteration, kept unless another
-    saves more than MARGIN of it (`current` "": none yet). Off needs a second pipeline (a death is redone
-    from its copy of the stage), else it would restart the job."""
-    allowed = [m for m in MODES if m != "off" or pipelines >= 2]
+    saves more than MARGIN of it (`current` "": none yet). Off redoes a death from
+    a second pipeline's copy of the stage; with one pipeline a death sends it back
+    to its last checkpoint, which it may risk only when there is one: `rollback`
+    is then what such a death costs (None: no checkpoint, off needs two pipelines)."""
+    allowed = [m for m in MODES if m != "off" or pipelines >= 2 or rollback is not None]
+    pause = {**pause, "off": rollback} if pipelines < 2 and rollback is not None else pause
     cost = {m: expected_seconds(seconds[m], pause[m], rate, nodes) for m in allowed}
     best = min(allowed, key=lambda m: (cost[m], MODES.index(m)))
     if current in cost and not math.isclose(cost[current], 0.0) and cost[best] >= cost[current] * (1 - MARGIN):

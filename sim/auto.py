@@ -1,22 +1,27 @@
 """The `auto` strategy: Bamboo with `--redundancy auto`, the mode re-chosen at every
 batch of trace events by the agents' own pure function (`agents.modes.choose`).
 
-The rate it chooses from is weighted as the agents weigh it (deaths and node-hours
-of the nodes in use, a one-hour half-life, from the same prior). Where the runtime
-measures each mode's iteration time and cost of a death, the simulator knows them
-from its profile: the iteration of each mode's schedule; a death costs a merged
-iteration with eager, that plus the dead stage's forwards (a third of its share of
-the work) with lazy, and a redo with off (the failure timeout, half an iteration
-lost and a stage reloaded from a peer; the reconfiguration after a death is paid in
-every mode, so it is left out of the comparison). A switch pauses for a
-reconfiguration, and one from off to a redundant mode also for the replicas' handover.
+The rate it chooses from is weighted as the agents weigh it (node-hours of the
+nodes in use, a one-hour half-life, from the same prior), counting a batch of
+simultaneous deaths once: each cost below is what the whole batch costs, and the
+runtime's product of rate and cost is the same, as it divides an iteration's added
+time by the deaths in it. Where the runtime measures each mode's iteration time and
+cost of a death, the simulator knows them from its profile: the iteration of each
+mode's schedule; a death costs a merged iteration with eager, that plus the dead
+stage's forwards (a third of its share of the work) with lazy, and a redo with off
+(the failure timeout, half an iteration lost and a stage reloaded from a peer; the
+reconfiguration after a death is paid in every mode, so it is left out of the
+comparison), or with off on one pipeline a rollback to the checkpoint. A switch
+pauses for a reconfiguration, and one from off to a redundant mode also for the
+replicas' handover.
 """
 from __future__ import annotations
 
 from agents.modes import HALF_LIFE_HOURS, choose
 from agents.policy import Config
 from sim.accounting import RunState
-from sim.strategies import Bamboo, RedoFromPeers, _handover_seconds, peer_reload_seconds
+from sim.checkpointing import optimal_interval
+from sim.strategies import Bamboo, RedoFromPeers, _handover_seconds, lazy_forwards_seconds, peer_reload_seconds
 
 PRIOR_RATE, PRIOR_HOURS = 0.05, 2.0  # the runtime's defaults (--auto-prior-rate, --auto-prior-hours)
 
@@ -25,7 +30,7 @@ class Auto(Bamboo):
     def __init__(self, state: RunState | None = None):
         self.state = state       # the run these observations belong to (a strategy may replay twice)
         self.redundancy = "off"  # until the first choice
-        self.deaths = self.node_hours = self.last = 0.0
+        self.failures = self.node_hours = self.last = 0.0  # weighted batches with deaths
         self.switches: list[tuple[float, str]] = []  # (time, the mode switched to)
 
     def react(self, sim, s: RunState, config: Config | None, live: dict[str, str],
@@ -35,24 +40,25 @@ class Auto(Bamboo):
         used = {n for pipe in config.pipelines for n in pipe} if config else set()
         decay = 0.5 ** ((s.t - self.last) / 3600 / HALF_LIFE_HOURS)
         self.node_hours = self.node_hours * decay + len(used) * (s.t - self.last) / 3600
-        self.deaths = self.deaths * decay + len(used & removed)
+        self.failures = self.failures * decay + (1 if used & removed else 0)  # a batch: one failure
         self.last = s.t
         rules = RedoFromPeers if self.redundancy == "off" else Bamboo
         nxt = rules.react(self, sim, s, config, live, removed)
-        if self.redundancy == "lazy" and used & removed:  # the dead stage's forwards, recomputed
-            s.pause(_seconds(sim, len(config.pipelines), "off") / (3 * sim.P))
+        if self.redundancy == "lazy":
+            s.pause(lazy_forwards_seconds(sim, config, removed))
         if nxt and nxt.depth == sim.P and nxt.pipelines:
             self._choose(sim, s, nxt)
         return nxt
 
     def _choose(self, sim, s: RunState, config: Config) -> None:
         pipelines = len(config.pipelines)
-        seconds = {m: _seconds(sim, pipelines, m) for m in ("eager", "lazy", "off")}
-        merged = _seconds(sim, pipelines, "eager", merged=True)
+        seconds = {m: sim.iteration_seconds(pipelines, mode=m) for m in ("eager", "lazy", "off")}
+        merged = sim.iteration_seconds(pipelines, merged=True, mode="eager")
         pause = {"eager": merged, "lazy": merged + seconds["off"] / (3 * sim.P),
                  "off": sim.opt.failure_timeout + seconds["off"] / 2 + peer_reload_seconds(sim)}
-        rate = (self.deaths + PRIOR_RATE * PRIOR_HOURS) / (self.node_hours + PRIOR_HOURS)
-        mode = choose(self.redundancy if self.switches else "", rate, pipelines * sim.P, pipelines, seconds, pause)
+        rate = (self.failures + PRIOR_RATE * PRIOR_HOURS) / (self.node_hours + PRIOR_HOURS)
+        mode = choose(self.redundancy if self.switches else "", rate, pipelines * sim.P, pipelines, seconds, pause,
+                      rollback_seconds(sim, rate, pipelines * sim.P))
         if mode != self.redundancy or not self.switches:
             if self.switches:
                 build = _handover_seconds(sim.profile, sim.P) if self.redundancy == "off" else 0.0
@@ -69,6 +75,12 @@ class Auto(Bamboo):
                 "auto_prior_rate": PRIOR_RATE, "auto_prior_hours": PRIOR_HOURS}
 
 
-def _seconds(sim, pipelines: int, mode: str, merged: bool = False) -> float:
-    from sim.simulator import _iteration_ms
-    return _iteration_ms(sim.profile, sim.P, pipelines, mode, merged) / 1000
+def rollback_seconds(sim, rate: float, nodes: int) -> float:
+    """What a death costs off on one pipeline, which goes back to its last
+    checkpoint: the restart and, on average, half an interval of work. The interval
+    is the fixed one or the formula's for `rate` on `nodes`; its writes are left
+    out, as every mode takes them at the same interval."""
+    mtbf = 3600 / (max(rate, 1e-9) * nodes)
+    interval = sim.opt.checkpoint_seconds or optimal_interval(sim.opt.checkpoint_formula,
+                                                              sim.costs.write_seconds, mtbf)
+    return sim.restart_seconds + interval / 2

@@ -2,7 +2,8 @@
 trace, for Bamboo's redundant computation, redo from data-parallel peers,
 checkpoint-restart and on-demand nodes.
 
-    bamboo-sim --trace PATH [--trace-format ec2|gcp|events|auto] --strategy bamboo|redo|checkpoint|on-demand|all \\
+    bamboo-sim --trace PATH [--trace-format ec2|gcp|events|auto] \\
+               --strategy bamboo|lazy|redo|checkpoint|on-demand|auto|all [--redundancy eager|lazy|off|auto] \\
                --model gpt2|bert-large [--profile calibrated|arithmetic] --stages P [--hours H] [--json] [--plot DIR]
     bamboo-sim --sweep-rates --model gpt2 --stages P [--plot DIR]
 
@@ -23,7 +24,9 @@ from sim.profiles import PROFILES, SOURCES, profile
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
 from sim.traces import TraceError, read, synthetic
 
-SWEEP_RATES = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8)  # preemptions per node-hour
+SWEEP_RATES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)  # preemptions per node-hour
+# --strategy bamboo --redundancy MODE: the strategy that runs Bamboo in that mode
+REDUNDANCY = {"eager": "bamboo", "lazy": "lazy", "off": "redo", "auto": "auto"}
 GB = 1e9
 
 
@@ -38,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", help="trace file")
     p.add_argument("--trace-format", choices=("ec2", "gcp", "events", "auto"), default="auto")
     p.add_argument("--strategy", choices=(*STRATEGIES, "all"), default="bamboo")
+    p.add_argument("--redundancy", choices=tuple(REDUNDANCY),
+                   help="with --strategy bamboo: eager (default), lazy, off (redo from peers) or auto")
     p.add_argument("--model", choices=sorted(PROFILES), default="gpt2")
     p.add_argument("--profile", choices=SOURCES, default="calibrated",
                    help="per-op times measured on this machine and scaled, or transformer arithmetic")
@@ -153,7 +158,7 @@ def plot_sweep(rows: list[dict], directory: str, title: str) -> str:
         ax.plot([r["rate"] for r in rows], [r[strategy] for r in rows], marker="o", label=strategy)
     ax.set_xscale("log")
     ax.minorticks_off()
-    ax.set_xticks([r["rate"] for r in rows], [str(r["rate"]) for r in rows])
+    ax.set_xticks([r["rate"] for r in rows], [f"{r['rate']:g}" for r in rows])
     ax.set_xlabel("preemptions per node-hour")
     ax.set_ylabel("value: samples/s per $/h")
     ax.set_title(title)
@@ -171,7 +176,8 @@ def simulate(args, options: Options) -> dict:
     if args.hours is not None and args.hours <= 0:
         raise ValueError("--hours must be positive")
     events = read(args.trace, args.trace_format)
-    chosen = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
+    name = strategy_name(args)
+    chosen = list(STRATEGIES) if name == "all" else [name]
     results, stats = {}, None
     for strategy in chosen:
         sim = ClusterSimulator(profile(args.model, args.profile), args.stages, strategy, options)
@@ -186,9 +192,18 @@ def simulate(args, options: Options) -> dict:
     context = {"trace": {"path": args.trace, **stats}, "model": args.model, "stages": args.stages,
                "prices": {"spot": options.spot_price, "on_demand": options.on_demand_price},
                "profile": profile(args.model, args.profile).sources()}
-    if args.strategy == "all":
+    if name == "all":
         return {**context, "strategies": results}
-    return {**results[args.strategy], **context}
+    return {**results[name], **context}
+
+
+def strategy_name(args) -> str:
+    """The simulator's strategy for --strategy and --redundancy (only bamboo has modes)."""
+    if args.redundancy is None:
+        return args.strategy
+    if args.strategy != "bamboo":
+        raise ValueError(f"--redundancy goes with --strategy bamboo only (got --strategy {args.strategy})")
+    return REDUNDANCY[args.redundancy]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.seeds < 1 or (args.nodes is not None and args.nodes < args.stages):
             raise ValueError("--seeds must be at least 1 and --nodes at least --stages")
         if args.sweep_rates:
+            if args.redundancy is not None:
+                raise ValueError("--sweep-rates runs every strategy and mode: leave out --redundancy")
             nodes = args.nodes or 3 * args.stages
             rows = sweep(args.model, args.profile, args.stages, nodes, args.seeds, options)
             out = {"model": args.model, "stages": args.stages, "nodes": nodes, "sweep": rows,

@@ -82,8 +82,9 @@ class ClusterSimulator:
         self.job_mtbf: float = math.inf       # the failures this strategy must checkpoint against, per node
 
     # -- iteration times -------------------------------------------------------------------
-    def iteration_seconds(self, pipelines: int, merged: bool = False) -> float:
-        return _iteration_ms(self.profile, self.P, pipelines, self.rules.redundancy, merged) / 1000
+    def iteration_seconds(self, pipelines: int, merged: bool = False, mode: str | None = None) -> float:
+        """One iteration of `pipelines` pipelines in `mode` (default: the strategy's)."""
+        return _iteration_ms(self.profile, self.P, pipelines, mode or self.rules.redundancy, merged) / 1000
 
     def throughput(self, pipelines: int) -> float:
         """Samples per second of `pipelines` healthy pipelines."""

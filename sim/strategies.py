@@ -7,6 +7,9 @@ come and go, so that the simulator's event loop stays the same for all of them.
               agents run) reconfigures; an iteration no pipeline can finish is
               redone from another pipeline's copies, and only a stage lost on every
               node sends the job back to its last checkpoint (a fatal failure)
+  lazy        Bamboo with lazy redundancy: replicas kept in sync but no FRC while
+              nothing fails (the lazy schedule's iteration time); a death costs
+              eager's merged iteration plus the dead stage's forwards
   redo        no redundant computation (Oobleck's semantics): a preemption of a
               node in use abandons the iteration under way, the lost stages are
               reloaded from a data-parallel peer pipeline over the network, and the
@@ -120,6 +123,27 @@ class Bamboo(PeerRecovery):
         return pause
 
 
+class Lazy(Bamboo):
+    """`--strategy bamboo --redundancy lazy`: cheaper iterations than eager, dearer deaths."""
+    redundancy = "lazy"
+
+    def react(self, sim: ClusterSimulator, s: RunState, config: Config | None, live: dict[str, str],
+              removed: set[str]) -> Config | None:
+        nxt = super().react(sim, s, config, live, removed)
+        s.pause(lazy_forwards_seconds(sim, config, removed))
+        return nxt
+
+
+def lazy_forwards_seconds(sim: ClusterSimulator, config: Config | None, removed: set[str]) -> float:
+    """What lazy adds to eager's failover when a node in use died: its predecessor
+    recomputes the dead stage's forwards (a third of the stage's share of the work)."""
+    if not config or config.depth != sim.P:
+        return 0.0  # waiting for nodes: nothing under way to recompute
+    if not removed & {n for pipe in config.pipelines for n in pipe}:
+        return 0.0
+    return sim.iteration_seconds(len(config.pipelines), mode="off") / (3 * sim.P)
+
+
 class RedoFromPeers(PeerRecovery):
     """Oobleck's semantics: no redundant computation; a failure drops the iteration
     under way and reloads the lost stages from a data-parallel peer."""
@@ -187,7 +211,8 @@ class OnDemand:
                        nodes * sim.opt.on_demand_price, horizon / 3600, [(0.0, nodes, rate)])
 
 
-STRATEGIES = {"bamboo": Bamboo, "redo": RedoFromPeers, "checkpoint": CheckpointRestart, "on-demand": OnDemand}
+STRATEGIES = {"bamboo": Bamboo, "lazy": Lazy, "redo": RedoFromPeers, "checkpoint": CheckpointRestart,
+              "on-demand": OnDemand}
 
 
 def _moved(a: Config, b: Config) -> bool:

@@ -10,15 +10,19 @@ from agents.modes import MARGIN, MODES, ModeStats, choose, estimates, observe, s
 from schedules.compiler import compile_schedule, simulate
 
 
-def brute_force(current, rate, nodes, pipelines, seconds, pause):
+def brute_force(current, rate, nodes, pipelines, seconds, pause, rollback=None):
     """Expected seconds of every allowed mode, one death at a time: an iteration of
-    t seconds on n nodes at r deaths per node-hour sees r n t / 3600 deaths."""
+    t seconds on n nodes at r deaths per node-hour sees r n t / 3600 deaths. Off on
+    one pipeline goes back to the checkpoint: allowed only with a `rollback` cost."""
     cost = {}
     for m in MODES:
+        each = pause[m]
         if m == "off" and pipelines < 2:
-            continue
+            if rollback is None:
+                continue
+            each = rollback
         deaths = rate * nodes * seconds[m] / 3600
-        cost[m] = seconds[m] + deaths * pause[m]
+        cost[m] = seconds[m] + deaths * each
     best = min(cost.values())
     if current in cost and best >= cost[current] * (1 - MARGIN):
         return {current}
@@ -32,14 +36,18 @@ def test_choose_agrees_with_a_brute_force():
         pause = {m: rng.uniform(0.0, 60.0) for m in MODES}
         rate, nodes, pipelines = rng.choice([0, 0.1, 10, 1e3, 1e5]), rng.randint(2, 64), rng.randint(1, 4)
         current = rng.choice(MODES + ("",))
-        assert choose(current, rate, nodes, pipelines, seconds, pause) in \
-            brute_force(current, rate, nodes, pipelines, seconds, pause)
+        rollback = rng.choice([None, rng.uniform(0.0, 600.0)])
+        assert choose(current, rate, nodes, pipelines, seconds, pause, rollback) in \
+            brute_force(current, rate, nodes, pipelines, seconds, pause, rollback)
 
 
 def test_no_preemptions_pick_the_cheapest_iteration_and_many_the_cheapest_death():
     seconds, pause = {"eager": 1.3, "lazy": 1.05, "off": 1.0}, {"eager": 0.2, "lazy": 0.6, "off": 30.0}
     assert choose("", 0.0, 16, 2, seconds, pause) == "off"
     assert choose("", 0.0, 16, 1, seconds, pause) == "lazy"  # off needs a peer pipeline
+    assert choose("", 0.0, 16, 1, seconds, pause, rollback=100.0) == "off"  # or a checkpoint to go back to
+    assert choose("", 10.0, 16, 1, seconds, pause, rollback=100.0) == "lazy"  # which costs too much here
+    assert choose("", 0.1, 16, 2, seconds, pause, rollback=1e9) == "off"  # a peer: a redo, no rollback
     assert choose("", 1e4, 16, 2, seconds, pause) == "eager"
     assert choose("lazy", 0.0, 16, 2, seconds, pause) == "lazy"  # off saves under 5%: not worth a switch
 

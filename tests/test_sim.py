@@ -13,7 +13,8 @@ from sim.profiles import NETWORK, PROFILES
 from sim.accounting import RunState
 from sim.auto import Auto
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
-from sim.strategies import Bamboo, CheckpointRestart, OnDemand, RedoFromPeers
+from sim.cli import SWEEP_RATES, main
+from sim.strategies import Bamboo, CheckpointRestart, Lazy, OnDemand, RedoFromPeers
 from sim.traces import Event
 
 P3 = os.path.join(os.path.dirname(__file__), "..", "traces", "ec2-p3-trace.csv")
@@ -81,7 +82,7 @@ def one_batch(strategy, removed, saved=50.0, standby=()):
 
 
 def test_strategy_names_map_to_classes():
-    assert STRATEGIES == {"bamboo": Bamboo, "redo": RedoFromPeers, "checkpoint": CheckpointRestart,
+    assert STRATEGIES == {"bamboo": Bamboo, "lazy": Lazy, "redo": RedoFromPeers, "checkpoint": CheckpointRestart,
                           "on-demand": OnDemand, "auto": Auto}
     assert isinstance(ClusterSimulator(BERT, 2, "bamboo").rules, Bamboo)
 
@@ -103,6 +104,22 @@ def test_bamboo_react_rewinds_when_a_stage_is_lost_everywhere():
     handover = BERT.stage_state_bytes(2) * 2 / NETWORK
     assert s.paused_until == pytest.approx(sim.iteration_seconds(2, merged=True) + Options().reconfigure_seconds
                                            + handover)
+
+
+def test_lazy_runs_the_lazy_schedule_and_adds_the_dead_stage_s_forwards_to_eager_s_failover():
+    lazy, s, nxt = one_batch("lazy", {"n1"})
+    eager, e, _ = one_batch("bamboo", {"n1"})
+    assert lazy.throughput(2) == pytest.approx(rate(2, "lazy"))
+    assert rate(2, "off") > lazy.throughput(2) > eager.throughput(2)
+    forwards = lazy.iteration_seconds(2, mode="off") / (3 * 2)  # a third of one stage's share of the work
+    assert s.paused_until == pytest.approx(e.paused_until + forwards) and s.samples == 80.0
+    assert nxt.pipelines == (("n2", "n3"),)
+
+
+@pytest.mark.parametrize("mode,strategy", [("eager", "bamboo"), ("lazy", "lazy"), ("off", "redo"), ("auto", "auto")])
+def test_redundancy_picks_bamboo_s_mode(mode, strategy, capsys):
+    assert main(["--trace", P3, "--strategy", "bamboo", "--redundancy", mode, "--hours", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["strategy"] == strategy
 
 
 def test_checkpoint_react_restarts_on_a_used_node_only():
@@ -147,11 +164,29 @@ def test_ec2_p3_trace_gpt2_p12_all_strategies():
     # the honest baselines: with paid writes at the optimal interval checkpoint-restart
     # beats eager Bamboo on this trace, and redo from peers beats both
     assert out["redo"]["value"] > out["checkpoint"]["value"] > out["bamboo"]["value"] > out["on-demand"]["value"]
-    # auto (the agents' choose() at every batch): off most of the time, a redundant
-    # mode when deaths crowd; within 2% of redo, above eager Bamboo
-    assert out["auto"]["value"] > out["bamboo"]["value"] and out["auto"]["value"] > 0.98 * out["redo"]["value"]
+    # auto (the agents' choose() at every batch): within 2% of the best fixed mode
+    # (the issue's done-when; on this trace it stays off), above eager Bamboo
+    assert out["auto"]["value"] > out["bamboo"]["value"] and out["auto"]["value"] >= 0.98 * best_fixed(out)
     assert set(out["auto"]["hours_per_mode"]) <= {"eager", "lazy", "off"}
     assert out["on-demand"]["cost_per_hour"] == pytest.approx(out["on-demand"]["mean_nodes"] * 3.06)
+
+
+def best_fixed(values):
+    """The best of eager, lazy, off (redo) and checkpoint-restart at its optimal interval."""
+    return max(values[k]["value"] if isinstance(values[k], dict) else values[k]
+               for k in ("bamboo", "lazy", "redo", "checkpoint"))
+
+
+@pytest.mark.parametrize("stages", [6, 12])
+def test_ec2_g4dn_trace_auto_within_2_percent_of_the_best_fixed_mode(stages, capsys):
+    """The g4dn trace holds 12.6 nodes on average: P=6 gives two pipelines as P=12
+    does on p3; at P=12 the job runs one pipeline or none, where off means a rollback."""
+    g4dn = os.path.join(os.path.dirname(P3), "ec2-g4dn-trace.csv")
+    assert main(["--trace", g4dn, "--strategy", "all", "--model", "gpt2", "--stages", str(stages)]) == 0
+    top = json.loads(capsys.readouterr().out)
+    out = top["strategies"]
+    assert top["trace"]["preemptions"] == 74 and out["redo"]["preemptions"] == 74
+    assert out["auto"]["value"] >= 0.98 * best_fixed(out)
 
 
 def test_sweep_writes_the_value_plot(tmp_path):
@@ -161,8 +196,17 @@ def test_sweep_writes_the_value_plot(tmp_path):
     out = json.loads(res.stdout)
     assert (tmp_path / "value-vs-rate.png").stat().st_size > 1000
     rows = out["sweep"]
-    assert len(rows) >= 5 and all(r["on-demand"] == rows[0]["on-demand"] for r in rows)
+    assert [r["rate"] for r in rows] == list(SWEEP_RATES) == [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2]  # the README's
+    # on-demand: the trace's mean cluster, the same until refills lag enough to shrink it (2 per node-hour)
+    assert len({r["on-demand"] for r in rows if r["rate"] <= 1}) == 1
+    assert all(r["auto"] >= 0.98 * best_fixed(r) for r in rows)  # the issue's done-when, on this model
     assert rows[-1]["checkpoint"] < rows[0]["checkpoint"]  # restarts hurt more as preemptions grow
+
+
+def test_the_readme_s_sweep_table_has_the_sweep_s_rates():
+    readme = open(os.path.join(os.path.dirname(P3), "..", "README.md")).read()
+    header = next(line for line in readme.splitlines() if line.startswith("| preemptions per node-hour |"))
+    assert [float(cell) for cell in header.strip(" |").split(" | ")[1:]] == list(SWEEP_RATES)
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -179,6 +223,9 @@ def test_sweep_writes_the_value_plot(tmp_path):
     (["--trace", P3, "--warmup-seconds", "-1"], "--warmup-seconds"),
     (["--trace", P3, "--spot-price", "0"], "--spot-price"),
     (["--trace", P3, "--profile", "guess"], "--profile"),
+    (["--trace", P3, "--strategy", "redo", "--redundancy", "lazy"], "--redundancy"),
+    (["--trace", P3, "--redundancy", "sometimes"], "--redundancy"),
+    (["--sweep-rates", "--redundancy", "off"], "--redundancy"),
 ])
 def test_bad_input_is_one_line(args, needle):
     res = subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, timeout=60)
@@ -195,6 +242,20 @@ def test_auto_stays_without_redundancy_without_preemptions_and_adds_it_when_they
     assert quiet["samples"] == pytest.approx(ClusterSimulator(BERT, 2, "redo").run(calm, hours=1.0)["samples"])
     from sim.traces import synthetic
     stormy = synthetic(1.0, 8, ("a", "b", "c"), rate=200.0, seed=1, refill_seconds=10)
+    r = ClusterSimulator(BERT, 2, "auto").run(stormy, hours=1.0)
+    redundant = sum(h for m, h in r["hours_per_mode"].items() if m != "off")
+    assert redundant > r["hours_per_mode"].get("off", 0.0), r["hours_per_mode"]
+
+
+def test_auto_on_one_pipeline_risks_off_with_a_checkpoint_while_deaths_are_rare():
+    """One pipeline: off goes back to the checkpoint on a death, worth it without
+    preemptions (the value of redo, which does the same), not when they crowd."""
+    calm = [Event(0, "add", f"n{i}", "ab"[i % 2]) for i in range(2)]
+    quiet = ClusterSimulator(BERT, 2, "auto").run(calm, hours=1.0)
+    assert quiet["hours_per_mode"] == {"off": 1.0}
+    assert quiet["samples"] == pytest.approx(ClusterSimulator(BERT, 2, "redo").run(calm, hours=1.0)["samples"])
+    from sim.traces import synthetic
+    stormy = synthetic(1.0, 3, ("a", "b", "c"), rate=50.0, seed=1, refill_seconds=10)
     r = ClusterSimulator(BERT, 2, "auto").run(stormy, hours=1.0)
     redundant = sum(h for m, h in r["hours_per_mode"].items() if m != "off")
     assert redundant > r["hours_per_mode"].get("off", 0.0), r["hours_per_mode"]
