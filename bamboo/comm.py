@@ -123,9 +123,11 @@ class _Outbox:
                 if note.event is not None:
                     self.comm.stager.pool.give(note.tensor)
                 note = value
-            try:
-                pg.send([_header(tensor, note)], dst, tag).wait()
-                pg.send([tensor], dst, tag).wait()
+            try:  # both queued at once: the payload follows its header without a wait between
+                header = _header(tensor, note)  # held until both left
+                works = [pg.send([header], dst, tag), pg.send([tensor], dst, tag)]
+                for work in works:
+                    work.wait()
             except RuntimeError as e:
                 done.put(str(e).splitlines()[0][:200])
                 continue
