@@ -75,6 +75,7 @@ class _Mailbox:
 
     def _run(self) -> None:
         src, tag, pg = self.comm.rank_of[self.peer], self.comm.tags[self.kind], self.comm.pg
+        self.comm.stager.own_thread()
         while True:
             with self.cond:
                 while self.received >= self.expected:
@@ -115,6 +116,7 @@ class _Outbox:
 
     def _run(self) -> None:
         dst, tag, pg = self.comm.rank_of[self.peer], self.comm.tags[self.kind], self.comm.pg
+        self.comm.stager.own_thread()
         while True:
             staged, note, done = self.queue.get()
             tensor = staged.wait_host()  # this thread waits for the copy out, not the compute
@@ -128,12 +130,11 @@ class _Outbox:
                 works = [pg.send([header], dst, tag), pg.send([tensor], dst, tag)]
                 for work in works:
                     work.wait()
-            except RuntimeError as e:
+            except RuntimeError as e:  # a buffer gloo may still be reading is not reused
                 done.put(str(e).splitlines()[0][:200])
                 continue
-            finally:
-                if staged.event is not None:
-                    self.comm.stager.pool.give(tensor)
+            if staged.event is not None:  # a pooled buffer (the GPU path)
+                self.comm.stager.pool.give(tensor)
             done.put(None)
 
 
@@ -179,7 +180,7 @@ class Comm:
         dead (a paused peer may never take it): then the message is lost with the
         peer, as for any dead node, and PeerFailure says so. `note`, a number that
         travels in the header (a microbatch's loss with its gradient), arrives with it."""
-        done = self._outbox(peer, kind).put(self.stager.to_host(tensor, pooled=False), note)
+        done = self._outbox(peer, kind).put(self.stager.to_host(tensor, copy=False), note)
         while True:
             try:
                 error = done.get(timeout=0.05)  # asks as often as a receive does
@@ -196,8 +197,8 @@ class Comm:
         an earlier send found failed raises PeerFailure. The tensor must not change
         in place afterwards (activations and gradients never do)."""
         if isinstance(note, torch.Tensor):  # read by the outbox: no host synchronisation here
-            note = self.stager.to_host(note.reshape(1), pooled=False)
-        self._posted.append((peer, self._outbox(peer, kind).put(self.stager.to_host(tensor, pooled=False), note)))
+            note = self.stager.to_host(note.reshape(1), copy=False)
+        self._posted.append((peer, self._outbox(peer, kind).put(self.stager.to_host(tensor, copy=False), note)))
         still = []
         for peer_of, done in self._posted:
             try:

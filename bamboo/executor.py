@@ -158,7 +158,10 @@ class Executor:
     # -- ops ---------------------------------------------------------------------------
     def load(self, ins: Instr) -> None:
         x, y = self.corpus.microbatch(self.iteration, self.mbs[ins.mb])
-        self.inputs[ins.mb], self.labels[ins.mb] = x.to(self.device), y.to(self.device)
+        if self.device.type == "cuda":  # from pinned memory the copies do not stall the host
+            x, y = x.pin_memory(), y.pin_memory()
+        self.inputs[ins.mb] = x.to(self.device, non_blocking=True)
+        self.labels[ins.mb] = y.to(self.device, non_blocking=True)
 
     def forward(self, ins: Instr) -> None:
         s, mb = ins.stage, ins.mb
@@ -191,7 +194,8 @@ class Executor:
         key = (ins.stage, ins.mb)
         self.states[key][2].swap_out(self.stager)
         if key in self.acts:
-            self.acts_host[key] = self.stager.to_host(self.acts.pop(key))
+            self.acts_host[key] = self.stager.to_host(self._act(key))
+            del self.acts[key]
 
     def swap_in(self, ins: Instr) -> None:
         """Start this swap-in, and the next one of the stream too (a prefetch: its

@@ -25,7 +25,7 @@ POISON = "BAMBOO_POISON_HOST"
 
 class HostPool:
     """Host buffers by (shape, dtype), pinned on CUDA, given back once the copy
-    that reads them finished (an event), and handed out again. Thread-safe: the
+    that reads or writes them finished (an event), and handed out again. Thread-safe: the
     mailbox and outbox threads take and give too."""
 
     def __init__(self, pinned: bool):
@@ -41,9 +41,10 @@ class HostPool:
         with self._lock:
             self._collect()
             buf = self._free[key].pop() if self._free[key] else None
+            if buf is None:
+                self.allocated += 1
         if buf is None:
             buf = torch.empty(key[0], dtype=dtype, pin_memory=self.pinned)
-            self.allocated += 1
         if self.poison and buf.is_floating_point():
             buf.fill_(float("nan"))
         return buf
@@ -96,12 +97,12 @@ class Stager:
         self.pool = HostPool(pinned=device.type == "cuda")
         self.side = cuda.Stream(device) if self.on_gpu else None
 
-    def to_host(self, t: torch.Tensor, pooled: bool = True) -> Copy:
-        """A host copy of `t`, started once the kernels writing `t` are done. On the
-        CPU with `pooled` False, `t` itself (a message needs no copy there)."""
+    def to_host(self, t: torch.Tensor, copy: bool = True) -> Copy:
+        """A host copy of `t` in a pooled buffer, started once the kernels writing `t`
+        are done. On the CPU with `copy` False, `t` itself (gloo reads it there)."""
         t = t.detach()
         if not self.on_gpu:
-            if not pooled:
+            if not copy:
                 return Copy(t.contiguous())
             buf = self.pool.take(t.shape, t.dtype)
             buf.copy_(t)
@@ -110,18 +111,19 @@ class Stager:
         self.side.wait_stream(self.cuda.current_stream(self.device))
         with self.cuda.stream(self.side):
             buf.copy_(t, non_blocking=True)
-            t.record_stream(self.side)  # its memory stays t's until the copy is done
+            if t.device == self.device:  # (autograd may save a CPU scalar too)
+                t.record_stream(self.side)  # its memory stays t's until the copy is done
             event = self.cuda.Event()
             event.record(self.side)
         return Copy(buf, event, self.cuda)
 
-    def to_device(self, host: torch.Tensor, give_back: bool = True) -> Copy:
-        """`host` copied to the device on the side stream (prefetch: nothing waits
-        for it until `Copy.wait_here`); the buffer goes back to the pool once read."""
+    def to_device(self, host: torch.Tensor) -> Copy:
+        """`host` (a pooled buffer) copied to the device on the side stream (prefetch:
+        nothing waits for it until `Copy.wait_here`); the buffer goes back to the
+        pool once read."""
         if not self.on_gpu:
-            out = host.clone() if give_back else host
-            if give_back:
-                self.pool.give(host)
+            out = host.clone()
+            self.pool.give(host)
             return Copy(out)
         out = torch.empty(host.shape, dtype=host.dtype, device=self.device)  # the current stream's memory
         self.side.wait_stream(self.cuda.current_stream(self.device))  # out's memory is free to write
@@ -130,9 +132,14 @@ class Stager:
             out.record_stream(self.side)  # dropped unread, its memory still waits for the copy
             event = self.cuda.Event()
             event.record(self.side)
-        if give_back:
-            self.pool.give(host, after=event)
+        self.pool.give(host, after=event)
         return Copy(out, event, self.cuda)
+
+    def own_thread(self) -> None:
+        """A thread of this worker's (mailbox, outbox) works on its GPU: event
+        queries and waits there would otherwise make a context on GPU 0."""
+        if self.device.type == "cuda":
+            self.cuda.set_device(self.device)
 
     def release(self, copies: list[Copy]) -> None:
         """Host copies no longer wanted (an FRC that BRC never needed)."""
