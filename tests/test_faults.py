@@ -157,6 +157,7 @@ def test_sample_accounting_counts_a_repeat_only_without_a_restore():
     assert account(records + [{"iteration": 2, "events": [redo]}, records[3]], 4, 12) == (0, 0)
 
 
+@pytest.mark.slow  # make test stays under 15 minutes; `make chaos` runs 50 trials
 def test_one_chaos_trial_from_outside(tmp_path):
     """`bamboo-chaos` smoke run: one trial with two faults on five nodes, all checks passing."""
     out = subprocess.run([sys.executable, "-m", "bamboo.chaos", "--trials", "1", "--seed", "7", "--faults", "2",

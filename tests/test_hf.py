@@ -122,7 +122,8 @@ def assert_same(got, want, tied: bool, tolerance: tuple[float, float]):
 
 @pytest.mark.parametrize("model, precision, layout, kill", [
     # the head's owner (node 3) mid-stream, with clipping: node 2 takes the head, node 0 keeps the embedding
-    ("hf:gpt2-tiny", "float64", ["--stages", "4", *CLIP], "3@2:12"),
+    pytest.param("hf:gpt2-tiny", "float64", ["--stages", "4", *CLIP], "3@2:12",
+                 marks=pytest.mark.slow),  # clipping through a death stays in make test: 0@1:14, the bf16 case
     # ties without clipping: node 2 dies after its last backward; node 3 ties only in its step phase,
     # after re-sending what node 1 waits for (it once tied first and node 0 never came to tie)
     ("hf:gpt2-tiny", "float64", ["--stages", "4"], "2@1:24"),

@@ -36,6 +36,7 @@ def replay(*args, timeout=400):
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow  # make test stays under 15 minutes; bad input and slicing stay in it
 def test_replay_of_a_trace_slice_loses_no_sample():
     # 20 trace minutes at 2h, every third node: three nodes, two join; 20 s of wall time
     part = slice_trace(read(G4DN), 2 * 3600, 0.34 * 3600, thin=3, speedup=60)
