@@ -156,6 +156,7 @@ def test_resume_without_a_checkpoint_is_one_clear_error(tmp_path):
     assert out.returncode == 1 and len(lines) == 1 and "no complete checkpoint" in lines[0], out.stderr
 
 
+@pytest.mark.slow  # make test stays under 15 minutes on a 2-core machine
 def test_checkpoints_by_time_are_agreed_and_complete(tmp_path):
     """--checkpoint-seconds: the node writing each barrier record decides, so every
     checkpoint is one iteration's, complete; fewer than one per iteration."""

@@ -89,6 +89,7 @@ def test_a_death_during_the_layer_handover_is_survived(tmp_path, reference, vict
     assert sum(e["type"] == "reconfigure" for r in records for e in r["events"]) >= 2
 
 
+@pytest.mark.slow  # make test stays under 15 minutes on a 2-core machine
 def test_a_ten_second_etcd_stall_fences_no_one(tmp_path, reference):
     """SIGSTOP of the etcd server for 10 s mid-run: no node is counted dead, no
     lease is lost, the job finishes with the reference's losses."""

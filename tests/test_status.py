@@ -3,6 +3,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from bamboo.etcd import EtcdServer
 from tests.training import bamboo_train
 
@@ -23,6 +25,7 @@ def test_status_of_a_finished_job_with_a_preemption(tmp_path):
         assert "iteration 3 of 4" in text and "failed: node 1 in iteration 1" in text
 
 
+@pytest.mark.slow  # make test stays under 15 minutes on a 2-core machine
 def test_status_of_a_local_cluster_shows_zones_assignment_and_standby(tmp_path):
     with EtcdServer() as etcd:
         bamboo_train(tmp_path / "m.jsonl", "--stages", "2", "--microbatches", "4", "--iterations", "3",
