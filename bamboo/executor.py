@@ -204,14 +204,18 @@ class Executor:
                                            if i.op is Op.SWAP_IN][:1]:
             if key in self.states:
                 self.states[key][2].swap_in()
-            if key in self.acts_host:
-                self.acts[key] = self.stager.to_device(self.acts_host.pop(key).tensor)
+            self._bring_back(key)
+
+    def _bring_back(self, key: tuple[int, int]) -> None:
+        """Start the copy back of an output kept in host memory, if it is there."""
+        if key in self.acts_host:
+            self.acts[key] = self.stager.to_device(self.acts_host.pop(key).tensor)
 
     def _act(self, key: tuple[int, int]) -> torch.Tensor:
         """An output of this node's forward: on the device, once its copy back
         (from a swap, or lazy's kept inputs) is ordered before what reads it."""
-        if key not in self.acts and key in self.acts_host:
-            self.acts[key] = self.stager.to_device(self.acts_host.pop(key).tensor)
+        if key not in self.acts:
+            self._bring_back(key)
         if isinstance(self.acts[key], Copy):
             self.acts[key] = self.acts[key].wait_here()
         return self.acts[key]
