@@ -40,13 +40,14 @@ STEP_PHASE = frozenset({Op.OPTIMIZER_STEP, Op.SEND_SYNC, Op.RECV_SYNC})
 
 class Executor:
     def __init__(self, cfg: JobConfig, nodes: tuple[int, ...], me: int, modules: dict, optimizers: dict,
-                 corpus, device: torch.device, reducer, cluster, undo: bool = False, tied=()):
+                 corpus, device: torch.device, reducer, cluster, undo: bool = False, tied=(),
+                 stager: Stager | None = None):
         self.cfg, self.nodes, self.me = cfg, nodes, me
         self.P = len(nodes)
         self.modules, self.optimizers = modules, optimizers
         self.corpus, self.device, self.reducer, self.cluster = corpus, device, reducer, cluster
         self.params = {s: {p.data_ptr() for p in m.parameters()} for s, m in modules.items()}
-        self.stager = Stager(device)      # swaps and kept activations to host memory and back
+        self.stager = stager or Stager(device)  # swaps and kept outputs to host memory and back
         self.acts_host: dict[tuple[int, int], Copy] = {}  # (stage, mb) -> an output kept in host memory
         self.states: dict[tuple[int, int], tuple] = {}     # (stage, mb) -> input, output, saved tensors
         self.keep_undo = undo

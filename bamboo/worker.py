@@ -60,7 +60,7 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # kernels, streams and NCCL default to it
         self.transport = devices.transport(cfg.transport, self.device, cfg.share_gpu)
-        self.stager = Stager(self.device)  # pinned host buffers for its messages
+        self.stager = Stager(self.device)  # pinned host buffers and a side stream: messages, swaps
         self.source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq, cfg.model_config)
         self.corpus = corpus_of(cfg, self.source.seq)
         self.holdings = Holdings(self.source, cfg, self.device)
@@ -145,7 +145,7 @@ class Worker:
         # finish is redone from the copies the survivors hold.
         self.executor = Executor(self.cfg, nodes, self.me, self.holdings.modules, self.holdings.optimizers,
                                  self.corpus, self.device, reducer, self.cluster, undo=self.cfg.elastic,
-                                 tied=self.holdings.tied())
+                                 tied=self.holdings.tied(), stager=self.stager)
         self.evaluator = Evaluator(self.cfg, nodes, self.me, self.holdings.modules, self.corpus, self.device,
                                    self.cluster)
 
