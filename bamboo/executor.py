@@ -61,6 +61,8 @@ class Executor:
         self.tie_given: set[tuple[int, int]] = set()   # (tied weight, stage): that copy holds the sum
         self.deferred: list[Instr] = []   # step-phase instructions put off, in stream order
         self.last_owed = -1               # where the stream's last instruction outside the step phase is
+        self.prepared: dict[int, bool] = {}    # stage -> its gradients are ready to step (False: fp16 overflow)
+        self.losses_written: set[int] = set()  # global microbatches whose loss is in etcd
         # With clipping, ties (the model's, on every node) or fp16's loss scale, steps
         # and syncs wait for the rest of the stream (STEP_PHASE).
         self.step_after_reduces = bool(cfg.grad_clip) or bool(self.tied) or cfg.loss_scaling
@@ -80,11 +82,13 @@ class Executor:
         self._release()
         self.inputs, self.labels, self.acts, self.grads, self.states = {}, {}, {}, {}, {}
         self.losses: dict[int, torch.Tensor | float] = {}  # global microbatch -> its loss (the last stage's)
+        self.losses_written = set()
         for m in self.modules.values():
             m.zero_grad(set_to_none=True)
         self.undo = {}
         self.busy = 0.0
         self.reduced, self.tied_grads, self.tie_given, self.deferred = set(), {}, set(), []
+        self.prepared = {}
         self._base = comm.counts()  # messages received before this iteration
         self._expect(stream)
         pc = 0
@@ -260,9 +264,12 @@ class Executor:
     def _write_losses(self) -> None:
         """The last stage's owner (after any failover) writes the pipeline's losses
         once per iteration, in one etcd transaction: those it computed and those
-        that came with the gradients of a last stage that died since."""
-        if Layout(self.P, self.failover.failed).owner(self.P - 1) == self.me and self.losses:
-            self.cluster.put_all({LOSS(self.iteration, g): Loss(float(v)) for g, v in sorted(self.losses.items())})
+        that came with the gradients of a last stage that died since. Any it gains
+        after a first write (a failover) go in a second."""
+        new = sorted(g for g in self.losses if g not in self.losses_written)
+        if Layout(self.P, self.failover.failed).owner(self.P - 1) == self.me and new:
+            self.cluster.put_all({LOSS(self.iteration, g): Loss(float(self.losses[g])) for g in new})
+            self.losses_written.update(new)
 
     def reduce_grads(self, ins: Instr) -> None:
         self.reducer.allreduce(self.iteration, ins.stage, self.modules[ins.stage])
@@ -320,15 +327,25 @@ class Executor:
         skip = {id(copies[s]) for stages, copies in self.tied for s in stages[1:] if s in copies}
         return [p for p in self.modules[stage].parameters() if id(p) not in skip]
 
+    def _prepare(self, stage: int) -> bool:
+        """Tie, unscale and clip an owned stage's reduced gradients, once: its own
+        step and its replica's sync (which may go first) use the same. False after
+        an fp16 overflow anywhere (every copy of every stage then skips its step)."""
+        if stage not in self.prepared:
+            self._tie()
+            multiplier = self._grad_multiplier() if self.cfg.grad_clip or self.cfg.loss_scaling else 1.0
+            if multiplier is not None and multiplier != 1.0:
+                recipe.scale_grads(self.modules[stage].parameters(), multiplier)
+            self.prepared[stage] = multiplier is not None
+        return self.prepared[stage]
+
     def optimizer_step(self, ins: Instr) -> None:
-        if not ins.redundant or self.cfg.loss_scaling:
+        if not ins.redundant and not self._prepare(ins.stage):
+            return
+        if ins.redundant and self.cfg.loss_scaling:
             self._tie()  # a replica's synced gradients are tied, unscaled and clipped already
-        if (not ins.redundant and self.cfg.grad_clip) or self.cfg.loss_scaling:
-            multiplier = self._grad_multiplier()
-            if multiplier is None:
-                return  # an fp16 overflow somewhere: no copy of any stage steps
-            if not ins.redundant:
-                recipe.scale_grads(self.modules[ins.stage].parameters(), multiplier)
+            if self._grad_multiplier() is None:
+                return
         if self.keep_undo and ins.stage not in self.undo:
             params = list(self.modules[ins.stage].parameters())
             state = self.optimizers[ins.stage].state
@@ -352,9 +369,11 @@ class Executor:
         self.undo = {}
 
     def send_sync(self, ins: Instr) -> None:
+        self._prepare(ins.stage)  # the gradients as the owner's step will take them
         self._send(ins, Op.SEND_SYNC, flat_grads(self.modules[ins.stage]))
 
     def recv_sync(self, ins: Instr) -> None:
+        self._write_losses()  # this wait is idle time: the losses' etcd write goes in it, not after
         flat = self.comm.recv(self.peer(ins.peer), Op.SEND_SYNC, self.failover.keep_waiting)
         set_flat_grads(self.modules[ins.stage], flat)
 
@@ -368,5 +387,5 @@ def set_flat_grads(module: torch.nn.Module, flat: torch.Tensor) -> None:
     offset = 0
     for p in module.parameters():
         n = p.numel()
-        p.grad = flat[offset:offset + n].view_as(p).to(p.dtype).clone()
+        p.grad = flat[offset:offset + n].view_as(p).to(p.dtype)  # views: each message is a fresh tensor
         offset += n

@@ -44,15 +44,17 @@ def lower_group(layout: Layout, group: Group, order: list[Step]) -> list[Instr]:
 
 
 def tail(layout: Layout, node: int) -> list[Instr]:
-    """Reduce and step every owned stage (in stage order, so that data-parallel
-    collectives are issued in one global order), sync replica holders, then step
-    the replica this node keeps from its owner's reduced gradients."""
+    """Reduce every owned stage (in stage order, so that data-parallel collectives
+    are issued in one global order), sync its replica's holder, step it; then step
+    the replica this node keeps from its owner's reduced gradients. The sync goes
+    before the owner's own step so that the two steps run at the same time."""
     out: list[Instr] = []
     for s in layout.owned(node):
-        out += [ir.reduce_grads(s), ir.optimizer_step(s)]
+        out.append(ir.reduce_grads(s))
         holder = layout.holder(s)
         if holder is not None and holder != node:
             out.append(ir.send_sync(s, holder))
+        out.append(ir.optimizer_step(s))
     r = layout.replica(node)
     if r is not None:
         out += [ir.recv_sync(r, layout.owner(r)), ir.optimizer_step(r, redundant=True)]
