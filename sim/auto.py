@@ -13,7 +13,9 @@ stage's forwards (a third of its share of the work) with lazy, and a redo with o
 reconfiguration after a death is paid in every mode, so it is left out of the
 comparison), or with off on one pipeline a rollback to the checkpoint. A switch
 pauses for a reconfiguration, and one from off to a redundant mode also for the
-replicas' handover.
+replicas' handover; a switch decided at a reconfiguration that the deaths or joins
+bring anyway rides it (the agents write the new mode into that epoch), so it adds
+only the handover.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from agents.modes import HALF_LIFE_HOURS, choose
 from agents.policy import Config
 from sim.accounting import RunState
 from sim.checkpointing import optimal_interval
-from sim.strategies import Bamboo, RedoFromPeers, _handover_seconds, lazy_forwards_seconds, peer_reload_seconds
+from sim.strategies import (Bamboo, RedoFromPeers, _deaths, _handover_seconds, _lost_everywhere, _moved,
+                            lazy_forwards_seconds, peer_reload_seconds)
 
 PRIOR_RATE, PRIOR_HOURS = 0.05, 2.0  # the runtime's defaults (--auto-prior-rate, --auto-prior-hours)
 
@@ -31,6 +34,8 @@ class Auto(Bamboo):
         self.state = state       # the run these observations belong to (a strategy may replay twice)
         self.redundancy = "off"  # until the first choice
         self.failures = self.node_hours = self.last = 0.0  # weighted batches with deaths
+        self.fatal = 0.0     # ... of them a stage of which no replica is left (eager, lazy: a rollback)
+        self.redone = 0.0    # ... or two nodes of one pipeline died (eager, lazy: a redo)
         self.switches: list[tuple[float, str]] = []  # (time, the mode switched to)
 
     def react(self, sim, s: RunState, config: Config | None, live: dict[str, str],
@@ -41,28 +46,41 @@ class Auto(Bamboo):
         decay = 0.5 ** ((s.t - self.last) / 3600 / HALF_LIFE_HOURS)
         self.node_hours = self.node_hours * decay + len(used) * (s.t - self.last) / 3600
         self.failures = self.failures * decay + (1 if used & removed else 0)  # a batch: one failure
+        deaths = _deaths(config, removed) if used & removed else []
+        fatal = bool(_lost_everywhere(config.depth, deaths)) if deaths else False
+        self.fatal = self.fatal * decay + fatal
+        self.redone = self.redone * decay + (not fatal and any(len(dead) > 1 for dead in deaths))
         self.last = s.t
         rules = RedoFromPeers if self.redundancy == "off" else Bamboo
         nxt = rules.react(self, sim, s, config, live, removed)
         if self.redundancy == "lazy":
             s.pause(lazy_forwards_seconds(sim, config, removed))
         if nxt and nxt.depth == sim.P and nxt.pipelines:
-            self._choose(sim, s, nxt)
+            self._choose(sim, s, nxt, reconfigured=config is not None and _moved(config, nxt))
         return nxt
 
-    def _choose(self, sim, s: RunState, config: Config) -> None:
+    def _choose(self, sim, s: RunState, config: Config, reconfigured: bool) -> None:
         pipelines = len(config.pipelines)
         seconds = {m: sim.iteration_seconds(pipelines, mode=m) for m in ("eager", "lazy", "off")}
         merged = sim.iteration_seconds(pipelines, merged=True, mode="eager")
-        pause = {"eager": merged, "lazy": merged + seconds["off"] / (3 * sim.P),
-                 "off": sim.opt.failure_timeout + seconds["off"] / 2 + peer_reload_seconds(sim)}
         rate = (self.failures + PRIOR_RATE * PRIOR_HOURS) / (self.node_hours + PRIOR_HOURS)
+        rollback = rollback_seconds(sim, rate, pipelines * sim.P)
+        # What a batch of deaths costs a redundant mode, as the runtime measures it in
+        # that mode: its failover, or the redo or rollback of the batches seen so far
+        # that its replicas did not cover.
+        fatal, redone = (self.fatal / self.failures, self.redone / self.failures) if self.failures else (0.0, 0.0)
+
+        def redundant(failover: float, mode: str) -> float:
+            redo = sim.opt.failure_timeout + seconds[mode]
+            return (1 - fatal - redone) * failover + redone * redo + fatal * rollback
+        pause = {"eager": redundant(merged, "eager"), "lazy": redundant(merged + seconds["off"] / (3 * sim.P), "lazy"),
+                 "off": sim.opt.failure_timeout + seconds["off"] / 2 + peer_reload_seconds(sim)}
         mode = choose(self.redundancy if self.switches else "", rate, pipelines * sim.P, pipelines, seconds, pause,
-                      rollback_seconds(sim, rate, pipelines * sim.P))
+                      rollback)
         if mode != self.redundancy or not self.switches:
-            if self.switches:
+            if self.switches:  # the new mode rides a reconfiguration under way, or needs one
                 build = _handover_seconds(sim.profile, sim.P) if self.redundancy == "off" else 0.0
-                s.pause(sim.opt.reconfigure_seconds + build)
+                s.pause((0.0 if reconfigured else sim.opt.reconfigure_seconds) + build)
             self.redundancy = mode
             self.switches.append((s.t, mode))
 
