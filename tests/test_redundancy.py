@@ -97,3 +97,22 @@ def test_lazy_runs_no_frc_but_keeps_and_syncs_the_replica(P, M):
     simulate(rec)
     brc = [(x.op, x.mb) for x in rec.streams[0] if x.stage == 1 and x.op in (Op.FORWARD, Op.BACKWARD)]
     assert sorted(brc) == sorted([(Op.FORWARD, mb) for mb in range(M)] + [(Op.BACKWARD, mb) for mb in range(M)])
+
+
+@pytest.mark.parametrize("mode", ["eager", "lazy"])
+def test_the_sync_leaves_before_its_owner_steps(mode):
+    """The owner sends its reduced gradients to the replica's holder before its own
+    step, so that the two steps overlap. With lazy, where the syncs end the
+    iteration, the simulator's iteration is shorter than with each sync after its
+    owner's step (the tail's order before); eager's leftover FRC hides either."""
+    P, M = 4, 8
+    sched = compile_schedule(P, M, redundancy=mode)
+    late = {}
+    for m, stream in sched.streams.items():
+        own = [(x.op, x.stage) for x in stream if x.op in (Op.SEND_SYNC, Op.OPTIMIZER_STEP) and not x.redundant]
+        assert own == [(Op.SEND_SYNC, m), (Op.OPTIMIZER_STEP, m)]
+        rest = [x for x in stream if x.op is not Op.SEND_SYNC]
+        step = next(i for i, x in enumerate(rest) if x.op is Op.OPTIMIZER_STEP and not x.redundant)
+        late[m] = rest[:step + 1] + [x for x in stream if x.op is Op.SEND_SYNC] + rest[step + 1:]
+    before = simulate_streams(Layout(P), M, late, expect_frc=mode == "eager").makespan
+    assert simulate(sched).makespan < before if mode == "lazy" else simulate(sched).makespan <= before
