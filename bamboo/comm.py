@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from schedules.ir import Op
 
+from bamboo.channels import Channels
 from bamboo.staging import Copy, Stager
 
 TAGS = {Op.SEND_ACT: 1, Op.SEND_GRAD: 2, Op.SEND_SYNC: 3}
@@ -84,9 +85,13 @@ class _Mailbox:
                 h = torch.zeros(_HEADER, dtype=torch.int64)
                 pg.recv([h], src, tag).wait()
                 shape = tuple(int(x) for x in h[1:1 + int(h[0])])
-                dtype, stager = _DTYPES[int(h[-1])], self.comm.stager
-                t = stager.pool.take(shape, dtype) if stager.on_gpu else torch.empty(shape, dtype=dtype)
-                pg.recv([t], src, tag).wait()
+                dtype, stager, channels = _DTYPES[int(h[-1])], self.comm.stager, self.comm.channels
+                if channels is not None:  # straight into device memory (bamboo/channels.py)
+                    t = torch.empty(shape, dtype=dtype, device=self.comm.device)
+                    channels.wait(channels.group(self.peer, self.comm.me, self.kind).recv([t], 0, 0), self.peer)
+                else:
+                    t = stager.pool.take(shape, dtype) if stager.on_gpu else torch.empty(shape, dtype=dtype)
+                    pg.recv([t], src, tag).wait()
             except RuntimeError as e:
                 with self.cond:
                     self.error = str(e).splitlines()[0][:200]
@@ -127,9 +132,13 @@ class _Outbox:
                 note = value
             try:  # both queued at once: the payload follows its header without a wait between
                 header = _header(tensor, note)  # held until both left
-                works = [pg.send([header], dst, tag), pg.send([tensor], dst, tag)]
-                for work in works:
-                    work.wait()
+                channels = self.comm.channels
+                if channels is not None:
+                    pg.send([header], dst, tag).wait()
+                    channels.wait(channels.group(self.comm.me, self.peer, self.kind).send([tensor], 1, 0), self.peer)
+                else:
+                    for work in [pg.send([header], dst, tag), pg.send([tensor], dst, tag)]:
+                        work.wait()
             except RuntimeError as e:  # a buffer gloo may still be reading is not reused
                 done.put(str(e).splitlines()[0][:200])
                 continue
@@ -140,9 +149,11 @@ class _Outbox:
 
 class Comm:
     def __init__(self, pg: dist.ProcessGroup, rank_of: dict[int, int], device: torch.device, tags: dict = TAGS,
-                 stager: Stager | None = None):
+                 stager: Stager | None = None, channels: Channels | None = None):
         self.pg, self.rank_of, self.device, self.tags = pg, rank_of, device, tags
+        self.me = next(n for n, r in rank_of.items() if r == pg.rank())
         self.stager = stager or Stager(device)  # host buffers for GPU tensors
+        self.channels = channels  # --transport nccl: payloads on a group per channel, no staging
         self._boxes: dict[tuple[int, Op], _Mailbox] = {}
         self._outboxes: dict[tuple[int, Op], _Outbox] = {}
         self._posted: list[tuple[int, queue.Queue]] = []  # (peer, outcome) of sends posted, oldest first
@@ -180,7 +191,7 @@ class Comm:
         dead (a paused peer may never take it): then the message is lost with the
         peer, as for any dead node, and PeerFailure says so. `note`, a number that
         travels in the header (a microbatch's loss with its gradient), arrives with it."""
-        done = self._outbox(peer, kind).put(self.stager.to_host(tensor, copy=False), note)
+        done = self._outbox(peer, kind).put(self._staged(tensor), note)
         while True:
             try:
                 error = done.get(timeout=0.05)  # asks as often as a receive does
@@ -191,6 +202,10 @@ class Comm:
         if error is not None:
             raise PeerFailure(peer, error)
 
+    def _staged(self, tensor: torch.Tensor) -> Copy:
+        """What the outbox sends: a channel takes the tensor where it is; gloo a host copy."""
+        return Copy(tensor.detach().contiguous()) if self.channels else self.stager.to_host(tensor, copy=False)
+
     def post(self, peer: int, kind: Op, tensor: torch.Tensor, note: "float | torch.Tensor | None" = None) -> None:
         """Queue a send and go on computing while it leaves (docs/HOTPATH.md, finding 5).
         Its outcome is learnt by a later `post` or by `flush`: after this one is queued,
@@ -198,7 +213,7 @@ class Comm:
         in place afterwards (activations and gradients never do)."""
         if isinstance(note, torch.Tensor):  # read by the outbox: no host synchronisation here
             note = self.stager.to_host(note.reshape(1), copy=False)
-        self._posted.append((peer, self._outbox(peer, kind).put(self.stager.to_host(tensor, copy=False), note)))
+        self._posted.append((peer, self._outbox(peer, kind).put(self._staged(tensor), note)))
         still = []
         for peer_of, done in self._posted:
             try:
@@ -253,7 +268,13 @@ class Comm:
                 box.inbox.put(None)  # stays closed for later receives
                 raise PeerFailure(peer, box.error or "channel closed")
             t, note = message
-            return (self.stager.to_device(t).wait_here() if self.stager.on_gpu else t), note
+            return (self.stager.to_device(t).wait_here() if self.stager.on_gpu and not self.channels else t), note
+
+    def abort_peer(self, peer: int) -> None:
+        """`peer` died: give up its channels (NCCL's never break by themselves), so
+        that waits on them end and `settled` holds. Gloo's world channels break alone."""
+        if self.channels is not None:
+            self.channels.abort(peer)
 
 
 def new_group(store: dist.Store, members: list[int], me: int, timeout: float) -> tuple[dist.ProcessGroup, dict]:

@@ -68,7 +68,7 @@ class JobConfig:
     check_replicas: bool = False  # digest owners and replicas after every step
     devices: tuple[str, ...] = field(default_factory=tuple)  # GPUs of a host's workers, or ("cpu",) (devices.py)
     share_gpu: bool = False        # more workers than GPUs on a host share them
-    transport: str = "auto"        # gloo, or nccl (not built yet: refused); auto is gloo
+    transport: str = "auto"        # gloo, or nccl (a GPU per worker: bamboo/channels.py); auto is gloo
     elastic: bool = False          # agents decide the configuration (else P x D fixed nodes)
     layers: int = 0                # the model's layer count (what a complete checkpoint holds)
     job: str = "job"

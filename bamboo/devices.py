@@ -5,14 +5,15 @@ on this machine). Each is told its index among the host's workers in
 `LOCAL_RANK`, as torch elastic does, and takes the GPU of that index: from all
 the host's GPUs, or from the list `--devices` gives. More workers than GPUs is
 an error unless `--share-gpu` asks for it (several workers on one card: what
-the GPU tests run). Messages go over gloo; NCCL (`--transport nccl`, for
-workers with a GPU each) is not built yet and is refused with one line.
+the GPU tests run). Messages go over gloo, or with `--transport nccl` (workers
+with a GPU each) over NCCL (bamboo/channels.py).
 """
 from __future__ import annotations
 
 import os
 
 import torch
+import torch.distributed as dist
 
 LOCAL_RANK = "LOCAL_RANK"  # the worker's index among this host's workers (torch elastic's name)
 TRANSPORTS = ("auto", "gloo", "nccl")
@@ -58,9 +59,10 @@ def pick(rank: int, devices: tuple[str, ...], gpus: int, share: bool) -> torch.d
 
 
 def transport(requested: str, device: torch.device, share: bool) -> str:
-    """The transport of this worker's messages. NCCL needs every worker on a GPU of
-    its own; it is not built yet, so `auto` is gloo (GPU tensors staged through
-    pinned host buffers, bamboo/staging.py) and `nccl` is refused with the reason."""
+    """The transport of this worker's messages. NCCL (bamboo/channels.py: payloads
+    and the data-parallel reduce) needs every worker on a GPU of its own. `auto` is
+    gloo, GPU tensors staged through pinned host buffers (bamboo/staging.py), until
+    the NCCL path has passed `make gpu-check` on a machine with two GPUs."""
     if requested != "nccl":
         return "gloo"
     if device.type != "cuda":
@@ -68,8 +70,9 @@ def transport(requested: str, device: torch.device, share: bool) -> str:
     if share:
         raise DeviceError("--transport nccl cannot share a GPU between workers (NCCL refuses two ranks "
                           "on one device): drop --share-gpu or use --transport gloo")
-    raise DeviceError("--transport nccl is not built yet: use --transport gloo (or auto), which stages GPU "
-                      "tensors through pinned host memory")
+    if not dist.is_nccl_available():
+        raise DeviceError("--transport nccl: this torch build has no NCCL: use --transport gloo")
+    return "nccl"
 
 
 def check_flags(devices: str | None, share: bool, requested: str, workers_here: int) -> tuple[str, ...]:
@@ -88,4 +91,5 @@ def add_flags(parser) -> None:
     parser.add_argument("--share-gpu", action="store_true",
                         help="let several workers share one GPU when there are more workers than GPUs")
     parser.add_argument("--transport", choices=TRANSPORTS, default="auto",
-                        help="messages between workers: gloo (auto: gloo; nccl is not built yet)")
+                        help="messages between workers: gloo, or nccl (a GPU per worker; not yet run on a "
+                             "GPU); auto: gloo")

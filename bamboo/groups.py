@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from bamboo.channels import GroupMaker
 from bamboo.cluster import Cluster
 from bamboo.comm import new_group
 from bamboo.store import EtcdStore, RendezvousAborted
@@ -30,13 +31,19 @@ def lease_check(cluster: Cluster, members, iteration: int, me: int, starting=())
     return why_not
 
 
-def open_group(cluster: Cluster, store_key: str, members, me: int, why_not, timeout: float) \
-        -> tuple[dist.ProcessGroup, dict[int, int], EtcdStore]:
-    """A gloo group over `members` (node ids) meeting at `store_key` (from
-    bamboo/protocol.py): the group, node id -> rank, and the store it keeps using.
-    Its rendezvous and each of its operations give up after `timeout` seconds
-    (--hang-timeout). The group lives as long as the process (see _KEPT)."""
+def open_group(cluster: Cluster, store_key: str, members, me: int, why_not, timeout: float,
+               make_group: GroupMaker | None = None) -> tuple[dist.ProcessGroup, dict[int, int], EtcdStore]:
+    """A gloo group (or one `make_group` makes: NCCL's) over `members` (node ids)
+    meeting at `store_key` (from bamboo/protocol.py): the group, node id -> rank,
+    and the store it keeps using. Its rendezvous and each of its operations give up
+    after `timeout` seconds (--hang-timeout). The group lives as long as the process
+    (see _KEPT)."""
     store = EtcdStore(cluster.client, cluster.key(store_key), timedelta(seconds=timeout), why_not, cluster.call)
+    if make_group is not None:  # NCCL meets its peers at the first operation, not here
+        rank_of = {n: i for i, n in enumerate(members)}
+        pg = make_group(store, rank_of[me], len(members))
+        _KEPT.append((pg, store))
+        return pg, rank_of, store
     # gloo's connection step waits inside the constructor, for a member that died
     # after the rendezvous, until the whole op timeout: it is given up sooner.
     pg, rank_of = interruptible(lambda: new_group(store, list(members), me, timeout), why_not)

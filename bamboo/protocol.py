@@ -245,7 +245,8 @@ ALIVE = Family("alive", ("node",), Alive, "a worker runs (under its lease: gone 
 FAILED = Family("failed", ("node",), Failure, "a node is dead; first detector wins (create-if-absent)")
 CUT = Family("cut", ("iteration", "dead", "node"), Cut, "messages node received from dead, per kind")
 FINISHED = Family("finished", ("iteration", "node"), Mark, "node ran its whole stream (it stays to help)")
-LOSS = Family("loss", ("iteration", "microbatch"), Loss, "a global microbatch's loss, written once the last stage's stream has them all")
+LOSS = Family("loss", ("iteration", "microbatch"), Loss,
+              "a global microbatch's loss, written once the last stage's stream has them all")
 VAL_LOSS = Family("val_loss", ("iteration", "microbatch"), Loss,
                   "a validation microbatch's loss after the iteration's step (--eval-every)")
 DONE = Family("done", ("iteration", "node"), Report, "node's iteration report (memory, events, digests)")

@@ -21,6 +21,7 @@ import time
 from schedules.layout import Layout, ScheduleError
 
 from bamboo.assignment import Assignment
+from bamboo.channels import GroupMaker
 from bamboo.cluster import Cluster
 from bamboo.comm import Interrupted
 from bamboo.executor import flat_grads, set_flat_grads
@@ -31,8 +32,9 @@ from bamboo.protocol import REDUCED, TIED, Reduced, reduce_store, tie_store
 
 class Reducer:
     def __init__(self, cluster: Cluster, assignment: Assignment, me: int, timeout: float, failover,
-                 hang_timeout: float):
+                 hang_timeout: float, make_group: GroupMaker | None = None):
         self.cluster, self.assignment, self.me, self.timeout = cluster, assignment, me, timeout
+        self.make_group = make_group  # --transport nccl: NCCL groups (None: gloo's)
         self.hang_timeout = hang_timeout  # of the groups' operations
         self.failover = failover  # gives up (or aborts the iteration) on what no regroup can mend
         self.P, self.D = assignment.depth, len(assignment.pipelines)
@@ -66,8 +68,16 @@ class Reducer:
             def why_not():  # a member that aborted the iteration will never come: Aborted
                 self.failover.check_abort()
                 return silent()
-            self._groups[key] = open_group(self.cluster, key, members, self.me, why_not, self.hang_timeout)
+            self._groups[key] = open_group(self.cluster, key, members, self.me, why_not, self.hang_timeout,
+                                           self.make_group)
         return self._groups[key][0]
+
+    def _drop(self, key: str) -> None:
+        """Forget a group whose collective failed (a member died); an NCCL one is
+        aborted, as its pending collective would otherwise never end."""
+        entry = self._groups.pop(key, None)
+        if entry is not None and self.make_group is not None:
+            entry[0].abort()
 
     def tie(self, iteration: int, stages, grad) -> None:
         """Sum, in place, `grad` (this node's copies of a tied weight, already added
@@ -94,7 +104,7 @@ class Reducer:
         except Aborted:
             raise
         except (RuntimeError, TimeoutError):  # the partner died: once recorded, replan
-            self._groups.pop(key, None)
+            self._drop(key)
 
             def recorded():
                 self.failover.check_abort()
@@ -133,7 +143,7 @@ class Reducer:
             except (RuntimeError, TimeoutError):  # a member died: wait until it is recorded, then regroup
                 # The next try opens a new group (the failed one stays open until the
                 # process exits: bamboo/groups.py keeps every group).
-                self._groups.pop(reduce_store(self.assignment.epoch, stage, members), None)
+                self._drop(reduce_store(self.assignment.epoch, stage, members))
 
                 def regrouped():
                     self.failover.check_abort()

@@ -33,6 +33,7 @@ from bamboo.assignment import Assignment
 from bamboo.boundary import Boundary
 from bamboo.checkpoint import Checkpoints
 from bamboo.cluster import Cluster
+from bamboo.channels import Channels, nccl_groups
 from bamboo.comm import Comm
 from bamboo.config import JobConfig
 from bamboo.data import corpus_of, split_microbatches
@@ -140,7 +141,7 @@ class Worker:
         self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, self.holdings.mode(assignment),
                                  self.cfg.failure_timeout, self.cfg.elastic, self.failures, self.finishes)
         reducer = Reducer(self.cluster, assignment, self.node, self.cfg.failure_timeout, self.failover,
-                          self.cfg.hang_timeout)
+                          self.cfg.hang_timeout, nccl_groups if self.transport == "nccl" else None)
         # With agents, each step can be undone, so that an iteration no pipeline can
         # finish is redone from the copies the survivors hold.
         self.executor = Executor(self.cfg, nodes, self.me, self.holdings.modules, self.holdings.optimizers,
@@ -333,7 +334,8 @@ class Worker:
         members = [n for n in self.assignment.members if n not in self.failed]
         pg, rank_of, self._store = open_group(self.cluster, store_key, members, self.node,
                                               self._lease_check(members, iteration, starting), self.cfg.hang_timeout)
-        return Comm(pg, rank_of, self.device, stager=self.stager)
+        channels = Channels(self._store, self.node, nccl_groups, nccl=True) if self.transport == "nccl" else None
+        return Comm(pg, rank_of, self.device, stager=self.stager, channels=channels)
 
     def local_failed(self) -> tuple[int, ...]:
         return self.assignment.local_failed(self.pipeline, self.failed)

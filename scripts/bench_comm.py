@@ -86,7 +86,8 @@ def main() -> None:
     t = {s: statistics.median(v) for s, v in times.items()}
     for s, v in times.items():
         print(f"  {s:7} one way {t[s] * 1e6:8.1f} us   per run: " + " ".join(f"{x * 1e6:.1f}" for x in v))
-    print(f"bamboo - gloo: {(t['bamboo'] - t['gloo']) * 1e6:.1f} us per message; bamboo / gloo {t['bamboo'] / t['gloo']:.2f}")
+    print(f"bamboo - gloo: {(t['bamboo'] - t['gloo']) * 1e6:.1f} us per message; "
+          f"bamboo / gloo {t['bamboo'] / t['gloo']:.2f}")
 
 
 if __name__ == "__main__":

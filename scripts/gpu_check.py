@@ -9,7 +9,9 @@ compared with the single-process reference computed in float64 on the CPU:
 the built-in and Hugging Face models, fp32 and bf16, eager and lazy, and the
 swap poison run (every host buffer filled with NaN before its copy: a NaN that
 reaches BRC fails it). Then eager/off and lazy/off iteration time and peak CUDA
-memory per worker for GPT-2 small's shape. Exit 1 if a correctness check fails.
+memory per worker for GPT-2 small's shape. With two GPUs or more, `--transport
+nccl` (a GPU per worker) through a SIGKILL, and with four the data-parallel reduce
+over NCCL. Exit 1 if a correctness check fails.
 """
 from __future__ import annotations
 
@@ -75,6 +77,29 @@ def correctness(tmp: str, quick: bool) -> list[dict]:
     return rows
 
 
+def nccl_checks(tmp: str, gpus: int) -> list[dict]:
+    """--transport nccl, one GPU per worker: P=2 eager and lazy with node 1
+    SIGKILLed mid-iteration (its channels aborted, the survivor merges), and with
+    four GPUs P=2 D=2 (the data-parallel reduce over NCCL), against the reference."""
+    runs = [("nccl P=2 eager", ["--stages", "2", "--redundancy", "eager", "--preempt", "1@3:12"]),
+            ("nccl P=2 lazy", ["--stages", "2", "--redundancy", "lazy", "--preempt", "1@3:12"])]
+    if gpus >= 4:
+        runs.append(("nccl P=2 D=2 eager", ["--stages", "2", "--pipelines", "2", "--redundancy", "eager",
+                                            "--preempt", "1@3:12"]))
+    rows, ref = [], reference(tmp, "tiny")
+    for name, flags in runs:
+        records, summary, error = train(os.path.join(tmp, f"{name.replace(' ', '_')}.jsonl"), "--model", "tiny",
+                                        *COMMON, "--transport", "nccl", *flags)
+        losses = [r["loss"] for r in records]
+        worst = max((abs(a - b) / abs(b) for a, b in zip(losses, ref)), default=float("inf"))
+        ok = not error and len(losses) == len(ref) and worst <= TOLERANCE["fp32"]
+        rows.append({"check": name, "ok": ok, "max_rel_loss_error": worst, "tolerance": TOLERANCE["fp32"],
+                     "peak_cuda_mb": summary.get("peak_cuda_mb"), "error": error})
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: max relative loss error {worst:.2e}"
+              + (f" -- {error}" if error else ""), flush=True)
+    return rows
+
+
 def performance(tmp: str, quick: bool) -> dict:
     """eager/off and lazy/off on GPT-2 small's shape (124M), P=2, fault-free."""
     args = ["--model", "hf:gpt2", "--stages", "2", "--microbatches", "8", "--batch", "4", "--seq", "256",
@@ -116,8 +141,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         rows = correctness(tmp, args.quick)
         perf = performance(tmp, args.quick)
-    nccl = "not run: --transport nccl is not built yet" if gpus >= 2 else "not run: one GPU"
-    print(f"nccl: {nccl}")
+        nccl = nccl_checks(tmp, gpus) if gpus >= 2 else [{"check": "nccl", "ok": True, "skipped": "one GPU"}]
+    rows += [r for r in nccl if "skipped" not in r]
     report = {"device": device, "gpus": gpus, "torch": torch.__version__, "checks": rows, "performance": perf,
               "nccl": nccl}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

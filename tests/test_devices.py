@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from bamboo.config import JobConfig
 from bamboo.devices import DeviceError, parse_devices, pick, transport
@@ -38,15 +39,18 @@ def test_devices_the_host_does_not_have_or_malformed_are_refused():
     assert parse_devices("2, 0") == ("2", "0") and parse_devices(None) == ()
 
 
-def test_the_transport_is_gloo_and_nccl_says_why_not():
+def test_the_transport_is_gloo_unless_nccl_is_asked_and_possible():
     assert transport("auto", torch.device("cuda", 0), False) == "gloo"
     assert transport("gloo", torch.device("cpu"), False) == "gloo"
     with pytest.raises(DeviceError, match="needs a GPU"):
         transport("nccl", torch.device("cpu"), False)
     with pytest.raises(DeviceError, match="cannot share"):
         transport("nccl", torch.device("cuda", 0), True)
-    with pytest.raises(DeviceError, match="not built yet"):
-        transport("nccl", torch.device("cuda", 0), False)
+    if dist.is_nccl_available():
+        assert transport("nccl", torch.device("cuda", 0), False) == "nccl"
+    else:  # this machine's CPU build of torch
+        with pytest.raises(DeviceError, match="this torch build has no NCCL"):
+            transport("nccl", torch.device("cuda", 0), False)
 
 
 @pytest.mark.parametrize("flags, says", [

@@ -1,0 +1,107 @@
+"""Payloads over one two-rank group per directed channel: `--transport nccl`.
+
+NCCL runs a communicator's point-to-point operations one after another on one
+stream, so channels that share a communicator wait on each other: with P=2, stage
+0's activations to node 1 and node 1's replica sync to node 0 would deadlock on the
+pair's one communicator. Each (sender, receiver, kind) therefore gets a group of its
+own, made by both ends the first time the channel is used (the rendezvous is a
+prefix of the world's store, so a new world makes new channels). Headers (shape,
+dtype, the loss note) still go over the world's gloo group: a mailbox knows a
+payload's size before it posts the receive, and the channel counts of
+bamboo/comm.py stay what the failover reads.
+
+A dead peer never breaks an NCCL channel: its pending operations would wait until
+NCCL's watchdog ends the process. The failover, once it knows the peer is dead,
+calls `abort(peer)`: the peer's groups are aborted and any wait on them gives up
+(the mailbox records the channel broken, so `Comm.settled` holds).
+
+The same code runs with gloo groups (`gloo_groups`): how the tests exercise it on
+the CPU, where NCCL does not exist.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from datetime import timedelta
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from schedules.ir import Op
+
+POLL_SECONDS = 0.0002  # how often a wait on a channel asks whether its work is done
+
+GroupMaker = Callable[[dist.Store, int, int], dist.ProcessGroup]
+
+
+def nccl_groups(store: dist.Store, rank: int, size: int) -> dist.ProcessGroup:
+    """An NCCL group; its communicator is made at the first operation, on the GPU
+    the calling thread set (the worker's threads all set theirs)."""
+    return dist.ProcessGroupNCCL(store, rank, size, dist.ProcessGroupNCCL.Options())
+
+
+def gloo_groups(timeout: float) -> GroupMaker:
+    return lambda store, rank, size: dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=timeout))
+
+
+class ChannelAborted(RuntimeError):
+    """A wait on a channel whose peer the failover declared dead."""
+
+
+class Channels:
+    def __init__(self, store: dist.Store, me: int, make_group: GroupMaker, nccl: bool):
+        self.store, self.me, self._make, self.nccl = store, me, make_group, nccl
+        self._groups: dict[tuple[int, int, str], dist.ProcessGroup] = {}
+        self.aborted: set[int] = set()  # peers whose channels were aborted
+
+    def group(self, src: int, dst: int, kind: Op) -> dist.ProcessGroup:
+        """The channel's group: rank 0 sends, rank 1 receives. Each channel is used
+        by one thread per end (its outbox, its mailbox), so no lock is needed."""
+        key = (src, dst, kind.value)
+        if key not in self._groups:
+            store = dist.PrefixStore(f"channel/{src}-{dst}/{kind.value}", self.store)
+            self._groups[key] = self._make(store, 0 if self.me == src else 1, 2)
+        return self._groups[key]
+
+    def wait(self, work, peer: int) -> None:
+        """Until `work` is done, or its peer's channels are aborted (ChannelAborted);
+        raises what the work raised. NCCL's work is asked (its CUDA event: no
+        stream waits); gloo's says it is done only once waited for, so a thread
+        waits on it (one that is given up stays blocked until gloo's timeout)."""
+        if self.nccl:
+            while not work.is_completed():
+                self._check(peer)
+                time.sleep(POLL_SECONDS)
+            work.wait()
+            return
+        outcome: queue.Queue = queue.Queue(maxsize=1)
+
+        def wait_gloo() -> None:
+            try:
+                work.wait()
+                outcome.put(None)
+            except RuntimeError as e:
+                outcome.put(e)
+        threading.Thread(target=wait_gloo, daemon=True, name=f"channel-{peer}").start()
+        while True:
+            try:
+                error = outcome.get(timeout=0.01)
+                break
+            except queue.Empty:
+                self._check(peer)
+        if error is not None:
+            raise error
+
+    def _check(self, peer: int) -> None:
+        if peer in self.aborted:
+            raise ChannelAborted(f"the channel with node {peer} was aborted: it died")
+
+    def abort(self, peer: int) -> None:
+        """Give up every channel with `peer` (it died): waits on them end."""
+        self.aborted.add(peer)
+        if self.nccl:
+            for (src, dst, _), pg in list(self._groups.items()):
+                if peer in (src, dst):
+                    pg.abort()
