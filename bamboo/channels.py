@@ -20,6 +20,7 @@ the CPU, where NCCL does not exist.
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -32,6 +33,9 @@ import torch.distributed as dist
 from schedules.ir import Op
 
 POLL_SECONDS = 0.0002  # how often a wait on a channel asks whether its work is done
+# Tests set this to run the channels over gloo groups on the CPU, where NCCL is not
+# at hand: the workers then take this module's path with `gloo_groups`.
+CHANNELS_ON_CPU = "BAMBOO_CHANNELS_ON_CPU"
 
 GroupMaker = Callable[[dist.Store, int, int], dist.ProcessGroup]
 
@@ -44,6 +48,16 @@ def nccl_groups(store: dist.Store, rank: int, size: int) -> dist.ProcessGroup:
 
 def gloo_groups(timeout: float) -> GroupMaker:
     return lambda store, rank, size: dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=timeout))
+
+
+def for_worker(transport: str, store: dist.Store, me: int, timeout: float) -> "Channels | None":
+    """A worker's channels: NCCL's with `--transport nccl`, gloo's under
+    BAMBOO_CHANNELS_ON_CPU=1 (tests), else none (gloo's world group carries all)."""
+    if transport == "nccl":
+        return Channels(store, me, nccl_groups, nccl=True)
+    if os.environ.get(CHANNELS_ON_CPU) == "1":
+        return Channels(store, me, gloo_groups(timeout), nccl=False)
+    return None
 
 
 class ChannelAborted(RuntimeError):

@@ -13,6 +13,8 @@ A GPU tensor travels through a pinned host buffer (bamboo/staging.py): copied
 out on a side stream once its kernels are done, sent by the outbox thread after
 the copy's event, received into a pooled buffer and copied in on a side stream
 that the receiver's kernels wait for. On the CPU, gloo reads the tensor itself.
+With `--transport nccl` a payload goes GPU to GPU on its channel's own group
+(bamboo/channels.py); the header stays on gloo.
 """
 from __future__ import annotations
 
@@ -88,7 +90,8 @@ class _Mailbox:
                 dtype, stager, channels = _DTYPES[int(h[-1])], self.comm.stager, self.comm.channels
                 if channels is not None:  # straight into device memory (bamboo/channels.py)
                     t = torch.empty(shape, dtype=dtype, device=self.comm.device)
-                    channels.wait(channels.group(self.peer, self.comm.me, self.kind).recv([t], 0, 0), self.peer)
+                    work = channels.group(self.peer, self.comm.me, self.kind).recv([t], 0, 0)
+                    channels.wait(work, self.peer)
                 else:
                     t = stager.pool.take(shape, dtype) if stager.on_gpu else torch.empty(shape, dtype=dtype)
                     pg.recv([t], src, tag).wait()
@@ -130,13 +133,14 @@ class _Outbox:
                 if note.event is not None:
                     self.comm.stager.pool.give(note.tensor)
                 note = value
-            try:  # both queued at once: the payload follows its header without a wait between
+            try:
                 header = _header(tensor, note)  # held until both left
                 channels = self.comm.channels
-                if channels is not None:
+                if channels is not None:  # the header on gloo, the payload on the channel's group
                     pg.send([header], dst, tag).wait()
-                    channels.wait(channels.group(self.comm.me, self.peer, self.kind).send([tensor], 1, 0), self.peer)
-                else:
+                    work = channels.group(self.comm.me, self.peer, self.kind).send([tensor], 1, 0)
+                    channels.wait(work, self.peer)
+                else:  # both queued at once: the payload follows its header without a wait between
                     for work in [pg.send([header], dst, tag), pg.send([tensor], dst, tag)]:
                         work.wait()
             except RuntimeError as e:  # a buffer gloo may still be reading is not reused

@@ -33,7 +33,7 @@ from bamboo.assignment import Assignment
 from bamboo.boundary import Boundary
 from bamboo.checkpoint import Checkpoints
 from bamboo.cluster import Cluster
-from bamboo.channels import Channels, nccl_groups
+from bamboo.channels import for_worker, nccl_groups
 from bamboo.comm import Comm
 from bamboo.config import JobConfig
 from bamboo.data import corpus_of, split_microbatches
@@ -334,7 +334,7 @@ class Worker:
         members = [n for n in self.assignment.members if n not in self.failed]
         pg, rank_of, self._store = open_group(self.cluster, store_key, members, self.node,
                                               self._lease_check(members, iteration, starting), self.cfg.hang_timeout)
-        channels = Channels(self._store, self.node, nccl_groups, nccl=True) if self.transport == "nccl" else None
+        channels = for_worker(self.transport, self._store, self.node, self.cfg.hang_timeout)
         return Comm(pg, rank_of, self.device, stager=self.stager, channels=channels)
 
     def local_failed(self) -> tuple[int, ...]:

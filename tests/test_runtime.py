@@ -153,6 +153,16 @@ def test_a_run_that_trained_nothing_leaves_no_metrics_file(tmp_path):
     assert not metrics.exists() and list(tmp_path.iterdir()) == []
 
 
+def test_channels_of_their_own_keep_the_math(tmp_path, reference, monkeypatch):
+    """--transport nccl's path (a group per directed channel, the failover aborting
+    the dead node's channels), run on the CPU with gloo groups: a SIGKILL mid-iteration."""
+    monkeypatch.setenv("BAMBOO_CHANNELS_ON_CPU", "1")
+    _, records, params = train(tmp_path, "channels", "--stages", str(P), "--pipelines", str(D),
+                               "--preempt", kill_point(0, _backward_of_first_stage))
+    assert_same_training(records, params, reference)
+    assert {"preemption", "failover"} == {e["type"] for e in records[5]["events"]}
+
+
 def test_factory_sequential_on_two_stages_survives_losing_one(tmp_path):
     """P=2: the survivor is predecessor and successor at once and ends up running
     the whole model; a user nn.Sequential named as package.module:function."""
