@@ -78,7 +78,7 @@ class _Mailbox:
 
     def _run(self) -> None:
         src, tag, pg = self.comm.rank_of[self.peer], self.comm.tags[self.kind], self.comm.pg
-        self.comm.stager.own_thread()
+        self.comm.own_stream()
         while True:
             with self.cond:
                 while self.received >= self.expected:
@@ -95,7 +95,7 @@ class _Mailbox:
                 else:
                     t = stager.pool.take(shape, dtype) if stager.on_gpu else torch.empty(shape, dtype=dtype)
                     pg.recv([t], src, tag).wait()
-            except RuntimeError as e:
+            except (RuntimeError, TimeoutError) as e:  # TimeoutError: a channel's rendezvous gave up
                 with self.cond:
                     self.error = str(e).splitlines()[0][:200]
                 self.inbox.put(None)
@@ -124,10 +124,13 @@ class _Outbox:
 
     def _run(self) -> None:
         dst, tag, pg = self.comm.rank_of[self.peer], self.comm.tags[self.kind], self.comm.pg
-        self.comm.stager.own_thread()
+        self.comm.own_stream()
         while True:
             staged, note, done = self.queue.get()
-            tensor = staged.wait_host()  # this thread waits for the copy out, not the compute
+            channels = self.comm.channels
+            # gloo: this thread waits for the copy out, not the compute; a channel's
+            # stream waits for the kernels that wrote the tensor, the host does not
+            tensor = staged.wait_here() if channels is not None else staged.wait_host()
             if isinstance(note, Copy):
                 value = float(note.wait_host())
                 if note.event is not None:
@@ -135,7 +138,6 @@ class _Outbox:
                 note = value
             try:
                 header = _header(tensor, note)  # held until both left
-                channels = self.comm.channels
                 if channels is not None:  # the header on gloo, the payload on the channel's group
                     pg.send([header], dst, tag).wait()
                     work = channels.group(self.comm.me, self.peer, self.kind).send([tensor], 1, 0)
@@ -143,10 +145,10 @@ class _Outbox:
                 else:  # both queued at once: the payload follows its header without a wait between
                     for work in [pg.send([header], dst, tag), pg.send([tensor], dst, tag)]:
                         work.wait()
-            except RuntimeError as e:  # a buffer gloo may still be reading is not reused
+            except (RuntimeError, TimeoutError) as e:  # a buffer gloo may still be reading is not reused
                 done.put(str(e).splitlines()[0][:200])
                 continue
-            if staged.event is not None:  # a pooled buffer (the GPU path)
+            if staged.event is not None and channels is None:  # a pooled buffer (the GPU path)
                 self.comm.stager.pool.give(tensor)
             done.put(None)
 
@@ -207,8 +209,24 @@ class Comm:
             raise PeerFailure(peer, error)
 
     def _staged(self, tensor: torch.Tensor) -> Copy:
-        """What the outbox sends: a channel takes the tensor where it is; gloo a host copy."""
-        return Copy(tensor.detach().contiguous()) if self.channels else self.stager.to_host(tensor, copy=False)
+        """What the outbox sends: gloo a host copy; a channel the tensor where it is,
+        with an event after the kernels that wrote it, which the outbox's own stream
+        waits for (NCCL would otherwise wait for all the compute queued until it sends)."""
+        if self.channels is None:
+            return self.stager.to_host(tensor, copy=False)
+        t = tensor.detach().contiguous()
+        if t.device.type != "cuda":
+            return Copy(t)
+        event = self.stager.cuda.Event()
+        event.record(self.stager.cuda.current_stream(t.device))
+        return Copy(t, event, self.stager.cuda)
+
+    def own_stream(self) -> None:
+        """A mailbox's or outbox's thread works on its GPU, and with channels on a
+        stream of its own, so that NCCL's operations order after what they need only."""
+        self.stager.own_thread()
+        if self.channels is not None and self.device.type == "cuda":
+            self.stager.cuda.set_stream(self.stager.cuda.Stream(self.device))
 
     def post(self, peer: int, kind: Op, tensor: torch.Tensor, note: "float | torch.Tensor | None" = None) -> None:
         """Queue a send and go on computing while it leaves (docs/HOTPATH.md, finding 5).
@@ -272,7 +290,15 @@ class Comm:
                 box.inbox.put(None)  # stays closed for later receives
                 raise PeerFailure(peer, box.error or "channel closed")
             t, note = message
-            return (self.stager.to_device(t).wait_here() if self.stager.on_gpu and not self.channels else t), note
+            if self.channels is not None and t.device.type == "cuda":
+                t.record_stream(self.stager.cuda.current_stream(self.device))  # made on the mailbox's stream
+                return t, note
+            return (self.stager.to_device(t).wait_here() if self.stager.on_gpu else t), note
+
+    def close(self) -> None:
+        """This world is done (abandoned, or replaced): give up every channel."""
+        if self.channels is not None:
+            self.channels.close()
 
     def abort_peer(self, peer: int) -> None:
         """`peer` died: give up its channels (NCCL's never break by themselves), so

@@ -257,12 +257,11 @@ class Failover:
             deadline = time.monotonic() + (0 if failure and failure.how == LEASE_EXPIRED else self.timeout)
             while not self.comm.settled(dg) and time.monotonic() < deadline:
                 time.sleep(0.01)
-            self.comm.abort_peer(dg)  # what has not landed by now never will (NCCL's waits end)
             counts = {kind.value: n - self.baseline.get((peer, kind), 0)
                       for (peer, kind), n in self.comm.counts().items() if peer == dg}
             self.cluster.put(CUT(self.iteration, dg, self.to_global(self.me)), Cut(counts))
 
-        self.comm.abort_peer(dg)  # sends to it still pending (NCCL) end too
+        self.comm.abort_peer(dg)  # what has not landed by now never will: NCCL's waits on it end
 
         def reports():
             cut = self.cluster.children(CUT(self.iteration, dg))

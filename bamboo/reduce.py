@@ -72,6 +72,13 @@ class Reducer:
                                            self.make_group)
         return self._groups[key][0]
 
+    def close(self) -> None:
+        """The epoch is over, or its iteration abandoned: an NCCL group's collective
+        left pending would never end (and its communicator holds GPU memory)."""
+        for key in list(self._groups):
+            self._drop(key)
+        self._tie_left = {}
+
     def _drop(self, key: str) -> None:
         """Forget a group whose collective failed (a member died); an NCCL one is
         aborted, as its pending collective would otherwise never end."""

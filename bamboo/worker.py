@@ -22,6 +22,7 @@ import resource
 import signal
 import sys
 import time
+from datetime import timedelta
 
 import torch
 
@@ -50,7 +51,7 @@ from bamboo.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, ER
                              Abort, LossScale, Mark, Regroup, Report, Start, WorkerError, world_store)
 from bamboo.reduce import Reducer
 from bamboo.staging import Stager
-from bamboo.store import RendezvousAborted
+from bamboo.store import EtcdStore, RendezvousAborted
 
 
 class Worker:
@@ -140,8 +141,11 @@ class Worker:
         self.mbs = split_microbatches(self.cfg.microbatches, len(assignment.pipelines))[self.pipeline]
         self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, self.holdings.mode(assignment),
                                  self.cfg.failure_timeout, self.cfg.elastic, self.failures, self.finishes)
+        if self.executor is not None:
+            self.executor.reducer.close()  # the last epoch's groups (NCCL: their GPU memory)
+        groups = nccl_groups(self.cfg.hang_timeout) if self.transport == "nccl" else None  # the reduce's
         reducer = Reducer(self.cluster, assignment, self.node, self.cfg.failure_timeout, self.failover,
-                          self.cfg.hang_timeout, nccl_groups if self.transport == "nccl" else None)
+                          self.cfg.hang_timeout, groups)
         # With agents, each step can be undone, so that an iteration no pipeline can
         # finish is redone from the copies the survivors hold.
         self.executor = Executor(self.cfg, nodes, self.me, self.holdings.modules, self.holdings.optimizers,
@@ -198,6 +202,8 @@ class Worker:
         starts from: the next one, `it` again, or a checkpoint's when a stage was lost
         on every node."""
         if aborted:
+            self.comm.close()  # NCCL work of the abandoned iteration would never end
+            self.executor.reducer.close()
             self.executor.rollback()
             self.checkpoints.wait()  # a checkpoint being written is complete before the agents pick one
             self.cluster.put(ABORTED(it, self.node), Mark())
@@ -334,7 +340,14 @@ class Worker:
         members = [n for n in self.assignment.members if n not in self.failed]
         pg, rank_of, self._store = open_group(self.cluster, store_key, members, self.node,
                                               self._lease_check(members, iteration, starting), self.cfg.hang_timeout)
-        channels = for_worker(self.transport, self._store, self.node, self.cfg.hang_timeout)
+        if self.comm is not None:
+            self.comm.close()  # the old world's channels (NCCL: their GPU memory)
+
+        def store_for(src: int, dst: int, kind: str) -> EtcdStore:  # gives up when an end is gone
+            return EtcdStore(self.cluster.client, self.cluster.key(f"{store_key}/channel/{src}-{dst}/{kind}"),
+                             timedelta(seconds=self.cfg.hang_timeout),
+                             self._lease_check([src, dst], iteration, starting), self.cluster.call)
+        channels = for_worker(self.transport, store_for, self.node, self.cfg.hang_timeout)
         return Comm(pg, rank_of, self.device, stager=self.stager, channels=channels)
 
     def local_failed(self) -> tuple[int, ...]:

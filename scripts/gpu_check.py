@@ -92,11 +92,12 @@ def nccl_checks(tmp: str, gpus: int) -> list[dict]:
                                         *COMMON, "--transport", "nccl", *flags)
         losses = [r["loss"] for r in records]
         worst = max((abs(a - b) / abs(b) for a, b in zip(losses, ref)), default=float("inf"))
-        ok = not error and len(losses) == len(ref) and worst <= TOLERANCE["fp32"]
+        killed = any(e["type"] == "preemption" for r in records for e in r.get("events", []))
+        ok = not error and len(losses) == len(ref) and killed and worst <= TOLERANCE["fp32"]
         rows.append({"check": name, "ok": ok, "max_rel_loss_error": worst, "tolerance": TOLERANCE["fp32"],
-                     "peak_cuda_mb": summary.get("peak_cuda_mb"), "error": error})
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: max relative loss error {worst:.2e}"
-              + (f" -- {error}" if error else ""), flush=True)
+                     "killed": killed, "peak_cuda_mb": summary.get("peak_cuda_mb"), "error": error})
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: max relative loss error {worst:.2e}, node 1 killed in "
+              f"iteration 3: {killed}" + (f" -- {error}" if error else ""), flush=True)
     return rows
 
 

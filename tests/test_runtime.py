@@ -216,9 +216,13 @@ def _short(tmp_path, name, *args):
 
 
 @pytest.mark.slow  # make test-slow: keeps make test under 15 min on a 2-core machine
-def test_last_stage_killed_after_its_stream_keeps_every_loss(tmp_path):
-    """The last stage finishes first and lingers: dying then must lose nothing."""
-    end = len(compile_schedule(4, 8).streams[3])
+@pytest.mark.parametrize("where", ["before-its-loss-write", "after-its-stream"])
+def test_last_stage_killed_after_its_stream_keeps_every_loss(tmp_path, where):
+    """The last stage finishes first and lingers: dying then must lose nothing. It
+    writes its losses just before it waits for its replica's sync: killed there,
+    its losses exist only where they travelled, with its gradients."""
+    stream = compile_schedule(4, 8).streams[3]
+    end = len(stream) if where == "after-its-stream" else next(i for i, x in enumerate(stream) if x.op is Op.RECV_SYNC)
     ref = _short(tmp_path, "ref", "--stages", "1")
     got = _short(tmp_path, "kill", "--stages", "4", "--preempt", f"3@2:{end}")
     assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in ref], rel=RTOL)
