@@ -52,11 +52,14 @@ class Auto(Bamboo):
         self.redone = self.redone * decay + (not fatal and any(len(dead) > 1 for dead in deaths))
         self.last = s.t
         rules = RedoFromPeers if self.redundancy == "off" else Bamboo
+        fatal_before = s.fatal
         nxt = rules.react(self, sim, s, config, live, removed)
         if self.redundancy == "lazy":
             s.pause(lazy_forwards_seconds(sim, config, removed))
         if nxt and nxt.depth == sim.P and nxt.pipelines:
-            self._choose(sim, s, nxt, reconfigured=config is not None and _moved(config, nxt))
+            # a restart from the checkpoint is a reconfiguration too
+            moved = config is not None and _moved(config, nxt) or s.fatal > fatal_before
+            self._choose(sim, s, nxt, reconfigured=moved)
         return nxt
 
     def _choose(self, sim, s: RunState, config: Config, reconfigured: bool) -> None:
