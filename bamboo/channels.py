@@ -80,6 +80,7 @@ class Channels:
         self._groups: dict[tuple[int, int, str], dist.ProcessGroup] = {}
         self.aborted: set[int] = set()  # peers whose channels were aborted
         self.closed = False               # every channel given up (the world is done)
+        self._aborted_groups: set[tuple[int, int, str]] = set()
 
     def group(self, src: int, dst: int, kind: Op) -> dist.ProcessGroup:
         """The channel's group: rank 0 sends, rank 1 receives. Each channel is used
@@ -137,7 +138,10 @@ class Channels:
         self._abort_groups(lambda src, dst: True)
 
     def _abort_groups(self, which) -> None:
+        """Abort NCCL's groups chosen by `which(src, dst)`, each once (gloo's break by
+        themselves when a peer dies, and stay open until the process exits)."""
         if self.nccl:
-            for (src, dst, _), pg in list(self._groups.items()):
-                if which(src, dst):
+            for (src, dst, kind), pg in list(self._groups.items()):
+                if which(src, dst) and (src, dst, kind) not in self._aborted_groups:
+                    self._aborted_groups.add((src, dst, kind))
                     pg.abort()
