@@ -22,23 +22,21 @@ the CPU, where NCCL does not exist.
 from __future__ import annotations
 
 import os
-import queue
-import threading
 import time
 from datetime import timedelta
 from typing import Callable
 
-import torch
 import torch.distributed as dist
 
 from schedules.ir import Op
+
+from bamboo.groups import GroupMaker, interruptible
 
 POLL_SECONDS = 0.0002  # how often a wait on a channel asks whether its work is done
 # Tests set this to run the channels over gloo groups on the CPU, where NCCL is not
 # at hand: the workers then take this module's path with `gloo_groups`.
 CHANNELS_ON_CPU = "BAMBOO_CHANNELS_ON_CPU"
 
-GroupMaker = Callable[[dist.Store, int, int], dist.ProcessGroup]
 StoreFor = Callable[[int, int, str], dist.Store]  # (sender, receiver, kind) -> where the channel meets
 
 
@@ -70,8 +68,8 @@ def for_worker(transport: str, store_for: StoreFor, me: int, timeout: float) -> 
 
 
 class ChannelAborted(RuntimeError):
-    """A wait on a channel whose peer the failover declared dead, or of a world
-    that was closed."""
+    """A channel whose peer the failover declared dead, or of a world that was
+    closed (gloo's waits say so with RendezvousAborted, from `interruptible`)."""
 
 
 class Channels:
@@ -80,7 +78,6 @@ class Channels:
         self._groups: dict[tuple[int, int, str], dist.ProcessGroup] = {}
         self.aborted: set[int] = set()  # peers whose channels were aborted
         self.closed = False               # every channel given up (the world is done)
-        self._aborted_groups: set[tuple[int, int, str]] = set()
 
     def group(self, src: int, dst: int, kind: Op) -> dist.ProcessGroup:
         """The channel's group: rank 0 sends, rank 1 receives. Each channel is used
@@ -89,42 +86,30 @@ class Channels:
         ends is gone, not when any node of the world is (a recovery opens channels
         after a death)."""
         key = (src, dst, kind.value)
+        if reason := self._gone(dst if src == self.me else src):
+            raise ChannelAborted(reason)
         if key not in self._groups:
             self._groups[key] = self._make(self.store_for(src, dst, kind.value), 0 if self.me == src else 1, 2)
         return self._groups[key]
 
     def wait(self, work, peer: int) -> None:
-        """Until `work` is done, or its peer's channels are aborted (ChannelAborted);
-        raises what the work raised. NCCL's work is asked (its CUDA event: no
-        stream waits); gloo's says it is done only once waited for, so a thread
-        waits on it (one that is given up stays blocked until gloo's timeout)."""
-        if self.nccl:
-            while not work.is_completed():
-                self._check(peer)
-                time.sleep(POLL_SECONDS)
-            work.wait()
+        """Until `work` is done, or its peer's channels are aborted; raises what the
+        work raised. NCCL's work is asked (its CUDA event: no stream waits); gloo's
+        says it is done only once waited for, so a thread waits on it."""
+        if not self.nccl:
+            interruptible(work.wait, lambda: self._gone(peer), every=0.01)
             return
-        outcome: queue.Queue = queue.Queue(maxsize=1)
+        while not work.is_completed():
+            if reason := self._gone(peer):
+                raise ChannelAborted(reason)
+            time.sleep(POLL_SECONDS)
+        work.wait()
 
-        def wait_gloo() -> None:
-            try:
-                work.wait()
-                outcome.put(None)
-            except RuntimeError as e:
-                outcome.put(e)
-        threading.Thread(target=wait_gloo, daemon=True, name=f"channel-{peer}").start()
-        while True:
-            try:
-                error = outcome.get(timeout=0.01)
-                break
-            except queue.Empty:
-                self._check(peer)
-        if error is not None:
-            raise error
-
-    def _check(self, peer: int) -> None:
+    def _gone(self, peer: int) -> str | None:
+        """Why the channels with `peer` are given up, or None."""
         if peer in self.aborted or self.closed:
-            raise ChannelAborted(f"the channel with node {peer} was aborted: it died, or its world ended")
+            return f"the channel with node {peer} was aborted: it died, or its world ended"
+        return None
 
     def abort(self, peer: int) -> None:
         """Give up every channel with `peer` (it died): waits on them end."""
@@ -138,10 +123,9 @@ class Channels:
         self._abort_groups(lambda src, dst: True)
 
     def _abort_groups(self, which) -> None:
-        """Abort NCCL's groups chosen by `which(src, dst)`, each once (gloo's break by
-        themselves when a peer dies, and stay open until the process exits)."""
-        if self.nccl:
-            for (src, dst, kind), pg in list(self._groups.items()):
-                if which(src, dst) and (src, dst, kind) not in self._aborted_groups:
-                    self._aborted_groups.add((src, dst, kind))
-                    pg.abort()
+        """Forget the groups chosen by `which(src, dst)`; NCCL's are aborted (gloo's
+        break by themselves when a peer dies, and stay open until the process exits)."""
+        for key in [k for k in self._groups if which(k[0], k[1])]:
+            pg = self._groups.pop(key)
+            if self.nccl:
+                pg.abort()

@@ -21,14 +21,17 @@ from __future__ import annotations
 import queue
 import threading
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from schedules.ir import Op
 
-from bamboo.channels import Channels
 from bamboo.staging import Copy, Stager
+
+if TYPE_CHECKING:
+    from bamboo.channels import Channels
 
 TAGS = {Op.SEND_ACT: 1, Op.SEND_GRAD: 2, Op.SEND_SYNC: 3}
 EVAL_TAGS = {Op.SEND_ACT: 4}  # evaluation's activations (Comm.evaluation)

@@ -9,8 +9,8 @@ import threading
 from datetime import timedelta
 
 import torch.distributed as dist
+from typing import Callable
 
-from bamboo.channels import GroupMaker
 from bamboo.cluster import Cluster
 from bamboo.comm import new_group
 from bamboo.store import EtcdStore, RendezvousAborted
@@ -31,6 +31,15 @@ def lease_check(cluster: Cluster, members, iteration: int, me: int, starting=())
     return why_not
 
 
+GroupMaker = Callable[[dist.Store, int, int], dist.ProcessGroup]  # (store, rank, size) -> a group
+
+
+def store_at(cluster: Cluster, store_key: str, why_not, timeout: float) -> EtcdStore:
+    """The etcd store a group meets at, below the job's root; its waits give up
+    after `timeout` seconds or once `why_not()` names a reason."""
+    return EtcdStore(cluster.client, cluster.key(store_key), timedelta(seconds=timeout), why_not, cluster.call)
+
+
 def open_group(cluster: Cluster, store_key: str, members, me: int, why_not, timeout: float,
                make_group: GroupMaker | None = None) -> tuple[dist.ProcessGroup, dict[int, int], EtcdStore]:
     """A gloo group (or one `make_group` makes: NCCL's) over `members` (node ids)
@@ -38,7 +47,7 @@ def open_group(cluster: Cluster, store_key: str, members, me: int, why_not, time
     and the store it keeps using. Its rendezvous and each of its operations give up
     after `timeout` seconds (--hang-timeout). The group lives as long as the process
     (see _KEPT)."""
-    store = EtcdStore(cluster.client, cluster.key(store_key), timedelta(seconds=timeout), why_not, cluster.call)
+    store = store_at(cluster, store_key, why_not, timeout)
     if make_group is not None:  # NCCL meets its peers at the first operation, not here
         rank_of = {n: i for i, n in enumerate(members)}
         pg = make_group(store, rank_of[me], len(members))

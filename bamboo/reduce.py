@@ -21,12 +21,11 @@ import time
 from schedules.layout import Layout, ScheduleError
 
 from bamboo.assignment import Assignment
-from bamboo.channels import GroupMaker
 from bamboo.cluster import Cluster
 from bamboo.comm import Interrupted
 from bamboo.executor import flat_grads, set_flat_grads
 from bamboo.failover import Aborted
-from bamboo.groups import lease_check, open_group
+from bamboo.groups import GroupMaker, lease_check, open_group
 from bamboo.protocol import REDUCED, TIED, Reduced, reduce_store, tie_store
 
 

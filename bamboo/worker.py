@@ -22,7 +22,6 @@ import resource
 import signal
 import sys
 import time
-from datetime import timedelta
 
 import torch
 
@@ -42,7 +41,7 @@ from bamboo.evaluator import Evaluator
 from bamboo.executor import Executor
 from bamboo.exits import FENCED, Parked, Released, WorkerExit
 from bamboo.failover import Aborted, Failover
-from bamboo.groups import lease_check, open_group
+from bamboo.groups import lease_check, open_group, store_at
 from bamboo.handover import HandoverFailed
 from bamboo.holdings import Holdings
 from bamboo.liveness import hang_deadline
@@ -344,9 +343,8 @@ class Worker:
             self.comm.close()  # the old world's channels (NCCL: their GPU memory)
 
         def store_for(src: int, dst: int, kind: str) -> EtcdStore:  # gives up when an end is gone
-            return EtcdStore(self.cluster.client, self.cluster.key(f"{store_key}/channel/{src}-{dst}/{kind}"),
-                             timedelta(seconds=self.cfg.hang_timeout),
-                             self._lease_check([src, dst], iteration, starting), self.cluster.call)
+            return store_at(self.cluster, f"{store_key}/channel/{src}-{dst}/{kind}",
+                            self._lease_check([src, dst], iteration, starting), self.cfg.hang_timeout)
         channels = for_worker(self.transport, store_for, self.node, self.cfg.hang_timeout)
         return Comm(pg, rank_of, self.device, stager=self.stager, channels=channels)
 

@@ -18,7 +18,7 @@ from bamboo.channels import Channels, gloo_groups
 from bamboo.comm import Comm, PeerFailure
 
 
-def pair() -> tuple[list[Comm], list[Channels], dist.Store]:
+def pair() -> tuple[list[Comm], list[Channels]]:
     """Nodes 0 and 1, each a Comm on one world gloo group with channels over gloo."""
     store, pgs = dist.HashStore(), [None, None]
 
@@ -33,11 +33,11 @@ def pair() -> tuple[list[Comm], list[Channels], dist.Store]:
         return dist.PrefixStore(f"channel/{src}-{dst}/{kind}", store)
     channels = [Channels(store_for, node, gloo_groups(20), nccl=False) for node in (0, 1)]
     comms = [Comm(pgs[n], {0: 0, 1: 1}, torch.device("cpu"), channels=channels[n]) for n in (0, 1)]
-    return comms, channels, store
+    return comms, channels
 
 
 def test_payloads_go_on_a_group_per_channel_both_ways_at_once():
-    comms, channels, _ = pair()
+    comms, channels = pair()
     sent = {(src, kind): [torch.full((3, 2), float(10 * src + i)) for i in range(4)]
             for src in (0, 1) for kind in (Op.SEND_ACT, Op.SEND_SYNC)}
     got: dict = {}
@@ -71,7 +71,7 @@ def test_an_aborted_channel_ends_the_wait_and_settles(how):
     """Node 0 dies between a message's header and its payload: node 1's mailbox
     waits on the channel (NCCL's would wait forever) until the failover aborts it,
     or the world is closed (an abandoned iteration, a new world)."""
-    comms, channels, _ = pair()
+    comms, channels = pair()
     comms[1].expect(0, Op.SEND_ACT, 1)
     header = torch.zeros(11, dtype=torch.int64)
     header[0], header[1], header[-1] = 1, 4, 0  # a float32 vector of 4
