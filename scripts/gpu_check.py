@@ -58,22 +58,29 @@ CASES = [  # name, model, precision, redundancy, extra flags, extra environment
 ]
 
 
+def judged(name: str, run: tuple[list[dict], dict, str], ref: list[float], precision: str, killed_node: int) -> dict:
+    """One check's row, printed: a run's losses against the reference, and whether
+    the node was really killed."""
+    records, summary, error = run
+    losses = [r["loss"] for r in records]
+    worst = max((abs(a - b) / abs(b) for a, b in zip(losses, ref)), default=float("inf"))
+    killed = any(e["type"] == "preemption" for r in records for e in r.get("events", []))
+    ok = not error and len(losses) == len(ref) and killed and worst <= TOLERANCE[precision]
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: max relative loss error {worst:.2e} "
+          f"(tolerance {TOLERANCE[precision]:g}), node {killed_node} killed in iteration 3: {killed}"
+          + (f" -- {error}" if error else ""), flush=True)
+    return {"check": name, "ok": ok, "max_rel_loss_error": worst, "tolerance": TOLERANCE[precision],
+            "killed": killed, "peak_cuda_mb": summary.get("peak_cuda_mb"), "error": error}
+
+
 def correctness(tmp: str, quick: bool) -> list[dict]:
     rows, refs = [], {}
     for name, model, precision, mode, extra, env in CASES[:3] if quick else CASES:
         refs.setdefault(model, reference(tmp, model))
-        records, summary, error = train(os.path.join(tmp, f"{name.replace(' ', '_')}.jsonl"), "--model", model,
-                                        *COMMON, "--stages", "4", "--share-gpu", "--precision", precision,
-                                        "--redundancy", mode, "--preempt", "2@3:12", *extra, env=env)
-        losses = [r["loss"] for r in records]
-        worst = max((abs(a - b) / abs(b) for a, b in zip(losses, refs[model])), default=float("inf"))
-        killed = any(e["type"] == "preemption" for r in records for e in r.get("events", []))
-        ok = not error and len(losses) == len(refs[model]) and killed and worst <= TOLERANCE[precision]
-        rows.append({"check": name, "ok": ok, "max_rel_loss_error": worst, "tolerance": TOLERANCE[precision],
-                     "killed": killed, "peak_cuda_mb": summary.get("peak_cuda_mb"), "error": error})
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: max relative loss error {worst:.2e} "
-              f"(tolerance {TOLERANCE[precision]:g}), node 2 killed in iteration 3: {killed}"
-              + (f" -- {error}" if error else ""), flush=True)
+        run = train(os.path.join(tmp, f"{name.replace(' ', '_')}.jsonl"), "--model", model, *COMMON,
+                    "--stages", "4", "--share-gpu", "--precision", precision, "--redundancy", mode,
+                    "--preempt", "2@3:12", *extra, env=env)
+        rows.append(judged(name, run, refs[model], precision, 2))
     return rows
 
 
@@ -86,19 +93,10 @@ def nccl_checks(tmp: str, gpus: int) -> list[dict]:
     if gpus >= 4:
         runs.append(("nccl P=2 D=2 eager", ["--stages", "2", "--pipelines", "2", "--redundancy", "eager",
                                             "--preempt", "1@3:12"]))
-    rows, ref = [], reference(tmp, "tiny")
-    for name, flags in runs:
-        records, summary, error = train(os.path.join(tmp, f"{name.replace(' ', '_')}.jsonl"), "--model", "tiny",
-                                        *COMMON, "--transport", "nccl", *flags)
-        losses = [r["loss"] for r in records]
-        worst = max((abs(a - b) / abs(b) for a, b in zip(losses, ref)), default=float("inf"))
-        killed = any(e["type"] == "preemption" for r in records for e in r.get("events", []))
-        ok = not error and len(losses) == len(ref) and killed and worst <= TOLERANCE["fp32"]
-        rows.append({"check": name, "ok": ok, "max_rel_loss_error": worst, "tolerance": TOLERANCE["fp32"],
-                     "killed": killed, "peak_cuda_mb": summary.get("peak_cuda_mb"), "error": error})
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: max relative loss error {worst:.2e}, node 1 killed in "
-              f"iteration 3: {killed}" + (f" -- {error}" if error else ""), flush=True)
-    return rows
+    ref = reference(tmp, "tiny")
+    return [judged(name, train(os.path.join(tmp, f"{name.replace(' ', '_')}.jsonl"), "--model", "tiny", *COMMON,
+                               "--transport", "nccl", *flags), ref, "fp32", 1)
+            for name, flags in runs]
 
 
 def performance(tmp: str, quick: bool) -> dict:
