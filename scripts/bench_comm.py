@@ -70,7 +70,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--shape", default="8,128,256")
     a = ap.parse_args()
-    shape = tuple(int(x) for x in a.shape.split(","))
+    try:
+        shape = tuple(int(x) for x in a.shape.split(","))
+    except ValueError:
+        ap.error(f"--shape takes sizes like 8,128,256 (got {a.shape!r})")
+    if a.messages < 1 or a.rounds < 1:
+        ap.error("--messages and --rounds must be at least 1")
     from bamboo.etcd import free_port
     ctx, port = mp.get_context("spawn"), free_port()
     out = ctx.Queue()
