@@ -1,11 +1,18 @@
 """Point-to-point messages between nodes over a gloo process group.
 
-Each message is a small header (shape, dtype) and the tensor, sent with the tag of
-its kind (activation, gradient, replica sync): one FIFO channel per (sender,
+Each message is a small header (shape, dtype, a note) and the tensor, sent with the
+tag of its kind (activation, gradient, replica sync): one FIFO channel per (sender,
 receiver, kind), as the compiler assumes. Receiving is done ahead by one mailbox
 thread per incoming channel, so a node always knows exactly how many messages a
 peer delivered: after a peer dies that count is what tells survivors how far it
 got. A peer's death shows up as an error on its channel (gloo closes the pair).
+A gloo payload goes out only once the receiver has posted its receive, so the
+mailbox posts the payload's receive with the header's, into a buffer as large as
+the channel's largest payload so far (gloo takes a shorter message into a longer
+buffer); a payload larger than that is preceded by an empty message that fills
+the buffer posted for it. Both ends know that size: they see the same messages.
+On the CPU the sender hands gloo the message at once, from its own thread; the
+outbox thread only learns the outcome (docs/HOTPATH.md, "Messages").
 Evaluation streams send their activations on channels of their own (another
 tag, other mailboxes), so an evaluation cut short by a death never leaves a
 message where training would take it, nor changes training's counts.
@@ -18,6 +25,7 @@ With `--transport nccl` a payload goes GPU to GPU on its channel's own group
 """
 from __future__ import annotations
 
+import math
 import queue
 import threading
 from datetime import timedelta
@@ -38,6 +46,7 @@ EVAL_TAGS = {Op.SEND_ACT: 4}  # evaluation's activations (Comm.evaluation)
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64]
 _HEADER = 11  # ndim, up to 8 dims, a note (float64 bits; NaN: none), dtype code
 _NOTE = 9
+_EMPTY = torch.empty(0, dtype=torch.uint8)  # fills a payload receive posted too small
 
 
 class PeerFailure(RuntimeError):
@@ -82,22 +91,30 @@ class _Mailbox:
     def _run(self) -> None:
         src, tag, pg = self.comm.rank_of[self.peer], self.comm.tags[self.kind], self.comm.pg
         self.comm.own_stream()
+        room = 0  # bytes of the payload receive posted with each header's (the sender counts alike)
         while True:
             with self.cond:
                 while self.received >= self.expected:
                     self.cond.wait()
             try:
                 h = torch.zeros(_HEADER, dtype=torch.int64)
-                pg.recv([h], src, tag).wait()
-                shape = tuple(int(x) for x in h[1:1 + int(h[0])])
-                dtype, stager, channels = _DTYPES[int(h[-1])], self.comm.stager, self.comm.channels
-                if channels is not None:  # straight into device memory (bamboo/channels.py)
-                    t = torch.empty(shape, dtype=dtype, device=self.comm.device)
-                    work = channels.group(self.peer, self.comm.me, self.kind).recv([t], 0, 0)
-                    channels.wait(work, self.peer)
+                header = pg.recv([h], src, tag)
+                if self.comm.channels is None:  # posted now, so the payload need not wait for it
+                    ahead = self._buffer(room)
+                    posted = pg.recv([ahead], src, tag)
+                header.wait()
+                shape, dtype = tuple(int(x) for x in h[1:1 + int(h[0])]), _DTYPES[int(h[-1])]
+                if self.comm.channels is not None:  # straight into device memory (bamboo/channels.py)
+                    t = self._from_channel(shape, dtype)
                 else:
-                    t = stager.pool.take(shape, dtype) if stager.on_gpu else torch.empty(shape, dtype=dtype)
-                    pg.recv([t], src, tag).wait()
+                    posted.wait()
+                    size = math.prod(shape) * dtype.itemsize
+                    if size > room:  # `ahead` got an empty message; the payload follows
+                        if self.comm.stager.on_gpu:
+                            self.comm.stager.pool.give(ahead)
+                        ahead, room = self._buffer(size), size
+                        pg.recv([ahead], src, tag).wait()
+                    t = ahead[:size].view(dtype).view(shape)
             except (RuntimeError, TimeoutError) as e:  # TimeoutError: a channel's rendezvous gave up
                 with self.cond:
                     self.error = str(e).splitlines()[0][:200]
@@ -105,55 +122,93 @@ class _Mailbox:
                 return
             with self.cond:
                 self.received += 1
-            self.inbox.put((t, _note(h)))
+            self.inbox.put((t, _note(h), ahead if self.comm.channels is None else None))
+
+    def _buffer(self, size: int) -> torch.Tensor:
+        """Room for a payload of up to `size` bytes: pooled pinned memory on CUDA."""
+        stager = self.comm.stager
+        return stager.pool.take((size,), torch.uint8) if stager.on_gpu else torch.empty(size, dtype=torch.uint8)
+
+    def _from_channel(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        channels = self.comm.channels
+        t = torch.empty(shape, dtype=dtype, device=self.comm.device)
+        work = channels.group(self.peer, self.comm.me, self.kind).recv([t], 0, 0)
+        channels.wait(work, self.peer)
+        return t
 
 
 class _Outbox:
-    """Sends to one peer on one channel, in order, from a thread of its own: a gloo
-    send returns only once the peer takes it, and a paused peer never does, so the
-    sender waits on the outbox instead and can give up (bamboo/failover.py)."""
+    """Sends to one peer on one channel, in order. A gloo send completes only once
+    the peer takes it, and a paused peer never does, so a thread of its own waits
+    for each (and on CUDA first for the copy to the host), and the sender learns
+    the outcome from it without waiting (bamboo/failover.py)."""
 
     def __init__(self, comm: "Comm", peer: int, kind: Op):
         self.comm, self.peer, self.kind = comm, peer, kind
+        self.dst, self.tag = comm.rank_of[peer], comm.tags[kind]
+        self.room = 0  # bytes the peer's mailbox posts for each payload (see the module's docstring)
         self.queue: queue.Queue = queue.Queue()
         threading.Thread(target=self._run, daemon=True, name=f"outbox-{peer}-{kind.value}").start()
 
     def put(self, staged: Copy, note: "float | Copy | None") -> "queue.Queue":
         """Queue one message; the returned queue gets None once it left, or the error.
-        A note still on its way to the host (a Copy) is read here, in this thread."""
+        A host tensor with its note is handed to gloo here, in the caller's thread; a
+        copy or a note still on its way to the host is waited for in the outbox's."""
         done: queue.Queue = queue.Queue(maxsize=1)
-        self.queue.put((staged, note, done))
+        if self.comm.sends_at_once:  # (a note on the host: read without a wait)
+            note = float(note.wait_host()) if isinstance(note, Copy) else note
+            try:
+                self.queue.put((self._send(staged.tensor, note), staged, done))
+            except RuntimeError as e:
+                done.put(str(e).splitlines()[0][:200])
+        else:
+            self.queue.put(((staged, note), staged, done))
         return done
 
+    def _send(self, tensor: torch.Tensor, note: float | None) -> list:
+        """Hand one message to gloo (see the module's docstring): its works, and the
+        tensors they read, held until they completed."""
+        pg, header = self.comm.pg, _header(tensor, note)
+        works = [pg.send([header], self.dst, self.tag)]
+        if (size := tensor.numel() * tensor.element_size()) > self.room:
+            works.append(pg.send([_EMPTY], self.dst, self.tag))
+            self.room = size
+        return works + [pg.send([tensor], self.dst, self.tag), header]
+
     def _run(self) -> None:
-        dst, tag, pg = self.comm.rank_of[self.peer], self.comm.tags[self.kind], self.comm.pg
         self.comm.own_stream()
         while True:
-            staged, note, done = self.queue.get()
-            channels = self.comm.channels
-            # gloo: this thread waits for the copy out, not the compute; a channel's
-            # stream waits for the kernels that wrote the tensor, the host does not
-            tensor = staged.wait_here() if channels is not None else staged.wait_host()
-            if isinstance(note, Copy):
-                value = float(note.wait_host())
-                if note.event is not None:
-                    self.comm.stager.pool.give(note.tensor)
-                note = value
+            works, staged, done = self.queue.get()
             try:
-                header = _header(tensor, note)  # held until both left
-                if channels is not None:  # the header on gloo, the payload on the channel's group
-                    pg.send([header], dst, tag).wait()
-                    work = channels.group(self.comm.me, self.peer, self.kind).send([tensor], 1, 0)
-                    channels.wait(work, self.peer)
-                else:  # both queued at once: the payload follows its header without a wait between
-                    for work in [pg.send([header], dst, tag), pg.send([tensor], dst, tag)]:
+                if isinstance(works, tuple):  # still to send: a copy to the host, or a channel's
+                    works = self._send_later(*works)
+                for work in works:
+                    if not isinstance(work, torch.Tensor):
                         work.wait()
             except (RuntimeError, TimeoutError) as e:  # a buffer gloo may still be reading is not reused
                 done.put(str(e).splitlines()[0][:200])
                 continue
-            if staged.event is not None and channels is None:  # a pooled buffer (the GPU path)
-                self.comm.stager.pool.give(tensor)
+            if staged.event is not None and self.comm.channels is None:  # a pooled buffer (the GPU path)
+                self.comm.stager.pool.give(staged.tensor)
             done.put(None)
+
+    def _send_later(self, staged: Copy, note: "float | Copy | None") -> list:
+        channels = self.comm.channels
+        # gloo: this thread waits for the copy out, not the compute; a channel's
+        # stream waits for the kernels that wrote the tensor, the host does not
+        tensor = staged.wait_here() if channels is not None else staged.wait_host()
+        if isinstance(note, Copy):
+            value = float(note.wait_host())
+            if note.event is not None:
+                self.comm.stager.pool.give(note.tensor)
+            note = value
+        if channels is None:
+            return self._send(tensor, note)
+        # the header on gloo, the payload on the channel's group
+        self.comm.pg.send([_header(tensor, note)], self.dst, self.tag).wait()
+        work = channels.group(self.comm.me, self.peer, self.kind).send([tensor], 1, 0)
+        channels.wait(work, self.peer)
+        return []
 
 
 class Comm:
@@ -163,6 +218,8 @@ class Comm:
         self.me = next(n for n, r in rank_of.items() if r == pg.rank())
         self.stager = stager or Stager(device)  # host buffers for GPU tensors
         self.channels = channels  # --transport nccl: payloads on a group per channel, no staging
+        # Host tensors go to gloo from the sender's thread (GPU ones after their copy, in the outbox's).
+        self.sends_at_once = channels is None and not self.stager.on_gpu
         self._boxes: dict[tuple[int, Op], _Mailbox] = {}
         self._outboxes: dict[tuple[int, Op], _Outbox] = {}
         self._posted: list[tuple[int, queue.Queue]] = []  # (peer, outcome) of sends posted, oldest first
@@ -292,11 +349,11 @@ class Comm:
             if message is None:
                 box.inbox.put(None)  # stays closed for later receives
                 raise PeerFailure(peer, box.error or "channel closed")
-            t, note = message
+            t, note, buffer = message
             if self.channels is not None and t.device.type == "cuda":
                 t.record_stream(self.stager.cuda.current_stream(self.device))  # made on the mailbox's stream
                 return t, note
-            return (self.stager.to_device(t).wait_here() if self.stager.on_gpu else t), note
+            return (self.stager.to_device(t, buffer).wait_here() if self.stager.on_gpu else t), note
 
     def close(self) -> None:
         """This world is done (abandoned, or replaced): give up every channel."""

@@ -47,6 +47,8 @@ class HostPool:
             buf = torch.empty(key[0], dtype=dtype, pin_memory=self.pinned)
         if self.poison and buf.is_floating_point():
             buf.fill_(float("nan"))
+        elif self.poison and buf.dtype == torch.uint8:  # a message's room: NaN in every float type
+            buf.fill_(255)
         return buf
 
     def give(self, buf: torch.Tensor, after=None) -> None:
@@ -117,13 +119,14 @@ class Stager:
             event.record(self.side)
         return Copy(buf, event, self.cuda)
 
-    def to_device(self, host: torch.Tensor) -> Copy:
-        """`host` (a pooled buffer) copied to the device on the side stream (prefetch:
-        nothing waits for it until `Copy.wait_here`); the buffer goes back to the
-        pool once read."""
+    def to_device(self, host: torch.Tensor, buffer: torch.Tensor | None = None) -> Copy:
+        """`host` (a pooled buffer, or a view of `buffer`, one) copied to the device on
+        the side stream (prefetch: nothing waits for it until `Copy.wait_here`); the
+        buffer goes back to the pool once read."""
+        buffer = host if buffer is None else buffer
         if not self.on_gpu:
             out = host.clone()
-            self.pool.give(host)
+            self.pool.give(buffer)
             return Copy(out)
         out = torch.empty(host.shape, dtype=host.dtype, device=self.device)  # the current stream's memory
         self.side.wait_stream(self.cuda.current_stream(self.device))  # out's memory is free to write
@@ -132,7 +135,7 @@ class Stager:
             out.record_stream(self.side)  # dropped unread, its memory still waits for the copy
             event = self.cuda.Event()
             event.record(self.side)
-        self.pool.give(host, after=event)
+        self.pool.give(buffer, after=event)
         return Copy(out, event, self.cuda)
 
     def own_thread(self) -> None:
