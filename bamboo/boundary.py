@@ -49,18 +49,23 @@ class Boundary:
         self.auto = auto  # --redundancy auto: the agents may want another mode (agents/modes.py)
         self.checkpoints = checkpoints  # says whether a checkpoint is due
         self.straggler_factor, self.straggler_slack = straggler_factor, straggler_slack
+        self.seen: tuple[dict, dict] | None = None  # (reports, deaths) read with this node's report
 
     def report(self, iteration: int, report: Report) -> None:
-        self.cluster.put(DONE(iteration, self.node), report)
+        """This node's report, written with a read of the reports and deaths so far
+        (one round trip), which the wait for the others starts from."""
+        if self.changes is not None:
+            self.changes.take()  # lowered before the read: a report after it wakes the wait
+        self.seen = tuple(self.cluster.put_and_read(DONE(iteration, self.node), report, DONE(iteration), FAILED()))
 
     def agree(self, iteration: int, assignment: Assignment, failover, failed: tuple[int, ...], regroup) -> Regroup:
         """Wait for every live node's report and return the agreed record. When the
         failed set grew and the agents do not reconfigure, `regroup(failed, try)`
         rebuilds the world group; if a member dies meanwhile, the next try leaves it out."""
-        reports = self._wait_for_reports(iteration, assignment.members, failover)
-        self._record_stragglers(iteration, failed, reports)
+        reports, dead = self._wait_for_reports(iteration, assignment.members, failover)
+        dead |= set(self._record_stragglers(iteration, failed, reports))
         for attempt in itertools.count():
-            agreed = self._decide(iteration, attempt, assignment)
+            agreed = self._decide(iteration, attempt, assignment, dead if attempt == 0 else None)
             if self.node in agreed.failed:
                 why = self.cluster.death_of(self.node)
                 raise Fenced(why or f"node {self.node} was declared dead in iteration {iteration}")
@@ -73,20 +78,22 @@ class Boundary:
             except (RuntimeError, TimeoutError):
                 continue  # a member died while regrouping: the next try leaves it out
 
-    def _wait_for_reports(self, iteration: int, members, failover) -> dict[int, Report]:
-        """Every live node's report, read when a watch says a report or a death came.
-        A node that died between its stream and its report is found by its lease,
-        asked only once a report is LEASE_WAIT late."""
+    def _wait_for_reports(self, iteration: int, members, failover) -> tuple[dict[int, Report], set[int]]:
+        """Every live node's report, and the dead as last read, read when a watch says
+        a report or a death came. A node that died between its stream and its
+        report is found by its lease, asked only once a report is LEASE_WAIT late."""
         began = asked = time.monotonic()
         while True:
-            if self.changes is not None:
-                self.changes.take()  # lowered before reading: a report after the read wakes the wait
-            done = self.cluster.children(DONE(iteration))
-            failed = self.cluster.failed()
+            if self.seen is not None:  # read with this node's own report
+                (done, failed), self.seen = self.seen, None
+            else:
+                if self.changes is not None:
+                    self.changes.take()  # lowered before reading: a report after the read wakes the wait
+                done, failed = self.cluster.put_and_read(None, None, DONE(iteration), FAILED())
             pending = [n for n in members if n not in done and n not in failed]
             failover.check_abort()  # another pipeline could not finish: this iteration is redone
             if not pending:
-                return done
+                return done, set(failed)
             self.cluster.progress()
             now = time.monotonic()
             if now - began > LEASE_WAIT and now - asked > LEASE_WAIT:
@@ -97,25 +104,27 @@ class Boundary:
             else:
                 time.sleep(0.02)
 
-    def _record_stragglers(self, iteration: int, failed: tuple[int, ...], reports: dict[int, Report]) -> None:
+    def _record_stragglers(self, iteration: int, failed: tuple[int, ...], reports: dict[int, Report]) -> list[int]:
         """Every node judges the same reports (every live node's, less the nodes the
         last boundary agreed were dead), so each records the same stragglers."""
         reports = {n: r for n, r in reports.items() if n not in failed}
-        for n in stragglers(reports, self.straggler_factor, self.straggler_slack):
+        slow = stragglers(reports, self.straggler_factor, self.straggler_slack)
+        for n in slow:
             self.cluster.create(FAILED(n), Failure(iteration, self.node, STRAGGLER))
+        return slow
 
-    def _decide(self, iteration: int, attempt: int, assignment: Assignment) -> Regroup:
-        """Propose this node's view; the first proposal written stands for everyone."""
-        failed = tuple(sorted(self.cluster.failed()))
+    def _decide(self, iteration: int, attempt: int, assignment: Assignment, dead: set[int] | None) -> Regroup:
+        """Propose this node's view (the dead as read after every report came, or
+        read now); the first proposal written stands for everyone."""
+        failed = tuple(sorted(self.cluster.failed() if dead is None else dead))
         last = self.cluster.get(CHECKPOINTED()) if self.checkpoints.writer else None
         due = self.checkpoints.due(iteration, last.time if last else None)
         proposal = Regroup(failed, self._wants_change(assignment, failed) or self._mode_change(iteration, assignment),
                            due)
-        if self.cluster.create(REGROUP(iteration, attempt), proposal):
-            if due:
-                self.cluster.put(CHECKPOINTED(), Timestamp(time.time()))
-            return proposal
-        return self.cluster.get(REGROUP(iteration, attempt))
+        agreed, wrote = self.cluster.create_or_get(REGROUP(iteration, attempt), proposal)
+        if wrote and due:
+            self.cluster.put(CHECKPOINTED(), Timestamp(time.time()))
+        return agreed
 
     def _mode_change(self, iteration: int, assignment: Assignment) -> bool:
         """--redundancy auto: the agents, having seen the iteration before this one,

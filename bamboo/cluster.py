@@ -6,6 +6,7 @@ import json
 import time
 
 from pyetcd import Etcd3Exception
+from pyetcd.utils import prefix_range_end
 
 from bamboo.assignment import Assignment
 from bamboo.changes import Changes
@@ -25,6 +26,13 @@ def _encode(key: Key, record) -> str:
     if not isinstance(record, key.family.record):
         raise TypeError(f"{key.family.name} holds {key.family.record.__name__}, not {type(record).__name__}")
     return json.dumps(record.to_dict())
+
+
+def _records(prefix: Key, raw: str, kvs) -> dict:
+    """{the parts below `prefix` (its raw etcd key `raw`): record} of a range read."""
+    family = prefix.family
+    return {family.parse(meta.key.decode()[len(raw):]): family.record.from_dict(json.loads(value))
+            for value, meta in kvs}
 
 
 class Cluster:
@@ -115,9 +123,29 @@ class Cluster:
     def children(self, prefix: Key) -> dict:
         """{the parts below the prefix (an int, or a tuple): record} for every key under it."""
         raw = self.key(prefix) + "/"
-        family = prefix.family
-        return {family.parse(meta.key.decode()[len(raw):]): family.record.from_dict(json.loads(value))
-                for value, meta in self.call(lambda: list(self.client.get_prefix(raw)))}
+        return _records(prefix, raw, self.call(lambda: list(self.client.get_prefix(raw))))
+
+    def put_and_read(self, key: Key | None, record, *prefixes: Key) -> list[dict]:
+        """put(key, record) (unless `key` is None), then children(prefix) of each of
+        `prefixes`, in one etcd transaction: one round trip, and the reads see the write."""
+        tx = self.client.transactions
+        raws = [self.key(prefix) + "/" for prefix in prefixes]
+        puts = [] if key is None else [tx.put(self.key(key), _encode(key, record))]
+        gets = [tx.get(raw, prefix_range_end(raw.encode())) for raw in raws]
+        _, responses = self.call(lambda: self.client.transaction(compare=[], success=puts + gets, failure=[]))
+        return [_records(prefix, raw, kvs) for prefix, raw, kvs in zip(prefixes, raws, responses[len(puts):])]
+
+    def create_or_get(self, key: Key, record):
+        """create(key, record), or else read what is there, in one transaction: the
+        record that stands at `key`, and whether this call wrote it."""
+        tx = self.client.transactions
+        raw, value = self.key(key), _encode(key, record)
+        wrote, responses = self.call(lambda: self.client.transaction(
+            compare=[tx.version(raw) == 0], success=[tx.put(raw, value)], failure=[tx.get(raw)]))
+        if wrote:
+            return record, True
+        (stored, _), = responses[0]
+        return key.family.record.from_dict(json.loads(stored)), False
 
     def wait_for(self, predicate, timeout: float, what: str, poll: float = 0.02):
         """Poll until predicate() returns something truthy; TimeoutError naming `what`."""

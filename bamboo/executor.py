@@ -63,6 +63,7 @@ class Executor:
         self.last_owed = -1               # where the stream's last instruction outside the step phase is
         self.prepared: dict[int, bool] = {}    # stage -> its gradients are ready to step (False: fp16 overflow)
         self.losses_written: set[int] = set()  # global microbatches whose loss is in etcd
+        self.drawn: dict[int, tuple] = {}      # microbatch -> its inputs and labels, drawn ahead (load)
         # With clipping, ties (the model's, on every node) or fp16's loss scale, steps
         # and syncs wait for the rest of the stream (STEP_PHASE).
         self.step_after_reduces = bool(cfg.grad_clip) or bool(self.tied) or cfg.loss_scaling
@@ -83,6 +84,7 @@ class Executor:
         self.inputs, self.labels, self.acts, self.grads, self.states = {}, {}, {}, {}, {}
         self.losses: dict[int, torch.Tensor | float] = {}  # global microbatch -> its loss (the last stage's)
         self.losses_written = set()
+        self.drawn = {}
         for m in self.modules.values():
             m.zero_grad(set_to_none=True)
         self.undo = {}
@@ -162,7 +164,14 @@ class Executor:
 
     # -- ops ---------------------------------------------------------------------------
     def load(self, ins: Instr) -> None:
-        x, y = self.corpus.microbatch(self.iteration, self.mbs[ins.mb])
+        """Microbatch ins.mb's inputs and labels, drawn together with those of every
+        later load of the stream: one at a time between forwards, each draw took
+        ~0.5 ms on the critical path, in a row ~0.07 (docs/HOTPATH.md, "Messages")."""
+        if ins.mb not in self.drawn:
+            later = [i.mb for i in self.stream[self.pc + 1:] if i.op is Op.LOAD and i.mb not in self.drawn]
+            for mb in [ins.mb, *later]:
+                self.drawn[mb] = self.corpus.microbatch(self.iteration, self.mbs[mb])
+        x, y = self.drawn.pop(ins.mb)
         if self.device.type == "cuda":  # from pinned memory the copies do not stall the host
             x, y = x.pin_memory(), y.pin_memory()
         self.inputs[ins.mb] = x.to(self.device, non_blocking=True)

@@ -107,6 +107,7 @@ class Failover:
         self.elastic = elastic  # agents can redo the iteration: abort instead of failing the job
         self.failures = failures  # raised by a watch on failed/ and abort/ (None: read every 20 ms)
         self.finishes = finishes  # raised by a watch on finished/, failed/ and abort/ (wakes linger)
+        self.seen_finished: dict | None = None  # the finished marks read with this node's own
         self.events: list[dict] = []
 
     def unsurvivable(self, why: str):
@@ -127,6 +128,7 @@ class Failover:
 
     def begin(self, iteration: int, microbatches: int, failed: tuple[int, ...], comm) -> None:
         self.iteration, self.M, self.failed, self.comm = iteration, microbatches, failed, comm
+        self.seen_finished = None
         self.base = compile_schedule(self.P, microbatches, failed, self.redundancy).streams
         self.baseline = comm.counts()  # messages received before this iteration
         self.dead: int | None = None
@@ -213,7 +215,12 @@ class Failover:
         return tuple(self.cluster.silent(list(map(self.to_global, local_ids))))
 
     def finished(self) -> None:
-        self.cluster.put(FINISHED(self.iteration, self.to_global(self.me)), Mark())
+        """This node's stream is done: its mark, written with a read of the
+        pipeline's marks so far (one round trip), which the linger starts from."""
+        if self.finishes is not None:
+            self.finishes.take()  # lowered before the read: a finish after it wakes the linger
+        self.seen_finished = self.cluster.put_and_read(FINISHED(self.iteration, self.to_global(self.me)), Mark(),
+                                                       FINISHED(self.iteration))[0]
 
     def linger(self, poll: float = 0.02):
         """Wait until every node of the pipeline finished the iteration (None), or
@@ -222,9 +229,12 @@ class Failover:
         death is one between iterations (a node may already be evaluating, and
         die there): nobody recovers it inside this iteration."""
         while True:
-            if self.finishes is not None:
-                self.finishes.take()  # lowered before reading: a finish after the read wakes the wait
-            finished = self.cluster.children(FINISHED(self.iteration))
+            if self.seen_finished is not None:  # read with this node's own mark
+                finished, self.seen_finished = self.seen_finished, None
+            else:
+                if self.finishes is not None:
+                    self.finishes.take()  # lowered before reading: a finish after the read wakes the wait
+                finished = self.cluster.children(FINISHED(self.iteration))
             pending = [n for n in range(self.P) if n not in self.failed and self.to_global(n) not in finished]
             if not pending:
                 return None
