@@ -5,8 +5,9 @@ Two processes ping-pong one tensor (the hot-path GPT's activation by default:
 
 - gloo: the main thread sends and receives, blocking, shapes known ahead (what
   DeepSpeed's and torch's pipelines do once shapes are exchanged);
-- bamboo: `Comm.post` (the outbox thread sends a header, then the payload) and
-  `Comm.recv` (the mailbox thread received the header, then the payload).
+- bamboo: `Comm.post` (header and payload handed to gloo by the caller; the outbox
+  thread learns the outcome) and `Comm.recv` (the mailbox thread posted the header's
+  and the payload's receives together, and hands the payload over).
 
 It prints the one-way time per message of each (half the round trip, median of
 `--rounds` runs of `--messages` round trips) and the difference: what each message

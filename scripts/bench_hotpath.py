@@ -188,9 +188,15 @@ def report_times(runs: dict, a) -> None:
     busy = statistics.median(statistics.mean(r["busy"][a.warm:]) for r in runs["off"])
     print(f"  (off as the launcher's metrics record it: {launcher * 1e3:.1f} ms; the busier node's compute ops, "
           f"Executor.busy: {busy * 1e3:.1f} ms)")
-    print("ratios: " + "   ".join(f"{x}/{y} {t[x] / t[y]:.3f}" for x, y in
-                                  (("off", "deepspeed"), ("off", "torch"), ("eager", "off"), ("lazy", "off"),
-                                   ("off-poll1s", "off"), ("off-poll1s", "deepspeed"))))
+    pairs = (("off", "deepspeed"), ("off", "torch"), ("eager", "off"), ("lazy", "off"),
+             ("off-poll1s", "off"), ("off-poll1s", "deepspeed"))
+    print("ratios: " + "   ".join(f"{x}/{y} {t[x] / t[y]:.3f}" for x, y in pairs))
+    # The systems alternate within a round: a ratio inside one round is the least
+    # touched by the machine's load drifting from round to round.
+    def within_rounds(x: str, y: str) -> float:
+        return statistics.median(period(rx["ends"], a.warm) / period(ry["ends"], a.warm)
+                                 for rx, ry in zip(runs[x], runs[y]))
+    print("median of the rounds' own ratios: " + "   ".join(f"{x}/{y} {within_rounds(x, y):.3f}" for x, y in pairs))
 
 
 # -- where the time goes -----------------------------------------------------------------
