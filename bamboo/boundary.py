@@ -89,7 +89,7 @@ class Boundary:
             else:
                 if self.changes is not None:
                     self.changes.take()  # lowered before reading: a report after the read wakes the wait
-                done, failed = self.cluster.put_and_read(None, None, DONE(iteration), FAILED())
+                done, failed = self.cluster.read(DONE(iteration), FAILED())
             pending = [n for n in members if n not in done and n not in failed]
             failover.check_abort()  # another pipeline could not finish: this iteration is redone
             if not pending:

@@ -125,17 +125,24 @@ class Cluster:
         raw = self.key(prefix) + "/"
         return _records(prefix, raw, self.call(lambda: list(self.client.get_prefix(raw))))
 
-    def put_and_read(self, key: Key | None, record, *prefixes: Key) -> list[dict]:
-        """put(key, record) (unless `key` is None), then children(prefix) of each of
-        `prefixes`, in one etcd transaction: one round trip, and the reads see the write."""
+    def put_and_read(self, key: Key, record, *prefixes: Key) -> list[dict]:
+        """put(key, record), then children(prefix) of each of `prefixes`, in one etcd
+        transaction: one round trip, and the reads see the write."""
+        tx = self.client.transactions
+        return self._read([tx.put(self.key(key), _encode(key, record))], prefixes)
+
+    def read(self, *prefixes: Key) -> list[dict]:
+        """children(prefix) of each of `prefixes`, in one transaction (one view of etcd)."""
+        return self._read([], prefixes)
+
+    def _read(self, puts: list, prefixes) -> list[dict]:
         tx = self.client.transactions
         raws = [self.key(prefix) + "/" for prefix in prefixes]
-        puts = [] if key is None else [tx.put(self.key(key), _encode(key, record))]
         gets = [tx.get(raw, prefix_range_end(raw.encode())) for raw in raws]
         _, responses = self.call(lambda: self.client.transaction(compare=[], success=puts + gets, failure=[]))
         return [_records(prefix, raw, kvs) for prefix, raw, kvs in zip(prefixes, raws, responses[len(puts):])]
 
-    def create_or_get(self, key: Key, record):
+    def create_or_get(self, key: Key, record) -> tuple[object, bool]:
         """create(key, record), or else read what is there, in one transaction: the
         record that stands at `key`, and whether this call wrote it."""
         tx = self.client.transactions

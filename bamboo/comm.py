@@ -110,7 +110,7 @@ class _Mailbox:
                     posted.wait()
                     size = math.prod(shape) * dtype.itemsize
                     if size > room:  # `ahead` got an empty message; the payload follows
-                        if self.comm.stager.on_gpu:
+                        if self.comm.stager.on_gpu and room:
                             self.comm.stager.pool.give(ahead)
                         ahead, room = self._buffer(size), size
                         pg.recv([ahead], src, tag).wait()
@@ -127,7 +127,9 @@ class _Mailbox:
     def _buffer(self, size: int) -> torch.Tensor:
         """Room for a payload of up to `size` bytes: pooled pinned memory on CUDA."""
         stager = self.comm.stager
-        return stager.pool.take((size,), torch.uint8) if stager.on_gpu else torch.empty(size, dtype=torch.uint8)
+        if stager.on_gpu and size:
+            return stager.pool.take((size,), torch.uint8)
+        return torch.empty(size, dtype=torch.uint8)
 
     def _from_channel(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         channels = self.comm.channels
