@@ -120,9 +120,9 @@ class Stager:
         return Copy(buf, event, self.cuda)
 
     def to_device(self, host: torch.Tensor, buffer: torch.Tensor | None = None) -> Copy:
-        """`host` (a pooled buffer, or a view of `buffer`, one) copied to the device on
-        the side stream (prefetch: nothing waits for it until `Copy.wait_here`); the
-        buffer goes back to the pool once read."""
+        """`host` (a pooled buffer, or a view of the pooled `buffer`) copied to the
+        device on the side stream (prefetch: nothing waits for it until
+        `Copy.wait_here`); the buffer goes back to the pool once read."""
         buffer = host if buffer is None else buffer
         if not self.on_gpu:
             out = host.clone()
