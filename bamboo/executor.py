@@ -64,6 +64,7 @@ class Executor:
         self.prepared: dict[int, bool] = {}    # stage -> its gradients are ready to step (False: fp16 overflow)
         self.losses_written: set[int] = set()  # global microbatches whose loss is in etcd
         self.drawn: dict[int, tuple] = {}      # microbatch -> its inputs and labels, drawn ahead (load)
+        self.owed: dict[int, float] = {}       # lazy: replica stage -> the rate of the step it owes (settle)
         # With clipping, ties (the model's, on every node) or fp16's loss scale, steps
         # and syncs wait for the rest of the stream (STEP_PHASE).
         self.step_after_reduces = bool(cfg.grad_clip) or bool(self.tied) or cfg.loss_scaling
@@ -85,8 +86,9 @@ class Executor:
         self.losses: dict[int, torch.Tensor | float] = {}  # global microbatch -> its loss (the last stage's)
         self.losses_written = set()
         self.drawn = {}
-        for m in self.modules.values():
-            m.zero_grad(set_to_none=True)
+        for s, m in self.modules.items():
+            if s not in self.owed:  # an owed step's gradients stay until it is taken
+                m.zero_grad(set_to_none=True)
         self.undo = {}
         self.busy = 0.0
         self.reduced, self.tied_grads, self.tie_given, self.deferred = set(), {}, set(), []
@@ -127,6 +129,8 @@ class Executor:
             stream = self._on_event(event, stream, pc)
 
     def _execute(self, ins: Instr) -> None:
+        if self.owed and (ins.op in RECVS or ins.stage in self.owed):
+            self.settle_replicas()  # in the wait a receive starts with, or before the replica is used
         began = time.monotonic()
         getattr(self, ins.op.value)(ins)  # one method per op, named after it
         if ins.op in COMPUTE and self.device.type == "cpu":
@@ -134,6 +138,7 @@ class Executor:
 
     def _on_event(self, event, stream: list[Instr], pc: int) -> list[Instr]:
         """Act on what the failover saw; return the stream to go on with."""
+        self.settle_replicas()  # a recovery runs on the replicas
         self.failover.settle(event)  # an abort, this node's death, silent peers
         if isinstance(event, PeersSilent):
             return stream
@@ -361,8 +366,29 @@ class Executor:
             self.undo[ins.stage] = ([p.detach().clone() for p in params],
                                     [{k: v.clone() if torch.is_tensor(v) else v for k, v in state.get(p, {}).items()}
                                      for p in params])
-        recipe.set_learning_rate(self.optimizers[ins.stage], recipe.learning_rate(self.cfg, self.iteration))
+        rate = recipe.learning_rate(self.cfg, self.iteration)
+        if ins.redundant and self._defers_replica_steps():
+            self.owed[ins.stage] = rate
+            return
+        recipe.set_learning_rate(self.optimizers[ins.stage], rate)
         self.optimizers[ins.stage].step()
+
+    def _defers_replica_steps(self) -> bool:
+        """Lazy runs no replica in the fault-free path, so a replica's step can wait
+        for the next idle moment instead of lengthening the iteration's tail: unless
+        the step phase is shared (clipping, ties, fp16), steps may be undone (agents),
+        or the replicas are compared after every step (--check-replicas)."""
+        return (self.failover.redundancy == "lazy" and not self.step_after_reduces and not self.keep_undo
+                and not self.cfg.check_replicas)
+
+    def settle_replicas(self) -> None:
+        """Take the replica steps owed (each with its iteration's rate and synced
+        gradients), before anything reads a replica."""
+        for stage, rate in self.owed.items():
+            recipe.set_learning_rate(self.optimizers[stage], rate)
+            self.optimizers[stage].step()
+            self.modules[stage].zero_grad(set_to_none=True)
+        self.owed = {}
 
     def rollback(self) -> None:
         """Undo this iteration's optimizer steps (an aborted iteration is redone)."""

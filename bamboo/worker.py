@@ -175,6 +175,7 @@ class Worker:
         mbs = split_microbatches(self.cfg.eval_batches, len(self.assignment.pipelines))[self.pipeline]
         if mbs:
             self.cluster.hang_deadline(self.cfg.hang_timeout)  # not an iteration's pace
+            self.executor.settle_replicas()  # a merged pipeline evaluates on a replica
             self.evaluator.run(it, mbs, self.comm, self.failover)
             self.cluster.hang_deadline(hang_deadline(self.iteration_seconds, self.cfg.hang_timeout))
 
@@ -191,6 +192,7 @@ class Worker:
         """After iteration `it`, pipeline 0's owners snapshot their layers now and
         write them in the background (the next iteration does not wait)."""
         if self.pipeline == 0:
+            self.executor.settle_replicas()  # a stage owned since this boundary may owe its step
             self.cluster.hang_deadline(self.cfg.hang_timeout)  # waits for the last write: not an iteration's pace
             self.checkpoints.write(it + 1, self.holdings.snapshot(self._owned()),
                                    self.cluster.get(SCALE(it)) if self.cfg.loss_scaling else None)
@@ -209,6 +211,7 @@ class Worker:
         return self._move_to(self._next_epoch(self.assignment.epoch))
 
     def leave(self) -> None:
+        self.executor.settle_replicas()  # a stage taken over at the last boundary is saved stepped
         self.checkpoints.wait()
         if self.cfg.save_dir and self.pipeline == 0:
             self.holdings.save(self._owned(), self.cfg.save_dir)

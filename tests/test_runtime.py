@@ -101,6 +101,18 @@ def test_sigkill_mid_iteration_keeps_the_math(tmp_path, reference, mode, node, p
     assert all(r["replicas_equal"] for r in records)
 
 
+def test_lazy_replica_steps_taken_late_keep_the_math(tmp_path, reference):
+    """Without --check-replicas lazy takes a replica's step in the next iteration's
+    first wait, not at the end of its own: node 5 dies mid-stream, so its holder takes
+    the stage over with the step it owed from the iteration before (a replica one step
+    behind would change pipeline 1's gradients, and every later loss)."""
+    point = kill_point(5, _mid_stream, "lazy")
+    _, records, params = train(tmp_path, "lazy-late", "--stages", str(P), "--pipelines", str(D),
+                               "--redundancy", "lazy", "--preempt", point)
+    assert_same_training(records, params, reference)
+    assert {"preemption", "failover"} == {e["type"] for e in records[5]["events"]}
+
+
 @pytest.mark.slow  # random kill points: bamboo-chaos covers them from outside in make test
 def test_random_kill_point(tmp_path, reference):
     _, records, params = train(tmp_path, "random", "--stages", str(P), "--pipelines", str(D), "--preempt", "random")
