@@ -16,19 +16,14 @@ from schedules.ir import Op
 
 from bamboo.channels import Channels, gloo_groups
 from bamboo.comm import Comm, PeerFailure
+from tests.gloo import gloo_pair
 
 
 def pair() -> tuple[list[Comm], list[Channels]]:
     """Nodes 0 and 1, each a Comm on one world gloo group with channels over gloo."""
-    store, pgs = dist.HashStore(), [None, None]
+    store = dist.HashStore()
+    pgs = gloo_pair(store, timeout=20)
 
-    def make(rank: int) -> None:
-        pgs[rank] = dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=20))
-    threads = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
     def store_for(src: int, dst: int, kind: str) -> dist.Store:
         return dist.PrefixStore(f"channel/{src}-{dst}/{kind}", store)
     channels = [Channels(store_for, node, gloo_groups(20), nccl=False) for node in (0, 1)]

@@ -3,34 +3,16 @@ header's, into room for the channel's largest payload so far; a larger payload i
 preceded by an empty message. Every message must arrive whole, in order, with its
 note, whatever the sequence of sizes, and the receive buffers must never be reused
 under a tensor already handed out."""
-import threading
-from datetime import timedelta
-
 import torch
-import torch.distributed as dist
 
 from schedules.ir import Op
-from bamboo.comm import Comm
-
-
-def _groups():
-    store = dist.HashStore()
-    groups = {}
-
-    def make(rank):
-        groups[rank] = dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=30))
-    threads = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return groups[0], groups[1]
+from tests.gloo import comm_pair, gloo_pair
 
 
 def test_gloo_takes_a_shorter_message_into_a_longer_receive():
     """What the protocol rests on (gloo's TCP transport checks length <= the receive's
     size): a torch upgrade that changes it fails here first."""
-    a, b = _groups()
+    a, b = gloo_pair()
     room = torch.full((64,), 7, dtype=torch.uint8)
     receive = b.recv([room], 0, 5)
     a.send([torch.arange(3, dtype=torch.float64)], 1, 5).wait()
@@ -43,9 +25,7 @@ def test_gloo_takes_a_shorter_message_into_a_longer_receive():
 
 
 def test_messages_of_changing_sizes_arrive_whole_in_order_with_their_notes():
-    a, b = _groups()
-    sender = Comm(a, {10: 0, 20: 1}, torch.device("cpu"))
-    receiver = Comm(b, {10: 0, 20: 1}, torch.device("cpu"))
+    sender, receiver = comm_pair()
     g = torch.Generator().manual_seed(0)
     sent = [torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g),  # the room grows, then fits
             torch.randn(2, 3, generator=g),                                  # shorter than the room
@@ -68,9 +48,7 @@ def test_messages_of_changing_sizes_arrive_whole_in_order_with_their_notes():
 
 def test_channels_in_both_directions_keep_their_rooms_apart():
     """Activations one way and gradients the other, each with its own sizes, interleaved."""
-    a, b = _groups()
-    left = Comm(a, {10: 0, 20: 1}, torch.device("cpu"))
-    right = Comm(b, {10: 0, 20: 1}, torch.device("cpu"))
+    left, right = comm_pair()
     acts = [torch.full((n, 4), float(n)) for n in (3, 1, 5, 5, 2)]
     grads = [torch.full((n,), -float(n)) for n in (7, 9, 2, 9, 1)]
     right.expect(10, Op.SEND_ACT, len(acts))

@@ -1,33 +1,17 @@
 """Posted sends (Comm.post): the sender goes on before the receiver takes the
 message, messages keep their order and notes, and `flush` learns every outcome."""
 import threading
-from datetime import timedelta
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from schedules.ir import Op
-from bamboo.comm import Comm, PeerFailure
-
-
-def _pair():
-    store = dist.HashStore()
-    comms = {}
-
-    def make(node, rank):
-        pg = dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=30))
-        comms[node] = Comm(pg, {10: 0, 20: 1}, torch.device("cpu"))
-    threads = [threading.Thread(target=make, args=a) for a in ((10, 0), (20, 1))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return comms[10], comms[20]
+from bamboo.comm import PeerFailure
+from tests.gloo import comm_pair
 
 
 def test_posts_return_before_the_receiver_asks_and_arrive_in_order_with_their_notes():
-    sender, receiver = _pair()
+    sender, receiver = comm_pair()
     sent = [torch.randn(4, 8) for _ in range(3)]
     posted = threading.Event()
 
@@ -48,7 +32,7 @@ def test_posts_return_before_the_receiver_asks_and_arrive_in_order_with_their_no
 
 
 def test_flush_gives_up_on_a_peer_recorded_dead_and_drops_its_sends():
-    sender, receiver = _pair()  # the receiver takes nothing until the end: as good as dead
+    sender, receiver = comm_pair()  # the receiver takes nothing until the end: as good as dead
     sender.post(20, Op.SEND_ACT, torch.ones(2))
     sender.post(20, Op.SEND_ACT, torch.ones(2))
     assert sender.pending()
