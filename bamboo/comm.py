@@ -157,36 +157,35 @@ class _Outbox:
         A host tensor with its note is handed to gloo here, in the caller's thread; a
         copy or a note still on its way to the host is waited for in the outbox's."""
         done: queue.Queue = queue.Queue(maxsize=1)
+        sent = None  # (works, header): what gloo was handed here, if anything
         if self.comm.sends_at_once:  # (a note on the host: read without a wait)
             note = float(note.wait_host()) if isinstance(note, Copy) else note
             try:
-                self.queue.put((self._send(staged.tensor, note), staged, done))
+                sent = self._send(staged.tensor, note)
             except RuntimeError as e:
                 done.put(str(e).splitlines()[0][:200])
-        else:
-            self.queue.put(((staged, note), staged, done))
+                return done
+        self.queue.put((sent, note, staged, done))
         return done
 
-    def _send(self, tensor: torch.Tensor, note: float | None) -> list:
+    def _send(self, tensor: torch.Tensor, note: float | None) -> tuple[list, torch.Tensor]:
         """Hand one message to gloo (see the module's docstring): its works, and the
-        tensors they read, held until they completed."""
+        header, held until they completed."""
         pg, header = self.comm.pg, _header(tensor, note)
         works = [pg.send([header], self.dst, self.tag)]
         if (size := tensor.numel() * tensor.element_size()) > self.room:
             works.append(pg.send([_EMPTY], self.dst, self.tag))
             self.room = size
-        return works + [pg.send([tensor], self.dst, self.tag), header]
+        return works + [pg.send([tensor], self.dst, self.tag)], header
 
     def _run(self) -> None:
         self.comm.own_stream()
         while True:
-            works, staged, done = self.queue.get()
+            sent, note, staged, done = self.queue.get()
             try:
-                if isinstance(works, tuple):  # still to send: a copy to the host, or a channel's
-                    works = self._send_later(*works)
+                works, _ = sent or self._send_later(staged, note)  # (the header lives until here)
                 for work in works:
-                    if not isinstance(work, torch.Tensor):
-                        work.wait()
+                    work.wait()
             except (RuntimeError, TimeoutError) as e:  # a buffer gloo may still be reading is not reused
                 done.put(str(e).splitlines()[0][:200])
                 continue
@@ -194,7 +193,8 @@ class _Outbox:
                 self.comm.stager.pool.give(staged.tensor)
             done.put(None)
 
-    def _send_later(self, staged: Copy, note: "float | Copy | None") -> list:
+    def _send_later(self, staged: Copy, note: "float | Copy | None") -> tuple[list, torch.Tensor | None]:
+        """Send from this thread: after the copy to the host (gloo), or on the channel."""
         channels = self.comm.channels
         # gloo: this thread waits for the copy out, not the compute; a channel's
         # stream waits for the kernels that wrote the tensor, the host does not
@@ -210,7 +210,7 @@ class _Outbox:
         self.comm.pg.send([_header(tensor, note)], self.dst, self.tag).wait()
         work = channels.group(self.comm.me, self.peer, self.kind).send([tensor], 1, 0)
         channels.wait(work, self.peer)
-        return []
+        return [], None
 
 
 class Comm:
