@@ -14,25 +14,27 @@ from bamboo.models import Stage, dropout_seed, evaluating, mixed_precision
 from bamboo.protocol import LossScale
 
 
-def train_reference(cfg: JobConfig, on_iteration=None, on_eval=None, on_scale=None) -> Stage:
-    """Run cfg.iterations; on_iteration(i, {global mb: loss}) after each step,
-    preceded, when the iteration is evaluated, by on_eval(i, validation loss), and
-    with fp16 by on_scale(i, the LossScale it ran with)."""
+def train_reference(cfg: JobConfig, on_iteration=None, on_eval=None, on_scale=None,
+                    device: torch.device = torch.device("cpu")) -> Stage:
+    """Run cfg.iterations on `device`; on_iteration(i, {global mb: loss}) after
+    each step, preceded, when the iteration is evaluated, by on_eval(i, validation
+    loss), and with fp16 by on_scale(i, the LossScale it ran with). A GPU job's
+    reference runs on its GPU: dropout masks come from the device's generator,
+    and a CUDA generator draws other masks than the CPU's from one seed."""
     torch.set_num_threads(1)
     source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq, cfg.model_config)
-    layers = [source.layer(i) for i in range(source.count)]
+    layers = [source.layer(i).to(device) for i in range(source.count)]
     source.tie(layers)
     model = Stage(layers, source.loss)
     corpus = corpus_of(cfg, source.seq)
     opt = recipe.optimizer(model, cfg)
-    cpu = torch.device("cpu")
     scale = LossScale(cfg.initial_loss_scale if cfg.loss_scaling else 1.0)
     for it in range(cfg.iterations):
         model.zero_grad(set_to_none=True)
         losses = {}
         for g in range(cfg.microbatches):
-            x, y = corpus.microbatch(it, g)
-            with dropout_seed(dropout_seed_for(cfg.seed, it, g)), mixed_precision(cfg.precision, cpu):
+            x, y = (t.to(device) for t in corpus.microbatch(it, g))
+            with dropout_seed(dropout_seed_for(cfg.seed, it, g)), mixed_precision(cfg.precision, device):
                 loss = model(x, y)
             losses[g] = loss.item()
             recipe.scaled_loss(loss, cfg.microbatches, scale.scale).backward()
@@ -50,18 +52,18 @@ def train_reference(cfg: JobConfig, on_iteration=None, on_eval=None, on_scale=No
                 on_scale(it, scale)
             scale = scale.following(cfg.loss_scale_window, cfg.min_loss_scale)
         if on_eval and cfg.evaluates(it):
-            on_eval(it, validation_loss(model, corpus, cfg))
+            on_eval(it, validation_loss(model, corpus, cfg, device))
         if on_iteration:
             on_iteration(it, losses)
     return model
 
 
-def validation_loss(model: Stage, corpus: Corpus, cfg: JobConfig) -> float:
+def validation_loss(model: Stage, corpus: Corpus, cfg: JobConfig,
+                    device: torch.device = torch.device("cpu")) -> float:
     """The mean loss of the cfg.eval_batches validation microbatches: eval mode (no
     dropout), no gradients, the training precision; the model is left as it was."""
-    cpu = torch.device("cpu")
-    with torch.no_grad(), evaluating([model]), mixed_precision(cfg.precision, cpu):
-        losses = [model(*corpus.validation(g)).item() for g in range(cfg.eval_batches)]
+    with torch.no_grad(), evaluating([model]), mixed_precision(cfg.precision, device):
+        losses = [model(*(t.to(device) for t in corpus.validation(g))).item() for g in range(cfg.eval_batches)]
     return mean_loss(dict(enumerate(losses)), cfg.eval_batches)
 
 

@@ -6,6 +6,9 @@ import os
 import resource
 import time
 
+import torch
+
+from bamboo import devices
 from bamboo.config import JobConfig
 from bamboo.launcher import MetricsWriter, ProgressBar, add_loss_scale
 from bamboo.reference import train_reference
@@ -33,7 +36,9 @@ def run_single(cfg: JobConfig, metrics_out: str | None, progress: bool = True, s
             skipped += any(e["type"] == "overflow" for e in record["events"])
             metrics.write(record)
             bar(it, record)
-        model = train_reference(cfg, on_iteration, validation.__setitem__, scales.__setitem__)
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        device = devices.pick(0, cfg.devices, gpus, share=True)  # the first worker's device
+        model = train_reference(cfg, on_iteration, validation.__setitem__, scales.__setitem__, device)
     total = time.monotonic() - start
     metrics.write({"summary": {"iterations": cfg.iterations, "samples": cfg.iterations * cfg.microbatches * cfg.batch,
                                "total_seconds": round(total, 3),

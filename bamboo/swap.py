@@ -6,7 +6,10 @@ their copies into pooled host buffers (bamboo/staging.py: on a side stream that
 waits for the forward's kernels, pinned, no host synchronisation) and drops the
 device copies; `swap_in` starts the copies back, ahead of use (the executor
 prefetches the next one); backward's kernels wait for them on the GPU, not the
-host. Parameters are left alone: the node holds them anyway.
+host. Parameters are left alone: the node holds them anyway, and so is any
+tensor that is not on the stage's device: autograd saves host scalars beside
+the GPU tensors (the RNG seed and offset of CUDA attention, read by its
+backward from host memory), and one moved to the GPU crashes that backward.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ class SavedTensors:
         self._params = params  # data_ptrs of parameters, never swapped
         self.tensors: list[torch.Tensor] = []
         self.host: list[Copy] = []      # the copies in host memory, while swapped out
+        self.moved: list[bool] = []     # per saved tensor: copied to host (False: stays where it is)
         self.coming: list[Copy] = []    # the copies on their way back, until backward reads them
         self.on_host = False
         self.stager: Stager | None = None
@@ -58,20 +62,21 @@ class SavedTensors:
             return
         if self.tensors:
             self.stager = stager or Stager(self.tensors[0].device)
-            self.host = [self.stager.to_host(t) for t in self.tensors]
+            self.moved = [t.device == self.stager.device for t in self.tensors]
+            self.host = [self.stager.to_host(t) if moved else Copy(t) for t, moved in zip(self.tensors, self.moved)]
         self.tensors, self.on_host = [], True
 
     def swap_in(self) -> None:
         """Start the copies back (a no-op when they are back or on their way)."""
         if not self.on_host:
             return
-        self.coming = [self.stager.to_device(c.tensor) for c in self.host]
+        self.coming = [self.stager.to_device(c.tensor) if moved else c for c, moved in zip(self.host, self.moved)]
         self.host, self.on_host = [], False
 
     def release(self) -> None:
         """Give the host buffers back: BRC did not need this forward."""
         if self.host:
-            self.stager.release(self.host)
+            self.stager.release([c for c, moved in zip(self.host, self.moved) if moved])
         self.host = []
 
     def nbytes(self) -> int:

@@ -373,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job", required=True)
     ap.add_argument("--node", type=int, required=True)
     args = ap.parse_args(argv)
-    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack to the log
+    faulthandler.enable(all_threads=True)  # a crash in native code leaves every thread's stack in the log
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: the same, on demand
     torch.set_num_threads(1)
     # Messages leave and arrive on threads (bamboo/comm.py) that need the GIL while
     # the main thread computes: hand it over after 0.5 ms, not Python's 5 ms.

@@ -164,3 +164,35 @@ def test_a_copy_read_before_it_landed_is_caught_by_the_poison(monkeypatch):
     saved.swap_in()
     with pytest.raises(PoisonReached):
         y.backward(g)
+
+
+class _SavesAHostScalar(torch.autograd.Function):
+    """Saves, beside its input, a tensor on another device than the stage's, as CUDA
+    attention saves its RNG seed and offset in host memory beside GPU tensors."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x, torch.empty((), device="meta"))
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        x, seed = ctx.saved_tensors
+        assert seed.device.type == "meta" and x.device.type == "cpu"
+        return g * 2
+
+
+def test_a_tensor_saved_off_the_stages_device_stays_where_it_is(fake):
+    stager = Stager(torch.device("cpu"), cuda=fake, streams=True)  # "meta" plays the host beside a GPU stage
+    x = torch.randn(3, requires_grad=True)
+    saved = SavedTensors(set())
+    with saved.recording():
+        y = _SavesAHostScalar.apply(x)
+    saved.swap_out(stager)
+    assert saved.moved == [True, False] and stager.pool.allocated == 1  # only the stage's own tensor copied
+    saved.swap_in()
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), 2.0))
+    saved.swap_out(stager)
+    saved.release()
+    assert all(b.device.type == "cpu" for free in stager.pool._free.values() for b in free)  # no meta in the pool
