@@ -16,6 +16,7 @@ Names in a layer's state dict map one to one onto the `transformers` checkpoint
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 
 import torch
@@ -30,6 +31,9 @@ from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaPr
 from bamboo.models import layer_rng
 
 FAMILIES = ("gpt2", "llama")
+# The mask's "no cache" argument: `cache` since transformers 5.2x, `past_key_values`
+# before (5.40 drops that name).
+_NO_CACHE = {"cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values": None}
 
 # Named sizes: `gpt2` is GPT-2 small's 124M shape; the llama shapes follow
 # TinyLlama (1.1B) and a 160M Llama; the tiny ones are for tests and demos.
@@ -137,8 +141,8 @@ class Block(_Layer):
 
     def body(self, x: torch.Tensor) -> torch.Tensor:
         positions = _positions(x)
-        mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None,
-                                  past_key_values=None, position_ids=positions)
+        mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, position_ids=positions,
+                                  **_NO_CACHE)
         if self.rotary is None:
             return self.block(x, attention_mask=mask)
         return self.block(x, attention_mask=mask, position_ids=positions,
