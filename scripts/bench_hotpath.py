@@ -22,7 +22,8 @@ launcher process only, by a sitecustomize): what that polling costs the workers.
 requests (by difference of an N- and a 2N-iteration run), and each main
 thread's time under cProfile (a sitecustomize again: bamboo/ is not changed).
 
-    python scripts/bench_hotpath.py [--rounds 3] [--iterations 12] [--warm 3] [--profile DIR]
+    python scripts/bench_hotpath.py [--rounds 3] [--iterations 12] [--warm 3] [--systems off,deepspeed,...]
+                                     [--profile DIR]
 """
 from __future__ import annotations
 
@@ -171,28 +172,28 @@ def period(ends: list[float], warm: int) -> float:
 def compare_losses(runs: dict, check: int, rtol: float) -> None:
     """Print the first iterations' losses of every system and assert they match."""
     print(f"\nlosses of the first {check} iterations (round 1); every round checked, rtol {rtol:g}")
-    print("it  " + "".join(f"{s:>12}" for s in SYSTEMS))
+    print("it  " + "".join(f"{s:>12}" for s in runs))
     for it in range(check):
-        print(f"{it:<4}" + "".join(f"{runs[s][0]['losses'][it]:12.6f}" for s in SYSTEMS))
+        print(f"{it:<4}" + "".join(f"{runs[s][0]['losses'][it]:12.6f}" for s in runs))
     want = runs["off"][0]["losses"][:check]
-    for s in SYSTEMS:
+    for s in runs:
         worst = max(abs(r["losses"][i] - want[i]) / abs(want[i]) for r in runs[s] for i in range(check))
         print(f"  {s:10} largest relative difference from off: {worst:.2e}")
         assert worst <= rtol, f"{s}'s losses differ from Bamboo's: {worst:.2e}"
 
 
 def report_times(runs: dict, a) -> None:
-    t = {s: statistics.median(period(r["ends"], a.warm) for r in runs[s]) for s in SYSTEMS}
+    t = {s: statistics.median(period(r["ends"], a.warm) for r in runs[s]) for s in runs}
     launcher = statistics.median(statistics.mean(r["launcher"][a.warm:]) for r in runs["off"])
     print(f"\nmedian iteration time over {a.rounds} rounds (iterations {a.warm}..{a.iterations - 1} of each run):")
-    for s in SYSTEMS:
+    for s in runs:
         print(f"  {s:10} {t[s] * 1e3:8.1f} ms   per round: "
               + " ".join(f"{period(r['ends'], a.warm) * 1e3:.1f}" for r in runs[s]))
     busy = statistics.median(statistics.mean(r["busy"][a.warm:]) for r in runs["off"])
     print(f"  (off as the launcher's metrics record it: {launcher * 1e3:.1f} ms; the busier node's compute ops, "
           f"Executor.busy: {busy * 1e3:.1f} ms)")
-    pairs = (("off", "deepspeed"), ("off", "torch"), ("eager", "off"), ("lazy", "off"),
-             ("off-poll1s", "off"), ("off-poll1s", "deepspeed"))
+    pairs = [(x, y) for x, y in (("off", "deepspeed"), ("off", "torch"), ("eager", "off"), ("lazy", "off"),
+                                 ("off-poll1s", "off"), ("off-poll1s", "deepspeed")) if x in runs and y in runs]
     print("ratios: " + "   ".join(f"{x}/{y} {t[x] / t[y]:.3f}" for x, y in pairs))
     # The systems alternate within a round: a ratio inside one round is the least
     # touched by the machine's load drifting from round to round.
@@ -335,6 +336,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=12)
     ap.add_argument("--warm", type=int, default=3, help="iterations dropped at the start of each run")
+    ap.add_argument("--systems", default=",".join(SYSTEMS),
+                    help="which systems each round runs, in this order (off among them; default: all)")
     ap.add_argument("--check", type=int, default=5, help="iterations whose losses are compared")
     ap.add_argument("--rtol", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=0)
@@ -346,6 +349,9 @@ def main() -> None:
     a = ap.parse_args()
     if a.role:
         return baseline_rank(a)
+    a.systems = tuple(a.systems.split(","))
+    if "off" not in a.systems or set(a.systems) - set(SYSTEMS):
+        ap.error(f"--systems: a comma-separated list of {', '.join(SYSTEMS)}, with off among them")
     from bamboo.etcd import EtcdServer
     params = sum(p.numel() for layer in setup(a.seed)[0] for p in layer.parameters())
     print(f"GPT {MODEL} ({params / 1e6:.2f}M parameters: dim {CFG.dim}, {CFG.layers} blocks, {CFG.heads} heads, "
@@ -355,9 +361,9 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.2f}; every system's processes with "
           + " ".join(f"{k}={ENV[k]}" for k in MALLOC))
     with EtcdServer() as etcd, tempfile.TemporaryDirectory() as scratch:
-        runs: dict[str, list] = {s: [] for s in SYSTEMS}
+        runs: dict[str, list] = {s: [] for s in a.systems}
         for _ in range(a.rounds):
-            for s in SYSTEMS:
+            for s in a.systems:
                 if s in ("deepspeed", "torch"):
                     runs[s].append(run_baseline(s, a))
                 else:
