@@ -360,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.stages > 1:  # every worker runs on this host: can each have its device?
             workers = local.nodes + sum(c for c, _ in local.joins) if local else cfg.nodes
             devices.check_flags(args.devices, args.share_gpu, args.transport, workers)
+        else:  # the single-process run computes on the first worker's device: it must exist
+            devices.check_flags(args.devices, True, "gloo", 1)
     except ValueError as e:
         print(f"bamboo-train: error: {e}", file=sys.stderr)
         return 2

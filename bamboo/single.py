@@ -38,6 +38,8 @@ def run_single(cfg: JobConfig, metrics_out: str | None, progress: bool = True, s
             bar(it, record)
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         device = devices.pick(0, cfg.devices, gpus, share=True)  # the first worker's device
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
         model = train_reference(cfg, on_iteration, validation.__setitem__, scales.__setitem__, device)
     total = time.monotonic() - start
     metrics.write({"summary": {"iterations": cfg.iterations, "samples": cfg.iterations * cfg.microbatches * cfg.batch,

@@ -26,8 +26,8 @@ class SavedTensors:
     def __init__(self, params: set[int]):
         self._params = params  # data_ptrs of parameters, never swapped
         self.tensors: list[torch.Tensor] = []
-        self.host: list[Copy] = []      # the copies in host memory, while swapped out
-        self.moved: list[bool] = []     # per saved tensor: copied to host (False: stays where it is)
+        self.host: list[Copy] = []      # while swapped out, per saved tensor: its host copy, or itself if kept
+        self.moved: list[bool] = []     # per saved tensor: copied to host (False: kept where it is)
         self.coming: list[Copy] = []    # the copies on their way back, until backward reads them
         self.on_host = False
         self.stager: Stager | None = None
@@ -49,7 +49,8 @@ class SavedTensors:
         if self.coming:
             self.tensors = [c.wait_here() for c in self.coming]
             self.coming = []
-            if self.stager.pool.poison and any(t.is_floating_point() and t.isnan().any() for t in self.tensors):
+            swapped = [t for t, moved in zip(self.tensors, self.moved) if moved]
+            if self.stager.pool.poison and any(t.is_floating_point() and t.isnan().any() for t in swapped):
                 raise PoisonReached("a swapped-in tensor holds its host buffer's poison: BRC read it before "
                                     "the copies landed")
         return self.tensors[value]
@@ -62,7 +63,7 @@ class SavedTensors:
             return
         if self.tensors:
             self.stager = stager or Stager(self.tensors[0].device)
-            self.moved = [t.device == self.stager.device for t in self.tensors]
+            self.moved = [t.device.type == self.stager.device.type for t in self.tensors]
             self.host = [self.stager.to_host(t) if moved else Copy(t) for t, moved in zip(self.tensors, self.moved)]
         self.tensors, self.on_host = [], True
 

@@ -149,10 +149,14 @@ def main() -> int:
     print(f"gpu-check on {gpus} x {device}, torch {torch.__version__}", flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         rows = correctness(tmp, args.quick, args.only)
+        if not rows:
+            print(f"gpu-check: no correctness check's name holds {args.only!r}")
+            return 2
         perf = {} if args.no_timing else performance(tmp, args.quick)
         nccl = nccl_checks(tmp, gpus) if gpus >= 2 else [{"check": "nccl", "ok": True, "skipped": "one GPU"}]
     rows += [r for r in nccl if "skipped" not in r]
-    report = {"device": device, "gpus": gpus, "torch": torch.__version__, "checks": rows, "performance": perf,
+    report = {"device": device, "gpus": gpus, "torch": torch.__version__, "only": args.only,
+              "timing": not args.no_timing, "checks": rows, "performance": perf,
               "nccl": nccl}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(os.path.abspath(args.out)), delete=False) as f:

@@ -112,4 +112,4 @@ def test_workers_start_with_fixed_malloc_thresholds_unless_the_user_set_them(tmp
     class Cluster:
         endpoint = "127.0.0.1:1"
     launcher._start(Cluster(), 0, "bamboo.worker")
-    assert envs[0]["MALLOC_MMAP_THRESHOLD_"] == str(64 << 20) and envs[0]["MALLOC_TRIM_THRESHOLD_"] == "12345"
+    assert envs[0]["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20) and envs[0]["MALLOC_TRIM_THRESHOLD_"] == "12345"

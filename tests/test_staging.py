@@ -193,6 +193,21 @@ def test_a_tensor_saved_off_the_stages_device_stays_where_it_is(fake):
     saved.swap_in()
     y.sum().backward()
     assert torch.equal(x.grad, torch.full((3,), 2.0))
+    given = []
+    stager.release = given.extend  # what goes back to the pool
     saved.swap_out(stager)
     saved.release()
-    assert all(b.device.type == "cpu" for free in stager.pool._free.values() for b in free)  # no meta in the pool
+    assert [c.tensor.device.type for c in given] == ["cpu"]  # the copy of x alone, not the kept tensor
+
+
+def test_the_poison_check_reads_only_the_swapped_tensors(fake, monkeypatch):
+    monkeypatch.setenv(POISON, "1")
+    stager = Stager(torch.device("cpu"), cuda=fake, streams=True)
+    x = torch.randn(3, requires_grad=True)
+    saved = SavedTensors(set())
+    with saved.recording():
+        y = _SavesAHostScalar.apply(x)
+    saved.swap_out(stager)
+    saved.swap_in()
+    y.sum().backward()  # a kept meta tensor has no values to read: the check must not touch it
+    assert torch.equal(x.grad, torch.full((3,), 2.0))
