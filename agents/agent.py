@@ -35,7 +35,6 @@ from bamboo.cluster import Cluster, EtcdLost
 from bamboo.config import JobConfig
 from bamboo.etcd import EtcdError, die_with_parent
 from bamboo.exits import FENCED, PARKED
-from bamboo.procenv import worker_env
 from bamboo.protocol import CONFIG, FAILED, NOTICES, Notice, rendezvous_node
 
 
@@ -77,7 +76,7 @@ class BambooAgent(SimpleElasticAgent):
         log = open(os.path.join(self.log_dir, f"worker{self.node}.log"), "a") if self.log_dir else subprocess.DEVNULL
         spec = worker_group.spec
         self.proc = subprocess.Popen([spec.entrypoint, *spec.args], stdout=log, stderr=subprocess.STDOUT,
-                                     preexec_fn=die_with_parent, env=worker_env())
+                                     preexec_fn=die_with_parent)
         return {0: self.proc.pid}
 
     def _stop_workers(self, worker_group, is_restart: bool = False) -> None:

@@ -26,7 +26,6 @@ from bamboo.config import JobConfig
 from bamboo.devices import LOCAL_RANK
 from bamboo.etcd import EtcdServer, die_with_parent
 from bamboo.exits import FENCED
-from bamboo.procenv import worker_env
 from bamboo.protocol import (ASSIGNMENT, CONFIG, DONE, ERROR, FAILED, LOSS, NOTICES, PREEMPTED, SCALE, START,
                              VAL_LOSS)
 from bamboo.reference import mean_loss
@@ -286,7 +285,7 @@ class Launcher:
             self.procs[node] = subprocess.Popen(
                 [sys.executable, "-m", module, "--etcd", cluster.endpoint, "--job", self.cfg.job,
                  *(["--node", str(node)] if named else []), *args], stdout=log, stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent, env=worker_env(**{LOCAL_RANK: str(self.slots[node])}))
+                preexec_fn=die_with_parent, env={**os.environ, LOCAL_RANK: str(self.slots[node])})
 
     def _join(self, cluster: Cluster) -> dict:
         """The job runs already: add this machine's nodes to it, as agents that wait

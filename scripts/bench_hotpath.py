@@ -45,15 +45,12 @@ import torch
 import torch.nn as nn
 
 from bamboo.models import Block, Embedding, GPTConfig, Head, token_loss
-from bamboo.procenv import MALLOC, worker_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = GPTConfig(vocab=256, seq=128, dim=256, layers=4, heads=4, dropout=0.0)
 MODEL, P, M, BATCH = "scripts.bench_hotpath:gpt", 2, 8, 8
 SYSTEMS = ("off", "deepspeed", "torch", "eager", "lazy", "off-poll1s")  # the order of each round
-# Every system's processes get the malloc settings Bamboo's launcher gives its workers
-# (bamboo/procenv.py), so the baselines run with them too.
-ENV = worker_env(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONPATH=ROOT)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": ROOT}
 
 
 def gpt() -> nn.Sequential:
@@ -358,8 +355,8 @@ def main() -> None:
           f"seq {CFG.seq}, vocab {CFG.vocab}, dropout 0), P={P} D=1 M={M} batch {BATCH}, seed {a.seed}, "
           f"{a.iterations} iterations per run, gloo on the CPU, one process per stage, 1 torch thread each, "
           f"AdamW lr 1e-3 betas 0.9/0.999 decay 0.01, {os.cpu_count()} cores, torch {torch.__version__}; "
-          f"load average {os.getloadavg()[0]:.2f}; every system's processes with "
-          + " ".join(f"{k}={ENV[k]}" for k in MALLOC))
+          f"load average {os.getloadavg()[0]:.2f}"
+          + "".join(f"; every system's processes with {k}={v}" for k, v in ENV.items() if k.startswith("MALLOC_")))
     with EtcdServer() as etcd, tempfile.TemporaryDirectory() as scratch:
         runs: dict[str, list] = {s: [] for s in a.systems}
         for _ in range(a.rounds):

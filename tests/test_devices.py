@@ -91,25 +91,3 @@ def test_the_launcher_gives_each_local_process_the_lowest_free_index(tmp_path, m
     launcher._start(Cluster(), 7, "agents.agent", named=False)
     launcher._start(Cluster(), 8, "agents.agent", named=False)
     assert [env["LOCAL_RANK"] for _, env in started] == ["0", "1", "2", "1", "3"]
-
-
-def test_workers_start_with_fixed_malloc_thresholds_unless_the_user_set_them(tmp_path, monkeypatch):
-    """bamboo/procenv.py: glibc keeps activation-sized blocks in the heap for reuse;
-    a threshold the user exported reaches the worker unchanged."""
-    from bamboo.launcher import Launcher
-
-    envs = []
-
-    class Popen:
-        def __init__(self, args, env=None, **kwargs):
-            envs.append(env)
-    monkeypatch.setattr(subprocess, "Popen", Popen)
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "12345")
-    launcher = Launcher(JobConfig(job="j"))
-    launcher.logs = str(tmp_path)
-
-    class Cluster:
-        endpoint = "127.0.0.1:1"
-    launcher._start(Cluster(), 0, "bamboo.worker")
-    assert envs[0]["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20) and envs[0]["MALLOC_TRIM_THRESHOLD_"] == "12345"
