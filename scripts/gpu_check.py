@@ -140,7 +140,11 @@ def main() -> int:
     args = ap.parse_args()
     if args.on_cpu:
         with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-            return 0 if all(r["ok"] for r in correctness(tmp, args.quick, args.only)) else 1
+            rows = correctness(tmp, args.quick, args.only)
+        if not rows:
+            print(f"gpu-check: no correctness check's name holds {args.only!r}")
+            return 2
+        return 0 if all(r["ok"] for r in rows) else 1
     if not torch.cuda.is_available():
         print("gpu-check: skipped: this machine has no CUDA device (run `make gpu-check` on a GPU host)")
         return 0
