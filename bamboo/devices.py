@@ -75,12 +75,25 @@ def transport(requested: str, device: torch.device, share: bool) -> str:
     return "nccl"
 
 
+def host_gpus() -> int:
+    """This host's GPU count (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def claim(rank: int, devices: tuple[str, ...], share: bool) -> torch.device:
+    """The device of this host's worker number `rank` (`pick`), made the process's
+    current GPU when it is one: kernels, streams and NCCL default to it."""
+    device = pick(rank, devices, host_gpus(), share)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
 def check_flags(devices: str | None, share: bool, requested: str, workers_here: int) -> tuple[str, ...]:
     """The launcher's check, before anything starts, of the flags against this host."""
     parsed = parse_devices(devices)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for rank in range(max(1, workers_here)):
-        transport(requested, pick(rank, parsed, gpus, share), share)
+        transport(requested, pick(rank, parsed, host_gpus(), share), share)
     return parsed
 
 

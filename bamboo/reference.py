@@ -52,16 +52,17 @@ def train_reference(cfg: JobConfig, on_iteration=None, on_eval=None, on_scale=No
                 on_scale(it, scale)
             scale = scale.following(cfg.loss_scale_window, cfg.min_loss_scale)
         if on_eval and cfg.evaluates(it):
-            on_eval(it, validation_loss(model, corpus, cfg, device))
+            on_eval(it, validation_loss(model, corpus, cfg))
         if on_iteration:
             on_iteration(it, losses)
     return model
 
 
-def validation_loss(model: Stage, corpus: Corpus, cfg: JobConfig,
-                    device: torch.device = torch.device("cpu")) -> float:
+def validation_loss(model: Stage, corpus: Corpus, cfg: JobConfig) -> float:
     """The mean loss of the cfg.eval_batches validation microbatches: eval mode (no
-    dropout), no gradients, the training precision; the model is left as it was."""
+    dropout), no gradients, the training precision, on the model's device; the model
+    is left as it was."""
+    device = next(model.parameters()).device
     with torch.no_grad(), evaluating([model]), mixed_precision(cfg.precision, device):
         losses = [model(*(t.to(device) for t in corpus.validation(g))).item() for g in range(cfg.eval_batches)]
     return mean_loss(dict(enumerate(losses)), cfg.eval_batches)

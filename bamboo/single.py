@@ -6,8 +6,6 @@ import os
 import resource
 import time
 
-import torch
-
 from bamboo import devices
 from bamboo.config import JobConfig
 from bamboo.launcher import MetricsWriter, ProgressBar, add_loss_scale
@@ -36,10 +34,7 @@ def run_single(cfg: JobConfig, metrics_out: str | None, progress: bool = True, s
             skipped += any(e["type"] == "overflow" for e in record["events"])
             metrics.write(record)
             bar(it, record)
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        device = devices.pick(0, cfg.devices, gpus, share=True)  # the first worker's device
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
+        device = devices.claim(0, cfg.devices, share=True)  # the first worker's device
         model = train_reference(cfg, on_iteration, validation.__setitem__, scales.__setitem__, device)
     total = time.monotonic() - start
     metrics.write({"summary": {"iterations": cfg.iterations, "samples": cfg.iterations * cfg.microbatches * cfg.batch,

@@ -49,7 +49,7 @@ class SavedTensors:
         if self.coming:
             self.tensors = [c.wait_here() for c in self.coming]
             self.coming = []
-            swapped = [t for t, moved in zip(self.tensors, self.moved) if moved]
+            swapped = (t for t, moved in zip(self.tensors, self.moved) if moved)
             if self.stager.pool.poison and any(t.is_floating_point() and t.isnan().any() for t in swapped):
                 raise PoisonReached("a swapped-in tensor holds its host buffer's poison: BRC read it before "
                                     "the copies landed")

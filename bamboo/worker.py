@@ -56,10 +56,7 @@ from bamboo.store import EtcdStore, RendezvousAborted
 class Worker:
     def __init__(self, cluster: Cluster, cfg: JobConfig, node: int):
         self.cluster, self.cfg, self.node = cluster, cfg, node
-        self.device = devices.pick(devices.local_rank(), cfg.devices,
-                                   torch.cuda.device_count() if torch.cuda.is_available() else 0, cfg.share_gpu)
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)  # kernels, streams and NCCL default to it
+        self.device = devices.claim(devices.local_rank(), cfg.devices, cfg.share_gpu)
         self.transport = devices.transport(cfg.transport, self.device, cfg.share_gpu)
         self.stager = Stager(self.device)  # pinned host buffers and a side stream: messages, swaps
         self.source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq, cfg.model_config)

@@ -89,6 +89,9 @@ def correctness(tmp: str, quick: bool, only: str = "") -> list[dict]:
                     "--stages", "4", "--share-gpu", "--precision", precision, "--redundancy", mode,
                     "--preempt", "2@3:12", *extra, env=env)
         rows.append(judged(name, run, refs[model, precision], precision, 2))
+    if not rows:
+        print(f"gpu-check: no correctness check's name holds {only!r}")
+        raise SystemExit(2)
     return rows
 
 
@@ -141,9 +144,6 @@ def main() -> int:
     if args.on_cpu:
         with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
             rows = correctness(tmp, args.quick, args.only)
-        if not rows:
-            print(f"gpu-check: no correctness check's name holds {args.only!r}")
-            return 2
         return 0 if all(r["ok"] for r in rows) else 1
     if not torch.cuda.is_available():
         print("gpu-check: skipped: this machine has no CUDA device (run `make gpu-check` on a GPU host)")
@@ -153,9 +153,6 @@ def main() -> int:
     print(f"gpu-check on {gpus} x {device}, torch {torch.__version__}", flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         rows = correctness(tmp, args.quick, args.only)
-        if not rows:
-            print(f"gpu-check: no correctness check's name holds {args.only!r}")
-            return 2
         perf = {} if args.no_timing else performance(tmp, args.quick)
         nccl = nccl_checks(tmp, gpus) if gpus >= 2 else [{"check": "nccl", "ok": True, "skipped": "one GPU"}]
     rows += [r for r in nccl if "skipped" not in r]
