@@ -55,7 +55,8 @@ class Boundary:
         """This node's report, written with a read of the reports and deaths so far
         (one round trip), which the wait for the others starts from."""
         if self.changes is not None:
-            self.changes.take()  # lowered before the read: a report after it wakes the wait
+            # lowered before the read: a report after it wakes the wait
+            self.changes.take(own=DONE(iteration, self.node))
         self.seen = tuple(self.cluster.put_and_read(DONE(iteration, self.node), report, DONE(iteration), FAILED()))
 
     def agree(self, iteration: int, assignment: Assignment, failover, failed: tuple[int, ...], regroup) -> Regroup:

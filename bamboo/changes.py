@@ -22,6 +22,7 @@ class Changes:
         self.flag = threading.Event()   # raised by the watch: something under a prefix changed
         self.lost = True                # no watch armed (never yet, or etcd dropped it)
         self._tried = 0.0               # when arming was last tried
+        self.own: bytes | None = None   # the key of this reader's own latest write (see take)
         self._arm()
 
     def _arm(self) -> None:
@@ -37,11 +38,17 @@ class Changes:
     def _on_response(self, response) -> None:
         if isinstance(response, Exception):  # the watch stream broke: pyetcd dropped the callback
             self.lost = True
+        elif response.events and all(e.key == self.own for e in response.events):
+            return  # the reader's own write, which it read back with the write: no news
         self.flag.set()
 
-    def take(self) -> bool:
+    def take(self, own=None) -> bool:
         """Whether anything changed since the last take (always True while the
-        watch is lost), lowering the flag: a change after this call raises it again."""
+        watch is lost), lowering the flag: a change after this call raises it again.
+        `own`: the key the reader writes next, reading back with it (put_and_read):
+        its change raises nothing (a reader woken by its own write reads for nothing)."""
+        if own is not None:
+            self.own = self.cluster.key(own).encode()
         if self.lost and time.monotonic() - self._tried > REARM_SECONDS:
             self._arm()
         changed = self.flag.is_set() or self.lost

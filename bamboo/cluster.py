@@ -35,6 +35,18 @@ def _records(prefix: Key, raw: str, kvs) -> dict:
             for value, meta in kvs}
 
 
+def latest(assignments: dict[int, Assignment]) -> Assignment:
+    """The newest epoch's assignment, of the epochs read (children(ASSIGNMENT()))."""
+    if not assignments:
+        raise RuntimeError("the job has no assignment in etcd")
+    return assignments[max(assignments)]
+
+
+def in_force(assignments: dict[int, Assignment], iteration: int) -> Assignment:
+    """The assignment iteration `iteration` runs under, of the epochs read."""
+    return max((a for a in assignments.values() if a.start <= iteration), key=lambda a: a.epoch)
+
+
 class Cluster:
     """The job's keys. Each call retries for `patience` seconds while etcd is
     unreachable (a restart, a slow disk), then raises."""
@@ -229,14 +241,10 @@ class Cluster:
         return self.children(ASSIGNMENT())
 
     def latest_assignment(self) -> Assignment:
-        found = self.assignments()
-        if not found:
-            raise RuntimeError("the job has no assignment in etcd")
-        return found[max(found)]
+        return latest(self.assignments())
 
     def assignment_at(self, iteration: int) -> Assignment:
-        """The assignment iteration `iteration` runs under."""
-        return max((a for a in self.assignments().values() if a.start <= iteration), key=lambda a: a.epoch)
+        return in_force(self.assignments(), iteration)
 
     def changes(self, *prefixes: Key) -> Changes:
         """A flag raised whenever a key under one of `prefixes` is written or deleted

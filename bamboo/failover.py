@@ -109,6 +109,8 @@ class Failover:
         self.finishes = finishes  # raised by a watch on finished/, failed/ and abort/ (wakes linger)
         self.seen_finished: dict | None = None  # the finished marks read with this node's own
         self.events: list[dict] = []
+        self._recorded: set[int] = set()  # node ids recorded dead, as of the last look
+        self._looked = False  # a look happened: _recorded stands until the watch says failed/ changed
 
     def unsurvivable(self, why: str):
         """Give up on this iteration: without agents the job fails; with them every
@@ -132,10 +134,11 @@ class Failover:
         self.base = compile_schedule(self.P, microbatches, failed, self.redundancy).streams
         self.baseline = comm.counts()  # messages received before this iteration
         self.dead: int | None = None
-        self._recorded: set[int] = set()  # node ids recorded dead, as of the last look
-        self._event = None
         self._checked = self._leases_checked = 0.0
-        self._due = True  # etcd is read at the next poll whatever the watch says
+        # etcd is read at the next poll whatever the watch says, unless the last look
+        # stands: then the watch would have said so (abort/'s keys are per iteration)
+        self._due = self.failures is None or self.elastic or not self._looked
+        self._event = None if self._due else self._judge(self._recorded)
         self._wait_began = self._waited = 0.0  # the current wait on peers: when it began, last asked
 
     def detected(self, peer_global: int, how: str) -> None:
@@ -158,7 +161,11 @@ class Failover:
         abort = self.cluster.get(ABORT(self.iteration)) if self.elastic else None
         if abort is not None:
             return AbortPosted(abort.why)
-        dead = self._recorded = set(self.cluster.failed())
+        self._recorded, self._looked = set(self.cluster.failed()), True
+        return self._judge(self._recorded)
+
+    def _judge(self, dead: set[int]):
+        """The event that the nodes recorded `dead` make for this iteration."""
         new = sorted({s for s, n in enumerate(self.nodes) if n in dead} - set(self.failed))
         if self.me in new:
             return SelfDead()
@@ -217,10 +224,10 @@ class Failover:
     def finished(self) -> None:
         """This node's stream is done: its mark, written with a read of the
         pipeline's marks so far (one round trip), which the linger starts from."""
+        mark = FINISHED(self.iteration, self.to_global(self.me))
         if self.finishes is not None:
-            self.finishes.take()  # lowered before the read: a finish after it wakes the linger
-        self.seen_finished = self.cluster.put_and_read(FINISHED(self.iteration, self.to_global(self.me)), Mark(),
-                                                       FINISHED(self.iteration))[0]
+            self.finishes.take(own=mark)  # lowered before the read: a finish after it wakes the linger
+        self.seen_finished = self.cluster.put_and_read(mark, Mark(), FINISHED(self.iteration))[0]
 
     def linger(self, poll: float = 0.02):
         """Wait until every node of the pipeline finished the iteration (None), or

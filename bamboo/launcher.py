@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from bamboo.assignment import Assignment
 from bamboo.changes import Changes
-from bamboo.cluster import Cluster
+from bamboo.cluster import Cluster, in_force, latest
 from bamboo.config import JobConfig
 from bamboo.devices import LOCAL_RANK
 from bamboo.etcd import EtcdServer, die_with_parent
@@ -214,26 +214,27 @@ class Launcher:
             it, redo = first, []
             while it < self.cfg.iterations and not self.stopped:
                 try:
-                    reports = self._wait_iteration(cluster, it, since=last)
+                    found = self._wait_iteration(cluster, it, since=last)
                 except Rewind as r:  # abandoned: the agents redo it (or restart from a checkpoint)
                     redo.append({"type": "redo", "abandoned": it, "from": r.assignment.start,
                                  "restore": r.assignment.restore})
                     it = r.assignment.start
                     continue
-                if reports is None:
+                if found is None:
                     break  # stopped by on_tick
                 now = time.monotonic()
+                reports, failed, assignments = found
+                preempted, notices, losses = cluster.read(PREEMPTED(), NOTICES(), LOSS(it))
                 events = redo + [e for r in reports.values() for e in r.events]
                 redo = []
                 events += [{"type": "preemption", "node": n, "pause_seconds": round(time.time() - p.time, 4)}
-                           for n, p in cluster.children(PREEMPTED()).items() if p.iteration == it]
-                for n, notice in cluster.children(NOTICES()).items():  # reported once, when first seen
+                           for n, p in preempted.items() if p.iteration == it]
+                for n, notice in notices.items():  # reported once, when first seen
                     if n not in self._noticed:
                         self._noticed.add(n)
                         events.append({"type": "notice", "node": n, "source": notice.source,
                                        "action": notice.action})
-                failed = cluster.failed()
-                assignment = cluster.assignment_at(it)
+                assignment = in_force(assignments, it)
                 live = sum(n not in failed or failed[n].iteration > it for n in assignment.members)
                 if assignment.epoch != epoch:
                     epoch, before, mode = assignment.epoch, mode, assignment.mode(self.cfg.redundancy)
@@ -241,7 +242,6 @@ class Launcher:
                                    "standby": assignment.standby, "redundancy": mode})
                     if before not in (None, mode):  # --redundancy auto switched
                         events.append({"type": "mode", "epoch": epoch, "from": before, "to": mode})
-                losses = cluster.children(LOSS(it))
                 record = iteration_record(self.cfg, it, losses, reports, now - last, live, events)
                 if self.cfg.loss_scaling:
                     add_loss_scale(record, cluster.get(SCALE(it)))
@@ -320,21 +320,21 @@ class Launcher:
             raise LaunchError(f"gave up waiting for {what} after --stall-timeout "
                               f"{self.cfg.stall_timeout:.0f} s (logs: {self.logs})")
 
-    def _wait_iteration(self, cluster: Cluster, it: int, since: float) -> dict | None:
-        """The reports of iteration `it` once every node sent one (or died); None
+    def _wait_iteration(self, cluster: Cluster, it: int, since: float) -> tuple[dict, dict, dict] | None:
+        """The reports of iteration `it` once every node sent one (or died), with the
+        deaths and the epochs read with them (one etcd read each time it looks); None
         if on_tick stopped the run; Rewind if the agents abandoned it meanwhile."""
         changed = self._changes or cluster.changes(DONE(), FAILED(), ASSIGNMENT(), ERROR())
         self._changes = changed
         while True:
             changed.clear()
-            latest = cluster.latest_assignment()
-            if latest.redo and latest.start <= it and latest.epoch > self._redone:
-                self._redone = latest.epoch
-                raise Rewind(latest)
-            done = cluster.children(DONE(it))
-            failed = cluster.failed()
-            if all(n in done or n in failed for n in cluster.assignment_at(it).members):
-                return done
+            assignments, done, failed = cluster.read(ASSIGNMENT(), DONE(it), FAILED())
+            newest = latest(assignments)
+            if newest.redo and newest.start <= it and newest.epoch > self._redone:
+                self._redone = newest.epoch
+                raise Rewind(newest)
+            if all(n in done or n in failed for n in in_force(assignments, it).members):
+                return done, failed, assignments
             self._check_workers(cluster, since, f"iteration {it} to finish")
             if self.on_tick:
                 self.on_tick(self, cluster)
