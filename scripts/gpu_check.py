@@ -9,7 +9,7 @@ compared with the single-process reference run on the same device in the same
 precision (not float64 on the CPU: a CUDA generator draws other dropout masks than
 the CPU's from one seed, and attention dropout inside a fused CUDA kernel depends
 on the kernel the dtype picks; measured on an H200, 3.7e-3 and 3.2e-4 apart):
-the built-in and Hugging Face models, fp32 and bf16, eager and lazy, and the
+the built-in and Hugging Face models, fp32, bf16 and fp16, eager and lazy, and the
 swap poison run (every host buffer filled with NaN before its copy: a NaN that
 reaches BRC fails it). Then eager/off and lazy/off iteration time and peak CUDA
 memory per worker for GPT-2 small's shape. With two GPUs or more, `--transport
@@ -28,7 +28,9 @@ import tempfile
 
 import torch
 
-TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2}  # relative, against the same-device, same-precision reference
+from bamboo.models import FP16_ON_CPU
+
+TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 1e-2}  # relative, against the same device and precision
 COMMON = ["--microbatches", "8", "--iterations", "6", "--batch", "2", "--seq", "64", "--seed", "3"]
 
 
@@ -42,11 +44,16 @@ def train(metrics: str, *args: str, env: dict | None = None) -> tuple[list[dict]
     return records, summary, out.stderr.strip().splitlines()[-1] if out.returncode else ""
 
 
+def precision_env(precision: str) -> dict:
+    """--on-cpu: fp16 (a CUDA precision) is let run on the CPU, as the tests do."""
+    return {FP16_ON_CPU: "1"} if precision == "fp16" and not torch.cuda.is_available() else {}
+
+
 def reference(tmp: str, model: str, precision: str) -> list[float]:
     """The single-process run on the device the checked runs use, in their precision."""
     where = [] if torch.cuda.is_available() else ["--devices", "cpu"]
     records, _, error = train(os.path.join(tmp, f"ref-{model}-{precision}.jsonl"), "--model", model, *COMMON,
-                              "--stages", "1", "--precision", precision, *where)
+                              "--stages", "1", "--precision", precision, *where, env=precision_env(precision))
     if error:
         raise SystemExit(f"gpu-check: the reference run failed: {error}")
     return [r["loss"] for r in records]
@@ -60,6 +67,8 @@ CASES = [  # name, model, precision, redundancy, extra flags, extra environment
     ("gpt2-tiny fp32 eager", "hf:gpt2-tiny", "fp32", "eager", [], {}),
     ("gpt2-tiny bf16 eager", "hf:gpt2-tiny", "bf16", "eager", [], {}),
     ("llama-tiny bf16 lazy", "hf:llama-tiny", "bf16", "lazy", [], {}),
+    ("tiny fp16 eager", "tiny", "fp16", "eager", [], {}),  # with the dynamic loss scale
+    ("gpt2-tiny fp16 lazy", "hf:gpt2-tiny", "fp16", "lazy", [], {}),
 ]
 
 
@@ -87,7 +96,7 @@ def correctness(tmp: str, quick: bool, only: str = "") -> list[dict]:
             refs[model, precision] = reference(tmp, model, precision)
         run = train(os.path.join(tmp, f"{name.replace(' ', '_')}.jsonl"), "--model", model, *COMMON,
                     "--stages", "4", "--share-gpu", "--precision", precision, "--redundancy", mode,
-                    "--preempt", "2@3:12", *extra, env=env)
+                    "--preempt", "2@3:12", *extra, env={**env, **precision_env(precision)})
         rows.append(judged(name, run, refs[model, precision], precision, 2))
     if not rows:
         print(f"gpu-check: no correctness check's name holds {only!r}")
