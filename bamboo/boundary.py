@@ -59,11 +59,13 @@ class Boundary:
             self.changes.take(own=DONE(iteration, self.node))
         self.seen = tuple(self.cluster.put_and_read(DONE(iteration, self.node), report, DONE(iteration), FAILED()))
 
-    def agree(self, iteration: int, assignment: Assignment, failover, failed: tuple[int, ...], regroup) -> Regroup:
+    def agree(self, iteration: int, assignment: Assignment, failover, failed: tuple[int, ...], regroup,
+              idle=None) -> Regroup:
         """Wait for every live node's report and return the agreed record. When the
         failed set grew and the agents do not reconfigure, `regroup(failed, try)`
-        rebuilds the world group; if a member dies meanwhile, the next try leaves it out."""
-        reports, dead = self._wait_for_reports(iteration, assignment.members, failover)
+        rebuilds the world group; if a member dies meanwhile, the next try leaves it out.
+        `idle()` is called once, if this node has to wait for the others' reports."""
+        reports, dead = self._wait_for_reports(iteration, assignment.members, failover, idle)
         dead |= set(self._record_stragglers(iteration, failed, reports))
         for attempt in itertools.count():
             agreed = self._decide(iteration, attempt, assignment, dead if attempt == 0 else None)
@@ -79,7 +81,7 @@ class Boundary:
             except (RuntimeError, TimeoutError):
                 continue  # a member died while regrouping: the next try leaves it out
 
-    def _wait_for_reports(self, iteration: int, members, failover) -> tuple[dict[int, Report], set[int]]:
+    def _wait_for_reports(self, iteration: int, members, failover, idle=None) -> tuple[dict[int, Report], set[int]]:
         """Every live node's report, and the dead as last read, read when a watch says
         a report or a death came. A node that died between its stream and its
         report is found by its lease, asked only once a report is LEASE_WAIT late."""
@@ -100,6 +102,10 @@ class Boundary:
             if now - began > LEASE_WAIT and now - asked > LEASE_WAIT:
                 asked = now
                 self.cluster.record_silent(pending, iteration, self.node)
+            if idle is not None:
+                idle, work = None, idle
+                work()
+                continue  # what came in meanwhile is read before any wait
             if self.changes is not None:
                 self.changes.wait(LINGER_WAKE)
             else:

@@ -124,7 +124,7 @@ class Executor:
             self._maybe_preempt(pc)  # INSTRUCTION = stream length: after the stream
             self._write_losses()
             failover.finished()
-            if (event := failover.linger()) is None:
+            if (event := failover.linger(idle=self.settle_replicas)) is None:  # owed steps fit in the wait
                 break
             stream = self._on_event(event, stream, pc)
 
@@ -375,7 +375,8 @@ class Executor:
 
     def _defers_replica_steps(self) -> bool:
         """Lazy runs no replica in the fault-free path, so a replica's step can wait
-        for the next idle moment instead of lengthening the iteration's tail: unless
+        for the node's next wait (its linger, the boundary, the next iteration's first
+        receive) instead of lengthening the iteration's tail: unless
         the step phase is shared (clipping, ties, fp16), steps may be undone (agents),
         or the replicas are compared after every step (--check-replicas)."""
         return (self.failover.redundancy == "lazy" and not self.step_after_reduces and not self.keep_undo

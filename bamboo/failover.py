@@ -229,12 +229,13 @@ class Failover:
             self.finishes.take(own=mark)  # lowered before the read: a finish after it wakes the linger
         self.seen_finished = self.cluster.put_and_read(mark, Mark(), FINISHED(self.iteration))[0]
 
-    def linger(self, poll: float = 0.02):
+    def linger(self, poll: float = 0.02, idle=None):
         """Wait until every node of the pipeline finished the iteration (None), or
         something needs this node again (the event): a failure, or a node that has
         neither finished nor kept its lease alive. Once every node finished, a
         death is one between iterations (a node may already be evaluating, and
-        die there): nobody recovers it inside this iteration."""
+        die there): nobody recovers it inside this iteration. `idle()` is called
+        once, when the node has to wait (work that fits in the wait)."""
         while True:
             if self.seen_finished is not None:  # read with this node's own mark
                 finished, self.seen_finished = self.seen_finished, None
@@ -248,6 +249,10 @@ class Failover:
             event = self.poll() or self._silent_while_waiting(pending)
             if event is not None:
                 return event
+            if idle is not None:
+                idle, work = None, idle
+                work()
+                continue  # what came in meanwhile is read before any wait
             if self.finishes is not None:
                 self.finishes.wait(LINGER_WAKE)
             else:

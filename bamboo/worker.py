@@ -181,7 +181,8 @@ class Worker:
         if self.loss_scale and self.executor.overflow is not None:  # every node decided alike: first wins
             self.cluster.create(SCALE(it), dataclasses.replace(self.loss_scale, overflow=self.executor.overflow))
         self.boundary.report(it, self._report())
-        agreed = self.boundary.agree(it, self.assignment, self.failover, self.failed, self._regroup(it))
+        agreed = self.boundary.agree(it, self.assignment, self.failover, self.failed, self._regroup(it),
+                                     idle=self.executor.settle_replicas)  # owed steps fit in the wait
         self.failed = agreed.failed
         return agreed
 

@@ -102,10 +102,11 @@ def test_sigkill_mid_iteration_keeps_the_math(tmp_path, reference, mode, node, p
 
 
 def test_lazy_replica_steps_taken_late_keep_the_math(tmp_path, reference):
-    """Without --check-replicas lazy takes a replica's step in the next iteration's
-    first wait, not at the end of its own: node 5 dies mid-stream, so its holder takes
-    the stage over with the step it owed from the iteration before (a replica one step
-    behind would change pipeline 1's gradients, and every later loss)."""
+    """Without --check-replicas lazy owes a replica's step and takes it in the holder's
+    first wait after the gradients came (its linger, the boundary, or the next
+    iteration's first receive) or before anything reads the replica: node 5 dies
+    mid-stream, so its holder takes the stage over stepped (a replica one step behind
+    would change pipeline 1's gradients, and every later loss)."""
     point = kill_point(5, _mid_stream, "lazy")
     _, records, params = train(tmp_path, "lazy-late", "--stages", str(P), "--pipelines", str(D),
                                "--redundancy", "lazy", "--preempt", point)
