@@ -35,7 +35,7 @@ from bamboo.cluster import Cluster, EtcdLost
 from bamboo.config import JobConfig
 from bamboo.etcd import EtcdError, die_with_parent
 from bamboo.exits import FENCED, PARKED
-from bamboo.protocol import CONFIG, FAILED, NOTICES, Notice, rendezvous_node
+from bamboo.protocol import CONFIG, DONE, FAILED, NOTICES, Notice, rendezvous_node
 
 
 class BambooAgent(SimpleElasticAgent):
@@ -140,6 +140,20 @@ class BambooAgent(SimpleElasticAgent):
                 return self._succeeded()
 
 
+def wait_for_iteration(cluster: Cluster, iteration: int, cfg: JobConfig) -> bool:
+    """Block until a node reported iteration `iteration` done (woken by a watch on
+    the reports); False if the job finished first. A node booted ahead this way
+    joins when asked, whatever its start-up takes."""
+    reports = cluster.changes(DONE())
+    while True:
+        reports.take()  # lowered before the read: a report after it wakes the wait
+        if cluster.children(DONE(iteration)):
+            return True
+        if cluster.children(DONE(cfg.iterations - 1)):
+            return False
+        reports.wait(1.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bamboo-agent", description=__doc__.splitlines()[0])
     ap.add_argument("--etcd", required=True, metavar="HOST:PORT")
@@ -151,11 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-dir", help="write the worker's output here")
     ap.add_argument("--notice", choices=sorted(WATCHERS), help="watch this cloud's preemption notices")
     ap.add_argument("--metadata-url", help="the metadata service to watch (default: the cloud's own)")
+    ap.add_argument("--register-after", type=int, metavar="ITER",
+                    help="start now, register once iteration ITER is done (the launcher's --join)")
     args = ap.parse_args(argv)
     try:
         cluster = Cluster(args.etcd, args.job, wait=True)
         cfg = cluster.wait_for(lambda: cluster.get(CONFIG()), timeout=60, what=f"job {args.job!r} in etcd")
-    except (EtcdError, TimeoutError) as e:
+        if args.register_after is not None and not wait_for_iteration(cluster, args.register_after, cfg):
+            return 0  # the job finished first: nothing to join
+    except (EtcdError, EtcdLost, TimeoutError) as e:
         print(f"bamboo-agent: error: {e}", file=sys.stderr)
         return 1
     try:

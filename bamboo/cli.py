@@ -152,6 +152,9 @@ def local_cluster(args):
         count, _, it = spec.partition("@")
         if not (count.isdigit() and it.isdigit() and int(count) > 0):
             raise ValueError(f"--join {spec!r}: expected COUNT@ITERATION")
+        if int(it) >= args.iterations - 1:
+            raise ValueError(f"--join {spec!r}: nodes join after iteration {it}, and the job's last is "
+                             f"{args.iterations - 1} (--iterations {args.iterations})")
         joins.append((int(count), int(it)))
     return LocalCluster(args.local_nodes, zones, tuple(joins), args.notice, args.metadata_url)
 

@@ -114,7 +114,8 @@ def replicas_equal(cfg: JobConfig, reports: dict) -> bool:
 @dataclass(frozen=True)
 class LocalCluster:
     """N agents on this machine, node n in zone zones[n % len(zones)]; `joins`:
-    (count, iteration) pairs: that many more agents start once the iteration ends."""
+    (count, iteration) pairs: that many more nodes join once the iteration ends
+    (their agents start with the others and register then)."""
     nodes: int
     zones: tuple[str, ...] = ("a",)
     joins: tuple[tuple[int, int], ...] = ()
@@ -133,10 +134,13 @@ class LocalCluster:
                 args += ["--metadata-url", self.metadata_url.replace("{node}", str(node))]
         return args
 
-    def joining(self, iteration: int) -> list[int]:
-        first = self.nodes + sum(c for c, it in self.joins if it < iteration)
-        count = sum(c for c, it in self.joins if it == iteration)
-        return list(range(first, first + count))
+    def joiners(self) -> list[tuple[int, int]]:
+        """(node, iteration) of every node that joins: ids after the first nodes',
+        in the order of the iterations they join after."""
+        found: list[tuple[int, int]] = []
+        for count, it in sorted(self.joins, key=lambda join: join[1]):
+            found += [(self.nodes + len(found) + k, it) for k in range(count)]
+        return found
 
 
 class Rewind(Exception):
@@ -157,7 +161,6 @@ class Launcher:
         self._redone = 0  # the newest redo epoch already rewound to
         self._changes: Changes | None = None  # set by an etcd watch: a report, death, epoch or error
         self._noticed: set[int] = set()
-        self._joined: set[int] = set()
         self.server: EtcdServer | None = None
         self.procs: dict[int, subprocess.Popen] = {}
         self.slots: dict[int, int] = {}  # node -> its LOCAL_RANK, the device it takes (bamboo/devices.py)
@@ -202,6 +205,9 @@ class Launcher:
             for n in range(self.local.nodes):
                 self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--min-nodes",
                             str(self.local.nodes), "--log-dir", self.logs)
+            for n, after in self.local.joiners():  # booted now: they join once `after` is done, not when ready
+                self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--register-after", str(after),
+                            "--log-dir", self.logs)
         else:
             cluster.put(ASSIGNMENT(0), Assignment.static(self.cfg.stages, self.cfg.pipelines))
             for n in range(self.cfg.nodes):
@@ -260,9 +266,6 @@ class Launcher:
                 if cuda := {str(n): r.cuda_mb for n, r in reports.items() if r.cuda_mb}:  # peak allocated
                     summary["peak_cuda_mb"] = {**summary.get("peak_cuda_mb", {}), **cuda}
                 bar(it, record)
-                for n in self.local.joining(it) if self.local and it not in self._joined else ():
-                    self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--log-dir", self.logs)
-                self._joined.add(it)  # an iteration run again (after a checkpoint restore) adds nobody twice
                 it += 1
         if self.stopped:
             self.stop_processes()
