@@ -145,13 +145,16 @@ def wait_for_iteration(cluster: Cluster, iteration: int, cfg: JobConfig) -> bool
     the reports); False if the job finished first. A node booted ahead this way
     joins when asked, whatever its start-up takes."""
     reports = cluster.changes(DONE())
-    while True:
-        reports.take()  # lowered before the read: a report after it wakes the wait
-        if cluster.children(DONE(iteration)):
-            return True
-        if cluster.children(DONE(cfg.iterations - 1)):
-            return False
-        reports.wait(1.0)
+    try:
+        while True:
+            reports.take()  # lowered before the read: a report after it wakes the wait
+            if cluster.children(DONE(iteration)):
+                return True
+            if cluster.children(DONE(cfg.iterations - 1)):
+                return False
+            reports.wait(1.0)
+    finally:
+        reports.close()  # the job's later reports need not wake this agent
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 import time
 
+from pyetcd.events import PutEvent
+
 REARM_SECONDS = 1.0  # how often a lost watch is asked for again
 POLL_SECONDS = 0.02  # a wait's pause while the watch is lost
 
@@ -23,13 +25,15 @@ class Changes:
         self.lost = True                # no watch armed (never yet, or etcd dropped it)
         self._tried = 0.0               # when arming was last tried
         self.own: bytes | None = None   # the key of this reader's own latest write (see take)
+        self._watches: list = []        # pyetcd's ids of the armed watches (close)
         self._arm()
 
     def _arm(self) -> None:
         self._tried = time.monotonic()
         try:
             for prefix in self.prefixes:
-                self.cluster.client.add_watch_prefix_callback(self.cluster.key(prefix), self._on_response)
+                self._watches.append(self.cluster.client.add_watch_prefix_callback(self.cluster.key(prefix),
+                                                                                   self._on_response))
         except Exception:  # noqa: BLE001 -- etcd away: the reader reads every time until a later try
             return
         self.lost = False
@@ -38,9 +42,18 @@ class Changes:
     def _on_response(self, response) -> None:
         if isinstance(response, Exception):  # the watch stream broke: pyetcd dropped the callback
             self.lost = True
-        elif response.events and all(e.key == self.own for e in response.events):
+        elif response.events and all(isinstance(e, PutEvent) and e.key == self.own for e in response.events):
             return  # the reader's own write, which it read back with the write: no news
         self.flag.set()
+
+    def close(self) -> None:
+        """No more reading: the watches go (a reader done early stops being woken)."""
+        for watch in self._watches:
+            try:
+                self.cluster.client.cancel_watch(watch)
+            except Exception:  # noqa: BLE001 -- etcd away: the watch went with it
+                pass
+        self._watches = []
 
     def take(self, own=None) -> bool:
         """Whether anything changed since the last take (always True while the
