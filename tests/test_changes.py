@@ -41,3 +41,22 @@ def test_a_watch_lost_with_etcd_reads_every_time_then_is_armed_again():
         assert not changes.lost and 5 in cluster.failed()
         cluster.create(FAILED(6), Failure(2, 0, "test"))
         assert changes.wait(10) and changes.take()
+
+
+def test_the_readers_own_write_is_no_news_but_anything_else_is(etcd):
+    """take(own=KEY): the reader writes KEY next and reads it back with the write, so
+    the watch's event for that put must not wake it again; another node's write and
+    a delete of KEY still do. After close() nothing wakes it."""
+    cluster = Cluster(etcd.endpoint, "changes-own")
+    changes = cluster.changes(FINISHED())
+    changes.take()
+    assert not changes.take(own=FINISHED(1, 0))
+    cluster.put(FINISHED(1, 0), Mark())              # its own mark
+    assert not changes.wait(0.5) and not changes.take()
+    cluster.put(FINISHED(1, 1), Mark())              # a peer's
+    assert changes.wait(10) and changes.take()
+    cluster.client.delete(cluster.key(FINISHED(1, 0)))  # its own key, gone
+    assert changes.wait(10) and changes.take()
+    changes.close()
+    cluster.put(FINISHED(1, 2), Mark())
+    assert not changes.wait(0.5)
