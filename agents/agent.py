@@ -35,7 +35,7 @@ from bamboo.cluster import Cluster, EtcdLost
 from bamboo.config import JobConfig
 from bamboo.etcd import EtcdError, die_with_parent
 from bamboo.exits import FENCED, PARKED
-from bamboo.protocol import CONFIG, DONE, FAILED, NOTICES, Notice, rendezvous_node
+from bamboo.protocol import CONFIG, DONE, FAILED, NOTICES, REGROUP, Notice, rendezvous_node
 
 
 class BambooAgent(SimpleElasticAgent):
@@ -141,20 +141,20 @@ class BambooAgent(SimpleElasticAgent):
 
 
 def wait_for_iteration(cluster: Cluster, iteration: int, cfg: JobConfig) -> bool:
-    """Block until a node reported iteration `iteration` done (woken by a watch on
-    the reports); False if the job finished first. A node booted ahead this way
+    """Block until iteration `iteration` is done: its boundary's record, woken by a
+    watch on those; False if the job finished first. A node booted ahead this way
     joins when asked, whatever its start-up takes."""
-    reports = cluster.changes(DONE())
+    agreed = cluster.changes(REGROUP())
     try:
         while True:
-            reports.take()  # lowered before the read: a report after it wakes the wait
-            if cluster.children(DONE(iteration)):
-                return True
+            agreed.take()  # lowered before the read: a record after it wakes the wait
             if cluster.children(DONE(cfg.iterations - 1)):
                 return False
-            reports.wait(1.0)
+            if cluster.children(REGROUP(iteration)):
+                return True
+            agreed.wait(1.0)
     finally:
-        reports.close()  # the job's later reports need not wake this agent
+        agreed.close()  # the job's later boundaries need not wake this agent
 
 
 def main(argv: list[str] | None = None) -> int:

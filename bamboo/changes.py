@@ -35,6 +35,7 @@ class Changes:
                 self._watches.append(self.cluster.client.add_watch_prefix_callback(self.cluster.key(prefix),
                                                                                    self._on_response))
         except Exception:  # noqa: BLE001 -- etcd away: the reader reads every time until a later try
+            self.close()  # the ones armed in this try, so that the next try arms each prefix once
             return
         self.lost = False
         self.flag.set()  # what changed while no watch was armed
@@ -42,6 +43,7 @@ class Changes:
     def _on_response(self, response) -> None:
         if isinstance(response, Exception):  # the watch stream broke: pyetcd dropped the callback
             self.lost = True
+            self._watches = []  # their ids died with the stream
         elif response.events and all(isinstance(e, PutEvent) and e.key == self.own for e in response.events):
             return  # the reader's own write, which it read back with the write: no news
         self.flag.set()

@@ -161,6 +161,7 @@ class Launcher:
         self._redone = 0  # the newest redo epoch already rewound to
         self._changes: Changes | None = None  # set by an etcd watch: a report, death, epoch or error
         self._noticed: set[int] = set()
+        self._joiners: dict[int, int] = {}  # node -> the iteration it joins after, until that is recorded
         self.server: EtcdServer | None = None
         self.procs: dict[int, subprocess.Popen] = {}
         self.slots: dict[int, int] = {}  # node -> its LOCAL_RANK, the device it takes (bamboo/devices.py)
@@ -205,7 +206,8 @@ class Launcher:
             for n in range(self.local.nodes):
                 self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--min-nodes",
                             str(self.local.nodes), "--log-dir", self.logs)
-            for n, after in self.local.joiners():  # booted now: they join once `after` is done, not when ready
+            self._joiners = dict(self.local.joiners())
+            for n, after in self._joiners.items():  # booted now: they join once `after` is done, not when ready
                 self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--register-after", str(after),
                             "--log-dir", self.logs)
         else:
@@ -266,6 +268,7 @@ class Launcher:
                 if cuda := {str(n): r.cuda_mb for n, r in reports.items() if r.cuda_mb}:  # peak allocated
                     summary["peak_cuda_mb"] = {**summary.get("peak_cuda_mb", {}), **cuda}
                 bar(it, record)
+                self._joiners = {n: after for n, after in self._joiners.items() if after > it}
                 it += 1
         if self.stopped:
             self.stop_processes()
@@ -317,7 +320,7 @@ class Launcher:
             raise KeyboardInterrupt
         if any(p.poll() not in (None, *EXPECTED_EXITS) for p in self.procs.values()):
             raise LaunchError(self._worker_error(cluster))
-        if all(p.poll() is not None for p in self.procs.values()):
+        if all(p.poll() is not None for n, p in self.procs.items() if n not in self._joiners):  # (not yet in)
             raise LaunchError(f"every worker exited while waiting for {what}")
         if time.monotonic() - since > self.cfg.stall_timeout:
             raise LaunchError(f"gave up waiting for {what} after --stall-timeout "

@@ -93,6 +93,16 @@ def test_joining_nodes_wait_in_standby_then_form_a_pipeline(tmp_path, tmp_path_f
             assert zones[0] != zones[1]
 
 
+def test_a_node_still_to_join_does_not_keep_a_dead_job_waiting(tmp_path):
+    """--join starts the joining agents at launch, waiting for their iteration; when
+    every node of the job dies before it, the launcher says so at once instead of
+    waiting out --stall-timeout for a joiner that will never be asked in."""
+    out, _ = bamboo_train(tmp_path / "m.jsonl", "--model", "tiny", "--stages", "2", "--microbatches", "4",
+                          "--iterations", "10", "--local-nodes", "2", "--zones", "a,b", "--preempt", "0@3:3",
+                          "--preempt", "1@3:3", "--join", "1@6", check=False, timeout=240)
+    assert out.returncode == 1 and "every worker exited while waiting for iteration 3" in out.stderr, out.stderr
+
+
 @pytest.mark.slow  # make test-slow: keeps make test under 15 min on a 2-core machine
 def test_growth_beyond_the_microbatch_count_leaves_the_extra_nodes_in_standby(tmp_path, tmp_path_factory):
     """Issue 11, item 4, from outside: two microbatches and six nodes at P=2. A third
