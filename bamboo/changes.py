@@ -70,9 +70,6 @@ class Changes:
         self.flag.clear()
         return changed
 
-    def clear(self) -> None:
-        self.flag.clear()
-
     def wait(self, timeout: float) -> bool:
         """Until a change or `timeout` seconds; while the watch is lost, a poll's
         pause (at most POLL_SECONDS) and True."""

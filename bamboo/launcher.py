@@ -333,7 +333,7 @@ class Launcher:
         changed = self._changes or cluster.changes(DONE(), FAILED(), ASSIGNMENT(), ERROR())
         self._changes = changed
         while True:
-            changed.clear()
+            changed.take()  # lowered before the read (and armed again after an etcd restart)
             assignments, done, failed = cluster.read(ASSIGNMENT(), DONE(it), FAILED())
             newest = latest(assignments)
             if newest.redo and newest.start <= it and newest.epoch > self._redone:

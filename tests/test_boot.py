@@ -58,7 +58,7 @@ def wait_done(cluster: Cluster, iteration: int, procs: dict, timeout: float = 30
                 pytest.fail(f"{name} exited with {proc.returncode}:\n{log()[-3000:]}")
         assert time.monotonic() < deadline, f"iteration {iteration} not done in {timeout} s"
         changed.wait(1.0)
-        changed.clear()
+        changed.take()
 
 
 def losses(cluster: Cluster, iterations: int, microbatches: int = 4) -> list[float]:
