@@ -13,7 +13,8 @@ matrices). Dropout is 0: the baselines have no per-microbatch dropout seeds.
 Iteration time: the steady period of iteration ends on the nodes' own clocks
 (the first --warm iterations dropped): Bamboo's reports (done/<it>/<node>, written
 before the barrier), the baselines' returns from train_batch / step. Systems
-alternate within each round; medians over rounds. Bamboo runs on one etcd started
+alternate within each round, in reverse order every other round (the same code run
+first and last in a round differed by 2%); medians over rounds. Bamboo runs on one etcd started
 here (the launcher's binary and flags) whose /metrics are read. "off-poll1s" is
 off with the launcher's 50 ms poll stretched to 1 s (time.sleep patched in the
 launcher process only, by a sitecustomize): what that polling costs the workers.
@@ -50,7 +51,7 @@ from bamboo.models import Block, Embedding, GPTConfig, Head, token_loss
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = GPTConfig(vocab=256, seq=128, dim=256, layers=4, heads=4, dropout=0.0)
 MODEL, P, M, BATCH = "scripts.bench_hotpath:gpt", 2, 8, 8
-SYSTEMS = ("off", "deepspeed", "torch", "eager", "lazy", "off-poll1s")  # the order of each round
+SYSTEMS = ("off", "deepspeed", "torch", "eager", "lazy", "off-poll1s")  # the order of the first round
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": ROOT}
 
 
@@ -137,8 +138,10 @@ def run_baseline(system: str, a, iterations: int | None = None, env=ENV) -> dict
                                    "--port", str(port), "--out", f"{d}/{r}.json", "--iterations",
                                    str(iterations or a.iterations), "--seed", str(a.seed)], cwd=ROOT, env=env,
                                   stdout=subprocess.DEVNULL, stderr=open(f"{d}/{r}.log", "w")) for r in range(P)]
-        if any(p.wait() for p in procs):
-            raise RuntimeError(f"{system} failed:\n" + open(f"{d}/0.log").read()[-3000:])
+        failed = [r for r, p in enumerate(procs) if p.wait()]
+        if failed:
+            raise RuntimeError(f"{system} failed: " + "".join(f"\nrank {r}, exit {procs[r].returncode}:\n"
+                                                            + open(f"{d}/{r}.log").read()[-3000:] for r in failed))
         ranks = [json.load(open(f"{d}/{r}.json")) for r in range(P)]
     return {"ends": [max(t) for t in zip(*(r["ends"] for r in ranks))], "losses": ranks[-1]["losses"]}
 
@@ -354,7 +357,7 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=12)
     ap.add_argument("--warm", type=int, default=3, help="iterations dropped at the start of each run")
     ap.add_argument("--systems", default=",".join(SYSTEMS),
-                    help="which systems each round runs, in this order (off among them; default: all)")
+                    help="which systems each round runs, in this order, reversed every other round (off among them; default: all)")
     ap.add_argument("--check", type=int, default=5, help="iterations whose losses are compared")
     ap.add_argument("--rtol", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=0)
@@ -379,8 +382,8 @@ def main() -> None:
           + "".join(f"; every system's processes with {k}={v}" for k, v in ENV.items() if k.startswith("MALLOC_")))
     with EtcdServer() as etcd, tempfile.TemporaryDirectory() as scratch:
         runs: dict[str, list] = {s: [] for s in a.systems}
-        for _ in range(a.rounds):
-            for s in a.systems:
+        for r in range(a.rounds):
+            for s in a.systems if r % 2 == 0 else a.systems[::-1]:  # no system always first
                 if s in ("deepspeed", "torch"):
                     runs[s].append(run_baseline(s, a))
                 else:
