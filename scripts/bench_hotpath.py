@@ -357,7 +357,8 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=12)
     ap.add_argument("--warm", type=int, default=3, help="iterations dropped at the start of each run")
     ap.add_argument("--systems", default=",".join(SYSTEMS),
-                    help="which systems each round runs, in this order, reversed every other round (off among them; default: all)")
+                    help="which systems each round runs, in this order, reversed every other round "
+                         "(off among them; default: all)")
     ap.add_argument("--check", type=int, default=5, help="iterations whose losses are compared")
     ap.add_argument("--rtol", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=0)
