@@ -91,9 +91,9 @@ def claim(rank: int, devices: tuple[str, ...], share: bool) -> torch.device:
 
 def check_flags(devices: str | None, share: bool, requested: str, workers_here: int) -> tuple[str, ...]:
     """The launcher's check, before anything starts, of the flags against this host."""
-    parsed = parse_devices(devices)
+    parsed, gpus = parse_devices(devices), host_gpus()
     for rank in range(max(1, workers_here)):
-        transport(requested, pick(rank, parsed, host_gpus(), share), share)
+        transport(requested, pick(rank, parsed, gpus, share), share)
     return parsed
 
 
