@@ -11,7 +11,7 @@ Lifecycle (torch.distributed.elastic's SimpleElasticAgent, steps overridden):
   _rendezvous      register under a lease; the first agents meet in torch elastic's
                    rendezvous and its rank 0 writes assignment 0 from the policy;
                    an agent arriving later waits in the standby queue
-  _start_workers   start `bamboo.worker` (in standby it waits, warm, for a stage)
+  _start_workers   start `bamboo.runtime.worker` (in standby it waits, warm, for a stage)
   _monitor_workers the worker's exit status: done, parked (standby), fenced, failed
   _invoke_run      the loop: monitor, reconfigure when asked, drain on request
 """
@@ -31,11 +31,11 @@ from torch.distributed.elastic.agent.server.api import (
 from agents.membership import Membership
 from agents.notices import WATCHERS, watch
 from agents.rendezvous import rendezvous_handler
-from bamboo.cluster import Cluster, EtcdLost
-from bamboo.config import JobConfig
-from bamboo.etcd import EtcdError, die_with_parent
-from bamboo.exits import FENCED, PARKED
-from bamboo.protocol import CONFIG, DONE, FAILED, NOTICES, REGROUP, Notice, rendezvous_node
+from bamboo.control.cluster import Cluster, EtcdLost
+from bamboo.control.config import JobConfig
+from bamboo.control.etcd import EtcdError, die_with_parent
+from bamboo.control.exits import FENCED, PARKED
+from bamboo.control.protocol import CONFIG, DONE, FAILED, NOTICES, REGROUP, Notice, rendezvous_node
 
 
 class BambooAgent(SimpleElasticAgent):
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                                  max_nodes=max(args.max_nodes, args.min_nodes or 1), local_addr=socket.gethostname(),
                                  last_call_timeout=2, join_timeout=cfg.stall_timeout)
     spec = WorkerSpec(role="bamboo", local_world_size=1, rdzv_handler=handler, entrypoint=sys.executable,
-                      args=("-m", "bamboo.worker", "--etcd", args.etcd, "--job", args.job,
+                      args=("-m", "bamboo.runtime.worker", "--etcd", args.etcd, "--job", args.job,
                             "--node", str(membership.node)), monitor_interval=0.05)
     agent = BambooAgent(spec, membership, cfg, args.log_dir)
 

@@ -1,4 +1,4 @@
-"""The agents' part of the job's control plane (bamboo/protocol.py names the keys):
+"""The agents' part of the job's control plane (bamboo/control/protocol.py names the keys):
 which nodes exist, in which zones, and which configuration runs next.
 
 Any agent may decide: each reads the same keys and runs the same pure policy, and
@@ -14,12 +14,12 @@ from schedules.layout import Layout, keeps_replicas
 
 from agents.modes import ModeStats, choose, estimates, observe
 from agents.policy import Config, next_config
-from bamboo.assignment import Assignment
-from bamboo.checkpoint import latest, storage_for
-from bamboo.cluster import Cluster
-from bamboo.config import JobConfig
-from bamboo.liveness import Heartbeat
-from bamboo.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, HANDOVER, IDS, ITERATION_FAMILIES,
+from bamboo.control.assignment import Assignment
+from bamboo.runtime.checkpoint import latest, storage_for
+from bamboo.control.cluster import Cluster
+from bamboo.control.config import JobConfig
+from bamboo.control.liveness import Heartbeat
+from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, HANDOVER, IDS, ITERATION_FAMILIES,
                              MEMBERS, MODE, REGROUP, START, ZONES, Mark, Member, ModeChoice, Timestamp, Zone)
 
 

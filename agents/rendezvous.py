@@ -10,9 +10,9 @@ from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler, RendezvousBackend, create_handler)
 
-from bamboo.etcd import connect
-from bamboo.protocol import rendezvous_prefix
-from bamboo.store import EtcdStore
+from bamboo.control.etcd import connect
+from bamboo.control.protocol import rendezvous_prefix
+from bamboo.control.store import EtcdStore
 
 
 class EtcdRendezvousBackend(RendezvousBackend):

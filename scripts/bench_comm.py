@@ -1,4 +1,4 @@
-"""Message latency: Bamboo's channels (bamboo/comm.py) against plain gloo sends.
+"""Message latency: Bamboo's channels (bamboo/transport/comm.py) against plain gloo sends.
 
 Two processes ping-pong one tensor (the hot-path GPT's activation by default:
 8 x 128 x 256 float32, 1 MiB) over one gloo group on this machine:
@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from schedules.ir import Op
 
-from bamboo.comm import Comm
+from bamboo.transport.comm import Comm
 
 
 def pingpong(rank: int, port: int, shape: tuple, messages: int, rounds: int, out) -> None:
@@ -77,7 +77,7 @@ def main() -> None:
         ap.error(f"--shape takes sizes like 8,128,256 (got {a.shape!r})")
     if a.messages < 1 or a.rounds < 1:
         ap.error("--messages and --rounds must be at least 1")
-    from bamboo.etcd import free_port
+    from bamboo.control.etcd import free_port
     ctx, port = mp.get_context("spawn"), free_port()
     out = ctx.Queue()
     procs = [ctx.Process(target=pingpong, args=(r, port, shape, a.messages, a.rounds, out)) for r in range(2)]

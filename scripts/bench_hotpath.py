@@ -1,13 +1,13 @@
 """The hot path: Bamboo's no-redundancy pipeline against DeepSpeed's PipelineEngine
 and torch.distributed.pipelining's Schedule1F1B, then where Bamboo's time goes.
 
-The model is the project's own GPT layers (bamboo/models.py: Embedding, 4 Blocks,
+The model is the project's own GPT layers (bamboo/model/builtin.py: Embedding, 4 Blocks,
 Head; dim 256, 4 heads, seq 128, byte vocabulary, dropout 0: 3.32M parameters),
 given to bamboo-train by this file's factory (`--model scripts.bench_hotpath:gpt`).
 The baselines build layer i from (seed, i) the same way (ModelSource.layer), split
 the stages as Bamboo does and draw Bamboo's samples (Corpus.microbatch(i, g)).
 P=2, D=1, M=8, batch 8, gloo on the CPU, one process per stage with one torch
-thread, AdamW from bamboo/recipe.py (lr 1e-3, betas 0.9/0.999, decay 0.01 on
+thread, AdamW from bamboo/model/recipe.py (lr 1e-3, betas 0.9/0.999, decay 0.01 on
 matrices). Dropout is 0: the baselines have no per-microbatch dropout seeds.
 
 Iteration time: the steady period of iteration ends on the nodes' own clocks
@@ -46,7 +46,7 @@ from collections import Counter
 import torch
 import torch.nn as nn
 
-from bamboo.models import Block, Embedding, GPTConfig, Head, token_loss
+from bamboo.model.builtin import Block, Embedding, GPTConfig, Head, token_loss
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = GPTConfig(vocab=256, seq=128, dim=256, layers=4, heads=4, dropout=0.0)
@@ -64,10 +64,10 @@ def gpt() -> nn.Sequential:
 def setup(seed: int):
     """What every baseline rank shares with Bamboo's workers: the layers from
     (seed, i), Bamboo's stage ranges, the corpus, the job's recipe settings."""
-    from bamboo.api import ModelSource
-    from bamboo.config import JobConfig
-    from bamboo.data import corpus_of
-    from bamboo.partition import partition
+    from bamboo.model.api import ModelSource
+    from bamboo.control.config import JobConfig
+    from bamboo.data.corpus import corpus_of
+    from bamboo.model.partition import partition
     cfg = JobConfig(model=MODEL, seq=CFG.seq, batch=BATCH, seed=seed, microbatches=M, stages=P)
     source = ModelSource(MODEL, seed, seq=CFG.seq)
     return [source.layer(i) for i in range(source.count)], partition(source.costs(), P), corpus_of(cfg, CFG.seq), cfg
@@ -79,7 +79,7 @@ def deepspeed_stepper(rank: int, layers, ranges, corpus, cfg):
     checkpointing, no clipping, the client AdamW used as it is (fp32, no ZeRO)."""
     import deepspeed
     from deepspeed.pipe import PipelineModule
-    from bamboo import recipe
+    from bamboo.model import recipe
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
     module = PipelineModule(layers=layers, num_stages=P, loss_fn=token_loss, partition_method="parameters",
                             activation_checkpoint_interval=0)
@@ -95,7 +95,7 @@ def torch_stepper(rank: int, layers, ranges, corpus, cfg):
     its defaults (gradients scaled by 1/M), outputs not gathered (unused)."""
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-    from bamboo import recipe
+    from bamboo.model import recipe
     dist.init_process_group("gloo")
     module = nn.Sequential(*[layers[i] for i in ranges[rank]])
     optimizer = recipe.optimizer(module, cfg)
@@ -131,7 +131,7 @@ def baseline_rank(a) -> None:
 
 def run_baseline(system: str, a, iterations: int | None = None, env=ENV) -> dict:
     """Both ranks of `system`; iteration ends are the later rank's."""
-    from bamboo.etcd import free_port
+    from bamboo.control.etcd import free_port
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", system, "--rank", str(r),
@@ -149,11 +149,11 @@ def run_baseline(system: str, a, iterations: int | None = None, env=ENV) -> dict
 # -- Bamboo ------------------------------------------------------------------------------
 def run_bamboo(mode: str, a, etcd: str, iterations: int | None = None, env=ENV) -> dict:
     """bamboo-train with --redundancy `mode` on `etcd`; iteration ends from the reports."""
-    from bamboo.cluster import Cluster
-    from bamboo.protocol import DONE
+    from bamboo.control.cluster import Cluster
+    from bamboo.control.protocol import DONE
     n, job = iterations or a.iterations, f"hot-{mode}-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory() as d:
-        subprocess.run([sys.executable, "-m", "bamboo.cli", "--no-progress", "--model", MODEL, "--seq", str(CFG.seq),
+        subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--model", MODEL, "--seq", str(CFG.seq),
                         "--stages", str(P), "--microbatches", str(M), "--batch", str(BATCH), "--iterations", str(n),
                         "--seed", str(a.seed), "--redundancy", mode, "--etcd", etcd, "--job", job,
                         "--metrics-out", f"{d}/m.jsonl"], cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
@@ -373,7 +373,7 @@ def main() -> None:
     a.systems = tuple(a.systems.split(","))
     if "off" not in a.systems or set(a.systems) - set(SYSTEMS):
         ap.error(f"--systems: a comma-separated list of {', '.join(SYSTEMS)}, with off among them")
-    from bamboo.etcd import EtcdServer
+    from bamboo.control.etcd import EtcdServer
     params = sum(p.numel() for layer in setup(a.seed)[0] for p in layer.parameters())
     print(f"GPT {MODEL} ({params / 1e6:.2f}M parameters: dim {CFG.dim}, {CFG.layers} blocks, {CFG.heads} heads, "
           f"seq {CFG.seq}, vocab {CFG.vocab}, dropout 0), P={P} D=1 M={M} batch {BATCH}, seed {a.seed}, "

@@ -18,8 +18,8 @@ import torch
 
 from bench_runtime import run
 
-from bamboo.api import ModelSource
-from bamboo.partition import partition
+from bamboo.model.api import ModelSource
+from bamboo.model.partition import partition
 
 
 def peaks(args: list[str]) -> dict[int, float]:

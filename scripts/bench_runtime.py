@@ -22,7 +22,7 @@ import tempfile
 
 def run(args: list[str]) -> list[dict]:
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as f:
-        subprocess.run([sys.executable, "-m", "bamboo.cli", "--no-progress", "--metrics-out", f.name, *args],
+        subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--metrics-out", f.name, *args],
                        check=True, stdout=subprocess.DEVNULL)
         return [json.loads(line) for line in open(f.name)]
 

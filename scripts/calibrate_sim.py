@@ -1,9 +1,9 @@
 """Calibrate bamboo-sim's profiles on this machine: time one transformer layer of
-each profile's shape with the runtime's own parts (`bamboo.models` layers, the
-AdamW of `bamboo.recipe`, `bamboo.swap.SavedTensors`), and write what was
+each profile's shape with the runtime's own parts (`bamboo.model.builtin` layers, the
+AdamW of `bamboo.model.recipe`, `bamboo.transport.swap.SavedTensors`), and write what was
 measured, with the conditions, to sim/calibration.json.
 
-One thread, as each worker runs (`bamboo/worker.py`), float32 on the CPU. Per layer
+One thread, as each worker runs (`bamboo/runtime/worker.py`), float32 on the CPU. Per layer
 and microbatch: forward (building the graph, as training does), backward, one AdamW
 step over the layer's parameters, and a swap-out of the intermediates a redundant
 forward keeps (their bytes too). Two references put the CPU on a scale with a GPU:
@@ -30,9 +30,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bamboo import recipe  # noqa: E402
-from bamboo.models import GPTConfig, build_layer  # noqa: E402
-from bamboo.swap import SavedTensors  # noqa: E402
+from bamboo.model import recipe  # noqa: E402
+from bamboo.model.builtin import GPTConfig, build_layer  # noqa: E402
+from bamboo.transport.swap import SavedTensors  # noqa: E402
 from sim.profiles import PROFILES  # noqa: E402
 
 OPTIMIZER = SimpleNamespace(lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)  # the recipe's defaults' shape

@@ -28,7 +28,7 @@ import tempfile
 
 import torch
 
-from bamboo.models import FP16_ON_CPU
+from bamboo.model.builtin import FP16_ON_CPU
 
 TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 1e-2}  # relative, against the same device and precision
 COMMON = ["--microbatches", "8", "--iterations", "6", "--batch", "2", "--seq", "64", "--seed", "3"]
@@ -36,7 +36,7 @@ COMMON = ["--microbatches", "8", "--iterations", "6", "--batch", "2", "--seq", "
 
 def train(metrics: str, *args: str, env: dict | None = None) -> tuple[list[dict], dict, str]:
     """Run bamboo-train; its iteration records, its summary and its stderr's tail."""
-    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--no-progress", "--metrics-out", metrics, *args],
+    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--metrics-out", metrics, *args],
                          capture_output=True, text=True, timeout=1800, env={**os.environ, **(env or {})})
     lines = [json.loads(x) for x in open(metrics)] if os.path.exists(metrics) and out.returncode == 0 else []
     records = [r for r in lines if "summary" not in r]

@@ -23,8 +23,8 @@ from agents.modes import HALF_LIFE_HOURS, choose
 from agents.policy import Config
 from sim.accounting import RunState
 from sim.checkpointing import optimal_interval
-from sim.strategies import (Bamboo, RedoFromPeers, _deaths, _handover_seconds, _lost_everywhere, _moved,
-                            lazy_forwards_seconds, peer_reload_seconds)
+from sim.reconfiguration import dead_stages, handover_seconds, lost_everywhere, stages_moved
+from sim.strategies import Bamboo, RedoFromPeers, Simulation, lazy_forwards_seconds, peer_reload_seconds
 
 PRIOR_RATE, PRIOR_HOURS = 0.05, 2.0  # the runtime's defaults (--auto-prior-rate, --auto-prior-hours)
 
@@ -38,7 +38,7 @@ class Auto(Bamboo):
         self.redone = 0.0    # ... or two nodes of one pipeline died (eager, lazy: a redo)
         self.switches: list[tuple[float, str]] = []  # (time, the mode switched to)
 
-    def react(self, sim, s: RunState, config: Config | None, live: dict[str, str],
+    def react(self, sim: Simulation, s: RunState, config: Config | None, live: dict[str, str],
               removed: set[str]) -> Config | None:
         if s is not self.state:
             self.__init__(s)  # a new replay starts afresh
@@ -46,8 +46,8 @@ class Auto(Bamboo):
         decay = 0.5 ** ((s.t - self.last) / 3600 / HALF_LIFE_HOURS)
         self.node_hours = self.node_hours * decay + len(used) * (s.t - self.last) / 3600
         self.failures = self.failures * decay + (1 if used & removed else 0)  # a batch: one failure
-        deaths = _deaths(config, removed) if used & removed else []
-        fatal = bool(_lost_everywhere(config.depth, deaths)) if deaths else False
+        deaths = dead_stages(config, removed) if used & removed else []
+        fatal = bool(lost_everywhere(config.depth, deaths)) if deaths else False
         self.fatal = self.fatal * decay + fatal
         self.redone = self.redone * decay + (not fatal and any(len(dead) > 1 for dead in deaths))
         self.last = s.t
@@ -58,11 +58,11 @@ class Auto(Bamboo):
             s.pause(lazy_forwards_seconds(sim, config, removed))
         if nxt and nxt.depth == sim.P and nxt.pipelines:
             # a restart from the checkpoint is a reconfiguration too
-            moved = config is not None and _moved(config, nxt) or s.fatal > fatal_before
+            moved = config is not None and stages_moved(config, nxt) or s.fatal > fatal_before
             self._choose(sim, s, nxt, reconfigured=moved)
         return nxt
 
-    def _choose(self, sim, s: RunState, config: Config, reconfigured: bool) -> None:
+    def _choose(self, sim: Simulation, s: RunState, config: Config, reconfigured: bool) -> None:
         pipelines = len(config.pipelines)
         seconds = {m: sim.iteration_seconds(pipelines, mode=m) for m in ("eager", "lazy", "off")}
         merged = sim.iteration_seconds(pipelines, merged=True, mode="eager")
@@ -82,12 +82,12 @@ class Auto(Bamboo):
                       rollback)
         if mode != self.redundancy or not self.switches:
             if self.switches:  # the new mode rides a reconfiguration under way, or needs one
-                build = _handover_seconds(sim.profile, sim.P) if self.redundancy == "off" else 0.0
+                build = handover_seconds(sim.profile, sim.P) if self.redundancy == "off" else 0.0
                 s.pause((0.0 if reconfigured else sim.opt.reconfigure_seconds) + build)
             self.redundancy = mode
             self.switches.append((s.t, mode))
 
-    def report(self, sim, s: RunState) -> dict:
+    def report(self, sim: Simulation, s: RunState) -> dict:
         time_in = {}
         for (t, mode), (end, _) in zip(self.switches, self.switches[1:] + [(s.t, "")]):
             time_in[mode] = time_in.get(mode, 0.0) + end - t
@@ -96,7 +96,7 @@ class Auto(Bamboo):
                 "auto_prior_rate": PRIOR_RATE, "auto_prior_hours": PRIOR_HOURS}
 
 
-def rollback_seconds(sim, rate: float, nodes: int) -> float:
+def rollback_seconds(sim: Simulation, rate: float, nodes: int) -> float:
     """What a death costs off on one pipeline, which goes back to its last
     checkpoint: the restart and, on average, half an interval of work. The interval
     is the fixed one or the formula's for `rate` on `nodes`; its writes are left

@@ -15,14 +15,15 @@ the checkpoint and warms up.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 
 from agents.policy import Config
 from schedules.compiler import compile_schedule, simulate as simulate_schedule
 from sim.accounting import RunState, summary
+from sim.options import Options
 from sim.checkpointing import CheckpointCosts, TraceStats, optimal_interval, trace_stats
-from sim.profiles import NETWORK, PCIE, MeasuredProfile, Profile
+from sim.profiles import MeasuredProfile, Profile
 from sim.auto import Auto
 from sim.strategies import STRATEGIES as SPOT_AND_ON_DEMAND
 from sim.traces import Event
@@ -30,41 +31,6 @@ from sim.traces import Event
 __all__ = ["STRATEGIES", "ClusterSimulator", "Options"]
 
 STRATEGIES = {**SPOT_AND_ON_DEMAND, "auto": Auto}
-
-
-@dataclass(frozen=True)
-class Options:
-    spot_price: float = 0.918           # USD per node-hour (EC2 p3.2xlarge spot, as in the Bamboo paper)
-    on_demand_price: float = 3.06       # USD per node-hour (p3.2xlarge on demand)
-    checkpoint_seconds: float | None = None  # a fixed interval; None: the formula's optimum
-    checkpoint_formula: str = "daly"    # or "young"
-    checkpoint_bytes_per_param: float = 12.0  # fp32 master weights and AdamW's two moments
-    storage_bandwidth: float = 0.5e9    # bytes/s per node to and from storage (S3 or EBS)
-    snapshot_bandwidth: float = PCIE    # bytes/s accelerator -> host
-    free_checkpoints: bool = False      # the old baseline: writes cost nothing
-    relaunch_seconds: float = 60.0      # stop, relaunch the processes, rendezvous
-    warmup_seconds: float = 30.0        # after a restart, before full speed
-    restart_seconds: float | None = None  # a fixed restart cost instead of relaunch + load + warm-up
-    peer_bandwidth: float = NETWORK     # bytes/s of a stage reloaded from a data-parallel peer
-    reconfigure_seconds: float = 10.0   # agents' decision and new process groups
-    failure_timeout: float = 3.0        # seconds before a silent node counts as dead
-    zones: tuple[str, ...] = ("a", "b", "c")  # for traces without zones: nodes dealt in turn
-    startup_seconds: float = 0.0        # from a node's arrival to its being usable (0: the trace says when)
-
-    def check(self) -> None:
-        """Raise ValueError naming the first option that cannot be used."""
-        for name in ("spot_price", "on_demand_price", "storage_bandwidth", "snapshot_bandwidth",
-                     "peer_bandwidth", "checkpoint_bytes_per_param"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be positive (got {getattr(self, name)})")
-        for name in ("relaunch_seconds", "warmup_seconds", "reconfigure_seconds", "failure_timeout",
-                     "startup_seconds"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must not be negative (got {getattr(self, name)})")
-        if self.checkpoint_seconds is not None and not self.checkpoint_seconds > 0:
-            raise ValueError(f"the checkpoint interval must be positive (got {self.checkpoint_seconds} s)")
-        if self.restart_seconds is not None and not self.restart_seconds >= 0:
-            raise ValueError(f"--restart-seconds must not be negative (got {self.restart_seconds})")
 
 
 class ClusterSimulator:

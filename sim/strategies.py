@@ -29,37 +29,54 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from agents.policy import Config, next_config
-from schedules.layout import Layout
 from sim.accounting import RunState, summary
-from sim.profiles import NETWORK, Profile
+from sim.checkpointing import CheckpointCosts, TraceStats
+from sim.options import Options
+from sim.profiles import MeasuredProfile, Profile
+from sim.reconfiguration import dead_stages, handover_seconds, lost_everywhere, stages_moved
+from sim.traces import Event
 
-if TYPE_CHECKING:
-    from sim.simulator import ClusterSimulator
-    from sim.traces import Event
+
+class Simulation(Protocol):
+    """What a strategy asks of the simulator that runs it (sim/simulator.py's
+    ClusterSimulator): declared here, so that the strategies import nothing above them."""
+    profile: Profile | MeasuredProfile
+    P: int
+    opt: Options
+    strategy: str
+    costs: CheckpointCosts
+    trace: TraceStats
+    job_mtbf: float
+
+    def iteration_seconds(self, pipelines: int, merged: bool = False, mode: str | None = None) -> float: ...
+    def throughput(self, pipelines: int) -> float: ...
+    def restart_seconds(self) -> float: ...
+    def replay(self, events: list[Event], horizon: float) -> dict: ...
+    def take_checkpoint(self, s: RunState, used_nodes: int) -> None: ...
 
 
 class Spot(ABC):
     """A strategy on spot nodes: the trace is replayed and every batch reacted to."""
     redundancy = "off"  # the schedule's redundancy, which sets the iteration time
 
-    def run(self, sim: ClusterSimulator, events: list[Event], horizon: float) -> dict:
+    def run(self, sim: Simulation, events: list[Event], horizon: float) -> dict:
         """The run's summary; the simulator's replay calls back `react` on each batch."""
         return sim.replay(events, horizon)
 
-    def mtbf(self, sim: ClusterSimulator, used_nodes: int) -> float:
+    def mtbf(self, sim: Simulation, used_nodes: int) -> float:
         """Mean seconds between the failures that send this job back to a checkpoint:
         any preemption of a node in use (the trace's node MTBF over the nodes used)."""
         return sim.trace.node_mtbf_seconds / used_nodes
 
     @abstractmethod
-    def react(self, sim: ClusterSimulator, s: RunState, config: Config | None, live: dict[str, str],
+    def react(self, sim: Simulation, s: RunState, config: Config | None, live: dict[str, str],
               removed: set[str]) -> Config | None:
         """Charge the batch's pauses and losses to `s`; return the configuration to run next."""
 
-    def report(self, sim: ClusterSimulator, s: RunState) -> dict:
+    def report(self, sim: Simulation, s: RunState) -> dict:
         """Fields of this strategy's own, added at the end of the run's summary."""
         return {}
 
@@ -68,7 +85,7 @@ class PeerRecovery(Spot):
     """A strategy that survives most preemptions without a checkpoint: it needs one
     only against the rarer loss of every copy of a stage."""
 
-    def run(self, sim: ClusterSimulator, events: list[Event], horizon: float) -> dict:
+    def run(self, sim: Simulation, events: list[Event], horizon: float) -> dict:
         """Two passes when the interval is the formula's: one without checkpoints
         counts the fatal failures the trace brings (at least one is assumed), which
         sets the MTBF; the second is the run."""
@@ -78,10 +95,10 @@ class PeerRecovery(Spot):
             sim.job_mtbf = horizon / max(1, fatal)
         return sim.replay(events, horizon)
 
-    def mtbf(self, sim: ClusterSimulator, used_nodes: int) -> float:
+    def mtbf(self, sim: Simulation, used_nodes: int) -> float:
         return sim.job_mtbf
 
-    def report(self, sim: ClusterSimulator, s: RunState) -> dict:
+    def report(self, sim: Simulation, s: RunState) -> dict:
         mtbf = sim.job_mtbf
         return {"redone_from_peers": s.redos,
                 "fatal_mtbf_hours": round(mtbf / 3600, 3) if math.isfinite(mtbf) else None}
@@ -91,31 +108,31 @@ class Bamboo(PeerRecovery):
     """Redundant computation: survive what the replicas cover, reconfigure at the boundary."""
     redundancy = "eager"
 
-    def react(self, sim: ClusterSimulator, s: RunState, config: Config | None, live: dict[str, str],
+    def react(self, sim: Simulation, s: RunState, config: Config | None, live: dict[str, str],
               removed: set[str]) -> Config | None:
         if config:
             s.pause(self._failover(sim, s, config, removed))
         nxt = next_config(live, config, sim.P)
         if nxt.depth < sim.P:
             return nxt  # too few nodes: they wait, holding the state
-        if config and _moved(config, nxt):
-            s.pause(sim.opt.reconfigure_seconds + _handover_seconds(sim.profile, sim.P))
+        if config and stages_moved(config, nxt):
+            s.pause(sim.opt.reconfigure_seconds + handover_seconds(sim.profile, sim.P))
         return nxt
 
     @staticmethod
-    def _failover(sim: ClusterSimulator, s: RunState, config: Config, removed: set[str]) -> float:
+    def _failover(sim: Simulation, s: RunState, config: Config, removed: set[str]) -> float:
         """Seconds lost to the deaths in `removed`: a merged iteration where one node of a
         pipeline died, a redo where more did, a restart where a stage died everywhere."""
         depth = config.depth  # below P when too few nodes were left: they wait, holding the state
         pipelines = len(config.pipelines)
-        deaths = _deaths(config, removed)
+        deaths = dead_stages(config, removed)
         pause = 0.0
         for dead in deaths:
             if len(dead) == 1:
                 pause = max(pause, sim.iteration_seconds(pipelines, merged=True))
             elif len(dead) > 1:  # abandoned: redone from copies elsewhere
                 pause = max(pause, sim.opt.failure_timeout + sim.iteration_seconds(pipelines))
-        if _lost_everywhere(depth, deaths):
+        if lost_everywhere(depth, deaths):
             s.rewind()  # back to the checkpoint
             return sim.restart_seconds
         if any(len(dead) > 1 for dead in deaths):
@@ -127,14 +144,14 @@ class Lazy(Bamboo):
     """`--strategy bamboo --redundancy lazy`: cheaper iterations than eager, dearer deaths."""
     redundancy = "lazy"
 
-    def react(self, sim: ClusterSimulator, s: RunState, config: Config | None, live: dict[str, str],
+    def react(self, sim: Simulation, s: RunState, config: Config | None, live: dict[str, str],
               removed: set[str]) -> Config | None:
         nxt = super().react(sim, s, config, live, removed)
         s.pause(lazy_forwards_seconds(sim, config, removed))
         return nxt
 
 
-def lazy_forwards_seconds(sim: ClusterSimulator, config: Config | None, removed: set[str]) -> float:
+def lazy_forwards_seconds(sim: Simulation, config: Config | None, removed: set[str]) -> float:
     """What lazy adds to eager's failover when a node in use died: its predecessor
     recomputes the dead stage's forwards (a third of the stage's share of the work)."""
     if not config or config.depth != sim.P:
@@ -148,9 +165,9 @@ class RedoFromPeers(PeerRecovery):
     """Oobleck's semantics: no redundant computation; a failure drops the iteration
     under way and reloads the lost stages from a data-parallel peer."""
 
-    def react(self, sim: ClusterSimulator, s: RunState, config: Config | None, live: dict[str, str],
+    def react(self, sim: Simulation, s: RunState, config: Config | None, live: dict[str, str],
               removed: set[str]) -> Config | None:
-        deaths = _deaths(config, removed) if config else []
+        deaths = dead_stages(config, removed) if config else []
         if any(deaths):
             s.abandon_iteration(sim.profile.samples_per_iteration())
             if any(all(stage in dead for dead in deaths) for stage in range(config.depth)):
@@ -160,11 +177,11 @@ class RedoFromPeers(PeerRecovery):
             s.redos += 1
             s.pause(sim.opt.failure_timeout)
         nxt = next_config(live, config, sim.P)
-        if config and nxt.depth == sim.P and _moved(config, nxt):
+        if config and nxt.depth == sim.P and stages_moved(config, nxt):
             s.pause(sim.opt.reconfigure_seconds + peer_reload_seconds(sim))
         return nxt
 
-    def report(self, sim: ClusterSimulator, s: RunState) -> dict:
+    def report(self, sim: Simulation, s: RunState) -> dict:
         return {**super().report(sim, s), "partial_iterations_lost_samples": round(s.lost_partial),
                 "peer_bandwidth": sim.opt.peer_bandwidth, "peer_reload_seconds": round(peer_reload_seconds(sim), 3),
                 "failure_timeout": sim.opt.failure_timeout, "reconfigure_seconds": sim.opt.reconfigure_seconds}
@@ -173,7 +190,7 @@ class RedoFromPeers(PeerRecovery):
 class CheckpointRestart(Spot):
     """No redundancy: any loss of a node in use restarts from the last checkpoint."""
 
-    def react(self, sim: ClusterSimulator, s: RunState, config: Config | None, live: dict[str, str],
+    def react(self, sim: Simulation, s: RunState, config: Config | None, live: dict[str, str],
               removed: set[str]) -> Config | None:
         nxt = next_config(live, None, sim.P) if len(live) >= sim.P else Config(0, 0)
         used = {n for pipe in config.pipelines for n in pipe} if config else set()
@@ -187,7 +204,7 @@ class CheckpointRestart(Spot):
             return nxt
         return config if config and config.depth == sim.P else nxt
 
-    def report(self, sim: ClusterSimulator, s: RunState) -> dict:
+    def report(self, sim: Simulation, s: RunState) -> dict:
         mtbf = sim.trace.node_mtbf_seconds
         return {"node_mtbf_hours": round(mtbf / 3600, 4) if math.isfinite(mtbf) else None}
 
@@ -196,7 +213,7 @@ class OnDemand:
     """No preemptions, so nothing to react to: the run is one fixed cluster throughout."""
     redundancy = "off"
 
-    def run(self, sim: ClusterSimulator, events: list[Event], horizon: float) -> dict:
+    def run(self, sim: Simulation, events: list[Event], horizon: float) -> dict:
         """The trace's mean cluster size, rounded to whole pipelines, at the on-demand price."""
         count, area, last = 0, 0.0, 0.0
         for e in events:
@@ -215,34 +232,8 @@ STRATEGIES = {"bamboo": Bamboo, "lazy": Lazy, "redo": RedoFromPeers, "checkpoint
               "on-demand": OnDemand}
 
 
-def _moved(a: Config, b: Config) -> bool:
-    """Whether any node of `b` computes a different stage than it did in `a`."""
-    before = {n: s for pipe in a.pipelines for s, n in enumerate(pipe)}
-    return any(before.get(n) != s for pipe in b.pipelines for s, n in enumerate(pipe))
-
-
-def _deaths(config: Config, removed: set[str]) -> list[set[int]]:
-    """The stage positions that died in each pipeline of `config`."""
-    return [{i for i, n in enumerate(pipe) if n in removed} for pipe in config.pipelines]
-
-
-def peer_reload_seconds(sim: ClusterSimulator) -> float:
+def peer_reload_seconds(sim: Simulation) -> float:
     """One stage's state from a peer pipeline; the stages reload in parallel."""
     if isinstance(sim.profile, Profile):
         return sim.profile.stage_state_bytes(sim.P) / sim.opt.peer_bandwidth
     return sim.profile.handover_ms / 1000
-
-
-def _lost_everywhere(depth: int, deaths: list[set[int]]) -> frozenset[int]:
-    """Stages with no live copy in any pipeline: lost in each one (`deaths`: the
-    stage positions that died in each pipeline)."""
-    if not deaths:
-        return frozenset()
-    return frozenset.intersection(*(Layout.lost(depth, dead) for dead in deaths))
-
-
-def _handover_seconds(profile, depth: int) -> float:
-    """Moving one stage's state (weights and optimizer) to its new node."""
-    if isinstance(profile, Profile):
-        return profile.stage_state_bytes(depth) * 2 / NETWORK
-    return profile.handover_ms / 1000

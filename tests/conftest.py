@@ -15,7 +15,7 @@ import time
 import pytest
 from hypothesis import HealthCheck, settings
 
-from bamboo.etcd import EtcdServer
+from bamboo.control.etcd import EtcdServer
 
 settings.register_profile("ci", deadline=None, max_examples=60, derandomize=bool(os.environ.get("CI")),
                           suppress_health_check=[HealthCheck.too_slow])

@@ -6,7 +6,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from bamboo.comm import Comm
+from bamboo.transport.comm import Comm
 
 
 def gloo_pair(store: dist.Store | None = None, timeout: float = 30) -> list[dist.ProcessGroup]:

@@ -15,8 +15,8 @@ import time
 import boto3
 import pytest
 
-from bamboo.cluster import Cluster
-from bamboo.protocol import DONE, LOSS, NOTICES, ZONES
+from bamboo.control.cluster import Cluster
+from bamboo.control.protocol import DONE, LOSS, NOTICES, ZONES
 from tests.sandbox import FakeMetadata, boot, boot_log
 from tests.training import bamboo_train
 

@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from bamboo.cluster import Cluster
-from bamboo.protocol import ZONES
+from bamboo.control.cluster import Cluster
+from bamboo.control.protocol import ZONES
 from tests.fake_gcp import FakeCompute
 from tests.fake_gcs import FakeStorage
 from tests.sandbox import FakeMetadata, boot, boot_log

@@ -1,10 +1,10 @@
-"""bamboo/changes.py against a real etcd: the flag a watch raises, and what a
+"""bamboo/control/changes.py against a real etcd: the flag a watch raises, and what a
 reader sees when etcd restarts under the watch (it must never miss a change)."""
 import time
 
-from bamboo.cluster import Cluster
-from bamboo.etcd import EtcdServer
-from bamboo.protocol import ABORT, FAILED, FINISHED, Abort, Failure, Mark
+from bamboo.control.cluster import Cluster
+from bamboo.control.etcd import EtcdServer
+from bamboo.control.protocol import ABORT, FAILED, FINISHED, Abort, Failure, Mark
 
 
 def test_a_write_under_a_watched_prefix_raises_the_flag_and_others_do_not(etcd):

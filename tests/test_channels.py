@@ -1,4 +1,4 @@
-"""--transport nccl's channels (bamboo/channels.py), run on the CPU with gloo groups:
+"""--transport nccl's channels (bamboo/transport/channels.py), run on the CPU with gloo groups:
 a group per directed channel, payloads in order in both directions at once (the
 replica sync of P=2 flows both ways between one pair), and the abort that ends a
 wait on a dead peer's channel."""
@@ -14,8 +14,8 @@ import torch.distributed as dist
 
 from schedules.ir import Op
 
-from bamboo.channels import Channels, gloo_groups
-from bamboo.comm import Comm, PeerFailure
+from bamboo.transport.channels import Channels, gloo_groups
+from bamboo.transport.comm import Comm, PeerFailure
 from tests.gloo import gloo_pair
 
 

@@ -126,5 +126,5 @@ def test_demo_runs(tmp_path):
 
 
 def test_bamboo_train_help_works():
-    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--help"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--stages" in out.stdout and "--redundancy" in out.stdout

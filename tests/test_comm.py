@@ -1,4 +1,4 @@
-"""The message protocol of bamboo/comm.py: a payload's receive is posted with its
+"""The message protocol of bamboo/transport/comm.py: a payload's receive is posted with its
 header's, into room for the channel's largest payload so far; a larger payload is
 preceded by an empty message. Every message must arrive whole, in order, with its
 note, whatever the sequence of sizes, and the receive buffers must never be reused

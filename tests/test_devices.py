@@ -1,4 +1,4 @@
-"""Device selection (bamboo/devices.py): one GPU per worker of a host, the
+"""Device selection (bamboo/transport/devices.py): one GPU per worker of a host, the
 --devices list, --share-gpu, the transport, and the launcher's LOCAL_RANK."""
 import subprocess
 import sys
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bamboo.config import JobConfig
-from bamboo.devices import DeviceError, parse_devices, pick, transport
+from bamboo.control.config import JobConfig
+from bamboo.transport.devices import DeviceError, parse_devices, pick, transport
 
 
 def test_each_worker_of_a_host_takes_the_gpu_of_its_index():
@@ -59,7 +59,7 @@ def test_the_transport_is_gloo_unless_nccl_is_asked_and_possible():
     (["--transport", "nccl", "--share-gpu"], "--transport nccl cannot share a GPU"),
 ])
 def test_bamboo_train_refuses_device_flags_in_one_line(flags, says):
-    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--stages", "2", "--iterations", "1", *flags],
+    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--stages", "2", "--iterations", "1", *flags],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and says in out.stderr
@@ -68,7 +68,7 @@ def test_bamboo_train_refuses_device_flags_in_one_line(flags, says):
 def test_the_launcher_gives_each_local_process_the_lowest_free_index(tmp_path, monkeypatch):
     """LOCAL_RANK reaches every worker (and agent, whose worker inherits it); the
     index of a process that exited goes to the next one started."""
-    from bamboo.launcher import Launcher
+    from bamboo.commands.launcher import Launcher
 
     started = []
 
@@ -86,7 +86,7 @@ def test_the_launcher_gives_each_local_process_the_lowest_free_index(tmp_path, m
     class Cluster:
         endpoint = "127.0.0.1:1"
     for node in (0, 1, 2):
-        launcher._start(Cluster(), node, "bamboo.worker")
+        launcher._start(Cluster(), node, "bamboo.runtime.worker")
     started[1][0].exited = -9  # node 1 was killed: its GPU is free
     launcher._start(Cluster(), 7, "agents.agent", named=False)
     launcher._start(Cluster(), 8, "agents.agent", named=False)

@@ -11,8 +11,8 @@ import sys
 import boto3
 import pytest
 
-from agents.cloud import Install, LaunchError
-from agents.ec2 import Ec2Provider, Ec2Spec
+from agents.cloud.common import Install, LaunchError
+from agents.cloud.ec2 import Ec2Provider, Ec2Spec
 
 REGION = "us-east-1"
 ZONES = ("us-east-1a", "us-east-1b", "us-east-1c")
@@ -90,7 +90,7 @@ def test_a_refused_group_rolls_the_template_back(aws):
 
 
 def launch(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "agents.launch", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "agents.cloud.launch", *args], capture_output=True, text=True,
                           timeout=120, env=env)
 
 

@@ -6,12 +6,12 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from bamboo.cluster import Cluster
-from bamboo.config import JobConfig
-from bamboo.protocol import ALIVE, FAILED, Failure
-from bamboo.etcd import EtcdError, EtcdServer, connect
-from bamboo.failover import Unsurvivable, died_before
-from bamboo.store import EtcdStore
+from bamboo.control.cluster import Cluster
+from bamboo.control.config import JobConfig
+from bamboo.control.protocol import ALIVE, FAILED, Failure
+from bamboo.control.etcd import EtcdError, EtcdServer, connect
+from bamboo.runtime.failover import Unsurvivable, died_before
+from bamboo.control.store import EtcdStore
 from schedules import ir
 
 
@@ -87,7 +87,7 @@ def test_died_before_from_message_counts():
 
 
 def _failover(P=4, M=4):
-    from bamboo.failover import Failover
+    from bamboo.runtime.failover import Failover
     from schedules.compiler import compile_schedule
     f = Failover(None, tuple(range(P)), 0, 0, "eager", 3.0)
     f.iteration, f.M, f.failed = 5, M, ()
@@ -103,7 +103,7 @@ def test_a_failure_the_schedules_cannot_absorb_is_unsurvivable_by_its_reason():
 
 
 def test_an_internal_error_in_recovery_is_a_bug_with_its_state(monkeypatch):
-    from bamboo import failover
+    from bamboo.runtime import failover
     f = _failover()
 
     def broken(*args):
@@ -127,8 +127,8 @@ def test_a_redo_clears_any_number_of_iterations_in_one_transaction(etcd):
     """Chaos seed 24: going back 30 iterations once needed 480 operations in one
     transaction (etcd allows 128). Now one range per family: every key of
     iterations 3..33 goes, those before and after stay (checked key by key)."""
-    from bamboo.protocol import ASSIGNMENT, DONE, ITERATION_FAMILIES, LOSS, Loss, Report
-    from bamboo.assignment import Assignment
+    from bamboo.control.protocol import ASSIGNMENT, DONE, ITERATION_FAMILIES, LOSS, Loss, Report
+    from bamboo.control.assignment import Assignment
     c = Cluster(etcd.endpoint, "job")
     for it in range(40):
         for node in (0, 1, 10):
@@ -158,7 +158,7 @@ def test_a_process_started_while_etcd_restarts_waits_for_it():
 
 FORK_WHILE_CONNECTING = """
 import subprocess, threading
-from bamboo.etcd import EtcdError, connect, die_with_parent, free_port
+from bamboo.control.etcd import EtcdError, connect, die_with_parent, free_port
 endpoint, stop = f"127.0.0.1:{free_port()}", threading.Event()
 def keep_connecting():
     while not stop.is_set():

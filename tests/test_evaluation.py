@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from bamboo.config import JobConfig
-from bamboo.reference import train_reference, validation_loss
+from bamboo.control.config import JobConfig
+from bamboo.commands.reference import train_reference, validation_loss
 from tests.training import bamboo_train
 
 ITERS = 5
@@ -79,7 +79,7 @@ def test_the_reference_evaluates_without_changing_its_training(tokens):
     train_reference(JobConfig(**{**cfg.__dict__, "eval_every": 0}), plain.__setitem__)
     model = train_reference(cfg, with_eval.__setitem__, vals.__setitem__)
     assert plain == with_eval and sorted(vals) == [0, 1, 2]
-    from bamboo.data import corpus_of
+    from bamboo.data.corpus import corpus_of
     corpus = corpus_of(cfg, 32)
     before = [p.detach().clone() for p in model.parameters()]
     rng = torch.get_rng_state()

@@ -12,10 +12,10 @@ import time
 import psutil
 import pytest
 
-from bamboo.chaos import account
-from bamboo.etcd import EtcdServer, connect
-from bamboo.cluster import Cluster
-from bamboo.protocol import DONE, FAILED, STRAGGLER, handover_store, job_root, scan
+from bamboo.commands.chaos import account
+from bamboo.control.etcd import EtcdServer, connect
+from bamboo.control.cluster import Cluster
+from bamboo.control.protocol import DONE, FAILED, STRAGGLER, handover_store, job_root, scan
 
 ARGS = ["--model", "tiny", "--dtype", "float64", "--seed", "3", "--microbatches", "6", "--iterations", "12"]
 RTOL = 1e-9
@@ -24,13 +24,13 @@ RTOL = 1e-9
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     path = tmp_path_factory.mktemp("ref") / "m.jsonl"
-    subprocess.run([sys.executable, "-m", "bamboo.cli", *ARGS, "--stages", "1", "--no-progress",
+    subprocess.run([sys.executable, "-m", "bamboo.commands.cli", *ARGS, "--stages", "1", "--no-progress",
                     "--metrics-out", str(path)], check=True, capture_output=True)
     return [r["loss"] for r in map(json.loads, open(path)) if "summary" not in r]
 
 
 def _start(etcd, metrics, *args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bamboo.cli", *ARGS, "--etcd", etcd.endpoint, "--job", "faults",
+    return subprocess.Popen([sys.executable, "-m", "bamboo.commands.cli", *ARGS, "--etcd", etcd.endpoint, "--job", "faults",
                              "--no-progress", "--metrics-out", str(metrics), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -119,7 +119,7 @@ def test_a_straggler_ten_times_slower_than_its_peers_is_fenced(tmp_path, referen
                       "--straggler-slack", "0.1")
         client = connect(etcd.endpoint)
         _until(proc, lambda: any(f is DONE and parts[0] >= 2 for _, f, parts in scan(client)), "iteration 2")
-        worker = next(p for p in _node_processes(proc, 1) if "bamboo.worker" in p.cmdline())
+        worker = next(p for p in _node_processes(proc, 1) if "bamboo.runtime.worker" in p.cmdline())
         fenced = threading.Event()
         threading.Thread(target=_throttle, args=(worker, fenced), daemon=True).start()
         cluster = Cluster(etcd.endpoint, "faults")
@@ -161,7 +161,7 @@ def test_sample_accounting_counts_a_repeat_only_without_a_restore():
 @pytest.mark.slow  # make test stays under 15 minutes; `make chaos` runs 50 trials
 def test_one_chaos_trial_from_outside(tmp_path):
     """`bamboo-chaos` smoke run: one trial with two faults on five nodes, all checks passing."""
-    out = subprocess.run([sys.executable, "-m", "bamboo.chaos", "--trials", "1", "--seed", "7", "--faults", "2",
+    out = subprocess.run([sys.executable, "-m", "bamboo.commands.chaos", "--trials", "1", "--seed", "7", "--faults", "2",
                           "--nodes", "5", "--iterations", "16", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]

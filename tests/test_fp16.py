@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from bamboo.models import FP16_ON_CPU
-from bamboo.protocol import LossScale
+from bamboo.model.builtin import FP16_ON_CPU
+from bamboo.control.protocol import LossScale
 from tests.training import bamboo_train
 
 # 2^20 on the tiny model: two overflows (2^20, 2^19), two good steps, a doubling
@@ -106,7 +106,7 @@ def test_agents_hand_the_scale_to_a_standby_node(tmp_path, fp16_on_cpu):
 
 def test_fp16_without_cuda_is_one_clear_error(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != FP16_ON_CPU}
-    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--precision", "fp16", "--no-progress",
+    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--precision", "fp16", "--no-progress",
                           "--metrics-out", str(tmp_path / "m.jsonl")], capture_output=True, text=True, env=env,
                          timeout=120)
     assert out.returncode == 2
@@ -120,6 +120,6 @@ def test_fp16_without_cuda_is_one_clear_error(tmp_path):
     (["--precision", "fp16", "--dtype", "float64"], "float32 master weights"),
 ])
 def test_bad_loss_scale_settings_are_one_line(tmp_path, fp16_on_cpu, flags, named):
-    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--no-progress", *flags], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", *flags], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and named in out.stderr, out.stderr

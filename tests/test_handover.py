@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bamboo import handover
-from bamboo.assignment import Assignment
-from bamboo.checkpoint import restore
-from bamboo.groups import interruptible
+from bamboo.runtime import handover
+from bamboo.control.assignment import Assignment
+from bamboo.runtime.checkpoint import restore
+from bamboo.transport.groups import interruptible
 
 
 def test_holders_after_a_takeover():

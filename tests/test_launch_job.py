@@ -11,7 +11,7 @@ import sys
 import boto3
 import pytest
 
-from bamboo.protocol import CONFIG, job_root
+from bamboo.control.protocol import CONFIG, job_root
 
 REGION = "us-east-1"
 ZONES = "us-east-1a,us-east-1b,us-east-1c"
@@ -98,8 +98,8 @@ def test_bad_input_is_refused_before_any_request(extra, why, tmp_path):
 
 def test_object_storage_data_and_checkpoints_are_checked_not_downloaded(gcs, s3):
     """The launch checks each object exists (metadata, a listing), the nodes fetch it."""
-    from agents.cloud import BadInput
-    from agents.job import job_config
+    from agents.cloud.common import BadInput
+    from agents.cloud.job import job_config
     gcs.put("data", "tokens.bin", bytes(4000))
     s3.create_bucket(Bucket="ckpts")
     s3.put_object(Bucket="ckpts", Key="val.bin", Body=bytes(400))

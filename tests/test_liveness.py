@@ -1,4 +1,4 @@
-"""Liveness against a real etcd (bamboo/liveness.py): a paused process is found
+"""Liveness against a real etcd (bamboo/control/liveness.py): a paused process is found
 silent within the failure timeout, while a stalled etcd (SIGSTOP of the server)
 condemns no one; a lease that expired anyway is taken again, or, when the node was
 recorded dead meanwhile, the node is told why it must stop."""
@@ -10,19 +10,19 @@ import time
 
 import pytest
 
-from bamboo.cluster import Cluster
-from bamboo.config import JobConfig
-from bamboo.etcd import EtcdServer
-from bamboo.boundary import stragglers
-from bamboo.liveness import HANG_FLOOR, hang_deadline
-from bamboo.protocol import ALIVE, FAILED, Failure, Report
+from bamboo.control.cluster import Cluster
+from bamboo.control.config import JobConfig
+from bamboo.control.etcd import EtcdServer
+from bamboo.runtime.boundary import stragglers
+from bamboo.control.liveness import HANG_FLOOR, hang_deadline
+from bamboo.control.protocol import ALIVE, FAILED, Failure, Report
 
 CFG = JobConfig(failure_timeout=2.0, lease_ttl=15.0)
 
 CHILD = """
 import sys, time
-from bamboo.cluster import Cluster
-from bamboo.config import JobConfig
+from bamboo.control.cluster import Cluster
+from bamboo.control.config import JobConfig
 c = Cluster(sys.argv[1], "live")
 c.register(int(sys.argv[2]), JobConfig(failure_timeout=2.0, lease_ttl=15.0), on_fenced=print)
 print("registered", flush=True)

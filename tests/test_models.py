@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-from bamboo.api import ModelError, ModelSource
-from bamboo.factory import FactoryModel, layer_items
-from bamboo.data import ByteCorpus, DataError, split_microbatches
-from bamboo.models import Stage, dropout_seed
-from bamboo.partition import PartitionError, partition
+from bamboo.model.api import ModelError, ModelSource
+from bamboo.model.factory import FactoryModel, layer_items
+from bamboo.data.corpus import ByteCorpus, DataError, split_microbatches
+from bamboo.model.builtin import Stage, dropout_seed
+from bamboo.model.partition import PartitionError, partition
 
 
 def brute_force_partition(costs, stages):
@@ -113,8 +113,8 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORL
 import deepspeed
 from deepspeed.pipe import PipelineModule
 from tests.sample_models import layer_specs
-from bamboo.factory import layer_items
-from bamboo.models import Stage
+from bamboo.model.factory import layer_items
+from bamboo.model.builtin import Stage
 deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
 torch.manual_seed(0)
 pm = PipelineModule(layers=layer_specs(), num_stages=1, loss_fn=lambda out, y: torch.nn.functional.cross_entropy(
@@ -178,7 +178,7 @@ def test_a_factory_model_is_called_on_meta_and_layers_are_seeded_alone():
 def test_a_factory_that_cannot_be_built_lazily_is_one_line(tmp_path, factory, message):
     with pytest.raises(ModelError, match=message.replace("(", r"\(").replace(")", r"\)")):
         ModelSource(f"tests.sample_models:{factory}", seed=0)
-    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--model", f"tests.sample_models:{factory}",
+    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--model", f"tests.sample_models:{factory}",
                           "--metrics-out", str(tmp_path / "m.jsonl")], capture_output=True, text=True, timeout=120,
                          cwd=os.path.dirname(os.path.dirname(__file__)))
     assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
@@ -202,7 +202,7 @@ def test_no_process_materialises_a_layer_it_does_not_hold(tmp_path, monkeypatch)
     built: dict[int, list[int]] = {}
     for line in open(tmp_path / "pipeline.txt"):
         argv, tag = line.rstrip("\n").split("\t")
-        assert "bamboo/worker.py" in argv, argv  # never the launcher
+        assert "bamboo/runtime/worker.py" in argv, argv  # never the launcher
         node = int(argv.split("--node ")[1].split()[0])
         built.setdefault(node, []).append(int(tag))
     for node in range(4):

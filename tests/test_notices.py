@@ -10,7 +10,7 @@ import time
 import pytest
 
 from agents.notices import Ec2Notice, GcpNotice, watch
-from bamboo.etcd import EtcdServer
+from bamboo.control.etcd import EtcdServer
 from tests.test_agents import (COMMON, ITERS, _records, _wait_for_iteration, assert_same_training, reconfigurations,
                                reference)
 
@@ -101,7 +101,7 @@ def test_a_notice_hands_the_stage_over_before_the_kill(tmp_path, tmp_path_factor
     3: it leaves at the next boundary with its stage handed to the standby node, no
     failover, no failure recorded, and the same losses as the reference."""
     with EtcdServer() as etcd:
-        proc = subprocess.Popen([sys.executable, "-m", "bamboo.cli", "--no-progress", "--etcd", etcd.endpoint,
+        proc = subprocess.Popen([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--etcd", etcd.endpoint,
                                  "--metrics-out", str(tmp_path / "m.jsonl"), "--save-dir", str(tmp_path / "params"),
                                  *COMMON, "--microbatches", "4", "--local-nodes", "3", "--zones", "a,b",
                                  "--notice", "ec2", "--metadata-url", metadata.url + "/{node}"],

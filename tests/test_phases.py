@@ -11,10 +11,10 @@ import signal
 
 import pytest
 
-from bamboo.chaos import account
-from bamboo.cluster import Cluster
-from bamboo.etcd import EtcdServer
-from bamboo.protocol import ABORT, ASSIGNMENT, CHECKPOINTED, DONE, LOSS, REGROUP, world_store
+from bamboo.commands.chaos import account
+from bamboo.control.cluster import Cluster
+from bamboo.control.etcd import EtcdServer
+from bamboo.control.protocol import ABORT, ASSIGNMENT, CHECKPOINTED, DONE, LOSS, REGROUP, world_store
 from tests.test_faults import _finish, _node_processes, _start, _until, reference  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow
@@ -24,7 +24,7 @@ AGENTS = ["--local-nodes", "5", "--zones", "a,b,c", "--stages", "2"]  # two pipe
 def _kill(proc, nodes, worker_only: bool = False) -> None:
     for node in nodes:
         for p in _node_processes(proc, node):
-            if not worker_only or "bamboo.worker" in p.cmdline():
+            if not worker_only or "bamboo.runtime.worker" in p.cmdline():
                 p.send_signal(signal.SIGKILL)
 
 

@@ -1,5 +1,5 @@
 """The control-plane protocol: every key family's record survives JSON and a real
-etcd, raw keys parse back to what made them, and no module but bamboo/protocol.py
+etcd, raw keys parse back to what made them, and no module but bamboo/control/protocol.py
 spells a key."""
 import ast
 import json
@@ -7,10 +7,10 @@ import pathlib
 
 import pytest
 
-from bamboo.assignment import Assignment
-from bamboo.cluster import Cluster
-from bamboo.config import JobConfig
-from bamboo import protocol as p
+from bamboo.control.assignment import Assignment
+from bamboo.control.cluster import Cluster
+from bamboo.control.config import JobConfig
+from bamboo.control import protocol as p
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = {

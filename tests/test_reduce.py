@@ -1,4 +1,4 @@
-"""The data-parallel reduce's group (bamboo/reduce.py) against a real etcd: a
+"""The data-parallel reduce's group (bamboo/runtime/reduce.py) against a real etcd: a
 member that abandoned the iteration never comes to the rendezvous, and the
 waiting node must notice the abort rather than wait out --hang-timeout."""
 import os
@@ -8,11 +8,11 @@ import threading
 
 import torch
 
-from bamboo.assignment import Assignment
-from bamboo.cluster import Cluster
-from bamboo.failover import Aborted, Failover
-from bamboo.protocol import ABORT, ALIVE, Abort, Alive
-from bamboo.reduce import Reducer
+from bamboo.control.assignment import Assignment
+from bamboo.control.cluster import Cluster
+from bamboo.runtime.failover import Aborted, Failover
+from bamboo.control.protocol import ABORT, ALIVE, Abort, Alive
+from bamboo.runtime.reduce import Reducer
 
 HANG_TIMEOUT = 600.0  # far longer than the test waits: only the abort can end the wait
 

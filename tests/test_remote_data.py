@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from bamboo.cache import local_copy
-from bamboo.data import ByteCorpus, TokenFile
+from bamboo.data.cache import local_copy
+from bamboo.data.corpus import ByteCorpus, TokenFile
 from tests.training import bamboo_train
 
 TRAIN = ["--stages", "2", "--microbatches", "4", "--iterations", "3", "--dtype", "float64"]
@@ -86,7 +86,7 @@ def test_a_changed_object_is_fetched_again_and_the_old_copy_dropped(gcs):
 def test_a_download_cut_short_leaves_no_file(gcs, monkeypatch):
     """A failure mid-write leaves nothing at the copy's path; the temp file a SIGKILL
     would leave is ignored, then removed by the next download."""
-    from bamboo.objects import GcsBucket
+    from bamboo.data.objects import GcsBucket
     data = bytes(range(256)) * 64
     gcs.put("data", "t.bin", data)
     real = GcsBucket.download
@@ -123,7 +123,7 @@ def bad_cases(tmp_path):
 
 @pytest.mark.parametrize("index", range(9))
 def test_bad_uris_give_one_line_and_status_2(tmp_path, gcs, s3, capsys, index):
-    from bamboo.cli import main
+    from bamboo.commands.cli import main
     s3.create_bucket(Bucket="data")
     gcs.put("data", "odd.bin", b"\x01\x02\x03")
     args, message = bad_cases(tmp_path)[index]
@@ -138,7 +138,7 @@ def test_bad_uris_give_one_line_and_status_2(tmp_path, gcs, s3, capsys, index):
 
 
 def test_an_unreachable_endpoint_is_one_line(tmp_path, s3, monkeypatch, capsys):
-    from bamboo.cli import main
+    from bamboo.commands.cli import main
     monkeypatch.setenv("BAMBOO_S3_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     handler = signal.getsignal(signal.SIGTERM)

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from agents.rendezvous import EtcdRendezvousBackend
-from bamboo.etcd import EtcdServer, connect
+from bamboo.control.etcd import EtcdServer, connect
 
 
 @pytest.fixture(scope="module")

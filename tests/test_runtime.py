@@ -141,7 +141,7 @@ def test_bad_input_gives_one_line(capsys, args, message, code):
     status and the one line; an exception escaping main fails the test."""
     import signal
 
-    from bamboo.cli import main
+    from bamboo.commands.cli import main
     handler = signal.getsignal(signal.SIGTERM)
     try:
         status = main(["--no-progress", "--iterations", "1", *args])
@@ -153,7 +153,7 @@ def test_bad_input_gives_one_line(capsys, args, message, code):
 
 
 def test_bad_input_from_a_real_process_is_one_line():
-    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--no-progress", "--iterations", "1",
+    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--iterations", "1",
                           "--model", "math:sqrt"], capture_output=True, text=True, timeout=120)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and "the factory failed" in lines[0], out.stderr
@@ -161,7 +161,7 @@ def test_bad_input_from_a_real_process_is_one_line():
 
 def test_a_run_that_trained_nothing_leaves_no_metrics_file(tmp_path):
     metrics = tmp_path / "m.jsonl"
-    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--no-progress", "--stages", "2", "--etcd",
+    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--stages", "2", "--etcd",
                           "127.0.0.1:1", "--metrics-out", str(metrics)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "unreachable" in out.stderr
     assert not metrics.exists() and list(tmp_path.iterdir()) == []
@@ -207,7 +207,7 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path):
     import time
 
     import psutil
-    proc = subprocess.Popen([sys.executable, "-m", "bamboo.cli", "--stages", "2", "--iterations", "100000",
+    proc = subprocess.Popen([sys.executable, "-m", "bamboo.commands.cli", "--stages", "2", "--iterations", "100000",
                              "--no-progress", "--metrics-out", str(tmp_path / "m.jsonl")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     parent = psutil.Process(proc.pid)
@@ -251,14 +251,14 @@ def test_a_paused_node_is_declared_dead_and_fences_itself(tmp_path):
     import time
 
     import psutil
-    from bamboo.etcd import EtcdServer, connect
-    from bamboo.protocol import DONE, scan
+    from bamboo.control.etcd import EtcdServer, connect
+    from bamboo.control.protocol import DONE, scan
     metrics = tmp_path / "m.jsonl"
 
     def finished(client, it):
         return any(family is DONE and parts[0] == it for _, family, parts in scan(client))
     with EtcdServer() as etcd:
-        proc = subprocess.Popen([sys.executable, "-m", "bamboo.cli", "--stages", "4", "--microbatches", "6",
+        proc = subprocess.Popen([sys.executable, "-m", "bamboo.commands.cli", "--stages", "4", "--microbatches", "6",
                                  "--iterations", "40", "--no-progress", "--failure-timeout", "2",
                                  "--etcd", etcd.endpoint, "--metrics-out", str(metrics)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from bamboo.config import JobConfig
-from bamboo.reference import train_reference
+from bamboo.control.config import JobConfig
+from bamboo.commands.reference import train_reference
 from schedules.compiler import compile_schedule
 
 P, M, ITERS = 4, 4, 3
@@ -28,7 +28,7 @@ def reference_losses():
 @pytest.mark.parametrize("mode,node,k", POINTS)
 def test_kill_point(tmp_path, reference_losses, mode, node, k):
     metrics = tmp_path / "m.jsonl"
-    out = subprocess.run([sys.executable, "-m", "bamboo.cli", "--stages", str(P), "--microbatches", str(M),
+    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--stages", str(P), "--microbatches", str(M),
                           "--iterations", str(ITERS), "--dtype", "float64", "--no-progress", "--redundancy", mode,
                           "--preempt", f"{node}@1:{k}", "--metrics-out", str(metrics)],
                          capture_output=True, text=True, timeout=300)

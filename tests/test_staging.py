@@ -1,4 +1,4 @@
-"""Copies between device and host (bamboo/staging.py, bamboo/swap.py): buffers
+"""Copies between device and host (bamboo/transport/staging.py, bamboo/transport/swap.py): buffers
 reused only once their copy finished, the GPU path's stream ordering run on the
 CPU against a recording fake of torch.cuda, and the swap poison check."""
 import contextlib
@@ -6,10 +6,10 @@ import contextlib
 import pytest
 import torch
 
-from bamboo.api import ModelSource
-from bamboo.models import Stage, dropout_seed
-from bamboo.staging import POISON, HostPool, Stager
-from bamboo.swap import PoisonReached, SavedTensors
+from bamboo.model.api import ModelSource
+from bamboo.model.builtin import Stage, dropout_seed
+from bamboo.transport.staging import POISON, HostPool, Stager
+from bamboo.transport.swap import PoisonReached, SavedTensors
 
 
 class FakeCuda:

@@ -5,9 +5,9 @@ import weakref
 import pytest
 import torch
 
-from bamboo.models import Stage, dropout_seed
-from bamboo.api import ModelSource
-from bamboo.swap import SavedTensors
+from bamboo.model.builtin import Stage, dropout_seed
+from bamboo.model.api import ModelSource
+from bamboo.transport.swap import SavedTensors
 
 
 def _stage():

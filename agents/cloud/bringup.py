@@ -1,0 +1,156 @@
+"""A launch's steps in order, each undone in reverse when a later one fails, so a
+launch that fails half-way leaves nothing behind (the --etcd auto instance, the
+uploaded wheel and the job's etcd keys included). Reads come first: the etcd is
+reachable and holds no such job, the zones, subnets and machine types exist;
+only then is anything created."""
+from __future__ import annotations
+
+import json
+
+from agents.cloud.common import BadInput, Install, LaunchError, etcd_script
+from agents.cloud.job import JobStore, config_key, config_request
+from agents.cloud.package import build_wheel, check_package
+
+
+class Undo:
+    """What was created so far, to remove in reverse order."""
+
+    def __init__(self):
+        self.steps: list = []
+
+    def push(self, fn) -> None:
+        self.steps.append(fn)
+
+    def run(self) -> list[str]:
+        """Undo everything; the failures (each one line), for the error message."""
+        failed = []
+        for fn in reversed(self.steps):
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 -- keep removing the rest
+                failed.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        self.steps.clear()
+        return failed
+
+
+def zones_of(args) -> tuple[str, ...]:
+    zones = tuple(z.strip() for z in args.zones.split(",") if z.strip())
+    if args.nodes < 1 or not zones:
+        raise BadInput("--nodes must be at least 1 and --zones must name a zone")
+    return zones
+
+
+def check_install(args, default_bucket: bool = False) -> None:
+    """--package names where to get the code, or --bucket is where it goes (on EC2
+    a bucket of the launch's own when neither is given)."""
+    if args.package:
+        check_package(args.package)
+    elif not args.bucket and not default_bucket:
+        raise BadInput("give --bucket BUCKET[/PREFIX] (where the project's wheel goes) or --package REQUIREMENT")
+
+
+def installable(args, shipper, job: str, undo: Undo) -> tuple[Install, str | None]:
+    """--package as given, else this project's wheel uploaded through `shipper`."""
+    if args.package:
+        return Install(check_package(args.package)), None
+    wheel = build_wheel()
+    try:
+        install, uri = shipper.ship(wheel, job)
+    finally:
+        if getattr(shipper, "created", False):
+            undo.push(shipper.delete_bucket)  # runs after the object's removal (undo is last in, first out)
+    undo.push(lambda: shipper.delete(uri))
+    return install, uri
+
+
+def configure(args, cfg, log, undo: Undo, start_etcd) -> tuple[str, str | None]:
+    """The job's config in its etcd: written here, or (--etcd auto) by the etcd
+    instance `start_etcd(script)` creates. The endpoint and that instance."""
+    if args.etcd != "auto":
+        store = JobStore(args.etcd, cfg.job, args.dry_run, log)
+        store.write(cfg)
+        undo.push(store.remove)
+        return args.etcd, None
+    if args.dry_run:
+        log(json.dumps({**config_request("<the etcd instance>", cfg), "by": "the etcd instance's boot script"},
+                       default=str))
+    instance, endpoint = start_etcd(etcd_script(config_key(cfg.job), json.dumps(cfg.to_dict())))
+    return endpoint, instance
+
+
+def check_etcd(args, job: str, log) -> None:
+    """An etcd given by the user answers and holds no job of this name."""
+    if args.etcd != "auto":
+        store = JobStore(args.etcd, job, args.dry_run, log)
+        store.check_absent()
+        store.close()
+
+
+def launch_ec2(args, cfg, log=print) -> dict:
+    from agents.cloud.ec2 import GPU_TYPES, Ec2Provider, Ec2Spec
+    from agents.cloud.storage import S3Shipper, default_bucket
+    zones, types = zones_of(args), tuple(args.instance_type or GPU_TYPES)
+    check_install(args, default_bucket=True)
+    check_etcd(args, cfg.job, log)
+    provider = Ec2Provider(args.region, args.endpoint_url, args.dry_run, log)
+    subnets = provider.subnets(zones)
+    provider.check_types(types, zones)
+    undo = Undo()
+    try:
+        shipper = None if args.package else S3Shipper(args.bucket or default_bucket(cfg.job, args.region),
+                                                      args.region, args.endpoint_url, args.dry_run, log,
+                                                      create=not args.bucket)
+        install, wheel = installable(args, shipper, cfg.job, undo)
+        spec = Ec2Spec(name=args.name, region=args.region, zones=zones, nodes=args.nodes, image=args.image,
+                       etcd=args.etcd, job=cfg.job, install=install, instance_types=types, key_name=args.key_name,
+                       security_groups=tuple(args.security_group), iam_profile=args.iam_profile)
+
+        def start_etcd(script: str) -> tuple[str, str]:
+            instance, endpoint = provider.etcd_node(spec, zones[0], subnets[zones[0]], script)
+            undo.push(lambda: provider.remove_instance(instance))
+            return instance, endpoint
+        etcd, etcd_instance = configure(args, cfg, log, undo, start_etcd)
+        made = provider.up(Ec2Spec(**{**spec.__dict__, "etcd": etcd}), subnets)
+    except BaseException as e:
+        raise _undone(e, undo) from None
+    return {**made, "job": cfg.job, "etcd": etcd, "etcd_instance": etcd_instance, "wheel": wheel,
+            "wheel_bucket_created": bool(shipper and shipper.created), "endpoint_url": args.endpoint_url}
+
+
+def launch_gcp(args, cfg, log=print) -> dict:
+    from agents.cloud.gcp import GcpProvider, GcpSpec
+    from agents.cloud.storage import GcsShipper
+    zones = zones_of(args)
+    check_install(args)
+    check_etcd(args, cfg.job, log)
+    provider = GcpProvider(args.project, args.region, args.endpoint_url, args.dry_run, log)
+    provider.check(zones, args.machine_type, args.accelerator)
+    undo = Undo()
+    try:
+        shipper = None if args.package else GcsShipper(args.bucket, args.project, args.storage_endpoint_url,
+                                                       args.dry_run, log)
+        install, wheel = installable(args, shipper, cfg.job, undo)
+        spec = GcpSpec(name=args.name, project=args.project, region=args.region, zones=zones, nodes=args.nodes,
+                       image=args.image, etcd=args.etcd, job=cfg.job, install=install,
+                       machine_type=args.machine_type, accelerator=args.accelerator)
+
+        def start_etcd(script: str) -> tuple[str, str]:
+            instance, endpoint = provider.etcd_node(spec, zones[0], script)
+            undo.push(lambda: provider.remove_instance(zones[0], instance))
+            return f"{zones[0]}/{instance}", endpoint
+        etcd, etcd_instance = configure(args, cfg, log, undo, start_etcd)
+        made = provider.up(GcpSpec(**{**spec.__dict__, "etcd": etcd}))
+    except BaseException as e:
+        raise _undone(e, undo) from None
+    return {**made, "project": args.project, "job": cfg.job, "etcd": etcd, "etcd_instance": etcd_instance,
+            "wheel": wheel, "endpoint_url": args.endpoint_url, "storage_endpoint_url": args.storage_endpoint_url}
+
+
+def _undone(error: BaseException, undo: Undo) -> BaseException:
+    """`error`, after undoing what the launch created; a failed undo is named in it."""
+    left = undo.run()
+    if not isinstance(error, LaunchError):
+        return error
+    if left:
+        return LaunchError(f"{error}; and removing what was created failed: {'; '.join(left)}")
+    return error

@@ -1,0 +1,399 @@
+"""`bamboo-train`: train a model with pipeline parallelism that survives preemptions.
+
+With no cluster arguments it starts an embedded etcd and P x D worker processes on
+this machine. `--stages 1 --pipelines 1` runs the plain single-process reference on
+the same samples. Bad arguments and unsurvivable failures end with one line on
+stderr and a non-zero exit.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+from bamboo.transport import devices
+from bamboo.control.config import DTYPES, JobConfig
+from bamboo.model.api import ModelSource
+from bamboo.data.corpus import TOKEN_DTYPES, check_files, corpora, is_token_file
+from bamboo.data.objects import is_remote
+from bamboo.model.builtin import MODELS, PRECISIONS, fp16_allowed
+from bamboo.commands.plot import check_output
+from bamboo.commands.preempts import parse_preempts
+from bamboo.model.recipe import SCHEDULES, check as check_recipe
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)  # bamboo-launch parses these options too
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="bamboo-train", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="tiny",
+                   help=f"built-in ({', '.join(sorted(MODELS))}) or a factory package.module:function")
+    p.add_argument("--model-config", metavar="FILE.json",
+                   help="a Hugging Face GPT-2 or Llama config.json (read offline; random weights from --seed)")
+    p.add_argument("--seq", type=int, default=32, help="tokens per sequence for factory and Hugging Face models")
+    p.add_argument("--stages", type=int, default=2, help="pipeline depth P")
+    p.add_argument("--pipelines", type=int, default=1, help="data-parallel pipelines D")
+    p.add_argument("--microbatches", type=int, default=4, help="global microbatches per iteration M")
+    p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--batch", type=int, default=2, help="sequences per microbatch")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
+    p.add_argument("--min-lr", type=float, default=0.0, help="where a linear or cosine schedule ends")
+    p.add_argument("--lr-schedule", choices=SCHEDULES, default="constant", help="after the warm-up")
+    p.add_argument("--warmup", type=int, default=0, metavar="ITERS", help="iterations of linear warm-up")
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's, on weights of 2 or more dimensions")
+    p.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.999), metavar=("B1", "B2"))
+    p.add_argument("--grad-clip", type=float, default=0.0, metavar="NORM",
+                   help="clip the whole model's gradient norm (all stages) to NORM; 0: never")
+    p.add_argument("--redundancy", choices=("eager", "lazy", "off", "auto"), default="eager",
+                   help="eager: the next stage's forward in the bubbles (FRC); lazy: its layers kept in sync, "
+                        "FRC and BRC only after a failure; off: no replica; auto (with --local-nodes): the agents "
+                        "switch between them from the preemption rate they observe")
+    p.add_argument("--auto-prior-rate", type=float, default=0.05, metavar="R",
+                   help="--redundancy auto: preemptions per node-hour to assume before any are seen")
+    p.add_argument("--auto-prior-hours", type=float, default=2.0, metavar="H",
+                   help="--redundancy auto: how many node-hours of observation that assumption weighs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                   help="of the weights and optimizer state (float64 for exact tests)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="bf16, fp16: autocast forwards over float32 weights; fp16 (CUDA) scales its loss dynamically")
+    p.add_argument("--initial-loss-scale", type=float, default=65536.0, metavar="S",
+                   help="fp16: the loss scale's first value, a power of two (halved after an overflow)")
+    p.add_argument("--loss-scale-window", type=int, default=1000, metavar="N",
+                   help="fp16: the loss scale doubles after N steps in a row without an overflow")
+    p.add_argument("--min-loss-scale", type=float, default=1.0, metavar="S", help="fp16: the scale's floor")
+    p.add_argument("--data", nargs="+", default=[], metavar="FILE",
+                   help="text files to train on as bytes (default: the Python standard library's sources), or one "
+                        "token file FILE.bin (a flat array of --token-dtype ids, as nanoGPT's prepare.py writes); "
+                        "s3://BUCKET/KEY and gs://BUCKET/KEY are downloaded once per machine ($BAMBOO_DATA_CACHE)")
+    p.add_argument("--token-dtype", choices=sorted(TOKEN_DTYPES), default="uint16", help="of a token file's ids")
+    p.add_argument("--val-fraction", type=float, metavar="F",
+                   help="the tail of the token stream held out for validation, never trained on (default 0.05)")
+    p.add_argument("--val-data", nargs="+", default=[], metavar="FILE",
+                   help="validate on these files instead (nanoGPT's val.bin, or text); the training data are not split")
+    p.add_argument("--eval-every", type=int, default=0, metavar="K",
+                   help="validation loss on the pipeline after every K-th iteration and the last; 0: never")
+    p.add_argument("--eval-batches", type=int, default=8, metavar="N",
+                   help="validation microbatches per evaluation (fixed, split over the pipelines)")
+    p.add_argument("--metrics-out", metavar="FILE", help="JSON lines, one per iteration, then a summary")
+    p.add_argument("--plot", metavar="PNG", help="at the end, draw loss, samples/s and live nodes against "
+                                                 "wall-clock time, with the run's events marked (bamboo-plot)")
+    p.add_argument("--tensorboard", metavar="DIR", help="write loss, samples/s, nodes and events there as "
+                                                        "iterations finish (tensorboard --logdir DIR)")
+    p.add_argument("--save-dir", metavar="DIR", help="write the final parameters, one file per layer")
+    p.add_argument("--export", metavar="DIR", help="write the trained model to DIR as one safetensors checkpoint; "
+                                                   "for hf: models, a directory from_pretrained loads")
+    p.add_argument("--checkpoint", metavar="DIR|s3://BUCKET/PREFIX|gs://BUCKET/PREFIX", help="where checkpoints go")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="checkpoint every K iterations")
+    p.add_argument("--checkpoint-seconds", type=float, default=0, metavar="T",
+                   help="checkpoint once T seconds passed since the last one")
+    p.add_argument("--resume", action="store_true", help="start from the newest complete checkpoint")
+    p.add_argument("--preempt", action="append", default=[], metavar="NODE@ITER[:INSTR]",
+                   help="SIGKILL that worker just before that instruction (repeatable; INSTR evalK: before "
+                        "instruction K of its evaluation stream after the step), or 'random'")
+    p.add_argument("--failure-timeout", type=float, default=3.0,
+                   help="seconds without a lease refresh after which a node counts as dead")
+    p.add_argument("--lease-ttl", type=float, default=15.0,
+                   help="etcd lease TTL: how long etcd may be unreachable before nodes must register again")
+    p.add_argument("--hang-timeout", type=float, default=300.0,
+                   help="a node whose main thread is stuck this long counts as dead; gloo's operation timeout")
+    p.add_argument("--straggler-factor", type=float, default=5.0,
+                   help="a node that computed more than this many times its peers' median in one iteration "
+                        "(and --straggler-slack seconds more) is fenced as a straggler; 0: never")
+    p.add_argument("--straggler-slack", type=float, default=3.0,
+                   help="seconds a straggler's compute must exceed its peers' median by, too")
+    p.add_argument("--stall-timeout", type=float, default=1800.0,
+                   help="give up when no iteration finishes for this many seconds")
+    p.add_argument("--check-replicas", action="store_true",
+                   help="compare digests of every copy of every stage after each step")
+    devices.add_flags(p)
+    p.add_argument("--etcd", metavar="HOST:PORT", help="use this etcd instead of starting one")
+    p.add_argument("--job", help="name the job (default: a fresh unique name); with --etcd and --local-nodes, "
+                                 "a job of that name that runs already is joined")
+    p.add_argument("--local-nodes", type=int, metavar="N",
+                   help="run N nodes, each an elastic agent, that keep reconfiguring (D = nodes // P)")
+    p.add_argument("--zones", default="a", metavar="A,B,...", help="zones of the local nodes, dealt in turn")
+    p.add_argument("--notice", choices=("ec2", "gcp"), help="with --local-nodes: agents watch this cloud's "
+                                                           "preemption notices")
+    p.add_argument("--metadata-url", metavar="URL", help="the metadata service the agents watch ({node} is "
+                                                         "replaced by the node id)")
+    p.add_argument("--join", action="append", default=[], metavar="COUNT@ITER",
+                   help="with --local-nodes: COUNT more nodes join after iteration ITER (repeatable)")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def local_cluster(args):
+    """The --local-nodes/--zones/--join settings, checked, or None."""
+    from bamboo.commands.launcher import LocalCluster
+    if args.local_nodes is None:
+        if args.join:
+            raise ValueError("--join needs --local-nodes")
+        return None
+    zones = tuple(z.strip() for z in args.zones.split(","))
+    if not all(zones):
+        raise ValueError(f"--zones {args.zones!r}: expected names separated by commas")
+    if args.local_nodes < args.stages:
+        raise ValueError(f"--local-nodes {args.local_nodes} is fewer than --stages {args.stages}")
+    joins = []
+    for spec in args.join:
+        count, _, it = spec.partition("@")
+        if not (count.isdigit() and it.isdigit() and int(count) > 0):
+            raise ValueError(f"--join {spec!r}: expected COUNT@ITERATION")
+        if int(it) >= args.iterations - 1:
+            raise ValueError(f"--join {spec!r}: nodes join after iteration {it}, and the job's last is "
+                             f"{args.iterations - 1} (--iterations {args.iterations})")
+        joins.append((int(count), int(it)))
+    return LocalCluster(args.local_nodes, zones, tuple(joins), args.notice, args.metadata_url)
+
+
+def check_writable(path: str | None, flag: str) -> None:
+    """Fail now, not after training, if `path`'s directory cannot take a file."""
+    if path:
+        check_output(path, flag)  # its BadInput is a ValueError, as the callers catch
+
+
+def check_directory(path: str | None, flag: str) -> None:
+    """Fail now, not at the first iteration, if `path` cannot be a directory of files."""
+    if not path:
+        return
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{flag} {path!r}: is a file, not a directory")
+    check_writable(os.path.join(path, "probe"), flag)
+
+
+def check_outputs(args) -> None:
+    """The files the run will write, checked before it starts."""
+    check_writable(args.metrics_out, "--metrics-out")
+    check_writable(args.plot, "--plot")
+    if args.plot and args.metrics_out and os.path.abspath(args.plot) == os.path.abspath(args.metrics_out):
+        raise ValueError(f"--plot {args.plot!r} is the --metrics-out file")
+    check_directory(args.tensorboard, "--tensorboard")
+    if args.export:
+        from bamboo.model.export import check_target
+        check_target(args.export)
+
+
+def metric_sinks(args) -> tuple:
+    """Where iteration records go besides --metrics-out: --tensorboard as they come,
+    --plot at the end."""
+    sinks = []
+    if args.tensorboard:
+        from bamboo.commands.board import Board
+        sinks.append(Board(args.tensorboard))
+    if args.plot:
+        from bamboo.commands.plot import PlotSink
+        sinks.append(PlotSink(args.plot))
+    return tuple(sinks)
+
+
+def check_redundancy(args) -> None:
+    """--redundancy off survives a death only by redoing the iteration from a peer
+    pipeline's copy of the lost stage, which needs agents and two pipelines."""
+    if args.redundancy == "auto" and args.local_nodes is None and args.stages > 1:
+        raise ValueError("--redundancy auto needs agents (--local-nodes N): they choose the mode between iterations")
+    if args.auto_prior_rate < 0 or args.auto_prior_hours <= 0:
+        raise ValueError(f"--auto-prior-rate must not be negative and --auto-prior-hours must be positive "
+                         f"(got {args.auto_prior_rate} and {args.auto_prior_hours})")
+    if args.redundancy != "off" or args.stages == 1:
+        return
+    if args.preempt and args.local_nodes is None:
+        raise ValueError("--preempt with --redundancy off and no agents: no node holds the killed node's layers, "
+                         "so the job would end; use --redundancy eager or lazy, or --local-nodes with 2+ pipelines")
+    if args.local_nodes is not None and args.local_nodes < 2 * args.stages and not args.checkpoint:
+        raise ValueError(f"--redundancy off with agents needs 2 pipelines (--local-nodes {2 * args.stages} or more) "
+                         "to redo an iteration from a peer's copy, or --checkpoint to restore from; else one death "
+                         "restarts training from iteration 0")
+
+
+def check_precision(args) -> None:
+    if args.precision == "fp16" and not fp16_allowed(torch.device("cuda" if torch.cuda.is_available() else "cpu")):
+        raise ValueError("--precision fp16 needs CUDA (fp16 with a dynamic loss scale is for GPUs); "
+                         "on the CPU use --precision bf16")
+    if args.precision != "fp32" and args.dtype != "float32":
+        raise ValueError(f"--precision {args.precision} keeps float32 master weights: use --dtype float32 "
+                         f"(got {args.dtype})")
+
+
+def read_model_config(args) -> str | None:
+    """--model-config's text: every worker gets it with the job's settings."""
+    if not args.model_config:
+        return None
+    if args.model != "tiny" and not args.model.startswith("hf"):
+        raise ValueError(f"--model-config names the model: leave out --model {args.model!r}")
+    try:
+        with open(args.model_config) as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"--model-config {args.model_config!r}: cannot read it ({e.strerror})") from None
+
+
+def check_data(args, source: ModelSource, fetch: bool = True) -> None:
+    """The data fit the model and the evaluation, checked before any process starts
+    (a token file is scanned once, here, for ids outside the vocabulary). Objects
+    are fetched into this machine's cache, or with `fetch` False (bamboo-launch:
+    the nodes fetch them) only checked to exist."""
+    if args.val_data and args.val_fraction is not None:
+        raise ValueError("--val-data and --val-fraction: validate on a file or on the data's tail, not both")
+    args.val_fraction = (0.0 if args.val_data else 0.05) if args.val_fraction is None else args.val_fraction
+    if not 0 <= args.val_fraction < 1:
+        raise ValueError(f"--val-fraction must be at least 0 and below 1 (got {args.val_fraction})")
+    if args.eval_every < 0 or args.eval_batches < 1:
+        raise ValueError(f"--eval-every must not be negative and --eval-batches must be at least 1 "
+                         f"(got {args.eval_every} and {args.eval_batches})")
+    if not fetch and any(map(is_remote, (*args.data, *args.val_data))):
+        return check_objects(args)
+    found = corpora(args.data, args.val_data, args.token_dtype, source.seq, args.batch, args.seed, args.val_fraction)
+    for corpus in found:
+        corpus.check_vocabulary(source.vocab, args.model_config or args.model)
+    if args.eval_every:
+        found[0].check_validation()
+
+
+def check_objects(args) -> None:
+    """Each object exists and a token file's size is a whole number of ids."""
+    from bamboo.data.cache import stat
+    itemsize = np.dtype(TOKEN_DTYPES[args.token_dtype]).itemsize
+    for files in (args.data, args.val_data):
+        check_files(files)
+        for uri in filter(is_remote, files):
+            size = stat(uri).size
+            if is_token_file(uri) and size % itemsize:
+                raise ValueError(f"token file {uri} has {size} bytes, not a whole number of {args.token_dtype} ids "
+                                 f"({itemsize} bytes each): is --token-dtype right?")
+
+
+def check_checkpoint(location: str | None) -> None:
+    """An object-storage checkpoint's bucket answers a listing now, not at the
+    first checkpoint (or resume) of the run."""
+    if location and is_remote(location):
+        from bamboo.data.objects import bucket_of
+        bucket, prefix = bucket_of(location)
+        bucket.list(prefix.strip("/") + "/" if prefix.strip("/") else "")
+
+
+def config_from_args(args, fetch_data: bool = True) -> JobConfig:
+    if args.local_nodes is not None:
+        args.pipelines = max(1, args.local_nodes // max(1, args.stages))  # at the start
+    for name in ("stages", "pipelines", "microbatches", "iterations", "batch"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be at least 1 (got {getattr(args, name)})")
+    check_recipe(args)
+    check_precision(args)
+    model_config = read_model_config(args)
+    source = ModelSource(args.model, args.seed, seq=args.seq, config_json=model_config)
+    layers = source.count
+    check_checkpoint(args.checkpoint)
+    check_data(args, source, fetch_data)
+    if args.stages > layers:
+        raise ValueError(f"--stages {args.stages} is more than model {args.model}'s {layers} layers")
+    if args.microbatches < args.pipelines:
+        raise ValueError(f"--microbatches {args.microbatches} is fewer than --pipelines {args.pipelines}")
+    if (args.checkpoint_every or args.checkpoint_seconds or args.resume) and not args.checkpoint:
+        raise ValueError("--checkpoint-every, --checkpoint-seconds and --resume need --checkpoint "
+                         "DIR|s3://BUCKET/PREFIX|gs://BUCKET/PREFIX")
+    for flag in ("failure_timeout", "lease_ttl", "hang_timeout"):
+        if getattr(args, flag) <= 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be positive (got {getattr(args, flag)})")
+    if args.straggler_factor < 0 or (args.straggler_factor and args.straggler_factor <= 1) or args.straggler_slack < 0:
+        raise ValueError("--straggler-factor must be 0 (off) or above 1, and --straggler-slack not negative "
+                         f"(got {args.straggler_factor} and {args.straggler_slack})")
+    if args.lease_ttl <= args.failure_timeout:
+        raise ValueError(f"--lease-ttl {args.lease_ttl} must exceed --failure-timeout {args.failure_timeout}")
+    if args.checkpoint_every < 0 or args.checkpoint_seconds < 0:
+        raise ValueError("--checkpoint-every and --checkpoint-seconds must not be negative")
+    if args.resume and args.local_nodes is not None:
+        raise ValueError("--resume with --local-nodes: agents restore from the checkpoint by themselves when a "
+                         "stage is lost; to restart a job from a checkpoint, run it without --local-nodes")
+    if args.stages == 1 and (args.checkpoint or args.resume):
+        raise ValueError("checkpoints need a pipeline (--stages 2 or more)")
+    if args.stages == 1 and args.pipelines > 1:
+        raise ValueError("--stages 1 is the single-process reference: use --pipelines 1")
+    preempt = parse_preempts(args.preempt, args) if args.stages > 1 else ()
+    check_redundancy(args)
+    parsed_devices = devices.parse_devices(args.devices)
+    if args.transport == "nccl" and args.share_gpu:
+        raise ValueError("--transport nccl cannot share a GPU between workers: drop --share-gpu or use gloo")
+    check_outputs(args)  # last: it may create the directories
+    return JobConfig(model="hf:config" if model_config else args.model, model_config=model_config, stages=args.stages, pipelines=args.pipelines,
+                     microbatches=args.microbatches, iterations=args.iterations, redundancy=args.redundancy,
+                     auto_prior_rate=args.auto_prior_rate, auto_prior_hours=args.auto_prior_hours,
+                     seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
+                     lr_schedule=args.lr_schedule, warmup=args.warmup, weight_decay=args.weight_decay,
+                     betas=tuple(args.betas), grad_clip=args.grad_clip, dtype=args.dtype, precision=args.precision,
+                     initial_loss_scale=args.initial_loss_scale, loss_scale_window=args.loss_scale_window,
+                     min_loss_scale=args.min_loss_scale,
+                     failure_timeout=args.failure_timeout, lease_ttl=args.lease_ttl,
+                     hang_timeout=args.hang_timeout, stall_timeout=args.stall_timeout,
+                     straggler_factor=args.straggler_factor, straggler_slack=args.straggler_slack,
+                     preempt=preempt, data_files=tuple(args.data), token_dtype=args.token_dtype,
+                     val_fraction=args.val_fraction, val_files=tuple(args.val_data), eval_every=args.eval_every,
+                     eval_batches=args.eval_batches, save_dir=args.save_dir, check_replicas=args.check_replicas,
+                     checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
+                     checkpoint_seconds=args.checkpoint_seconds, resume=args.resume, devices=parsed_devices,
+                     share_gpu=args.share_gpu, transport=args.transport,
+                     elastic=args.local_nodes is not None, layers=layers, job=args.job or "job")
+
+
+def _terminate(signum, frame):
+    from bamboo.commands.launcher import INTERRUPTED
+    INTERRUPTED.set()  # seen by the launcher's loops even if an etcd call swallowed the exception
+    raise KeyboardInterrupt  # the same cleanup as Ctrl-C
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _terminate)
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+        local = local_cluster(args)
+        if cfg.stages > 1:  # every worker runs on this host: can each have its device?
+            workers = local.nodes + sum(c for c, _ in local.joins) if local else cfg.nodes
+            devices.check_flags(args.devices, args.share_gpu, args.transport, workers)
+        else:  # the single-process run computes on the first worker's device: it must exist
+            devices.check_flags(args.devices, True, "gloo", 1)
+    except ValueError as e:
+        print(f"bamboo-train: error: {e}", file=sys.stderr)
+        return 2
+    layers = tempfile.mkdtemp(prefix="bamboo-export-") if args.export and not cfg.save_dir else None
+    cfg = dataclasses.replace(cfg, save_dir=cfg.save_dir or layers)
+    try:
+        if cfg.stages == 1:
+            from bamboo.commands.single import run_single
+            run_single(cfg, args.metrics_out, progress=not args.no_progress, sinks=metric_sinks(args))
+        else:
+            from bamboo.commands.launcher import Launcher
+            summary = Launcher(cfg, args.etcd, args.metrics_out, progress=not args.no_progress, cluster=local,
+                               named=args.job is not None, sinks=metric_sinks(args)).run()
+            print(json.dumps(summary))
+        if args.export:
+            from bamboo.model.export import export
+            export(cfg.save_dir, args.export, ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq,
+                                                          cfg.model_config))
+    except KeyboardInterrupt:
+        print("bamboo-train: interrupted; every process it started is stopped", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 -- one line, not a traceback wall
+        print(f"bamboo-train: error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if layers:
+            shutil.rmtree(layers, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

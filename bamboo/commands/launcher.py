@@ -1,0 +1,405 @@
+"""Local launch: an embedded etcd (unless one is given), P x D worker processes,
+a progress bar, metrics, and cleanup of everything started, on exit or Ctrl-C.
+
+The launcher reads the workers' iteration reports from etcd, checks that every
+microbatch's loss arrived exactly once, and writes one JSON line per iteration.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from bamboo.control.assignment import Assignment
+from bamboo.control.changes import Changes
+from bamboo.control.cluster import Cluster, in_force, latest
+from bamboo.control.config import JobConfig
+from bamboo.transport.devices import LOCAL_RANK
+from bamboo.control.etcd import EtcdServer, die_with_parent
+from bamboo.control.exits import FENCED
+from bamboo.control.protocol import (ASSIGNMENT, CONFIG, DONE, ERROR, FAILED, LOSS, NOTICES, PREEMPTED, SCALE, START,
+                             VAL_LOSS)
+from bamboo.commands.reference import mean_loss
+
+
+# Set by bamboo-train's SIGINT/SIGTERM handler.
+INTERRUPTED = threading.Event()
+
+
+class LaunchError(RuntimeError):
+    """The job could not finish; the message says why."""
+
+
+class MetricsWriter:
+    """JSON lines written to a temp file and renamed into place at the end, so a
+    reader never sees a half-written file. Each record also goes, as it is written,
+    to every sink (`add(record)`, then `close()` at the end): the TensorBoard
+    writer and the figure (`bamboo/commands/board.py`, `bamboo/commands/plot.py`) see exactly what
+    the file holds, on every path that writes metrics."""
+
+    def __init__(self, path: str | None, sinks: tuple = ()):
+        self.path, self.lines, self.sinks = path, [], sinks
+
+    def write(self, record: dict) -> None:
+        self.lines.append(json.dumps(record))
+        for sink in self.sinks:
+            sink.add(record)
+
+    def close(self) -> None:
+        try:
+            self._write_file()
+        finally:
+            for sink in self.sinks:
+                sink.close()
+
+    def _write_file(self) -> None:
+        if not self.path or not self.lines:
+            return  # nothing ran: no file, rather than an empty one
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(self.lines) + "\n")
+        os.replace(tmp, self.path)
+
+
+def iteration_record(cfg: JobConfig, it: int, losses: dict, reports: dict, seconds: float, nodes: int,
+                     events: list) -> dict:
+    if sorted(losses) != list(range(cfg.microbatches)):
+        raise LaunchError(f"iteration {it}: {len(losses)} of {cfg.microbatches} microbatch losses arrived")
+    record = {"iteration": it, "loss": sum(losses[g].value for g in range(cfg.microbatches)) / cfg.microbatches,
+              "samples": cfg.microbatches * cfg.batch, "seconds": round(seconds, 4), "nodes": nodes,
+              "events": events}
+    if cfg.check_replicas:
+        record["replicas_equal"] = replicas_equal(cfg, reports)
+    return record
+
+
+def add_loss_scale(record: dict, scale) -> None:
+    """fp16: the loss scale the iteration ran with; an `overflow` event when every
+    copy skipped its step (the scale halves for the next)."""
+    record["loss_scale"] = scale.scale
+    if scale.overflow:
+        record["events"].append({"type": "overflow", "iteration": record["iteration"], "loss_scale": scale.scale})
+
+
+def add_validation(cfg: JobConfig, record: dict, losses: dict) -> None:
+    """An evaluated iteration's `val_loss`; or, when a death cut the evaluation
+    short (some validation losses never arrived), an `eval_skipped` event."""
+    if sorted(losses) == list(range(cfg.eval_batches)):
+        record["val_loss"] = mean_loss({g: loss.value for g, loss in losses.items()}, cfg.eval_batches)
+    else:
+        record["events"].append({"type": "eval_skipped", "iteration": record["iteration"], "arrived": len(losses),
+                                 "of": cfg.eval_batches})
+
+
+def replicas_equal(cfg: JobConfig, reports: dict) -> bool:
+    """Every copy of a stage (owner, replica, other pipelines) has one digest."""
+    by_stage: dict[str, set] = {}
+    for r in reports.values():
+        for stage, d in r.digests.items():
+            by_stage.setdefault(stage, set()).add(d)
+    return len(by_stage) == cfg.stages and all(len(d) == 1 for d in by_stage.values())
+
+
+@dataclass(frozen=True)
+class LocalCluster:
+    """N agents on this machine, node n in zone zones[n % len(zones)]; `joins`:
+    (count, iteration) pairs: that many more nodes join once the iteration ends
+    (their agents start with the others and register then)."""
+    nodes: int
+    zones: tuple[str, ...] = ("a",)
+    joins: tuple[tuple[int, int], ...] = ()
+    notice: str | None = None        # agents watch this cloud's preemption notices...
+    metadata_url: str | None = None  # ...at this metadata service ("{node}" is replaced)
+
+    def zone(self, node: int) -> str:
+        return self.zones[node % len(self.zones)]
+
+    def agent_args(self, node: int) -> list[str]:
+        """The options every agent of node `node` gets (beyond etcd, job and id)."""
+        args = ["--zone", self.zone(node)]
+        if self.notice:
+            args += ["--notice", self.notice]
+            if self.metadata_url:
+                args += ["--metadata-url", self.metadata_url.replace("{node}", str(node))]
+        return args
+
+    def joiners(self) -> list[tuple[int, int]]:
+        """(node, iteration) of every node that joins: ids after the first nodes',
+        in the order of the iterations they join after."""
+        found: list[tuple[int, int]] = []
+        for count, it in sorted(self.joins, key=lambda join: join[1]):
+            found += [(self.nodes + len(found) + k, it) for k in range(count)]
+        return found
+
+
+class Rewind(Exception):
+    def __init__(self, assignment: Assignment):
+        self.assignment = assignment
+
+
+class Launcher:
+    def __init__(self, cfg: JobConfig, etcd: str | None = None, metrics_out: str | None = None,
+                 progress: bool = True, cluster: LocalCluster | None = None, named: bool = False,
+                 sinks: tuple = ()):
+        # A job is named by the user (`--job`: a second launcher may join it) or made unique.
+        self.cfg = cfg if named else JobConfig(**{**cfg.__dict__, "job": f"{cfg.job}-{uuid.uuid4().hex[:8]}"})
+        self.named = named
+        self.etcd, self.metrics = etcd, MetricsWriter(metrics_out, sinks)
+        self.progress = progress
+        self.local = cluster
+        self._redone = 0  # the newest redo epoch already rewound to
+        self._changes: Changes | None = None  # set by an etcd watch: a report, death, epoch or error
+        self._noticed: set[int] = set()
+        self._joiners: dict[int, int] = {}  # node -> the iteration it joins after, until that is recorded
+        self.server: EtcdServer | None = None
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.slots: dict[int, int] = {}  # node -> its LOCAL_RANK, the device it takes (bamboo/transport/devices.py)
+        self.on_tick = None    # called while waiting for iterations (a trace replay adds and kills nodes)
+        self.stopped = False   # set by on_tick: stop after the current iteration, killing every process
+        self.logs: str | None = None
+        self.keep_logs = False
+
+    def run(self) -> dict:
+        try:
+            return self._run()
+        except Exception:
+            self.keep_logs = True  # the workers' tracebacks stay for the user (the error names them)
+            raise
+        finally:
+            self.stop()
+            self.metrics.close()  # what finished is written, even after an error
+
+    def stop_processes(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs.values():
+            p.wait()
+
+    def stop(self) -> None:
+        self.stop_processes()
+        if self.server:
+            self.server.stop()
+        if self.logs and not self.keep_logs:
+            shutil.rmtree(self.logs, ignore_errors=True)
+
+    def _run(self) -> dict:
+        if self.etcd is None:
+            self.server = EtcdServer().start()
+        cluster = Cluster(self.etcd or self.server.endpoint, self.cfg.job)
+        self.logs = tempfile.mkdtemp(prefix="bamboo-logs-")
+        if self.named and cluster.get(CONFIG()) is not None:
+            return self._join(cluster)
+        cluster.put(CONFIG(), self.cfg)
+        if self.local:
+            for n in range(self.local.nodes):
+                self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--min-nodes",
+                            str(self.local.nodes), "--log-dir", self.logs)
+            self._joiners = dict(self.local.joiners())
+            for n, after in self._joiners.items():  # booted now: they join once `after` is done, not when ready
+                self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--register-after", str(after),
+                            "--log-dir", self.logs)
+        else:
+            cluster.put(ASSIGNMENT(0), Assignment.static(self.cfg.stages, self.cfg.pipelines))
+            for n in range(self.cfg.nodes):
+                self._start(cluster, n, "bamboo.runtime.worker")
+        start = last = time.monotonic()
+        summary = {"iterations": 0, "samples": 0, "preemptions": 0, "failovers": 0}
+        first = self._wait_start(cluster)
+        epoch = mode = None  # the epoch and redundancy mode of the last iteration recorded
+        with ProgressBar(self.progress, self.cfg.iterations) as bar:
+            it, redo = first, []
+            while it < self.cfg.iterations and not self.stopped:
+                try:
+                    found = self._wait_iteration(cluster, it, since=last)
+                except Rewind as r:  # abandoned: the agents redo it (or restart from a checkpoint)
+                    redo.append({"type": "redo", "abandoned": it, "from": r.assignment.start,
+                                 "restore": r.assignment.restore})
+                    it = r.assignment.start
+                    continue
+                if found is None:
+                    break  # stopped by on_tick
+                now = time.monotonic()
+                reports, failed, assignments = found
+                preempted, notices, losses = cluster.read(PREEMPTED(), NOTICES(), LOSS(it))
+                events = redo + [e for r in reports.values() for e in r.events]
+                redo = []
+                events += [{"type": "preemption", "node": n, "pause_seconds": round(time.time() - p.time, 4)}
+                           for n, p in preempted.items() if p.iteration == it]
+                for n, notice in notices.items():  # reported once, when first seen
+                    if n not in self._noticed:
+                        self._noticed.add(n)
+                        events.append({"type": "notice", "node": n, "source": notice.source,
+                                       "action": notice.action})
+                assignment = in_force(assignments, it)
+                live = sum(n not in failed or failed[n].iteration > it for n in assignment.members)
+                if assignment.epoch != epoch:
+                    epoch, before, mode = assignment.epoch, mode, assignment.mode(self.cfg.redundancy)
+                    events.append({"type": "reconfigure", "epoch": epoch, "pipelines": assignment.pipelines,
+                                   "standby": assignment.standby, "redundancy": mode})
+                    if before not in (None, mode):  # --redundancy auto switched
+                        events.append({"type": "mode", "epoch": epoch, "from": before, "to": mode})
+                record = iteration_record(self.cfg, it, losses, reports, now - last, live, events)
+                if self.cfg.loss_scaling:
+                    add_loss_scale(record, cluster.get(SCALE(it)))
+                if self.cfg.evaluates(it):
+                    add_validation(self.cfg, record, cluster.children(VAL_LOSS(it)))
+                self.metrics.write(record)
+                last = now
+                summary["iterations"] += 1
+                summary["samples"] += record["samples"]
+                summary["preemptions"] += sum(e["type"] == "preemption" for e in events)
+                summary["failovers"] += sum(e["type"] == "failover" for e in events)
+                if self.cfg.loss_scaling:
+                    summary["skipped_steps"] = summary.get("skipped_steps", 0) + sum(
+                        e["type"] == "overflow" for e in record["events"])
+                summary["peak_memory_mb"] = {str(n): r.rss_mb for n, r in reports.items()}
+                if cuda := {str(n): r.cuda_mb for n, r in reports.items() if r.cuda_mb}:  # peak allocated
+                    summary["peak_cuda_mb"] = {**summary.get("peak_cuda_mb", {}), **cuda}
+                bar(it, record)
+                self._joiners = {n: after for n, after in self._joiners.items() if after > it}
+                it += 1
+        if self.stopped:
+            self.stop_processes()
+        for n, p in self.procs.items():
+            if p.wait() not in EXPECTED_EXITS:
+                raise LaunchError(self._worker_error(cluster))
+        cluster.close()
+        summary["total_seconds"] = round(time.monotonic() - start, 3)
+        summary["mean_iteration_seconds"] = round(summary["total_seconds"] / max(1, summary["iterations"]), 4)
+        self.metrics.write({"summary": summary})
+        return summary
+
+    def _start(self, cluster: Cluster, node: int, module: str, *args: str, named: bool = True) -> None:
+        """A worker (or, for a local cluster, an agent) for `node` (with `named`
+        False the agent claims the next free id and `node` only names its log)."""
+        kind = "agent" if module.startswith("agents") else "worker"
+        held = {self.slots[n] for n, p in self.procs.items() if p.poll() is None}
+        self.slots[node] = min(set(range(len(held) + 1)) - held)  # the lowest index no live process has
+        with open(os.path.join(self.logs, f"{kind}{node}.log"), "w") as log:
+            self.procs[node] = subprocess.Popen(
+                [sys.executable, "-m", module, "--etcd", cluster.endpoint, "--job", self.cfg.job,
+                 *(["--node", str(node)] if named else []), *args], stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent, env={**os.environ, LOCAL_RANK: str(self.slots[node])})
+
+    def _join(self, cluster: Cluster) -> dict:
+        """The job runs already: add this machine's nodes to it, as agents that wait
+        in standby until the policy gives them stages, and stay until they leave."""
+        if not self.local:
+            raise LaunchError(f"job {self.cfg.job!r} already exists: --local-nodes N joins it with N nodes")
+        if not cluster.get(CONFIG()).elastic:
+            raise LaunchError(f"job {self.cfg.job!r} runs without agents: it cannot take new nodes")
+        for n in range(self.local.nodes):
+            self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--log-dir", self.logs, named=False)
+        for p in self.procs.values():
+            if p.wait() not in EXPECTED_EXITS:
+                raise LaunchError(self._worker_error(cluster))
+        return {"joined": self.cfg.job, "nodes": self.local.nodes}
+
+    def _wait_start(self, cluster: Cluster) -> int:
+        """The iteration the workers start from (0, or a checkpoint's)."""
+        since = time.monotonic()
+        while (first := cluster.get(START())) is None:
+            self._check_workers(cluster, since, "the workers to start")
+            time.sleep(0.05)
+        return first.iteration
+
+    def _check_workers(self, cluster: Cluster, since: float, what: str) -> None:
+        if INTERRUPTED.is_set():  # Ctrl-C landed inside a gRPC call, which retried it away
+            raise KeyboardInterrupt
+        if any(p.poll() not in (None, *EXPECTED_EXITS) for p in self.procs.values()):
+            raise LaunchError(self._worker_error(cluster))
+        if all(p.poll() is not None for n, p in self.procs.items() if n not in self._joiners):  # (not yet in)
+            raise LaunchError(f"every worker exited while waiting for {what}")
+        if time.monotonic() - since > self.cfg.stall_timeout:
+            raise LaunchError(f"gave up waiting for {what} after --stall-timeout "
+                              f"{self.cfg.stall_timeout:.0f} s (logs: {self.logs})")
+
+    def _wait_iteration(self, cluster: Cluster, it: int, since: float) -> tuple[dict, dict, dict] | None:
+        """The reports of iteration `it` once every node sent one (or died), with the
+        deaths and the epochs read with them (one etcd read each time it looks); None
+        if on_tick stopped the run; Rewind if the agents abandoned it meanwhile."""
+        changed = self._changes or cluster.changes(DONE(), FAILED(), ASSIGNMENT(), ERROR())
+        self._changes = changed
+        while True:
+            changed.take()  # lowered before the read (and armed again after an etcd restart)
+            assignments, done, failed = cluster.read(ASSIGNMENT(), DONE(it), FAILED())
+            newest = latest(assignments)
+            if newest.redo and newest.start <= it and newest.epoch > self._redone:
+                self._redone = newest.epoch
+                raise Rewind(newest)
+            if all(n in done or n in failed for n in in_force(assignments, it).members):
+                return done, failed, assignments
+            self._check_workers(cluster, since, f"iteration {it} to finish")
+            if self.on_tick:
+                self.on_tick(self, cluster)
+                if self.stopped:
+                    return None
+            # Off the critical path: woken by a report, a death, an epoch or an error
+            # (an etcd watch), else every half second to look at the processes.
+            # bamboo-chaos and bamboo-replay tick on their own clock.
+            changed.wait(0.05 if self.on_tick else 0.5)
+
+    def _worker_error(self, cluster: Cluster) -> str:
+        """One line for the failure: a worker's own error, preferring a root cause
+        over the time-outs it caused elsewhere, else the last line of a log."""
+        errors = {n: e.message for n, e in cluster.children(ERROR()).items()}
+        if errors:
+            node = min(errors, key=lambda n: (errors[n].startswith("TimeoutError"), n))
+            return f"worker {node} failed: {errors[node]} (logs: {self.logs})"
+        for node, p in self.procs.items():
+            if p.poll() not in (None, *EXPECTED_EXITS):
+                kind = "agent" if self.local else "worker"
+                with open(os.path.join(self.logs, f"{kind}{node}.log")) as f:
+                    lines = f.read().strip().splitlines()
+                return f"{kind} {node} exited with status {p.returncode}: {_last_error(lines)} (logs: {self.logs})"
+        return "a worker failed"
+
+
+def _last_error(lines: list[str]) -> str:
+    """A log's last exception line (`SomeError: why`), else its last line."""
+    found = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", ln)]
+    return (found or lines or ["no output"])[-1]
+
+
+EXPECTED_EXITS = (0, -signal.SIGKILL, FENCED)  # done, preempted, or fenced off by its peers
+
+
+class ProgressBar:
+    """A rich progress bar on stderr (or nothing): iteration, loss, samples/s, nodes."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.enabled, self.total = enabled, total
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda it, record: None
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        self.bar = Progress(TextColumn("iteration {task.completed}/{task.total}"), BarColumn(),
+                            TextColumn("loss {task.fields[loss]}  {task.fields[rate]} samples/s  "
+                                       "{task.fields[nodes]} nodes"), TimeElapsedColumn(),
+                            transient=False)
+        self.bar.start()
+        self.task = self.bar.add_task("train", total=self.total, loss="-", rate="-", nodes="-")
+
+        def update(it, record):
+            rate = record["samples"] / record["seconds"] if record["seconds"] else 0.0
+            self.bar.update(self.task, completed=it + 1, loss=f"{record['loss']:.4f}", rate=f"{rate:.1f}",
+                            nodes=record["nodes"])
+        return update
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.bar.stop()
+        return False

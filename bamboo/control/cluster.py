@@ -1,0 +1,255 @@
+"""The job's shared state in etcd: typed reads and writes of the protocol's keys
+(bamboo/control/protocol.py names them all), and the small operations built on them."""
+from __future__ import annotations
+
+import json
+import time
+
+from pyetcd import Etcd3Exception
+from pyetcd.utils import prefix_range_end
+
+from bamboo.control.assignment import Assignment
+from bamboo.control.changes import Changes
+from bamboo.control.etcd import EtcdError, connect
+from bamboo.control.liveness import Heartbeat, lease_ages
+from bamboo.control.protocol import ALIVE, ASSIGNMENT, FAILED, LEASE_EXPIRED, MEMBERS, Alive, Failure, Key, job_root
+
+
+class EtcdLost(Exception):
+    """etcd did not answer for the whole patience: a failure of the control plane,
+    never to be mistaken for a peer's (so not a RuntimeError, which gloo raises)."""
+
+
+def _encode(key: Key, record) -> str:
+    if not key.complete:
+        raise ValueError(f"{key.path}: a value needs the whole key ({', '.join(key.family.params)})")
+    if not isinstance(record, key.family.record):
+        raise TypeError(f"{key.family.name} holds {key.family.record.__name__}, not {type(record).__name__}")
+    return json.dumps(record.to_dict())
+
+
+def _records(prefix: Key, raw: str, kvs) -> dict:
+    """{the parts below `prefix` (its raw etcd key `raw`): record} of a range read."""
+    family = prefix.family
+    return {family.parse(meta.key.decode()[len(raw):]): family.record.from_dict(json.loads(value))
+            for value, meta in kvs}
+
+
+def latest(assignments: dict[int, Assignment]) -> Assignment:
+    """The newest epoch's assignment, of the epochs read (children(ASSIGNMENT()))."""
+    if not assignments:
+        raise RuntimeError("the job has no assignment in etcd")
+    return assignments[max(assignments)]
+
+
+def in_force(assignments: dict[int, Assignment], iteration: int) -> Assignment:
+    """The assignment iteration `iteration` runs under, of the epochs read."""
+    return max((a for a in assignments.values() if a.start <= iteration), key=lambda a: a.epoch)
+
+
+class Cluster:
+    """The job's keys. Each call retries for `patience` seconds while etcd is
+    unreachable (a restart, a slow disk), then raises."""
+
+    def __init__(self, endpoint: str, job: str, patience: float = 20.0, wait: bool = False):
+        """`wait`: etcd may be restarting as this process starts (a worker or agent
+        started mid-job): try to connect for up to `patience` seconds, not once."""
+        self.endpoint = endpoint
+        self.client = self._connect(endpoint, patience if wait else 0.0)
+        self.root = job_root(job)
+        self.patience = patience
+        self.heartbeat: Heartbeat | None = None      # once this process registers
+        self._aged: dict[int, tuple[float, float]] = {}  # lease -> (when asked, its age)
+
+    @staticmethod
+    def _connect(endpoint: str, patience: float):
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                return connect(endpoint)
+            except EtcdError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def call(self, fn):
+        """fn() (an etcd request), tried again while etcd is away, for up to
+        `patience` seconds; then EtcdLost, which names etcd."""
+        deadline = time.monotonic() + self.patience
+        while True:
+            try:
+                return fn()
+            except (Etcd3Exception, ValueError) as e:  # ValueError: pyetcd's endpoint marked failed
+                if time.monotonic() > deadline:
+                    raise EtcdLost(f"etcd at {self.endpoint} did not answer for {self.patience:.0f} s "
+                                   f"({type(e).__name__}: {e})") from None
+                time.sleep(0.2)
+
+    def key(self, key: Key | str) -> str:
+        """The raw etcd key of a protocol key (or of a store prefix from the protocol)."""
+        return self.root + (key if isinstance(key, str) else key.path)
+
+    def put(self, key: Key, record, lease=None) -> None:
+        value = _encode(key, record)
+        self.call(lambda: self.client.put(self.key(key), value, lease=lease))
+
+    def put_all(self, records: dict) -> None:
+        """Write every {key: record} in one etcd transaction (one round trip, one
+        disk sync, however many keys)."""
+        tx = self.client.transactions
+        puts = [tx.put(self.key(key), _encode(key, record)) for key, record in records.items()]
+        self.call(lambda: self.client.transaction(compare=[], success=puts, failure=[]))
+
+    def create(self, key: Key, record) -> bool:
+        """Write only if absent (an etcd transaction); True when this call wrote it."""
+        value = _encode(key, record)
+        return bool(self.call(lambda: self.client.put_if_not_exists(self.key(key), value)))
+
+    def create_unless(self, key: Key, record, unless: Key) -> bool:
+        """create(key, record), but only while `unless` does not exist either (one
+        transaction: a late writer cannot slip in after `unless` was written)."""
+        tx = self.client.transactions
+        raw, value = self.key(key), _encode(key, record)
+        absent = [tx.version(raw) == 0, tx.version(self.key(unless)) == 0]
+        ok, _ = self.call(lambda: self.client.transaction(compare=absent, success=[tx.put(raw, value)], failure=[]))
+        return bool(ok)
+
+    def create_clearing(self, key: Key, record, clear: list[tuple[Key, Key]]) -> bool:
+        """create(key, record) and, in the same transaction, delete every key from
+        `first` up to, not including, `end` (with the keys under them) for each
+        (first, end) in `clear`: only the writer that creates the key clears. One
+        operation a range (etcd allows 128 in a transaction, whatever the count of
+        iterations cleared)."""
+        tx = self.client.transactions
+        raw, value = self.key(key), _encode(key, record)
+        deletes = [tx.delete(self.key(first), range_end=self.key(end).encode()) for first, end in clear]
+        ok, _ = self.call(lambda: self.client.transaction(compare=[tx.version(raw) == 0],
+                                                          success=[tx.put(raw, value), *deletes], failure=[]))
+        return bool(ok)
+
+    def get(self, key: Key):
+        """The record at `key`, or None."""
+        value, _ = self.call(lambda: self.client.get(self.key(key)))
+        return None if value is None else key.family.record.from_dict(json.loads(value))
+
+    def children(self, prefix: Key) -> dict:
+        """{the parts below the prefix (an int, or a tuple): record} for every key under it."""
+        raw = self.key(prefix) + "/"
+        return _records(prefix, raw, self.call(lambda: list(self.client.get_prefix(raw))))
+
+    def put_and_read(self, key: Key, record, *prefixes: Key) -> list[dict]:
+        """put(key, record), then children(prefix) of each of `prefixes`, in one etcd
+        transaction: one round trip, and the reads see the write."""
+        tx = self.client.transactions
+        return self._read([tx.put(self.key(key), _encode(key, record))], prefixes)
+
+    def read(self, *prefixes: Key) -> list[dict]:
+        """children(prefix) of each of `prefixes`, in one transaction (one view of etcd)."""
+        return self._read([], prefixes)
+
+    def _read(self, puts: list, prefixes) -> list[dict]:
+        tx = self.client.transactions
+        raws = [self.key(prefix) + "/" for prefix in prefixes]
+        gets = [tx.get(raw, prefix_range_end(raw.encode())) for raw in raws]
+        _, responses = self.call(lambda: self.client.transaction(compare=[], success=puts + gets, failure=[]))
+        return [_records(prefix, raw, kvs) for prefix, raw, kvs in zip(prefixes, raws, responses[len(puts):])]
+
+    def create_or_get(self, key: Key, record) -> tuple[object, bool]:
+        """create(key, record), or else read what is there, in one transaction: the
+        record that stands at `key`, and whether this call wrote it."""
+        tx = self.client.transactions
+        raw, value = self.key(key), _encode(key, record)
+        wrote, responses = self.call(lambda: self.client.transaction(
+            compare=[tx.version(raw) == 0], success=[tx.put(raw, value)], failure=[tx.get(raw)]))
+        if wrote:
+            return record, True
+        (stored, _), = responses[0]
+        return key.family.record.from_dict(json.loads(stored)), False
+
+    def wait_for(self, predicate, timeout: float, what: str, poll: float = 0.02):
+        """Poll until predicate() returns something truthy; TimeoutError naming `what`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = predicate()
+            self.progress()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+            time.sleep(poll)
+
+    def register(self, node: int, cfg, on_fenced) -> None:
+        """ALIVE(node) under a lease this process keeps refreshing (bamboo/control/liveness.py);
+        `on_fenced(reason)` runs if it expired while the node was recorded dead."""
+        self.heartbeat = Heartbeat(self, ALIVE(node), lambda lease: Alive(node, lease), cfg.lease_ttl,
+                                   cfg.failure_timeout, cfg.hang_timeout, lambda: self.death_of(node), on_fenced)
+
+    def death_of(self, node: int) -> str | None:
+        """Why `node` is dead, as a fenced node says it (None while it is not)."""
+        failure = self.get(FAILED(node))
+        return None if failure is None else \
+            f"node {node} was recorded dead in iteration {failure.iteration} by node {failure.by} ({failure.how})"
+
+    def progress(self) -> None:
+        """The calling (main) thread is not stuck: see Heartbeat.progress."""
+        if self.heartbeat:
+            self.heartbeat.progress()
+
+    def hang_deadline(self, seconds: float) -> None:
+        """From now on, a main thread stuck this long lets the lease lapse."""
+        if self.heartbeat:
+            self.heartbeat.hang_timeout = seconds
+
+    def silent(self, nodes, starting=()) -> list[int]:
+        """Those of `nodes` that went silent: their key is gone, or (judged only when
+        this node's own view of etcd is fresh) their lease was not refreshed for
+        the failure timeout. Nodes in `starting` (their worker may not run yet)
+        count as alive while their agent is."""
+        workers, starting = self.children(ALIVE()), set(starting)
+        agents = {n: m for n, m in self.children(MEMBERS()).items() if n in starting and n not in workers}
+        records = {**agents, **workers}  # a starting node's worker counts once it registered
+        silent = {n for n in nodes if n not in records}
+        if self.heartbeat and self.heartbeat.judging():
+            silent |= set(self._stale({n: records[n].lease for n in nodes if n in records and records[n].lease}))
+        return sorted(silent)
+
+    def _stale(self, leases: dict[int, int]) -> list[int]:
+        """Nodes whose lease was not refreshed for the failure timeout (each lease
+        asked at most every 0.25 s)."""
+        now = time.monotonic()
+        asked = {n: lease for n, lease in leases.items() if now - self._aged.get(lease, (-1.0, 0))[0] > 0.25}
+        for n, age in lease_ages(self, asked).items():
+            self._aged[asked[n]] = (now, age)
+        return [n for n, lease in leases.items()
+                if lease in self._aged and self._aged[lease][1] > self.heartbeat.failure_timeout]
+
+    def record_silent(self, nodes, iteration: int, by: int, starting=()) -> list[int]:
+        """Record as dead each of `nodes` that went silent (see `silent`); return them."""
+        silent = self.silent(nodes, starting)
+        for n in silent:
+            self.create(FAILED(n), Failure(iteration, by, LEASE_EXPIRED))
+        return silent
+
+    def alive(self) -> set[int]:
+        return set(self.children(ALIVE()))
+
+    def failed(self) -> dict[int, Failure]:
+        return self.children(FAILED())
+
+    # -- configuration epochs -----------------------------------------------------------
+    def assignments(self) -> dict[int, Assignment]:
+        return self.children(ASSIGNMENT())
+
+    def latest_assignment(self) -> Assignment:
+        return latest(self.assignments())
+
+    def assignment_at(self, iteration: int) -> Assignment:
+        return in_force(self.assignments(), iteration)
+
+    def changes(self, *prefixes: Key) -> Changes:
+        """A flag raised whenever a key under one of `prefixes` is written or deleted
+        (an etcd watch), for a reader that would otherwise poll: bamboo/control/changes.py."""
+        return Changes(self, *prefixes)
+
+    def close(self) -> None:
+        self.client.close()

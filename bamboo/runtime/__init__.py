@@ -1,0 +1,5 @@
+"""One worker's life: the worker process, the executor that runs a node's
+instruction stream, failover inside an iteration, the boundary that ends an
+iteration, handover of layers between epochs, the data-parallel reduce and replica
+sync, checkpoints, holdings and evaluation. It imports the rooms below it (control,
+data, model, transport) and `schedules`; the agents start it as a process."""

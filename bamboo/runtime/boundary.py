@@ -1,0 +1,151 @@
+"""The iteration boundary: every node reports, and the first to see every live
+node's report writes what the next iteration runs with (REGROUP: the failed set,
+whether the agents reconfigure first, whether to checkpoint). Every node reads
+that one record. Without a reconfiguration the world group is rebuilt without
+the dead; a node that dies meanwhile makes a new try, with its own record.
+
+The reports also say how long each node computed. A node that computed far
+longer than its peers (a straggler: throttled, starved, on a failing machine)
+is recorded dead here, as if it had gone silent, and the next iteration runs
+without it.
+
+It is to the iteration's end what bamboo/runtime/failover.py is to its middle."""
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+
+from bamboo.control.assignment import Assignment
+from bamboo.control.changes import Changes
+from bamboo.runtime.checkpoint import Checkpoints
+from bamboo.control.cluster import Cluster
+from bamboo.control.exits import Fenced
+from bamboo.runtime.failover import LEASE_WAIT, LINGER_WAKE
+from bamboo.control.protocol import (CHECKPOINTED, DONE, DRAIN, FAILED, MEMBERS, MODE, REGROUP, STRAGGLER, Failure,
+                             Regroup, Report, Timestamp)
+
+
+def stragglers(reports: dict[int, Report], factor: float, slack: float) -> list[int]:
+    """The nodes whose compute time in one iteration exceeds both `factor` times the
+    median of their peers' and that median plus `slack` seconds. Iterations with a
+    failover are not judged: a node that took over a dead peer's work computes more."""
+    if factor <= 0 or len(reports) < 2 or any(r.events for r in reports.values()):
+        return []
+    slow = []
+    for node, report in reports.items():
+        peers = statistics.median(r.busy for n, r in reports.items() if n != node)
+        if report.busy > max(factor * peers, peers + slack):
+            slow.append(node)
+    return sorted(slow)
+
+
+class Boundary:
+    def __init__(self, cluster: Cluster, node: int, elastic: bool, checkpoints: Checkpoints,
+                 straggler_factor: float = 0.0, straggler_slack: float = 0.0, auto: bool = False,
+                 changes: Changes | None = None):
+        self.cluster, self.node, self.elastic = cluster, node, elastic
+        self.changes = changes  # raised by a watch on done/, failed/ and abort/ (None: read every 20 ms)
+        self.auto = auto  # --redundancy auto: the agents may want another mode (agents/modes.py)
+        self.checkpoints = checkpoints  # says whether a checkpoint is due
+        self.straggler_factor, self.straggler_slack = straggler_factor, straggler_slack
+        self.seen: tuple[dict, dict] | None = None  # (reports, deaths) read with this node's report
+
+    def report(self, iteration: int, report: Report) -> None:
+        """This node's report, written with a read of the reports and deaths so far
+        (one round trip), which the wait for the others starts from."""
+        if self.changes is not None:
+            # lowered before the read: a report after it wakes the wait
+            self.changes.take(own=DONE(iteration, self.node))
+        self.seen = tuple(self.cluster.put_and_read(DONE(iteration, self.node), report, DONE(iteration), FAILED()))
+
+    def agree(self, iteration: int, assignment: Assignment, failover, failed: tuple[int, ...], regroup,
+              idle=None) -> Regroup:
+        """Wait for every live node's report and return the agreed record. When the
+        failed set grew and the agents do not reconfigure, `regroup(failed, try)`
+        rebuilds the world group; if a member dies meanwhile, the next try leaves it out.
+        `idle()` is called once, if this node has to wait for the others' reports."""
+        reports, dead = self._wait_for_reports(iteration, assignment.members, failover, idle)
+        dead |= set(self._record_stragglers(iteration, failed, reports))
+        for attempt in itertools.count():
+            agreed = self._decide(iteration, attempt, assignment, dead if attempt == 0 else None)
+            if self.node in agreed.failed:
+                why = self.cluster.death_of(self.node)
+                raise Fenced(why or f"node {self.node} was declared dead in iteration {iteration}")
+            if agreed.reconfigure or agreed.failed == tuple(failed):
+                return agreed
+            failed = agreed.failed  # what the world is rebuilt without; a later try compares with it
+            try:
+                regroup(agreed.failed, attempt)
+                return agreed
+            except (RuntimeError, TimeoutError):
+                continue  # a member died while regrouping: the next try leaves it out
+
+    def _wait_for_reports(self, iteration: int, members, failover, idle=None) -> tuple[dict[int, Report], set[int]]:
+        """Every live node's report, and the dead as last read, read when a watch says
+        a report or a death came. A node that died between its stream and its
+        report is found by its lease, asked only once a report is LEASE_WAIT late."""
+        began = asked = time.monotonic()
+        while True:
+            if self.seen is not None:  # read with this node's own report
+                (done, failed), self.seen = self.seen, None
+            else:
+                if self.changes is not None:
+                    self.changes.take()  # lowered before reading: a report after the read wakes the wait
+                done, failed = self.cluster.read(DONE(iteration), FAILED())
+            pending = [n for n in members if n not in done and n not in failed]
+            failover.check_abort()  # another pipeline could not finish: this iteration is redone
+            if not pending:
+                return done, set(failed)
+            self.cluster.progress()
+            now = time.monotonic()
+            if now - began > LEASE_WAIT and now - asked > LEASE_WAIT:
+                asked = now
+                self.cluster.record_silent(pending, iteration, self.node)
+            if idle is not None:
+                idle, work = None, idle
+                work()
+                continue  # what came in meanwhile is read before any wait
+            if self.changes is not None:
+                self.changes.wait(LINGER_WAKE)
+            else:
+                time.sleep(0.02)
+
+    def _record_stragglers(self, iteration: int, failed: tuple[int, ...], reports: dict[int, Report]) -> list[int]:
+        """Every node judges the same reports (every live node's, less the nodes the
+        last boundary agreed were dead), so each records the same stragglers."""
+        reports = {n: r for n, r in reports.items() if n not in failed}
+        slow = stragglers(reports, self.straggler_factor, self.straggler_slack)
+        for n in slow:
+            self.cluster.create(FAILED(n), Failure(iteration, self.node, STRAGGLER))
+        return slow
+
+    def _decide(self, iteration: int, attempt: int, assignment: Assignment, dead: set[int] | None) -> Regroup:
+        """Propose this node's view (the dead as read after every report came, or
+        read now); the first proposal written stands for everyone."""
+        failed = tuple(sorted(self.cluster.failed() if dead is None else dead))
+        last = self.cluster.get(CHECKPOINTED()) if self.checkpoints.writer else None
+        due = self.checkpoints.due(iteration, last.time if last else None)
+        proposal = Regroup(failed, self._wants_change(assignment, failed) or self._mode_change(iteration, assignment),
+                           due)
+        agreed, wrote = self.cluster.create_or_get(REGROUP(iteration, attempt), proposal)
+        if wrote and due:
+            self.cluster.put(CHECKPOINTED(), Timestamp(time.time()))
+        return agreed
+
+    def _mode_change(self, iteration: int, assignment: Assignment) -> bool:
+        """--redundancy auto: the agents, having seen the iteration before this one,
+        want another mode than this epoch's (the next epoch switches to it)."""
+        wanted = self.cluster.get(MODE(iteration - 1)) if self.auto and iteration > 0 else None
+        return wanted is not None and wanted.mode != assignment.redundancy
+
+    def _wants_change(self, assignment: Assignment, failed: tuple[int, ...]) -> bool:
+        """Under agents: a node of this epoch died or is draining, or a node joined
+        that the configuration does not know yet."""
+        if not self.elastic:
+            return False
+        members = set(assignment.members)
+        joined = set(self.cluster.children(MEMBERS()))
+        draining = set(self.cluster.children(DRAIN()))
+        known = members | set(assignment.standby) | set(failed)
+        return bool(members & (set(failed) | draining) or (joined - known - draining))

@@ -1,0 +1,427 @@
+"""The executor: interprets one node's instruction stream on torch tensors.
+
+One method per op, named after it. A stage's input is always a fresh leaf, so each
+stage's backward is separate and yields the gradient to send upstream. Redundant
+forwards (FRC) record their saved tensors in a swappable container. A send to a
+dead peer is lost like any message to a dead node; a receive from a dead peer, or
+a failure recorded by anyone in this pipeline (seen by polling the failover), hands
+control to the failover, which returns the recovery stream to continue with from
+the same position.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+
+import torch
+
+from schedules.ir import Instr, Op, RECVS, SENDS
+from schedules.layout import Layout
+
+from bamboo.transport.comm import Comm, Interrupted, PeerFailure
+from bamboo.model import recipe
+from bamboo.control.config import JobConfig, dropout_seed_for
+from bamboo.control.exits import preempt_if_due
+from bamboo.runtime.failover import PeersSilent, TooManyDead
+from bamboo.model.builtin import dropout_seed, mixed_precision
+from bamboo.control.protocol import LOSS, NORM, Loss
+from bamboo.transport.staging import Copy, Stager
+from bamboo.transport.swap import SavedTensors
+
+# Ops whose wall time is this node's own work (the straggler check). Timed on the
+# CPU only: CUDA kernels run after their launch returns (see Executor.busy).
+COMPUTE = frozenset({Op.LOAD, Op.FORWARD, Op.BACKWARD, Op.SWAP_OUT, Op.SWAP_IN, Op.OPTIMIZER_STEP})
+# The step phase: when a tie or the global norm joins the stages' steps, a step
+# waits for every stage's gradients, so nothing a peer needs for those may wait
+# behind one. A node then runs these after every other instruction of its stream.
+STEP_PHASE = frozenset({Op.OPTIMIZER_STEP, Op.SEND_SYNC, Op.RECV_SYNC})
+
+
+class Executor:
+    def __init__(self, cfg: JobConfig, nodes: tuple[int, ...], me: int, modules: dict, optimizers: dict,
+                 corpus, device: torch.device, reducer, cluster, undo: bool = False, tied=(),
+                 stager: Stager | None = None):
+        self.cfg, self.nodes, self.me = cfg, nodes, me
+        self.P = len(nodes)
+        self.modules, self.optimizers = modules, optimizers
+        self.corpus, self.device, self.reducer, self.cluster = corpus, device, reducer, cluster
+        self.params = {s: {p.data_ptr() for p in m.parameters()} for s, m in modules.items()}
+        self.stager = stager or Stager(device)  # swaps and kept outputs to host memory and back
+        self.acts_host: dict[tuple[int, int], Copy] = {}  # (stage, mb) -> an output kept in host memory
+        self.states: dict[tuple[int, int], tuple] = {}     # (stage, mb) -> input, output, saved tensors
+        self.keep_undo = undo
+        self.undo: dict[int, tuple] = {}  # stage -> its parameters and optimizer state before this step
+        self.busy = 0.0                   # seconds of this iteration in COMPUTE ops (CPU only: 0 on CUDA)
+        self.tied = list(tied)            # per tied weight: its stages, stage -> this node's copy
+        self.stream: list[Instr] = []     # the stream being run, and the position in it
+        self.pc = 0
+        self.reduced: set[int] = set()    # stages reduced across pipelines in this iteration
+        self.tied_grads: dict[int, torch.Tensor] = {}  # tied weight -> its summed gradient, once tied
+        self.tie_given: set[tuple[int, int]] = set()   # (tied weight, stage): that copy holds the sum
+        self.deferred: list[Instr] = []   # step-phase instructions put off, in stream order
+        self.last_owed = -1               # where the stream's last instruction outside the step phase is
+        self.prepared: dict[int, bool] = {}    # stage -> its gradients are ready to step (False: fp16 overflow)
+        self.losses_written: set[int] = set()  # global microbatches whose loss is in etcd
+        self.drawn: dict[int, tuple] = {}      # microbatch -> its inputs and labels, drawn ahead (load)
+        self.owed: dict[int, float] = {}       # lazy: replica stage -> the rate of the step it owes (settle)
+        # With clipping, ties (the model's, on every node) or fp16's loss scale, steps
+        # and syncs wait for the rest of the stream (STEP_PHASE).
+        self.step_after_reduces = bool(cfg.grad_clip) or bool(self.tied) or cfg.loss_scaling
+        self.loss_scale = 1.0             # fp16: this iteration's loss is multiplied by it
+        self.norms_read = False           # every stage's squared norm was read, and so ...
+        self.multiplier: float | None = None  # ... what the gradients are multiplied by (None: overflow)
+        self.overflow: bool | None = None     # fp16: whether this iteration's steps were skipped, once known
+
+    def peer(self, local: int) -> int:
+        return self.nodes[local]
+
+    # -- one iteration -------------------------------------------------------------------
+    def run(self, iteration: int, stream: list[Instr], microbatches: range, comm: Comm, failover,
+            loss_scale: float = 1.0) -> None:
+        self.iteration, self.mbs, self.comm, self.failover = iteration, microbatches, comm, failover
+        self.loss_scale, self.norms_read, self.multiplier, self.overflow = loss_scale, False, None, None
+        self._release()
+        self.inputs, self.labels, self.acts, self.grads, self.states = {}, {}, {}, {}, {}
+        self.losses: dict[int, torch.Tensor | float] = {}  # global microbatch -> its loss (the last stage's)
+        self.losses_written = set()
+        self.drawn = {}
+        for s, m in self.modules.items():
+            if s not in self.owed:  # an owed step's gradients stay until it is taken
+                m.zero_grad(set_to_none=True)
+        self.undo = {}
+        self.busy = 0.0
+        self.reduced, self.tied_grads, self.tie_given, self.deferred = set(), {}, set(), []
+        self.prepared = {}
+        self._base = comm.counts()  # messages received before this iteration
+        self._expect(stream)
+        pc = 0
+        while True:
+            while pc < len(stream) or self.deferred or comm.pending():
+                ins, self.stream, self.pc = (stream[pc] if pc < len(stream) else None), stream, pc
+                try:
+                    if self.deferred and pc > self.last_owed:
+                        self._run_deferred()
+                    if ins is None:  # the sends' outcomes, before this node says it finished
+                        comm.flush(failover.peer_gone)
+                        continue
+                    self._maybe_preempt(pc)
+                    if self.step_after_reduces and ins.op in STEP_PHASE and pc < self.last_owed:
+                        self.deferred.append(ins)
+                    else:
+                        self._execute(ins)
+                    pc += 1
+                except PeerFailure as e:
+                    failover.detected(e.peer, str(e))
+                    if ins is not None and ins.op in SENDS:
+                        pc += 1  # lost with the dead node, as the compiler assumes
+                except Interrupted:
+                    pass
+                if (event := failover.poll()) is not None:
+                    stream = self._on_event(event, stream, pc)
+            # Done here, but a neighbour may still die before the pipeline is: stay
+            # available to re-send what it needs until every node has finished.
+            self._maybe_preempt(pc)  # INSTRUCTION = stream length: after the stream
+            self._write_losses()
+            failover.finished()
+            if (event := failover.linger(idle=self.settle_replicas)) is None:  # owed steps fit in the wait
+                break
+            stream = self._on_event(event, stream, pc)
+
+    def _execute(self, ins: Instr) -> None:
+        if self.owed and (ins.op in RECVS or ins.stage in self.owed):
+            self.settle_replicas()  # in the wait a receive starts with, or before the replica is used
+        began = time.monotonic()
+        getattr(self, ins.op.value)(ins)  # one method per op, named after it
+        if ins.op in COMPUTE and self.device.type == "cpu":
+            self.busy += time.monotonic() - began
+
+    def _on_event(self, event, stream: list[Instr], pc: int) -> list[Instr]:
+        """Act on what the failover saw; return the stream to go on with."""
+        self.settle_replicas()  # a recovery runs on the replicas
+        self.failover.settle(event)  # an abort, this node's death, silent peers
+        if isinstance(event, PeersSilent):
+            return stream
+        if isinstance(event, TooManyDead):
+            self.failover.unsurvivable(event.why)
+        return self._replan(self.failover, stream, pc)
+
+    def _replan(self, failover, old: list[Instr], pc: int) -> list[Instr]:
+        """Switch to the recovery stream. This node may already be past its recovery
+        point when what it ran there is what the recovery says too (a message from
+        a node that recovered first let it go on): anything else is a bug."""
+        stream, resume_at = failover.resolve()
+        if pc > resume_at and old[resume_at:pc] != stream[resume_at:pc]:
+            raise RuntimeError(f"node ran past its recovery point ({pc} > {resume_at}) and off the plan")
+        self._expect(stream)
+        return stream
+
+    def _expect(self, stream: list[Instr]) -> None:
+        """Arm the mailboxes with how many messages this iteration brings per channel;
+        note where the stream's last instruction outside the step phase is."""
+        self.last_owed = max((pc for pc, i in enumerate(stream) if i.op not in STEP_PHASE), default=-1)
+        counts = Counter((self.peer(i.peer), RECVS[i.op]) for i in stream if i.op in RECVS)
+        for (peer, kind), n in counts.items():
+            self.comm.expect(peer, kind, self._base.get((peer, kind), 0) + n)
+
+    def _maybe_preempt(self, pc: int) -> None:
+        preempt_if_due(self.cfg, self.cluster, self.peer(self.me), self.iteration, pc, "train")
+
+    # -- ops ---------------------------------------------------------------------------
+    def load(self, ins: Instr) -> None:
+        """Microbatch ins.mb's inputs and labels, drawn together with those of every
+        later load of the stream: one at a time between forwards, each draw took
+        ~0.5 ms on the critical path, in a row ~0.07 (docs/HOTPATH.md, "Messages")."""
+        if ins.mb not in self.drawn:
+            later = [i.mb for i in self.stream[self.pc + 1:] if i.op is Op.LOAD and i.mb not in self.drawn]
+            for mb in [ins.mb, *later]:
+                self.drawn[mb] = self.corpus.microbatch(self.iteration, self.mbs[mb])
+        x, y = self.drawn.pop(ins.mb)
+        if self.device.type == "cuda":  # from pinned memory the copies do not stall the host
+            x, y = x.pin_memory(), y.pin_memory()
+        self.inputs[ins.mb] = x.to(self.device, non_blocking=True)
+        self.labels[ins.mb] = y.to(self.device, non_blocking=True)
+
+    def forward(self, ins: Instr) -> None:
+        s, mb = ins.stage, ins.mb
+        if s == 0:
+            inp = self.inputs[mb]
+        else:
+            inp = self._act((s - 1, mb)).to(self.device).detach().requires_grad_(True)
+        labels = self.labels[mb] if s == self.P - 1 else None
+        saved = SavedTensors(self.params[s]) if ins.redundant else None
+        seed = dropout_seed_for(self.cfg.seed, self.iteration, self.mbs[mb])
+        with dropout_seed(seed), mixed_precision(self.cfg.precision, self.device), \
+                (saved.recording() if saved else contextlib.nullcontext()):
+            out = self.modules[s](inp, labels) if labels is not None else self.modules[s](inp)
+        self.states[(s, mb)] = (inp, out, saved)
+        if s < self.P - 1:
+            self.acts[(s, mb)] = out.detach()
+
+    def backward(self, ins: Instr) -> None:
+        s, mb = ins.stage, ins.mb
+        inp, out, _ = self.states.pop((s, mb))
+        if s == self.P - 1:
+            self.losses[self.mbs[mb]] = out.detach()  # leaves with the gradient (send_grad)
+            recipe.scaled_loss(out, self.cfg.microbatches, self.loss_scale).backward()  # as the reference
+        else:
+            out.backward(self.grads[(s + 1, mb)])
+        if s > 0:
+            self.grads[(s, mb)] = inp.grad
+
+    def swap_out(self, ins: Instr) -> None:
+        key = (ins.stage, ins.mb)
+        self.states[key][2].swap_out(self.stager)
+        if key in self.acts:
+            self.acts_host[key] = self.stager.to_host(self._act(key))
+            del self.acts[key]
+
+    def swap_in(self, ins: Instr) -> None:
+        """Start this swap-in, and the next one of the stream too (a prefetch: its
+        copies overlap what runs until its BRC)."""
+        for key in [(ins.stage, ins.mb)] + [(i.stage, i.mb) for i in self.stream[self.pc + 1:]
+                                           if i.op is Op.SWAP_IN][:1]:
+            if key in self.states:
+                self.states[key][2].swap_in()
+            self._bring_back(key)
+
+    def _bring_back(self, key: tuple[int, int]) -> None:
+        """Start the copy back of an output kept in host memory, if it is there."""
+        if key in self.acts_host:
+            self.acts[key] = self.stager.to_device(self.acts_host.pop(key).tensor)
+
+    def _act(self, key: tuple[int, int]) -> torch.Tensor:
+        """An output of this node's forward: on the device, once its copy back
+        (from a swap, or lazy's kept inputs) is ordered before what reads it."""
+        if key not in self.acts:
+            self._bring_back(key)
+        if isinstance(self.acts[key], Copy):
+            self.acts[key] = self.acts[key].wait_here()
+        return self.acts[key]
+
+    def _release(self) -> None:
+        """The last iteration's host buffers back to the pool (FRC results that BRC
+        never needed, lazy's kept inputs)."""
+        for _, _, saved in self.states.values():
+            if saved is not None:
+                saved.release()
+        self.stager.release(list(self.acts_host.values()))
+        self.acts_host = {}
+
+    def _send(self, ins: Instr, kind: Op, tensor: torch.Tensor, note=None) -> None:
+        """A send posted to go out while this node computes on; its outcome is learnt
+        later (Comm.post), at the latest before the stream is done."""
+        self.comm.post(self.peer(ins.peer), kind, tensor, note)
+
+    def send_act(self, ins: Instr) -> None:
+        key = (ins.stage, ins.mb)
+        self._send(ins, Op.SEND_ACT, self._act(key))
+        if self.failover.redundancy == "lazy" and self.device.type == "cuda":
+            # The replica's input, should its owner die: kept in host memory, not on the GPU.
+            self.acts_host[key] = self.stager.to_host(self.acts.pop(key))
+
+    def recv_act(self, ins: Instr) -> None:
+        self.acts[(ins.stage, ins.mb)] = self.comm.recv(self.peer(ins.peer), Op.SEND_ACT, self.failover.keep_waiting)
+
+    def send_grad(self, ins: Instr) -> None:
+        # The last stage's gradient carries its microbatch's loss: should this node die
+        # once it left, the receiver, which takes the stage over, holds the loss.
+        loss = self.losses[self.mbs[ins.mb]] if ins.stage == self.P - 1 else None  # (a tensor: no sync)
+        self._send(ins, Op.SEND_GRAD, self.grads[(ins.stage, ins.mb)], loss)
+
+    def recv_grad(self, ins: Instr) -> None:
+        grad, loss = self.comm.recv_noted(self.peer(ins.peer), Op.SEND_GRAD, self.failover.keep_waiting)
+        self.grads[(ins.stage, ins.mb)] = grad
+        if loss is not None:
+            self.losses[self.mbs[ins.mb]] = loss
+
+    def _write_losses(self) -> None:
+        """The last stage's owner (after any failover) writes the pipeline's losses
+        once per iteration, in one etcd transaction: those it computed and those
+        that came with the gradients of a last stage that died since. Any it gains
+        after a first write (a failover) go in a second."""
+        new = sorted(g for g in self.losses if g not in self.losses_written)
+        if Layout(self.P, self.failover.failed).owner(self.P - 1) == self.me and new:
+            self.cluster.put_all({LOSS(self.iteration, g): Loss(float(self.losses[g])) for g in new})
+            self.losses_written.update(new)
+
+    def reduce_grads(self, ins: Instr) -> None:
+        self.reducer.allreduce(self.iteration, ins.stage, self.modules[ins.stage])
+        self.reduced.add(ins.stage)
+
+    def _tie(self) -> None:
+        """Before a step (so in the step phase, which no peer's gradients wait
+        behind): give this node's copies of each tied weight the gradient summed
+        over every copy of the pipeline, once per weight; a copy whose stage this
+        node took over after the sum gets the same sum (its share is in it)."""
+        for t, (stages, copies) in enumerate(self.tied):
+            owned = [s for s in copies if s in self.reduced and (t, s) not in self.tie_given]
+            if not owned:
+                continue
+            if t not in self.tied_grads:
+                total = copies[owned[0]].grad.clone()
+                for s in owned[1:]:
+                    total += copies[s].grad
+                self.reducer.tie(self.iteration, stages, total)
+                self.tied_grads[t] = total
+            for s in owned:
+                copies[s].grad = self.tied_grads[t].clone()
+                self.tie_given.add((t, s))
+
+    def _run_deferred(self) -> None:
+        """The step phase put off until the rest of the stream ran, in order. A sync
+        to a dead peer is lost like any send; a wait interrupted keeps its place."""
+        while self.deferred:
+            ins = self.deferred[0]
+            try:
+                self._execute(ins)
+            except PeerFailure as e:
+                self.failover.detected(e.peer, str(e))
+            self.deferred.pop(0)
+
+    def _grad_multiplier(self) -> float | None:
+        """What this iteration's gradients are multiplied by before a step: the loss
+        scale undone, clipped by the whole model's norm; None after an fp16 overflow
+        anywhere (every copy of every stage then skips its step). Every stage's
+        owner publishes its squared norm (a tied weight counted on its first stage
+        only); the first to publish a stage wins, so a stage taken over after its
+        owner died counts alike."""
+        if not self.norms_read:
+            for s in {i.stage for i in self.stream if i.op is Op.REDUCE_GRADS}:
+                self.cluster.create(NORM(self.iteration, s), Loss(recipe.squared_norm(self._norm_params(s))))
+            while len(norms := self.cluster.children(NORM(self.iteration))) < self.P:
+                if not self.failover.keep_waiting():
+                    raise Interrupted("a failure while waiting for the stages' gradient norms")
+                time.sleep(0.01)
+            self.multiplier = recipe.grad_multiplier(self.cfg, [n.value for n in norms.values()], self.loss_scale)
+            self.norms_read, self.overflow = True, self.multiplier is None
+        return self.multiplier
+
+    def _norm_params(self, stage: int) -> list[torch.nn.Parameter]:
+        skip = {id(copies[s]) for stages, copies in self.tied for s in stages[1:] if s in copies}
+        return [p for p in self.modules[stage].parameters() if id(p) not in skip]
+
+    def _prepare(self, stage: int) -> bool:
+        """Tie, unscale and clip an owned stage's reduced gradients, once: its own
+        step and its replica's sync (which may go first) use the same. False after
+        an fp16 overflow anywhere (every copy of every stage then skips its step)."""
+        if stage not in self.prepared:
+            self._tie()
+            multiplier = self._grad_multiplier() if self.cfg.grad_clip or self.cfg.loss_scaling else 1.0
+            if multiplier is not None and multiplier != 1.0:
+                recipe.scale_grads(self.modules[stage].parameters(), multiplier)
+            self.prepared[stage] = multiplier is not None
+        return self.prepared[stage]
+
+    def optimizer_step(self, ins: Instr) -> None:
+        if not ins.redundant and not self._prepare(ins.stage):
+            return
+        if ins.redundant and self.cfg.loss_scaling:
+            self._tie()  # a replica's synced gradients are tied, unscaled and clipped already
+            if self._grad_multiplier() is None:
+                return
+        if self.keep_undo and ins.stage not in self.undo:
+            params = list(self.modules[ins.stage].parameters())
+            state = self.optimizers[ins.stage].state
+            self.undo[ins.stage] = ([p.detach().clone() for p in params],
+                                    [{k: v.clone() if torch.is_tensor(v) else v for k, v in state.get(p, {}).items()}
+                                     for p in params])
+        rate = recipe.learning_rate(self.cfg, self.iteration)
+        if ins.redundant and self._defers_replica_steps():
+            self.owed[ins.stage] = rate
+            return
+        recipe.set_learning_rate(self.optimizers[ins.stage], rate)
+        self.optimizers[ins.stage].step()
+
+    def _defers_replica_steps(self) -> bool:
+        """Lazy runs no replica in the fault-free path, so a replica's step can wait
+        for the node's next wait (its linger, the boundary, the next iteration's first
+        receive) instead of lengthening the iteration's tail: unless
+        the step phase is shared (clipping, ties, fp16), steps may be undone (agents),
+        or the replicas are compared after every step (--check-replicas)."""
+        return (self.failover.redundancy == "lazy" and not self.step_after_reduces and not self.keep_undo
+                and not self.cfg.check_replicas)
+
+    def settle_replicas(self) -> None:
+        """Take the replica steps owed (each with its iteration's rate and synced
+        gradients), before anything reads a replica."""
+        for stage, rate in self.owed.items():
+            recipe.set_learning_rate(self.optimizers[stage], rate)
+            self.optimizers[stage].step()
+            self.modules[stage].zero_grad(set_to_none=True)
+        self.owed = {}
+
+    def rollback(self) -> None:
+        """Undo this iteration's optimizer steps (an aborted iteration is redone)."""
+        for stage, (values, states) in self.undo.items():
+            optimizer = self.optimizers[stage]
+            for p, value, state in zip(self.modules[stage].parameters(), values, states):
+                with torch.no_grad():
+                    p.copy_(value)
+                if state:
+                    optimizer.state[p] = state
+                else:
+                    optimizer.state.pop(p, None)
+        self.undo = {}
+
+    def send_sync(self, ins: Instr) -> None:
+        self._prepare(ins.stage)  # the gradients as the owner's step will take them
+        self._send(ins, Op.SEND_SYNC, flat_grads(self.modules[ins.stage]))
+
+    def recv_sync(self, ins: Instr) -> None:
+        self._write_losses()  # this wait is idle time: the losses' etcd write goes in it, not after
+        flat = self.comm.recv(self.peer(ins.peer), Op.SEND_SYNC, self.failover.keep_waiting)
+        set_flat_grads(self.modules[ins.stage], flat)
+
+
+def flat_grads(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in module.parameters()])
+
+
+def set_flat_grads(module: torch.nn.Module, flat: torch.Tensor) -> None:
+    offset = 0
+    for p in module.parameters():
+        n = p.numel()
+        p.grad = flat[offset:offset + n].view_as(p).to(p.dtype)  # views: each message is a fresh tensor
+        offset += n

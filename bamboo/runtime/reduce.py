@@ -1,0 +1,179 @@
+"""Data parallelism: sum each stage's gradients over the D pipelines.
+
+The group of a stage is its current owner in every pipeline (after a failure, the
+predecessor that took the stage over). A reduce that fails because a member died
+waits until that death is recorded and retries in the group of the new owners,
+from an untouched copy of the local gradients. A member that finished a reduce
+and then died took part of the sum with it: that case is refused, by name.
+
+A tied weight (GPT-2's token embedding and output head) has a copy on the first
+and on the last stage; `tie` sums the copies' gradients within a pipeline after
+the data-parallel reduce, so every copy takes the same step, as DeepSpeed's tied
+layers do. A tie whose partner dies is given up (Interrupted): the executor
+replans and ties again where its new stream says. A tie waiting for a partner that
+first needs this node for a death elsewhere in the pipeline (its report, its
+re-sends) is left too, its allreduce pending, and taken up again after the replan.
+"""
+from __future__ import annotations
+
+import time
+
+from schedules.layout import Layout, ScheduleError
+
+from bamboo.control.assignment import Assignment
+from bamboo.control.cluster import Cluster
+from bamboo.transport.comm import Interrupted
+from bamboo.runtime.executor import flat_grads, set_flat_grads
+from bamboo.runtime.failover import Aborted
+from bamboo.transport.groups import GroupMaker, lease_check, open_group
+from bamboo.control.protocol import REDUCED, TIED, Reduced, reduce_store, tie_store
+
+
+class Reducer:
+    def __init__(self, cluster: Cluster, assignment: Assignment, me: int, timeout: float, failover,
+                 hang_timeout: float, make_group: GroupMaker | None = None):
+        self.cluster, self.assignment, self.me, self.timeout = cluster, assignment, me, timeout
+        self.make_group = make_group  # --transport nccl: NCCL groups (None: gloo's)
+        self.hang_timeout = hang_timeout  # of the groups' operations
+        self.failover = failover  # gives up (or aborts the iteration) on what no regroup can mend
+        self.P, self.D = assignment.depth, len(assignment.pipelines)
+        self.pipeline = assignment.slot(me)[0]
+        self._groups: dict[str, tuple] = {}  # store key -> the group (kept for the epoch)
+        self._tie_left: dict[tuple[int, str], tuple] = {}  # (iteration, key) -> (work, its buffer) left pending
+
+    def members(self, stage: int) -> tuple[int, ...]:
+        failed = self.cluster.failed()
+        out = []
+        for j, pipe in enumerate(self.assignment.pipelines):
+            try:
+                out.append(pipe[Layout(self.P, self.assignment.local_failed(j, failed)).owner(stage)])
+            except ScheduleError as e:
+                self.failover.unsurvivable(f"pipeline {j}: {e}")
+        return tuple(out)
+
+    def owners(self, stages) -> tuple[int, ...]:
+        """The nodes that own `stages` in this node's pipeline now, each once."""
+        pipe = self.assignment.pipelines[self.pipeline]
+        try:
+            layout = Layout(self.P, self.assignment.local_failed(self.pipeline, self.cluster.failed()))
+            return tuple(sorted({pipe[layout.owner(s)] for s in stages}))
+        except ScheduleError as e:
+            self.failover.unsurvivable(f"pipeline {self.pipeline}: {e}")
+
+    def _group(self, iteration: int, key: str, members: tuple[int, ...]):
+        if key not in self._groups:
+            silent = lease_check(self.cluster, members, iteration, self.me)
+
+            def why_not():  # a member that aborted the iteration will never come: Aborted
+                self.failover.check_abort()
+                return silent()
+            self._groups[key] = open_group(self.cluster, key, members, self.me, why_not, self.hang_timeout,
+                                           self.make_group)
+        return self._groups[key][0]
+
+    def close(self) -> None:
+        """The epoch is over, or its iteration abandoned: an NCCL group's collective
+        left pending would never end (and its communicator holds GPU memory)."""
+        for key in list(self._groups):
+            self._drop(key)
+        self._tie_left = {}
+
+    def _drop(self, key: str) -> None:
+        """Forget a group whose collective failed (a member died); an NCCL one is
+        aborted, as its pending collective would otherwise never end."""
+        entry = self._groups.pop(key, None)
+        if entry is not None and self.make_group is not None:
+            entry[0].abort()
+
+    def tie(self, iteration: int, stages, grad) -> None:
+        """Sum, in place, `grad` (this node's copies of a tied weight, already added
+        up) with the other owners' in this pipeline."""
+        members = self.owners(stages)
+        done = self.cluster.get(TIED(iteration, self.pipeline))
+        if done is not None and done.members != members and set(done.members) & set(members) - {self.me}:
+            # an owner that summed with a partner now dead went on to its step: it will not sum again
+            self.failover.unsurvivable(f"a node died after summing the tied weight's gradients in iteration "
+                                       f"{iteration} and before its step: its copy's share is lost")
+        if members == (self.me,):
+            return
+        key = tie_store(self.assignment.epoch, self.pipeline, members)
+        try:
+            work, summed = self._tie_work(iteration, key, members, grad)
+            try:  # a death elsewhere in the pipeline may need this node's report first
+                self._wait(work, iteration, members, leave=lambda: self.failover.poll() is not None)
+            except Interrupted:
+                self._tie_left[(iteration, key)] = (work, summed)
+                raise
+            if summed is not grad:
+                grad.copy_(summed)
+            self.cluster.put(TIED(iteration, self.pipeline), Reduced(members))
+        except Aborted:
+            raise
+        except (RuntimeError, TimeoutError):  # the partner died: once recorded, replan
+            self._drop(key)
+
+            def recorded():
+                self.failover.check_abort()
+                self.cluster.record_silent(members, iteration, self.me)
+                return self.owners(stages) != members
+            self.cluster.wait_for(recorded, timeout=max(60.0, 20 * self.timeout),
+                                  what="the tied weight's dead partner to be recorded", poll=0.05)
+            raise Interrupted(f"tied weight: owners {members} changed") from None
+
+    def _tie_work(self, iteration: int, key: str, members, grad) -> tuple:
+        """The tie's allreduce and the buffer it sums into: the one left pending when
+        a wait on it was interrupted, if any (the partner's one call pairs with it;
+        a second call would wait forever), else a new one. The sum is the same:
+        a death outside the tie's members changes none of their tied gradients."""
+        self._tie_left = {k: v for k, v in self._tie_left.items() if k[0] == iteration}
+        left = self._tie_left.pop((iteration, key), None)
+        return left or (self._group(iteration, key, members).allreduce([grad]), grad)
+
+    def allreduce(self, iteration: int, stage: int, module) -> None:
+        if self.D == 1:
+            return
+        while True:
+            members = self.members(stage)
+            done = self.cluster.get(REDUCED(iteration, stage))
+            if done is not None and done.members != members:
+                self.failover.unsurvivable(f"a node died after its data-parallel reduce of stage {stage} in "
+                                           f"iteration {iteration} and before syncing its replica: its share "
+                                           "of the sum is lost")
+            flat = flat_grads(module)
+            try:
+                group = self._group(iteration, reduce_store(self.assignment.epoch, stage, members), members)
+                self._wait(group.allreduce([flat]), iteration, members)
+                break
+            except Aborted:
+                raise
+            except (RuntimeError, TimeoutError):  # a member died: wait until it is recorded, then regroup
+                # The next try opens a new group (the failed one stays open until the
+                # process exits: bamboo/transport/groups.py keeps every group).
+                self._drop(reduce_store(self.assignment.epoch, stage, members))
+
+                def regrouped():
+                    self.failover.check_abort()
+                    self.cluster.record_silent(members, iteration, self.me)
+                    return self.members(stage) != members or self.cluster.get(REDUCED(iteration, stage))
+                self.cluster.wait_for(regrouped, timeout=max(60.0, 20 * self.timeout),
+                                      what=f"the failed member of stage {stage}'s group to be recorded", poll=0.05)
+        set_flat_grads(module, flat)
+        self.cluster.put(REDUCED(iteration, stage), Reduced(members))
+
+    def _wait(self, work, iteration: int, members: tuple[int, ...], leave=lambda: False) -> None:
+        """Wait for the allreduce, noticing meanwhile an abort, a member gone silent
+        (paused: its socket stays open and gloo would wait on), or `leave()`
+        (Interrupted: the work stays pending)."""
+        checked = time.monotonic()
+        while not work.is_completed():
+            time.sleep(0.001)
+            if time.monotonic() - checked > 0.05:
+                checked = time.monotonic()
+                self.cluster.progress()
+                self.failover.check_abort()
+                silent = self.cluster.record_silent(members, iteration, self.me)
+                if silent:
+                    raise RuntimeError(f"nodes {silent} of the reduce group went silent")
+                if leave():
+                    raise Interrupted("called away from the allreduce")
+        work.wait()

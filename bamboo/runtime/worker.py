@@ -1,0 +1,406 @@
+"""One worker process: node `--node` of the job, running the stage its assignment
+gives it (without agents: stage node % P of pipeline node // P) and keeping the
+replica of the next stage. A node in standby waits, started, for a stage.
+
+    python -m bamboo.runtime.worker --etcd HOST:PORT --job NAME --node N
+
+Its lifecycle, in the manner of torch elastic's agent, is the list of public
+methods of `Worker`, in order: join (wait for a stage), enter an epoch, run an
+iteration, evaluate it (the validation loss, when due, bamboo/runtime/evaluator.py),
+end it at the boundary (bamboo/runtime/boundary.py), reconfigure when the agents wrote
+a new epoch (layers move, bamboo/runtime/handover.py), leave. Fencing,
+parking and release are exceptions (bamboo/control/exits.py) that reach `main`, which
+maps them to exit statuses.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import faulthandler
+import os
+import resource
+import signal
+import sys
+import time
+
+import torch
+
+from schedules.layout import Layout
+
+from bamboo.transport import devices
+
+from bamboo.runtime import handover
+from bamboo.model.api import ModelSource
+from bamboo.control.assignment import Assignment
+from bamboo.runtime.boundary import Boundary
+from bamboo.runtime.checkpoint import Checkpoints
+from bamboo.control.cluster import Cluster
+from bamboo.transport.channels import for_worker, nccl_groups
+from bamboo.transport.comm import Comm
+from bamboo.control.config import JobConfig
+from bamboo.data.corpus import corpus_of, split_microbatches
+from bamboo.runtime.evaluator import Evaluator
+from bamboo.runtime.executor import Executor
+from bamboo.control.exits import FENCED, Parked, Released, WorkerExit
+from bamboo.runtime.failover import Aborted, Failover
+from bamboo.transport.groups import lease_check, open_group, store_at
+from bamboo.runtime.handover import HandoverFailed
+from bamboo.runtime.holdings import Holdings
+from bamboo.control.liveness import hang_deadline
+from bamboo.model.builtin import fp16_allowed
+from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, ERROR, FAILED, FINISHED, SCALE, START,
+                             Abort, LossScale, Mark, Regroup, Report, Start, WorkerError, world_store)
+from bamboo.runtime.reduce import Reducer
+from bamboo.transport.staging import Stager
+from bamboo.control.store import EtcdStore, RendezvousAborted
+
+
+class Worker:
+    def __init__(self, cluster: Cluster, cfg: JobConfig, node: int):
+        self.cluster, self.cfg, self.node = cluster, cfg, node
+        self.device = devices.claim(devices.local_rank(), cfg.devices, cfg.share_gpu)
+        self.transport = devices.transport(cfg.transport, self.device, cfg.share_gpu)
+        self.stager = Stager(self.device)  # pinned host buffers and a side stream: messages, swaps
+        self.source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq, cfg.model_config)
+        self.corpus = corpus_of(cfg, self.source.seq)
+        self.holdings = Holdings(self.source, cfg, self.device)
+        self.checkpoints = Checkpoints(cfg.checkpoint, node, self.source.count, cfg.checkpoint_every,
+                                       cfg.checkpoint_seconds)
+        # Watches the failover and the boundary read instead of polling etcd (docs/HOTPATH.md)
+        self.failures = cluster.changes(FAILED(), ABORT())
+        self.finishes = cluster.changes(FINISHED(), FAILED(), ABORT())
+        self.boundary = Boundary(cluster, node, cfg.elastic, self.checkpoints, cfg.straggler_factor,
+                                 cfg.straggler_slack, auto=cfg.redundancy == "auto",
+                                 changes=cluster.changes(DONE(), FAILED(), ABORT()))
+        self.assignment: Assignment | None = None  # the epoch this node runs in
+        self.failed: tuple[int, ...] = ()          # nodes dead job-wide, as the last boundary agreed
+        self.pipeline = self.me = 0                # where this node runs in the epoch
+        self.mbs = range(0)                        # this pipeline's share of the global microbatches
+        self.failover: Failover | None = None
+        self.executor: Executor | None = None
+        self.evaluator: Evaluator | None = None
+        self.comm: Comm | None = None
+        self._store = None                         # the world group's store (the group keeps using it)
+        self.iteration_seconds: list[float] = []   # the hang deadline follows their running median
+        self.loss_scale: LossScale | None = None   # fp16: the scale of the iteration being run
+        if cfg.loss_scaling and not fp16_allowed(self.device):
+            raise ValueError("--precision fp16 needs CUDA, and this node has none")
+
+    def run(self) -> None:
+        it = self.join()
+        while it < self.cfg.iterations:
+            try:
+                self.run_iteration(it)
+                self.evaluate(it)
+                agreed = self.end_iteration(it)
+            except Aborted:
+                it = self.reconfigure(it, aborted=True)
+                continue
+            if agreed.checkpoint:
+                self.checkpoint(it)
+            if agreed.reconfigure and it + 1 < self.cfg.iterations:
+                it = self.reconfigure(it)
+                continue
+            it += 1
+        self.leave()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def join(self) -> int:
+        """Wait for a stage, enter the first epoch that gives one, and return the
+        iteration this node starts with: a new job's first (or --resume's
+        checkpoint's), or a running job's next epoch, joined by a handover."""
+        assignment = self.cluster.wait_for(self._assigned, timeout=24 * 3600, what="a stage", poll=0.05)
+        if assignment.epoch > 0 or assignment.restore != "peers":
+            return self._move_to(assignment)  # joining a running job, or restarting from a checkpoint
+        self.failed = assignment.gone
+        start, received = assignment.start, {}
+        if self.cfg.resume:
+            start, blobs = self.checkpoints.newest()
+            received = {i: blobs[i] for i in self.holdings.needs(assignment, self.node)}
+            self._restore_loss_scale(start)
+        self.enter(assignment, received)
+        self.cluster.create(START(), Start(start))
+        try:
+            self.comm = self._world(world_store(0), start, starting=assignment.members)
+        except (RendezvousAborted, RuntimeError) as e:  # a node died before the first iteration
+            if not self.cfg.elastic:
+                raise
+            return self._move_to(self._abandon(assignment, e))
+        return start
+
+    def enter(self, assignment: Assignment, received: dict[int, bytes]) -> None:
+        """Take this node's place in `assignment`: build its stages from the layers
+        it kept and the ones it `received`, and the failover, reducer and executor
+        that run them."""
+        self.assignment = assignment
+        self.pipeline, self.me = assignment.slot(self.node)
+        self.holdings.build(assignment, self.node, received)
+        nodes = assignment.pipelines[self.pipeline]
+        self.mbs = split_microbatches(self.cfg.microbatches, len(assignment.pipelines))[self.pipeline]
+        self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, self.holdings.mode(assignment),
+                                 self.cfg.failure_timeout, self.cfg.elastic, self.failures, self.finishes)
+        if self.executor is not None:
+            self.executor.reducer.close()  # the last epoch's groups (NCCL: their GPU memory)
+        groups = nccl_groups(self.cfg.hang_timeout) if self.transport == "nccl" else None  # the reduce's
+        reducer = Reducer(self.cluster, assignment, self.node, self.cfg.failure_timeout, self.failover,
+                          self.cfg.hang_timeout, groups)
+        # With agents, each step can be undone, so that an iteration no pipeline can
+        # finish is redone from the copies the survivors hold.
+        self.executor = Executor(self.cfg, nodes, self.me, self.holdings.modules, self.holdings.optimizers,
+                                 self.corpus, self.device, reducer, self.cluster, undo=self.cfg.elastic,
+                                 tied=self.holdings.tied(), stager=self.stager)
+        self.evaluator = Evaluator(self.cfg, nodes, self.me, self.holdings.modules, self.corpus, self.device,
+                                   self.cluster)
+
+    def run_iteration(self, it: int) -> None:
+        """This node's stream of iteration `it`, recovering inside it from one
+        death per pipeline (bamboo/runtime/failover.py)."""
+        began = time.monotonic()
+        self.failover.begin(it, len(self.mbs), self.local_failed(), self.comm)
+        stream = self.failover.base[self.me]  # the failover keeps every node's stream: one compile
+        self.loss_scale = self._loss_scale_of(it)
+        self.executor.run(it, stream, self.mbs, self.comm, self.failover,
+                          self.loss_scale.scale if self.loss_scale else 1.0)
+        self.iteration_seconds.append(time.monotonic() - began)
+        self.cluster.hang_deadline(hang_deadline(self.iteration_seconds, self.cfg.hang_timeout))
+
+    def evaluate(self, it: int) -> None:
+        """After iteration `it`'s step, when due: this pipeline's share of the
+        validation microbatches, forward only on the pipeline as it stands (a node
+        merged in by a failover included). A death cuts it short: the boundary
+        then handles the death as one between iterations."""
+        if not self.cfg.evaluates(it):
+            return
+        mbs = split_microbatches(self.cfg.eval_batches, len(self.assignment.pipelines))[self.pipeline]
+        if mbs:
+            self.cluster.hang_deadline(self.cfg.hang_timeout)  # not an iteration's pace
+            self.executor.settle_replicas()  # a merged pipeline evaluates on a replica
+            self.evaluator.run(it, mbs, self.comm, self.failover)
+            self.cluster.hang_deadline(hang_deadline(self.iteration_seconds, self.cfg.hang_timeout))
+
+    def end_iteration(self, it: int) -> Regroup:
+        """Report, and agree with every live node on what the next iteration runs with."""
+        if self.loss_scale and self.executor.overflow is not None:  # every node decided alike: first wins
+            self.cluster.create(SCALE(it), dataclasses.replace(self.loss_scale, overflow=self.executor.overflow))
+        self.boundary.report(it, self._report())
+        agreed = self.boundary.agree(it, self.assignment, self.failover, self.failed, self._regroup(it),
+                                     idle=self.executor.settle_replicas)  # owed steps fit in the wait
+        self.failed = agreed.failed
+        return agreed
+
+    def checkpoint(self, it: int) -> None:
+        """After iteration `it`, pipeline 0's owners snapshot their layers now and
+        write them in the background (the next iteration does not wait)."""
+        if self.pipeline == 0:
+            self.executor.settle_replicas()  # a stage owned since this boundary may owe its step
+            self.cluster.hang_deadline(self.cfg.hang_timeout)  # waits for the last write: not an iteration's pace
+            self.checkpoints.write(it + 1, self.holdings.snapshot(self._owned()),
+                                   self.cluster.get(SCALE(it)) if self.cfg.loss_scaling else None)
+
+    def reconfigure(self, it: int, aborted: bool = False) -> int:
+        """Move to the agents' next configuration after iteration `it` (or, when `it`
+        was abandoned everywhere, after undoing its steps); return the iteration it
+        starts from: the next one, `it` again, or a checkpoint's when a stage was lost
+        on every node."""
+        if aborted:
+            self.comm.close()  # NCCL work of the abandoned iteration would never end
+            self.executor.reducer.close()
+            self.executor.rollback()
+            self.checkpoints.wait()  # a checkpoint being written is complete before the agents pick one
+            self.cluster.put(ABORTED(it, self.node), Mark())
+        return self._move_to(self._next_epoch(self.assignment.epoch))
+
+    def leave(self) -> None:
+        self.executor.settle_replicas()  # a stage taken over at the last boundary is saved stepped
+        self.checkpoints.wait()
+        if self.cfg.save_dir and self.pipeline == 0:
+            self.holdings.save(self._owned(), self.cfg.save_dir)
+
+    # -- the steps' parts ----------------------------------------------------------------
+    def _assigned(self) -> Assignment | None:
+        """The newest assignment once it gives this node a stage. Until then the
+        node is in standby, started and warm; it leaves when training is over."""
+        assignment = self.cluster.latest_assignment()
+        if self.node in assignment.members:
+            return assignment
+        if self.cluster.children(DONE(self.cfg.iterations - 1)):
+            raise Released(f"node {self.node}: the job finished while it waited in standby")
+        if self.cluster.get(DRAIN(self.node)) is not None:
+            raise Parked(f"node {self.node} was asked to leave before it had a stage")
+        return None
+
+    def _next_epoch(self, after: int) -> Assignment:
+        """The agents' next configuration after epoch `after`."""
+        def newer():
+            latest = self.cluster.latest_assignment()
+            return latest if latest.epoch > after else None
+        return self.cluster.wait_for(newer, timeout=self.cfg.stall_timeout, what="the agents' next configuration")
+
+    def _move_to(self, new: Assignment) -> int:
+        """Enter `new` (layers move, the world group forms) and return the iteration
+        it starts from. When a node dies on the way, no one enters: the agents are
+        told, and the node moves to the epoch they write next instead."""
+        self.cluster.hang_deadline(self.cfg.hang_timeout)  # a restore or a handover blocks longer than an iteration
+        while True:
+            old = self.cluster.get(ASSIGNMENT(new.layers_from)) if new.layers_from >= 0 else None
+            try:
+                self._move_layers(new, old)
+            except HandoverFailed as e:
+                new = self._abandon(new, e)
+                continue
+            self.failed = new.gone
+            try:
+                self.comm = self._world(world_store(new.epoch), new.start)
+                return new.start
+            except (RendezvousAborted, RuntimeError) as e:  # RuntimeError: gloo's, a member died
+                if not self.cfg.elastic:
+                    raise
+                new = self._abandon(new, e)
+
+    def _abandon(self, epoch: Assignment, error: Exception) -> Assignment:
+        """Epoch `epoch` cannot start (a node died while it formed): abandon its first
+        iteration, as a failover would one no pipeline can finish, and wait for
+        the agents' next epoch."""
+        why = f"epoch {epoch.epoch} could not start: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        print(f"bamboo.runtime.worker: node {self.node}: {why}", file=sys.stderr, flush=True)
+        # Once the agents wrote the next epoch this one is settled: a late abort
+        # would abandon that epoch's first iteration for nothing.
+        after = ASSIGNMENT(epoch.epoch + 1)
+        self.cluster.create_unless(ABORT(epoch.start), Abort(why, self.node), after)
+        self.cluster.create_unless(ABORTED(epoch.start, self.node), Mark(), after)
+        return self._next_epoch(epoch.epoch)
+
+    def _move_layers(self, new: Assignment, old: Assignment | None) -> None:
+        """Get the layers this node needs in `new` (from their live holders, or from
+        the checkpoint the agents chose), then take its place in `new`, or leave if
+        it has none."""
+        if new.restore != "peers":
+            received = {}
+            if new.restore == "initial":
+                self.holdings.drop()  # built again from the seed, as at the job's start
+            elif self.node in new.members:
+                blobs = self.checkpoints.taken_before(new.start)
+                received = {i: blobs[i] for i in self.holdings.needs(new, self.node)}
+                self._restore_loss_scale(new.start)
+        else:
+            received = handover.exchange(self.cluster, self.node, self.holdings, new, old,
+                                         lambda members, starting: self._lease_check(members, new.start, starting),
+                                         self.cfg.hang_timeout)
+        if self.node not in new.members:
+            self.checkpoints.wait()
+            raise Parked(f"node {self.node} has no stage in epoch {new.epoch}")  # back to standby
+        self.enter(new, received)
+
+    def _loss_scale_of(self, it: int) -> LossScale | None:
+        """fp16: the scale iteration `it` runs with, following the record every node
+        agreed on for the iteration before (written at its boundary, or brought
+        back from a checkpoint by a restart)."""
+        if not self.cfg.loss_scaling:
+            return None
+        if it == 0:
+            return LossScale(self.cfg.initial_loss_scale)
+        before = self.cluster.get(SCALE(it - 1))
+        if before is None:
+            raise RuntimeError(f"no loss scale record of iteration {it - 1} to start iteration {it} from")
+        return before.following(self.cfg.loss_scale_window, self.cfg.min_loss_scale)
+
+    def _restore_loss_scale(self, start: int) -> None:
+        """A restart from the checkpoint taken before `start`: the loss scale record
+        stored with it, unless the job's etcd still has that iteration's."""
+        if self.cfg.loss_scaling and start > 0:
+            found = self.checkpoints.loss_scale(start)
+            if found is None:
+                raise RuntimeError(f"the checkpoint taken before iteration {start} has no loss scale (not fp16?)")
+            self.cluster.create(SCALE(start - 1), LossScale.from_dict(found))
+
+    def _report(self) -> Report:
+        report = Report(rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, time=time.time(),
+                        epoch=self.assignment.epoch, events=self.failover.events, busy=self.executor.busy,
+                        digests=self.holdings.digests() if self.cfg.check_replicas else None,
+                        cuda_mb=torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda"
+                        else 0.0)
+        self.failover.events = []
+        return report
+
+    def _regroup(self, it: int):
+        """How the boundary rebuilds the world without the newly dead."""
+        def regroup(failed: tuple[int, ...], attempt: int) -> None:
+            self.failed = failed
+            self.comm = self._world(world_store(self.assignment.epoch, it, attempt), it)
+        return regroup
+
+    def _lease_check(self, members, iteration: int, starting=()):
+        """Gives a rendezvous up once a member lost its lease. A node in `starting`
+        may not have registered yet: it counts as alive while its agent is, or,
+        without agents, always (the launcher watches it)."""
+        if not self.cfg.elastic:
+            members, starting = [n for n in members if n not in set(starting)], ()
+        return lease_check(self.cluster, members, iteration, self.node, starting)
+
+    def _world(self, store_key: str, iteration: int, starting=()) -> Comm:
+        """The world process group of the live nodes, meeting at `store_key`."""
+        members = [n for n in self.assignment.members if n not in self.failed]
+        pg, rank_of, self._store = open_group(self.cluster, store_key, members, self.node,
+                                              self._lease_check(members, iteration, starting), self.cfg.hang_timeout)
+        if self.comm is not None:
+            self.comm.close()  # the old world's channels (NCCL: their GPU memory)
+
+        def store_for(src: int, dst: int, kind: str) -> EtcdStore:  # gives up when an end is gone
+            return store_at(self.cluster, f"{store_key}/channel/{src}-{dst}/{kind}",
+                            self._lease_check([src, dst], iteration, starting), self.cfg.hang_timeout)
+        channels = for_worker(self.transport, store_for, self.node, self.cfg.hang_timeout)
+        return Comm(pg, rank_of, self.device, stager=self.stager, channels=channels)
+
+    def local_failed(self) -> tuple[int, ...]:
+        return self.assignment.local_failed(self.pipeline, self.failed)
+
+    def _owned(self) -> tuple[int, ...]:
+        return Layout(self.assignment.depth, frozenset(self.local_failed())).owned(self.me)
+
+
+def fence(reason: str) -> None:
+    """Stop at once, saying why: this node's peers count it dead."""
+    print(f"bamboo.runtime.worker: fenced: {reason}", file=sys.stderr, flush=True)
+    os._exit(FENCED)
+
+
+GIL_SWITCH_SECONDS = 0.0005
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bamboo.runtime.worker")
+    ap.add_argument("--etcd", required=True)
+    ap.add_argument("--job", required=True)
+    ap.add_argument("--node", type=int, required=True)
+    args = ap.parse_args(argv)
+    faulthandler.enable(all_threads=True)  # a crash in native code leaves every thread's stack in the log
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: the same, on demand
+    torch.set_num_threads(1)
+    # Messages leave and arrive on threads (bamboo/transport/comm.py) that need the GIL while
+    # the main thread computes: hand it over after 0.5 ms, not Python's 5 ms.
+    sys.setswitchinterval(GIL_SWITCH_SECONDS)
+    cluster = Cluster(args.etcd, args.job, wait=True)
+    cfg = cluster.get(CONFIG())
+    cluster.register(args.node, cfg, on_fenced=fence)
+    try:
+        Worker(cluster, cfg, args.node).run()
+        status = 0
+    except WorkerExit as e:
+        status = e.status
+        print(f"bamboo.runtime.worker: {type(e).__name__.lower()}: {e}", file=sys.stderr)
+    except Exception as e:  # one line in etcd for the launcher, the traceback on stderr
+        if args.node not in cluster.failed():
+            cluster.put(ERROR(args.node), WorkerError(f"{type(e).__name__}: {e}"))
+            raise
+        print(f"bamboo.runtime.worker: fenced: node {args.node} was declared dead, then hit "
+              f"{type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+        status = FENCED  # woke up after being declared dead: whatever broke, step aside
+    # Process groups of an abandoned iteration may still hold a pending collective:
+    # leave without running their destructors (which would abort the process).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

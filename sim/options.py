@@ -1,0 +1,42 @@
+"""The cluster simulator's prices and costs: what `bamboo-sim` prints beside every
+figure, in one frozen record that the simulator and the strategies both read."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.profiles import NETWORK, PCIE
+
+
+@dataclass(frozen=True)
+class Options:
+    spot_price: float = 0.918           # USD per node-hour (EC2 p3.2xlarge spot, as in the Bamboo paper)
+    on_demand_price: float = 3.06       # USD per node-hour (p3.2xlarge on demand)
+    checkpoint_seconds: float | None = None  # a fixed interval; None: the formula's optimum
+    checkpoint_formula: str = "daly"    # or "young"
+    checkpoint_bytes_per_param: float = 12.0  # fp32 master weights and AdamW's two moments
+    storage_bandwidth: float = 0.5e9    # bytes/s per node to and from storage (S3 or EBS)
+    snapshot_bandwidth: float = PCIE    # bytes/s accelerator -> host
+    free_checkpoints: bool = False      # the old baseline: writes cost nothing
+    relaunch_seconds: float = 60.0      # stop, relaunch the processes, rendezvous
+    warmup_seconds: float = 30.0        # after a restart, before full speed
+    restart_seconds: float | None = None  # a fixed restart cost instead of relaunch + load + warm-up
+    peer_bandwidth: float = NETWORK     # bytes/s of a stage reloaded from a data-parallel peer
+    reconfigure_seconds: float = 10.0   # agents' decision and new process groups
+    failure_timeout: float = 3.0        # seconds before a silent node counts as dead
+    zones: tuple[str, ...] = ("a", "b", "c")  # for traces without zones: nodes dealt in turn
+    startup_seconds: float = 0.0        # from a node's arrival to its being usable (0: the trace says when)
+
+    def check(self) -> None:
+        """Raise ValueError naming the first option that cannot be used."""
+        for name in ("spot_price", "on_demand_price", "storage_bandwidth", "snapshot_bandwidth",
+                     "peer_bandwidth", "checkpoint_bytes_per_param"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive (got {getattr(self, name)})")
+        for name in ("relaunch_seconds", "warmup_seconds", "reconfigure_seconds", "failure_timeout",
+                     "startup_seconds"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must not be negative (got {getattr(self, name)})")
+        if self.checkpoint_seconds is not None and not self.checkpoint_seconds > 0:
+            raise ValueError(f"the checkpoint interval must be positive (got {self.checkpoint_seconds} s)")
+        if self.restart_seconds is not None and not self.restart_seconds >= 0:
+            raise ValueError(f"--restart-seconds must not be negative (got {self.restart_seconds})")
