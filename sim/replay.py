@@ -23,7 +23,7 @@ import time
 from dataclasses import replace
 
 from bamboo.control.config import JobConfig
-from bamboo.commands.launcher import Launcher, LocalCluster
+from bamboo.commands.launcher import AGENT, Launcher, LocalCluster
 from sim.profiles import MeasuredProfile
 from sim.simulator import ClusterSimulator, Options
 from sim.traces import Event, TraceError, read
@@ -73,7 +73,7 @@ class Replay:
             if e.action == "add":
                 node = self.ids[e.node] = self.local.nodes + sum(a == "add" for _, a, _ in self.applied)
                 zone = self.zone_of.setdefault(e.node, e.zone or self.zones[node % len(self.zones)])
-                launcher._start(cluster, node, "agents.agent", "--zone", zone, "--log-dir", launcher.logs)
+                launcher._start(cluster, node, AGENT, "--zone", zone, "--log-dir", launcher.logs)
             else:
                 node = self.ids[e.node]
                 launcher.procs[node].kill()  # a real SIGKILL; the worker dies with its agent

@@ -87,11 +87,10 @@ def test_died_before_from_message_counts():
 
 
 def _failover(P=4, M=4):
-    from bamboo.runtime.failover import Failover
+    from bamboo.runtime.failover import Failover, Watch
     from schedules.compiler import compile_schedule
     f = Failover(None, tuple(range(P)), 0, 0, "eager", 3.0)
-    f.iteration, f.M, f.failed = 5, M, ()
-    f.base = compile_schedule(P, M).streams
+    f.now = Watch(iteration=5, microbatches=M, failed=(), comm=None, streams=compile_schedule(P, M).streams)
     return f
 
 

@@ -39,7 +39,7 @@ def test_flush_gives_up_on_a_peer_recorded_dead_and_drops_its_sends():
     asked = []
     with pytest.raises(PeerFailure) as failure:
         sender.flush(lambda peer: asked.append(peer) or True)
-    assert failure.value.peer == 20 and asked == [20]
+    assert failure.value.node == 20 and asked == [20]
     assert not sender.pending()
     sender.flush(lambda peer: pytest.fail("nothing is left to wait for"))
     receiver.expect(10, Op.SEND_ACT, 2)  # lets the outbox finish before the process exits

@@ -10,7 +10,7 @@ import torch
 
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
-from bamboo.runtime.failover import Aborted, Failover
+from bamboo.runtime.failover import Aborted, Failover, Watch
 from bamboo.control.protocol import ABORT, ALIVE, Abort, Alive
 from bamboo.runtime.reduce import Reducer
 
@@ -26,7 +26,7 @@ def scenario(endpoint: str) -> None:
     cluster.put(ALIVE(2), Alive(2))  # node 2 is alive (its key is there) but went to the redo
     assignment = Assignment.static(stages=2, pipelines=2)  # stage 0 on node 0 and on node 2
     failover = Failover(cluster, (0, 1), 0, 0, "off", 3.0, elastic=True)
-    failover.iteration = 2
+    failover.now = Watch(iteration=2, microbatches=0, failed=(), comm=None, streams={})
     reducer = Reducer(cluster, assignment, 0, 3.0, failover, HANG_TIMEOUT)
     assert reducer.members(0) == (0, 2)
     cluster.create(ABORT(2), Abort("node 3 died with redundancy off", 2))

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from bamboo.commands.launcher import AGENT, WORKER
 from bamboo.control.etcd import EtcdServer, connect, die_with_parent
 from bamboo.control.protocol import DONE, scan
 
@@ -174,11 +175,11 @@ class Trial:
         self.outcome.faults.append((round(time.monotonic() - self.t0, 2), kind, detail))
 
     def _agents(self) -> list[psutil.Process]:
-        return [p for p in self._job_processes() if "agents.agent" in " ".join(self._cmdline(p))]
+        return [p for p in self._job_processes() if AGENT in " ".join(self._cmdline(p))]
 
     def _worker_of(self, agent: psutil.Process) -> psutil.Process | None:
         try:
-            return next((c for c in agent.children() if "bamboo.runtime.worker" in " ".join(self._cmdline(c))), None)
+            return next((c for c in agent.children() if WORKER in " ".join(self._cmdline(c))), None)
         except psutil.NoSuchProcess:
             return None
 
@@ -256,7 +257,7 @@ class Trial:
             return
         log = open(os.path.join(self.dir, f"joined{len(self.extra)}.log"), "w")
         self.extra.append(subprocess.Popen(
-            [sys.executable, "-m", "agents.agent", "--etcd", self.etcd.endpoint, "--job", self.job, "--zone", zone,
+            [sys.executable, "-m", AGENT, "--etcd", self.etcd.endpoint, "--job", self.job, "--zone", zone,
              "--log-dir", self.dir], stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent))
         log.close()
 

@@ -23,6 +23,8 @@ from bamboo.control.assignment import Assignment
 from bamboo.control.changes import Changes
 from bamboo.control.cluster import Cluster, in_force, latest
 from bamboo.control.config import JobConfig
+from bamboo.control.events import (EvalSkipped, Event, FailedOver, ModeSwitched, NoticeSeen, Overflow, Preemption,
+                                   Reconfigured, Redone)
 from bamboo.transport.devices import LOCAL_RANK
 from bamboo.control.etcd import EtcdServer, die_with_parent
 from bamboo.control.exits import FENCED
@@ -30,6 +32,11 @@ from bamboo.control.protocol import (ASSIGNMENT, CONFIG, DONE, ERROR, FAILED, LO
                              VAL_LOSS)
 from bamboo.commands.reference import mean_loss
 
+
+# The processes a launch starts, by module: a local cluster's agents (the layer
+# above the runtime, started, not imported), or the workers of a job without agents.
+AGENT = "agents.agent"
+WORKER = "bamboo.runtime.worker"
 
 # Set by bamboo-train's SIGINT/SIGTERM handler.
 INTERRUPTED = threading.Event()
@@ -89,7 +96,7 @@ def add_loss_scale(record: dict, scale) -> None:
     copy skipped its step (the scale halves for the next)."""
     record["loss_scale"] = scale.scale
     if scale.overflow:
-        record["events"].append({"type": "overflow", "iteration": record["iteration"], "loss_scale": scale.scale})
+        record["events"].append(Overflow(record["iteration"], scale.scale).to_dict())
 
 
 def add_validation(cfg: JobConfig, record: dict, losses: dict) -> None:
@@ -98,8 +105,7 @@ def add_validation(cfg: JobConfig, record: dict, losses: dict) -> None:
     if sorted(losses) == list(range(cfg.eval_batches)):
         record["val_loss"] = mean_loss({g: loss.value for g, loss in losses.items()}, cfg.eval_batches)
     else:
-        record["events"].append({"type": "eval_skipped", "iteration": record["iteration"], "arrived": len(losses),
-                                 "of": cfg.eval_batches})
+        record["events"].append(EvalSkipped(record["iteration"], len(losses), cfg.eval_batches).to_dict())
 
 
 def replicas_equal(cfg: JobConfig, reports: dict) -> bool:
@@ -202,74 +208,10 @@ class Launcher:
         if self.named and cluster.get(CONFIG()) is not None:
             return self._join(cluster)
         cluster.put(CONFIG(), self.cfg)
-        if self.local:
-            for n in range(self.local.nodes):
-                self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--min-nodes",
-                            str(self.local.nodes), "--log-dir", self.logs)
-            self._joiners = dict(self.local.joiners())
-            for n, after in self._joiners.items():  # booted now: they join once `after` is done, not when ready
-                self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--register-after", str(after),
-                            "--log-dir", self.logs)
-        else:
-            cluster.put(ASSIGNMENT(0), Assignment.static(self.cfg.stages, self.cfg.pipelines))
-            for n in range(self.cfg.nodes):
-                self._start(cluster, n, "bamboo.runtime.worker")
-        start = last = time.monotonic()
+        self._start_nodes(cluster)
+        start = time.monotonic()
         summary = {"iterations": 0, "samples": 0, "preemptions": 0, "failovers": 0}
-        first = self._wait_start(cluster)
-        epoch = mode = None  # the epoch and redundancy mode of the last iteration recorded
-        with ProgressBar(self.progress, self.cfg.iterations) as bar:
-            it, redo = first, []
-            while it < self.cfg.iterations and not self.stopped:
-                try:
-                    found = self._wait_iteration(cluster, it, since=last)
-                except Rewind as r:  # abandoned: the agents redo it (or restart from a checkpoint)
-                    redo.append({"type": "redo", "abandoned": it, "from": r.assignment.start,
-                                 "restore": r.assignment.restore})
-                    it = r.assignment.start
-                    continue
-                if found is None:
-                    break  # stopped by on_tick
-                now = time.monotonic()
-                reports, failed, assignments = found
-                preempted, notices, losses = cluster.read(PREEMPTED(), NOTICES(), LOSS(it))
-                events = redo + [e for r in reports.values() for e in r.events]
-                redo = []
-                events += [{"type": "preemption", "node": n, "pause_seconds": round(time.time() - p.time, 4)}
-                           for n, p in preempted.items() if p.iteration == it]
-                for n, notice in notices.items():  # reported once, when first seen
-                    if n not in self._noticed:
-                        self._noticed.add(n)
-                        events.append({"type": "notice", "node": n, "source": notice.source,
-                                       "action": notice.action})
-                assignment = in_force(assignments, it)
-                live = sum(n not in failed or failed[n].iteration > it for n in assignment.members)
-                if assignment.epoch != epoch:
-                    epoch, before, mode = assignment.epoch, mode, assignment.mode(self.cfg.redundancy)
-                    events.append({"type": "reconfigure", "epoch": epoch, "pipelines": assignment.pipelines,
-                                   "standby": assignment.standby, "redundancy": mode})
-                    if before not in (None, mode):  # --redundancy auto switched
-                        events.append({"type": "mode", "epoch": epoch, "from": before, "to": mode})
-                record = iteration_record(self.cfg, it, losses, reports, now - last, live, events)
-                if self.cfg.loss_scaling:
-                    add_loss_scale(record, cluster.get(SCALE(it)))
-                if self.cfg.evaluates(it):
-                    add_validation(self.cfg, record, cluster.children(VAL_LOSS(it)))
-                self.metrics.write(record)
-                last = now
-                summary["iterations"] += 1
-                summary["samples"] += record["samples"]
-                summary["preemptions"] += sum(e["type"] == "preemption" for e in events)
-                summary["failovers"] += sum(e["type"] == "failover" for e in events)
-                if self.cfg.loss_scaling:
-                    summary["skipped_steps"] = summary.get("skipped_steps", 0) + sum(
-                        e["type"] == "overflow" for e in record["events"])
-                summary["peak_memory_mb"] = {str(n): r.rss_mb for n, r in reports.items()}
-                if cuda := {str(n): r.cuda_mb for n, r in reports.items() if r.cuda_mb}:  # peak allocated
-                    summary["peak_cuda_mb"] = {**summary.get("peak_cuda_mb", {}), **cuda}
-                bar(it, record)
-                self._joiners = {n: after for n, after in self._joiners.items() if after > it}
-                it += 1
+        self._record_iterations(cluster, summary, start)
         if self.stopped:
             self.stop_processes()
         for n, p in self.procs.items():
@@ -281,10 +223,91 @@ class Launcher:
         self.metrics.write({"summary": summary})
         return summary
 
+    def _start_nodes(self, cluster: Cluster) -> None:
+        """A local cluster's agents (the joiners' too: they register once their
+        iteration is done, not when they are ready); without agents, the workers of
+        a static assignment."""
+        if self.local:
+            for n in range(self.local.nodes):
+                self._start(cluster, n, AGENT, *self.local.agent_args(n), "--min-nodes",
+                            str(self.local.nodes), "--log-dir", self.logs)
+            self._joiners = dict(self.local.joiners())
+            for n, after in self._joiners.items():
+                self._start(cluster, n, AGENT, *self.local.agent_args(n), "--register-after", str(after),
+                            "--log-dir", self.logs)
+        else:
+            cluster.put(ASSIGNMENT(0), Assignment.static(self.cfg.stages, self.cfg.pipelines))
+            for n in range(self.cfg.nodes):
+                self._start(cluster, n, WORKER)
+
+    def _record_iterations(self, cluster: Cluster, summary: dict, start: float) -> None:
+        """One metrics record per iteration, in order, as the reports come; an
+        abandoned iteration is waited for again where the agents restart."""
+        last = start
+        it, redo = self._wait_start(cluster), []
+        epoch = mode = None  # the epoch and redundancy mode of the last iteration recorded
+        with ProgressBar(self.progress, self.cfg.iterations) as bar:
+            while it < self.cfg.iterations and not self.stopped:
+                try:
+                    found = self._wait_iteration(cluster, it, since=last)
+                except Rewind as r:  # abandoned: the agents redo it (or restart from a checkpoint)
+                    redo.append(Redone(it, r.assignment.start, r.assignment.restore))
+                    it = r.assignment.start
+                    continue
+                if found is None:
+                    break  # stopped by on_tick
+                now = time.monotonic()
+                reports, failed, assignments = found
+                preempted, notices, losses = cluster.read(PREEMPTED(), NOTICES(), LOSS(it))
+                events, redo = redo + self._events_seen(it, reports, preempted, notices), []
+                assignment = in_force(assignments, it)
+                live = sum(n not in failed or failed[n].iteration > it for n in assignment.members)
+                if assignment.epoch != epoch:
+                    epoch, before, mode = assignment.epoch, mode, assignment.mode(self.cfg.redundancy)
+                    events.append(Reconfigured(epoch, assignment.pipelines, assignment.standby, mode))
+                    if before not in (None, mode):  # --redundancy auto switched
+                        events.append(ModeSwitched(epoch, before, mode))
+                record = iteration_record(self.cfg, it, losses, reports, now - last, live,
+                                          [e.to_dict() for e in events])
+                if self.cfg.loss_scaling:
+                    add_loss_scale(record, cluster.get(SCALE(it)))
+                if self.cfg.evaluates(it):
+                    add_validation(self.cfg, record, cluster.children(VAL_LOSS(it)))
+                self.metrics.write(record)
+                last = now
+                self._tally(summary, record, events, reports)
+                bar(it, record)
+                self._joiners = {n: after for n, after in self._joiners.items() if after > it}
+                it += 1
+
+    def _events_seen(self, it: int, reports: dict, preempted: dict, notices: dict) -> list[Event]:
+        """The workers' failovers, the preemptions injected in iteration `it`, and
+        each cloud notice the first time it is seen."""
+        events = [Event.from_json(e) for r in reports.values() for e in r.events]
+        events += [Preemption(n, round(time.time() - p.time, 4)) for n, p in preempted.items() if p.iteration == it]
+        for n, notice in notices.items():
+            if n not in self._noticed:
+                self._noticed.add(n)
+                events.append(NoticeSeen(n, notice.source, notice.action))
+        return events
+
+    def _tally(self, summary: dict, record: dict, events: list[Event], reports: dict) -> None:
+        """The run's summary, after one more iteration."""
+        summary["iterations"] += 1
+        summary["samples"] += record["samples"]
+        summary["preemptions"] += sum(isinstance(e, Preemption) for e in events)
+        summary["failovers"] += sum(isinstance(e, FailedOver) for e in events)
+        if self.cfg.loss_scaling:
+            summary["skipped_steps"] = summary.get("skipped_steps", 0) + sum(
+                e["type"] == Overflow.TYPE for e in record["events"])
+        summary["peak_memory_mb"] = {str(n): r.rss_mb for n, r in reports.items()}
+        if cuda := {str(n): r.cuda_mb for n, r in reports.items() if r.cuda_mb}:  # peak allocated
+            summary["peak_cuda_mb"] = {**summary.get("peak_cuda_mb", {}), **cuda}
+
     def _start(self, cluster: Cluster, node: int, module: str, *args: str, named: bool = True) -> None:
         """A worker (or, for a local cluster, an agent) for `node` (with `named`
         False the agent claims the next free id and `node` only names its log)."""
-        kind = "agent" if module.startswith("agents") else "worker"
+        kind = "agent" if module == AGENT else "worker"
         held = {self.slots[n] for n, p in self.procs.items() if p.poll() is None}
         self.slots[node] = min(set(range(len(held) + 1)) - held)  # the lowest index no live process has
         with open(os.path.join(self.logs, f"{kind}{node}.log"), "w") as log:
@@ -301,7 +324,7 @@ class Launcher:
         if not cluster.get(CONFIG()).elastic:
             raise LaunchError(f"job {self.cfg.job!r} runs without agents: it cannot take new nodes")
         for n in range(self.local.nodes):
-            self._start(cluster, n, "agents.agent", *self.local.agent_args(n), "--log-dir", self.logs, named=False)
+            self._start(cluster, n, AGENT, *self.local.agent_args(n), "--log-dir", self.logs, named=False)
         for p in self.procs.values():
             if p.wait() not in EXPECTED_EXITS:
                 raise LaunchError(self._worker_error(cluster))

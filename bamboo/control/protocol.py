@@ -34,9 +34,16 @@ The agents' half:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from typing import NewType
 
 from bamboo.control.assignment import Assignment
 from bamboo.control.config import JobConfig
+
+# A node's id in the job (members/, alive/, failed/, an assignment's pipelines), and
+# its place in its own pipeline (0..P-1: the schedules' `peer`). Both are ints at run
+# time; the types keep the two apart along the failure path (Failover.node_of).
+NodeId = NewType("NodeId", int)
+Local = NewType("Local", int)
 
 ROOT = "/bamboo/"                 # every job's keys: /bamboo/<job>/...
 RENDEZVOUS_ROOT = "/bamboo-rdzv/"  # torch elastic's rendezvous of a job's first agents
@@ -130,7 +137,7 @@ class Report(Record):
     rss_mb: float
     time: float
     epoch: int
-    events: list = field(default_factory=list)   # failover events seen by this node
+    events: list = field(default_factory=list)   # FailedOver events this node wrote, as dicts
     busy: float = 0.0              # seconds of this iteration spent computing (not waiting on peers)
     digests: dict | None = None    # stage -> digest of parameters and optimizer state
     cuda_mb: float = 0.0           # peak CUDA memory allocated by the worker so far (0: on the CPU)

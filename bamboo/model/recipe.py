@@ -91,6 +91,21 @@ def scale_grads(params, coefficient: float) -> None:
                 p.grad.mul_(coefficient)
 
 
+def flat_grads(module: torch.nn.Module) -> torch.Tensor:
+    """A stage's gradients as one vector (zeros where none): one message to a replica."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in module.parameters()])
+
+
+def set_flat_grads(module: torch.nn.Module, flat: torch.Tensor) -> None:
+    """The inverse of flat_grads: a replica takes its owner's gradients."""
+    offset = 0
+    for p in module.parameters():
+        n = p.numel()
+        p.grad = flat[offset:offset + n].view_as(p).to(p.dtype)  # views: each message is a fresh tensor
+        offset += n
+
+
 def check(cfg) -> None:
     """Raise ValueError naming the first setting that makes no sense."""
     if cfg.lr <= 0 or cfg.min_lr < 0 or cfg.min_lr > cfg.lr:

@@ -1,7 +1,7 @@
 """Evaluation on the pipeline: the validation loss after an iteration's step.
 
 The compiler's forward-only stream (schedules/evaluation.py) is interpreted like
-the training stream, one method per op, on the world group's evaluation channels
+the training stream, one method per op (EVAL_OPS), on the world group's evaluation channels
 (bamboo/transport/comm.py), with every module in eval mode (no dropout) under no_grad:
 parameters, gradients, optimizer state, RNG state and the training samples are
 left as they were, so training computes what it would without evaluations. The
@@ -16,6 +16,8 @@ training is complete, its losses are in etcd. That iteration's validation loss
 is missing (the launcher records an `eval_skipped` event); training goes on.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -60,7 +62,7 @@ class Evaluator:
                 self._run(stream)
             return True
         except PeerFailure as e:
-            failover.detected(e.peer, str(e))
+            failover.detected(e.node, str(e))
         except EvalCut:
             pass
         self.cut_on = comm
@@ -70,7 +72,7 @@ class Evaluator:
         for pc, ins in enumerate(stream):
             preempt_if_due(self.cfg, self.cluster, self.nodes[self.me], self.iteration, pc, "eval")
             try:
-                getattr(self, ins.op.value)(ins)  # one method per op, named after it
+                EVAL_OPS[ins.op](self, ins)
             except Interrupted:  # a receive gave up: the failover says why
                 self._on_event(self.failover.poll())
                 raise EvalCut("a receive was given up") from None
@@ -115,3 +117,12 @@ class Evaluator:
 
     def recv_act(self, ins: Instr) -> None:
         self.acts[(ins.stage, ins.mb)] = self.comm.recv(self.nodes[ins.peer], Op.SEND_ACT, self.failover.keep_waiting)
+
+
+# The forward-only instruction set an evaluation stream uses, and the method of each.
+EVAL_OPS: dict[Op, Callable[[Evaluator, Instr], None]] = {
+    Op.LOAD: Evaluator.load,
+    Op.FORWARD: Evaluator.forward,
+    Op.SEND_ACT: Evaluator.send_act,
+    Op.RECV_ACT: Evaluator.recv_act,
+}

@@ -1,6 +1,6 @@
 """The executor: interprets one node's instruction stream on torch tensors.
 
-One method per op, named after it. A stage's input is always a fresh leaf, so each
+One method per op (the OPS map at the end). A stage's input is always a fresh leaf, so each
 stage's backward is separate and yields the gradient to send upstream. Redundant
 forwards (FRC) record their saved tensors in a swappable container. A send to a
 dead peer is lost like any message to a dead node; a receive from a dead peer, or
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
+from typing import Callable
 
 import torch
 
@@ -23,7 +24,8 @@ from bamboo.transport.comm import Comm, Interrupted, PeerFailure
 from bamboo.model import recipe
 from bamboo.control.config import JobConfig, dropout_seed_for
 from bamboo.control.exits import preempt_if_due
-from bamboo.runtime.failover import PeersSilent, TooManyDead
+from bamboo.runtime.failover import Failover, PeersSilent, TooManyDead
+from bamboo.runtime.iteration import IterationState
 from bamboo.model.builtin import dropout_seed, mixed_precision
 from bamboo.control.protocol import LOSS, NORM, Loss
 from bamboo.transport.staging import Copy, Stager
@@ -48,71 +50,56 @@ class Executor:
         self.corpus, self.device, self.reducer, self.cluster = corpus, device, reducer, cluster
         self.params = {s: {p.data_ptr() for p in m.parameters()} for s, m in modules.items()}
         self.stager = stager or Stager(device)  # swaps and kept outputs to host memory and back
-        self.acts_host: dict[tuple[int, int], Copy] = {}  # (stage, mb) -> an output kept in host memory
-        self.states: dict[tuple[int, int], tuple] = {}     # (stage, mb) -> input, output, saved tensors
         self.keep_undo = undo
-        self.undo: dict[int, tuple] = {}  # stage -> its parameters and optimizer state before this step
-        self.busy = 0.0                   # seconds of this iteration in COMPUTE ops (CPU only: 0 on CUDA)
         self.tied = list(tied)            # per tied weight: its stages, stage -> this node's copy
-        self.stream: list[Instr] = []     # the stream being run, and the position in it
-        self.pc = 0
-        self.reduced: set[int] = set()    # stages reduced across pipelines in this iteration
-        self.tied_grads: dict[int, torch.Tensor] = {}  # tied weight -> its summed gradient, once tied
-        self.tie_given: set[tuple[int, int]] = set()   # (tied weight, stage): that copy holds the sum
-        self.deferred: list[Instr] = []   # step-phase instructions put off, in stream order
-        self.last_owed = -1               # where the stream's last instruction outside the step phase is
-        self.prepared: dict[int, bool] = {}    # stage -> its gradients are ready to step (False: fp16 overflow)
-        self.losses_written: set[int] = set()  # global microbatches whose loss is in etcd
-        self.drawn: dict[int, tuple] = {}      # microbatch -> its inputs and labels, drawn ahead (load)
-        self.owed: dict[int, float] = {}       # lazy: replica stage -> the rate of the step it owes (settle)
+        self.owed: dict[int, float] = {}  # lazy: replica stage -> the rate of the step it owes (settle)
         # With clipping, ties (the model's, on every node) or fp16's loss scale, steps
         # and syncs wait for the rest of the stream (STEP_PHASE).
         self.step_after_reduces = bool(cfg.grad_clip) or bool(self.tied) or cfg.loss_scaling
-        self.loss_scale = 1.0             # fp16: this iteration's loss is multiplied by it
-        self.norms_read = False           # every stage's squared norm was read, and so ...
-        self.multiplier: float | None = None  # ... what the gradients are multiplied by (None: overflow)
-        self.overflow: bool | None = None     # fp16: whether this iteration's steps were skipped, once known
+        self.it: IterationState | None = None  # the iteration under way, or the last one run
+
+    @property
+    def busy(self) -> float:
+        """Seconds of the last iteration in COMPUTE ops (CPU only: 0 on CUDA)."""
+        return self.it.busy if self.it else 0.0
+
+    @property
+    def overflow(self) -> bool | None:
+        """fp16: whether the last iteration's steps were skipped, once known."""
+        return self.it.overflow if self.it else None
 
     def peer(self, local: int) -> int:
         return self.nodes[local]
 
     # -- one iteration -------------------------------------------------------------------
-    def run(self, iteration: int, stream: list[Instr], microbatches: range, comm: Comm, failover,
+    def run(self, iteration: int, stream: list[Instr], microbatches: range, comm: Comm, failover: Failover,
             loss_scale: float = 1.0) -> None:
-        self.iteration, self.mbs, self.comm, self.failover = iteration, microbatches, comm, failover
-        self.loss_scale, self.norms_read, self.multiplier, self.overflow = loss_scale, False, None, None
+        """Run `stream` to its end, and through every recovery a death in the
+        pipeline brings, until every node of the pipeline has finished."""
         self._release()
-        self.inputs, self.labels, self.acts, self.grads, self.states = {}, {}, {}, {}, {}
-        self.losses: dict[int, torch.Tensor | float] = {}  # global microbatch -> its loss (the last stage's)
-        self.losses_written = set()
-        self.drawn = {}
         for s, m in self.modules.items():
             if s not in self.owed:  # an owed step's gradients stay until it is taken
                 m.zero_grad(set_to_none=True)
-        self.undo = {}
-        self.busy = 0.0
-        self.reduced, self.tied_grads, self.tie_given, self.deferred = set(), {}, set(), []
-        self.prepared = {}
-        self._base = comm.counts()  # messages received before this iteration
+        self.it = IterationState(iteration, microbatches, comm, failover, loss_scale, base=comm.counts())
         self._expect(stream)
         pc = 0
         while True:
-            while pc < len(stream) or self.deferred or comm.pending():
-                ins, self.stream, self.pc = (stream[pc] if pc < len(stream) else None), stream, pc
+            while pc < len(stream) or self.it.deferred or comm.pending():
+                ins, self.it.stream, self.it.pc = (stream[pc] if pc < len(stream) else None), stream, pc
                 try:
-                    if self.deferred and pc > self.last_owed:
+                    if self.it.deferred and pc > self.it.last_owed:
                         self._run_deferred()
                     if ins is None:  # the sends' outcomes, before this node says it finished
                         comm.flush(failover.peer_gone)
                         continue
                     self._maybe_preempt(pc)
-                    if self.step_after_reduces and ins.op in STEP_PHASE and pc < self.last_owed:
-                        self.deferred.append(ins)
+                    if self.step_after_reduces and ins.op in STEP_PHASE and pc < self.it.last_owed:
+                        self.it.deferred.append(ins)
                     else:
                         self._execute(ins)
                     pc += 1
                 except PeerFailure as e:
-                    failover.detected(e.peer, str(e))
+                    failover.detected(e.node, str(e))
                     if ins is not None and ins.op in SENDS:
                         pc += 1  # lost with the dead node, as the compiler assumes
                 except Interrupted:
@@ -132,19 +119,19 @@ class Executor:
         if self.owed and (ins.op in RECVS or ins.stage in self.owed):
             self.settle_replicas()  # in the wait a receive starts with, or before the replica is used
         began = time.monotonic()
-        getattr(self, ins.op.value)(ins)  # one method per op, named after it
+        OPS[ins.op](self, ins)
         if ins.op in COMPUTE and self.device.type == "cpu":
-            self.busy += time.monotonic() - began
+            self.it.busy += time.monotonic() - began
 
     def _on_event(self, event, stream: list[Instr], pc: int) -> list[Instr]:
         """Act on what the failover saw; return the stream to go on with."""
         self.settle_replicas()  # a recovery runs on the replicas
-        self.failover.settle(event)  # an abort, this node's death, silent peers
+        self.it.failover.settle(event)  # an abort, this node's death, silent peers
         if isinstance(event, PeersSilent):
             return stream
         if isinstance(event, TooManyDead):
-            self.failover.unsurvivable(event.why)
-        return self._replan(self.failover, stream, pc)
+            self.it.failover.unsurvivable(event.why)
+        return self._replan(self.it.failover, stream, pc)
 
     def _replan(self, failover, old: list[Instr], pc: int) -> list[Instr]:
         """Switch to the recovery stream. This node may already be past its recovery
@@ -159,135 +146,137 @@ class Executor:
     def _expect(self, stream: list[Instr]) -> None:
         """Arm the mailboxes with how many messages this iteration brings per channel;
         note where the stream's last instruction outside the step phase is."""
-        self.last_owed = max((pc for pc, i in enumerate(stream) if i.op not in STEP_PHASE), default=-1)
+        self.it.last_owed = max((pc for pc, i in enumerate(stream) if i.op not in STEP_PHASE), default=-1)
         counts = Counter((self.peer(i.peer), RECVS[i.op]) for i in stream if i.op in RECVS)
         for (peer, kind), n in counts.items():
-            self.comm.expect(peer, kind, self._base.get((peer, kind), 0) + n)
+            self.it.comm.expect(peer, kind, self.it.base.get((peer, kind), 0) + n)
 
     def _maybe_preempt(self, pc: int) -> None:
-        preempt_if_due(self.cfg, self.cluster, self.peer(self.me), self.iteration, pc, "train")
+        preempt_if_due(self.cfg, self.cluster, self.peer(self.me), self.it.iteration, pc, "train")
 
     # -- ops ---------------------------------------------------------------------------
     def load(self, ins: Instr) -> None:
         """Microbatch ins.mb's inputs and labels, drawn together with those of every
         later load of the stream: one at a time between forwards, each draw took
         ~0.5 ms on the critical path, in a row ~0.07 (docs/HOTPATH.md, "Messages")."""
-        if ins.mb not in self.drawn:
-            later = [i.mb for i in self.stream[self.pc + 1:] if i.op is Op.LOAD and i.mb not in self.drawn]
+        if ins.mb not in self.it.drawn:
+            later = [i.mb for i in self.it.stream[self.it.pc + 1:] if i.op is Op.LOAD and i.mb not in self.it.drawn]
             for mb in [ins.mb, *later]:
-                self.drawn[mb] = self.corpus.microbatch(self.iteration, self.mbs[mb])
-        x, y = self.drawn.pop(ins.mb)
+                self.it.drawn[mb] = self.corpus.microbatch(self.it.iteration, self.it.mbs[mb])
+        x, y = self.it.drawn.pop(ins.mb)
         if self.device.type == "cuda":  # from pinned memory the copies do not stall the host
             x, y = x.pin_memory(), y.pin_memory()
-        self.inputs[ins.mb] = x.to(self.device, non_blocking=True)
-        self.labels[ins.mb] = y.to(self.device, non_blocking=True)
+        self.it.inputs[ins.mb] = x.to(self.device, non_blocking=True)
+        self.it.labels[ins.mb] = y.to(self.device, non_blocking=True)
 
     def forward(self, ins: Instr) -> None:
         s, mb = ins.stage, ins.mb
         if s == 0:
-            inp = self.inputs[mb]
+            inp = self.it.inputs[mb]
         else:
             inp = self._act((s - 1, mb)).to(self.device).detach().requires_grad_(True)
-        labels = self.labels[mb] if s == self.P - 1 else None
+        labels = self.it.labels[mb] if s == self.P - 1 else None
         saved = SavedTensors(self.params[s]) if ins.redundant else None
-        seed = dropout_seed_for(self.cfg.seed, self.iteration, self.mbs[mb])
+        seed = dropout_seed_for(self.cfg.seed, self.it.iteration, self.it.mbs[mb])
         with dropout_seed(seed), mixed_precision(self.cfg.precision, self.device), \
                 (saved.recording() if saved else contextlib.nullcontext()):
             out = self.modules[s](inp, labels) if labels is not None else self.modules[s](inp)
-        self.states[(s, mb)] = (inp, out, saved)
+        self.it.states[(s, mb)] = (inp, out, saved)
         if s < self.P - 1:
-            self.acts[(s, mb)] = out.detach()
+            self.it.acts[(s, mb)] = out.detach()
 
     def backward(self, ins: Instr) -> None:
         s, mb = ins.stage, ins.mb
-        inp, out, _ = self.states.pop((s, mb))
+        inp, out, _ = self.it.states.pop((s, mb))
         if s == self.P - 1:
-            self.losses[self.mbs[mb]] = out.detach()  # leaves with the gradient (send_grad)
-            recipe.scaled_loss(out, self.cfg.microbatches, self.loss_scale).backward()  # as the reference
+            self.it.losses[self.it.mbs[mb]] = out.detach()  # leaves with the gradient (send_grad)
+            recipe.scaled_loss(out, self.cfg.microbatches, self.it.loss_scale).backward()  # as the reference
         else:
-            out.backward(self.grads[(s + 1, mb)])
+            out.backward(self.it.grads[(s + 1, mb)])
         if s > 0:
-            self.grads[(s, mb)] = inp.grad
+            self.it.grads[(s, mb)] = inp.grad
 
     def swap_out(self, ins: Instr) -> None:
         key = (ins.stage, ins.mb)
-        self.states[key][2].swap_out(self.stager)
-        if key in self.acts:
-            self.acts_host[key] = self.stager.to_host(self._act(key))
-            del self.acts[key]
+        self.it.states[key][2].swap_out(self.stager)
+        if key in self.it.acts:
+            self.it.acts_host[key] = self.stager.to_host(self._act(key))
+            del self.it.acts[key]
 
     def swap_in(self, ins: Instr) -> None:
         """Start this swap-in, and the next one of the stream too (a prefetch: its
         copies overlap what runs until its BRC)."""
-        for key in [(ins.stage, ins.mb)] + [(i.stage, i.mb) for i in self.stream[self.pc + 1:]
+        for key in [(ins.stage, ins.mb)] + [(i.stage, i.mb) for i in self.it.stream[self.it.pc + 1:]
                                            if i.op is Op.SWAP_IN][:1]:
-            if key in self.states:
-                self.states[key][2].swap_in()
+            if key in self.it.states:
+                self.it.states[key][2].swap_in()
             self._bring_back(key)
 
     def _bring_back(self, key: tuple[int, int]) -> None:
         """Start the copy back of an output kept in host memory, if it is there."""
-        if key in self.acts_host:
-            self.acts[key] = self.stager.to_device(self.acts_host.pop(key).tensor)
+        if key in self.it.acts_host:
+            self.it.acts[key] = self.stager.to_device(self.it.acts_host.pop(key).tensor)
 
     def _act(self, key: tuple[int, int]) -> torch.Tensor:
         """An output of this node's forward: on the device, once its copy back
         (from a swap, or lazy's kept inputs) is ordered before what reads it."""
-        if key not in self.acts:
+        if key not in self.it.acts:
             self._bring_back(key)
-        if isinstance(self.acts[key], Copy):
-            self.acts[key] = self.acts[key].wait_here()
-        return self.acts[key]
+        if isinstance(self.it.acts[key], Copy):
+            self.it.acts[key] = self.it.acts[key].wait_here()
+        return self.it.acts[key]
 
     def _release(self) -> None:
         """The last iteration's host buffers back to the pool (FRC results that BRC
         never needed, lazy's kept inputs)."""
-        for _, _, saved in self.states.values():
+        if self.it is None:
+            return
+        for _, _, saved in self.it.states.values():
             if saved is not None:
                 saved.release()
-        self.stager.release(list(self.acts_host.values()))
-        self.acts_host = {}
+        self.stager.release(list(self.it.acts_host.values()))
+        self.it.acts_host = {}
 
     def _send(self, ins: Instr, kind: Op, tensor: torch.Tensor, note=None) -> None:
         """A send posted to go out while this node computes on; its outcome is learnt
         later (Comm.post), at the latest before the stream is done."""
-        self.comm.post(self.peer(ins.peer), kind, tensor, note)
+        self.it.comm.post(self.peer(ins.peer), kind, tensor, note)
 
     def send_act(self, ins: Instr) -> None:
         key = (ins.stage, ins.mb)
         self._send(ins, Op.SEND_ACT, self._act(key))
-        if self.failover.redundancy == "lazy" and self.device.type == "cuda":
+        if self.it.failover.redundancy == "lazy" and self.device.type == "cuda":
             # The replica's input, should its owner die: kept in host memory, not on the GPU.
-            self.acts_host[key] = self.stager.to_host(self.acts.pop(key))
+            self.it.acts_host[key] = self.stager.to_host(self.it.acts.pop(key))
 
     def recv_act(self, ins: Instr) -> None:
-        self.acts[(ins.stage, ins.mb)] = self.comm.recv(self.peer(ins.peer), Op.SEND_ACT, self.failover.keep_waiting)
+        self.it.acts[(ins.stage, ins.mb)] = self.it.comm.recv(self.peer(ins.peer), Op.SEND_ACT, self.it.failover.keep_waiting)
 
     def send_grad(self, ins: Instr) -> None:
         # The last stage's gradient carries its microbatch's loss: should this node die
         # once it left, the receiver, which takes the stage over, holds the loss.
-        loss = self.losses[self.mbs[ins.mb]] if ins.stage == self.P - 1 else None  # (a tensor: no sync)
-        self._send(ins, Op.SEND_GRAD, self.grads[(ins.stage, ins.mb)], loss)
+        loss = self.it.losses[self.it.mbs[ins.mb]] if ins.stage == self.P - 1 else None  # (a tensor: no sync)
+        self._send(ins, Op.SEND_GRAD, self.it.grads[(ins.stage, ins.mb)], loss)
 
     def recv_grad(self, ins: Instr) -> None:
-        grad, loss = self.comm.recv_noted(self.peer(ins.peer), Op.SEND_GRAD, self.failover.keep_waiting)
-        self.grads[(ins.stage, ins.mb)] = grad
+        grad, loss = self.it.comm.recv_noted(self.peer(ins.peer), Op.SEND_GRAD, self.it.failover.keep_waiting)
+        self.it.grads[(ins.stage, ins.mb)] = grad
         if loss is not None:
-            self.losses[self.mbs[ins.mb]] = loss
+            self.it.losses[self.it.mbs[ins.mb]] = loss
 
     def _write_losses(self) -> None:
         """The last stage's owner (after any failover) writes the pipeline's losses
         once per iteration, in one etcd transaction: those it computed and those
         that came with the gradients of a last stage that died since. Any it gains
         after a first write (a failover) go in a second."""
-        new = sorted(g for g in self.losses if g not in self.losses_written)
-        if Layout(self.P, self.failover.failed).owner(self.P - 1) == self.me and new:
-            self.cluster.put_all({LOSS(self.iteration, g): Loss(float(self.losses[g])) for g in new})
-            self.losses_written.update(new)
+        new = sorted(g for g in self.it.losses if g not in self.it.losses_written)
+        if Layout(self.P, self.it.failover.failed).owner(self.P - 1) == self.me and new:
+            self.cluster.put_all({LOSS(self.it.iteration, g): Loss(float(self.it.losses[g])) for g in new})
+            self.it.losses_written.update(new)
 
     def reduce_grads(self, ins: Instr) -> None:
-        self.reducer.allreduce(self.iteration, ins.stage, self.modules[ins.stage])
-        self.reduced.add(ins.stage)
+        self.reducer.allreduce(self.it.iteration, ins.stage, self.modules[ins.stage])
+        self.it.reduced.add(ins.stage)
 
     def _tie(self) -> None:
         """Before a step (so in the step phase, which no peer's gradients wait
@@ -295,29 +284,29 @@ class Executor:
         over every copy of the pipeline, once per weight; a copy whose stage this
         node took over after the sum gets the same sum (its share is in it)."""
         for t, (stages, copies) in enumerate(self.tied):
-            owned = [s for s in copies if s in self.reduced and (t, s) not in self.tie_given]
+            owned = [s for s in copies if s in self.it.reduced and (t, s) not in self.it.tie_given]
             if not owned:
                 continue
-            if t not in self.tied_grads:
+            if t not in self.it.tied_grads:
                 total = copies[owned[0]].grad.clone()
                 for s in owned[1:]:
                     total += copies[s].grad
-                self.reducer.tie(self.iteration, stages, total)
-                self.tied_grads[t] = total
+                self.reducer.tie(self.it.iteration, stages, total)
+                self.it.tied_grads[t] = total
             for s in owned:
-                copies[s].grad = self.tied_grads[t].clone()
-                self.tie_given.add((t, s))
+                copies[s].grad = self.it.tied_grads[t].clone()
+                self.it.tie_given.add((t, s))
 
     def _run_deferred(self) -> None:
         """The step phase put off until the rest of the stream ran, in order. A sync
         to a dead peer is lost like any send; a wait interrupted keeps its place."""
-        while self.deferred:
-            ins = self.deferred[0]
+        while self.it.deferred:
+            ins = self.it.deferred[0]
             try:
                 self._execute(ins)
             except PeerFailure as e:
-                self.failover.detected(e.peer, str(e))
-            self.deferred.pop(0)
+                self.it.failover.detected(e.node, str(e))
+            self.it.deferred.pop(0)
 
     def _grad_multiplier(self) -> float | None:
         """What this iteration's gradients are multiplied by before a step: the loss
@@ -326,16 +315,16 @@ class Executor:
         owner publishes its squared norm (a tied weight counted on its first stage
         only); the first to publish a stage wins, so a stage taken over after its
         owner died counts alike."""
-        if not self.norms_read:
-            for s in {i.stage for i in self.stream if i.op is Op.REDUCE_GRADS}:
-                self.cluster.create(NORM(self.iteration, s), Loss(recipe.squared_norm(self._norm_params(s))))
-            while len(norms := self.cluster.children(NORM(self.iteration))) < self.P:
-                if not self.failover.keep_waiting():
+        if not self.it.norms_read:
+            for s in {i.stage for i in self.it.stream if i.op is Op.REDUCE_GRADS}:
+                self.cluster.create(NORM(self.it.iteration, s), Loss(recipe.squared_norm(self._norm_params(s))))
+            while len(norms := self.cluster.children(NORM(self.it.iteration))) < self.P:
+                if not self.it.failover.keep_waiting():
                     raise Interrupted("a failure while waiting for the stages' gradient norms")
                 time.sleep(0.01)
-            self.multiplier = recipe.grad_multiplier(self.cfg, [n.value for n in norms.values()], self.loss_scale)
-            self.norms_read, self.overflow = True, self.multiplier is None
-        return self.multiplier
+            self.it.multiplier = recipe.grad_multiplier(self.cfg, [n.value for n in norms.values()], self.it.loss_scale)
+            self.it.norms_read, self.it.overflow = True, self.it.multiplier is None
+        return self.it.multiplier
 
     def _norm_params(self, stage: int) -> list[torch.nn.Parameter]:
         skip = {id(copies[s]) for stages, copies in self.tied for s in stages[1:] if s in copies}
@@ -345,13 +334,13 @@ class Executor:
         """Tie, unscale and clip an owned stage's reduced gradients, once: its own
         step and its replica's sync (which may go first) use the same. False after
         an fp16 overflow anywhere (every copy of every stage then skips its step)."""
-        if stage not in self.prepared:
+        if stage not in self.it.prepared:
             self._tie()
             multiplier = self._grad_multiplier() if self.cfg.grad_clip or self.cfg.loss_scaling else 1.0
             if multiplier is not None and multiplier != 1.0:
                 recipe.scale_grads(self.modules[stage].parameters(), multiplier)
-            self.prepared[stage] = multiplier is not None
-        return self.prepared[stage]
+            self.it.prepared[stage] = multiplier is not None
+        return self.it.prepared[stage]
 
     def optimizer_step(self, ins: Instr) -> None:
         if not ins.redundant and not self._prepare(ins.stage):
@@ -360,13 +349,13 @@ class Executor:
             self._tie()  # a replica's synced gradients are tied, unscaled and clipped already
             if self._grad_multiplier() is None:
                 return
-        if self.keep_undo and ins.stage not in self.undo:
+        if self.keep_undo and ins.stage not in self.it.undo:
             params = list(self.modules[ins.stage].parameters())
             state = self.optimizers[ins.stage].state
-            self.undo[ins.stage] = ([p.detach().clone() for p in params],
+            self.it.undo[ins.stage] = ([p.detach().clone() for p in params],
                                     [{k: v.clone() if torch.is_tensor(v) else v for k, v in state.get(p, {}).items()}
                                      for p in params])
-        rate = recipe.learning_rate(self.cfg, self.iteration)
+        rate = recipe.learning_rate(self.cfg, self.it.iteration)
         if ins.redundant and self._defers_replica_steps():
             self.owed[ins.stage] = rate
             return
@@ -379,7 +368,7 @@ class Executor:
         receive) instead of lengthening the iteration's tail: unless
         the step phase is shared (clipping, ties, fp16), steps may be undone (agents),
         or the replicas are compared after every step (--check-replicas)."""
-        return (self.failover.redundancy == "lazy" and not self.step_after_reduces and not self.keep_undo
+        return (self.it.failover.redundancy == "lazy" and not self.step_after_reduces and not self.keep_undo
                 and not self.cfg.check_replicas)
 
     def settle_replicas(self) -> None:
@@ -393,7 +382,9 @@ class Executor:
 
     def rollback(self) -> None:
         """Undo this iteration's optimizer steps (an aborted iteration is redone)."""
-        for stage, (values, states) in self.undo.items():
+        if self.it is None:
+            return
+        for stage, (values, states) in self.it.undo.items():
             optimizer = self.optimizers[stage]
             for p, value, state in zip(self.modules[stage].parameters(), values, states):
                 with torch.no_grad():
@@ -402,26 +393,32 @@ class Executor:
                     optimizer.state[p] = state
                 else:
                     optimizer.state.pop(p, None)
-        self.undo = {}
+        self.it.undo = {}
 
     def send_sync(self, ins: Instr) -> None:
         self._prepare(ins.stage)  # the gradients as the owner's step will take them
-        self._send(ins, Op.SEND_SYNC, flat_grads(self.modules[ins.stage]))
+        self._send(ins, Op.SEND_SYNC, recipe.flat_grads(self.modules[ins.stage]))
 
     def recv_sync(self, ins: Instr) -> None:
         self._write_losses()  # this wait is idle time: the losses' etcd write goes in it, not after
-        flat = self.comm.recv(self.peer(ins.peer), Op.SEND_SYNC, self.failover.keep_waiting)
-        set_flat_grads(self.modules[ins.stage], flat)
+        flat = self.it.comm.recv(self.peer(ins.peer), Op.SEND_SYNC, self.it.failover.keep_waiting)
+        recipe.set_flat_grads(self.modules[ins.stage], flat)
 
 
-def flat_grads(module: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                      for p in module.parameters()])
 
-
-def set_flat_grads(module: torch.nn.Module, flat: torch.Tensor) -> None:
-    offset = 0
-    for p in module.parameters():
-        n = p.numel()
-        p.grad = flat[offset:offset + n].view_as(p).to(p.dtype)  # views: each message is a fresh tensor
-        offset += n
+# The instruction set and the method that runs each op: checked against Op (tests/test_runtime_state.py).
+OPS: dict[Op, Callable[[Executor, Instr], None]] = {
+    Op.LOAD: Executor.load,
+    Op.FORWARD: Executor.forward,
+    Op.BACKWARD: Executor.backward,
+    Op.SEND_ACT: Executor.send_act,
+    Op.RECV_ACT: Executor.recv_act,
+    Op.SEND_GRAD: Executor.send_grad,
+    Op.RECV_GRAD: Executor.recv_grad,
+    Op.SWAP_OUT: Executor.swap_out,
+    Op.SWAP_IN: Executor.swap_in,
+    Op.REDUCE_GRADS: Executor.reduce_grads,
+    Op.OPTIMIZER_STEP: Executor.optimizer_step,
+    Op.SEND_SYNC: Executor.send_sync,
+    Op.RECV_SYNC: Executor.recv_sync,
+}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from schedules.compiler import compile_recovery, compile_schedule
 from schedules.ir import Instr, RECVS, SENDS
@@ -21,8 +21,11 @@ from schedules.simulator import ValidationError
 
 from bamboo.control.changes import Changes
 from bamboo.control.cluster import Cluster
+from bamboo.control.events import FailedOver
 from bamboo.control.exits import Fenced
-from bamboo.control.protocol import ABORT, CUT, FAILED, FINISHED, LEASE_EXPIRED, Abort, Cut, Failure, Mark
+from bamboo.control.protocol import (ABORT, CUT, FAILED, FINISHED, LEASE_EXPIRED, Abort, Cut, Failure, Local, Mark,
+                                     NodeId)
+from bamboo.transport.comm import Comm
 
 
 LEASE_WAIT = 0.5  # seconds a wait on peers lasts before their leases are asked, and between asks
@@ -48,15 +51,15 @@ class Aborted(RuntimeError):
 # What a poll of the failover can find; the executor decides what each means for it.
 @dataclass(frozen=True)
 class PeerDead:
-    """A node of this pipeline (local id) is recorded dead: switch to the recovery stream."""
-    local: int
+    """A node of this pipeline is recorded dead: switch to the recovery stream."""
+    local: Local
 
 
 @dataclass(frozen=True)
 class PeersSilent:
-    """Peers (node ids) whose leases ran out: the executor records them dead (a
-    record that exists already stands)."""
-    nodes: tuple[int, ...]
+    """Peers whose leases ran out: the executor records them dead (a record that
+    exists already stands)."""
+    nodes: tuple[NodeId, ...]
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,26 @@ class AbortPosted:
 class TooManyDead:
     """More failures in this pipeline than one iteration can absorb."""
     why: str
+
+
+@dataclass
+class Watch:
+    """What the failover knows of the iteration under way: made by `begin`, once
+    per iteration, so nothing of the last one lingers."""
+    iteration: int
+    microbatches: int
+    failed: tuple[Local, ...]          # this pipeline's nodes dead before it (it runs merged)
+    comm: Comm | None
+    streams: dict[Local, list[Instr]]  # every node's stream, compiled once
+    baseline: dict = field(default_factory=dict)  # messages received before this iteration
+    dead: Local | None = None          # the death being recovered from
+    seen_finished: dict | None = None  # the finished marks read with this node's own
+    due: bool = True                   # read etcd at the next poll, whatever the watch says
+    event: object = None               # what the last look found
+    checked: float = 0.0               # when etcd was last read (without a watch: every 20 ms)
+    leases_checked: float = 0.0        # when peers' leases were last asked
+    wait_began: float = 0.0            # the current wait on peers: when it began, ...
+    waited: float = 0.0                # ... and when it last asked
 
 
 def died_before(stream: list[Instr], received: dict[int, dict[str, int]]) -> int:
@@ -107,17 +130,25 @@ class Failover:
         self.elastic = elastic  # agents can redo the iteration: abort instead of failing the job
         self.failures = failures  # raised by a watch on failed/ and abort/ (None: read every 20 ms)
         self.finishes = finishes  # raised by a watch on finished/, failed/ and abort/ (wakes linger)
-        self.seen_finished: dict | None = None  # the finished marks read with this node's own
-        self.events: list[dict] = []
-        self._recorded: set[int] = set()  # node ids recorded dead, as of the last look
+        self.events: list[FailedOver] = []  # this node's, until its next report
+        self.now: Watch | None = None       # the iteration under way (begin)
+        self._recorded: set[NodeId] = set()  # recorded dead, as of the last look
         self._looked = False  # a look happened: _recorded stands until the watch says failed/ changed
+
+    @property
+    def iteration(self) -> int:
+        return self.now.iteration
+
+    @property
+    def failed(self) -> tuple[Local, ...]:
+        return self.now.failed
 
     def unsurvivable(self, why: str):
         """Give up on this iteration: without agents the job fails; with them every
         node is told to abort (first writer's reason stands) and the iteration is redone."""
         if not self.elastic:
             raise Unsurvivable(why)
-        self.cluster.create(ABORT(self.iteration), Abort(why, self.to_global(self.me)))
+        self.cluster.create(ABORT(self.iteration), Abort(why, self.node_of(self.me)))
         raise Aborted(why)
 
     def check_abort(self) -> None:
@@ -125,25 +156,24 @@ class Failover:
         if reason is not None:
             raise Aborted(reason.why)
 
-    def to_global(self, local: int) -> int:
-        return self.nodes[local]
+    def node_of(self, local: Local) -> NodeId:
+        return NodeId(self.nodes[local])
 
-    def begin(self, iteration: int, microbatches: int, failed: tuple[int, ...], comm) -> None:
-        self.iteration, self.M, self.failed, self.comm = iteration, microbatches, failed, comm
-        self.seen_finished = None
-        self.base = compile_schedule(self.P, microbatches, failed, self.redundancy).streams
-        self.baseline = comm.counts()  # messages received before this iteration
-        self.dead: int | None = None
-        self._checked = self._leases_checked = 0.0
+    def local_of(self, node: NodeId) -> Local:
+        return Local(self.nodes.index(node))
+
+    def begin(self, iteration: int, microbatches: int, failed: tuple[Local, ...], comm: Comm) -> None:
+        streams = compile_schedule(self.P, microbatches, failed, self.redundancy).streams
         # etcd is read at the next poll whatever the watch says, unless the last look
         # stands: then the watch would have said so (abort/'s keys are per iteration)
-        self._due = self.failures is None or self.elastic or not self._looked
-        self._event = None if self._due else self._judge(self._recorded)
-        self._wait_began = self._waited = 0.0  # the current wait on peers: when it began, last asked
+        due = self.failures is None or self.elastic or not self._looked
+        self.now = Watch(iteration, microbatches, failed, comm, streams, baseline=comm.counts(), due=due)
+        if not due:
+            self.now.event = self._judge(self._recorded)
 
-    def detected(self, peer_global: int, how: str) -> None:
-        self.cluster.create(FAILED(peer_global), Failure(self.iteration, self.to_global(self.me), how))
-        self._due = True  # look again at once
+    def detected(self, node: NodeId, how: str) -> None:
+        self.cluster.create(FAILED(node), Failure(self.iteration, self.node_of(self.me), how))
+        self.now.due = True  # look again at once
 
     def poll(self):
         """What changed for this pipeline since the last look, as an event (None:
@@ -151,11 +181,11 @@ class Failover:
         (without a watch, at most every 20 ms); never writes it."""
         self.cluster.progress()
         now = time.monotonic()
-        changed = self.failures.take() if self.failures is not None else now - self._checked >= 0.02
-        if changed or self._due:
-            self._checked, self._due = now, False
-            self._event = self._look()
-        return self._event
+        changed = self.failures.take() if self.failures is not None else now - self.now.checked >= 0.02
+        if changed or self.now.due:
+            self.now.checked, self.now.due = now, False
+            self.now.event = self._look()
+        return self.now.event
 
     def _look(self):
         abort = self.cluster.get(ABORT(self.iteration)) if self.elastic else None
@@ -164,16 +194,16 @@ class Failover:
         self._recorded, self._looked = set(self.cluster.failed()), True
         return self._judge(self._recorded)
 
-    def _judge(self, dead: set[int]):
-        """The event that the nodes recorded `dead` make for this iteration."""
-        new = sorted({s for s, n in enumerate(self.nodes) if n in dead} - set(self.failed))
+    def _judge(self, recorded: set[NodeId]):
+        """The event that the nodes `recorded` dead make for this iteration."""
+        new = sorted({Local(s) for s, n in enumerate(self.nodes) if n in recorded} - set(self.failed))
         if self.me in new:
             return SelfDead()
-        if len(new) > 1 or (self.dead is not None and new and new != [self.dead]):
-            return TooManyDead(f"nodes {[self.to_global(n) for n in new]} of pipeline {self.pipeline} failed in "
+        if len(new) > 1 or (self.now.dead is not None and new and new != [self.now.dead]):
+            return TooManyDead(f"nodes {[self.node_of(n) for n in new]} of pipeline {self.pipeline} failed in "
                                f"iteration {self.iteration}: one failure per pipeline per iteration is survivable")
-        self.dead = new[0] if new else None
-        return PeerDead(self.dead) if new else None
+        self.now.dead = new[0] if new else None
+        return PeerDead(self.now.dead) if new else None
 
     def settle(self, event) -> None:
         """What every reader of `poll` does alike: an abandoned iteration (Aborted)
@@ -182,31 +212,31 @@ class Failover:
         if isinstance(event, AbortPosted):
             raise Aborted(event.why)
         if isinstance(event, SelfDead):
-            node = self.to_global(self.me)
+            node = self.node_of(self.me)
             raise Fenced(self.cluster.death_of(node) or f"node {node} was declared dead in iteration {self.iteration}")
         if isinstance(event, PeersSilent):
             for node in event.nodes:
                 self.detected(node, LEASE_EXPIRED)
 
-    def _silent_while_waiting(self, local_ids) -> PeersSilent | None:
-        """Peers among `local_ids` whose leases ran out, asked only once a wait on
+    def _silent_while_waiting(self, locals_: list[Local]) -> PeersSilent | None:
+        """Peers among `locals_` whose leases ran out, asked only once a wait on
         peers has lasted LEASE_WAIT, then every LEASE_WAIT: a silent peer matters
         only to a node that waits for it, and the fault-free path asks nothing."""
-        now = time.monotonic()
-        if now - self._waited > WAIT_GAP:  # the last wait ended: this is a new one
-            self._wait_began = now
-        self._waited = now
-        if now - self._wait_began < LEASE_WAIT or now - self._leases_checked < LEASE_WAIT:
+        now, it = time.monotonic(), self.now
+        if now - it.waited > WAIT_GAP:  # the last wait ended: this is a new one
+            it.wait_began = now
+        it.waited = now
+        if now - it.wait_began < LEASE_WAIT or now - it.leases_checked < LEASE_WAIT:
             return None
-        self._leases_checked = now
-        silent = self._silent(local_ids)
+        it.leases_checked = now
+        silent = self._silent(locals_)
         return PeersSilent(silent) if silent else None
 
-    def _others(self) -> list[int]:
-        return [n for n in range(self.P) if n not in self.failed and n != self.me]
+    def _others(self) -> list[Local]:
+        return [Local(n) for n in range(self.P) if n not in self.failed and n != self.me]
 
-    def peer_gone(self, node: int) -> bool:
-        """Whether a send to `node` (a node id) waits in vain: the node is recorded
+    def peer_gone(self, node: NodeId) -> bool:
+        """Whether a send to `node` waits in vain: the node is recorded
         dead, or its lease ran out (recorded here, then). Raises Aborted when the
         iteration was abandoned meanwhile."""
         event = self.poll()
@@ -217,17 +247,17 @@ class Failover:
             return True
         return node in self._recorded
 
-    def _silent(self, local_ids) -> tuple[int, ...]:
-        """The node ids, among `local_ids`, gone silent (bamboo/control/liveness.py)."""
-        return tuple(self.cluster.silent(list(map(self.to_global, local_ids))))
+    def _silent(self, locals_: list[Local]) -> tuple[NodeId, ...]:
+        """The nodes, among `locals_`, gone silent (bamboo/control/liveness.py)."""
+        return tuple(self.cluster.silent(list(map(self.node_of, locals_))))
 
     def finished(self) -> None:
         """This node's stream is done: its mark, written with a read of the
         pipeline's marks so far (one round trip), which the linger starts from."""
-        mark = FINISHED(self.iteration, self.to_global(self.me))
+        mark = FINISHED(self.iteration, self.node_of(self.me))
         if self.finishes is not None:
             self.finishes.take(own=mark)  # lowered before the read: a finish after it wakes the linger
-        self.seen_finished = self.cluster.put_and_read(mark, Mark(), FINISHED(self.iteration))[0]
+        self.now.seen_finished = self.cluster.put_and_read(mark, Mark(), FINISHED(self.iteration))[0]
 
     def linger(self, poll: float = 0.02, idle=None):
         """Wait until every node of the pipeline finished the iteration (None), or
@@ -237,13 +267,13 @@ class Failover:
         die there): nobody recovers it inside this iteration. `idle()` is called
         once, when the node has to wait (work that fits in the wait)."""
         while True:
-            if self.seen_finished is not None:  # read with this node's own mark
-                finished, self.seen_finished = self.seen_finished, None
+            if self.now.seen_finished is not None:  # read with this node's own mark
+                finished, self.now.seen_finished = self.now.seen_finished, None
             else:
                 if self.finishes is not None:
                     self.finishes.take()  # lowered before reading: a finish after the read wakes the wait
                 finished = self.cluster.children(FINISHED(self.iteration))
-            pending = [n for n in range(self.P) if n not in self.failed and self.to_global(n) not in finished]
+            pending = [Local(n) for n in range(self.P) if n not in self.failed and self.node_of(n) not in finished]
             if not pending:
                 return None
             event = self.poll() or self._silent_while_waiting(pending)
@@ -262,70 +292,75 @@ class Failover:
         """False once something needs this node (then `poll()` says what): asked by
         a receive that has waited a while for its peer."""
         if self.poll() is None:
-            self._event = self._silent_while_waiting(self._others())
-        return self._event is None
+            self.now.event = self._silent_while_waiting(self._others())
+        return self.now.event is None
 
     def resolve(self) -> tuple[list[Instr], int]:
         """Block until the plan for the recorded failure is known; return this node's
         recovery stream and the index where its recovery part starts."""
-        d, t0 = self.dead, time.monotonic()
-        dg = self.to_global(d)
-        receivers = sorted(n for n, s in self.base.items()
-                           if n != d and any(i.op in RECVS and i.peer == d for i in s))
+        dead, began = self.now.dead, time.monotonic()
+        node = self.node_of(dead)
+        receivers = sorted(Local(n) for n, s in self.now.streams.items()
+                           if n != dead and any(i.op in RECVS and i.peer == dead for i in s))
         if self.me in receivers:
-            # A node that broke a channel may still have messages landing on others;
-            # one found silent (its lease ran out) sent its last ones long ago.
-            failure = self.cluster.get(FAILED(dg))
-            deadline = time.monotonic() + (0 if failure and failure.how == LEASE_EXPIRED else self.timeout)
-            while not self.comm.settled(dg) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            counts = {kind.value: n - self.baseline.get((peer, kind), 0)
-                      for (peer, kind), n in self.comm.counts().items() if peer == dg}
-            self.cluster.put(CUT(self.iteration, dg, self.to_global(self.me)), Cut(counts))
+            self._report_cut(node)
+        self.now.comm.abort_peer(node)  # what has not landed by now never will: NCCL's waits on it end
+        received = self._cuts(node, receivers)
+        k, rec = self._recovery(dead, received)
+        if self.me == (dead - 1) % self.P:  # the node that takes the stage over tells
+            self.events.append(FailedOver(node, self.iteration, k, self.node_of(self.me),
+                                          round(time.monotonic() - began, 4)))
+        self.now.failed = tuple(sorted(self.failed + (dead,)))  # the rest of the job runs merged
+        self.now.dead = self.now.event = None
+        self.now.due = True
+        return rec.streams[self.me], rec.resume_at[self.me]
 
-        self.comm.abort_peer(dg)  # what has not landed by now never will: NCCL's waits on it end
+    def _report_cut(self, node: NodeId) -> None:
+        """How many messages of each kind this node got from the dead `node`. One
+        that broke a channel may still have messages landing on others; one found
+        silent (its lease ran out) sent its last ones long ago."""
+        failure = self.cluster.get(FAILED(node))
+        deadline = time.monotonic() + (0 if failure and failure.how == LEASE_EXPIRED else self.timeout)
+        while not self.now.comm.settled(node) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        counts = {kind.value: n - self.now.baseline.get((peer, kind), 0)
+                  for (peer, kind), n in self.now.comm.counts().items() if peer == node}
+        self.cluster.put(CUT(self.iteration, node, self.node_of(self.me)), Cut(counts))
 
+    def _cuts(self, node: NodeId, receivers: list[Local]) -> dict[Local, dict[str, int]]:
+        """Every receiver's report on the dead `node`, by receiver."""
         def reports():
-            cut = self.cluster.children(CUT(self.iteration, dg))
+            cut = self.cluster.children(CUT(self.iteration, node))
             if len(cut) == len(receivers):
                 return cut
             self.check_abort()
-            missing = [self.to_global(n) for n in receivers if self.to_global(n) not in cut]
-            gone = self.cluster.record_silent(missing, self.iteration, self.to_global(self.me))
+            missing = [self.node_of(n) for n in receivers if self.node_of(n) not in cut]
+            gone = self.cluster.record_silent(missing, self.iteration, self.node_of(self.me))
             if gone:
-                self.unsurvivable(f"nodes {gone} of pipeline {self.pipeline} died while it recovered from node {dg}")
+                self.unsurvivable(f"nodes {gone} of pipeline {self.pipeline} died while it recovered from node {node}")
             return None
-        reports = self.cluster.wait_for(reports, timeout=max(30.0, 10 * self.timeout),
-                                        what=f"survivors' reports on node {dg}")
-        received = {self.nodes.index(n): cut.counts for n, cut in reports.items()}  # by local id
-        k, rec = self._recovery(d, received)
-        if self.me == (d - 1) % self.P:  # the node that takes the stage over tells
-            self.events.append({"type": "failover", "node": dg, "iteration": self.iteration,
-                                "died_before": k, "by": self.to_global(self.me),
-                                "agree_seconds": round(time.monotonic() - t0, 4)})
-        self.failed = tuple(sorted(self.failed + (d,)))  # the rest of the job runs merged
-        self.dead = self._event = None
-        self._due = True
-        return rec.streams[self.me], rec.resume_at[self.me]
+        found = self.cluster.wait_for(reports, timeout=max(30.0, 10 * self.timeout),
+                                      what=f"survivors' reports on node {node}")
+        return {self.local_of(n): cut.counts for n, cut in found.items()}
 
-    def _recovery(self, d: int, received: dict[int, dict[str, int]]):
-        """(k, the compiled recovery) for local node `d` dying with `received` counts.
+    def _recovery(self, dead: Local, received: dict[Local, dict[str, int]]):
+        """(k, the compiled recovery) for `dead` dying with `received` counts.
         A failure the schedules cannot absorb is unsurvivable (by its reason); any
         other error is a bug of ours and is raised as one, with what triggered it."""
         k = None
         try:
-            k = died_before(self.base[d], received)
-            return k, compile_recovery(self.P, self.M, d, k, self.failed, self.redundancy)
+            k = died_before(self.now.streams[dead], received)
+            return k, compile_recovery(self.P, self.now.microbatches, dead, k, self.failed, self.redundancy)
         except Unsurvivable as e:
             self.unsurvivable(str(e))
         except ScheduleError as e:
             if isinstance(e, ValidationError):
-                raise RecoveryBug(self._state(d, k, received, e)) from e
+                raise RecoveryBug(self._state(dead, k, received, e)) from e
             self.unsurvivable(str(e))
         except Exception as e:  # noqa: BLE001 - reported with its state, never as a failure
-            raise RecoveryBug(self._state(d, k, received, e)) from e
+            raise RecoveryBug(self._state(dead, k, received, e)) from e
 
-    def _state(self, d: int, k, received, error: Exception) -> str:
-        return (f"internal error recovering from node {self.to_global(d)} (local {d}) dying before instruction {k} "
-                f"of iteration {self.iteration}: P={self.P} M={self.M} failed={self.failed} "
+    def _state(self, dead: Local, k, received, error: Exception) -> str:
+        return (f"internal error recovering from node {self.node_of(dead)} (local {dead}) dying before instruction "
+                f"{k} of iteration {self.iteration}: P={self.P} M={self.now.microbatches} failed={self.failed} "
                 f"redundancy={self.redundancy} received={received}: {type(error).__name__}: {error}")

@@ -23,10 +23,10 @@ from schedules.layout import Layout, ScheduleError
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.transport.comm import Interrupted
-from bamboo.runtime.executor import flat_grads, set_flat_grads
 from bamboo.runtime.failover import Aborted
 from bamboo.transport.groups import GroupMaker, lease_check, open_group
 from bamboo.control.protocol import REDUCED, TIED, Reduced, reduce_store, tie_store
+from bamboo.model import recipe
 
 
 class Reducer:
@@ -139,7 +139,7 @@ class Reducer:
                 self.failover.unsurvivable(f"a node died after its data-parallel reduce of stage {stage} in "
                                            f"iteration {iteration} and before syncing its replica: its share "
                                            "of the sum is lost")
-            flat = flat_grads(module)
+            flat = recipe.flat_grads(module)
             try:
                 group = self._group(iteration, reduce_store(self.assignment.epoch, stage, members), members)
                 self._wait(group.allreduce([flat]), iteration, members)
@@ -157,7 +157,7 @@ class Reducer:
                     return self.members(stage) != members or self.cluster.get(REDUCED(iteration, stage))
                 self.cluster.wait_for(regrouped, timeout=max(60.0, 20 * self.timeout),
                                       what=f"the failed member of stage {stage}'s group to be recorded", poll=0.05)
-        set_flat_grads(module, flat)
+        recipe.set_flat_grads(module, flat)
         self.cluster.put(REDUCED(iteration, stage), Reduced(members))
 
     def _wait(self, work, iteration: int, members: tuple[int, ...], leave=lambda: False) -> None:

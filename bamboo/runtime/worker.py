@@ -157,7 +157,7 @@ class Worker:
         death per pipeline (bamboo/runtime/failover.py)."""
         began = time.monotonic()
         self.failover.begin(it, len(self.mbs), self.local_failed(), self.comm)
-        stream = self.failover.base[self.me]  # the failover keeps every node's stream: one compile
+        stream = self.failover.now.streams[self.me]  # the failover keeps every node's stream: one compile
         self.loss_scale = self._loss_scale_of(it)
         self.executor.run(it, stream, self.mbs, self.comm, self.failover,
                           self.loss_scale.scale if self.loss_scale else 1.0)
@@ -315,7 +315,7 @@ class Worker:
 
     def _report(self) -> Report:
         report = Report(rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, time=time.time(),
-                        epoch=self.assignment.epoch, events=self.failover.events, busy=self.executor.busy,
+                        epoch=self.assignment.epoch, events=[e.to_dict() for e in self.failover.events], busy=self.executor.busy,
                         digests=self.holdings.digests() if self.cfg.check_replicas else None,
                         cuda_mb=torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda"
                         else 0.0)

@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from schedules.ir import Op
 
+from bamboo.control.protocol import NodeId
 from bamboo.transport.staging import Copy, Stager
 
 if TYPE_CHECKING:
@@ -49,9 +50,11 @@ _EMPTY = torch.empty(0, dtype=torch.uint8)  # fills a payload receive posted too
 
 
 class PeerFailure(RuntimeError):
-    def __init__(self, peer: int, detail: str):
-        super().__init__(f"node {peer}: {detail}")
-        self.peer = peer
+    """A channel to `node` broke: the node is taken for dead (Failover.detected)."""
+
+    def __init__(self, node: NodeId, detail: str):
+        super().__init__(f"node {node}: {detail}")
+        self.node = node
 
 
 class Interrupted(Exception):
