@@ -8,7 +8,8 @@ import time
 
 from bamboo.transport import devices
 from bamboo.control.config import JobConfig
-from bamboo.commands.launcher import MetricsWriter, ProgressBar, add_loss_scale
+from bamboo.commands.launcher import ProgressBar
+from bamboo.commands.metrics import MetricsWriter, add_loss_scale
 from bamboo.commands.reference import train_reference
 from bamboo.runtime.holdings import save_layer
 
