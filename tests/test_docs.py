@@ -1,5 +1,6 @@
 """docs/ARCHITECTURE.md stays true: every `Class.method` and `module.function` it
-names exists, and every module of the packages appears in its layout."""
+names exists, every module of the packages appears in its layout by its path, and
+every path it cites is a file of the tree."""
 import importlib
 import inspect
 import pathlib
@@ -12,9 +13,12 @@ PACKAGES = ("schedules", "bamboo", "agents", "sim")
 
 
 def modules():
+    """(path from the root, short name, module) of every module of the packages."""
     for package in PACKAGES:
-        for info in pkgutil.iter_modules([str(ROOT / package)]):
-            yield package, info.name, importlib.import_module(f"{package}.{info.name}")
+        for info in pkgutil.walk_packages([str(ROOT / package)], f"{package}."):
+            if not info.ispkg:
+                path = info.name.replace(".", "/") + ".py"
+                yield path, info.name.rpartition(".")[2], importlib.import_module(info.name)
 
 
 def test_every_name_the_architecture_gives_exists():
@@ -31,6 +35,11 @@ def test_every_name_the_architecture_gives_exists():
 
 
 def test_every_module_is_on_the_map():
-    absent = [f"{package}/{name}.py" for package, name, _ in modules()
-              if name != "__main__" and f"`{name}.py`" not in DOC]
+    absent = [path for path, name, _ in modules() if name != "__main__" and f"`{path}`" not in DOC]
     assert absent == []
+
+
+def test_every_path_the_architecture_cites_exists():
+    cited = set(re.findall(r"`((?:[\w.-]+/)+[\w.-]+\.(?:py|md|json|toml))`", DOC))
+    assert len(cited) > 40
+    assert sorted(p for p in cited if not (ROOT / p).exists()) == []

@@ -186,3 +186,15 @@ def test_the_checks_catch_an_upward_import_a_sibling_a_circle_and_a_string():
     modules, private, strings = imports_of("schedules.order", source, {"schedules.ir", "agents.agent"})
     assert modules == {"schedules.ir"} and private == {("schedules.ir", "_hidden")}
     assert upward({"schedules.order": strings}) == ["schedules.order -> agents.agent (schedules may not import agents)"]
+
+
+def test_no_function_is_over_sixty_lines():
+    """One screen per function: a longer one hides more than one step."""
+    long = []
+    for module, path in module_files().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 60:
+                    long.append(f"{module}.{node.name}: {lines} lines")
+    assert long == []
