@@ -128,3 +128,54 @@ def test_demo_runs(tmp_path):
 def test_bamboo_train_help_works():
     out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--stages" in out.stdout and "--redundancy" in out.stdout
+
+
+TRAIN_GROUPS = ("model", "schedule and redundancy", "recipe", "data", "checkpoints and outputs",
+                "faults and liveness", "devices", "cluster")
+
+
+def help_groups(text: str) -> dict[str, tuple[str, list[str]]]:
+    """--help's groups as printed: title -> (description, option strings in order)."""
+    groups, title = {}, None
+    for line in text.splitlines():
+        if line and not line[0].isspace() and line.endswith(":"):
+            title = line[:-1]
+            groups[title] = ("", [])
+        elif title and line.startswith("  -"):  # an entry: its names, then its metavar and help
+            for token in line.split():
+                if not token.startswith("-"):
+                    break
+                groups[title][1].append(token.rstrip(","))
+        elif title and line.startswith("  ") and not groups[title][1] and not groups[title][0]:
+            groups[title] = (line.strip(), [])
+    return groups
+
+
+def test_bamboo_train_help_shows_every_flag_once_in_its_group():
+    from bamboo.commands import cli, jobfile
+    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    groups = help_groups(out.stdout)
+    assert list(groups) == ["options", *TRAIN_GROUPS]
+    shown = [name for _, names in groups.values() for name in names]
+    every = [name for action in cli.build_parser()._actions for name in action.option_strings]
+    assert len(shown) == len(set(shown)) and sorted(shown) == sorted(every) and len(every) == 61
+    assert groups["options"][1] == ["-h", "--help", "--config"]
+    for title, flag in (("model", "--model"), ("schedule and redundancy", "--redundancy"), ("recipe", "--lr"),
+                        ("data", "--val-data"), ("checkpoints and outputs", "--checkpoint"),
+                        ("faults and liveness", "--preempt"), ("devices", "--devices"), ("cluster", "--local-nodes")):
+        assert flag in groups[title][1]
+    sections = jobfile.sections(cli.build_parser())  # each group is the job file's section its help names
+    for title in TRAIN_GROUPS:
+        description, names = groups[title]
+        section = description.removeprefix("in a --config file: [").removesuffix("]")
+        assert names == [f"--{key.replace('_', '-')}" for key in sections[section]], title
+
+
+def test_bamboo_train_bad_config_is_one_line_even_with_help(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text("[schedule]\nstages = 3\n[recipe]\nlr = 'fast'\n")
+    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--config", str(job), "--help"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == [f"bamboo-train: error: {job}: [recipe] lr: expected a number, got 'fast'"]

@@ -74,8 +74,8 @@ def test_no_module_but_the_protocol_spells_a_key():
     root or a process group prefix, anywhere in the packages or the tests."""
     names = {f.name for f in p.FAMILIES}
     offenders = []
-    for path in sorted(ROOT.glob("*/*.py")):
-        if path.parts[-2] not in ("bamboo", "agents", "sim", "schedules", "scripts", "tests") \
+    for path in sorted(ROOT.glob("*/**/*.py")):
+        if path.relative_to(ROOT).parts[0] not in ("bamboo", "agents", "sim", "schedules", "scripts", "tests") \
                 or path.name in ("protocol.py", "test_protocol.py"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):

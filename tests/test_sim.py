@@ -196,16 +196,16 @@ def test_sweep_writes_the_value_plot(tmp_path):
     out = json.loads(res.stdout)
     assert (tmp_path / "value-vs-rate.png").stat().st_size > 1000
     rows = out["sweep"]
-    assert [r["rate"] for r in rows] == list(SWEEP_RATES) == [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2]  # the README's
+    assert [r["rate"] for r in rows] == list(SWEEP_RATES) == [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2]  # docs/simulator.md's
     # on-demand: the trace's mean cluster, the same until refills lag enough to shrink it (2 per node-hour)
     assert len({r["on-demand"] for r in rows if r["rate"] <= 1}) == 1
     assert all(r["auto"] >= 0.98 * best_fixed(r) for r in rows)  # the done-when, on this model
     assert rows[-1]["checkpoint"] < rows[0]["checkpoint"]  # restarts hurt more as preemptions grow
 
 
-def test_the_readme_s_sweep_table_has_the_sweep_s_rates():
-    readme = open(os.path.join(os.path.dirname(P3), "..", "README.md")).read()
-    header = next(line for line in readme.splitlines() if line.startswith("| preemptions per node-hour |"))
+def test_the_simulator_page_s_sweep_table_has_the_sweep_s_rates():
+    page = open(os.path.join(os.path.dirname(P3), "..", "docs", "simulator.md")).read()
+    header = next(line for line in page.splitlines() if line.startswith("| preemptions per node-hour |"))
     assert [float(cell) for cell in header.strip(" |").split(" | ")[1:]] == list(SWEEP_RATES)
 
 

@@ -1,7 +1,7 @@
 """GCP spot capacity for a job, with google-cloud-compute: an instance template
 with provisioningModel=SPOT, GPUs (guest accelerators, which need
 onHostMaintenance=TERMINATE) and an external IP (egress for the installs; or
-leave it to Cloud NAT, see the README), and a regional managed instance group
+leave it to Cloud NAT, see docs/cloud.md), and a regional managed instance group
 spread over the chosen zones. Every instance boots into `bamboo-agent` (startup
 script) with the job's etcd endpoint, its zone from the metadata server and
 preemption watching, and the default service account with read-write Cloud

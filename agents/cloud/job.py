@@ -26,6 +26,9 @@ NOT_FOR_CLOUD = {
     "--resume": "a cloud job's agents restore from --checkpoint by themselves",
     "--etcd": "give the launch's own --etcd",
 }
+# a job file's bamboo-train keys that a launch gives itself, in its [launch] section
+LAUNCH_OWNS = {"--job": "name the job in [launch] (or bamboo-launch --job)",
+               "--zones": "the nodes' zones go in [launch] (or bamboo-launch --zones)"}
 REMOTE = ("s3://", "gs://")
 
 
@@ -34,6 +37,16 @@ def check_flags(train_argv: list[str]) -> None:
         flag = arg.split("=", 1)[0]
         if flag in NOT_FOR_CLOUD:
             raise BadInput(f"{flag} is not for a cloud job: {NOT_FOR_CLOUD[flag]}")
+
+
+def check_file_flags(path: str, file_argv: list[str], keys: dict) -> None:
+    """A --config file's training keys: what check_flags refuses on the command
+    line, and those a launch gives itself. `keys`: section and key, by flag."""
+    for token in file_argv:
+        flag = token.split("=", 1)[0]
+        why = NOT_FOR_CLOUD.get(flag) or LAUNCH_OWNS.get(flag)
+        if why:
+            raise BadInput(f"{path}: {keys[flag]} is not for a cloud job: {why}")
 
 
 def check_remote(args) -> None:
@@ -49,12 +62,16 @@ def check_remote(args) -> None:
 
 
 def job_config(train_argv: list[str], nodes: int, job: str) -> JobConfig:
-    """bamboo-train's checks over `train_argv`, for `nodes` agents (as --local-nodes)."""
-    from bamboo.commands import cli
+    """bamboo-train's checks over `train_argv` (and the job file it names with
+    --config), for `nodes` agents (as --local-nodes)."""
+    from bamboo.commands import cli, jobfile
     check_flags(train_argv)
     parser = cli.build_parser()
     parser.prog = "bamboo-launch"  # its usage errors: one line, status 2
-    args = parser.parse_args([*train_argv, "--job", job, "--local-nodes", str(nodes)])
+    path = jobfile.config_path(train_argv)  # --config: its [launch] section went to bamboo-launch's parser
+    file = jobfile.read(parser, path) if path is not None else jobfile.FileArgs([], {})
+    check_file_flags(path, file.argv, jobfile.where(parser))
+    args = jobfile.parse_args(parser, [*train_argv, "--job", job, "--local-nodes", str(nodes)], file)
     check_remote(args)
     try:
         cfg = cli.config_from_args(args, fetch_data=False)  # the objects are checked, the nodes fetch them

@@ -19,6 +19,8 @@ launched is recorded in --state (default .bamboo-launch.json, written atomically
 for status, scale and down. `--dry-run` prints every request (cloud, storage,
 etcd), one JSON line each, and sends none. Errors are one line on stderr, exit
 status 1 (2 for bad arguments); a launch that fails removes what it created.
+`--config FILE.toml` (docs/job-file.md) gives the options from a job file: its
+[launch] section these, its other sections bamboo-train's; the command line wins.
 """
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ import sys
 import tempfile
 
 from agents.cloud.common import BadInput, LaunchError
+from bamboo.commands import jobfile
+
+CLOUDS = ("ec2", "gcp")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,8 +45,13 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _cloud_parser(sub, cloud: str) -> None:
+def _cloud_parser(sub, cloud: str) -> argparse.ArgumentParser:
     c = sub.add_parser(cloud, help=f"launch a job on {cloud.upper()} spot nodes (and any bamboo-train option)")
+    _launch_flags(jobfile.add_section(c, jobfile.LAUNCH, "launch"), cloud)
+    return c
+
+
+def _launch_flags(c, cloud: str) -> None:
     c.add_argument("--nodes", type=int, required=True)
     c.add_argument("--zones", required=True, help="zones, comma-separated")
     c.add_argument("--region", required=True)
@@ -71,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="bamboo-launch", description=__doc__.splitlines()[0])
     p.add_argument("--state", default=".bamboo-launch.json", help="where the launch is recorded")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for cloud in ("ec2", "gcp"):
+    for cloud in CLOUDS:
         _cloud_parser(sub, cloud)
     for name in ("status", "down"):
         s = sub.add_parser(name)
@@ -80,6 +90,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("nodes", type=int)
     s.add_argument("--state", default=argparse.SUPPRESS)
     return p
+
+
+def _command_at(argv: list[str]) -> int:
+    """Where the command word is: after the top-level options, of which only
+    --state takes a value."""
+    at = 0
+    while at < len(argv) and argv[at].startswith("-"):
+        at += 2 if argv[at] == "--state" else 1
+    return at
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None):
+    """The launch's own options and bamboo-train's, left over. --config is
+    bamboo-train's flag (job_config reads the file's training sections); its
+    [launch] section goes right after the command word, before the command line's
+    options, so that these win."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    at = _command_at(argv)
+    path = jobfile.config_path(argv[at + 1:]) if at < len(argv) and argv[at] in CLOUDS else None
+    file = jobfile.FileArgs([], {})
+    if path is not None:
+        cloud = _cloud_parser(_Parser(prog="bamboo-launch").add_subparsers(parser_class=_Parser), argv[at])
+        doc = jobfile.load(cloud, path)
+        file = jobfile.to_argv(cloud, path, {k: v for k, v in doc.items() if k == jobfile.LAUNCH})
+    args, train_argv = parser.parse_known_args([*argv[:at + 1], *file.argv, *argv[at + 1:]])
+    return jobfile.command_line_wins(args, file), train_argv
 
 
 def write_state(path: str, state: dict) -> None:
@@ -109,11 +145,11 @@ def launch(args, train_argv: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args, train_argv = parser.parse_known_args(argv)
-    if train_argv and args.command not in ("ec2", "gcp"):
+    args, train_argv = parse(parser, argv)
+    if train_argv and args.command not in CLOUDS:
         parser.error(f"unrecognized arguments: {' '.join(train_argv)}")
     try:
-        if args.command in ("ec2", "gcp"):
+        if args.command in CLOUDS:
             made = launch(args, train_argv)
             if not args.dry_run:
                 write_state(args.state, made)

@@ -1,7 +1,7 @@
 """Shipping the wheel to the nodes through object storage: an S3 object and a
 presigned URL (EC2), a GCS object and a V4 signed URL (GCP). Nodes need no cloud
 credentials to fetch it. A URL lives at most 7 days (both clouds' limit for these
-signatures): a node booting later needs a new launch (see the README).
+signatures): a node booting later needs a new launch (see docs/cloud.md).
 
 With `dry_run` each request is printed, one JSON line, and none is sent."""
 from __future__ import annotations

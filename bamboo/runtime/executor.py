@@ -1,12 +1,13 @@
 """The executor: interprets one node's instruction stream on torch tensors.
 
-One method per op (the OPS map at the end). A stage's input is always a fresh leaf, so each
-stage's backward is separate and yields the gradient to send upstream. Redundant
-forwards (FRC) record their saved tensors in a swappable container. A send to a
-dead peer is lost like any message to a dead node; a receive from a dead peer, or
-a failure recorded by anyone in this pipeline (seen by polling the failover), hands
-control to the failover, which returns the recovery stream to continue with from
-the same position.
+One method per op (the OPS map at the end); what an iteration holds is one
+IterationState, made afresh by `run`. A stage's input is always a fresh leaf, so
+each stage's backward is separate and yields the gradient to send upstream.
+Redundant forwards (FRC) record their saved tensors in a swappable container. A
+send to a dead peer is lost like any message to a dead node; a receive from a
+dead peer, or a failure recorded by anyone in this pipeline (seen by polling the
+failover), hands control to the failover, which returns the recovery stream to
+continue with from the same position.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from bamboo.control.exits import preempt_if_due
 from bamboo.runtime.failover import Failover, PeersSilent, TooManyDead
 from bamboo.runtime.iteration import IterationState
 from bamboo.model.builtin import dropout_seed, mixed_precision
-from bamboo.control.protocol import LOSS, NORM, Loss
+from bamboo.control.protocol import LOSS, NORM, Local, Loss, NodeId
 from bamboo.transport.staging import Copy, Stager
 from bamboo.transport.swap import SavedTensors
 
@@ -68,8 +69,9 @@ class Executor:
         """fp16: whether the last iteration's steps were skipped, once known."""
         return self.it.overflow if self.it else None
 
-    def peer(self, local: int) -> int:
-        return self.nodes[local]
+    def peer(self, local: Local) -> NodeId:
+        """The node at a place of this pipeline (an instruction's `peer`)."""
+        return NodeId(self.nodes[local])
 
     # -- one iteration -------------------------------------------------------------------
     def run(self, iteration: int, stream: list[Instr], microbatches: range, comm: Comm, failover: Failover,
