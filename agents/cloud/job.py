@@ -64,9 +64,9 @@ def check_remote(args) -> None:
 def job_config(train_argv: list[str], nodes: int, job: str) -> JobConfig:
     """bamboo-train's checks over `train_argv` (and the job file it names with
     --config), for `nodes` agents (as --local-nodes)."""
-    from bamboo.commands import cli, jobfile
+    from bamboo.commands import cli, flags, jobfile
     check_flags(train_argv)
-    parser = cli.build_parser()
+    parser = flags.build_parser()
     parser.prog = "bamboo-launch"  # its usage errors: one line, status 2
     path = jobfile.config_path(train_argv)  # --config: its [launch] section went to bamboo-launch's parser
     file = jobfile.read(parser, path) if path is not None else jobfile.FileArgs([], {})
