@@ -25,8 +25,7 @@ import subprocess
 import sys
 import time
 
-from torch.distributed.elastic.agent.server.api import (
-    RunResult, SimpleElasticAgent, Worker, WorkerSpec, WorkerState)
+from torch.distributed.elastic.agent.server.api import RunResult, SimpleElasticAgent, Worker, WorkerSpec, WorkerState
 
 from agents.membership import Membership
 from agents.notices import WATCHERS, watch
@@ -36,6 +35,7 @@ from bamboo.control.config import JobConfig
 from bamboo.control.etcd import EtcdError, die_with_parent
 from bamboo.control.exits import FENCED, PARKED
 from bamboo.control.protocol import CONFIG, DONE, FAILED, NOTICES, REGROUP, Notice, rendezvous_node
+from bamboo.runtime import WORKER
 
 
 class BambooAgent(SimpleElasticAgent):
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                                  max_nodes=max(args.max_nodes, args.min_nodes or 1), local_addr=socket.gethostname(),
                                  last_call_timeout=2, join_timeout=cfg.stall_timeout)
     spec = WorkerSpec(role="bamboo", local_world_size=1, rdzv_handler=handler, entrypoint=sys.executable,
-                      args=("-m", "bamboo.runtime.worker", "--etcd", args.etcd, "--job", args.job,
+                      args=("-m", WORKER, "--etcd", args.etcd, "--job", args.job,
                             "--node", str(membership.node)), monitor_interval=0.05)
     agent = BambooAgent(spec, membership, cfg, args.log_dir)
 

@@ -15,12 +15,12 @@ from schedules.layout import Layout, keeps_replicas
 from agents.modes import ModeStats, choose, estimates, observe
 from agents.policy import Config, next_config
 from bamboo.control.assignment import Assignment
-from bamboo.runtime.checkpoint import latest, storage_for
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 from bamboo.control.liveness import Heartbeat
 from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, HANDOVER, IDS, ITERATION_FAMILIES,
-                             MEMBERS, MODE, REGROUP, START, ZONES, Mark, Member, ModeChoice, Timestamp, Zone)
+                                     MEMBERS, MODE, REGROUP, START, ZONES, Mark, Member, ModeChoice, Timestamp, Zone)
+from bamboo.runtime.checkpoint import latest, storage_for
 
 
 def to_policy(a: Assignment) -> Config:

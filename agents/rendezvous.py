@@ -7,8 +7,8 @@ import grpc
 from pyetcd import Etcd3Exception
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
-    DynamicRendezvousHandler, RendezvousBackend, create_handler)
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (DynamicRendezvousHandler, RendezvousBackend,
+                                                                     create_handler)
 
 from bamboo.control.etcd import connect
 from bamboo.control.protocol import rendezvous_prefix

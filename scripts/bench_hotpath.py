@@ -64,9 +64,9 @@ def gpt() -> nn.Sequential:
 def setup(seed: int):
     """What every baseline rank shares with Bamboo's workers: the layers from
     (seed, i), Bamboo's stage ranges, the corpus, the job's recipe settings."""
-    from bamboo.model.api import ModelSource
     from bamboo.control.config import JobConfig
     from bamboo.data.corpus import corpus_of
+    from bamboo.model.api import ModelSource
     from bamboo.model.partition import partition
     cfg = JobConfig(model=MODEL, seq=CFG.seq, batch=BATCH, seed=seed, microbatches=M, stages=P)
     source = ModelSource(MODEL, seed, seq=CFG.seq)
@@ -79,6 +79,7 @@ def deepspeed_stepper(rank: int, layers, ranges, corpus, cfg):
     checkpointing, no clipping, the client AdamW used as it is (fp32, no ZeRO)."""
     import deepspeed
     from deepspeed.pipe import PipelineModule
+
     from bamboo.model import recipe
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
     module = PipelineModule(layers=layers, num_stages=P, loss_fn=token_loss, partition_method="parameters",
@@ -95,6 +96,7 @@ def torch_stepper(rank: int, layers, ranges, corpus, cfg):
     its defaults (gradients scaled by 1/M), outputs not gathered (unused)."""
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
     from bamboo.model import recipe
     dist.init_process_group("gloo")
     module = nn.Sequential(*[layers[i] for i in ranges[rank]])

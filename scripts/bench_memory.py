@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 
 import torch
-
 from bench_runtime import run
 
 from bamboo.model.api import ModelSource

@@ -3,8 +3,9 @@ which nodes changed stage, which stages died in each pipeline, which are lost on
 every node, and how long one stage's state takes to move."""
 from __future__ import annotations
 
-from agents.policy import Config
 from schedules.layout import Layout
+
+from agents.policy import Config
 from sim.profiles import NETWORK, Profile
 
 

@@ -22,8 +22,8 @@ import sys
 import time
 from dataclasses import replace
 
-from bamboo.control.config import JobConfig
 from bamboo.commands.launcher import AGENT, Launcher, LocalCluster
+from bamboo.control.config import JobConfig
 from sim.profiles import MeasuredProfile
 from sim.simulator import ClusterSimulator, Options
 from sim.traces import Event, TraceError, read

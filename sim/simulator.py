@@ -18,13 +18,15 @@ import math
 from dataclasses import replace
 from functools import lru_cache
 
+from schedules.compiler import compile_schedule
+from schedules.compiler import simulate as simulate_schedule
+
 from agents.policy import Config
-from schedules.compiler import compile_schedule, simulate as simulate_schedule
 from sim.accounting import RunState, summary
-from sim.options import Options
-from sim.checkpointing import CheckpointCosts, TraceStats, optimal_interval, trace_stats
-from sim.profiles import MeasuredProfile, Profile
 from sim.auto import Auto
+from sim.checkpointing import CheckpointCosts, TraceStats, optimal_interval, trace_stats
+from sim.options import Options
+from sim.profiles import MeasuredProfile, Profile
 from sim.strategies import STRATEGIES as SPOT_AND_ON_DEMAND
 from sim.traces import Event
 

@@ -7,8 +7,8 @@ signed URLs (the signature checked against the service account's public key).
 downloads."""
 import base64
 import hashlib
-import itertools
 import http.server
+import itertools
 import json
 import threading
 from urllib.parse import parse_qs, unquote, urlparse

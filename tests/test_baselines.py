@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from schedules.compiler import compile_schedule, simulate
+
 from sim.checkpointing import daly_interval, optimal_interval, trace_stats, young_interval
 from sim.profiles import PROFILES, STATE_BYTES_PER_PARAM, profile
 from sim.simulator import ClusterSimulator, Options

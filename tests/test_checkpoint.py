@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from bamboo.model.api import ModelSource
-from bamboo.runtime.checkpoint import GcsStorage, LocalStorage, S3Storage, latest, restore, snapshot, write_part
 from bamboo.model.builtin import dropout_seed
+from bamboo.runtime.checkpoint import GcsStorage, LocalStorage, S3Storage, latest, restore, snapshot, write_part
 from tests.training import bamboo_train
 
 

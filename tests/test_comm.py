@@ -6,6 +6,7 @@ under a tensor already handed out."""
 import torch
 
 from schedules.ir import Op
+
 from tests.gloo import comm_pair, gloo_pair
 
 

@@ -6,13 +6,14 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
+from schedules import ir
+
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
-from bamboo.control.protocol import ALIVE, FAILED, Failure
 from bamboo.control.etcd import EtcdError, EtcdServer, connect
-from bamboo.runtime.failover import Unsurvivable, died_before
+from bamboo.control.protocol import ALIVE, FAILED, Failure
 from bamboo.control.store import EtcdStore
-from schedules import ir
+from bamboo.runtime.failover import Unsurvivable, died_before
 
 
 def test_store_semantics(etcd):
@@ -87,8 +88,9 @@ def test_died_before_from_message_counts():
 
 
 def _failover(P=4, M=4):
-    from bamboo.runtime.failover import Failover, Watch
     from schedules.compiler import compile_schedule
+
+    from bamboo.runtime.failover import Failover, Watch
     f = Failover(None, tuple(range(P)), 0, 0, "eager", 3.0)
     f.now = Watch(iteration=5, microbatches=M, failed=(), comm=None, streams=compile_schedule(P, M).streams)
     return f
@@ -126,8 +128,8 @@ def test_a_redo_clears_any_number_of_iterations_in_one_transaction(etcd):
     """Chaos seed 24: going back 30 iterations once needed 480 operations in one
     transaction (etcd allows 128). Now one range per family: every key of
     iterations 3..33 goes, those before and after stay (checked key by key)."""
-    from bamboo.control.protocol import ASSIGNMENT, DONE, ITERATION_FAMILIES, LOSS, Loss, Report
     from bamboo.control.assignment import Assignment
+    from bamboo.control.protocol import ASSIGNMENT, DONE, ITERATION_FAMILIES, LOSS, Loss, Report
     c = Cluster(etcd.endpoint, "job")
     for it in range(40):
         for node in (0, 1, 10):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from bamboo.control.config import JobConfig
 from bamboo.commands.reference import train_reference, validation_loss
+from bamboo.control.config import JobConfig
 from tests.training import bamboo_train
 
 ITERS = 5

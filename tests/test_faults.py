@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from bamboo.commands.chaos import account
-from bamboo.control.etcd import EtcdServer, connect
 from bamboo.control.cluster import Cluster
+from bamboo.control.etcd import EtcdServer, connect
 from bamboo.control.protocol import DONE, FAILED, STRAGGLER, handover_store, job_root, scan
 
 ARGS = ["--model", "tiny", "--dtype", "float64", "--seed", "3", "--microbatches", "6", "--iterations", "12"]

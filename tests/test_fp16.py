@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from bamboo.model.builtin import FP16_ON_CPU
 from bamboo.control.protocol import LossScale
+from bamboo.model.builtin import FP16_ON_CPU
 from tests.training import bamboo_train
 
 # 2^20 on the tiny model: two overflows (2^20, 2^19), two good steps, a doubling

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bamboo.runtime import handover
 from bamboo.control.assignment import Assignment
+from bamboo.runtime import handover
 from bamboo.runtime.checkpoint import restore
 from bamboo.transport.groups import interruptible
 

@@ -292,6 +292,16 @@ def test_launch_reads_its_section_and_bamboo_train_skips_it(tmp_path):
     assert without_config(parse(["--config", path])) == without_config(cli.build_parser().parse_args(TRAIN))
 
 
+def test_the_command_lines_state_file_wins_over_the_files(tmp_path):
+    """--state comes before the command word, the file's [launch] after it: the
+    command line still wins (status and down read the state file it names)."""
+    path = write(tmp_path, LAUNCH.replace("[launch]\n", '[launch]\nstate = "file.json"\n'))
+    args, _ = launch.parse(launch.build_parser(), ["--state", "cli.json", "ec2", "--config", path])
+    assert args.state == "cli.json"
+    args, _ = launch.parse(launch.build_parser(), ["ec2", "--config", path])
+    assert args.state == "file.json"
+
+
 def test_launch_refuses_in_the_file_what_a_cloud_job_cannot_use(tmp_path, capsys):
     for extra, why in (('[checkpoints]\nmetrics_out = "m.jsonl"\n', "[checkpoints] metrics_out is not for a cloud"),
                        ('[cluster]\njob = "other"\n', "[cluster] job is not for a cloud job: name the job in [launch]"),

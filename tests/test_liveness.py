@@ -13,9 +13,9 @@ import pytest
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 from bamboo.control.etcd import EtcdServer
-from bamboo.runtime.boundary import stragglers
 from bamboo.control.liveness import HANG_FLOOR, hang_deadline
 from bamboo.control.protocol import ALIVE, FAILED, Failure, Report
+from bamboo.runtime.boundary import stragglers
 
 CFG = JobConfig(failure_timeout=2.0, lease_ttl=15.0)
 

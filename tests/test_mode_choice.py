@@ -6,8 +6,9 @@ import random
 
 import pytest
 
-from agents.modes import MARGIN, MODES, ModeStats, choose, estimates, observe, simulated
 from schedules.compiler import compile_schedule, simulate
+
+from agents.modes import MARGIN, MODES, ModeStats, choose, estimates, observe, simulated
 
 
 def brute_force(current, rate, nodes, pipelines, seconds, pause, rollback=None):

@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from bamboo.model.api import ModelError, ModelSource
-from bamboo.model.factory import FactoryModel, layer_items
 from bamboo.data.corpus import ByteCorpus, DataError, split_microbatches
+from bamboo.model.api import ModelError, ModelSource
 from bamboo.model.builtin import Stage, dropout_seed
+from bamboo.model.factory import FactoryModel, layer_items
 from bamboo.model.partition import PartitionError, partition
 
 

@@ -1,7 +1,8 @@
 """The reconfiguration policy, against brute force and over random histories."""
 import itertools
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agents.policy import Config, arrange, moves, next_config, zone_conflicts
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from schedules.ir import Op
+
 from bamboo.transport.comm import PeerFailure
 from tests.gloo import comm_pair
 

@@ -1,11 +1,12 @@
 """Property tests: every stream the compiler emits passes the validator, for P in
 2..16, M in 1..64, any non-adjacent set of failed nodes, and any mid-iteration
 failure of any survivable node at any instruction; evaluation streams too."""
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schedules.compiler import compile_eval, compile_recovery, compile_schedule, simulate
-from schedules.ir import Op
 from schedules.cost import CostModel
+from schedules.ir import Op
 
 costs = st.builds(CostModel, forward=st.floats(0, 4), backward=st.floats(0, 4), transfer=st.floats(0, 3),
                   swap=st.floats(0, 1), step=st.floats(0, 1), sync_transfer=st.floats(0, 1))

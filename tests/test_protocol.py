@@ -7,10 +7,10 @@ import pathlib
 
 import pytest
 
+from bamboo.control import protocol as p
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
-from bamboo.control import protocol as p
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = {

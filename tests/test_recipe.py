@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from bamboo.model import recipe
 from bamboo.control.config import JobConfig
+from bamboo.model import recipe
 
 
 def test_clipping_from_stage_norms_equals_torch_clip_grad_norm():

@@ -10,8 +10,8 @@ import torch
 
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
-from bamboo.runtime.failover import Aborted, Failover, Watch
 from bamboo.control.protocol import ABORT, ALIVE, Abort, Alive
+from bamboo.runtime.failover import Aborted, Failover, Watch
 from bamboo.runtime.reduce import Reducer
 
 HANG_TIMEOUT = 600.0  # far longer than the test waits: only the abort can end the wait

@@ -15,6 +15,7 @@ import torch
 
 from schedules.compiler import compile_schedule
 from schedules.ir import Op
+
 from tests.training import bamboo_train
 
 P, D, M, ITERS = 4, 2, 8, 10
@@ -251,6 +252,7 @@ def test_a_paused_node_is_declared_dead_and_fences_itself(tmp_path):
     import time
 
     import psutil
+
     from bamboo.control.etcd import EtcdServer, connect
     from bamboo.control.protocol import DONE, scan
     metrics = tmp_path / "m.jsonl"

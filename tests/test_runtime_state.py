@@ -12,6 +12,7 @@ import pytest
 
 from schedules.compiler import compile_eval
 from schedules.ir import Op
+
 from bamboo.control.events import (EvalSkipped, Event, FailedOver, ModeSwitched, NoticeSeen, Overflow, Preemption,
                                    Reconfigured, Redone)
 from bamboo.runtime import evaluator, executor, failover

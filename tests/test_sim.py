@@ -7,13 +7,14 @@ import sys
 
 import pytest
 
-from agents.policy import Config, next_config
 from schedules.compiler import compile_schedule, simulate
-from sim.profiles import NETWORK, PROFILES
+
+from agents.policy import Config, next_config
 from sim.accounting import RunState
 from sim.auto import Auto
-from sim.simulator import STRATEGIES, ClusterSimulator, Options
 from sim.cli import SWEEP_RATES, main
+from sim.profiles import NETWORK, PROFILES
+from sim.simulator import STRATEGIES, ClusterSimulator, Options
 from sim.strategies import Bamboo, CheckpointRestart, Lazy, OnDemand, RedoFromPeers
 from sim.traces import Event
 

@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
-from bamboo.control.config import JobConfig
-from bamboo.commands.reference import train_reference
 from schedules.compiler import compile_schedule
+
+from bamboo.commands.reference import train_reference
+from bamboo.control.config import JobConfig
 
 P, M, ITERS = 4, 4, 3
 POINTS = [(mode, n, k) for mode in ("eager", "lazy")

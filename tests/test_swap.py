@@ -5,8 +5,8 @@ import weakref
 import pytest
 import torch
 
-from bamboo.model.builtin import Stage, dropout_seed
 from bamboo.model.api import ModelSource
+from bamboo.model.builtin import Stage, dropout_seed
 from bamboo.transport.swap import SavedTensors
 
 

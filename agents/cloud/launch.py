@@ -112,8 +112,10 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None):
     file = jobfile.FileArgs([], {})
     if path is not None:
         cloud = _cloud_parser(_Parser(prog="bamboo-launch").add_subparsers(parser_class=_Parser), argv[at])
-        doc = jobfile.load(cloud, path)
-        file = jobfile.to_argv(cloud, path, {k: v for k, v in doc.items() if k == jobfile.LAUNCH})
+        launch = dict(jobfile.load(cloud, path).get(jobfile.LAUNCH, {}))
+        if any(a == "--state" or a.startswith("--state=") for a in argv[:at]):
+            launch.pop("state", None)  # given before the command word: the command line still wins
+        file = jobfile.to_argv(cloud, path, {jobfile.LAUNCH: launch} if launch else {})
     args, train_argv = parser.parse_known_args([*argv[:at + 1], *file.argv, *argv[at + 1:]])
     return jobfile.command_line_wins(args, file), train_argv
 

@@ -25,8 +25,8 @@ def shipper_for(state: dict):
 
 def job_progress(state: dict) -> dict:
     """bamboo-status's view of the job, or why it cannot be read from here."""
-    from bamboo.control.etcd import EtcdError
     from bamboo.commands.status import job_status
+    from bamboo.control.etcd import EtcdError
     try:
         return job_status(state["etcd"], state["job"])
     except EtcdError as e:

@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from bamboo.commands.launcher import AGENT, WORKER
+from bamboo.commands.launcher import AGENT
 from bamboo.control.etcd import EtcdServer, connect, die_with_parent
 from bamboo.control.protocol import DONE, scan
+from bamboo.runtime import WORKER
 
 KINDS = ("kill-node", "kill-worker", "pause", "etcd-restart", "zone-burst", "join")
 RTOL = 1e-9  # float64: the same math gives the same losses to rounding

@@ -18,17 +18,17 @@ import tempfile
 import numpy as np
 import torch
 
-from bamboo.transport import devices
-from bamboo.control.config import JobConfig
-from bamboo.model.api import ModelSource
-from bamboo.data.corpus import TOKEN_DTYPES, check_files, corpora, is_token_file
-from bamboo.data.objects import is_remote
-from bamboo.model.builtin import fp16_allowed
 from bamboo.commands import jobfile
 from bamboo.commands.flags import build_parser
 from bamboo.commands.plot import check_output
 from bamboo.commands.preempts import parse_preempts
+from bamboo.control.config import JobConfig
+from bamboo.data.corpus import TOKEN_DTYPES, check_files, corpora, is_token_file
+from bamboo.data.objects import is_remote
+from bamboo.model.api import ModelSource
+from bamboo.model.builtin import fp16_allowed
 from bamboo.model.recipe import check as check_recipe
+from bamboo.transport import devices
 
 
 def local_cluster(args):

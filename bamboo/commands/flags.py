@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bamboo.transport import devices
+from bamboo.commands import jobfile
 from bamboo.control.config import DTYPES
 from bamboo.data.corpus import TOKEN_DTYPES
 from bamboo.model.builtin import MODELS, PRECISIONS
-from bamboo.commands import jobfile
 from bamboo.model.recipe import SCHEDULES
+from bamboo.transport import devices
 
 
 class _Parser(argparse.ArgumentParser):
@@ -149,7 +149,8 @@ GROUPS = (("model", "model", _model_flags),
 def build_parser() -> argparse.ArgumentParser:
     """bamboo-train's flags, grouped as --help shows them and a --config file's
     sections name them."""
-    p = _Parser(prog="bamboo-train", description=__doc__.splitlines()[0])
+    p = _Parser(prog="bamboo-train", description="`bamboo-train`: train a model with pipeline parallelism that "
+                                                  "survives preemptions.")
     p.add_argument("--config", metavar="FILE.toml",
                    help="read the flags from this TOML job file first, a section per group below and a key per "
                         "flag (docs/job-file.md); flags given here override it")

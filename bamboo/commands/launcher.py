@@ -18,30 +18,26 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from bamboo.commands.metrics import LaunchError, MetricsWriter, add_loss_scale, add_validation, iteration_record
 from bamboo.control.assignment import Assignment
 from bamboo.control.changes import Changes
 from bamboo.control.cluster import Cluster, in_force, latest
 from bamboo.control.config import JobConfig
-from bamboo.control.events import Event, FailedOver, ModeSwitched, NoticeSeen, Overflow, Preemption, Reconfigured, Redone
-from bamboo.transport.devices import LOCAL_RANK
 from bamboo.control.etcd import EtcdServer, die_with_parent
+from bamboo.control.events import (Event, FailedOver, ModeSwitched, NoticeSeen, Overflow, Preemption, Reconfigured,
+                                   Redone)
 from bamboo.control.exits import FENCED
 from bamboo.control.protocol import (ASSIGNMENT, CONFIG, DONE, ERROR, FAILED, LOSS, NOTICES, PREEMPTED, SCALE, START,
-                             VAL_LOSS)
-from bamboo.commands.metrics import MetricsWriter, add_loss_scale, add_validation, iteration_record
-
+                                     VAL_LOSS)
+from bamboo.runtime import WORKER
+from bamboo.transport.devices import LOCAL_RANK
 
 # The processes a launch starts, by module: a local cluster's agents (the layer
-# above the runtime, started, not imported), or the workers of a job without agents.
+# above the runtime, started, not imported), or the workers (WORKER) of a job without agents.
 AGENT = "agents.agent"
-WORKER = "bamboo.runtime.worker"
 
 # Set by bamboo-train's SIGINT/SIGTERM handler.
 INTERRUPTED = threading.Event()
-
-
-class LaunchError(RuntimeError):
-    """The job could not finish; the message says why."""
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,14 @@ import json
 import os
 import tempfile
 
+from bamboo.commands.reference import mean_loss
 from bamboo.control.config import JobConfig
 from bamboo.control.events import EvalSkipped, Overflow
-from bamboo.commands.reference import mean_loss
 
 
-class MissingLosses(RuntimeError):
-    """An iteration's losses did not all arrive: the job cannot be recorded."""
+class LaunchError(RuntimeError):
+    """The job could not finish (here: an iteration's losses did not all arrive);
+    the message says why."""
 
 
 class MetricsWriter:
@@ -52,7 +53,7 @@ class MetricsWriter:
 def iteration_record(cfg: JobConfig, it: int, losses: dict, reports: dict, seconds: float, nodes: int,
                      events: list) -> dict:
     if sorted(losses) != list(range(cfg.microbatches)):
-        raise MissingLosses(f"iteration {it}: {len(losses)} of {cfg.microbatches} microbatch losses arrived")
+        raise LaunchError(f"iteration {it}: {len(losses)} of {cfg.microbatches} microbatch losses arrived")
     record = {"iteration": it, "loss": sum(losses[g].value for g in range(cfg.microbatches)) / cfg.microbatches,
               "samples": cfg.microbatches * cfg.batch, "seconds": round(seconds, 4), "nodes": nodes,
               "events": events}

@@ -17,6 +17,7 @@ def stream_mode(args) -> str:
 def fault_free_stream(args, node: int) -> list:
     """Node `node`'s instruction stream in an iteration without failures."""
     from schedules.compiler import compile_schedule
+
     from bamboo.data.corpus import split_microbatches
 
     m = len(split_microbatches(args.microbatches, args.pipelines)[node // args.stages])
@@ -70,6 +71,7 @@ def preempted_stream(args, p: Preempt, spec: str) -> list:
     if p.phase == "train":
         return fault_free_stream(args, node)
     from schedules.compiler import compile_eval
+
     from bamboo.data.corpus import split_microbatches
 
     m = len(split_microbatches(args.eval_batches, args.pipelines)[node // args.stages])

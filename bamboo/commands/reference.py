@@ -6,12 +6,12 @@ import dataclasses
 
 import torch
 
-from bamboo.model import recipe
 from bamboo.control.config import JobConfig, dropout_seed_for
+from bamboo.control.protocol import LossScale
 from bamboo.data.corpus import Corpus, corpus_of
+from bamboo.model import recipe
 from bamboo.model.api import ModelSource
 from bamboo.model.builtin import Stage, dropout_seed, evaluating, mixed_precision
-from bamboo.control.protocol import LossScale
 
 
 def train_reference(cfg: JobConfig, on_iteration=None, on_eval=None, on_scale=None,

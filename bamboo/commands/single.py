@@ -6,12 +6,12 @@ import os
 import resource
 import time
 
-from bamboo.transport import devices
-from bamboo.control.config import JobConfig
 from bamboo.commands.launcher import ProgressBar
 from bamboo.commands.metrics import MetricsWriter, add_loss_scale
 from bamboo.commands.reference import train_reference
+from bamboo.control.config import JobConfig
 from bamboo.runtime.holdings import save_layer
+from bamboo.transport import devices
 
 
 def run_single(cfg: JobConfig, metrics_out: str | None, progress: bool = True, sinks: tuple = ()) -> None:

@@ -22,8 +22,14 @@ class Event(Record):
     @staticmethod
     def from_json(d: dict) -> "Event":
         """An event as a report carried it through etcd (to_dict's output)."""
-        cls = next(c for c in Event.__subclasses__() if c.TYPE == d["type"])
+        cls = next((c for c in Event.__subclasses__() if c.TYPE == d.get("type")), None)
+        if cls is None:
+            raise ValueError(f"a report carried an event of unknown type {d.get('type')!r}")
         return cls(**{f.name: d[f.name.rstrip("_")] for f in fields(cls)})
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        return Event.from_json(d)
 
 
 @dataclass(frozen=True)

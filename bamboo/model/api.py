@@ -17,9 +17,9 @@ import sys
 import torch
 import torch.nn as nn
 
-from bamboo.model.factory import FactoryError, FactoryModel
 from bamboo.data.corpus import BYTE_VOCAB
 from bamboo.model.builtin import MODELS, build_layer, num_layers, token_loss
+from bamboo.model.factory import FactoryError, FactoryModel
 
 
 class ModelError(ValueError):

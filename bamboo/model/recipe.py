@@ -92,7 +92,8 @@ def scale_grads(params, coefficient: float) -> None:
 
 
 def flat_grads(module: torch.nn.Module) -> torch.Tensor:
-    """A stage's gradients as one vector (zeros where none): one message to a replica."""
+    """A stage's gradients as one vector (zeros where none): one message, to a
+    replica or into an all-reduce."""
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                       for p in module.parameters()])
 

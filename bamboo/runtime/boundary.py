@@ -18,15 +18,15 @@ import time
 
 from bamboo.control.assignment import Assignment
 from bamboo.control.changes import Changes
-from bamboo.runtime.checkpoint import Checkpoints
 from bamboo.control.cluster import Cluster
 from bamboo.control.exits import Fenced
-from bamboo.runtime.failover import LEASE_WAIT, LINGER_WAKE
 from bamboo.control.protocol import (CHECKPOINTED, DONE, DRAIN, FAILED, MEMBERS, MODE, REGROUP, STRAGGLER, Failure,
-                             Regroup, Report, Timestamp)
+                                     NodeId, Regroup, Report, Timestamp)
+from bamboo.runtime.checkpoint import Checkpoints
+from bamboo.runtime.failover import LEASE_WAIT, LINGER_WAKE
 
 
-def stragglers(reports: dict[int, Report], factor: float, slack: float) -> list[int]:
+def stragglers(reports: dict[NodeId, Report], factor: float, slack: float) -> list[NodeId]:
     """The nodes whose compute time in one iteration exceeds both `factor` times the
     median of their peers' and that median plus `slack` seconds. Iterations with a
     failover are not judged: a node that took over a dead peer's work computes more."""
@@ -41,7 +41,7 @@ def stragglers(reports: dict[int, Report], factor: float, slack: float) -> list[
 
 
 class Boundary:
-    def __init__(self, cluster: Cluster, node: int, elastic: bool, checkpoints: Checkpoints,
+    def __init__(self, cluster: Cluster, node: NodeId, elastic: bool, checkpoints: Checkpoints,
                  straggler_factor: float = 0.0, straggler_slack: float = 0.0, auto: bool = False,
                  changes: Changes | None = None):
         self.cluster, self.node, self.elastic = cluster, node, elastic
@@ -59,7 +59,7 @@ class Boundary:
             self.changes.take(own=DONE(iteration, self.node))
         self.seen = tuple(self.cluster.put_and_read(DONE(iteration, self.node), report, DONE(iteration), FAILED()))
 
-    def agree(self, iteration: int, assignment: Assignment, failover, failed: tuple[int, ...], regroup,
+    def agree(self, iteration: int, assignment: Assignment, failover, failed: tuple[NodeId, ...], regroup,
               idle=None) -> Regroup:
         """Wait for every live node's report and return the agreed record. When the
         failed set grew and the agents do not reconfigure, `regroup(failed, try)`
@@ -81,7 +81,7 @@ class Boundary:
             except (RuntimeError, TimeoutError):
                 continue  # a member died while regrouping: the next try leaves it out
 
-    def _wait_for_reports(self, iteration: int, members, failover, idle=None) -> tuple[dict[int, Report], set[int]]:
+    def _wait_for_reports(self, iteration: int, members, failover, idle=None) -> tuple[dict[NodeId, Report], set[NodeId]]:
         """Every live node's report, and the dead as last read, read when a watch says
         a report or a death came. A node that died between its stream and its
         report is found by its lease, asked only once a report is LEASE_WAIT late."""
@@ -111,7 +111,8 @@ class Boundary:
             else:
                 time.sleep(0.02)
 
-    def _record_stragglers(self, iteration: int, failed: tuple[int, ...], reports: dict[int, Report]) -> list[int]:
+    def _record_stragglers(self, iteration: int, failed: tuple[NodeId, ...],
+                           reports: dict[NodeId, Report]) -> list[NodeId]:
         """Every node judges the same reports (every live node's, less the nodes the
         last boundary agreed were dead), so each records the same stragglers."""
         reports = {n: r for n, r in reports.items() if n not in failed}
@@ -120,7 +121,7 @@ class Boundary:
             self.cluster.create(FAILED(n), Failure(iteration, self.node, STRAGGLER))
         return slow
 
-    def _decide(self, iteration: int, attempt: int, assignment: Assignment, dead: set[int] | None) -> Regroup:
+    def _decide(self, iteration: int, attempt: int, assignment: Assignment, dead: set[NodeId] | None) -> Regroup:
         """Propose this node's view (the dead as read after every report came, or
         read now); the first proposal written stands for everyone."""
         failed = tuple(sorted(self.cluster.failed() if dead is None else dead))
@@ -139,7 +140,7 @@ class Boundary:
         wanted = self.cluster.get(MODE(iteration - 1)) if self.auto and iteration > 0 else None
         return wanted is not None and wanted.mode != assignment.redundancy
 
-    def _wants_change(self, assignment: Assignment, failed: tuple[int, ...]) -> bool:
+    def _wants_change(self, assignment: Assignment, failed: tuple[NodeId, ...]) -> bool:
         """Under agents: a node of this epoch died or is draining, or a node joined
         that the configuration does not know yet."""
         if not self.elastic:

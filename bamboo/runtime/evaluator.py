@@ -22,13 +22,13 @@ from typing import Callable
 import torch
 
 from schedules.compiler import compile_eval
-from schedules.ir import Instr, Op, RECVS
+from schedules.ir import RECVS, Instr, Op
 
-from bamboo.transport.comm import Comm, Interrupted, PeerFailure
 from bamboo.control.config import JobConfig
 from bamboo.control.exits import preempt_if_due
-from bamboo.model.builtin import evaluating, mixed_precision
 from bamboo.control.protocol import VAL_LOSS, Loss
+from bamboo.model.builtin import evaluating, mixed_precision
+from bamboo.transport.comm import Comm, Interrupted, PeerFailure
 
 
 class EvalCut(Exception):

@@ -18,17 +18,17 @@ from typing import Callable
 
 import torch
 
-from schedules.ir import Instr, Op, RECVS, SENDS
+from schedules.ir import RECVS, SENDS, Instr, Op
 from schedules.layout import Layout
 
-from bamboo.transport.comm import Comm, Interrupted, PeerFailure
-from bamboo.model import recipe
 from bamboo.control.config import JobConfig, dropout_seed_for
 from bamboo.control.exits import preempt_if_due
+from bamboo.control.protocol import LOSS, NORM, Local, Loss, NodeId
+from bamboo.model import recipe
+from bamboo.model.builtin import dropout_seed, mixed_precision
 from bamboo.runtime.failover import Failover, PeersSilent, TooManyDead
 from bamboo.runtime.iteration import IterationState
-from bamboo.model.builtin import dropout_seed, mixed_precision
-from bamboo.control.protocol import LOSS, NORM, Local, Loss, NodeId
+from bamboo.transport.comm import Comm, Interrupted, PeerFailure
 from bamboo.transport.staging import Copy, Stager
 from bamboo.transport.swap import SavedTensors
 
@@ -405,7 +405,6 @@ class Executor:
         self._write_losses()  # this wait is idle time: the losses' etcd write goes in it, not after
         flat = self.it.comm.recv(self.peer(ins.peer), Op.SEND_SYNC, self.it.failover.keep_waiting)
         recipe.set_flat_grads(self.modules[ins.stage], flat)
-
 
 
 # The instruction set and the method that runs each op: checked against Op (tests/test_runtime_state.py).

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from schedules.compiler import compile_recovery, compile_schedule
-from schedules.ir import Instr, RECVS, SENDS
+from schedules.ir import RECVS, SENDS, Instr
 from schedules.layout import ScheduleError
 from schedules.simulator import ValidationError
 
@@ -26,7 +26,6 @@ from bamboo.control.exits import Fenced
 from bamboo.control.protocol import (ABORT, CUT, FAILED, FINISHED, LEASE_EXPIRED, Abort, Cut, Failure, Local, Mark,
                                      NodeId)
 from bamboo.transport.comm import Comm
-
 
 LEASE_WAIT = 0.5  # seconds a wait on peers lasts before their leases are asked, and between asks
 WAIT_GAP = 0.2    # a pause this long between two asks of a waiting node ends its wait (recv asks every 50 ms)

@@ -18,10 +18,10 @@ from __future__ import annotations
 import torch
 
 from bamboo.control.assignment import Assignment
-from bamboo.runtime.checkpoint import snapshot
 from bamboo.control.cluster import Cluster
-from bamboo.transport.groups import interruptible, open_group
 from bamboo.control.protocol import HANDED, HANDOVER, Mark, Outcome, handover_store
+from bamboo.runtime.checkpoint import snapshot
+from bamboo.transport.groups import interruptible, open_group
 
 _TAG = 1000  # clear of the executor's channel tags
 

@@ -16,12 +16,12 @@ import torch
 
 from schedules.layout import Layout, keeps_replicas
 
+from bamboo.control.assignment import Assignment
 from bamboo.model import recipe
 from bamboo.model.api import ModelSource
-from bamboo.control.assignment import Assignment
-from bamboo.runtime.checkpoint import restore, snapshot
 from bamboo.model.builtin import Stage
 from bamboo.model.partition import partition
+from bamboo.runtime.checkpoint import restore, snapshot
 
 
 class Holdings:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from schedules.ir import Instr
+
 from bamboo.transport.comm import Comm
 from bamboo.transport.staging import Copy
 

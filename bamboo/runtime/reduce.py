@@ -22,11 +22,11 @@ from schedules.layout import Layout, ScheduleError
 
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
-from bamboo.transport.comm import Interrupted
-from bamboo.runtime.failover import Aborted
-from bamboo.transport.groups import GroupMaker, lease_check, open_group
 from bamboo.control.protocol import REDUCED, TIED, Reduced, reduce_store, tie_store
 from bamboo.model import recipe
+from bamboo.runtime.failover import Aborted
+from bamboo.transport.comm import Interrupted
+from bamboo.transport.groups import GroupMaker, lease_check, open_group
 
 
 class Reducer:

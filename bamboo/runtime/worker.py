@@ -27,32 +27,31 @@ import torch
 
 from schedules.layout import Layout
 
-from bamboo.transport import devices
-
-from bamboo.runtime import handover
-from bamboo.model.api import ModelSource
 from bamboo.control.assignment import Assignment
+from bamboo.control.cluster import Cluster
+from bamboo.control.config import JobConfig
+from bamboo.control.exits import FENCED, Parked, Released, WorkerExit
+from bamboo.control.liveness import hang_deadline
+from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, ERROR, FAILED, FINISHED, SCALE,
+                                     START, Abort, LossScale, Mark, Regroup, Report, Start, WorkerError, world_store)
+from bamboo.control.store import EtcdStore, RendezvousAborted
+from bamboo.data.corpus import corpus_of, split_microbatches
+from bamboo.model.api import ModelSource
+from bamboo.model.builtin import fp16_allowed
+from bamboo.runtime import handover
 from bamboo.runtime.boundary import Boundary
 from bamboo.runtime.checkpoint import Checkpoints
-from bamboo.control.cluster import Cluster
-from bamboo.transport.channels import for_worker, nccl_groups
-from bamboo.transport.comm import Comm
-from bamboo.control.config import JobConfig
-from bamboo.data.corpus import corpus_of, split_microbatches
 from bamboo.runtime.evaluator import Evaluator
 from bamboo.runtime.executor import Executor
-from bamboo.control.exits import FENCED, Parked, Released, WorkerExit
 from bamboo.runtime.failover import Aborted, Failover
-from bamboo.transport.groups import lease_check, open_group, store_at
 from bamboo.runtime.handover import HandoverFailed
 from bamboo.runtime.holdings import Holdings
-from bamboo.control.liveness import hang_deadline
-from bamboo.model.builtin import fp16_allowed
-from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, ERROR, FAILED, FINISHED, SCALE, START,
-                             Abort, LossScale, Mark, Regroup, Report, Start, WorkerError, world_store)
 from bamboo.runtime.reduce import Reducer
+from bamboo.transport import devices
+from bamboo.transport.channels import for_worker, nccl_groups
+from bamboo.transport.comm import Comm
+from bamboo.transport.groups import lease_check, open_group, store_at
 from bamboo.transport.staging import Stager
-from bamboo.control.store import EtcdStore, RendezvousAborted
 
 
 class Worker:

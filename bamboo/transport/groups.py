@@ -7,9 +7,9 @@ from __future__ import annotations
 import queue
 import threading
 from datetime import timedelta
+from typing import Callable
 
 import torch.distributed as dist
-from typing import Callable
 
 from bamboo.control.cluster import Cluster
 from bamboo.control.store import EtcdStore, RendezvousAborted
