@@ -81,7 +81,8 @@ class Boundary:
             except (RuntimeError, TimeoutError):
                 continue  # a member died while regrouping: the next try leaves it out
 
-    def _wait_for_reports(self, iteration: int, members, failover, idle=None) -> tuple[dict[NodeId, Report], set[NodeId]]:
+    def _wait_for_reports(self, iteration: int, members, failover,
+                          idle=None) -> tuple[dict[NodeId, Report], set[NodeId]]:
         """Every live node's report, and the dead as last read, read when a watch says
         a report or a death came. A node that died between its stream and its
         report is found by its lease, asked only once a report is LEASE_WAIT late."""

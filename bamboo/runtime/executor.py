@@ -252,7 +252,8 @@ class Executor:
             self.it.acts_host[key] = self.stager.to_host(self.it.acts.pop(key))
 
     def recv_act(self, ins: Instr) -> None:
-        self.it.acts[(ins.stage, ins.mb)] = self.it.comm.recv(self.peer(ins.peer), Op.SEND_ACT, self.it.failover.keep_waiting)
+        self.it.acts[(ins.stage, ins.mb)] = self.it.comm.recv(self.peer(ins.peer), Op.SEND_ACT,
+                                                              self.it.failover.keep_waiting)
 
     def send_grad(self, ins: Instr) -> None:
         # The last stage's gradient carries its microbatch's loss: should this node die

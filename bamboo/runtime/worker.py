@@ -314,7 +314,8 @@ class Worker:
 
     def _report(self) -> Report:
         report = Report(rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, time=time.time(),
-                        epoch=self.assignment.epoch, events=[e.to_dict() for e in self.failover.events], busy=self.executor.busy,
+                        epoch=self.assignment.epoch, events=[e.to_dict() for e in self.failover.events],
+                        busy=self.executor.busy,
                         digests=self.holdings.digests() if self.cfg.check_replicas else None,
                         cuda_mb=torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda"
                         else 0.0)
