@@ -1,6 +1,6 @@
 """The runtime's state is explicit: every op of the IR has its method in a map a
-reader can check (and the evaluation's ops too); the executor's and the failover's
-attributes are all set in __init__ (an iteration's state lives in one object made
+reader can check (and the evaluation's ops too); the runtime's and the agents'
+objects set every attribute in __init__ (an iteration's state lives in one object made
 in one place); metrics events keep the JSON schema the metrics file always had."""
 import ast
 import inspect
@@ -13,9 +13,11 @@ import pytest
 from schedules.compiler import compile_eval
 from schedules.ir import Op
 
+from agents import agent, membership
+from bamboo.commands import launcher
 from bamboo.control.events import (EvalSkipped, Event, FailedOver, ModeSwitched, NoticeSeen, Overflow, Preemption,
                                    Reconfigured, Redone)
-from bamboo.runtime import evaluator, executor, failover
+from bamboo.runtime import boundary, evaluator, executor, failover, holdings, reduce, worker
 
 
 def test_every_op_has_its_method_in_the_executors_map():
@@ -55,7 +57,9 @@ def attributes_set_outside_init(cls) -> set[str]:
     return set().union(*by_method.values()) - in_init
 
 
-@pytest.mark.parametrize("cls", [executor.Executor, failover.Failover])
+@pytest.mark.parametrize("cls", [executor.Executor, failover.Failover, evaluator.Evaluator, worker.Worker,
+                                 boundary.Boundary, reduce.Reducer, holdings.Holdings, launcher.Launcher,
+                                 membership.Membership, agent.BambooAgent], ids=lambda cls: cls.__name__)
 def test_every_attribute_is_first_set_in_init(cls):
     assert attributes_set_outside_init(cls) == set()
 
