@@ -5,6 +5,7 @@ source with `ast`, so a lazy or TYPE_CHECKING import counts like any other."""
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -72,6 +73,7 @@ def imports_of(module: str, source: str, known: set[str]) -> tuple[set[str], set
     return modules - {module}, private, strings - {module}
 
 
+@functools.lru_cache(maxsize=1)
 def graph() -> tuple[dict[str, set[str]], dict[str, set], dict[str, set[str]]]:
     files = module_files()
     known = set(files)
