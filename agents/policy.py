@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+MAX_STAGES = 2  # a node holds at most its stage and one more (the memory eager needs for a replica)
+
 
 @dataclass(frozen=True)
 class Config:
@@ -97,65 +99,119 @@ def _pick(candidates: list[str], avoid: set[str], zones: Mapping[str, str]) -> s
     return next((n for n in candidates if zones[n] not in avoid), candidates[0])
 
 
+def pipeline_lengths(nodes: int, depth: int, max_stages: int, most: int | None, merge: bool = True) -> list[int]:
+    """How many nodes each pipeline has (full ones first): as many full pipelines of
+    `depth` as fit; the rest form one shorter pipeline when they can hold every stage
+    at `max_stages` per node, or, when they are too few and `merge` allows, join the
+    last full pipeline's nodes in two short ones. Never more than `most` pipelines."""
+    full, rest = divmod(nodes, depth)
+    shortest = -(-depth // max_stages)
+    lengths = [depth] * full
+    if rest and max_stages > 1:
+        if rest >= shortest:
+            lengths.append(rest)
+        elif full and merge:
+            lengths[-1:] = [(depth + rest + 1) // 2, (depth + rest) // 2]
+    return lengths[:most] if most is not None else lengths
+
+
+def lay_out(nodes: tuple[str, ...], depth: int) -> tuple[str, ...]:
+    """A pipeline's node of each stage: `nodes` in order, each on a contiguous range of
+    stages, the first ones a stage longer when the stages do not divide evenly."""
+    base, extra = divmod(depth, len(nodes))
+    return tuple(n for i, n in enumerate(nodes) for _ in range(base + (i < extra)))
+
+
 def next_config(live: Mapping[str, str], previous: Config | None, depth: int,
-                max_pipelines: int | None = None) -> Config:
+                max_pipelines: int | None = None, max_stages: int = 1) -> Config:
     """`live`: node -> zone. `previous`: the configuration in force (None at start).
-    `max_pipelines`: at most this many pipelines (the global microbatch count)."""
+    `max_pipelines`: at most this many pipelines (the global microbatch count).
+    `max_stages`: the most stages one node may hold (above 1, short pipelines)."""
     if depth < 1:
         raise ValueError(f"depth must be at least 1 (got {depth})")
+    if not 1 <= max_stages <= MAX_STAGES:
+        raise ValueError(f"--max-stages-per-node must be 1 or 2 (got {max_stages})")
     epoch = previous.epoch + 1 if previous else 0
     notes: list[str] = []
     P = depth
-    if len(live) < depth:
+    if len(live) < -(-depth // max_stages):
         P = len(live)
         notes.append(f"depth reduced from {depth} to {P}: only {P} nodes are alive")
     if P == 0:
         return Config(epoch, 0, (), (), tuple(notes))
-    D = len(live) // P if max_pipelines is None else min(len(live) // P, max_pipelines)
-
-    # Surviving pipelines, most survivors first (ties: lowest index), when the depth holds.
+    # a full pipeline that lost nodes is mended (from a short pipeline if need be) before two short ones replace it
+    mend = bool(previous) and previous.depth == P and any(
+        len(set(p)) == P and not all(n in live for n in p) for p in previous.pipelines)
+    lengths = pipeline_lengths(len(live), P, max_stages if P == depth else 1, max_pipelines, merge=not mend)
     kept: list[list[str | None]] = []
-    spares_dissolved: list[str] = []
+    leftover: list[str] = []
     if previous and previous.depth == P:
-        ranked = sorted(range(len(previous.pipelines)),
-                        key=lambda j: (-sum(n in live for n in previous.pipelines[j]), j))
-        keep = sorted(j for j in ranked[:D] if any(n in live for n in previous.pipelines[j]))
-        for j, pipe in enumerate(previous.pipelines):
-            alive = [n if n in live else None for n in pipe]
-            if j in keep:
-                kept.append(alive)
-            else:
-                spares_dissolved += [n for n in alive if n]
+        kept, leftover = _survivors(previous, live, lengths)
     elif previous:
         # depth changed: keep the survivors' previous order, re-cut into new pipelines
-        order = [n for pipe in previous.pipelines for n in pipe if n in live]
-        spares_dissolved = order
+        leftover = list(dict.fromkeys(n for pipe in previous.pipelines for n in pipe if n in live))
         notes.append(f"depth changed from {previous.depth} to {P}: pipelines re-formed")
-
     placed = {n for pipe in kept for n in pipe if n}
     standby = [n for n in (previous.standby if previous else ()) if n in live and n not in placed]
-    newcomers = sorted(n for n in live if n not in placed and n not in standby and n not in spares_dissolved)
-    spares = standby + newcomers + [n for n in spares_dissolved if n not in standby]
+    newcomers = sorted(n for n in live if n not in placed and n not in standby and n not in leftover)
+    spares = standby + newcomers + [n for n in leftover if n not in standby]
+    pipelines = _fill_holes(kept, spares, live, P)
+    # New pipelines from what is left: as many zones as possible, dealt evenly, arranged.
+    short = [n for n in lengths if n < P]
+    for pipe in pipelines:
+        if len(set(pipe)) in short:
+            short.remove(len(set(pipe)))
+    new_count = min(len(lengths) - len(short) - sum(len(set(p)) == P for p in pipelines), len(spares) // P)
+    if new_count > 0:
+        chosen = _choose(spares, new_count * P, live)
+        spares = [n for n in spares if n not in chosen]
+        pipelines += [arrange(group, live) for group in _deal(chosen, live, new_count)]
+    for length in short:
+        if len(spares) >= length:
+            chosen = _choose(spares, length, live)
+            spares = [n for n in spares if n not in chosen]
+            pipelines.append(lay_out(arrange(chosen, live), P))
+    return Config(epoch, P, tuple(pipelines), tuple(spares), tuple(notes))
 
-    # Fill holes in stage order, each with a node from a zone unlike its neighbours'.
-    for pipe in kept:
+
+def _survivors(previous: Config, live: Mapping[str, str], lengths: list[int]):
+    """Of the previous pipelines, in their order: each one kept, as it was (every
+    node alive and a pipeline of its length still wanted) or with holes (None) to
+    fill (a full one, most survivors first, ties: lowest index); and the nodes of
+    the rest in order, those of short pipelines last (taken last to fill a hole)."""
+    wanted = list(lengths)
+    intact = []
+    for j, pipe in enumerate(previous.pipelines):
+        if all(n in live for n in pipe) and len(set(pipe)) in wanted:
+            wanted.remove(len(set(pipe)))
+            intact.append(j)
+    damaged = [j for j, p in enumerate(previous.pipelines) if j not in intact and len(set(p)) == previous.depth]
+    ranked = sorted(damaged, key=lambda j: (-sum(n in live for n in previous.pipelines[j]), j))
+    repair = [j for j in ranked[:wanted.count(previous.depth)] if any(n in live for n in previous.pipelines[j])]
+    kept: list[list[str | None]] = []
+    leftover: list[str] = []
+    for j, pipe in enumerate(previous.pipelines):
+        if j in intact or j in repair:
+            kept.append([n if n in live else None for n in pipe])
+        else:
+            leftover += [n for n in dict.fromkeys(pipe) if n in live]
+    short = {n for pipe in previous.pipelines if len(set(pipe)) < len(pipe) for n in pipe}
+    return kept, [n for n in leftover if n not in short] + [n for n in leftover if n in short]
+
+
+def _fill_holes(partial: list[list[str | None]], spares: list[str], live: Mapping[str, str],
+                P: int) -> list[tuple[str, ...]]:
+    """Fill holes in stage order, each with a node from a zone unlike its neighbours';
+    a pipeline that cannot be completed dissolves (its nodes go back to `spares`)."""
+    for pipe in partial:
         for s, n in enumerate(pipe):
             if n is None and spares:
                 avoid = {live[x] for x in (pipe[(s - 1) % P], pipe[(s + 1) % P]) if x}
                 choice = _pick(spares, avoid, live)
                 spares.remove(choice)
                 pipe[s] = choice
-    pipelines = [tuple(p) for p in kept if all(p)]
-    broken = [n for p in kept if not all(p) for n in p if n]
-    spares = broken + spares  # a kept pipeline that could not be completed dissolves
-
-    # New pipelines from what is left: as many zones as possible, dealt evenly, arranged.
-    new_count = min(D - len(pipelines), len(spares) // P)
-    if new_count > 0:
-        chosen = _choose(spares, new_count * P, live)
-        spares = [n for n in spares if n not in chosen]
-        pipelines += [arrange(group, live) for group in _deal(chosen, live, new_count)]
-    return Config(epoch, P, tuple(pipelines), tuple(spares), tuple(notes))
+    spares[:0] = [n for p in partial if not all(p) for n in p if n]
+    return [tuple(p) for p in partial if all(p)]
 
 
 def moves(previous: Config | None, config: Config) -> list[tuple[str, int]]:
