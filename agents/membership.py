@@ -10,8 +10,6 @@ import socket
 import time
 from dataclasses import asdict
 
-from schedules.layout import Layout, keeps_replicas
-
 from agents.modes import ModeStats, choose, estimates, observe
 from agents.policy import Config, next_config
 from bamboo.control.assignment import Assignment
@@ -38,8 +36,8 @@ def from_policy(c: Config, start: int, failed, gone=None, restore: str = "peers"
 def lost_everywhere(assignment: Assignment, failed, redundancy: str) -> frozenset[int]:
     """Stages no live node holds once `failed` died: lost in every pipeline."""
     lost = frozenset(range(assignment.depth))
-    for j, pipe in enumerate(assignment.pipelines):
-        lost &= Layout.lost(len(pipe), assignment.local_failed(j, failed), keeps_replicas(redundancy))
+    for j in range(len(assignment.pipelines)):
+        lost &= assignment.lost(j, failed, redundancy)
     return lost
 
 
@@ -74,7 +72,7 @@ class Membership:
         zones = self.cluster.children(ZONES())
         live = {str(n): zones[n].zone for n in nodes}
         cfg = self.cluster.get(CONFIG())
-        config = next_config(live, None, cfg.stages, cfg.microbatches)
+        config = next_config(live, None, cfg.stages, cfg.microbatches, cfg.max_stages_per_node)
         first = from_policy(config, 0, ())
         mode = self._mode_for(cfg, 0, first, ModeStats())
         self.cluster.create(ASSIGNMENT(0), Assignment(**{**first.__dict__, "redundancy": mode}))
@@ -142,7 +140,8 @@ class Membership:
         when some stage is held by no live node, from the newest complete
         checkpoint (the iterations after it are run again)."""
         basis = basis or previous
-        config = next_config(self.live(failed), to_policy(previous), cfg.stages, cfg.microbatches)
+        config = next_config(self.live(failed), to_policy(previous), cfg.stages, cfg.microbatches,
+                             cfg.max_stages_per_node)
         if config.depth < 2:
             return  # a pipeline needs two nodes: wait for more (the workers wait for this epoch)
         start, restore = (it if redo else it + 1), "peers"

@@ -114,6 +114,19 @@ def check_redundancy(args) -> None:
                          "restarts training from iteration 0")
 
 
+def check_stages_per_node(args) -> None:
+    """--max-stages-per-node: 1 or 2 (the compiler runs a short pipeline's node on
+    two stages as a failed node merged into its predecessor, and merges one only),
+    and enough local nodes to hold every stage at that many per node."""
+    most = args.max_stages_per_node
+    if not 1 <= most <= 2:
+        raise ValueError(f"--max-stages-per-node must be 1 or 2 (got {most}): a node runs its own stage and at most "
+                         "one more, which the compiler merges into it as it merges a failed successor")
+    if args.local_nodes is not None and args.stages > 1 and args.local_nodes < -(-args.stages // most):
+        raise ValueError(f"{args.stages} stages cannot fit on {args.local_nodes} nodes at --max-stages-per-node "
+                         f"{most}: it needs {-(-args.stages // most)} nodes or more")
+
+
 def check_precision(args) -> None:
     if args.precision == "fp16" and not fp16_allowed(torch.device("cuda" if torch.cuda.is_available() else "cpu")):
         raise ValueError("--precision fp16 needs CUDA (fp16 with a dynamic loss scale is for GPUs); "
@@ -199,6 +212,7 @@ def config_from_args(args, fetch_data: bool = True) -> JobConfig:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1 (got {getattr(args, name)})")
     check_recipe(args)
+    check_stages_per_node(args)
     check_precision(args)
     model_config = read_model_config(args)
     source = ModelSource(args.model, args.seed, seq=args.seq, config_json=model_config)
@@ -231,6 +245,7 @@ def config_from_args(args, fetch_data: bool = True) -> JobConfig:
     return JobConfig(model="hf:config" if model_config else args.model, model_config=model_config, stages=args.stages, pipelines=args.pipelines,
                      microbatches=args.microbatches, iterations=args.iterations, redundancy=args.redundancy,
                      auto_prior_rate=args.auto_prior_rate, auto_prior_hours=args.auto_prior_hours,
+                     max_stages_per_node=args.max_stages_per_node,
                      seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
                      lr_schedule=args.lr_schedule, warmup=args.warmup, weight_decay=args.weight_decay,
                      betas=tuple(args.betas), grad_clip=args.grad_clip, dtype=args.dtype, precision=args.precision,

@@ -45,6 +45,9 @@ def _schedule_flags(g) -> None:
                    help="--redundancy auto: preemptions per node-hour to assume before any are seen")
     g.add_argument("--auto-prior-hours", type=float, default=2.0, metavar="H",
                    help="--redundancy auto: how many node-hours of observation that assumption weighs")
+    g.add_argument("--max-stages-per-node", type=int, default=2, metavar="N",
+                   help="with --local-nodes: nodes left over from full pipelines of P form a shorter pipeline in "
+                        "which a node runs up to N consecutive stages (1 or 2; 1: they wait in standby)")
 
 
 def _recipe_flags(g) -> None:

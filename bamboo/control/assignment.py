@@ -4,12 +4,21 @@ configuration epoch (the agents' policy writes it; `bamboo` only reads it).
 A node's id is a job-wide integer that is never reused. Within a pipeline a node
 is known by the stage it starts the epoch on (its "local id"): after a failover
 the compiler's layouts speak of local ids, and an Assignment translates.
+
+A pipeline shorter than the depth (agents/policy.py, --max-stages-per-node 2)
+names a node at each stage of the contiguous range it runs: its first stage is
+its local id, and each further one (`schedules.split.merged`) counts as a local
+id that failed and was merged into it, for every epoch and iteration alike. So
+the compiler, the failover and the reduce run it as they run a pipeline after a
+failover, and a death of a node on two stages is two adjacent failures: its
+pipeline cannot finish the iteration, which is redone from the other pipelines.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from schedules.layout import Layout, keeps_replicas
+from schedules.split import merged, split_by_speed
 
 
 @dataclass(frozen=True)
@@ -41,32 +50,57 @@ class Assignment:
 
     @property
     def members(self) -> tuple[int, ...]:
-        return tuple(sorted(n for pipe in self.pipelines for n in pipe))
+        """Every node with a stage, once (a node on two stages of a short pipeline too)."""
+        return tuple(sorted({n for pipe in self.pipelines for n in pipe}))
 
     def slot(self, node: int) -> tuple[int, int]:
-        """(pipeline, stage) of `node`; KeyError if it runs none."""
+        """(pipeline, first stage) of `node`: its local id; KeyError if it runs none."""
         for j, pipe in enumerate(self.pipelines):
             if node in pipe:
                 return j, pipe.index(node)
         raise KeyError(f"node {node} has no stage in epoch {self.epoch}")
 
+    def merged(self, pipeline: int) -> frozenset[int]:
+        """Local ids that are a node's second stage in `pipeline` (a short one): they
+        count as failed and merged into their predecessor for the whole epoch."""
+        return merged(self.pipelines[pipeline])
+
     def local_failed(self, pipeline: int, failed) -> tuple[int, ...]:
-        """Local ids of the nodes of `pipeline` among the node ids `failed`."""
+        """Local ids of the nodes of `pipeline` among the node ids `failed`, and the
+        stages run merged into a predecessor on a short pipeline."""
         dead = {int(n) for n in failed}
-        return tuple(s for s, n in enumerate(self.pipelines[pipeline]) if n in dead)
+        pipe = self.pipelines[pipeline]
+        return tuple(sorted({s for s, n in enumerate(pipe) if n in dead} | self.merged(pipeline)))
+
+    def microbatches(self, total: int, pipeline: int) -> range:
+        """The global microbatch ids of `total` that `pipeline` runs: in proportion to
+        the pipelines' speed (schedules/split.py; an even split for equal ones).
+        Fewer than the pipelines (an evaluation's few batches): the first ones one each."""
+        if total < len(self.pipelines):
+            return range(pipeline, pipeline + 1) if pipeline < total else range(total, total)
+        return split_by_speed(total, self.pipelines)[pipeline]
+
+    def stages_of(self, node: int, redundancy: str = "eager") -> tuple[int, ...]:
+        """The stages `node` holds up to date: those it runs and, with redundancy,
+        the successor's first stage when the node runs one stage only (a node on two
+        stages of a short pipeline keeps no replica: its memory is its two stages)."""
+        j, first = self.slot(node)
+        pipe = self.pipelines[j]
+        layout = Layout(len(pipe), self.merged(j), keeps_replicas(redundancy))
+        return tuple(sorted(set(layout.owned(first)) | set(layout.held(first))))
 
     def holders(self, failed, redundancy: str = "eager") -> dict[int, set[int]]:
         """node -> the stages it holds up to date, for the live nodes. With
         redundancy node s holds stage s and stage s + 1 whatever failed: the replica
         is synced while its owner lives and owned once the node took it over."""
         dead = {int(n) for n in failed}
-        out: dict[int, set[int]] = {}
-        for pipe in self.pipelines:
-            layout = Layout(len(pipe), replicas=keeps_replicas(redundancy))
-            for s, n in enumerate(pipe):
-                if n not in dead:
-                    out[n] = set(layout.held(s))
-        return out
+        return {n: set(self.stages_of(n, redundancy)) for n in self.members if n not in dead}
+
+    def lost(self, pipeline: int, failed, redundancy: str = "eager") -> frozenset[int]:
+        """Stages no live node of `pipeline` holds once the nodes `failed` died."""
+        dead = {int(n) for n in failed}
+        held = {s for n in set(self.pipelines[pipeline]) - dead for s in self.stages_of(n, redundancy)}
+        return frozenset(range(self.depth)) - held
 
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "start": self.start, "pipelines": [list(p) for p in self.pipelines],

@@ -32,6 +32,7 @@ class JobConfig:
     redundancy: str = "eager"
     auto_prior_rate: float = 0.05  # --redundancy auto: deaths per node-hour assumed before any are seen ...
     auto_prior_hours: float = 2.0  # ... weighing as much as this many node-hours of observation
+    max_stages_per_node: int = 2   # agents: nodes left over from full pipelines form shorter ones (1: standby)
     seed: int = 0
     batch: int = 2              # sequences per microbatch
     seq: int = 32               # tokens per sequence, for factory models (built-ins fix their own)

@@ -1,7 +1,8 @@
 """The layers one node holds, and the stages and optimizers built from them.
 
 A node on stage s of a pipeline of depth P holds the layers of stage s and, with
-redundancy, of stage (s + 1) mod P (`schedules.layout.Layout.held`). Layers it
+redundancy, of stage (s + 1) mod P (`schedules.layout.Layout.held`); a node on two
+stages of a short pipeline holds those two (`Assignment.stages_of`). Layers it
 already holds are kept across configurations, with their AdamW state; the others
 are built from (seed, layer) or restored from what a handover or a checkpoint
 brought.
@@ -13,8 +14,6 @@ import os
 import tempfile
 
 import torch
-
-from schedules.layout import Layout, keeps_replicas
 
 from bamboo.control.assignment import Assignment
 from bamboo.model import recipe
@@ -37,10 +36,6 @@ class Holdings:
         """The redundancy mode of `assignment` (it may change between epochs)."""
         return assignment.mode(self.cfg.redundancy)
 
-    def stages(self, depth: int, stage: int, mode: str) -> tuple[int, ...]:
-        """The stages a node on `stage` holds in redundancy mode `mode`."""
-        return Layout(depth, replicas=keeps_replicas(mode)).held(stage)
-
     def ranges_at(self, depth: int) -> list[range]:
         """Stage -> its layer indexes, for a pipeline of `depth` stages."""
         if depth not in self._partitions:
@@ -53,8 +48,7 @@ class Holdings:
 
     def needs(self, assignment: Assignment, node: int) -> set[int]:
         """Layer indexes `node` holds in `assignment`."""
-        return self.layers_of(assignment.depth,
-                              self.stages(assignment.depth, assignment.slot(node)[1], self.mode(assignment)))
+        return self.layers_of(assignment.depth, assignment.stages_of(node, self.mode(assignment)))
 
     def drop(self) -> None:
         """Forget every layer and its optimizer state: the next build starts afresh."""
@@ -63,9 +57,9 @@ class Holdings:
     def build(self, assignment: Assignment, node: int, received: dict[int, bytes]) -> None:
         """The stages `node` holds in `assignment`, from the layers kept (with their
         optimizer state) and those `received` (layer -> snapshot bytes)."""
-        P, (_, me) = assignment.depth, assignment.slot(node)
+        P = assignment.depth
         self.ranges = self.ranges_at(P)
-        held = self.stages(P, me, self.mode(assignment))
+        held = assignment.stages_of(node, self.mode(assignment))
         old_state = {p: st for opt in self.optimizers.values() for p, st in opt.state.items()}
         layers = {i: self.layers[i] if i in self.layers else self.source.layer(i).to(self.device)
                   for s in held for i in self.ranges[s]}

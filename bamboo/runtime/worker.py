@@ -35,7 +35,7 @@ from bamboo.control.liveness import hang_deadline
 from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, ERROR, FAILED, FINISHED, SCALE,
                                      START, Abort, LossScale, Mark, Regroup, Report, Start, WorkerError, world_store)
 from bamboo.control.store import EtcdStore, RendezvousAborted
-from bamboo.data.corpus import corpus_of, split_microbatches
+from bamboo.data.corpus import corpus_of
 from bamboo.model.api import ModelSource
 from bamboo.model.builtin import fp16_allowed
 from bamboo.runtime import handover
@@ -135,7 +135,7 @@ class Worker:
         self.pipeline, self.me = assignment.slot(self.node)
         self.holdings.build(assignment, self.node, received)
         nodes = assignment.pipelines[self.pipeline]
-        self.mbs = split_microbatches(self.cfg.microbatches, len(assignment.pipelines))[self.pipeline]
+        self.mbs = assignment.microbatches(self.cfg.microbatches, self.pipeline)  # by speed: short ones run fewer
         self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, self.holdings.mode(assignment),
                                  self.cfg.failure_timeout, self.cfg.elastic, self.failures, self.finishes)
         if self.executor is not None:
@@ -170,7 +170,7 @@ class Worker:
         then handles the death as one between iterations."""
         if not self.cfg.evaluates(it):
             return
-        mbs = split_microbatches(self.cfg.eval_batches, len(self.assignment.pipelines))[self.pipeline]
+        mbs = self.assignment.microbatches(self.cfg.eval_batches, self.pipeline)
         if mbs:
             self.cluster.hang_deadline(self.cfg.hang_timeout)  # not an iteration's pace
             self.executor.settle_replicas()  # a merged pipeline evaluates on a replica
