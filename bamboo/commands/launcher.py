@@ -187,7 +187,9 @@ class Launcher:
                 live = sum(n not in failed or failed[n].iteration > it for n in assignment.members)
                 if assignment.epoch != epoch:
                     epoch, before, mode = assignment.epoch, mode, assignment.mode(self.cfg.redundancy)
-                    events.append(Reconfigured(epoch, assignment.pipelines, assignment.standby, mode))
+                    shares = [len(assignment.microbatches(self.cfg.microbatches, j))
+                              for j in range(len(assignment.pipelines))]
+                    events.append(Reconfigured(epoch, assignment.pipelines, assignment.standby, mode, shares))
                     if before not in (None, mode):  # --redundancy auto switched
                         events.append(ModeSwitched(epoch, before, mode))
                 record = iteration_record(self.cfg, it, losses, reports, now - last, live,

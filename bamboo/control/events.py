@@ -70,9 +70,10 @@ class NoticeSeen(Event):
 class Reconfigured(Event):
     TYPE = "reconfigure"
     epoch: int
-    pipelines: list
+    pipelines: list                # a node on two stages of a short pipeline is named at both
     standby: list
     redundancy: str
+    microbatches: list = ()        # each pipeline's share of the global M (by speed: a short one runs fewer)
 
 
 @dataclass(frozen=True)
