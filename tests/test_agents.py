@@ -59,7 +59,8 @@ def test_a_killed_node_is_replaced_from_standby(tmp_path, tmp_path_factory):
     """3 nodes, P=2: one pipeline and one node in standby. Node 1 (agent and worker)
     is SIGKILLed mid-iteration: its predecessor takes over, and at the next boundary
     the standby node gets the stage and the replicas are whole again."""
-    records = train(tmp_path, "--microbatches", "4", "--local-nodes", "3", "--zones", "a,b", "--preempt", "1@4:5")
+    records = train(tmp_path, "--microbatches", "4", "--local-nodes", "3", "--zones", "a,b", "--preempt", "1@4:5",
+                    "--max-stages-per-node", "1")
     assert_same_training(records, tmp_path, reference(tmp_path_factory, 4))
     (it0, first), (it1, second) = reconfigurations(records)
     assert it0 == 0 and first["standby"] == [2] and 1 in first["pipelines"][0]
@@ -73,7 +74,8 @@ def test_a_pipeline_dissolves_when_nodes_run_short(tmp_path, tmp_path_factory):
     """4 nodes, P=2, D=2; one is killed: 3 nodes make one pipeline and a spare, so
     D drops to 1 and the layers of the dissolved pipeline's survivor move to where
     they are needed. The math does not notice."""
-    records = train(tmp_path, "--microbatches", "4", "--local-nodes", "4", "--zones", "a,b", "--preempt", "3@6:2")
+    records = train(tmp_path, "--microbatches", "4", "--local-nodes", "4", "--zones", "a,b", "--preempt", "3@6:2",
+                    "--max-stages-per-node", "1")
     assert_same_training(records, tmp_path, reference(tmp_path_factory, 4))
     (_, first), (it, second) = reconfigurations(records)
     assert len(first["pipelines"]) == 2 and it == 7
@@ -81,7 +83,8 @@ def test_a_pipeline_dissolves_when_nodes_run_short(tmp_path, tmp_path_factory):
 
 
 def test_joining_nodes_wait_in_standby_then_form_a_pipeline(tmp_path, tmp_path_factory):
-    records = train(tmp_path, "--microbatches", "8", "--local-nodes", "3", "--zones", "a,b,c", "--join", "1@1")
+    records = train(tmp_path, "--microbatches", "8", "--local-nodes", "3", "--zones", "a,b,c", "--join", "1@1",
+                    "--max-stages-per-node", "1")
     assert_same_training(records, tmp_path, reference(tmp_path_factory, 8))
     changes = reconfigurations(records)
     assert changes[0][1]["standby"] == [2] and len(changes[0][1]["pipelines"]) == 1
@@ -137,7 +140,7 @@ def test_a_stage_lost_everywhere_restarts_from_the_checkpoint(tmp_path, tmp_path
     iteration 8 and loses only iteration 8."""
     records = train(tmp_path, "--stages", "3", "--microbatches", "4", "--local-nodes", "5", "--zones", "a,b,c",
                     "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "4",
-                    "--preempt", "1@9:2", "--preempt", "2@9:2")
+                    "--preempt", "1@9:2", "--preempt", "2@9:2", "--max-stages-per-node", "1")
     assert [r["iteration"] for r in records] == list(range(9)) + list(range(8, ITERS))
     redo = [e for r in records for e in r["events"] if e["type"] == "redo"]
     assert redo == [{"type": "redo", "abandoned": 9, "from": 8, "restore": "checkpoint"}]
@@ -169,7 +172,8 @@ def test_a_drained_node_hands_its_stage_over(tmp_path, tmp_path_factory):
     """SIGTERM to an agent (what a preemption notice does): the node leaves at the
     next boundary after handing its layers over; nobody counts it as failed."""
     with EtcdServer() as etcd:
-        proc = _launch(tmp_path, etcd, "--microbatches", "4", "--local-nodes", "3", "--zones", "a,b")
+        proc = _launch(tmp_path, etcd, "--microbatches", "4", "--local-nodes", "3", "--zones", "a,b",
+                       "--max-stages-per-node", "1")
         _wait_for_iteration(etcd, 3, proc)
         agent = next(p for p in psutil.Process(proc.pid).children()
                      if "agents.agent" in p.cmdline() and p.cmdline()[p.cmdline().index("--node") + 1] == "1")

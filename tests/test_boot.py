@@ -34,14 +34,14 @@ def aws(moto_endpoint, monkeypatch):
     return moto_endpoint, ec2, ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
 
 
-def launch_ec2(aws, etcd, tmp_path, job: str, nodes: int, iterations: int) -> str:
+def launch_ec2(aws, etcd, tmp_path, job: str, nodes: int, iterations: int, *extra: str) -> str:
     """bamboo-launch as a user runs it; the user data of the template it made."""
     endpoint, ec2, image = aws
     out = subprocess.run([os.path.join(BIN, "bamboo-launch"), "--state", str(tmp_path / "state.json"), "ec2",
                           "--nodes", str(nodes), "--zones", "us-east-1a,us-east-1b,us-east-1c", "--region", REGION,
                           "--image", image, "--etcd", etcd.endpoint, "--job", job, "--name", job,
                           "--bucket", "boot-wheels", "--endpoint-url", endpoint, *TRAIN,
-                          "--iterations", str(iterations)], capture_output=True, text=True, timeout=120)
+                          "--iterations", str(iterations), *extra], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     version = ec2.describe_launch_template_versions(LaunchTemplateName=job)["LaunchTemplateVersions"][0]
     return base64.b64decode(version["LaunchTemplateData"]["UserData"]).decode()
@@ -118,7 +118,7 @@ def test_three_nodes_boot_train_and_one_drains_on_a_spot_notice(aws, etcd, tmp_p
     iteration 2 the IMDS of a node in the pipeline posts spot/instance-action: its
     agent drains it, the standby takes the stage, and the losses are the reference's."""
     iterations = 10
-    script = launch_ec2(aws, etcd, tmp_path, "boot-three", nodes=3, iterations=iterations)
+    script = launch_ec2(aws, etcd, tmp_path, "boot-three", 3, iterations, "--max-stages-per-node", "1")
     (tmp_path / "wheelhouse").mkdir()
     metas = {z: FakeMetadata(z, f"i-0{z[-1]}") for z in ("us-east-1a", "us-east-1b", "us-east-1c")}
     roots = {z: tmp_path / f"node-{z[-1]}" for z in metas}

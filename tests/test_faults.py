@@ -79,7 +79,8 @@ def test_a_death_during_the_layer_handover_is_survived(tmp_path, reference, vict
     metrics = tmp_path / "m.jsonl"
     with EtcdServer() as etcd:
         proc = _start(etcd, metrics, "--local-nodes", "6", "--zones", "a,b,c", "--stages", "4",
-                      "--preempt", "2@5:10", "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "2")
+                      "--preempt", "2@5:10", "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "2",
+                      "--max-stages-per-node", "1")
         client = connect(etcd.endpoint)
         prefix = job_root("faults") + handover_store(1)  # epoch 1: the standby comes in
         _until(proc, lambda: list(client.get_prefix(prefix)), "handover")
@@ -116,7 +117,7 @@ def test_a_straggler_ten_times_slower_than_its_peers_is_fenced(tmp_path, referen
     metrics = tmp_path / "m.jsonl"
     with EtcdServer() as etcd:
         proc = _start(etcd, metrics, "--local-nodes", "3", "--zones", "a,b", "--stages", "2",
-                      "--straggler-slack", "0.1")
+                      "--straggler-slack", "0.1", "--max-stages-per-node", "1")
         client = connect(etcd.endpoint)
         _until(proc, lambda: any(f is DONE and parts[0] >= 2 for _, f, parts in scan(client)), "iteration 2")
         worker = next(p for p in _node_processes(proc, 1) if "bamboo.runtime.worker" in p.cmdline())

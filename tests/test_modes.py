@@ -32,7 +32,7 @@ def test_off_with_agents_redoes_the_iteration_from_a_peer_pipeline(tmp_path, ref
     the iteration is abandoned everywhere, redone with the standby holding stage 1
     (copied from pipeline 1's owner), and no sample is lost or counted twice."""
     _, got = bamboo_train(tmp_path / "off.jsonl", *COMMON, "--stages", "2", "--local-nodes", "5",
-                          "--redundancy", "off", "--preempt", "1@2:5", "--check-replicas")
+                          "--redundancy", "off", "--preempt", "1@2:5", "--check-replicas", "--max-stages-per-node", "1")
     assert [r["iteration"] for r in got] == list(range(8))
     assert losses(got) == pytest.approx(losses(reference), rel=1e-9)
     assert {"redo", "preemption", "reconfigure"} <= events(got, 2)
@@ -45,7 +45,7 @@ def test_lazy_with_agents_recovers_inside_the_iteration(tmp_path, reference):
     death and finishes iteration 2 (a failover, no redo); the standby takes the
     stage at the boundary and replicas are whole again."""
     _, got = bamboo_train(tmp_path / "lazy.jsonl", *COMMON, "--stages", "2", "--local-nodes", "5",
-                          "--redundancy", "lazy", "--preempt", "1@2:5", "--check-replicas")
+                          "--redundancy", "lazy", "--preempt", "1@2:5", "--check-replicas", "--max-stages-per-node", "1")
     assert losses(got) == pytest.approx(losses(reference), rel=1e-9)
     assert "failover" in events(got, 2) and "redo" not in events(got, 2)
     assert "reconfigure" in events(got, 3)

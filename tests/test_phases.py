@@ -18,7 +18,7 @@ from bamboo.control.protocol import ABORT, ASSIGNMENT, CHECKPOINTED, DONE, LOSS,
 from tests.test_faults import _finish, _node_processes, _start, _until, reference  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow
-AGENTS = ["--local-nodes", "5", "--zones", "a,b,c", "--stages", "2"]  # two pipelines and a standby node
+AGENTS = ["--local-nodes", "5", "--zones", "a,b,c", "--stages", "2", "--max-stages-per-node", "1"]  # two pipelines, a standby
 
 
 def _kill(proc, nodes, worker_only: bool = False) -> None:
@@ -128,7 +128,8 @@ def test_a_stage_lost_everywhere_before_any_checkpoint_goes_back_to_the_start(tm
     (restore "initial") on the three nodes left, and repeats no applied sample."""
     def neighbours(cluster):
         return list(cluster.latest_assignment().pipelines[0][:2])
-    records, _ = _phase(tmp_path, reference, ["--local-nodes", "5", "--zones", "a,b,c", "--stages", "3"],
+    records, _ = _phase(tmp_path, reference, ["--local-nodes", "5", "--zones", "a,b,c", "--stages", "3",
+                                                  "--max-stages-per-node", "1"],
                         lambda c: c.children(LOSS(3)), neighbours)
     redo = [e for r in records for e in r["events"] if e["type"] == "redo"]
     assert redo and redo[-1]["restore"] == "initial" and redo[-1]["from"] == 0
