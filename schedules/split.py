@@ -13,7 +13,7 @@ the busiest node per further microbatch.
 """
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 from schedules.layout import ScheduleError
 
@@ -39,15 +39,17 @@ def estimated_slots(pipeline: Sequence[Hashable], microbatches: int) -> int:
     return (microbatches - 1) * busiest(pipeline) + len(pipeline) if microbatches else 0
 
 
-def split_by_speed(total: int, pipelines: Sequence[Sequence[Hashable]]) -> list[range]:
+def split_by_speed(total: int, pipelines: Sequence[Sequence[Hashable]],
+                   duration: Callable[[Sequence[Hashable], int], float] = estimated_slots) -> list[range]:
     """Global microbatch ids of each pipeline, in order: every pipeline at least one,
     each further one to the pipeline that would finish it first (ties: the lowest
-    index). Equal pipelines get an even split, the first ones one more."""
+    index). `duration(pipeline, microbatches)`: the estimate above, or a cost
+    model's. Equal pipelines get an even split, the first ones one more."""
     if len(pipelines) > total:
         raise ScheduleError(f"{len(pipelines)} pipelines cannot share {total} microbatches: each needs one")
     counts = [1] * len(pipelines)
     for _ in range(total - len(pipelines)):
-        j = min(range(len(pipelines)), key=lambda j: (estimated_slots(pipelines[j], counts[j] + 1), j))
+        j = min(range(len(pipelines)), key=lambda j: (duration(pipelines[j], counts[j] + 1), j))
         counts[j] += 1
     out, start = [], 0
     for n in counts:

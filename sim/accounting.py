@@ -28,6 +28,8 @@ class RunState:
     iteration_start: float = 0.0  # samples when the iteration under way began
     lost_partial: float = 0.0   # samples of abandoned partial iterations
     preemptions: int = 0
+    idle_seconds: float = 0.0   # node-seconds paid for by nodes in no pipeline
+    drained: int = 0            # announced preemptions acted on before they came
     timeline: list = field(default_factory=list)  # (time, nodes, samples/s)
 
     def pause(self, seconds: float) -> None:
@@ -47,6 +49,11 @@ class RunState:
     def _settle(self) -> None:
         if self.pending and self.pending[1] <= self.t:
             self.saved, self.pending = self.pending[0], None
+
+    def save_now(self) -> None:
+        """A checkpoint written in a preemption's notice, complete before it comes."""
+        self.pending = None
+        self.saved = self.samples
 
     def rewind(self) -> None:
         """A fatal failure: the work since the last complete checkpoint is gone."""

@@ -23,7 +23,7 @@ from agents.modes import HALF_LIFE_HOURS, choose
 from agents.policy import Config
 from sim.accounting import RunState
 from sim.checkpointing import optimal_interval
-from sim.reconfiguration import dead_stages, handover_seconds, lost_everywhere, stages_moved
+from sim.reconfiguration import dead_stages, handover_seconds, lost_everywhere, stages_moved, used_nodes
 from sim.strategies import Bamboo, RedoFromPeers, Simulation, lazy_forwards_seconds, peer_reload_seconds
 
 PRIOR_RATE, PRIOR_HOURS = 0.05, 2.0  # the runtime's defaults (--auto-prior-rate, --auto-prior-hours)
@@ -42,7 +42,7 @@ class Auto(Bamboo):
               removed: set[str]) -> Config | None:
         if s is not self.state:
             self.__init__(s)  # a new replay starts afresh
-        used = {n for pipe in config.pipelines for n in pipe} if config else set()
+        used = used_nodes(config)
         decay = 0.5 ** ((s.t - self.last) / 3600 / HALF_LIFE_HOURS)
         self.node_hours = self.node_hours * decay + len(used) * (s.t - self.last) / 3600
         self.failures = self.failures * decay + (1 if used & removed else 0)  # a batch: one failure
@@ -63,11 +63,11 @@ class Auto(Bamboo):
         return nxt
 
     def _choose(self, sim: Simulation, s: RunState, config: Config, reconfigured: bool) -> None:
-        pipelines = len(config.pipelines)
-        seconds = {m: sim.iteration_seconds(pipelines, mode=m) for m in ("eager", "lazy", "off")}
+        pipelines, nodes = len(config.pipelines), len(used_nodes(config))
+        seconds = {m: sim.config_seconds(config, mode=m) for m in ("eager", "lazy", "off")}
         merged = sim.iteration_seconds(pipelines, merged=True, mode="eager")
         rate = (self.failures + PRIOR_RATE * PRIOR_HOURS) / (self.node_hours + PRIOR_HOURS)
-        rollback = rollback_seconds(sim, rate, pipelines * sim.P)
+        rollback = rollback_seconds(sim, rate, nodes)
         # What a batch of deaths costs a redundant mode, as the runtime measures it in
         # that mode: its failover, or the redo or rollback of the batches seen so far
         # that its replicas did not cover.
@@ -78,7 +78,7 @@ class Auto(Bamboo):
             return (1 - fatal - redone) * failover + redone * redo + fatal * rollback
         pause = {"eager": redundant(merged, "eager"), "lazy": redundant(merged + seconds["off"] / (3 * sim.P), "lazy"),
                  "off": sim.opt.failure_timeout + seconds["off"] / 2 + peer_reload_seconds(sim)}
-        mode = choose(self.redundancy if self.switches else "", rate, pipelines * sim.P, pipelines, seconds, pause,
+        mode = choose(self.redundancy if self.switches else "", rate, nodes, pipelines, seconds, pause,
                       rollback)
         if mode != self.redundancy or not self.switches:
             if self.switches:  # the new mode rides a reconfiguration under way, or needs one
@@ -104,4 +104,4 @@ def rollback_seconds(sim: Simulation, rate: float, nodes: int) -> float:
     mtbf = 3600 / (max(rate, 1e-9) * nodes)
     interval = sim.opt.checkpoint_seconds or optimal_interval(sim.opt.checkpoint_formula,
                                                               sim.costs.write_seconds, mtbf)
-    return sim.restart_seconds + interval / 2
+    return sim.rollback_seconds(frozenset(), {}) + interval / 2

@@ -18,11 +18,13 @@ import json
 import os
 import sys
 import tempfile
+from dataclasses import replace
 
 from sim.checkpointing import FORMULAS
+from sim.options import NOTICE_SECONDS, ROLLBACKS
 from sim.profiles import PROFILES, SOURCES, profile
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
-from sim.traces import TraceError, read, synthetic
+from sim.traces import TraceError, detect, read, synthetic
 
 SWEEP_RATES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)  # preemptions per node-hour
 # --strategy bamboo --redundancy MODE: the strategy that runs Bamboo in that mode
@@ -76,6 +78,14 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--relaunch-seconds", type=float, default=d.relaunch_seconds)
     p.add_argument("--warmup-seconds", type=float, default=d.warmup_seconds)
     p.add_argument("--restart-seconds", type=float, help="a fixed restart cost instead of relaunch + load + warm-up")
+    p.add_argument("--max-stages-per-node", type=int, default=d.max_stages,
+                   help="stages one node may hold (2: pipelines shorter than P use every node; 1: whole pipelines only)")
+    p.add_argument("--notice-seconds", type=float,
+                   help="preemptions are announced this long ahead (default by trace format: ec2 120, gcp 30, "
+                        "events and --sweep-rates 0)")
+    p.add_argument("--rollback", choices=ROLLBACKS, default=d.rollback,
+                   help="a stage lost everywhere: survivors stay up and load checkpoint copies held in peers' "
+                        "memory (memory), or every process relaunches (relaunch)")
 
 
 def options_from(args) -> Options:
@@ -90,7 +100,8 @@ def options_from(args) -> Options:
         storage_bandwidth=args.storage_bandwidth * GB, snapshot_bandwidth=args.snapshot_bandwidth * GB,
         peer_bandwidth=args.peer_bandwidth * GB, free_checkpoints=args.free_checkpoints,
         relaunch_seconds=args.relaunch_seconds, warmup_seconds=args.warmup_seconds,
-        restart_seconds=args.restart_seconds)
+        restart_seconds=args.restart_seconds, max_stages=args.max_stages_per_node,
+        notice_seconds=args.notice_seconds or 0.0, rollback=args.rollback)
     try:
         options.check()
     except ValueError as e:
@@ -176,6 +187,9 @@ def simulate(args, options: Options) -> dict:
     if args.hours is not None and args.hours <= 0:
         raise ValueError("--hours must be positive")
     events = read(args.trace, args.trace_format)
+    if args.notice_seconds is None:  # what the trace's cloud announces
+        fmt = detect(args.trace) if args.trace_format == "auto" else args.trace_format
+        options = replace(options, notice_seconds=NOTICE_SECONDS[fmt])
     name = strategy_name(args)
     chosen = list(STRATEGIES) if name == "all" else [name]
     results, stats = {}, None
@@ -191,6 +205,8 @@ def simulate(args, options: Options) -> dict:
         r.pop("timeline")
     context = {"trace": {"path": args.trace, **stats}, "model": args.model, "stages": args.stages,
                "prices": {"spot": options.spot_price, "on_demand": options.on_demand_price},
+               "notice_seconds": options.notice_seconds, "max_stages_per_node": options.max_stages,
+               "rollback": options.rollback,
                "profile": profile(args.model, args.profile).sources()}
     if name == "all":
         return {**context, "strategies": results}
@@ -220,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             nodes = args.nodes or 3 * args.stages
             rows = sweep(args.model, args.profile, args.stages, nodes, args.seeds, options)
             out = {"model": args.model, "stages": args.stages, "nodes": nodes, "sweep": rows,
+                   "notice_seconds": options.notice_seconds, "max_stages_per_node": options.max_stages,
+                   "rollback": options.rollback,
                    "profile": profile(args.model, args.profile).sources()}
             if args.plot:
                 out["plots"] = [plot_sweep(rows, args.plot, f"{args.model}, P={args.stages}, {nodes} spot nodes")]

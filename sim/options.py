@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from sim.profiles import NETWORK, PCIE
 
+ROLLBACKS = ("memory", "relaunch")
+NOTICE_SECONDS = {"ec2": 120.0, "gcp": 30.0, "events": 0.0}  # by trace format: what each cloud announces
+
 
 @dataclass(frozen=True)
 class Options:
@@ -25,6 +28,9 @@ class Options:
     failure_timeout: float = 3.0        # seconds before a silent node counts as dead
     zones: tuple[str, ...] = ("a", "b", "c")  # for traces without zones: nodes dealt in turn
     startup_seconds: float = 0.0        # from a node's arrival to its being usable (0: the trace says when)
+    max_stages: int = 2                 # stages one node may hold: above 1, pipelines shorter than P use every node
+    notice_seconds: float = 0.0         # a preemption is announced this long ahead (EC2 120 s, GCP 30 s)
+    rollback: str = "memory"            # a stage lost everywhere: from checkpoint copies in peers' memory, or "relaunch"
 
     def check(self) -> None:
         """Raise ValueError naming the first option that cannot be used."""
@@ -36,6 +42,13 @@ class Options:
                      "startup_seconds"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must not be negative (got {getattr(self, name)})")
+        if not 1 <= self.max_stages <= 2:
+            raise ValueError(f"--max-stages-per-node must be 1 or 2 (got {self.max_stages}): the compiler merges "
+                             "one stage into its predecessor, no more")
+        if not self.notice_seconds >= 0:
+            raise ValueError(f"--notice-seconds must not be negative (got {self.notice_seconds})")
+        if self.rollback not in ROLLBACKS:
+            raise ValueError(f"--rollback must be one of {', '.join(ROLLBACKS)} (got {self.rollback!r})")
         if self.checkpoint_seconds is not None and not self.checkpoint_seconds > 0:
             raise ValueError(f"the checkpoint interval must be positive (got {self.checkpoint_seconds} s)")
         if self.restart_seconds is not None and not self.restart_seconds >= 0:

@@ -4,20 +4,63 @@ every node, and how long one stage's state takes to move."""
 from __future__ import annotations
 
 from schedules.layout import Layout
+from schedules.split import merged
 
 from agents.policy import Config
 from sim.profiles import NETWORK, Profile
 
 
 def stages_moved(a: Config, b: Config) -> bool:
-    """Whether any node of `b` computes a different stage than it did in `a`."""
-    before = {n: s for pipe in a.pipelines for s, n in enumerate(pipe)}
-    return any(before.get(n) != s for pipe in b.pipelines for s, n in enumerate(pipe))
+    """Whether any node of `b` computes a stage it did not compute in `a`."""
+    before = {(n, s) for pipe in a.pipelines for s, n in enumerate(pipe)}
+    return any((n, s) not in before for pipe in b.pipelines for s, n in enumerate(pipe))
+
+
+def used_nodes(config: Config | None) -> set[str]:
+    """The nodes that compute in `config`."""
+    return {n for pipe in config.pipelines for n in pipe} if config else set()
+
+
+def shape(pipeline: tuple[str, ...]) -> tuple[int, ...]:
+    """How many stages each node of a pipeline runs, in stage order."""
+    sizes: list[int] = []
+    for s, n in enumerate(pipeline):
+        if s and n == pipeline[s - 1]:
+            sizes[-1] += 1
+        else:
+            sizes.append(1)
+    return tuple(sizes)
 
 
 def dead_stages(config: Config, removed: set[str]) -> list[set[int]]:
-    """The stage positions that died in each pipeline of `config`."""
-    return [{i for i, n in enumerate(pipe) if n in removed} for pipe in config.pipelines]
+    """The stage positions that died in each pipeline of `config`: a dead node's
+    stages and, in a short pipeline with a death, the stages merged into a
+    predecessor (the compiler counts them as failed nodes, so that `Layout.lost`
+    says which stages have no copy left)."""
+    out = []
+    for pipe in config.pipelines:
+        dead = {i for i, n in enumerate(pipe) if n in removed}
+        out.append(dead | merged(pipe) if dead else dead)
+    return out
+
+
+def nodes_dead(config: Config, removed: set[str]) -> list[int]:
+    """How many nodes died in each pipeline of `config`."""
+    return [len(set(pipe) & removed) for pipe in config.pipelines]
+
+
+def memory_copies(config: Config, zones: dict[str, str]) -> dict[int, set[str]]:
+    """Who keeps each stage's checkpoint in memory: its writer (its owner in the first
+    pipeline) and one node in another zone (its owner in the first other pipeline
+    across a zone, else any node of `config` in another zone)."""
+    nodes = sorted(used_nodes(config))
+    out: dict[int, set[str]] = {}
+    for stage in range(config.depth):
+        writer = config.pipelines[0][stage]
+        owners = [pipe[stage] for pipe in config.pipelines[1:]] + nodes
+        peer = next((n for n in owners if zones.get(n) != zones.get(writer)), None)
+        out[stage] = {writer} | ({peer} if peer else set())
+    return out
 
 
 def lost_everywhere(depth: int, deaths: list[set[int]]) -> frozenset[int]:

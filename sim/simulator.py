@@ -20,14 +20,17 @@ from functools import lru_cache
 
 from schedules.compiler import compile_schedule
 from schedules.compiler import simulate as simulate_schedule
+from schedules.split import estimated_slots, merged, split_by_speed
 
-from agents.policy import Config
+from agents.policy import Config, next_config
 from sim.accounting import RunState, summary
 from sim.auto import Auto
 from sim.checkpointing import CheckpointCosts, TraceStats, optimal_interval, trace_stats
 from sim.options import Options
 from sim.profiles import MeasuredProfile, Profile
 from sim.strategies import STRATEGIES as SPOT_AND_ON_DEMAND
+from sim.strategies import Spot
+from sim.reconfiguration import memory_copies, shape, used_nodes
 from sim.traces import Event
 
 __all__ = ["STRATEGIES", "ClusterSimulator", "Options"]
@@ -48,21 +51,69 @@ class ClusterSimulator:
         self.costs = checkpoint_costs(profile, depth, options)
         self.trace = TraceStats(0.0, 0)       # set by run()
         self.job_mtbf: float = math.inf       # the failures this strategy must checkpoint against, per node
+        self.zones: dict[str, str] = {}       # node -> zone, of every node seen (set by replay())
+        self.copies: dict[int, set[str]] = {}  # stage -> the nodes holding the last checkpoint's copy in memory
+        self.noticed: dict[str, float] = {}   # node -> when its preemption was announced
 
     # -- iteration times -------------------------------------------------------------------
     def iteration_seconds(self, pipelines: int, merged: bool = False, mode: str | None = None) -> float:
-        """One iteration of `pipelines` pipelines in `mode` (default: the strategy's)."""
+        """One iteration of `pipelines` full pipelines in `mode` (default: the strategy's)."""
         return _iteration_ms(self.profile, self.P, pipelines, mode or self.rules.redundancy, merged) / 1000
 
+    def config_seconds(self, config: Config, mode: str | None = None) -> float:
+        """One iteration of `config`'s pipelines, short ones included, the microbatches
+        split by speed (schedules/split.py): the slowest pipeline's."""
+        shapes = tuple(shape(pipe) for pipe in config.pipelines)
+        return _config_ms(self.profile, self.P, shapes, mode or self.rules.redundancy) / 1000
+
     def throughput(self, pipelines: int) -> float:
-        """Samples per second of `pipelines` healthy pipelines."""
+        """Samples per second of `pipelines` healthy full pipelines."""
         if pipelines < 1:
             return 0.0
         return self.profile.samples_per_iteration() / self.iteration_seconds(pipelines)
 
+    def config_throughput(self, config: Config | None, mode: str | None = None) -> float:
+        """Samples per second of `config` while nothing fails (0 while it cannot train)."""
+        if not self._running(config):
+            return 0.0
+        return self.profile.samples_per_iteration() / self.config_seconds(config, mode)
+
+    def goodput(self, throughput: float, mean_nodes: float) -> float:
+        """Samples/s per paid node, relative to a node of the on-demand cluster the
+        trace's mean size would buy (whole pipelines, as `on-demand` runs)."""
+        if not mean_nodes:
+            return 0.0
+        pipelines = max(1, round(mean_nodes / self.P))
+        on_demand = self.profile.samples_per_iteration() / self.iteration_seconds(pipelines, mode="off")
+        return throughput / mean_nodes / (on_demand / (pipelines * self.P))
+
+    def next_config(self, live: dict[str, str], previous: Config | None) -> Config:
+        """The agents' own policy, as this run sets it (short pipelines up to --max-stages-per-node)."""
+        return next_config(live, previous, self.P, self.profile_microbatches(), self.opt.max_stages, self._estimate)
+
+    def _estimate(self, pipelines: list[tuple]) -> float:
+        """The policy's estimate of an iteration of `pipelines`: the schedule simulator's."""
+        shapes = tuple(shape(pipe) for pipe in pipelines)
+        return _config_ms(self.profile, self.P, shapes, self.rules.redundancy)
+
+    def profile_microbatches(self) -> int | None:
+        return getattr(self.profile, "microbatches", None)
+
     @property
     def restart_seconds(self) -> float:
         return self.costs.restart_seconds
+
+    def rollback_seconds(self, lost: frozenset[int], live: dict[str, str]) -> float:
+        """A stage lost on every node, with the surviving processes kept up (--rollback
+        memory): the failure timeout, a reconfiguration and each lost stage's state from
+        a live node's copy of the checkpoint in memory over --peer-bandwidth, or from
+        storage where no copy lives. With --rollback relaunch: the restart."""
+        if self.opt.rollback == "relaunch" or not isinstance(self.profile, Profile):
+            return self.restart_seconds
+        from_peer = self.profile.stage_state_bytes(self.P) / self.opt.peer_bandwidth
+        in_memory = all(self.copies.get(stage, set()) & set(live) for stage in lost)
+        load = from_peer if in_memory else self.costs.load_seconds
+        return self.opt.failure_timeout + self.opt.reconfigure_seconds + load
 
     def checkpoint_interval(self, used_nodes: int) -> float:
         """Training seconds between checkpoints while `used_nodes` nodes compute."""
@@ -79,32 +130,67 @@ class ClusterSimulator:
         events = sorted((replace(e, time=e.time + delay) if e.action == "add" and e.time > 0 else e
                          for e in events if e.time <= horizon), key=lambda e: e.time)
         self.trace = trace_stats(events, horizon)
-        return self.rules.run(self, events, horizon)
+        result = self.rules.run(self, with_notices(events, self.opt.notice_seconds), horizon)
+        if isinstance(self.rules, Spot):  # on-demand nodes are never preempted: no bound to reach
+            result.update(self.bound(events, horizon))
+        result.setdefault("goodput", round(self.goodput(result["throughput"], result["mean_nodes"]), 4))
+        result.setdefault("idle_fraction", 0.0)
+        return result
+
+    def bound(self, events: list[Event], horizon: float) -> dict:
+        """What a scheduler could reach that loses nothing on a preemption and runs the
+        policy's pipelines on every node at once: `goodput_bound`, with `goodput` of
+        the same reference (fault-free throughput per node of an on-demand cluster)."""
+        live: dict[str, str] = {}
+        config: Config | None = None
+        samples = node_seconds = 0.0
+        for e, until in zip(events, [e.time for e in events[1:]] + [horizon]):
+            if e.action == "add":
+                live[e.node] = e.zone or self.opt.zones[len(live) % len(self.opt.zones)]
+            else:
+                live.pop(e.node, None)
+            config = self.next_config(live, config) if live else None
+            samples += self.config_throughput(config, mode="off") * max(0.0, until - e.time)
+            node_seconds += len(live) * max(0.0, until - e.time)
+        mean_nodes = node_seconds / horizon if horizon else 0.0
+        return {"goodput_bound": round(self.goodput(samples / horizon if horizon else 0.0, mean_nodes), 4)}
 
     def replay(self, events: list[Event], horizon: float) -> dict:
         """Spot nodes: train between batches of simultaneous events (sorted by time),
-        letting the strategy react to each batch."""
+        letting the strategy react to each batch. A noticed node is paid for until it
+        goes, but the policy no longer counts on it."""
         s = RunState()
-        zones: dict[str, str] = {}
+        self.zones, self.copies, self.noticed = {}, {}, {}
         live: dict[str, str] = {}
         config: Config | None = None
         queue = list(events)
         while queue:
             batch = _next_batch(queue, self._window(config))
             self._advance(s, batch[0].time, config, len(live))
+            if batch[0].action == "notice":
+                doomed = {e.node for e in batch if e.node in live}
+                self.noticed.update({n: batch[0].time for n in doomed})
+                config = self.rules.notice(self, s, config, self._usable(live), doomed)
+                continue
             for e in batch:
                 if e.action == "add":
-                    zones.setdefault(e.node, e.zone or self.opt.zones[len(zones) % len(self.opt.zones)])
-                    live[e.node] = zones[e.node]
+                    self.zones.setdefault(e.node, e.zone or self.opt.zones[len(self.zones) % len(self.opt.zones)])
+                    live[e.node] = self.zones[e.node]
             removed = {e.node for e in batch if e.action == "remove"}
             s.preemptions += len(removed)
             for n in removed:
                 live.pop(n, None)
             fatal, was_running = s.fatal, self._running(config)
-            config = self.rules.react(self, s, config, live, removed)
+            config = self.rules.react(self, s, config, self._usable(live), removed)
+            for n in removed:
+                self.noticed.pop(n, None)
             self._rearm(s, config, restarted=s.fatal > fatal or not was_running)
         self._advance(s, horizon, config, len(live))
         return self._result(s, horizon)
+
+    def _usable(self, live: dict[str, str]) -> dict[str, str]:
+        """The live nodes the policy may place: not those whose preemption was announced."""
+        return {n: z for n, z in live.items() if n not in self.noticed}
 
     def _running(self, config: Config | None) -> bool:
         return bool(config and config.depth == self.P and config.pipelines)
@@ -117,7 +203,7 @@ class ClusterSimulator:
             return
         if restarted:
             s.period_start = s.resumes()
-        interval = self.checkpoint_interval(len(config.pipelines) * self.P)
+        interval = self.checkpoint_interval(len(used_nodes(config)))
         s.next_checkpoint = s.period_start + interval
 
     def _window(self, config: Config | None) -> float:
@@ -125,21 +211,24 @@ class ClusterSimulator:
         return self.iteration_seconds(max(1, len(config.pipelines) if config else 1))
 
     def _advance(self, s: RunState, to: float, config: Config | None, nodes: int) -> None:
-        """Train from s.t to `to` under `config`, stalling for checkpoints on the way."""
-        D = len(config.pipelines) if self._running(config) else 0
-        rate = self.throughput(D)
+        """Train from s.t to `to` under `config`, stalling for checkpoints on the way;
+        the nodes paid for but in no pipeline are idle."""
+        rate = self.config_throughput(config)
+        used = len(used_nodes(config)) if self._running(config) else 0
         s.timeline.append((s.t, nodes, rate))
         s.node_seconds += nodes * max(0.0, to - s.t)
+        s.idle_seconds += max(0, nodes - used) * max(0.0, to - s.t)
         while s.t < to:
             step_to = min(to, max(s.t, s.next_checkpoint))
             working = max(0.0, step_to - max(s.t, s.paused_until))
             s.samples += rate * working
             s.t = step_to
             if s.t >= s.next_checkpoint:
-                self.take_checkpoint(s, D * self.P)
+                self.take_checkpoint(s, used, config)
 
-    def take_checkpoint(self, s: RunState, used_nodes: int) -> None:
-        """Stall for the write; the period to the next checkpoint starts when it ends."""
+    def take_checkpoint(self, s: RunState, used_nodes: int, config: Config | None = None) -> None:
+        """Stall for the write; the period to the next checkpoint starts when it ends.
+        Each stage's copy stays in memory on its writer and one node in another zone."""
         s.pause(self.costs.write_seconds)
         s.checkpoint(done_at=s.paused_until)
         s.checkpoints += 1
@@ -147,6 +236,8 @@ class ClusterSimulator:
         interval = self.checkpoint_interval(used_nodes)
         s.interval_sum, s.intervals = s.interval_sum + interval, s.intervals + 1
         s.next_checkpoint = s.period_start + interval
+        if config is not None:
+            self.copies = memory_copies(config, self.zones)
 
     def parameters(self, s: RunState | None = None) -> dict:
         """Every parameter of this run's checkpoints and restarts, and what followed."""
@@ -165,6 +256,9 @@ class ClusterSimulator:
         cost_per_hour = mean_nodes * self.opt.spot_price
         out = summary(self.strategy, s.preemptions, s.fatal, mean_nodes, s.samples, horizon, cost_per_hour,
                       hours, s.timeline)
+        out["goodput"] = round(self.goodput(out["throughput"], mean_nodes), 4)
+        out["idle_fraction"] = round(s.idle_seconds / s.node_seconds, 4) if s.node_seconds else 0.0
+        out["notices_drained"] = s.drained
         out.update(self.rules.report(self, s))
         out["checkpointing"] = self.parameters(s)
         return out
@@ -184,10 +278,55 @@ def _next_batch(queue: list[Event], window: float) -> list[Event]:
     """Take the next events that land together off the queue: those at the first
     one's time, and removals within `window` (one iteration) of it."""
     batch = [queue.pop(0)]
-    while queue and (queue[0].time == batch[0].time or
-                     (queue[0].action == "remove" and queue[0].time - batch[0].time < window)):
+    if batch[0].action == "notice":  # notices at one time form a batch of their own
+        while queue and queue[0].action == "notice" and queue[0].time == batch[0].time:
+            batch.append(queue.pop(0))
+        return batch
+    while queue and queue[0].action != "notice" and (
+            queue[0].time == batch[0].time or (queue[0].action == "remove" and queue[0].time - batch[0].time < window)):
         batch.append(queue.pop(0))
     return batch
+
+
+def with_notices(events: list[Event], seconds: float) -> list[Event]:
+    """`events` with a "notice" `seconds` before each removal (not before the node's
+    arrival), sorted by time; a notice sorts before other events at its time."""
+    if seconds <= 0:
+        return events
+    added: dict[str, float] = {}
+    notices = []
+    for e in events:
+        if e.action == "add":
+            added[e.node] = e.time
+        elif e.action == "remove":
+            notices.append(Event(max(e.time - seconds, added.get(e.node, 0.0)), "notice", e.node, e.zone))
+    return sorted(events + notices, key=lambda e: (e.time, e.action != "notice"))
+
+
+@lru_cache(maxsize=None)
+def _config_ms(profile, depth: int, shapes: tuple[tuple[int, ...], ...], redundancy: str) -> float:
+    """The slowest pipeline's iteration, each pipeline given its share of the global
+    microbatches by speed; `shapes`: each pipeline's stages per node, in stage order."""
+    pipelines = [tuple(i for i, count in enumerate(sizes) for _ in range(count)) for sizes in shapes]
+    total = getattr(profile, "microbatches", None) or 4 * len(pipelines)
+    if isinstance(profile, MeasuredProfile):  # measured full pipelines, scaled by the estimate
+        shares = split_by_speed(total, pipelines)
+        full = _iteration_ms(profile, depth, len(pipelines), redundancy, False)
+        even = estimated_slots(tuple(range(depth)), -(-total // len(pipelines)))
+        return full * max(estimated_slots(p, len(m)) for p, m in zip(pipelines, shares)) / even
+
+    def duration(pipeline, microbatches: int) -> float:
+        return _pipeline_ms(profile, depth, len(pipelines), tuple(sorted(merged(pipeline))), microbatches, redundancy)
+    shares = split_by_speed(total, pipelines, duration)
+    return max(duration(p, len(m)) for p, m in zip(pipelines, shares))
+
+
+@lru_cache(maxsize=None)
+def _pipeline_ms(profile, depth: int, pipelines: int, merged_stages: tuple[int, ...], microbatches: int,
+                 redundancy: str) -> float:
+    """One pipeline's iteration under the cost model of `pipelines` pipelines."""
+    schedule = compile_schedule(depth, microbatches, merged_stages, redundancy, cost=profile.cost(depth, pipelines))
+    return simulate_schedule(schedule).makespan
 
 
 @lru_cache(maxsize=None)

@@ -31,12 +31,14 @@ import math
 from abc import ABC, abstractmethod
 from typing import Protocol
 
-from agents.policy import Config, next_config
+from schedules.layout import Layout
+
+from agents.policy import Config
 from sim.accounting import RunState, summary
 from sim.checkpointing import CheckpointCosts, TraceStats
 from sim.options import Options
 from sim.profiles import MeasuredProfile, Profile
-from sim.reconfiguration import dead_stages, handover_seconds, lost_everywhere, stages_moved
+from sim.reconfiguration import dead_stages, handover_seconds, lost_everywhere, nodes_dead, stages_moved, used_nodes
 from sim.traces import Event
 
 
@@ -50,13 +52,18 @@ class Simulation(Protocol):
     costs: CheckpointCosts
     trace: TraceStats
     job_mtbf: float
+    noticed: dict[str, float]
 
     def iteration_seconds(self, pipelines: int, merged: bool = False, mode: str | None = None) -> float: ...
+    def config_seconds(self, config: Config, mode: str | None = None) -> float: ...
     def throughput(self, pipelines: int) -> float: ...
+    def config_throughput(self, config: Config | None) -> float: ...
+    def next_config(self, live: dict[str, str], previous: Config | None) -> Config: ...
     @property
     def restart_seconds(self) -> float: ...
+    def rollback_seconds(self, lost: frozenset[int], live: dict[str, str]) -> float: ...
     def replay(self, events: list[Event], horizon: float) -> dict: ...
-    def take_checkpoint(self, s: RunState, used_nodes: int) -> None: ...
+    def take_checkpoint(self, s: RunState, used_nodes: int, config: Config | None = None) -> None: ...
 
 
 class Spot(ABC):
@@ -71,6 +78,12 @@ class Spot(ABC):
         """Mean seconds between the failures that send this job back to a checkpoint:
         any preemption of a node in use (the trace's node MTBF over the nodes used)."""
         return sim.trace.node_mtbf_seconds / used_nodes
+
+    def notice(self, sim: Simulation, s: RunState, config: Config | None, live: dict[str, str],
+               doomed: set[str]) -> Config | None:
+        """A preemption of `doomed` is announced (`live`: the nodes not doomed): the
+        configuration to run until it comes. By default nothing is done ahead."""
+        return config
 
     @abstractmethod
     def react(self, sim: Simulation, s: RunState, config: Config | None, live: dict[str, str],
@@ -99,6 +112,15 @@ class PeerRecovery(Spot):
     def mtbf(self, sim: Simulation, used_nodes: int) -> float:
         return sim.job_mtbf
 
+    def notice(self, sim: Simulation, s: RunState, config: Config | None, live: dict[str, str],
+               doomed: set[str]) -> Config | None:
+        """Drain, as the runtime does on a notice: the doomed nodes' stages move to the
+        others now (a reconfiguration, no failover), so their preemption costs nothing."""
+        if not config or not doomed & used_nodes(config):
+            return config
+        s.drained += len(doomed & used_nodes(config))
+        return self.react(sim, s, config, live, set())
+
     def report(self, sim: Simulation, s: RunState) -> dict:
         mtbf = sim.job_mtbf
         return {"redone_from_peers": s.redos,
@@ -112,8 +134,8 @@ class Bamboo(PeerRecovery):
     def react(self, sim: Simulation, s: RunState, config: Config | None, live: dict[str, str],
               removed: set[str]) -> Config | None:
         if config:
-            s.pause(self._failover(sim, s, config, removed))
-        nxt = next_config(live, config, sim.P)
+            s.pause(self._failover(sim, s, config, live, removed))
+        nxt = sim.next_config(live, config)
         if nxt.depth < sim.P:
             return nxt  # too few nodes: they wait, holding the state
         if config and stages_moved(config, nxt):
@@ -121,22 +143,24 @@ class Bamboo(PeerRecovery):
         return nxt
 
     @staticmethod
-    def _failover(sim: Simulation, s: RunState, config: Config, removed: set[str]) -> float:
+    def _failover(sim: Simulation, s: RunState, config: Config, live: dict[str, str], removed: set[str]) -> float:
         """Seconds lost to the deaths in `removed`: a merged iteration where one node of a
-        pipeline died, a redo where more did, a restart where a stage died everywhere."""
+        pipeline died and its replicas cover it, a redo where they do not, a rollback
+        where a stage died everywhere."""
         depth = config.depth  # below P when too few nodes were left: they wait, holding the state
         pipelines = len(config.pipelines)
         deaths = dead_stages(config, removed)
+        redo = [count > 1 or bool(Layout.lost(depth, dead)) for count, dead in zip(nodes_dead(config, removed), deaths)]
         pause = 0.0
-        for dead in deaths:
-            if len(dead) == 1:
+        for dead, redone in zip(deaths, redo):
+            if dead and not redone:
                 pause = max(pause, sim.iteration_seconds(pipelines, merged=True))
-            elif len(dead) > 1:  # abandoned: redone from copies elsewhere
+            elif redone:  # abandoned: redone from copies elsewhere
                 pause = max(pause, sim.opt.failure_timeout + sim.iteration_seconds(pipelines))
-        if lost_everywhere(depth, deaths):
+        if lost := lost_everywhere(depth, deaths):
             s.rewind()  # back to the checkpoint
-            return sim.restart_seconds
-        if any(len(dead) > 1 for dead in deaths):
+            return sim.rollback_seconds(lost, live)
+        if any(redo):
             s.redos += 1
         return pause
 
@@ -155,11 +179,11 @@ class Lazy(Bamboo):
 def lazy_forwards_seconds(sim: Simulation, config: Config | None, removed: set[str]) -> float:
     """What lazy adds to eager's failover when a node in use died: its predecessor
     recomputes the dead stage's forwards (a third of the stage's share of the work)."""
-    if not config or config.depth != sim.P:
+    if not config or config.depth != sim.P or not config.pipelines:
         return 0.0  # waiting for nodes: nothing under way to recompute
-    if not removed & {n for pipe in config.pipelines for n in pipe}:
+    if not removed & used_nodes(config):
         return 0.0
-    return sim.iteration_seconds(len(config.pipelines), mode="off") / (3 * sim.P)
+    return sim.config_seconds(config, mode="off") / (3 * sim.P)
 
 
 class RedoFromPeers(PeerRecovery):
@@ -168,16 +192,16 @@ class RedoFromPeers(PeerRecovery):
 
     def react(self, sim: Simulation, s: RunState, config: Config | None, live: dict[str, str],
               removed: set[str]) -> Config | None:
-        deaths = dead_stages(config, removed) if config else []
+        deaths = [{i for i, n in enumerate(pipe) if n in removed} for pipe in config.pipelines] if config else []
         if any(deaths):
             s.abandon_iteration(sim.profile.samples_per_iteration())
-            if any(all(stage in dead for dead in deaths) for stage in range(config.depth)):
+            if lost := frozenset.intersection(*map(frozenset, deaths)):
                 s.rewind()  # a stage with no copy left: back to the checkpoint
-                s.pause(sim.restart_seconds)
-                return next_config(live, None, sim.P)
+                s.pause(sim.rollback_seconds(lost, live))
+                return sim.next_config(live, None)
             s.redos += 1
             s.pause(sim.opt.failure_timeout)
-        nxt = next_config(live, config, sim.P)
+        nxt = sim.next_config(live, config)
         if config and nxt.depth == sim.P and stages_moved(config, nxt):
             s.pause(sim.opt.reconfigure_seconds + peer_reload_seconds(sim))
         return nxt
@@ -193,17 +217,20 @@ class CheckpointRestart(Spot):
 
     def react(self, sim: Simulation, s: RunState, config: Config | None, live: dict[str, str],
               removed: set[str]) -> Config | None:
-        nxt = next_config(live, None, sim.P) if len(live) >= sim.P else Config(0, 0)
-        used = {n for pipe in config.pipelines for n in pipe} if config else set()
+        nxt = sim.next_config(live, None) if live else Config(0, 0)
+        used = used_nodes(config)
         if config and used & removed:
+            if all(sim.noticed.get(n, s.t) <= s.t - sim.costs.write_seconds for n in used & removed):
+                s.pause(sim.costs.write_seconds)  # a checkpoint on notice, written before the node went
+                s.save_now()
             s.rewind()
             s.pause(sim.restart_seconds)
             return nxt
-        if config and len(nxt.pipelines) > len(config.pipelines):
+        if config and sim.config_throughput(nxt) > sim.config_throughput(config) * 1.01:
             sim.take_checkpoint(s, len(used))  # then restart wider
             s.pause(sim.restart_seconds)
             return nxt
-        return config if config and config.depth == sim.P else nxt
+        return config if config and config.depth == sim.P and config.pipelines else nxt
 
     def report(self, sim: Simulation, s: RunState) -> dict:
         mtbf = sim.trace.node_mtbf_seconds

@@ -73,7 +73,7 @@ def start(nodes):
 def test_redo_reloads_a_lost_stage_from_the_peer_pipeline():
     # n0..n3 make two pipelines, n4 waits; n1 dies at 1000 s and n4 takes stage 1
     # from the other pipeline's copy: no checkpoint is read
-    opt = Options(free_checkpoints=True)
+    opt = Options(free_checkpoints=True, max_stages=1)  # whole pipelines: n4 waits in standby
     sim = ClusterSimulator(BERT, 2, "redo", opt)
     r = sim.run(start(5) + [Event(1000, "remove", "n1", "b")], hours=1.0)
     per_iteration = BERT.samples_per_iteration()
@@ -88,7 +88,8 @@ def test_redo_reloads_a_lost_stage_from_the_peer_pipeline():
 
 def test_redo_without_a_copy_goes_back_to_the_checkpoint():
     # stage 1 dies in both pipelines at once: no copy is left
-    opt = Options(checkpoint_seconds=600, free_checkpoints=True, restart_seconds=100)
+    opt = Options(checkpoint_seconds=600, free_checkpoints=True, restart_seconds=100, max_stages=1,
+                  rollback="relaunch")
     r = ClusterSimulator(BERT, 2, "redo", opt).run(
         start(4) + [Event(1000, "remove", "n1", "b"), Event(1000, "remove", "n3", "b")], hours=1.0)
     assert r["fatal_failures"] == 1 and r["redone_from_peers"] == 0

@@ -20,6 +20,9 @@ from sim.traces import Event
 
 P3 = os.path.join(os.path.dirname(__file__), "..", "traces", "ec2-p3-trace.csv")
 BERT = PROFILES["bert-large"]
+# The hand-computed cases of whole pipelines and relaunching rollbacks (the new
+# short pipelines, notices and rollbacks from memory have cases of their own)
+WHOLE = {"max_stages": 1, "rollback": "relaunch"}
 
 
 def rate(pipelines, redundancy):
@@ -35,7 +38,7 @@ def four_nodes_one_preempted():
 
 
 def test_checkpoint_restart_loses_the_work_since_the_checkpoint():
-    opt = Options(checkpoint_seconds=1200, restart_seconds=120)
+    opt = Options(checkpoint_seconds=1200, restart_seconds=120, **WHOLE)
     sim = ClusterSimulator(BERT, 2, "checkpoint", opt)
     r = sim.run(four_nodes_one_preempted(), hours=1.0)
     # two pipelines until 1800 s, back to the checkpoint at 1200 s, restart, one pipeline
@@ -50,7 +53,7 @@ def test_checkpoint_restart_loses_the_work_since_the_checkpoint():
 
 
 def test_bamboo_pauses_one_merged_iteration_and_loses_nothing():
-    sim = ClusterSimulator(BERT, 2, "bamboo", Options(free_checkpoints=True))  # only the failover counts here
+    sim = ClusterSimulator(BERT, 2, "bamboo", Options(free_checkpoints=True, **WHOLE))  # only the failover counts here
     r = sim.run(four_nodes_one_preempted(), hours=1.0)
     merged = sim.iteration_seconds(2, merged=True)
     # the broken pipeline's survivor goes to standby: the other pipeline moves no layers
@@ -62,11 +65,11 @@ def test_bamboo_pauses_one_merged_iteration_and_loses_nothing():
 def test_a_stage_lost_in_every_pipeline_is_fatal():
     start = [Event(0, "add", f"n{i}", "a") for i in range(4)]
     both = start + [Event(600, "remove", n, "a") for n in ("n0", "n1", "n2", "n3")]
-    r = ClusterSimulator(BERT, 2, "bamboo").run(both, hours=0.5)
+    r = ClusterSimulator(BERT, 2, "bamboo", Options(**WHOLE)).run(both, hours=0.5)
     assert r["fatal_failures"] == 1 and r["redone_from_peers"] == 0
     pipeline = next_config({f"n{i}": "a" for i in range(4)}, None, 2).pipelines[0]
     one = start + [Event(600, "remove", n, "a") for n in pipeline]
-    r = ClusterSimulator(BERT, 2, "bamboo").run(one, hours=0.5)
+    r = ClusterSimulator(BERT, 2, "bamboo", Options(**WHOLE)).run(one, hours=0.5)
     assert r["fatal_failures"] == 0 and r["redone_from_peers"] == 1
 
 
@@ -75,7 +78,7 @@ TWO_PIPES = Config(0, 2, (("n0", "n1"), ("n2", "n3")))
 
 def one_batch(strategy, removed, saved=50.0, standby=()):
     """React to the loss of `removed` from TWO_PIPES plus `standby`, with 80 samples done and `saved` saved."""
-    sim = ClusterSimulator(BERT, 2, strategy)
+    sim = ClusterSimulator(BERT, 2, strategy, Options(**WHOLE))
     s = RunState(samples=80.0, saved=saved)
     config = Config(0, 2, TWO_PIPES.pipelines, tuple(standby))
     live = {n: "a" for n in ("n0", "n1", "n2", "n3", *standby) if n not in removed}
@@ -162,9 +165,14 @@ def test_ec2_p3_trace_gpt2_p12_all_strategies():
         assert params["formula"] == "daly" and params["write_seconds"] > 0 and params["checkpoints_taken"] > 0
         assert params["restart_seconds"] == pytest.approx(params["relaunch_seconds"] + params["load_seconds"]
                                                           + params["warmup_seconds"], abs=1e-2)
-    # the honest baselines: with paid writes at the optimal interval checkpoint-restart
-    # beats eager Bamboo on this trace, and redo from peers beats both
-    assert out["redo"]["value"] > out["checkpoint"]["value"] > out["bamboo"]["value"] > out["on-demand"]["value"]
+    # the honest baselines, each with the notice, short pipelines and its best interval:
+    # redo from peers beats eager Bamboo (whose FRC is not yet confined to bubbles) and
+    # checkpoint-restart, which relaunches on every death of a node in use
+    assert out["redo"]["value"] > out["bamboo"]["value"] > out["on-demand"]["value"]
+    assert out["redo"]["value"] > out["checkpoint"]["value"] > out["on-demand"]["value"]
+    for name, r in out.items():  # the share of paid node-hours that trains, against what could
+        if name != "on-demand":
+            assert 0 < r["goodput"] <= r["goodput_bound"] <= 1.05 and 0 <= r["idle_fraction"] < 0.15
     # auto (the agents' choose() at every batch): within 2% of the best fixed mode
     # (the issue's done-when; on this trace it stays off), above eager Bamboo
     assert out["auto"]["value"] > out["bamboo"]["value"] and out["auto"]["value"] >= 0.98 * best_fixed(out)
@@ -252,11 +260,12 @@ def test_auto_on_one_pipeline_risks_off_with_a_checkpoint_while_deaths_are_rare(
     """One pipeline: off goes back to the checkpoint on a death, worth it without
     preemptions (the value of redo, which does the same), not when they crowd."""
     calm = [Event(0, "add", f"n{i}", "ab"[i % 2]) for i in range(2)]
-    quiet = ClusterSimulator(BERT, 2, "auto").run(calm, hours=1.0)
+    whole = Options(**WHOLE)  # one pipeline, and a rollback that relaunches
+    quiet = ClusterSimulator(BERT, 2, "auto", whole).run(calm, hours=1.0)
     assert quiet["hours_per_mode"] == {"off": 1.0}
-    assert quiet["samples"] == pytest.approx(ClusterSimulator(BERT, 2, "redo").run(calm, hours=1.0)["samples"])
+    assert quiet["samples"] == pytest.approx(ClusterSimulator(BERT, 2, "redo", whole).run(calm, hours=1.0)["samples"])
     from sim.traces import synthetic
     stormy = synthetic(1.0, 3, ("a", "b", "c"), rate=50.0, seed=1, refill_seconds=10)
-    r = ClusterSimulator(BERT, 2, "auto").run(stormy, hours=1.0)
+    r = ClusterSimulator(BERT, 2, "auto", whole).run(stormy, hours=1.0)
     redundant = sum(h for m, h in r["hours_per_mode"].items() if m != "off")
     assert redundant > r["hours_per_mode"].get("off", 0.0), r["hours_per_mode"]
