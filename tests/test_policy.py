@@ -110,3 +110,96 @@ def test_arrange_alternates_zones():
 def test_config_round_trips_through_json():
     cfg = next_config({"x": "a", "y": "b", "z": "c"}, None, 2)
     assert Config.from_dict(cfg.to_dict()) == cfg
+
+
+# -- pipelines shorter than P (--max-stages-per-node 2) --------------------------------
+
+def node_ranges(pipe):
+    """node -> the stages it runs, checked contiguous."""
+    out = {}
+    for s, n in enumerate(pipe):
+        out.setdefault(n, []).append(s)
+    for stages in out.values():
+        assert stages == list(range(stages[0], stages[0] + len(stages)))
+    return out
+
+
+def check_short(cfg: Config, live: dict, depth: int):
+    placed = [n for pipe in cfg.pipelines for n in dict.fromkeys(pipe)]
+    assert sorted(placed + list(cfg.standby)) == sorted(live)  # each live node once
+    for pipe in cfg.pipelines:
+        assert len(pipe) == cfg.depth
+        ranges = node_ranges(pipe)
+        assert all(len(stages) <= 2 for stages in ranges.values())
+        if len(ranges) < cfg.depth:  # a short pipeline: the first nodes run the extra stages
+            sizes = [len(ranges[n]) for n in dict.fromkeys(pipe)]
+            assert sizes == sorted(sizes, reverse=True)
+
+
+@settings(max_examples=200)
+@given(clusters, st.integers(2, 6))
+def test_short_pipelines_use_every_node_the_stages_allow(live, depth):
+    """Without a cost estimate (no microbatch count), every node trains once the
+    nodes can hold the P stages at two per node, whatever their count."""
+    cfg = next_config(live, None, depth, max_stages=2)
+    check_short(cfg, live, depth)
+    if len(live) >= depth:
+        assert cfg.depth == depth and not cfg.standby
+        assert sum(len(set(p)) == depth for p in cfg.pipelines) >= len(live) // depth - 1
+    elif len(live) >= -(-depth // 2):
+        assert cfg.depth == depth and len(cfg.pipelines) == 1 and not cfg.notes  # one short pipeline, no reduced depth
+    for pipe in cfg.pipelines:  # each as zone-spread as its nodes allow
+        nodes = list(dict.fromkeys(pipe))
+        if len(nodes) <= 7:
+            assert zone_conflicts(tuple(nodes), live) == min_conflicts(nodes, live)
+
+
+@settings(max_examples=200)
+@given(clusters, st.integers(2, 5), st.data())
+def test_short_pipelines_after_failures_and_joins(live, depth, data):
+    previous = next_config(live, None, depth, max_stages=2)
+    dead = data.draw(st.sets(st.sampled_from(sorted(live)) if live else st.nothing()))
+    joined = {f"j{i}": z for i, z in enumerate(data.draw(st.lists(st.sampled_from("abc"), max_size=4)))}
+    now = {n: z for n, z in live.items() if n not in dead} | joined
+    cfg = next_config(now, previous, depth, max_stages=2)
+    check_short(cfg, now, depth)
+    if not dead and not joined:  # nothing changed: nothing moves
+        assert cfg.pipelines == previous.pipelines and not moves(previous, cfg)
+    intact = [p for p in previous.pipelines if all(n in now for n in p)]
+    if cfg.depth == previous.depth:  # an intact full pipeline is kept as it was while full ones are wanted
+        full = [p for p in cfg.pipelines if len(set(p)) == depth]
+        for pipe in intact:
+            if len(set(pipe)) == depth and len(full) >= len([p for p in intact if len(set(p)) == depth]):
+                assert pipe in cfg.pipelines
+
+
+def test_a_full_pipeline_that_loses_a_node_takes_one_from_the_short_pipeline():
+    live = {f"n{i}": "abc"[i % 3] for i in range(5)}
+    first = next_config(live, None, 3, max_stages=2)
+    full, short = first.pipelines
+    assert len(set(full)) == 3 and len(set(short)) == 2 and short[0] == short[1]  # stages 0 and 1 on one node
+    victim = full[1]
+    cfg = next_config({n: z for n, z in live.items() if n != victim}, first, 3, max_stages=2)
+    mended = cfg.pipelines[0]
+    assert mended[0] == full[0] and mended[2] == full[2] and mended[1] in short  # taken from the short pipeline
+    assert len(cfg.pipelines) == 1 and cfg.standby == tuple(n for n in dict.fromkeys(short) if n != mended[1])
+    # a death in the short pipeline leaves the full one alone: the survivor joins it as a short pair
+    cfg = next_config({n: z for n, z in live.items() if n != short[2]}, first, 3, max_stages=2)
+    assert len(cfg.pipelines) == 2 and all(len(set(p)) == 2 for p in cfg.pipelines)
+
+
+def test_a_short_pipeline_is_formed_only_where_the_estimate_finds_it_faster():
+    live = {f"n{i}": "ab"[i % 2] for i in range(18)}
+    slots = next_config(live, None, 12, max_pipelines=24, max_stages=2)  # the stage-slot estimate: faster
+    assert [len(set(p)) for p in slots.pipelines] == [12, 6]
+    slower = next_config(live, None, 12, max_pipelines=24, max_stages=2,
+                         iteration=lambda pipes: len(pipes))  # an estimate where every pipeline costs
+    assert [len(set(p)) for p in slower.pipelines] == [12] and len(slower.standby) == 6
+    assert next_config(live, None, 12, max_pipelines=1, max_stages=2).pipelines == slower.pipelines
+
+
+def test_max_stages_out_of_range_is_refused():
+    import pytest
+    for bad in (0, 3):
+        with pytest.raises(ValueError, match="--max-stages-per-node must be 1 or 2"):
+            next_config({"a": "a"}, None, 2, max_stages=bad)

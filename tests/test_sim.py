@@ -235,6 +235,10 @@ def test_the_simulator_page_s_sweep_table_has_the_sweep_s_rates():
     (["--trace", P3, "--strategy", "redo", "--redundancy", "lazy"], "--redundancy"),
     (["--trace", P3, "--redundancy", "sometimes"], "--redundancy"),
     (["--sweep-rates", "--redundancy", "off"], "--redundancy"),
+    (["--trace", P3, "--notice-seconds", "-1"], "--notice-seconds"),
+    (["--trace", P3, "--max-stages-per-node", "0"], "--max-stages-per-node"),
+    (["--trace", P3, "--max-stages-per-node", "3"], "--max-stages-per-node"),
+    (["--trace", P3, "--rollback", "never"], "--rollback"),
 ])
 def test_bad_input_is_one_line(args, needle):
     res = subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, timeout=60)
