@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from sim.checkpointing import FORMULAS
 from sim.options import NOTICE_SECONDS, ROLLBACKS
-from sim.profiles import PROFILES, SOURCES, profile
+from sim.profiles import PROFILES, SOURCES, Profile, profile
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
 from sim.traces import TraceError, detect, read, synthetic
 
@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", choices=SOURCES, default="calibrated",
                    help="per-op times measured on this machine and scaled, or transformer arithmetic")
     p.add_argument("--stages", type=int, default=12, help="pipeline depth P")
+    p.add_argument("--microbatches", type=int,
+                   help="global microbatches per iteration (default: the model profile's, 24)")
     p.add_argument("--hours", type=float, help="simulate only the first H hours of the trace")
     p.add_argument("--json", action="store_true", help="print one JSON object (the default output too)")
     p.add_argument("--sweep-rates", action="store_true",
@@ -109,7 +111,17 @@ def options_from(args) -> Options:
     return options
 
 
-def sweep(model: str, source: str, stages: int, nodes: int, seeds: int, options: Options,
+def model_profile(args) -> Profile:
+    """The model's profile, with --microbatches when given."""
+    base = profile(args.model, args.profile)
+    if args.microbatches is None:
+        return base
+    if args.microbatches < 1:
+        raise ValueError(f"--microbatches must be at least 1 (got {args.microbatches})")
+    return replace(base, microbatches=args.microbatches)
+
+
+def sweep(prof: Profile, stages: int, nodes: int, seeds: int, options: Options,
           hours: float = 12.0) -> list[dict]:
     """Value per strategy, averaged over `seeds` synthetic traces per rate."""
     rows = []
@@ -117,7 +129,7 @@ def sweep(model: str, source: str, stages: int, nodes: int, seeds: int, options:
         row = {"rate": rate}
         traces = [synthetic(hours, nodes, options.zones, rate, seed, bulk=0.1) for seed in range(seeds)]
         for strategy in STRATEGIES:
-            sim = ClusterSimulator(profile(model, source), stages, strategy, options)
+            sim = ClusterSimulator(prof, stages, strategy, options)
             runs = [sim.run(trace, hours) for trace in traces]
             row[strategy] = round(sum(r["value"] for r in runs) / seeds, 5)
             row[f"{strategy}_fatal"] = sum(r["fatal_failures"] for r in runs) / seeds
@@ -194,7 +206,7 @@ def simulate(args, options: Options) -> dict:
     chosen = list(STRATEGIES) if name == "all" else [name]
     results, stats = {}, None
     for strategy in chosen:
-        sim = ClusterSimulator(profile(args.model, args.profile), args.stages, strategy, options)
+        sim = ClusterSimulator(model_profile(args), args.stages, strategy, options)
         results[strategy] = sim.run(events, args.hours)
         stats = sim.trace.describe()
     if args.plot:
@@ -207,7 +219,7 @@ def simulate(args, options: Options) -> dict:
                "prices": {"spot": options.spot_price, "on_demand": options.on_demand_price},
                "notice_seconds": options.notice_seconds, "max_stages_per_node": options.max_stages,
                "rollback": options.rollback,
-               "profile": profile(args.model, args.profile).sources()}
+               "microbatches": model_profile(args).microbatches, "profile": profile(args.model, args.profile).sources()}
     if name == "all":
         return {**context, "strategies": results}
     return {**results[name], **context}
@@ -234,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.redundancy is not None:
                 raise ValueError("--sweep-rates runs every strategy and mode: leave out --redundancy")
             nodes = args.nodes or 3 * args.stages
-            rows = sweep(args.model, args.profile, args.stages, nodes, args.seeds, options)
+            rows = sweep(model_profile(args), args.stages, nodes, args.seeds, options)
             out = {"model": args.model, "stages": args.stages, "nodes": nodes, "sweep": rows,
                    "notice_seconds": options.notice_seconds, "max_stages_per_node": options.max_stages,
                    "rollback": options.rollback,

@@ -226,11 +226,18 @@ class CheckpointRestart(Spot):
             s.rewind()
             s.pause(sim.restart_seconds)
             return nxt
-        if config and sim.config_throughput(nxt) > sim.config_throughput(config) * 1.01:
+        if config and self._worth_widening(sim, config, nxt):
             sim.take_checkpoint(s, len(used))  # then restart wider
             s.pause(sim.restart_seconds)
             return nxt
         return config if config and config.depth == sim.P and config.pipelines else nxt
+
+    def _worth_widening(self, sim: Simulation, config: Config, nxt: Config) -> bool:
+        """Restart on more nodes when the samples gained until the next failure (which
+        restarts on every node anyway) outweigh those a checkpoint and restart cost."""
+        now, wider = sim.config_throughput(config), sim.config_throughput(nxt)
+        until_failure = self.mtbf(sim, len(used_nodes(nxt)))
+        return (wider - now) * until_failure > wider * (sim.restart_seconds + sim.costs.write_seconds)
 
     def report(self, sim: Simulation, s: RunState) -> dict:
         mtbf = sim.trace.node_mtbf_seconds

@@ -172,7 +172,8 @@ def test_ec2_p3_trace_gpt2_p12_all_strategies():
     assert out["redo"]["value"] > out["checkpoint"]["value"] > out["on-demand"]["value"]
     for name, r in out.items():  # the share of paid node-hours that trains, against what could
         if name != "on-demand":
-            assert 0 < r["goodput"] <= r["goodput_bound"] <= 1.05 and 0 <= r["idle_fraction"] < 0.15
+            assert 0 < r["goodput"] <= r["goodput_bound"] <= 1.05 and 0 <= r["idle_fraction"] < 0.3
+    assert out["auto"]["goodput"] >= out["auto"]["goodput_bound"] - 0.05 and out["auto"]["idle_fraction"] < 0.1
     # auto (the agents' choose() at every batch): within 2% of the best fixed mode
     # (the issue's done-when; on this trace it stays off), above eager Bamboo
     assert out["auto"]["value"] > out["bamboo"]["value"] and out["auto"]["value"] >= 0.98 * best_fixed(out)
@@ -239,6 +240,7 @@ def test_the_simulator_page_s_sweep_table_has_the_sweep_s_rates():
     (["--trace", P3, "--max-stages-per-node", "0"], "--max-stages-per-node"),
     (["--trace", P3, "--max-stages-per-node", "3"], "--max-stages-per-node"),
     (["--trace", P3, "--rollback", "never"], "--rollback"),
+    (["--trace", P3, "--microbatches", "0"], "--microbatches"),
 ])
 def test_bad_input_is_one_line(args, needle):
     res = subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, timeout=60)
