@@ -5,8 +5,8 @@ thing at a time, so that the gain is not only ours to claim:
 
   whole     whole pipelines only, preemptions unannounced, a rollback relaunches
   +short    pipelines shorter than P (--max-stages-per-node 2) where faster
-  +notice   the trace's cloud notice (EC2 120 s): drain ahead, or checkpoint on notice
   +memory   a stage lost everywhere comes back from a checkpoint copy in a peer's memory
+  +notice   the trace's cloud notice (EC2 120 s): drain ahead, or checkpoint on notice
 
 It prints goodput (samples/s per paid node, relative to an on-demand node's),
 idle_fraction, value (samples/s per $/h) and the bound a scheduler that loses
@@ -30,8 +30,8 @@ TRACES = ("traces/ec2-p3-trace.csv", "traces/ec2-g4dn-trace.csv")
 STRATEGIES = ("checkpoint", "redo", "bamboo", "lazy", "auto")
 STEPS = {"whole": dict(max_stages=1, notice_seconds=0.0, rollback="relaunch"),
          "+short": dict(max_stages=2, notice_seconds=0.0, rollback="relaunch"),
-         "+notice": dict(max_stages=2, notice_seconds=NOTICE_SECONDS["ec2"], rollback="relaunch"),
-         "+memory": dict(max_stages=2, notice_seconds=NOTICE_SECONDS["ec2"], rollback="memory")}
+         "+memory": dict(max_stages=2, notice_seconds=0.0, rollback="memory"),
+         "+notice": dict(max_stages=2, notice_seconds=NOTICE_SECONDS["ec2"], rollback="memory")}
 
 
 def run(model: str, depths: list[int]) -> list[dict]:
@@ -55,7 +55,7 @@ def table(rows: list[dict]) -> str:
                   key=lambda k: (k[0], k[1], STRATEGIES.index(k[2])))
     for trace, depth, strategy in keys:
         mine = {r["step"]: r for r in rows if (r["trace"], r["stages"], r["strategy"]) == (trace, depth, strategy)}
-        last = mine["+memory"]
+        last = mine["+notice"]
         lines.append(f"| {trace} | {depth} | {strategy} | " + " | ".join(f"{mine[s]['goodput']:.3f}" for s in STEPS)
                      + f" | {last['goodput_bound']:.3f} | {last['idle_fraction']:.3f} |")
     return "\n".join(lines)

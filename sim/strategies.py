@@ -252,6 +252,8 @@ class OnDemand:
         """The trace's mean cluster size, rounded to whole pipelines, at the on-demand price."""
         count, area, last = 0, 0.0, 0.0
         for e in events:
+            if e.action == "notice":  # an announcement: the node is still there
+                continue
             area += count * (e.time - last)
             count, last = count + (1 if e.action == "add" else -1), e.time
         area += count * (horizon - last)

@@ -45,6 +45,13 @@ def test_a_noticed_preemption_is_drained_to_the_standby_and_costs_no_redo():
     assert unannounced["redone_from_peers"] == 1 and unannounced["samples"] < r["samples"]
 
 
+def test_on_demand_is_not_moved_by_notices():
+    events = start(4) + [Event(1800, "remove", "n3", "b")]
+    plain = ClusterSimulator(BERT, 2, "on-demand").run(events, hours=1.0)
+    noticed = ClusterSimulator(BERT, 2, "on-demand", Options(notice_seconds=600)).run(events, hours=1.0)
+    assert plain["samples"] == noticed["samples"] and plain["mean_nodes"] == noticed["mean_nodes"] == 4.0
+
+
 def test_checkpoint_restart_writes_a_checkpoint_on_notice_and_loses_no_work():
     events = start(4) + [Event(1800, "remove", "n3", "b")]
     opt = Options(checkpoint_seconds=1200, restart_seconds=120, max_stages=1, notice_seconds=120)
