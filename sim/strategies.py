@@ -220,7 +220,8 @@ class CheckpointRestart(Spot):
         nxt = sim.next_config(live, None) if live else Config(0, 0)
         used = used_nodes(config)
         if config and used & removed:
-            if all(sim.noticed.get(n, s.t) <= s.t - sim.costs.write_seconds for n in used & removed):
+            noticed = [sim.noticed.get(n) for n in used & removed]
+            if all(t is not None and t <= s.t - sim.costs.write_seconds for t in noticed):
                 s.pause(sim.costs.write_seconds)  # a checkpoint on notice, written before the node went
                 s.save_now()
             s.rewind()

@@ -131,3 +131,10 @@ def test_the_notice_defaults_by_trace_format_and_is_printed(capsys):
                  "--notice-seconds", "0"]) == 0
     quiet = json.loads(capsys.readouterr().out)
     assert quiet["notice_seconds"] == 0 and quiet["notices_drained"] == 0 and out["notices_drained"] > 0
+
+
+def test_without_a_notice_even_free_writes_leave_the_work_since_the_checkpoint_lost():
+    events = start(4) + [Event(1800, "remove", "n3", "b")]
+    opt = Options(checkpoint_seconds=1200, restart_seconds=120, max_stages=1, free_checkpoints=True)
+    r = ClusterSimulator(BERT, 2, "checkpoint", opt).run(events, hours=1.0)
+    assert r["samples"] == pytest.approx(rate(2) * 1200 + rate(1) * (3600 - 1800 - 120), abs=1)
