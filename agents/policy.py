@@ -28,6 +28,7 @@ from schedules.split import estimated_slots, split_by_speed
 Estimate = Callable[[list[tuple]], float]  # pipelines (each: the node of every stage) -> one iteration's time
 
 MAX_STAGES = 2  # a node holds at most its stage and one more (the memory eager needs for a replica)
+MIN_GAIN = 0.05  # with short pipelines, a reconfiguration no death forces must make iterations this much faster
 
 
 @dataclass(frozen=True)
@@ -164,12 +165,38 @@ def next_config(live: Mapping[str, str], previous: Config | None, depth: int,
         notes.append(f"depth reduced from {depth} to {P}: only {P} nodes are alive")
     if P == 0:
         return Config(epoch, 0, (), (), tuple(notes))
+    if iteration is None and max_pipelines is not None:
+        iteration = slot_estimate(max_pipelines)
+    plan = _plan(live, previous, Config(epoch, P, notes=tuple(notes)), max_stages if P == depth else 1,
+                 max_pipelines, iteration)
+    stay = _unchanged(previous, live, epoch, P) if max_stages > 1 and iteration and P == depth else None
+    if stay and plan.pipelines != stay.pipelines and iteration(list(plan.pipelines)) > (
+            1 - MIN_GAIN) * iteration(list(stay.pipelines)):
+        return stay  # no node died in a pipeline, and the new plan is not worth a reconfiguration
+    return plan
+
+
+def _unchanged(previous: Config | None, live: Mapping[str, str], epoch: int, depth: int) -> Config | None:
+    """The previous pipelines as they were, the other live nodes in standby; None
+    when a node of them died or they ran another depth."""
+    if not previous or not previous.pipelines or previous.depth != depth or any(
+            n not in live for p in previous.pipelines for n in p):
+        return None
+    placed = {n for p in previous.pipelines for n in p}
+    standby = [n for n in previous.standby if n in live] + sorted(
+        n for n in live if n not in placed and n not in previous.standby)
+    return Config(epoch, previous.depth, previous.pipelines, tuple(standby))
+
+
+def _plan(live: Mapping[str, str], previous: Config | None, base: Config, max_stages: int,
+          max_pipelines: int | None, iteration: Estimate | None) -> Config:
+    """The pipelines `live` forms at `base`'s depth, moving as few nodes as rules 2 to 5 allow."""
+    P = base.depth
     # a full pipeline that lost nodes is mended (from a short pipeline if need be) before two short ones replace it
     mend = bool(previous) and previous.depth == P and any(
         len(set(p)) == P and not all(n in live for n in p) for p in previous.pipelines)
-    if iteration is None and max_pipelines is not None:
-        iteration = slot_estimate(max_pipelines)
-    lengths = pipeline_lengths(len(live), P, max_stages if P == depth else 1, max_pipelines, not mend, iteration)
+    lengths = pipeline_lengths(len(live), P, max_stages, max_pipelines, not mend, iteration)
+    notes = list(base.notes)
     kept: list[list[str | None]] = []
     leftover: list[str] = []
     if previous and previous.depth == P:
@@ -198,7 +225,7 @@ def next_config(live: Mapping[str, str], previous: Config | None, depth: int,
             chosen = _choose(spares, length, live)
             spares = [n for n in spares if n not in chosen]
             pipelines.append(lay_out(arrange(chosen, live), P))
-    return Config(epoch, P, tuple(pipelines), tuple(spares), tuple(notes))
+    return Config(base.epoch, P, tuple(pipelines), tuple(spares), tuple(notes))
 
 
 def _survivors(previous: Config, live: Mapping[str, str], lengths: list[int]):

