@@ -45,7 +45,8 @@ def test_lazy_with_agents_recovers_inside_the_iteration(tmp_path, reference):
     death and finishes iteration 2 (a failover, no redo); the standby takes the
     stage at the boundary and replicas are whole again."""
     _, got = bamboo_train(tmp_path / "lazy.jsonl", *COMMON, "--stages", "2", "--local-nodes", "5",
-                          "--redundancy", "lazy", "--preempt", "1@2:5", "--check-replicas", "--max-stages-per-node", "1")
+                          "--redundancy", "lazy", "--preempt", "1@2:5", "--check-replicas",
+                          "--max-stages-per-node", "1")
     assert losses(got) == pytest.approx(losses(reference), rel=1e-9)
     assert "failover" in events(got, 2) and "redo" not in events(got, 2)
     assert "reconfigure" in events(got, 3)

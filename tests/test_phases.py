@@ -18,7 +18,8 @@ from bamboo.control.protocol import ABORT, ASSIGNMENT, CHECKPOINTED, DONE, LOSS,
 from tests.test_faults import _finish, _node_processes, _start, _until, reference  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow
-AGENTS = ["--local-nodes", "5", "--zones", "a,b,c", "--stages", "2", "--max-stages-per-node", "1"]  # two pipelines, a standby
+# two pipelines and a standby node
+AGENTS = ["--local-nodes", "5", "--zones", "a,b,c", "--stages", "2", "--max-stages-per-node", "1"]
 
 
 def _kill(proc, nodes, worker_only: bool = False) -> None:

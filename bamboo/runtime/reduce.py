@@ -42,9 +42,16 @@ class Reducer:
         self._tie_left: dict[tuple[int, str], tuple] = {}  # (iteration, key) -> (work, its buffer) left pending
 
     def members(self, stage: int) -> tuple[int, ...]:
+        """The owner of `stage` in every pipeline now. A pipeline left without a copy
+        of some stage (two neighbours dead, or any death with --redundancy off)
+        cannot finish the iteration: its nodes would never come to the group, and a
+        member waiting for them (a node of a short pipeline reducing two stages in
+        turn) would hold up the rest, so the iteration is abandoned at once."""
         failed = self.cluster.failed()
         out = []
         for j, pipe in enumerate(self.assignment.pipelines):
+            if lost := self.assignment.lost(j, failed, self.failover.redundancy):
+                self.failover.unsurvivable(f"pipeline {j} holds no copy of stages {sorted(lost)}")
             try:
                 out.append(pipe[Layout(self.P, self.assignment.local_failed(j, failed)).owner(stage)])
             except ScheduleError as e:

@@ -1,0 +1,187 @@
+"""Measured on real processes (issue 29): what pipelines shorter than P give, and
+what a preemption notice saves.
+
+1. `split`: five local nodes at P=3. With --max-stages-per-node 2 (the default)
+   they train as a pipeline of three and one of two (one node on two stages),
+   with the global microbatches split by speed; with --max-stages-per-node 1 as
+   one pipeline, two nodes idle in standby. Same seed, same samples, same M: the
+   losses must agree (printed), and the mean iteration time of each is printed
+   with their ratio.
+2. `notice`: P=2. The pause a node's departure costs, as the extra seconds over
+   a normal iteration summed from the iteration it happens in to the end of the
+   window after it: a drain on an EC2 notice (a fake IMDSv2 on loopback, the
+   agents' real watcher) with a standby node and without one (the survivor then
+   runs both stages), against an unannounced SIGKILL (--preempt) in the same two
+   layouts.
+
+    python scripts/bench_short_pipelines.py [split|notice|all] [--rounds 2] [--iterations 20]
+
+Every process runs on this machine: with more processes than cores the figures
+say what the runtime does under oversubscription, not what separate machines get.
+"""
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from bamboo.control.etcd import EtcdServer, connect
+from bamboo.control.protocol import DONE, scan
+
+WARM = 3  # iterations dropped at the start (start-up, first compiles)
+
+
+def train(args: list[str], etcd: EtcdServer | None = None, during=None) -> list[dict]:
+    """One bamboo-train run; its iteration records (each iteration's last, after a redo)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = os.path.join(tmp, "m.jsonl")
+        cmd = [sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--metrics-out", metrics, *args]
+        if etcd is not None:
+            cmd += ["--etcd", etcd.endpoint]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if during is not None:
+            during(proc)
+        _, err = proc.communicate(timeout=1800)
+        if proc.returncode != 0:
+            raise RuntimeError(f"bamboo-train {' '.join(args)} failed:\n{err[-3000:]}")
+        records = [json.loads(line) for line in open(metrics)]
+    return list({r["iteration"]: r for r in records if "summary" not in r}.values())
+
+
+def mean_seconds(records: list[dict]) -> float:
+    return statistics.mean(r["seconds"] for r in records[WARM:])
+
+
+def pipelines_of(records: list[dict]) -> dict:
+    return next(e for e in records[0]["events"] if e["type"] == "reconfigure")
+
+
+def bench_split(a) -> None:
+    common = ["--model", "tiny", "--stages", "3", "--local-nodes", "5", "--zones", "a,b,c", "--microbatches",
+              str(a.microbatches), "--batch", str(a.batch), "--iterations", str(a.iterations), "--seed", "5"]
+    runs: dict[int, list[float]] = {2: [], 1: []}
+    losses: dict[int, list[float]] = {}
+    shape: dict[int, dict] = {}
+    for _ in range(a.rounds):
+        for most in (2, 1):
+            records = train(common + ["--max-stages-per-node", str(most)])
+            runs[most].append(mean_seconds(records))
+            losses[most], shape[most] = [r["loss"] for r in records], pipelines_of(records)
+    t = {m: statistics.median(v) for m, v in runs.items()}
+    worst = max(abs(x - y) / abs(y) for x, y in zip(losses[2], losses[1]))
+    print(f"split: tiny, P=3, 5 local nodes, M={a.microbatches}, batch={a.batch}, {a.iterations} iterations "
+          f"(first {WARM} dropped), seed 5, float32, {a.rounds} rounds alternating, median of the runs' means; "
+          f"{os.cpu_count()} cores for 5 worker processes")
+    for most, label in ((2, "short pipelines (--max-stages-per-node 2)"), (1, "one pipeline + 2 standby (1)")):
+        print(f"  {label:45} pipelines {shape[most]['pipelines']} standby {shape[most]['standby']} "
+              f"microbatches {shape[most].get('microbatches')}: {t[most] * 1e3:8.1f} ms/iteration  "
+              f"(runs: {', '.join(f'{x * 1e3:.1f}' for x in runs[most])})")
+    print(f"  ratio short/one = {t[2] / t[1]:.3f}; samples/s ratio {t[1] / t[2]:.3f}; "
+          f"largest relative loss difference {worst:.2e}")
+
+
+class FakeImds(http.server.ThreadingHTTPServer):
+    """EC2's IMDSv2 on loopback, one tree per node under /<node>/: a token, then
+    spot/instance-action once the node is in `noticed` (404 before)."""
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), _Imds)
+        self.noticed: set[str] = set()
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/{{node}}"
+
+
+class _Imds(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, code: int, body: str = "") -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def do_PUT(self):
+        self._reply(200, "token")
+
+    def do_GET(self):
+        node, _, path = self.path.lstrip("/").partition("/")
+        if path == "latest/meta-data/spot/instance-action" and node in self.server.noticed:
+            return self._reply(200, '{"action": "terminate", "time": "2026-11-22T05:00:00Z"}')
+        self._reply(404)
+
+
+def wait_done(etcd: EtcdServer, it: int, proc) -> None:
+    client = connect(etcd.endpoint)
+    try:
+        while not any(family is DONE and parts[0] == it for _, family, parts in scan(client)):
+            if proc.poll() is not None:
+                raise RuntimeError("bamboo-train ended before the notice")
+            time.sleep(0.02)
+    finally:
+        client.close()
+
+
+def pause(records: list[dict], at: int, window: int) -> float:
+    """Seconds over a normal iteration, summed over iterations at .. at + window."""
+    normal = statistics.median(r["seconds"] for r in records[WARM:at])
+    return sum(r["seconds"] - normal for r in records[at:at + window + 1])
+
+
+def bench_notice(a) -> None:
+    at, window = a.iterations // 2, 3
+    base = ["--model", "tiny", "--stages", "2", "--microbatches", str(a.microbatches), "--batch", str(a.batch),
+            "--iterations", str(a.iterations), "--seed", "5", "--zones", "a,b"]
+    layouts = {"with a standby": ["--local-nodes", "3", "--max-stages-per-node", "1"],
+               "without (survivor takes both stages)": ["--local-nodes", "2"]}
+    out: dict[tuple[str, str], list[float]] = {}
+    for _ in range(a.rounds):
+        for name, layout in layouts.items():
+            records = train(base + layout + ["--preempt", f"1@{at}:5"])
+            out.setdefault((name, "SIGKILL"), []).append(pause(records, at, window))
+            imds = FakeImds()
+            with EtcdServer() as etcd:
+                def notify(proc, etcd=etcd, imds=imds):
+                    wait_done(etcd, at - 1, proc)
+                    imds.noticed.add("1")
+                records = train(base + layout + ["--notice", "ec2", "--metadata-url", imds.url], etcd, notify)
+            imds.shutdown()
+            noticed = next(r["iteration"] for r in records for e in r["events"] if e["type"] == "notice")
+            out.setdefault((name, "notice"), []).append(pause(records, noticed, window))
+    print(f"notice: tiny, P=2, M={a.microbatches}, batch={a.batch}, {a.iterations} iterations, seed 5; node 1 "
+          f"leaves in iteration {at} (SIGKILL at instruction 5) or is noticed after iteration {at - 1}; pause = "
+          f"seconds over the median iteration, summed over that iteration and {window} after; {a.rounds} rounds, "
+          f"median; {os.cpu_count()} cores")
+    for name in layouts:
+        kill, notice = statistics.median(out[(name, "SIGKILL")]), statistics.median(out[(name, "notice")])
+        print(f"  {name:38} SIGKILL {kill * 1e3:8.1f} ms   notice {notice * 1e3:8.1f} ms   "
+              f"(runs: {[round(x * 1e3) for x in out[(name, 'SIGKILL')]]} / "
+              f"{[round(x * 1e3) for x in out[(name, 'notice')]]})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", nargs="?", choices=("split", "notice", "all"), default="all")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=8)
+    a = ap.parse_args()
+    if a.what in ("split", "all"):
+        bench_split(a)
+    if a.what in ("notice", "all"):
+        bench_notice(a)
+
+
+if __name__ == "__main__":
+    main()
