@@ -7,12 +7,13 @@ what a preemption notice saves.
    one pipeline, two nodes idle in standby. Same seed, same samples, same M: the
    losses must agree (printed), and the mean iteration time of each is printed
    with their ratio.
-2. `notice`: P=2. The pause a node's departure costs, as the extra seconds over
-   a normal iteration summed from the iteration it happens in to the end of the
-   window after it: a drain on an EC2 notice (a fake IMDSv2 on loopback, the
-   agents' real watcher) with a standby node and without one (the survivor then
-   runs both stages), against an unannounced SIGKILL (--preempt) in the same two
-   layouts.
+2. `notice`: the pause a node's departure costs (the extra seconds over a
+   normal iteration from the iteration it happens in to the first of the epoch
+   without it): a drain on an EC2 notice (a fake IMDSv2 on loopback, the agents'
+   real watcher) against an unannounced SIGKILL (--preempt), at P=2 with a standby
+   node and without one (the survivor then runs both stages), and at P=3 on five
+   nodes where the leaving node runs two stages of the short pipeline (killed,
+   its pipeline cannot finish the iteration, which is redone).
 
     python scripts/bench_short_pipelines.py [split|notice|all] [--rounds 2] [--iterations 20]
 
@@ -132,41 +133,61 @@ def wait_done(etcd: EtcdServer, it: int, proc) -> None:
         client.close()
 
 
-def pause(records: list[dict], at: int, window: int) -> float:
-    """Seconds over a normal iteration, summed over iterations at .. at + window."""
+def pause(records: list[dict], kind: str) -> tuple[float, int]:
+    """(seconds over a normal iteration summed from the iteration whose record has
+    the `kind` event to the first one of the epoch that follows it, that
+    iteration). Normal: the median of the iterations before it (start-up dropped).
+    A redone iteration's record counts the abandoned try and the redo."""
+    at = next(r["iteration"] for r in records if any(e["type"] == kind for e in r["events"]))
+    end = next(r["iteration"] for r in records[at:] if any(e["type"] == "reconfigure" for e in r["events"]))
     normal = statistics.median(r["seconds"] for r in records[WARM:at])
-    return sum(r["seconds"] - normal for r in records[at:at + window + 1])
+    return sum(r["seconds"] - normal for r in records[at:end + 1]), at
+
+
+# name -> (layout flags, the node that leaves, where --preempt kills it)
+LAYOUTS = {
+    "P=2, 3 nodes, a standby": (["--stages", "2", "--local-nodes", "3", "--max-stages-per-node", "1",
+                                 "--zones", "a,b"], 1, 5),
+    "P=2, 2 nodes, no standby (survivor takes both)": (["--stages", "2", "--local-nodes", "2", "--zones", "a,b"], 1, 5),
+    "P=3, 5 nodes (3+2), the two-stage node leaves": (["--stages", "3", "--local-nodes", "5", "--zones", "a,b,c"], 3, 9),
+}
+
+
+def leave(a, layout: list[str], victim: int, instruction: int, at: int, notice: bool) -> tuple[float, int]:
+    """One run in which node `victim` leaves: SIGKILLed before `instruction` of
+    iteration `at`, or noticed (the fake IMDS answers) once iteration `at - 1` is done."""
+    base = ["--model", "tiny", "--microbatches", str(a.microbatches), "--batch", str(a.batch),
+            "--iterations", str(a.iterations), "--seed", "5", *layout]
+    if not notice:
+        return pause(train(base + ["--preempt", f"{victim}@{at}:{instruction}"]), "preemption")
+    imds = FakeImds()
+    with EtcdServer() as etcd:
+        def notify(proc):
+            wait_done(etcd, at - 1, proc)
+            imds.noticed.add(str(victim))
+        records = train(base + ["--notice", "ec2", "--metadata-url", imds.url], etcd, notify)
+    imds.shutdown()
+    return pause(records, "notice")
 
 
 def bench_notice(a) -> None:
-    at, window = a.iterations // 2, 3
-    base = ["--model", "tiny", "--stages", "2", "--microbatches", str(a.microbatches), "--batch", str(a.batch),
-            "--iterations", str(a.iterations), "--seed", "5", "--zones", "a,b"]
-    layouts = {"with a standby": ["--local-nodes", "3", "--max-stages-per-node", "1"],
-               "without (survivor takes both stages)": ["--local-nodes", "2"]}
-    out: dict[tuple[str, str], list[float]] = {}
+    at = a.iterations // 2
+    out: dict[tuple[str, bool], list[tuple[float, int]]] = {}
     for _ in range(a.rounds):
-        for name, layout in layouts.items():
-            records = train(base + layout + ["--preempt", f"1@{at}:5"])
-            out.setdefault((name, "SIGKILL"), []).append(pause(records, at, window))
-            imds = FakeImds()
-            with EtcdServer() as etcd:
-                def notify(proc, etcd=etcd, imds=imds):
-                    wait_done(etcd, at - 1, proc)
-                    imds.noticed.add("1")
-                records = train(base + layout + ["--notice", "ec2", "--metadata-url", imds.url], etcd, notify)
-            imds.shutdown()
-            noticed = next(r["iteration"] for r in records for e in r["events"] if e["type"] == "notice")
-            out.setdefault((name, "notice"), []).append(pause(records, noticed, window))
-    print(f"notice: tiny, P=2, M={a.microbatches}, batch={a.batch}, {a.iterations} iterations, seed 5; node 1 "
-          f"leaves in iteration {at} (SIGKILL at instruction 5) or is noticed after iteration {at - 1}; pause = "
-          f"seconds over the median iteration, summed over that iteration and {window} after; {a.rounds} rounds, "
-          f"median; {os.cpu_count()} cores")
-    for name in layouts:
-        kill, notice = statistics.median(out[(name, "SIGKILL")]), statistics.median(out[(name, "notice")])
-        print(f"  {name:38} SIGKILL {kill * 1e3:8.1f} ms   notice {notice * 1e3:8.1f} ms   "
-              f"(runs: {[round(x * 1e3) for x in out[(name, 'SIGKILL')]]} / "
-              f"{[round(x * 1e3) for x in out[(name, 'notice')]]})")
+        for name, (layout, victim, instruction) in LAYOUTS.items():
+            for notice in (False, True):
+                out.setdefault((name, notice), []).append(leave(a, layout, victim, instruction, at, notice))
+    print(f"notice: tiny, M={a.microbatches}, batch={a.batch}, {a.iterations} iterations, seed 5, eager; the node "
+          f"is SIGKILLed in iteration {at} (--preempt) or gets an EC2 notice once iteration {at - 1} is done (the "
+          f"agents' watcher polls every 0.2 s; it drains at the next boundary); pause = seconds over the median "
+          f"iteration, from the iteration of the kill or notice to the new epoch's first, inclusive; "
+          f"{a.rounds} rounds, median; {os.cpu_count()} cores")
+    for name in LAYOUTS:
+        kill = statistics.median(p for p, _ in out[(name, False)])
+        noticed = statistics.median(p for p, _ in out[(name, True)])
+        print(f"  {name:48} SIGKILL {kill * 1e3:8.1f} ms   notice {noticed * 1e3:8.1f} ms   "
+              f"(runs: {[round(p * 1e3) for p, _ in out[(name, False)]]} / "
+              f"{[round(p * 1e3) for p, _ in out[(name, True)]]})")
 
 
 def main() -> None:
