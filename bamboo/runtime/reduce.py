@@ -43,15 +43,15 @@ class Reducer:
 
     def members(self, stage: int) -> tuple[int, ...]:
         """The owner of `stage` in every pipeline now. A pipeline left without a copy
-        of some stage (two neighbours dead, or any death with --redundancy off)
-        cannot finish the iteration: its nodes would never come to the group, and a
-        member waiting for them (a node of a short pipeline reducing two stages in
+        of `stage` (two neighbours dead, or its owner with --redundancy off) cannot
+        finish the iteration: no owner of it would ever come to the group, and a
+        member waiting for one (a node of a short pipeline reducing two stages in
         turn) would hold up the rest, so the iteration is abandoned at once."""
         failed = self.cluster.failed()
         out = []
         for j, pipe in enumerate(self.assignment.pipelines):
-            if lost := self.assignment.lost(j, failed, self.failover.redundancy):
-                self.failover.unsurvivable(f"pipeline {j} holds no copy of stages {sorted(lost)}")
+            if stage in self.assignment.lost(j, failed, self.failover.redundancy):
+                self.failover.unsurvivable(f"pipeline {j} holds no copy of stage {stage}")
             try:
                 out.append(pipe[Layout(self.P, self.assignment.local_failed(j, failed)).owner(stage)])
             except ScheduleError as e:
