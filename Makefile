@@ -15,10 +15,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	$(PY) -m schedules demo
-	@echo "--- tiny, P=4, on 5 local nodes (agents) in zones a,b,c: one waits in standby;"
+	@echo "--- tiny, P=4, on 6 local nodes (agents) in zones a,b,c: a full pipeline and a short one;"
 	@echo "--- node 2 (agent and worker) is SIGKILLed in iteration 15 ---"
 	$(VENV)/bin/bamboo-train --model tiny --stages 4 --microbatches 8 --iterations 30 \
-		--local-nodes 5 --zones a,b,c --preempt 2@15:10 --metrics-out out/metrics.jsonl
+		--local-nodes 6 --zones a,b,c --preempt 2@15:10 --metrics-out out/metrics.jsonl
 	@$(PY) -c "import json; [print(r['iteration'], e) for r in map(json.loads, open('out/metrics.jsonl')) \
 		for e in r.get('events', [])]"
 
