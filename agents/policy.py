@@ -2,14 +2,21 @@
 zones), the previous configuration and the target depth to the next configuration.
 
 Rules, in priority order:
-  1. Keep the depth P; D = live nodes // P, but never more pipelines than there
-     are microbatches to share (a pipeline with none would have nothing to run).
-     Only when fewer than P nodes are left is the depth reduced (to all of them),
-     and the configuration says so.
+  1. Keep the depth P; as many full pipelines as live nodes // P, but never more
+     pipelines than there are microbatches to share (a pipeline with none would
+     have nothing to run). With `max_stages` 2 (--max-stages-per-node), the nodes
+     left over form a pipeline shorter than P, each on a contiguous range of at
+     most two stages (`pipelines[j]` names the node of every stage, so such a node
+     appears twice), or, too few for one, join a full pipeline's nodes in two
+     short ones; each only where an estimate of the iteration finds it no slower.
+     Only when too few nodes are left for one pipeline is the depth reduced (to
+     all of them), and the configuration says so.
   2. Move as little as possible: a surviving node keeps its (pipeline, stage);
-     pipelines with the most survivors are the ones kept.
+     pipelines with the most survivors are the ones kept. With short pipelines, a
+     change that no death forces is made only for a 5% faster iteration.
   3. Holes left by dead nodes are filled first from the standby queue (oldest
-     first), then from newcomers, then from the nodes of dissolved pipelines.
+     first), then from newcomers, then from the nodes of dissolved pipelines, then
+     from short pipelines.
   4. Nodes left over form new pipelines while P of them remain; the rest wait in
      the standby queue.
   5. Neighbouring stages (cyclically: node P-1 keeps stage 0's replica) sit in
@@ -40,8 +47,12 @@ class Config:
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     def slots(self) -> dict[str, tuple[int, int]]:
-        """node -> (pipeline, stage)."""
-        return {n: (j, s) for j, pipe in enumerate(self.pipelines) for s, n in enumerate(pipe)}
+        """node -> (pipeline, its first stage)."""
+        out: dict[str, tuple[int, int]] = {}
+        for j, pipe in enumerate(self.pipelines):
+            for s, n in enumerate(pipe):
+                out.setdefault(n, (j, s))
+        return out
 
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "depth": self.depth, "pipelines": [list(p) for p in self.pipelines],
@@ -107,11 +118,12 @@ def _pick(candidates: list[str], avoid: set[str], zones: Mapping[str, str]) -> s
 def pipeline_lengths(nodes: int, depth: int, max_stages: int, most: int | None, merge: bool = True,
                      iteration: Estimate | None = None) -> list[int]:
     """How many nodes each pipeline has (full ones first): as many full pipelines of
-    `depth` as fit; then, of these, the choice an `iteration` estimate finds faster
-    by more than 1% (the first otherwise): the rest wait in standby; they form one
-    shorter pipeline, when they can hold every stage at `max_stages` per node; or,
-    when they are too few and `merge` allows, they join the last full pipeline's
-    nodes in two short ones. Never more than `most` pipelines: each needs a microbatch."""
+    `depth` as fit, and the nodes left over either wait in standby, or form one
+    shorter pipeline when they can hold every stage at `max_stages` per node, or,
+    when they are too few and `merge` allows, join the last full pipeline's nodes in
+    two short ones. Of these the one that uses the most nodes, unless the `iteration`
+    estimate finds it more than 1% slower. Never more than `most` pipelines: each
+    needs a microbatch."""
     full, rest = divmod(nodes, depth)
     shortest = -(-depth // max_stages)
     choices = [[depth] * full]
@@ -271,5 +283,5 @@ def _fill_holes(partial: list[list[str | None]], spares: list[str], live: Mappin
 def moves(previous: Config | None, config: Config) -> list[tuple[str, int]]:
     """(node, stage) for every node that must load a stage it did not run before
     the next epoch starts (a pipeline renumbered moves no layers)."""
-    before = {n: s for n, (_, s) in previous.slots().items()} if previous else {}
-    return sorted((n, s) for n, (_, s) in config.slots().items() if before.get(n) != s)
+    before = {(n, s) for pipe in previous.pipelines for s, n in enumerate(pipe)} if previous else set()
+    return sorted({(n, s) for pipe in config.pipelines for s, n in enumerate(pipe)} - before)
