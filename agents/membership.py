@@ -16,9 +16,11 @@ from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 from bamboo.control.liveness import Heartbeat
-from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, HANDOVER, IDS, ITERATION_FAMILIES,
-                                     MEMBERS, MODE, REGROUP, START, ZONES, Mark, Member, ModeChoice, Timestamp, Zone)
+from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, COPIES, DONE, DRAIN, HANDOVER, IDS,
+                                     ITERATION_FAMILIES, MEMBERS, MODE, REGROUP, START, ZONES, Mark, Member, ModeChoice,
+                                     Timestamp, Zone)
 from bamboo.runtime.checkpoint import latest, storage_for
+from bamboo.runtime.copies import newest_covered
 
 
 def to_policy(a: Assignment) -> Config:
@@ -127,7 +129,7 @@ class Membership:
     def _entered(self, epoch: Assignment) -> bool:
         """Whether the nodes entered `epoch` (hold their layers as it lays them out):
         its layers came from no handover, or its handover completed."""
-        if epoch.layers_from < 0 or epoch.restore != "peers":
+        if epoch.layers_from < 0 or epoch.restore not in ("peers", "memory"):
             return True
         outcome = self.cluster.get(HANDOVER(epoch.epoch))
         return outcome is not None and outcome.complete
@@ -138,7 +140,8 @@ class Membership:
         over the live nodes; layers from the survivors, whose holdings follow the
         layout of `basis` (default: `previous`) after the failures `before`, or,
         when some stage is held by no live node, from the newest complete
-        checkpoint (the iterations after it are run again)."""
+        checkpoint, in the live nodes' memory or else in storage (the iterations
+        after it are run again)."""
         basis = basis or previous
         config = next_config(self.live(failed), to_policy(previous), cfg.stages, cfg.microbatches,
                              cfg.max_stages_per_node)
@@ -146,7 +149,8 @@ class Membership:
             return  # a pipeline needs two nodes: wait for more (the workers wait for this epoch)
         start, restore = (it if redo else it + 1), "peers"
         if lost_everywhere(basis, set(before) | set(failed), basis.mode(cfg.redundancy)):
-            (start, restore), redo = self._restore_point(cfg, start), True
+            holders = (set(basis.members) | {int(n) for p in config.pipelines for n in p}) - set(failed) - set(before)
+            (start, restore), redo = self._restore_point(cfg, start, holders), True
         new = from_policy(config, start, before, failed, restore)
         wanted = self.cluster.get(MODE(it - 1))  # what the boundary of `it` compared with (auto)
         mode = self._mode_for(cfg, it, new, ModeStats(**wanted.stats) if wanted else None, wanted)
@@ -195,15 +199,22 @@ class Membership:
         rate = stats.rate(cfg.auto_prior_rate, cfg.auto_prior_hours)
         return choose(current, rate, len(epoch.members), len(epoch.pipelines), seconds, pause)
 
-    def _restore_point(self, cfg: JobConfig, start: int) -> tuple[int, str]:
+    def _restore_point(self, cfg: JobConfig, start: int, holders=()) -> tuple[int, str]:
         """(iteration, restore) to go back to when a stage is lost on every node: the
-        newest complete checkpoint, which the workers load by name, or, before the
-        first, the job's first iteration, whose layers every node builds again from
-        the seed ("initial"). A job resumed from a checkpoint that is gone since
-        cannot go back: the workers stop with that error."""
+        newest checkpoint whose copies in the memory of `holders` (the live nodes
+        that take part) cover every layer ("memory": bamboo/runtime/copies.py),
+        unless storage holds a newer complete one, which the workers load by name
+        ("checkpoint"); or, before the first, the job's first iteration, whose
+        layers every node builds again from the seed ("initial"). A job resumed
+        from a checkpoint that is gone since cannot go back: the workers stop with
+        that error."""
         # taken before `start` at the latest: a newer one is from an earlier run of
         # these iterations (before the job went back to its start, say)
-        found = latest(storage_for(cfg.checkpoint), cfg.layers, at_most=start) if cfg.checkpoint else None
+        kept = newest_covered(self.cluster.children(COPIES()), holders, cfg.layers, at_most=start)
+        storage = storage_for(cfg.checkpoint) if cfg.checkpoint else None
+        found = latest(storage, cfg.layers, at_most=start, above=kept) if storage else None  # only newer ones read
+        if kept is not None and found is None:
+            return kept, "memory"
         if found:
             return found[0], "checkpoint"
         first = self.cluster.get(START())

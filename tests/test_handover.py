@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from bamboo.control.assignment import Assignment
 from bamboo.runtime import handover
-from bamboo.runtime.checkpoint import restore
+from bamboo.runtime.checkpoint import restore, snapshot
 from bamboo.transport.groups import interruptible
 
 
@@ -63,7 +63,8 @@ def test_a_layer_and_its_optimizer_state_travel_over_gloo():
     def node(me, rank):
         pg = dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=30))
         layers = {7: src_layer} if me == 10 else {}
-        out[me] = handover.execute(pg, {10: 0, 20: 1}, me, moves, layers, lambda i: src_opt)
+        blob_of = lambda i: snapshot({i: layers[i]}, src_opt)[i]  # noqa: E731
+        out[me] = handover.execute(pg, {10: 0, 20: 1}, me, moves, blob_of)
     threads = [threading.Thread(target=node, args=a) for a in ((10, 0), (20, 1))]
     for t in threads:
         t.start()

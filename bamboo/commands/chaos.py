@@ -92,7 +92,7 @@ def account(records: list[dict], iterations: int, samples: int) -> tuple[int, in
     repeated = 0
     for r in records:
         for e in r.get("events", []):
-            if e["type"] == "redo" and e.get("restore") in ("checkpoint", "initial"):
+            if e["type"] == "redo" and e.get("restore") in ("checkpoint", "memory", "initial"):
                 applied -= {i for i in applied if i >= e["from"]}
         if r["iteration"] in applied:
             repeated += samples

@@ -258,7 +258,8 @@ def config_from_args(args, fetch_data: bool = True) -> JobConfig:
                      val_fraction=args.val_fraction, val_files=tuple(args.val_data), eval_every=args.eval_every,
                      eval_batches=args.eval_batches, save_dir=args.save_dir, check_replicas=args.check_replicas,
                      checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
-                     checkpoint_seconds=args.checkpoint_seconds, resume=args.resume, devices=parsed_devices,
+                     checkpoint_seconds=args.checkpoint_seconds, resume=args.resume,
+                     memory_copies=not args.no_memory_copies, devices=parsed_devices,
                      share_gpu=args.share_gpu, transport=args.transport,
                      elastic=args.local_nodes is not None, layers=layers, job=args.job or "job")
 

@@ -91,6 +91,9 @@ def _checkpoint_flags(g) -> None:
     g.add_argument("--checkpoint-seconds", type=float, default=0, metavar="T",
                    help="checkpoint once T seconds passed since the last one")
     g.add_argument("--resume", action="store_true", help="start from the newest complete checkpoint")
+    g.add_argument("--no-memory-copies", action="store_true",
+                   help="keep checkpoints in storage only (by default each is kept in its writer's memory and "
+                        "one other node's too, and a rollback takes it from there)")
     g.add_argument("--save-dir", metavar="DIR", help="write the final parameters, one file per layer")
     g.add_argument("--export", metavar="DIR", help="write the trained model to DIR as one safetensors checkpoint; "
                                                    "for hf: models, a directory from_pretrained loads")

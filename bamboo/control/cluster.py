@@ -100,6 +100,9 @@ class Cluster:
         puts = [tx.put(self.key(key), _encode(key, record)) for key, record in records.items()]
         self.call(lambda: self.client.transaction(compare=[], success=puts, failure=[]))
 
+    def delete(self, key: Key) -> None:
+        self.call(lambda: self.client.delete(self.key(key)))
+
     def create(self, key: Key, record) -> bool:
         """Write only if absent (an etcd transaction); True when this call wrote it."""
         value = _encode(key, record)

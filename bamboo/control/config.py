@@ -66,6 +66,7 @@ class JobConfig:
     checkpoint_every: int = 0      # iterations between checkpoints (0: never)
     checkpoint_seconds: float = 0  # seconds between checkpoints (0: never)
     resume: bool = False           # start from the newest complete checkpoint
+    memory_copies: bool = True     # checkpoints kept in peers' memory too: a rollback reads no storage
     check_replicas: bool = False  # digest owners and replicas after every step
     devices: tuple[str, ...] = field(default_factory=tuple)  # GPUs of a host's workers, or ("cpu",) (devices.py)
     share_gpu: bool = False        # more workers than GPUs on a host share them

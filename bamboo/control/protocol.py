@@ -21,6 +21,8 @@ The workers' half, one iteration at a time:
      REGROUP (the failed set from now on, reconfigure?, checkpoint?)
   6. an iteration no pipeline can finish: ABORT; each node undoes its steps: ABORTED
   7. fatal error: ERROR; an injected preemption: PREEMPTED
+  8. at a checkpoint, each node keeping checkpoint layers in host memory: COPIES
+     (its newest: the iteration and the layers), replaced at every checkpoint
 
 The agents' half:
   1. claim an ID, register MEMBERS (under a lease) and ZONES
@@ -202,6 +204,17 @@ class Outcome(Record):
 
 
 @dataclass(frozen=True)
+class Copies(Record):
+    """The checkpoint layers a node keeps in host memory (bamboo/runtime/copies.py)."""
+    iteration: int                 # the checkpoint taken before this iteration
+    layers: tuple[int, ...]        # the layer indexes it holds of it
+    loss_scale: dict | None = None  # fp16: the loss scale record stored with the checkpoint
+
+    def __post_init__(self):
+        object.__setattr__(self, "layers", _ints(self.layers))
+
+
+@dataclass(frozen=True)
 class Notice(Record):
     source: str                    # ec2 | gcp
     time: float
@@ -279,9 +292,12 @@ MEMBERS = Family("members", ("node",), Member, "an agent runs the node (under th
 ZONES = Family("zones", ("node",), Zone, "the node's zone, kept after it is gone")
 DRAIN = Family("drain", ("node",), Timestamp, "the node asked to leave (SIGTERM, a notice)")
 NOTICES = Family("notices", ("node",), Notice, "the cloud's preemption notice")
+COPIES = Family("copies", ("node",), Copies,
+                "the newest checkpoint's layers the node keeps in host memory (a rollback's first source)")
 
 FAMILIES = (CONFIG, START, ASSIGNMENT, ALIVE, FAILED, CUT, FINISHED, LOSS, VAL_LOSS, DONE, ABORT, ABORTED, REGROUP,
-            HANDED, HANDOVER, REDUCED, TIED, NORM, SCALE, MODE, CHECKPOINTED, PREEMPTED, ERROR, IDS, MEMBERS, ZONES, DRAIN, NOTICES)
+            HANDED, HANDOVER, REDUCED, TIED, NORM, SCALE, MODE, CHECKPOINTED, PREEMPTED, ERROR, IDS, MEMBERS, ZONES, DRAIN, NOTICES,
+            COPIES)
 
 # One attempt at an iteration: cleared when the iteration (or a checkpoint's span) runs again.
 ITERATION_FAMILIES = (DONE, LOSS, VAL_LOSS, FINISHED, CUT, REDUCED, TIED, NORM, SCALE, REGROUP, ABORT, ABORTED)
@@ -330,6 +346,11 @@ def handover_store(epoch: int) -> str:
 
 def reduce_store(epoch: int, stage: int, members) -> str:
     return f"pg/reduce/e{epoch}-stage{stage}/{'-'.join(map(str, members))}"
+
+
+def copies_store(epoch: int, members) -> str:
+    """The group that moves checkpoint copies at an epoch's checkpoints (kept while its members are)."""
+    return f"pg/copies/e{epoch}/{'-'.join(map(str, members))}"
 
 
 def tie_store(epoch: int, pipeline: int, members) -> str:

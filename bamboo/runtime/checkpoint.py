@@ -198,13 +198,15 @@ def write_part(storage, iteration: int, node: int, blobs: dict[int, bytes], extr
     storage.put(f"ckpt-{iteration:08d}/part-{node}.json", json.dumps({"layers": hashes, **(extra or {})}).encode())
 
 
-def latest(storage, num_layers: int, at_most: int | None = None) -> tuple[int, dict[int, bytes]] | None:
+def latest(storage, num_layers: int, at_most: int | None = None,
+           above: int | None = None) -> tuple[int, dict[int, bytes]] | None:
     """(iteration, layer index -> bytes) of the newest complete checkpoint (taken
-    before iteration `at_most` or earlier, if given), or None."""
+    before iteration `at_most` or earlier, and after `above`, if given), or None.
+    Only the checkpoints in that range are read."""
     keys = storage.list()
     iterations = sorted({int(m.group(1)) for k in keys if (m := re.match(r"ckpt-(\d+)/part-", k))},
                         reverse=True)
-    iterations = [it for it in iterations if at_most is None or it <= at_most]
+    iterations = [it for it in iterations if (at_most is None or it <= at_most) and (above is None or it > above)]
     for it in iterations:
         blobs = _complete(storage, keys, it, num_layers)
         if blobs is not None:

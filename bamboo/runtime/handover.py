@@ -62,16 +62,15 @@ def plan(have: dict[int, set[int]], need: dict[int, set[int]]) -> list[tuple[int
 
 
 def execute(pg, rank_of: dict[int, int], me: int, moves: list[tuple[int, int, int]],
-            layers: dict[int, torch.nn.Module], optimizer_of, give_up=lambda: None) -> dict[int, bytes]:
-    """Run this node's part of `moves`: send what it holds (parameters and the
-    optimizer state `optimizer_of(layer)` keeps for them), return what it received
-    (layer -> snapshot bytes). Each wait ends early with RendezvousAborted when
-    `give_up()` names a reason (a paused peer never closes its socket)."""
+            blob_of, give_up=lambda: None) -> dict[int, bytes]:
+    """Run this node's part of `moves`: send what it holds (`blob_of(layer)`: the
+    layer's snapshot bytes, parameters and optimizer state), return what it
+    received (layer -> snapshot bytes). Each wait ends early with RendezvousAborted
+    when `give_up()` names a reason (a paused peer never closes its socket)."""
     works, keep = [], []
     for layer, src, dst in moves:
         if src == me:
-            data = torch.frombuffer(bytearray(snapshot({layer: layers[layer]}, optimizer_of(layer))[layer]),
-                                    dtype=torch.uint8)
+            data = torch.frombuffer(bytearray(blob_of(layer)), dtype=torch.uint8)
             size = torch.tensor([data.numel()], dtype=torch.int64)
             keep += [size, data]
             works.append(pg.send([size], rank_of[dst], _TAG + layer))
@@ -89,14 +88,25 @@ def execute(pg, rank_of: dict[int, int], me: int, moves: list[tuple[int, int, in
     return received
 
 
+def live_layers(holdings):
+    """The bytes a node sends of a layer it runs: its snapshot now."""
+    return lambda layer: snapshot({layer: holdings.layers[layer]}, holdings.optimizer_of(layer))[layer]
+
+
 def exchange(cluster: Cluster, node: int, holdings, new: Assignment, old: Assignment | None,
-             lease_check, timeout: float) -> dict[int, bytes]:
+             lease_check, timeout: float, copies=None) -> dict[int, bytes]:
     """This node's part in moving layers to `new`'s members from the live nodes
     that hold them after `old` (its `holdings` send and keep what they can); returns
     what it received, or raises HandoverFailed. `lease_check(members, starting)`
-    tells when a member can no longer come; `timeout` bounds each wait."""
-    live = old.holders(new.failed, holdings.mode(old)).items() if old else ()
-    have = {n: holdings.layers_of(old.depth, stages) for n, stages in live if n not in new.gone}
+    tells when a member can no longer come; `timeout` bounds each wait. With
+    `copies` (a rollback from memory, bamboo/runtime/copies.py) the sources are the
+    checkpoint copies the live nodes keep, and every layer a member needs comes
+    from them (its own copy, or a peer's), none from the layers it runs."""
+    if copies is None:
+        live = old.holders(new.failed, holdings.mode(old)).items() if old else ()
+        have = {n: holdings.layers_of(old.depth, stages) for n, stages in live if n not in new.gone}
+    else:
+        have = copies.held(new, old)
     need = {n: holdings.needs(new, n) for n in new.members}
     members = sorted(set(need) | set(have))
     why_not = lease_check(members, set(need) - set(have))
@@ -106,11 +116,18 @@ def exchange(cluster: Cluster, node: int, holdings, new: Assignment, old: Assign
         return f"the handover failed: {outcome.why}" if outcome and not outcome.complete else why_not()
     if node not in members:
         return {}  # a standby node with no layer to give: nothing to take part in
-    moves = plan(have, need)
+    try:
+        moves = plan(have, need)
+    except LayerLost as e:
+        if copies is None:
+            raise
+        cluster.create(HANDOVER(new.epoch), Outcome(False, f"the copies in memory: {e}"))  # a holder died since
+        raise HandoverFailed(str(e)) from None
     received = None
     try:
         pg, rank_of, _ = open_group(cluster, handover_store(new.epoch), members, node, give_up, timeout)
-        received = execute(pg, rank_of, node, moves, holdings.layers, holdings.optimizer_of, give_up)
+        received = execute(pg, rank_of, node, moves, copies.blobs.__getitem__ if copies else live_layers(holdings),
+                           give_up)
         interruptible(pg.barrier().wait, give_up)  # every layer arrived before a sender may leave
         cluster.put(HANDED(new.epoch, node), Mark())
     except (RuntimeError, TimeoutError) as e:  # gloo's error for a dead peer, or a wait given up
@@ -122,6 +139,8 @@ def exchange(cluster: Cluster, node: int, holdings, new: Assignment, old: Assign
         raise HandoverFailed(outcome.why)
     if received is None:  # complete needs this node's own mark: it cannot have failed here
         raise RuntimeError(f"node {node}: epoch {new.epoch}'s handover is complete without this node's part")
+    if copies is not None:  # the layers it needs and keeps a copy of: its own bytes
+        received.update({i: copies.blobs[i] for i in need.get(node, set()) & have.get(node, set())})
     return received
 
 

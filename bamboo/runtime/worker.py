@@ -41,6 +41,7 @@ from bamboo.model.builtin import fp16_allowed
 from bamboo.runtime import handover
 from bamboo.runtime.boundary import Boundary
 from bamboo.runtime.checkpoint import Checkpoints
+from bamboo.runtime.copies import MemoryCopies
 from bamboo.runtime.evaluator import Evaluator
 from bamboo.runtime.executor import Executor
 from bamboo.runtime.failover import Aborted, Failover
@@ -65,6 +66,7 @@ class Worker:
         self.holdings = Holdings(self.source, cfg, self.device)
         self.checkpoints = Checkpoints(cfg.checkpoint, node, self.source.count, cfg.checkpoint_every,
                                        cfg.checkpoint_seconds)
+        self.copies = MemoryCopies(cluster, node, cfg.hang_timeout)  # checkpoints kept in memory too
         # Watches the failover and the boundary read instead of polling etcd (docs/HOTPATH.md)
         self.failures = cluster.changes(FAILED(), ABORT())
         self.finishes = cluster.changes(FINISHED(), FAILED(), ABORT())
@@ -189,12 +191,20 @@ class Worker:
 
     def checkpoint(self, it: int) -> None:
         """After iteration `it`, pipeline 0's owners snapshot their layers now and
-        write them in the background (the next iteration does not wait)."""
+        write them in the background (the next iteration does not wait); they keep
+        the bytes, and each stage's go to one more node's memory too
+        (bamboo/runtime/copies.py: every node of the epoch takes part or forgets its copies)."""
+        self.cluster.hang_deadline(self.cfg.hang_timeout)  # waits for the last write: not an iteration's pace
+        blobs = scale = None
         if self.pipeline == 0:
             self.executor.settle_replicas()  # a stage owned since this boundary may owe its step
-            self.cluster.hang_deadline(self.cfg.hang_timeout)  # waits for the last write: not an iteration's pace
-            self.checkpoints.write(it + 1, self.holdings.snapshot(self._owned()),
-                                   self.cluster.get(SCALE(it)) if self.cfg.loss_scaling else None)
+            blobs = self.holdings.snapshot(self._owned())
+            scale = self.cluster.get(SCALE(it)) if self.cfg.loss_scaling else None
+            self.checkpoints.write(it + 1, blobs, scale)
+        if self.cfg.memory_copies:
+            self.copies.take(it + 1, self.assignment, self.failed, blobs,
+                             lambda stage: self.holdings.layers_of(self.assignment.depth, [stage]), scale,
+                             lambda members: self._lease_check(members, it + 1))
 
     def reconfigure(self, it: int, aborted: bool = False) -> int:
         """Move to the agents' next configuration after iteration `it` (or, when `it`
@@ -273,7 +283,7 @@ class Worker:
         """Get the layers this node needs in `new` (from their live holders, or from
         the checkpoint the agents chose), then take its place in `new`, or leave if
         it has none."""
-        if new.restore != "peers":
+        if new.restore in ("checkpoint", "initial"):
             received = {}
             if new.restore == "initial":
                 self.holdings.drop()  # built again from the seed, as at the job's start
@@ -281,12 +291,15 @@ class Worker:
                 blobs = self.checkpoints.taken_before(new.start)
                 received = {i: blobs[i] for i in self.holdings.needs(new, self.node)}
                 self._restore_loss_scale(new.start)
-        else:
+        else:  # from the live nodes' layers, or ("memory") from the checkpoint copies they keep
             received = handover.exchange(self.cluster, self.node, self.holdings, new, old,
                                          lambda members, starting: self._lease_check(members, new.start, starting),
-                                         self.cfg.hang_timeout)
+                                         self.cfg.hang_timeout, self.copies if new.restore == "memory" else None)
+            if new.restore == "memory" and self.node in new.members:
+                self._restore_loss_scale(new.start, self.copies.loss_scale(new.start))
         if self.node not in new.members:
             self.checkpoints.wait()
+            self.copies.drop()  # the worker leaves: its copies with it
             raise Parked(f"node {self.node} has no stage in epoch {new.epoch}")  # back to standby
         self.enter(new, received)
 
@@ -303,11 +316,12 @@ class Worker:
             raise RuntimeError(f"no loss scale record of iteration {it - 1} to start iteration {it} from")
         return before.following(self.cfg.loss_scale_window, self.cfg.min_loss_scale)
 
-    def _restore_loss_scale(self, start: int) -> None:
+    def _restore_loss_scale(self, start: int, kept: dict | None = None) -> None:
         """A restart from the checkpoint taken before `start`: the loss scale record
-        stored with it, unless the job's etcd still has that iteration's."""
+        stored with it (or `kept` with its copies in memory), unless the job's etcd
+        still has that iteration's."""
         if self.cfg.loss_scaling and start > 0:
-            found = self.checkpoints.loss_scale(start)
+            found = kept or self.checkpoints.loss_scale(start)
             if found is None:
                 raise RuntimeError(f"the checkpoint taken before iteration {start} has no loss scale (not fp16?)")
             self.cluster.create(SCALE(start - 1), LossScale.from_dict(found))
