@@ -46,3 +46,26 @@ def test_a_short_pipeline_runs_as_a_merged_one():
     short = lay_out(("a", "b", "c"), 5)
     assert short == ("a", "a", "b", "b", "c") and merged(short) == frozenset({1, 3})
     assert [len(r) for r in split_by_speed(12, [tuple(range(5)), short])] == [8, 4]
+
+
+def test_every_short_pipeline_compiles_to_valid_merged_streams():
+    """The compiler's streams of every short layout (P up to 7, a node on at most two
+    stages), in every mode and for every microbatch count a split may give it, pass
+    the validating simulator; and so does the recovery from any death its replicas
+    cover (a one-stage node whose stages keep a copy)."""
+    from schedules.compiler import compile_recovery, compile_schedule, simulate
+    from schedules.layout import Layout, ScheduleError
+    for depth in range(2, 8):
+        for nodes in range(-(-depth // 2), depth):
+            short = lay_out(tuple(range(nodes)), depth)
+            failed = tuple(sorted(merged(short)))
+            for mode in ("eager", "lazy", "off"):
+                for m in (1, 2, 5):
+                    base = compile_schedule(depth, m, failed, mode)
+                    simulate(base)  # raises ValidationError on a bad stream
+                    for dead in (s for s in range(depth) if s not in failed and mode != "off"):
+                        try:
+                            Layout(depth, frozenset(failed) | {dead})
+                        except ScheduleError:
+                            continue  # no copy left in the pipeline: a redo, not a recovery
+                        simulate(compile_recovery(depth, m, dead, len(base.streams[dead]) // 2, failed, mode))
