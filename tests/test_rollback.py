@@ -16,10 +16,10 @@ from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 from bamboo.control.etcd import EtcdServer
-from bamboo.control.protocol import ASSIGNMENT, COPIES, PREEMPTED, START, Copies, Start
+from bamboo.control.protocol import ASSIGNMENT, COPIES, HANDOVER, PREEMPTED, START, Copies, Start
 from bamboo.runtime.checkpoint import LocalStorage, write_part
 from bamboo.runtime.copies import holders, newest_covered
-from tests.test_faults import _finish, _start, _until, reference  # noqa: F401 (a fixture)
+from tests.test_faults import _finish, _node_processes, _start, _until, reference  # noqa: F401 (a fixture)
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -143,3 +143,24 @@ def test_without_copies_the_rollback_reads_storage(tmp_path, reference):
     assert redo == [{"type": "redo", "abandoned": 5, "from": 4, "restore": "checkpoint"}]
     assert len(workers[0]) == len(workers[2]) == 1
 
+
+
+@pytest.mark.slow  # make test-slow: keeps make test under 15 min on a 2-core machine
+def test_a_copy_holder_killed_in_the_rollback_sends_it_to_storage(tmp_path, reference):
+    """Five nodes: the pipeline (0, 1, 3, 2) and node 4 in standby. Stages 1 and 2
+    die in iteration 5; the agents go back to checkpoint 4 from memory (node 0
+    keeps stages 0 and 2, node 2 stages 3 and 1). Node 2 is killed as soon as that
+    epoch is written: its handover fails, and the next epoch, node 0's copies no
+    longer covering every layer, reads checkpoint 4 from storage."""
+    metrics, ckpt = tmp_path / "m.jsonl", tmp_path / "ckpt"
+    with EtcdServer() as etcd:
+        proc = _start(etcd, metrics, *JOB, "--local-nodes", "5", "--checkpoint", str(ckpt))
+        cluster = Cluster(etcd.endpoint, "faults")
+        rollback = _until(proc, lambda: cluster.get(ASSIGNMENT(1)), "the rollback's epoch")
+        for p in _node_processes(proc, 2):
+            p.send_signal(9)
+        assert rollback.restore == "memory" and cluster.get(ASSIGNMENT(0)).pipelines == ((0, 1, 3, 2),)
+        records = _finish(proc, metrics, reference)
+        assert not cluster.get(HANDOVER(1)).complete
+    redo = [e for r in records for e in r["events"] if e["type"] == "redo"]
+    assert [(e["from"], e["restore"]) for e in redo][-1] == (4, "checkpoint"), redo

@@ -29,7 +29,8 @@ class Assignment:
     standby: tuple[int, ...] = ()
     failed: tuple[int, ...] = ()                # the failures the previous epoch's nodes hold layers after
     gone: tuple[int, ...] = ()                  # dead by now: they send nothing (after an abort, more than failed)
-    restore: str = "peers"                      # where layers come from: "peers", "checkpoint" or "initial"
+    restore: str = "peers"                      # where layers come from: "peers", "memory" (checkpoint
+                                                # copies peers keep), "checkpoint" (storage) or "initial"
     redo: bool = False                          # the epoch starts by running again an abandoned iteration
     layers_from: int = -1                       # the epoch whose layout the nodes' layers follow (-1: none yet)
     redundancy: str = ""                        # the epoch's mode (eager, lazy, off); "": the job's --redundancy

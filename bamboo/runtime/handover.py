@@ -12,6 +12,10 @@ layers marks HANDED; the first node to see every mark, or to see a participant
 gone without one, writes the outcome (HANDOVER), which every node then reads: on
 "complete" all enter the new epoch, on "failed" none does, all keep the layers
 they had, and the agents write another epoch from those (Assignment.layers_from).
+
+A rollback from memory (Assignment.restore "memory") is the same handover with
+other sources: the checkpoint copies the live nodes keep (bamboo/runtime/copies.py),
+from which every member takes every layer it needs, its own copy's bytes or a peer's.
 """
 from __future__ import annotations
 

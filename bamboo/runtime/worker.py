@@ -201,7 +201,7 @@ class Worker:
             blobs = self.holdings.snapshot(self._owned())
             scale = self.cluster.get(SCALE(it)) if self.cfg.loss_scaling else None
             self.checkpoints.write(it + 1, blobs, scale)
-        if self.cfg.memory_copies:
+        if self.cfg.memory_copies and self.cfg.elastic:  # without agents, nobody rolls back from them
             self.copies.take(it + 1, self.assignment, self.failed, blobs,
                              lambda stage: self.holdings.layers_of(self.assignment.depth, [stage]), scale,
                              lambda members: self._lease_check(members, it + 1))
