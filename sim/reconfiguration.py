@@ -50,16 +50,21 @@ def nodes_dead(config: Config, removed: set[str]) -> list[int]:
 
 
 def memory_copies(config: Config, zones: dict[str, str]) -> dict[int, set[str]]:
-    """Who keeps each stage's checkpoint in memory: its writer (its owner in the first
-    pipeline) and one node in another zone (its owner in the first other pipeline
-    across a zone, else any node of `config` in another zone)."""
-    nodes = sorted(used_nodes(config))
+    """Who keeps each stage's checkpoint in memory, as the runtime chooses
+    (bamboo/runtime/copies.py): its writer (its owner in the first pipeline) and one
+    node that is neither it nor a neighbour's owner there, so that no two neighbours'
+    deaths take both: the first along the first pipeline after s + 1, then the other
+    pipelines' nodes, one in another zone than the writer's first."""
+    pipe = config.pipelines[0]
+    P = len(pipe)
+    others = [n for p in config.pipelines[1:] for n in p]
     out: dict[int, set[str]] = {}
-    for stage in range(config.depth):
-        writer = config.pipelines[0][stage]
-        owners = [pipe[stage] for pipe in config.pipelines[1:]] + nodes
-        peer = next((n for n in owners if zones.get(n) != zones.get(writer)), None)
-        out[stage] = {writer} | ({peer} if peer else set())
+    for s in range(P):
+        near = {pipe[(s + d) % P] for d in (-1, 0, 1)}
+        candidates = list(dict.fromkeys(n for n in [pipe[(s + k) % P] for k in range(2, P)] + others
+                                        if n not in near))
+        away = [n for n in candidates if zones.get(n) != zones.get(pipe[s])]
+        out[s] = {pipe[s]} | set((away or candidates)[:1])
     return out
 
 

@@ -228,7 +228,7 @@ class ClusterSimulator:
 
     def take_checkpoint(self, s: RunState, used_nodes: int, config: Config | None = None) -> None:
         """Stall for the write; the period to the next checkpoint starts when it ends.
-        Each stage's copy stays in memory on its writer and one node in another zone."""
+        Each stage's copy stays in memory on its writer and one more node (memory_copies)."""
         s.pause(self.costs.write_seconds)
         s.checkpoint(done_at=s.paused_until)
         s.checkpoints += 1

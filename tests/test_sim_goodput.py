@@ -13,6 +13,7 @@ from schedules.compiler import compile_schedule, simulate
 from agents.policy import Config, lay_out, next_config
 from sim.cli import main
 from sim.profiles import PROFILES, STATE_BYTES_PER_PARAM
+from sim.reconfiguration import memory_copies
 from sim.simulator import ClusterSimulator, Options
 from sim.traces import Event
 
@@ -67,27 +68,43 @@ def test_checkpoint_restart_writes_a_checkpoint_on_notice_and_loses_no_work():
     assert without["samples"] < r["samples"]  # it went back to 1200 s
 
 
-@pytest.mark.parametrize("zones,where", [("ab", "memory"), ("a", "storage")])
-def test_a_stage_lost_everywhere_rolls_back_from_a_peer_s_memory_without_a_relaunch(zones, where):
-    # stage 1 dies in both pipelines at once: the checkpoint of 600 s
-    # comes back from the copy a node of the other zone holds in memory; with one
-    # zone nobody holds one, and it is read from storage. No process relaunches.
-    events = start(4, zones)
+def test_a_stage_lost_everywhere_rolls_back_from_a_peer_s_memory_without_a_relaunch():
+    # stage 1 dies in both pipelines at once: the checkpoint of 600 s comes back
+    # from the copy the other pipeline's stage-0 node holds in memory. No process
+    # relaunches.
+    events = start(4)
     stage1 = [pipe[1] for pipe in next_config({e.node: e.zone for e in events}, None, 2).pipelines]
     opt = Options(checkpoint_seconds=600, max_stages=1)
     sim = ClusterSimulator(BERT, 2, "redo", opt)
-    r = sim.run(events + [Event(1000, "remove", n, zones[-1]) for n in stage1], hours=1.0)
+    r = sim.run(events + [Event(1000, "remove", n, "b") for n in stage1], hours=1.0)
     assert r["fatal_failures"] == 1
-    load = BERT.stage_state_bytes(2) / opt.peer_bandwidth if where == "memory" else sim.costs.load_seconds
-    pause = opt.failure_timeout + opt.reconfigure_seconds + load
+    pause = opt.failure_timeout + opt.reconfigure_seconds + BERT.stage_state_bytes(2) / opt.peer_bandwidth
     w = sim.costs.write_seconds
-    # 600 s of two pipelines less one write, then one pipeline (the survivors n0 and n2)
-    # from the rollback's end, stalling for a write 600 s after it and 600 s later
+    # 600 s of two pipelines less one write, then one pipeline (the survivors) from
+    # the rollback's end, stalling for a write every 600 s of training
     after = 3600 - 1000 - pause
     expected = rate(2) * (600 - w) + rate(1) * (after - w * (after // (600 + w)))
     assert r["samples"] == pytest.approx(expected, rel=2e-3)
     relaunch = ClusterSimulator(BERT, 2, "redo", Options(checkpoint_seconds=600, max_stages=1, rollback="relaunch"))
-    assert relaunch.run(events + [Event(1000, "remove", n, zones[-1]) for n in stage1], 1.0)["samples"] < r["samples"]
+    assert relaunch.run(events + [Event(1000, "remove", n, "b") for n in stage1], 1.0)["samples"] < r["samples"]
+
+
+def test_the_copies_are_kept_where_no_two_neighbours_take_both_and_storage_serves_the_rest():
+    config = Config(0, 4, (("a", "b", "c", "d"),))
+    zones = {"a": "x", "b": "y", "c": "x", "d": "y"}
+    copies = memory_copies(config, zones)
+    assert copies == {0: {"a", "c"}, 1: {"b", "d"}, 2: {"c", "a"}, 3: {"d", "b"}}  # two stages on, the runtime's rule
+    for s in range(4):  # any two neighbours dead: a copy of every stage lives
+        dead = {config.pipelines[0][s], config.pipelines[0][(s + 1) % 4]}
+        assert all(copies[t] - dead for t in range(4))
+    sim = ClusterSimulator(BERT, 4, "redo", Options(max_stages=1))
+    sim.copies = copies
+    opt = sim.opt
+    live = {"a": "x", "c": "x"}
+    from_memory = opt.failure_timeout + opt.reconfigure_seconds + BERT.stage_state_bytes(4) / opt.peer_bandwidth
+    assert sim.rollback_seconds(frozenset({1}), live | {"d": "y"}) == pytest.approx(from_memory)
+    from_storage = opt.failure_timeout + opt.reconfigure_seconds + sim.costs.load_seconds
+    assert sim.rollback_seconds(frozenset({1}), live) == pytest.approx(from_storage)  # b and d both gone
 
 
 def test_idle_nodes_are_counted_and_the_bound_is_above_every_strategy():
