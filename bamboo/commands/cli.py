@@ -116,12 +116,16 @@ def check_redundancy(args) -> None:
 
 def check_stages_per_node(args) -> None:
     """--max-stages-per-node: 1 or 2 (the compiler runs a short pipeline's node on
-    two stages as a failed node merged into its predecessor, and merges one only),
-    and enough local nodes to hold every stage at that many per node."""
+    two stages as a failed node merged into its predecessor, and merges one only)."""
     most = args.max_stages_per_node
     if not 1 <= most <= 2:
         raise ValueError(f"--max-stages-per-node must be 1 or 2 (got {most}): a node runs its own stage and at most "
                          "one more, which the compiler merges into it as it merges a failed successor")
+
+
+def check_fit(args) -> None:
+    """Enough local nodes to hold every stage at --max-stages-per-node each."""
+    most = args.max_stages_per_node
     if args.local_nodes is not None and args.stages > 1 and args.local_nodes < -(-args.stages // most):
         raise ValueError(f"{args.stages} stages cannot fit on {args.local_nodes} nodes at --max-stages-per-node "
                          f"{most}: it needs {-(-args.stages // most)} nodes or more")
@@ -221,6 +225,7 @@ def config_from_args(args, fetch_data: bool = True) -> JobConfig:
     check_data(args, source, fetch_data)
     if args.stages > layers:
         raise ValueError(f"--stages {args.stages} is more than model {args.model}'s {layers} layers")
+    check_fit(args)
     if args.microbatches < args.pipelines:
         raise ValueError(f"--microbatches {args.microbatches} is fewer than --pipelines {args.pipelines}")
     if (args.checkpoint_every or args.checkpoint_seconds or args.resume) and not args.checkpoint:
