@@ -10,7 +10,7 @@ import socket
 import time
 from dataclasses import asdict
 
-from agents.modes import ModeStats, choose, estimates, observe
+from agents.modes import ModeStats, choose, estimates, observe, rollback_cost
 from agents.policy import Config, next_config
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
@@ -191,13 +191,15 @@ class Membership:
         `stats` (`wanted`: already picked after the iteration before `it`)."""
         if cfg.redundancy != "auto":
             return cfg.redundancy
-        if wanted is not None and (wanted.mode != "off" or len(epoch.pipelines) >= 2):
-            return wanted.mode
         stats = stats or ModeStats()
         seconds, pause = estimates(stats, epoch.depth, max(1, cfg.microbatches // len(epoch.pipelines)))
+        rollback = rollback_cost(cfg.checkpoint_every, cfg.checkpoint_seconds, seconds, pause) if cfg.checkpoint \
+            else None
+        if wanted is not None and (wanted.mode != "off" or len(epoch.pipelines) >= 2 or rollback is not None):
+            return wanted.mode
         current = epoch.redundancy  # "" for the first epoch: no mode to keep, the best one
         rate = stats.rate(cfg.auto_prior_rate, cfg.auto_prior_hours)
-        return choose(current, rate, len(epoch.members), len(epoch.pipelines), seconds, pause)
+        return choose(current, rate, len(epoch.members), len(epoch.pipelines), seconds, pause, rollback)
 
     def _restore_point(self, cfg: JobConfig, start: int, holders=()) -> tuple[int, str]:
         """(iteration, restore) to go back to when a stage is lost on every node: the

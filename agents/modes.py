@@ -96,6 +96,19 @@ def expected_seconds(seconds: float, pause: float, rate: float, nodes: int) -> f
     return seconds * (1 + rate * nodes * pause / 3600)
 
 
+def rollback_cost(every: int, every_seconds: float, seconds: dict, pause: dict) -> float | None:
+    """What a death costs off on one pipeline, which goes back to its last checkpoint
+    (bamboo-sim's auto weighs it alike): a redo's pause, as the survivors stay up and
+    take the layers from peers' memory or storage, and half an interval's work on
+    average (`every` iterations or `every_seconds` between checkpoints). None
+    without checkpoints: off then needs two pipelines."""
+    if every:
+        return pause["off"] + every / 2 * seconds["off"]
+    if every_seconds:
+        return pause["off"] + every_seconds / 2
+    return None
+
+
 def choose(current: str, rate: float, nodes: int, pipelines: int, seconds: dict, pause: dict,
            rollback: float | None = None) -> str:
     """The mode with the fewest expected seconds per iteration, kept unless another

@@ -75,3 +75,16 @@ def test_priors_are_the_simulated_schedules(stages, microbatches):
     seconds, pause = estimates(ModeStats(seconds={"lazy": 3.0}), stages, microbatches)
     assert seconds["lazy"] == 3.0 and seconds["eager"] == pytest.approx(3.0 * times["eager"] / times["lazy"])
     assert set(itertools.chain(seconds, pause)) == set(MODES)
+
+
+def test_off_on_one_pipeline_is_weighed_with_the_rollback_its_checkpoints_allow():
+    """The agents' rollback cost (the simulator's auto weighs one alike): a redo's
+    pause and half an interval's work; with no checkpoint, off needs a peer pipeline."""
+    from agents.modes import rollback_cost
+    seconds, pause = {"eager": 1.3, "lazy": 1.05, "off": 1.0}, {"eager": 0.5, "lazy": 1.0, "off": 1.5}
+    assert rollback_cost(10, 0, seconds, pause) == pytest.approx(1.5 + 5 * 1.0)
+    assert rollback_cost(0, 60.0, seconds, pause) == pytest.approx(1.5 + 30.0)
+    assert rollback_cost(0, 0, seconds, pause) is None
+    cheap = rollback_cost(4, 0, seconds, pause)
+    assert choose("", 0.01, 4, 1, seconds, pause, cheap) == "off"  # rare deaths: the rollback is worth risking
+    assert choose("", 50.0, 4, 1, seconds, pause, cheap) != "off"  # frequent ones: a replica pays
