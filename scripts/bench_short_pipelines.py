@@ -23,18 +23,19 @@ say what the runtime does under oversubscription, not what separate machines get
 from __future__ import annotations
 
 import argparse
-import http.server
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-from bamboo.control.etcd import EtcdServer, connect
-from bamboo.control.protocol import DONE, scan
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # the tests' fake metadata
+
+from bamboo.control.etcd import EtcdServer, connect  # noqa: E402
+from bamboo.control.protocol import DONE, scan  # noqa: E402
+from tests.fake_metadata import FakeMetadata  # noqa: E402
 
 WARM = 3  # iterations dropped at the start (start-up, first compiles)
 
@@ -88,40 +89,6 @@ def bench_split(a) -> None:
           f"largest relative loss difference {worst:.2e}")
 
 
-class FakeImds(http.server.ThreadingHTTPServer):
-    """EC2's IMDSv2 on loopback, one tree per node under /<node>/: a token, then
-    spot/instance-action once the node is in `noticed` (404 before)."""
-
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), _Imds)
-        self.noticed: set[str] = set()
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/{{node}}"
-
-
-class _Imds(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def _reply(self, code: int, body: str = "") -> None:
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body.encode())
-
-    def do_PUT(self):
-        self._reply(200, "token")
-
-    def do_GET(self):
-        node, _, path = self.path.lstrip("/").partition("/")
-        if path == "latest/meta-data/spot/instance-action" and node in self.server.noticed:
-            return self._reply(200, '{"action": "terminate", "time": "2026-11-22T05:00:00Z"}')
-        self._reply(404)
-
-
 def wait_done(etcd: EtcdServer, it: int, proc) -> None:
     client = connect(etcd.endpoint)
     try:
@@ -149,7 +116,8 @@ LAYOUTS = {
     "P=2, 3 nodes, a standby": (["--stages", "2", "--local-nodes", "3", "--max-stages-per-node", "1",
                                  "--zones", "a,b"], 1, 5),
     "P=2, 2 nodes, no standby (survivor takes both)": (["--stages", "2", "--local-nodes", "2", "--zones", "a,b"], 1, 5),
-    "P=3, 5 nodes (3+2), the two-stage node leaves": (["--stages", "3", "--local-nodes", "5", "--zones", "a,b,c"], 3, 9),
+    "P=3, 5 nodes (3+2), the two-stage node leaves": (["--stages", "3", "--local-nodes", "5", "--zones", "a,b,c"],
+                                                      3, 9),
 }
 
 
@@ -160,12 +128,12 @@ def leave(a, layout: list[str], victim: int, instruction: int, at: int, notice: 
             "--iterations", str(a.iterations), "--seed", "5", *layout]
     if not notice:
         return pause(train(base + ["--preempt", f"{victim}@{at}:{instruction}"]), "preemption")
-    imds = FakeImds()
+    imds = FakeMetadata()
     with EtcdServer() as etcd:
         def notify(proc):
             wait_done(etcd, at - 1, proc)
             imds.noticed.add(str(victim))
-        records = train(base + ["--notice", "ec2", "--metadata-url", imds.url], etcd, notify)
+        records = train(base + ["--notice", "ec2", "--metadata-url", imds.url + "/{node}"], etcd, notify)
     imds.shutdown()
     return pause(records, "notice")
 
