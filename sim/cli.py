@@ -81,7 +81,8 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-seconds", type=float, default=d.warmup_seconds)
     p.add_argument("--restart-seconds", type=float, help="a fixed restart cost instead of relaunch + load + warm-up")
     p.add_argument("--max-stages-per-node", type=int, default=d.max_stages,
-                   help="stages one node may hold (2: pipelines shorter than P use every node; 1: whole pipelines only)")
+                   help="stages one node may hold (2: spare nodes may form pipelines shorter than P; "
+                        "1: whole pipelines only)")
     p.add_argument("--notice-seconds", type=float,
                    help="preemptions are announced this long ahead (default by trace format: ec2 120, gcp 30, "
                         "events and --sweep-rates 0)")

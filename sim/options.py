@@ -30,7 +30,8 @@ class Options:
     startup_seconds: float = 0.0        # from a node's arrival to its being usable (0: the trace says when)
     max_stages: int = 2                 # stages one node may hold: above 1, pipelines shorter than P use every node
     notice_seconds: float = 0.0         # a preemption is announced this long ahead (EC2 120 s, GCP 30 s)
-    rollback: str = "memory"            # a stage lost everywhere: from checkpoint copies in peers' memory, or "relaunch"
+    rollback: str = "memory"            # a stage lost everywhere: from the checkpoint copies in peers' memory,
+                                        # or "relaunch" (every process restarts and reads storage)
 
     def check(self) -> None:
         """Raise ValueError naming the first option that cannot be used."""

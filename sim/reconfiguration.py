@@ -32,16 +32,18 @@ def shape(pipeline: tuple[str, ...]) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def positions_dead(config: Config, removed: set[str]) -> list[set[int]]:
+    """The stages whose node died, in each pipeline of `config`."""
+    return [{i for i, n in enumerate(pipe) if n in removed} for pipe in config.pipelines]
+
+
 def dead_stages(config: Config, removed: set[str]) -> list[set[int]]:
     """The stage positions that died in each pipeline of `config`: a dead node's
     stages and, in a short pipeline with a death, the stages merged into a
     predecessor (the compiler counts them as failed nodes, so that `Layout.lost`
     says which stages have no copy left)."""
-    out = []
-    for pipe in config.pipelines:
-        dead = {i for i, n in enumerate(pipe) if n in removed}
-        out.append(dead | merged(pipe) if dead else dead)
-    return out
+    positions = positions_dead(config, removed)
+    return [dead | merged(pipe) if dead else dead for dead, pipe in zip(positions, config.pipelines)]
 
 
 def nodes_dead(config: Config, removed: set[str]) -> list[int]:

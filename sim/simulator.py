@@ -63,8 +63,7 @@ class ClusterSimulator:
     def config_seconds(self, config: Config, mode: str | None = None) -> float:
         """One iteration of `config`'s pipelines, short ones included, the microbatches
         split by speed (schedules/split.py): the slowest pipeline's."""
-        shapes = tuple(shape(pipe) for pipe in config.pipelines)
-        return _config_ms(self.profile, self.P, shapes, mode or self.rules.redundancy) / 1000
+        return self._estimate(list(config.pipelines), mode) / 1000
 
     def throughput(self, pipelines: int) -> float:
         """Samples per second of `pipelines` healthy full pipelines."""
@@ -91,10 +90,11 @@ class ClusterSimulator:
         """The agents' own policy, as this run sets it (short pipelines up to --max-stages-per-node)."""
         return next_config(live, previous, self.P, self.profile_microbatches(), self.opt.max_stages, self._estimate)
 
-    def _estimate(self, pipelines: list[tuple]) -> float:
-        """The policy's estimate of an iteration of `pipelines`: the schedule simulator's."""
+    def _estimate(self, pipelines: list[tuple], mode: str | None = None) -> float:
+        """Milliseconds of an iteration of `pipelines` (each: the node of every stage):
+        the schedule simulator's, and the policy's estimate."""
         shapes = tuple(shape(pipe) for pipe in pipelines)
-        return _config_ms(self.profile, self.P, shapes, self.rules.redundancy)
+        return _config_ms(self.profile, self.P, shapes, mode or self.rules.redundancy)
 
     def profile_microbatches(self) -> int | None:
         return getattr(self.profile, "microbatches", None)
@@ -130,8 +130,9 @@ class ClusterSimulator:
         events = sorted((replace(e, time=e.time + delay) if e.action == "add" and e.time > 0 else e
                          for e in events if e.time <= horizon), key=lambda e: e.time)
         self.trace = trace_stats(events, horizon)
-        result = self.rules.run(self, with_notices(events, self.opt.notice_seconds), horizon)
-        if isinstance(self.rules, Spot):  # on-demand nodes are never preempted: no bound to reach
+        spot = isinstance(self.rules, Spot)  # on-demand nodes are never preempted: no notice, no bound
+        result = self.rules.run(self, with_notices(events, self.opt.notice_seconds) if spot else events, horizon)
+        if spot:
             result.update(self.bound(events, horizon))
         result.setdefault("goodput", round(self.goodput(result["throughput"], result["mean_nodes"]), 4))
         result.setdefault("idle_fraction", 0.0)

@@ -38,7 +38,8 @@ from sim.accounting import RunState, summary
 from sim.checkpointing import CheckpointCosts, TraceStats
 from sim.options import Options
 from sim.profiles import MeasuredProfile, Profile
-from sim.reconfiguration import dead_stages, handover_seconds, lost_everywhere, nodes_dead, stages_moved, used_nodes
+from sim.reconfiguration import (dead_stages, handover_seconds, lost_everywhere, nodes_dead, positions_dead,
+                                 stages_moved, used_nodes)
 from sim.traces import Event
 
 
@@ -192,7 +193,7 @@ class RedoFromPeers(PeerRecovery):
 
     def react(self, sim: Simulation, s: RunState, config: Config | None, live: dict[str, str],
               removed: set[str]) -> Config | None:
-        deaths = [{i for i, n in enumerate(pipe) if n in removed} for pipe in config.pipelines] if config else []
+        deaths = positions_dead(config, removed) if config else []
         if any(deaths):
             s.abandon_iteration(sim.profile.samples_per_iteration())
             if lost := frozenset.intersection(*map(frozenset, deaths)):
@@ -253,8 +254,6 @@ class OnDemand:
         """The trace's mean cluster size, rounded to whole pipelines, at the on-demand price."""
         count, area, last = 0, 0.0, 0.0
         for e in events:
-            if e.action == "notice":  # an announcement: the node is still there
-                continue
             area += count * (e.time - last)
             count, last = count + (1 if e.action == "add" else -1), e.time
         area += count * (horizon - last)
