@@ -13,7 +13,8 @@ Lifecycle (torch.distributed.elastic's SimpleElasticAgent, steps overridden):
                    an agent arriving later waits in the standby queue
   _start_workers   start `bamboo.runtime.worker` (in standby it waits, warm, for a stage)
   _monitor_workers the worker's exit status: done, parked (standby), fenced, failed
-  _invoke_run      the loop: monitor, reconfigure when asked, drain on request
+  _invoke_run      the loop: monitor, reconfigure when asked, drain on request; a node
+                   recorded dead (fenced) comes back under a new id, in standby
 """
 from __future__ import annotations
 
@@ -33,9 +34,12 @@ from agents.rendezvous import rendezvous_handler
 from bamboo.control.cluster import Cluster, EtcdLost
 from bamboo.control.config import JobConfig
 from bamboo.control.etcd import EtcdError, die_with_parent
-from bamboo.control.exits import FENCED, PARKED
+from bamboo.control.exits import FENCED, PARKED, Fenced
 from bamboo.control.protocol import CONFIG, DONE, FAILED, NOTICES, REGROUP, Notice, rendezvous_node
 from bamboo.runtime import WORKER
+
+
+FENCE_GRACE = 3.0  # seconds a fenced worker has to stop by itself (and log why) before it is killed
 
 
 class BambooAgent(SimpleElasticAgent):
@@ -86,9 +90,8 @@ class BambooAgent(SimpleElasticAgent):
         self.proc = None
 
     def _monitor_workers(self, worker_group) -> RunResult:
-        if self.proc is not None and self.proc.poll() is None and self._fenced():
-            self.proc.kill()  # hung or paused, and counted dead: make it so
-            self.proc.wait()
+        if self._fenced():
+            return self._stop_fenced()
         if self.proc is None or self.proc.poll() is None:
             return RunResult(state=WorkerState.HEALTHY)
         self.exit_code = code = self.proc.returncode
@@ -99,12 +102,42 @@ class BambooAgent(SimpleElasticAgent):
         return RunResult(state=WorkerState.FAILED)  # why: self.exit_code
 
     def _fenced(self) -> bool:
-        """Whether the worker is recorded dead (asked at most twice a second)."""
+        """Whether this node is recorded dead: its heartbeat found its lease revoked,
+        or FAILED(node) is there (read at most twice a second)."""
+        if self.membership.fenced_why:
+            return True
         now = time.monotonic()
         if now - self._fence_checked < 0.5:
             return False
         self._fence_checked = now
         return self.cluster.get(FAILED(self.node)) is not None
+
+    def _stop_fenced(self) -> RunResult:
+        """The node is dead to the job. Its worker stops by itself within a
+        heartbeat, saying why in its log; one that does not (frozen, stuck in a
+        collective) is killed after FENCE_GRACE."""
+        why = self.membership.fenced_why or self.cluster.death_of(self.node)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=FENCE_GRACE)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        status = "no worker" if self.proc is None else f"its worker exited with status {self.proc.returncode}"
+        print(f"bamboo-agent: fenced: {why}; {status}", file=sys.stderr, flush=True)
+        self.proc, self.exit_code = None, FENCED
+        return RunResult(state=WorkerState.FAILED)
+
+    def _come_back(self, group) -> None:
+        """A node recorded dead never returns under its id: this machine (paid for,
+        and reachable again) registers as a new node, in standby, holding nothing."""
+        old = self.node
+        self.membership = self.membership.successor()
+        group.spec.args = (*group.spec.args[:-1], str(self.node))  # the worker's --node
+        self.exit_code = None
+        print(f"bamboo-agent: node {old} stays dead; this machine comes back as node {self.node}, in standby",
+              file=sys.stderr, flush=True)
+        self._rendezvous(group)
 
     def _succeeded(self) -> RunResult:
         return RunResult(state=WorkerState.SUCCEEDED, return_values={self.node: 0})
@@ -118,26 +151,42 @@ class BambooAgent(SimpleElasticAgent):
         group = self._worker_group
         self._rendezvous(group)
         while True:
-            self._start_workers(group)
-            time.sleep(group.spec.monitor_interval)
-            self.membership.decide(self.cfg)  # any agent may write the next configuration
-            self.membership.observe_modes(self.cfg)  # --redundancy auto: the mode wanted next
-            result = self._monitor_workers(group)
-            group.state = result.state
-            if result.state == WorkerState.SUCCEEDED:
-                return result
-            if result.state == WorkerState.FAILED:
-                return result
-            if result.state == WorkerState.STOPPED:  # parked: back to the standby queue
-                self.proc = None
-                if self.draining:
-                    return self._succeeded()
+            try:
+                result = self._step(group)
+            except Fenced:  # etcd refused this agent's write: the node was recorded dead
+                result = self._stop_fenced()
+            if result is None:
+                continue
+            if result.state == WorkerState.FAILED and self.exit_code == FENCED and not self._leaving():
+                self._come_back(group)
+                continue
+            return result
+
+    def _step(self, group) -> RunResult | None:
+        """One round of the loop: the result that ends the run, or None."""
+        self._start_workers(group)
+        time.sleep(group.spec.monitor_interval)
+        self.membership.decide(self.cfg)  # any agent may write the next configuration
+        self.membership.observe_modes(self.cfg)  # --redundancy auto: the mode wanted next
+        result = self._monitor_workers(group)
+        group.state = result.state
+        if result.state in (WorkerState.SUCCEEDED, WorkerState.FAILED):
+            return result
+        if result.state == WorkerState.STOPPED:  # parked: back to the standby queue
+            self.proc = None
             if self.draining:
-                self.membership.drain()  # the worker leaves after handing its stages over
-                if self.proc is None:
-                    return self._succeeded()
-            if self.proc is None and self.membership.job_finished():
                 return self._succeeded()
+        if self.draining:
+            self.membership.drain()  # the worker leaves after handing its stages over
+            if self.proc is None:
+                return self._succeeded()
+        if self.proc is None and self.membership.job_finished():
+            return self._succeeded()
+        return None
+
+    def _leaving(self) -> bool:
+        """Whether this machine leaves rather than coming back: it drains, or the job ended."""
+        return self.draining or self.membership.job_finished()
 
 
 def wait_for_iteration(cluster: Cluster, iteration: int, cfg: JobConfig) -> bool:

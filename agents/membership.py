@@ -45,18 +45,32 @@ def lost_everywhere(assignment: Assignment, failed, redundancy: str) -> frozense
 
 class Membership:
     def __init__(self, cluster: Cluster, zone: str, node: int | None, cfg: JobConfig):
-        self.cluster, self.zone = cluster, zone
+        self.cluster, self.zone, self.cfg = cluster, zone, cfg
+        cluster.fenced_as = None  # a new identity is claimed by a process that may have had an old one
         self.node = node if node is not None else self._claim_id()
         if node is not None and not cluster.create(IDS(node), Mark()):
             raise ValueError(f"node id {node} is taken in this job")
+        cluster.fenced_as = self.node  # from now on etcd refuses this agent's writes once the node is dead
         cluster.put(ZONES(self.node), Zone(zone))
         host = socket.gethostname()
+        self.fenced_why: str | None = None  # set by the heartbeat's thread: this node was recorded dead
         self.heartbeat = Heartbeat(cluster, MEMBERS(self.node), lambda lease: Member(zone, host, lease), cfg.lease_ttl,
-                                   cfg.failure_timeout)
+                                   cfg.failure_timeout, fenced=lambda: cluster.death_of(self.node),
+                                   on_fenced=self._fenced)
+        cluster.heartbeat = self.heartbeat  # the agent judges peers' silence by lease age, as workers do
         self._drained = False
         self._epoch: int | None = None  # the newest assignment seen
         self._next = 0                  # the first iteration whose regroup records are not settled
         self._observed: int | None = None  # --redundancy auto: the last iteration folded into the mode stats
+
+    def _fenced(self, reason: str) -> None:
+        self.fenced_why = reason
+
+    def successor(self) -> "Membership":
+        """This machine under a new node id, holding nothing: how a node recorded
+        dead comes back (its old id is never registered again)."""
+        self.leave()
+        return Membership(self.cluster, self.zone, None, self.cfg)
 
     def _claim_id(self) -> int:
         n = len(self.cluster.children(IDS()))

@@ -14,7 +14,8 @@ from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 from bamboo.control.etcd import EtcdServer
 from bamboo.control.liveness import HANG_FLOOR, hang_deadline
-from bamboo.control.protocol import ALIVE, FAILED, Failure, Report
+from bamboo.control.exits import Fenced
+from bamboo.control.protocol import ABORT, ALIVE, FAILED, LOSS, Abort, Failure, Loss, Report
 from bamboo.runtime.boundary import stragglers
 
 CFG = JobConfig(failure_timeout=2.0, lease_ttl=15.0)
@@ -134,3 +135,25 @@ def test_the_hang_deadline_follows_the_running_median_within_its_bounds():
     assert hang_deadline([1.0] * 5 + [20.0] * 20, cap=300) == 200  # ten medians of the recent ones
     assert hang_deadline([20.0] * 9 + [900.0], cap=300) == 200     # one slow iteration moves no median
     assert hang_deadline([40.0] * 10, cap=300) == 300              # never over --hang-timeout
+
+
+def test_a_node_recorded_dead_is_told_at_once_and_etcd_refuses_its_writes(server):
+    """Recording a death revokes the node's lease: its heartbeat stops it at the next
+    refresh (no TTL to wait out), and every write of its old incarnation, however
+    late, is refused by etcd itself; its key never comes back under that id."""
+    reasons: queue.Queue = queue.Queue()
+    old, peer = Cluster(server.endpoint, "fence"), Cluster(server.endpoint, "fence")
+    old.register(3, CFG, on_fenced=reasons.put)  # TTL 15 s: only the revocation can be this quick
+    peer.register(4, CFG, on_fenced=reasons.put)
+    assert peer.record_dead(3, Failure(6, 4, "test"))
+    assert "node 3 was recorded dead in iteration 6 by node 4 (test)" in reasons.get(timeout=3)
+    assert peer.get(ALIVE(3)) is None and peer.get(ALIVE(4)) is not None
+    with pytest.raises(Fenced, match="etcd refused a write"):
+        old.put(LOSS(6, 0), Loss(1.0))
+    with pytest.raises(Fenced):
+        old.create(ABORT(6), Abort("test", 3))
+    with pytest.raises(Fenced):
+        old.heartbeat._take_lease()  # the re-registration a partition's end would try
+    assert peer.get(LOSS(6, 0)) is None and peer.get(ABORT(6)) is None and peer.get(ALIVE(3)) is None
+    peer.put(LOSS(6, 1), Loss(2.0))  # the living write as before
+    assert reasons.empty()

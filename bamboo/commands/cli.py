@@ -35,8 +35,8 @@ def local_cluster(args):
     """The --local-nodes/--zones/--join settings, checked, or None."""
     from bamboo.commands.launcher import LocalCluster
     if args.local_nodes is None:
-        if args.join:
-            raise ValueError("--join needs --local-nodes")
+        if args.join or args.local_prefix:
+            raise ValueError(f"{'--join' if args.join else '--local-prefix'} needs --local-nodes")
         return None
     zones = tuple(z.strip() for z in args.zones.split(","))
     if not all(zones):
@@ -52,7 +52,7 @@ def local_cluster(args):
             raise ValueError(f"--join {spec!r}: nodes join after iteration {it}, and the job's last is "
                              f"{args.iterations - 1} (--iterations {args.iterations})")
         joins.append((int(count), int(it)))
-    return LocalCluster(args.local_nodes, zones, tuple(joins), args.notice, args.metadata_url)
+    return LocalCluster(args.local_nodes, zones, tuple(joins), args.notice, args.metadata_url, args.local_prefix)
 
 
 def check_writable(path: str | None, flag: str) -> None:
@@ -298,8 +298,10 @@ def main(argv: list[str] | None = None) -> int:
             run_single(cfg, args.metrics_out, progress=not args.no_progress, sinks=metric_sinks(args))
         else:
             from bamboo.commands.launcher import Launcher
-            summary = Launcher(cfg, args.etcd, args.metrics_out, progress=not args.no_progress, cluster=local,
-                               named=args.job is not None, sinks=metric_sinks(args)).run()
+            launcher = Launcher(cfg, args.etcd, args.metrics_out, progress=not args.no_progress, cluster=local,
+                                named=args.job is not None, sinks=metric_sinks(args))
+            launcher.logs = args.log_dir
+            summary = launcher.run()
             print(json.dumps(summary))
         if args.export:
             from bamboo.model.export import export

@@ -139,6 +139,11 @@ def _cluster_flags(g) -> None:
                                                          "replaced by the node id)")
     g.add_argument("--join", action="append", default=[], metavar="COUNT@ITER",
                    help="with --local-nodes: COUNT more nodes join after iteration ITER (repeatable)")
+    g.add_argument("--log-dir", metavar="DIR", help="keep every agent's and worker's log in DIR (default: a temp "
+                                                     "dir, removed after a clean run)")
+    g.add_argument("--local-prefix", default="", metavar="CMD",
+                   help="with --local-nodes: run each agent under this command, {node} replaced by its id "
+                        "(the network namespaces of bamboo-chaos --network)")
 
 
 # (a job file's section, the --help group's title, its flags): one table, so the two cannot drift

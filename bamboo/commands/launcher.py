@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -50,6 +51,11 @@ class LocalCluster:
     joins: tuple[tuple[int, int], ...] = ()
     notice: str | None = None        # agents watch this cloud's preemption notices...
     metadata_url: str | None = None  # ...at this metadata service ("{node}" is replaced)
+    prefix: str = ""                 # each agent runs under this command ("{node}" is replaced)
+
+    def command(self, node: int) -> list[str]:
+        """The prefix of node `node`'s agent command (a network namespace, say)."""
+        return shlex.split(self.prefix.replace("{node}", str(node)))
 
     def zone(self, node: int) -> str:
         return self.zones[node % len(self.zones)]
@@ -96,7 +102,7 @@ class Launcher:
         self.slots: dict[int, int] = {}  # node -> its LOCAL_RANK, the device it takes (bamboo/transport/devices.py)
         self.on_tick = None    # called while waiting for iterations (a trace replay adds and kills nodes)
         self.stopped = False   # set by on_tick: stop after the current iteration, killing every process
-        self.logs: str | None = None
+        self.logs: str | None = None  # where the processes' logs go (default: a temp dir, removed after a clean run)
         self.keep_logs = False
 
     def run(self) -> dict:
@@ -127,7 +133,11 @@ class Launcher:
         if self.etcd is None:
             self.server = EtcdServer().start()
         cluster = Cluster(self.etcd or self.server.endpoint, self.cfg.job)
-        self.logs = tempfile.mkdtemp(prefix="bamboo-logs-")
+        if self.logs:  # the user's: kept
+            os.makedirs(self.logs, exist_ok=True)
+            self.keep_logs = True
+        else:
+            self.logs = tempfile.mkdtemp(prefix="bamboo-logs-")
         if self.named and cluster.get(CONFIG()) is not None:
             return self._join(cluster)
         cluster.put(CONFIG(), self.cfg)
@@ -137,14 +147,27 @@ class Launcher:
         self._record_iterations(cluster, summary, start)
         if self.stopped:
             self.stop_processes()
-        for n, p in self.procs.items():
-            if p.wait() not in EXPECTED_EXITS:
-                raise LaunchError(self._worker_error(cluster))
+        self._wait_exits(cluster)
         cluster.close()
         summary["total_seconds"] = round(time.monotonic() - start, 3)
         summary["mean_iteration_seconds"] = round(summary["total_seconds"] / max(1, summary["iterations"]), 4)
         self.metrics.write({"summary": summary})
         return summary
+
+    def _wait_exits(self, cluster: Cluster) -> None:
+        """Every process started has exited as expected. A node recorded dead whose
+        process still runs (frozen, or cut off the network: a machine that vanished)
+        is never waited for; it is stopped once the others are done."""
+        dead = set(cluster.failed())
+        for n, p in self.procs.items():
+            if n not in dead and p.wait() not in EXPECTED_EXITS:
+                raise LaunchError(self._worker_error(cluster))
+        for n in dead & set(self.procs):
+            try:  # an agent back from a partition, as a new node in standby, leaves by itself
+                self.procs[n].wait(timeout=DEAD_GRACE)
+            except subprocess.TimeoutExpired:
+                self.procs[n].kill()
+                self.procs[n].wait()
 
     def _start_nodes(self, cluster: Cluster) -> None:
         """A local cluster's agents (the joiners' too: they register once their
@@ -237,7 +260,7 @@ class Launcher:
         self.slots[node] = min(set(range(len(held) + 1)) - held)  # the lowest index no live process has
         with open(os.path.join(self.logs, f"{kind}{node}.log"), "w") as log:
             self.procs[node] = subprocess.Popen(
-                [sys.executable, "-m", module, "--etcd", cluster.endpoint, "--job", self.cfg.job,
+                [*(self.local.command(node) if self.local and module == AGENT else ()), sys.executable, "-m", module, "--etcd", cluster.endpoint, "--job", self.cfg.job,
                  *(["--node", str(node)] if named else []), *args], stdout=log, stderr=subprocess.STDOUT,
                 preexec_fn=die_with_parent, env={**os.environ, LOCAL_RANK: str(self.slots[node])})
 
@@ -322,6 +345,7 @@ def _last_error(lines: list[str]) -> str:
 
 
 EXPECTED_EXITS = (0, -signal.SIGKILL, FENCED)  # done, preempted, or fenced off by its peers
+DEAD_GRACE = 10.0  # seconds the launcher waits, at the end, for the process of a node recorded dead
 
 
 class ProgressBar:

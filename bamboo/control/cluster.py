@@ -11,6 +11,7 @@ from pyetcd.utils import prefix_range_end
 from bamboo.control.assignment import Assignment
 from bamboo.control.changes import Changes
 from bamboo.control.etcd import EtcdError, connect
+from bamboo.control.exits import Fenced
 from bamboo.control.liveness import Heartbeat, lease_ages
 from bamboo.control.protocol import ALIVE, ASSIGNMENT, FAILED, LEASE_EXPIRED, MEMBERS, Alive, Failure, Key, job_root
 
@@ -59,6 +60,7 @@ class Cluster:
         self.root = job_root(job)
         self.patience = patience
         self.heartbeat: Heartbeat | None = None      # once this process registers
+        self.fenced_as: int | None = None  # the node this process writes for: its writes need it alive
         self._aged: dict[int, tuple[float, float]] = {}  # lease -> (when asked, its age)
 
     @staticmethod
@@ -91,22 +93,25 @@ class Cluster:
 
     def put(self, key: Key, record, lease=None) -> None:
         value = _encode(key, record)
-        self.call(lambda: self.client.put(self.key(key), value, lease=lease))
+        if self.fenced_as is None:
+            self.call(lambda: self.client.put(self.key(key), value, lease=lease))
+        else:
+            self._write([], [self.client.transactions.put(self.key(key), value, lease=lease)])
 
     def put_all(self, records: dict) -> None:
         """Write every {key: record} in one etcd transaction (one round trip, one
         disk sync, however many keys)."""
         tx = self.client.transactions
-        puts = [tx.put(self.key(key), _encode(key, record)) for key, record in records.items()]
-        self.call(lambda: self.client.transaction(compare=[], success=puts, failure=[]))
+        self._write([], [tx.put(self.key(key), _encode(key, record)) for key, record in records.items()])
 
     def delete(self, key: Key) -> None:
-        self.call(lambda: self.client.delete(self.key(key)))
+        self._write([], [self.client.transactions.delete(self.key(key))])
 
     def create(self, key: Key, record) -> bool:
         """Write only if absent (an etcd transaction); True when this call wrote it."""
-        value = _encode(key, record)
-        return bool(self.call(lambda: self.client.put_if_not_exists(self.key(key), value)))
+        tx = self.client.transactions
+        raw = self.key(key)
+        return bool(self._write([tx.version(raw) == 0], [tx.put(raw, _encode(key, record))])[0])
 
     def create_unless(self, key: Key, record, unless: Key) -> bool:
         """create(key, record), but only while `unless` does not exist either (one
@@ -114,8 +119,7 @@ class Cluster:
         tx = self.client.transactions
         raw, value = self.key(key), _encode(key, record)
         absent = [tx.version(raw) == 0, tx.version(self.key(unless)) == 0]
-        ok, _ = self.call(lambda: self.client.transaction(compare=absent, success=[tx.put(raw, value)], failure=[]))
-        return bool(ok)
+        return bool(self._write(absent, [tx.put(raw, value)])[0])
 
     def create_clearing(self, key: Key, record, clear: list[tuple[Key, Key]]) -> bool:
         """create(key, record) and, in the same transaction, delete every key from
@@ -126,9 +130,20 @@ class Cluster:
         tx = self.client.transactions
         raw, value = self.key(key), _encode(key, record)
         deletes = [tx.delete(self.key(first), range_end=self.key(end).encode()) for first, end in clear]
-        ok, _ = self.call(lambda: self.client.transaction(compare=[tx.version(raw) == 0],
-                                                          success=[tx.put(raw, value), *deletes], failure=[]))
-        return bool(ok)
+        return bool(self._write([tx.version(raw) == 0], [tx.put(raw, value), *deletes])[0])
+
+    def _write(self, compare: list, success: list, failure: list = ()) -> tuple[bool, list]:
+        """One transaction of this process's writes. Once its node is recorded dead
+        (FAILED(fenced_as) exists) etcd itself refuses them, whatever this process
+        believes: an old incarnation back from a partition cannot write a thing.
+        Refused for that reason: Fenced."""
+        tx = self.client.transactions
+        guard = [] if self.fenced_as is None else [tx.version(self.key(FAILED(self.fenced_as))) == 0]
+        ok, responses = self.call(lambda: self.client.transaction(compare=[*compare, *guard], success=success,
+                                                                  failure=list(failure)))
+        if not ok and guard and (reason := self.death_of(self.fenced_as)):
+            raise Fenced(f"etcd refused a write: {reason}")
+        return ok, responses
 
     def get(self, key: Key):
         """The record at `key`, or None."""
@@ -154,7 +169,8 @@ class Cluster:
         tx = self.client.transactions
         raws = [self.key(prefix) + "/" for prefix in prefixes]
         gets = [tx.get(raw, prefix_range_end(raw.encode())) for raw in raws]
-        _, responses = self.call(lambda: self.client.transaction(compare=[], success=puts + gets, failure=[]))
+        _, responses = self._write([], puts + gets) if puts else \
+            self.call(lambda: self.client.transaction(compare=[], success=gets, failure=[]))
         return [_records(prefix, raw, kvs) for prefix, raw, kvs in zip(prefixes, raws, responses[len(puts):])]
 
     def create_or_get(self, key: Key, record) -> tuple[object, bool]:
@@ -162,8 +178,7 @@ class Cluster:
         record that stands at `key`, and whether this call wrote it."""
         tx = self.client.transactions
         raw, value = self.key(key), _encode(key, record)
-        wrote, responses = self.call(lambda: self.client.transaction(
-            compare=[tx.version(raw) == 0], success=[tx.put(raw, value)], failure=[tx.get(raw)]))
+        wrote, responses = self._write([tx.version(raw) == 0], [tx.put(raw, value)], [tx.get(raw)])
         if wrote:
             return record, True
         (stored, _), = responses[0]
@@ -184,6 +199,7 @@ class Cluster:
     def register(self, node: int, cfg, on_fenced) -> None:
         """ALIVE(node) under a lease this process keeps refreshing (bamboo/control/liveness.py);
         `on_fenced(reason)` runs if it expired while the node was recorded dead."""
+        self.fenced_as = node
         self.heartbeat = Heartbeat(self, ALIVE(node), lambda lease: Alive(node, lease), cfg.lease_ttl,
                                    cfg.failure_timeout, cfg.hang_timeout, lambda: self.death_of(node), on_fenced)
 
@@ -230,8 +246,22 @@ class Cluster:
         """Record as dead each of `nodes` that went silent (see `silent`); return them."""
         silent = self.silent(nodes, starting)
         for n in silent:
-            self.create(FAILED(n), Failure(iteration, by, LEASE_EXPIRED))
+            self.record_dead(n, Failure(iteration, by, LEASE_EXPIRED))
         return silent
+
+    def record_dead(self, node: int, failure: Failure) -> bool:
+        """FAILED(node) (first detector wins: True when this call wrote it), then the
+        node's leases revoked: its keys go now, so nothing in a recovery waits out
+        their TTL, and should the node come back its heartbeat finds its lease
+        gone and stops it, saying why."""
+        wrote = self.create(FAILED(node), failure)
+        for record in (self.get(ALIVE(node)), self.get(MEMBERS(node))):
+            if record is not None and record.lease:
+                try:
+                    self.client.revoke_lease(record.lease)
+                except (Etcd3Exception, ValueError):  # gone already (expired, revoked by another detector)
+                    pass
+        return wrote
 
     def alive(self) -> set[int]:
         return set(self.children(ALIVE()))

@@ -58,22 +58,25 @@ def die_with_parent() -> None:
 
 
 class EtcdServer:
-    """`etcd` on free loopback ports with a temporary data dir; stop() removes both."""
+    """`etcd` on free loopback ports with a temporary data dir; stop() removes both.
+    `host` and `prefix` put it elsewhere: on that address, started by that command
+    prefix (a network namespace of bamboo/commands/netlab.py)."""
 
-    def __init__(self, data_dir: str | None = None):
+    def __init__(self, data_dir: str | None = None, host: str = "127.0.0.1", prefix: tuple[str, ...] = ()):
         self._own_dir = data_dir is None
+        self.host, self.prefix = host, tuple(prefix)
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="bamboo-etcd-")
         self.port, self.peer_port = free_port(), free_port()
         self.proc: subprocess.Popen | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def start(self, timeout: float = 20.0) -> "EtcdServer":
-        url, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer_port}"
+        url, peer = f"http://{self.host}:{self.port}", f"http://{self.host}:{self.peer_port}"
         self.proc = subprocess.Popen(
-            [etcd_binary(), "--data-dir", self.data_dir, "--name", "bamboo",
+            [*self.prefix, etcd_binary(), "--data-dir", self.data_dir, "--name", "bamboo",
              "--listen-client-urls", url, "--advertise-client-urls", url,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
              "--initial-cluster", f"bamboo={peer}", "--log-level", "error"],

@@ -18,7 +18,11 @@ The deadline follows the job's pace: HANG_FACTOR times the running median of its
 recent iterations, never under HANG_FLOOR, never over --hang-timeout (which is
 also gloo's operation timeout, and the deadline before any iteration ended).
 A lease that expired anyway (etcd was away longer than the TTL) is taken again,
-unless the node was recorded dead meanwhile: then it stops, saying why.
+unless the node was recorded dead meanwhile: then it stops, saying why. Recording
+a node dead revokes its leases (Cluster.record_dead), so a node that comes back
+from a partition finds its lease gone at its next refresh, and etcd refuses the
+new key (the write is guarded on FAILED(node) being absent): it never registers
+again under its identity.
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ import threading
 import time
 
 from pyetcd import Etcd3Exception
+
+from bamboo.control.exits import Fenced
 
 REFRESH_SECONDS = 0.5
 HANG_FACTOR = 10      # a main thread stuck this many median iterations is hung ...
@@ -106,10 +112,11 @@ class Heartbeat:
         try:
             reason = self.fenced()
             if reason is None:
-                self._take_lease()
+                self._take_lease()  # refused by etcd (Fenced) once the node is recorded dead
                 print(f"bamboo: lease expired while etcd was unreachable; registered again as {self.key.path}",
                       file=sys.stderr, flush=True)
-                reason = self.fenced()  # recorded dead while the key was away
+        except Fenced as e:
+            reason = str(e)
         except (Etcd3Exception, ValueError):
             return  # etcd away again: the next round retries
         if reason is not None and self.on_fenced:

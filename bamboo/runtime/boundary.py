@@ -119,7 +119,7 @@ class Boundary:
         reports = {n: r for n, r in reports.items() if n not in failed}
         slow = stragglers(reports, self.straggler_factor, self.straggler_slack)
         for n in slow:
-            self.cluster.create(FAILED(n), Failure(iteration, self.node, STRAGGLER))
+            self.cluster.record_dead(n, Failure(iteration, self.node, STRAGGLER))
         return slow
 
     def _decide(self, iteration: int, attempt: int, assignment: Assignment, dead: set[NodeId] | None) -> Regroup:

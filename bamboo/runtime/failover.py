@@ -171,7 +171,7 @@ class Failover:
             self.now.event = self._judge(self._recorded)
 
     def detected(self, node: NodeId, how: str) -> None:
-        self.cluster.create(FAILED(node), Failure(self.iteration, self.node_of(self.me), how))
+        self.cluster.record_dead(node, Failure(self.iteration, self.node_of(self.me), how))
         self.now.due = True  # look again at once
 
     def poll(self):

@@ -1,0 +1,121 @@
+"""Machines that vanish, on one Linux box: each node of a local job in its own
+network namespace, with its own address on one bridge, and etcd in another.
+
+On loopback a killed process's sockets close at once and its peers see a reset.
+A preempted spot VM closes nothing: its packets stop. `NetLab` makes that happen
+to a node: `cut` sets its link down (packets to and from it go nowhere, no FIN,
+no RST), `heal` brings the link back, `block` drops the traffic between two
+namespaces only (a node that cannot reach etcd while its peers can). Freezing
+its processes (SIGSTOP) with the cut is a vanish; that is the caller's part.
+
+Needs root and iproute2 (`ip netns`); `unavailable()` says why not, in one line.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import random
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+INSIDE = "eth0"  # every namespace names its end of the link alike: gloo binds to it (GLOO_SOCKET_IFNAME)
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str       # the lab's name for it ("etcd", "n3", ...)
+    netns: str      # its network namespace
+    address: str    # its address on the bridge
+    link: str       # the host end of its veth pair, on the bridge: down is a cut cable
+
+
+def unavailable() -> str | None:
+    """Why this box cannot build a lab (None when it can)."""
+    if not sys.platform.startswith("linux"):
+        return "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return "network namespaces need root (ip netns)"
+    if shutil.which("ip") is None:
+        return "network namespaces need iproute2's `ip`"
+    probe = f"bbprobe{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot create a network namespace: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def _ip(*args: str) -> None:
+    out = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
+
+
+class NetLab:
+    """A bridge and the namespaces on it; `close()` removes everything it made."""
+
+    def __init__(self, tag: str | None = None):
+        self.tag = tag or f"{random.randrange(16 ** 4):04x}"
+        self.bridge = f"bb{self.tag}"
+        octet = int(self.tag, 16) % 250 + 1
+        self.net = ipaddress.ip_network(f"10.{200 + octet % 50}.{octet}.0/24")
+        self.gateway = str(self.net[1])  # the bridge's own address: this namespace reaches every machine
+        self.machines: dict[str, Machine] = {}
+        self._blocked: set[tuple[str, str]] = set()
+
+    def start(self) -> "NetLab":
+        _ip("link", "add", "name", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self.gateway}/{self.net.prefixlen}", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        return self
+
+    def add(self, name: str) -> Machine:
+        """A new machine: a namespace, its loopback, and a link to the bridge."""
+        index = len(self.machines) + 2
+        m = Machine(name, f"{self.bridge}-{name}", str(self.net[index]), f"{self.bridge}v{index}")
+        _ip("netns", "add", m.netns)
+        self.machines[name] = m
+        _ip("link", "add", m.link, "type", "veth", "peer", "name", INSIDE, "netns", m.netns)
+        _ip("link", "set", m.link, "master", self.bridge, "up")
+        _ip("-n", m.netns, "addr", "add", f"{m.address}/{self.net.prefixlen}", "dev", INSIDE)
+        _ip("-n", m.netns, "link", "set", INSIDE, "up")
+        _ip("-n", m.netns, "link", "set", "lo", "up")
+        return m
+
+    def command(self, name: str) -> list[str]:
+        """The prefix that runs a command on machine `name`."""
+        return ["ip", "netns", "exec", self.machines[name].netns, "env", f"GLOO_SOCKET_IFNAME={INSIDE}"]
+
+    def cut(self, name: str) -> None:
+        """Pull the machine's cable: nothing in or out, and nobody is told."""
+        _ip("link", "set", self.machines[name].link, "down")
+
+    def heal(self, name: str) -> None:
+        _ip("link", "set", self.machines[name].link, "up")
+
+    def block(self, a: str, b: str) -> None:
+        """Drop what `a` and `b` send each other (both ways), the rest flows."""
+        ma, mb = self.machines[a], self.machines[b]
+        _ip("-n", ma.netns, "route", "add", "blackhole", f"{mb.address}/32")
+        _ip("-n", mb.netns, "route", "add", "blackhole", f"{ma.address}/32")
+        self._blocked.add((a, b))
+
+    def unblock(self, a: str, b: str) -> None:
+        ma, mb = self.machines[a], self.machines[b]
+        _ip("-n", ma.netns, "route", "del", "blackhole", f"{mb.address}/32")
+        _ip("-n", mb.netns, "route", "del", "blackhole", f"{ma.address}/32")
+        self._blocked.discard((a, b))
+
+    def close(self) -> None:
+        for m in self.machines.values():
+            subprocess.run(["ip", "netns", "del", m.netns], capture_output=True)  # its veth pair goes with it
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+        self.machines.clear()
+
+    def __enter__(self) -> "NetLab":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
