@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+import grpc
 from pyetcd import Etcd3Exception
 from pyetcd.utils import prefix_range_end
 
@@ -259,7 +260,7 @@ class Cluster:
             if record is not None and record.lease:
                 try:
                     self.client.revoke_lease(record.lease)
-                except (Etcd3Exception, ValueError):  # gone already (expired, revoked by another detector)
+                except (Etcd3Exception, ValueError, grpc.RpcError):  # gone already: expired, or revoked by another
                     pass
         return wrote
 

@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 
+import grpc
 from pyetcd import Etcd3Exception
 
 from bamboo.control.exits import Fenced
@@ -83,7 +84,7 @@ class Heartbeat:
         self._stop.set()
         try:
             self.lease.revoke()
-        except (Etcd3Exception, ValueError):  # etcd gone: the lease expires on its own
+        except (Etcd3Exception, ValueError, grpc.RpcError):  # etcd gone, or the lease revoked already
             pass
 
     def _run(self) -> None:
