@@ -50,7 +50,7 @@ def _kill_on(proc, etcd, nodes, registered: bool) -> bool:
     while left:
         assert time.monotonic() < deadline and proc.poll() is None, "the launcher ended before the kills"
         keys = scan(client) if registered else []
-        members = {parts[0] for _, family, parts in keys if family is MEMBERS}
+        members = {parts for _, family, parts in keys if family is MEMBERS}
         first = not any(family is ASSIGNMENT for _, family, _ in keys)
         for n in sorted(left):
             agent = _agent(proc, n)
@@ -76,7 +76,35 @@ def test_nodes_killed_during_start_up_leave_the_rest_to_train(tmp_path):
     assert [r["iteration"] for r in records] == list(range(ITERS))
     for got, ref in zip(records, want):
         assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5), got["iteration"]
-    assert records[-1]["nodes"] == 3, (before, records[-1])
+    assert before and records[-1]["nodes"] == 3, (before, records[-1])
+    first = [e for r in records for e in r["events"] if e["type"] == "reconfigure"][0]
+    assert {n for p in first["pipelines"] for n in p} <= {0, 1, 2}  # epoch 0: only the live nodes
+
+
+@pytest.mark.slow  # about a minute on a loaded 2-core machine
+def test_a_node_killed_once_assignment_0_names_it_is_an_ordinary_failure(tmp_path):
+    """Four nodes at P=2: node 1, in epoch 0, is SIGKILLed (agent and worker) as soon as
+    assignment 0 exists, before the first iteration: the workers abandon the epoch,
+    the agents configure the survivors, and the math is the reference's."""
+    _, want = bamboo_train(tmp_path / "ref.jsonl", *COMMON, "--stages", "1")
+    with EtcdServer() as etcd:
+        proc = _launch(tmp_path, etcd, "--local-nodes", "4", "--zones", "a,b", "--max-stages-per-node", "1")
+        client = connect(etcd.endpoint)
+        deadline = time.monotonic() + 120
+        while not any(family is ASSIGNMENT for _, family, _ in scan(client)):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        client.close()
+        agent = _agent(proc, 1)
+        for p in [agent, *agent.children(recursive=True)]:
+            p.send_signal(signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    records = [r for r in map(json.loads, (tmp_path / "m.jsonl").read_text().splitlines()) if "summary" not in r]
+    assert [r["iteration"] for r in records] == list(range(ITERS))
+    for got, ref in zip(records, want):
+        assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5), got["iteration"]
+    assert records[-1]["nodes"] == 2  # one pipeline of the three left, the third in standby
 
 
 def test_too_few_nodes_to_start_end_the_job_naming_the_missing(tmp_path):
