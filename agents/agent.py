@@ -6,10 +6,12 @@ notice, with `--notice ec2|gcp`) drains the node: the next configuration leaves 
 out, its stages move to their new owners, and the agent exits.
 
     bamboo-agent --etcd HOST:PORT --job NAME --zone ZONE [--node ID] [--notice ec2|gcp]
+                 [--max-nodes N] [--last-call SECONDS] [--start-timeout SECONDS]
 
 Lifecycle (torch.distributed.elastic's SimpleElasticAgent, steps overridden):
   _rendezvous      register under a lease; the first agents meet in torch elastic's
-                   rendezvous and its rank 0 writes assignment 0 from the policy;
+                   rendezvous (all asked for, or a pipeline's worth and a last call:
+                   agents/startup.py) and assignment 0 is written over the live ones;
                    an agent arriving later waits in the standby queue
   _start_workers   start `bamboo.runtime.worker` (in standby it waits, warm, for a stage)
   _monitor_workers the worker's exit status: done, parked (standby), fenced, failed
@@ -18,7 +20,6 @@ Lifecycle (torch.distributed.elastic's SimpleElasticAgent, steps overridden):
 """
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import socket
@@ -31,11 +32,12 @@ from torch.distributed.elastic.agent.server.api import RunResult, SimpleElasticA
 from agents.membership import Membership
 from agents.notices import WATCHERS, watch
 from agents.rendezvous import rendezvous_handler
+from agents.startup import Parser, StartFailed, add_flags, meet, rendezvous_options
 from bamboo.control.cluster import Cluster, EtcdLost
 from bamboo.control.config import JobConfig
 from bamboo.control.etcd import EtcdError, die_with_parent
 from bamboo.control.exits import FENCED, PARKED, Fenced
-from bamboo.control.protocol import CONFIG, DONE, FAILED, NOTICES, REGROUP, Notice, rendezvous_node
+from bamboo.control.protocol import CONFIG, DONE, FAILED, NOTICES, REGROUP, Notice
 from bamboo.runtime import WORKER
 
 
@@ -58,16 +60,7 @@ class BambooAgent(SimpleElasticAgent):
 
     # -- torch elastic lifecycle steps ---------------------------------------------------
     def _rendezvous(self, worker_group) -> None:
-        if self.cluster.assignments():
-            rank, world = -1, 0  # the job runs already: wait in standby for a stage
-        else:
-            info = worker_group.spec.rdzv_handler.next_rendezvous()
-            rank, world = info.rank, info.world_size
-            info.store.set(rendezvous_node(rank), str(self.node))
-            if rank == 0:  # the first configuration: over exactly the nodes that met
-                keys = [rendezvous_node(r) for r in range(world)]
-                info.store.wait(keys)
-                self.membership.first_assignment([int(info.store.get(k)) for k in keys])
+        rank, world = meet(worker_group.spec.rdzv_handler, self.membership, self.cfg)  # agents/startup.py
         worker_group.workers = [Worker(local_rank=0, global_rank=self.node, role_rank=rank, world_size=world,
                                        role_world_size=world)]
         worker_group.group_rank, worker_group.group_world_size = rank, world
@@ -207,13 +200,12 @@ def wait_for_iteration(cluster: Cluster, iteration: int, cfg: JobConfig) -> bool
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bamboo-agent", description=__doc__.splitlines()[0])
+    ap = Parser(prog="bamboo-agent", description=__doc__.splitlines()[0])
     ap.add_argument("--etcd", required=True, metavar="HOST:PORT")
     ap.add_argument("--job", required=True)
     ap.add_argument("--zone", required=True, help="availability zone of this node")
     ap.add_argument("--node", type=int, help="node id (default: the next free one)")
-    ap.add_argument("--min-nodes", type=int, help="nodes the first configuration waits for (default: depth P)")
-    ap.add_argument("--max-nodes", type=int, default=1024)
+    add_flags(ap)  # --min-nodes, --max-nodes, --last-call, --start-timeout: the first configuration's wait
     ap.add_argument("--log-dir", help="write the worker's output here")
     ap.add_argument("--notice", choices=sorted(WATCHERS), help="watch this cloud's preemption notices")
     ap.add_argument("--metadata-url", help="the metadata service to watch (default: the cloud's own)")
@@ -233,9 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"bamboo-agent: error: {e}", file=sys.stderr)
         return 1
-    handler = rendezvous_handler(args.etcd, args.job, min_nodes=args.min_nodes or cfg.stages,
-                                 max_nodes=max(args.max_nodes, args.min_nodes or 1), local_addr=socket.gethostname(),
-                                 last_call_timeout=2, join_timeout=cfg.stall_timeout)
+    handler = rendezvous_handler(args.etcd, args.job, local_addr=socket.gethostname(), **rendezvous_options(args, cfg))
     spec = WorkerSpec(role="bamboo", local_world_size=1, rdzv_handler=handler, entrypoint=sys.executable,
                       args=("-m", WORKER, "--etcd", args.etcd, "--job", args.job,
                             "--node", str(membership.node)), monitor_interval=0.05)
@@ -252,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         watch(args.notice, noticed, args.metadata_url, interval=0.2)
     try:
         result = agent.run()
-    except (EtcdError, EtcdLost, TimeoutError) as e:  # one line, not a traceback
+    except (EtcdError, EtcdLost, TimeoutError, StartFailed) as e:  # one line, not a traceback
         print(f"bamboo-agent: error: {e}", file=sys.stderr)
         return 1
     handler.shutdown()

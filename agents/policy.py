@@ -115,6 +115,12 @@ def _pick(candidates: list[str], avoid: set[str], zones: Mapping[str, str]) -> s
     return next((n for n in candidates if zones[n] not in avoid), candidates[0])
 
 
+def nodes_for_a_pipeline(depth: int, max_stages: int = 1) -> int:
+    """The fewest live nodes that make a pipeline of `depth` stages, at most `max_stages` per node
+    (fewer make one only by reducing the depth): what the first configuration waits for."""
+    return -(-depth // max_stages)
+
+
 def pipeline_lengths(nodes: int, depth: int, max_stages: int, most: int | None, merge: bool = True,
                      iteration: Estimate | None = None) -> list[int]:
     """How many nodes each pipeline has (full ones first): as many full pipelines of
@@ -125,7 +131,7 @@ def pipeline_lengths(nodes: int, depth: int, max_stages: int, most: int | None, 
     estimate finds it more than 1% slower. Never more than `most` pipelines: each
     needs a microbatch."""
     full, rest = divmod(nodes, depth)
-    shortest = -(-depth // max_stages)
+    shortest = nodes_for_a_pipeline(depth, max_stages)
     choices = [[depth] * full]
     if rest and max_stages > 1:
         if rest >= shortest:
@@ -172,7 +178,7 @@ def next_config(live: Mapping[str, str], previous: Config | None, depth: int,
     epoch = previous.epoch + 1 if previous else 0
     notes: list[str] = []
     P = depth
-    if len(live) < -(-depth // max_stages):
+    if len(live) < nodes_for_a_pipeline(depth, max_stages):
         P = len(live)
         notes.append(f"depth reduced from {depth} to {P}: only {P} nodes are alive")
     if P == 0:

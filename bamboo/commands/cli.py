@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import signal
@@ -205,6 +206,8 @@ def check_liveness(args) -> None:
     if args.straggler_factor < 0 or (args.straggler_factor and args.straggler_factor <= 1) or args.straggler_slack < 0:
         raise ValueError("--straggler-factor must be 0 (off) or above 1, and --straggler-slack not negative "
                          f"(got {args.straggler_factor} and {args.straggler_slack})")
+    if not math.isfinite(args.last_call) or args.last_call < 0:
+        raise ValueError(f"--last-call must be a finite number of seconds, not negative (got {args.last_call})")
     if args.lease_ttl <= args.failure_timeout:
         raise ValueError(f"--lease-ttl {args.lease_ttl} must exceed --failure-timeout {args.failure_timeout}")
 
@@ -257,7 +260,7 @@ def config_from_args(args, fetch_data: bool = True) -> JobConfig:
                      initial_loss_scale=args.initial_loss_scale, loss_scale_window=args.loss_scale_window,
                      min_loss_scale=args.min_loss_scale,
                      failure_timeout=args.failure_timeout, lease_ttl=args.lease_ttl,
-                     hang_timeout=args.hang_timeout, stall_timeout=args.stall_timeout,
+                     hang_timeout=args.hang_timeout, stall_timeout=args.stall_timeout, last_call=args.last_call,
                      straggler_factor=args.straggler_factor, straggler_slack=args.straggler_slack,
                      preempt=preempt, data_files=tuple(args.data), token_dtype=args.token_dtype,
                      val_fraction=args.val_fraction, val_files=tuple(args.val_data), eval_every=args.eval_every,

@@ -137,6 +137,9 @@ def _cluster_flags(g) -> None:
                                                            "preemption notices")
     g.add_argument("--metadata-url", metavar="URL", help="the metadata service the agents watch ({node} is "
                                                          "replaced by the node id)")
+    g.add_argument("--last-call", type=float, default=10.0, metavar="SECONDS",
+                   help="with --local-nodes: when not every node came, the first configuration starts this long "
+                        "after one pipeline's nodes met, with those alive (docs/faults.md)")
     g.add_argument("--join", action="append", default=[], metavar="COUNT@ITER",
                    help="with --local-nodes: COUNT more nodes join after iteration ITER (repeatable)")
     g.add_argument("--log-dir", metavar="DIR", help="keep every agent's and worker's log in DIR (default: a temp "

@@ -19,6 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from agents.policy import nodes_for_a_pipeline
 from bamboo.commands.metrics import LaunchError, MetricsWriter, add_loss_scale, add_validation, iteration_record
 from bamboo.control.assignment import Assignment
 from bamboo.control.changes import Changes
@@ -175,7 +176,7 @@ class Launcher:
         a static assignment."""
         if self.local:
             for n in range(self.local.nodes):
-                self._start(cluster, n, AGENT, *self.local.agent_args(n), "--min-nodes",
+                self._start(cluster, n, AGENT, *self.local.agent_args(n), "--max-nodes",
                             str(self.local.nodes), "--log-dir", self.logs)
             self._joiners = dict(self.local.joiners())
             for n, after in self._joiners.items():
@@ -282,9 +283,25 @@ class Launcher:
         """The iteration the workers start from (0, or a checkpoint's)."""
         since = time.monotonic()
         while (first := cluster.get(START())) is None:
+            self._check_start(cluster)
             self._check_workers(cluster, since, "the workers to start")
             time.sleep(0.05)
         return first.iteration
+
+    def _check_start(self, cluster: Cluster) -> None:
+        """Before the first configuration: fewer agents still running than one pipeline
+        needs can never start the job, so say at once which nodes are missing."""
+        if not self.local:
+            return
+        first = [n for n in self.procs if n not in self._joiners]
+        running = [n for n in first if self.procs[n].poll() is None]
+        needed = nodes_for_a_pipeline(self.cfg.stages, self.cfg.max_stages_per_node)
+        if len(running) >= needed or cluster.get(ASSIGNMENT(0)) is not None:
+            return
+        missing = ", ".join(f"{n} ({self.local.zone(n)})" for n in first if n not in running)
+        raise LaunchError(f"only {len(running)} of {len(first)} nodes started (missing: {missing}); a pipeline of "
+                          f"{self.cfg.stages} stages needs {needed} at --max-stages-per-node "
+                          f"{self.cfg.max_stages_per_node} (logs: {self.logs})")
 
     def _check_workers(self, cluster: Cluster, since: float, what: str) -> None:
         if INTERRUPTED.is_set():  # Ctrl-C landed inside a gRPC call, which retried it away

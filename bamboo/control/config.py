@@ -54,6 +54,7 @@ class JobConfig:
     straggler_factor: float = 5.0  # compute this many times the peers' median (0: never) ...
     straggler_slack: float = 3.0   # ... and this many seconds more: the node is a straggler, fenced
     stall_timeout: float = 1800.0  # the launcher gives up when no iteration ends for this long
+    last_call: float = 10.0        # agents: once one pipeline's nodes met, the first configuration waits this long
     preempt: tuple[Preempt, ...] = field(default_factory=tuple)
     data_files: tuple[str, ...] = field(default_factory=tuple)  # text files, or one token file (.bin)
     token_dtype: str = "uint16"    # of a token file's ids (bamboo/data/corpus.py)

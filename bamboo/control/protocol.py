@@ -361,8 +361,3 @@ def tie_store(epoch: int, pipeline: int, members) -> str:
 def rendezvous_prefix(job: str) -> str:
     """torch elastic's rendezvous of a job's first agents: its state and its store."""
     return f"{RENDEZVOUS_ROOT}{job}/"
-
-
-def rendezvous_node(rank: int) -> str:
-    """The store key where rendezvous rank `rank` publishes its node id."""
-    return f"bamboo-node-{rank}"
