@@ -89,15 +89,24 @@ def connect(endpoints: str, timeout: float = 5.0):
     raise EtcdError(f"etcd at {endpoints} is unreachable ({type(error).__name__})") from None
 
 
+def etcd_errors() -> tuple[type, ...]:
+    """What a request to an etcd that is away raises: pyetcd's errors, ValueError
+    (pyetcd's member marked failed) and, for a member without a quorum that
+    answers "context deadline exceeded" (code UNKNOWN, which pyetcd passes on),
+    grpc's own."""
+    import grpc
+    from pyetcd import Etcd3Exception
+    return Etcd3Exception, ValueError, grpc.RpcError
+
+
 def retry(fn, patience: float, endpoints: str):
     """fn() (an etcd request), tried again while etcd is away or without a leader,
     for up to `patience` seconds; then EtcdLost, which names etcd."""
-    from pyetcd import Etcd3Exception
     deadline = time.monotonic() + patience
     while True:
         try:
             return fn()
-        except (Etcd3Exception, ValueError) as e:  # ValueError: pyetcd's endpoint marked failed
+        except etcd_errors() as e:
             if time.monotonic() > deadline:
                 raise EtcdLost(f"etcd at {endpoints} did not answer for {patience:.0f} s "
                                f"({type(e).__name__}: {e})") from None

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 
-from pyetcd import Etcd3Exception
+from bamboo.control.etcd import etcd_errors
 
 REFRESH_SECONDS = 0.5
 HANG_FACTOR = 10      # a main thread stuck this many median iterations is hung ...
@@ -77,7 +77,7 @@ class Heartbeat:
         self._stop.set()
         try:
             self.lease.revoke()
-        except (Etcd3Exception, ValueError):  # etcd gone: the lease expires on its own
+        except etcd_errors():  # etcd gone: the lease expires on its own
             pass
 
     def _run(self) -> None:
@@ -92,7 +92,7 @@ class Heartbeat:
                 continue
             try:
                 replies = self.lease.refresh()
-            except (Etcd3Exception, ValueError):  # etcd unreachable: try again next round
+            except etcd_errors():  # etcd unreachable: try again next round
                 continue
             now = time.monotonic()
             if now - self.last_refresh > 2 * REFRESH_SECONDS + 0.5:
@@ -110,7 +110,7 @@ class Heartbeat:
                 print(f"bamboo: lease expired while etcd was unreachable; registered again as {self.key.path}",
                       file=sys.stderr, flush=True)
                 reason = self.fenced()  # recorded dead while the key was away
-        except (Etcd3Exception, ValueError):
+        except etcd_errors():
             return  # etcd away again: the next round retries
         if reason is not None and self.on_fenced:
             self.on_fenced(reason)
@@ -124,7 +124,7 @@ def lease_ages(cluster, leases: dict[int, int]) -> dict[int, float]:
     for node, lease in leases.items():
         try:
             info = cluster.client.get_lease_info(lease)
-        except (Etcd3Exception, ValueError):
+        except etcd_errors():
             continue
         ages[node] = info.grantedTTL - info.TTL if info.TTL > 0 else float("inf")
     return ages
