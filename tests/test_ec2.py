@@ -144,7 +144,8 @@ def test_etcd_auto_with_three_members_puts_one_in_each_zone(aws, tmp_path):
     boot = base64.b64decode(template["LaunchTemplateData"]["UserData"]).decode()
     assert f"--etcd {made['etcd']} " in boot
     assert launch("--state", str(state), "down").returncode == 0
-    states = {i["State"]["Name"] for r in ec2.describe_instances(InstanceIds=ids)["Reservations"] for i in r["Instances"]}
+    reservations = ec2.describe_instances(InstanceIds=ids)["Reservations"]
+    states = {i["State"]["Name"] for r in reservations for i in r["Instances"]}
     assert states <= {"shutting-down", "terminated"}
 
 
