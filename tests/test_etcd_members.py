@@ -89,6 +89,7 @@ def _finish(proc, tmp_path, tmp_path_factory, killed_after: int) -> list[dict]:
     return records
 
 
+@pytest.mark.slow  # ~35 s; make test keeps tests/test_etcd_cluster.py (the client's failover, ~6 s)
 def test_killing_the_etcd_leader_mid_run_costs_no_iteration(tmp_path, tmp_path_factory):
     proc = _launch(tmp_path)
     try:
