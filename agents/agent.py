@@ -5,7 +5,7 @@ next configuration when the workers ask for one. SIGTERM (or a cloud preemption
 notice, with `--notice ec2|gcp`) drains the node: the next configuration leaves it
 out, its stages move to their new owners, and the agent exits.
 
-    bamboo-agent --etcd HOST:PORT --job NAME --zone ZONE [--node ID] [--notice ec2|gcp]
+    bamboo-agent --etcd HOST:PORT[,...] --job NAME --zone ZONE [--node ID] [--notice ec2|gcp]
                  [--max-nodes N] [--last-call SECONDS] [--start-timeout SECONDS]
 
 Lifecycle (torch.distributed.elastic's SimpleElasticAgent, steps overridden):
@@ -33,9 +33,9 @@ from agents.membership import Membership
 from agents.notices import WATCHERS, watch
 from agents.rendezvous import rendezvous_handler
 from agents.startup import Parser, StartFailed, add_flags, meet, rendezvous_options
-from bamboo.control.cluster import Cluster, EtcdLost
+from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
-from bamboo.control.etcd import EtcdError, die_with_parent
+from bamboo.control.etcd import EtcdError, EtcdLost, die_with_parent
 from bamboo.control.exits import FENCED, PARKED, Fenced
 from bamboo.control.protocol import CONFIG, DONE, FAILED, NOTICES, REGROUP, Notice
 from bamboo.runtime import WORKER
@@ -201,7 +201,7 @@ def wait_for_iteration(cluster: Cluster, iteration: int, cfg: JobConfig) -> bool
 
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog="bamboo-agent", description=__doc__.splitlines()[0])
-    ap.add_argument("--etcd", required=True, metavar="HOST:PORT")
+    ap.add_argument("--etcd", required=True, metavar="HOST:PORT[,HOST:PORT...]")
     ap.add_argument("--job", required=True)
     ap.add_argument("--zone", required=True, help="availability zone of this node")
     ap.add_argument("--node", type=int, help="node id (default: the next free one)")

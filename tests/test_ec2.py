@@ -117,3 +117,45 @@ def test_missing_credentials_is_one_line(tmp_path):
                  "--state", str(tmp_path / "s.json"), env=env)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1 and "no AWS credentials" in lines[0], out.stderr
+
+
+def test_etcd_auto_with_three_members_puts_one_in_each_zone(aws, tmp_path):
+    """--etcd auto --etcd-members 3: three on-demand etcd instances, one per zone,
+    each later one told the members before it; the nodes' agents get all three."""
+    endpoint, ec2, image = aws
+    state = tmp_path / "state.json"
+    out = launch("--state", str(state), "ec2", "--nodes", "3", "--zones", ",".join(ZONES), "--region", REGION,
+                 "--image", image, "--etcd", "auto", "--etcd-members", "3", "--job", "trio", "--name", "bamboo-trio",
+                 "--endpoint-url", endpoint, "--package", "https://example.com/bamboo_spot-0.1.0-py3-none-any.whl")
+    assert out.returncode == 0, out.stderr
+    made = json.loads(state.read_text())
+    ids = made["etcd_instances"]
+    reservations = ec2.describe_instances(InstanceIds=ids)["Reservations"]
+    found = {i["InstanceId"]: i for r in reservations for i in r["Instances"]}
+    assert [found[i]["Placement"]["AvailabilityZone"] for i in ids] == list(ZONES)
+    assert all(found[i].get("InstanceLifecycle") != "spot" for i in ids)  # on-demand
+    endpoints = [f"{found[i]['PrivateIpAddress']}:2379" for i in ids]
+    assert made["etcd"] == ",".join(endpoints)
+    scripts = [base64.b64decode(ec2.describe_instance_attribute(InstanceId=i, Attribute="userData")["UserData"]
+                                ["Value"]).decode() for i in ids]
+    assert [s.split("\nJOIN=")[1].split("\n")[0] for s in scripts] == ["''", endpoints[0], ",".join(endpoints[:2])]
+    assert ["NAME=bamboo-" + z in s for z, s in zip(ZONES, scripts)] == [True] * 3
+    template = ec2.describe_launch_template_versions(LaunchTemplateName="bamboo-trio")["LaunchTemplateVersions"][0]
+    boot = base64.b64decode(template["LaunchTemplateData"]["UserData"]).decode()
+    assert f"--etcd {made['etcd']} " in boot
+    assert launch("--state", str(state), "down").returncode == 0
+    reservations = ec2.describe_instances(InstanceIds=ids)["Reservations"]
+    states = {i["State"]["Name"] for r in reservations for i in r["Instances"]}
+    assert states <= {"shutting-down", "terminated"}
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--zones", "us-east-1a,us-east-1b", "--etcd", "auto", "--etcd-members", "3"], "--zones names only 2"),
+    (["--zones", ",".join(ZONES), "--etcd", "10.0.0.5:2379", "--etcd-members", "3"], "it needs --etcd auto"),
+    (["--zones", ",".join(ZONES), "--etcd", "auto", "--etcd-members", "2"], "--etcd-members must be 1, 3, 5 or 7"),
+])
+def test_bad_etcd_member_counts_are_one_line(extra, message, tmp_path):
+    out = launch("--state", str(tmp_path / "s.json"), "ec2", "--nodes", "2", "--region", REGION, "--image", "ami-1",
+                 "--job", "j", "--package", "https://example.com/b.whl", *extra)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and message in lines[0], out.stderr

@@ -106,3 +106,19 @@ def test_missing_google_credentials_is_one_line(tmp_path):
                  "--package", "https://example.com/b.whl", env=env)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1 and "no Google credentials" in lines[0], out.stderr
+
+
+def test_etcd_auto_with_three_members_puts_one_in_each_zone(compute, tmp_path):
+    state = str(tmp_path / "state.json")
+    up = launch("--state", state, "gcp", "--nodes", "2", "--zones", ",".join(ZONES), "--region", "us-central1",
+                "--project", "proj", "--image", "img", "--etcd", "auto", "--etcd-members", "3", "--job", "trio",
+                "--endpoint-url", compute.url, "--package", "https://example.com/bamboo_spot-0.1.0-py3-none-any.whl")
+    assert up.returncode == 0, up.stderr
+    made = json.loads(open(state).read())
+    assert [i.split("/")[0] for i in made["etcd_instances"]] == list(ZONES)
+    assert set(compute.instances) == {"bamboo-etcd", "bamboo-etcd-1", "bamboo-etcd-2"}
+    assert len(made["etcd"].split(",")) == 3
+    boot = compute.templates["bamboo"]["properties"]["metadata"]["items"][0]["value"]
+    assert f'bamboo-agent" --etcd {made["etcd"]} ' in boot
+    assert launch("--state", state, "down").returncode == 0
+    assert not compute.instances

@@ -63,19 +63,41 @@ def installable(args, shipper, job: str, undo: Undo) -> tuple[Install, str | Non
     return install, uri
 
 
-def configure(args, cfg, log, undo: Undo, start_etcd) -> tuple[str, str | None]:
-    """The job's config in its etcd: written here, or (--etcd auto) by the etcd
-    instance `start_etcd(script)` creates. The endpoint and that instance."""
+def configure(args, cfg, log, undo: Undo, start_etcd) -> tuple[str, list[str]]:
+    """The job's config in its etcd: written here, or (--etcd auto) by the first
+    etcd instance; `start_etcd(member, script)` creates member `member` in zone
+    `member` (each later one joins those before it). The endpoints and those instances."""
     if args.etcd != "auto":
         store = JobStore(args.etcd, cfg.job, args.dry_run, log)
         store.write(cfg)
         undo.push(store.remove)
-        return args.etcd, None
+        return args.etcd, []
     if args.dry_run:
         log(json.dumps({**config_request("<the etcd instance>", cfg), "by": "the etcd instance's boot script"},
                        default=str))
-    instance, endpoint = start_etcd(etcd_script(config_key(cfg.job), json.dumps(cfg.to_dict())))
-    return endpoint, instance
+    endpoints, instances = [], []
+    for member in range(args.etcd_members):
+        name = "bamboo" if args.etcd_members == 1 else f"bamboo-{zones_of(args)[member]}"
+        script = etcd_script(config_key(cfg.job), json.dumps(cfg.to_dict()), name, ",".join(endpoints))
+        instance, endpoint = start_etcd(member, script)
+        endpoints.append(endpoint)
+        instances.append(instance)
+    return ",".join(endpoints), instances
+
+
+def check_members(args, zones: tuple[str, ...]) -> None:
+    """--etcd-members: 1, 3, 5 or 7 instances of --etcd auto, each in a zone of its own."""
+    from bamboo.control.etcd import EtcdError, check_member_count
+    try:
+        check_member_count(args.etcd_members)
+    except EtcdError as e:
+        raise BadInput(str(e)) from None
+    if args.etcd_members > 1 and args.etcd != "auto":
+        raise BadInput(f"--etcd-members {args.etcd_members} launches etcd instances: it needs --etcd auto "
+                       "(give the members of your own etcd to --etcd instead)")
+    if args.etcd_members > len(zones):
+        raise BadInput(f"--etcd-members {args.etcd_members} puts each member in a zone of its own: "
+                       f"--zones names only {len(zones)}")
 
 
 def check_etcd(args, job: str, log) -> None:
@@ -90,6 +112,7 @@ def launch_ec2(args, cfg, log=print) -> dict:
     from agents.cloud.ec2 import GPU_TYPES, Ec2Provider, Ec2Spec
     from agents.cloud.storage import S3Shipper, default_bucket
     zones, types = zones_of(args), tuple(args.instance_type or GPU_TYPES)
+    check_members(args, zones)
     check_install(args, default_bucket=True)
     check_etcd(args, cfg.job, log)
     provider = Ec2Provider(args.region, args.endpoint_url, args.dry_run, log)
@@ -105,15 +128,15 @@ def launch_ec2(args, cfg, log=print) -> dict:
                        etcd=args.etcd, job=cfg.job, install=install, instance_types=types, key_name=args.key_name,
                        security_groups=tuple(args.security_group), iam_profile=args.iam_profile)
 
-        def start_etcd(script: str) -> tuple[str, str]:
-            instance, endpoint = provider.etcd_node(spec, zones[0], subnets[zones[0]], script)
+        def start_etcd(member: int, script: str) -> tuple[str, str]:
+            instance, endpoint = provider.etcd_node(spec, zones[member], subnets[zones[member]], script)
             undo.push(lambda: provider.remove_instance(instance))
             return instance, endpoint
-        etcd, etcd_instance = configure(args, cfg, log, undo, start_etcd)
+        etcd, etcd_instances = configure(args, cfg, log, undo, start_etcd)
         made = provider.up(Ec2Spec(**{**spec.__dict__, "etcd": etcd}), subnets)
     except BaseException as e:
         raise _undone(e, undo) from None
-    return {**made, "job": cfg.job, "etcd": etcd, "etcd_instance": etcd_instance, "wheel": wheel,
+    return {**made, "job": cfg.job, "etcd": etcd, **_instances(etcd_instances), "wheel": wheel,
             "wheel_bucket_created": bool(shipper and shipper.created), "endpoint_url": args.endpoint_url}
 
 
@@ -121,6 +144,7 @@ def launch_gcp(args, cfg, log=print) -> dict:
     from agents.cloud.gcp import GcpProvider, GcpSpec
     from agents.cloud.storage import GcsShipper
     zones = zones_of(args)
+    check_members(args, zones)
     check_install(args)
     check_etcd(args, cfg.job, log)
     provider = GcpProvider(args.project, args.region, args.endpoint_url, args.dry_run, log)
@@ -134,16 +158,23 @@ def launch_gcp(args, cfg, log=print) -> dict:
                        image=args.image, etcd=args.etcd, job=cfg.job, install=install,
                        machine_type=args.machine_type, accelerator=args.accelerator)
 
-        def start_etcd(script: str) -> tuple[str, str]:
-            instance, endpoint = provider.etcd_node(spec, zones[0], script)
-            undo.push(lambda: provider.remove_instance(zones[0], instance))
-            return f"{zones[0]}/{instance}", endpoint
-        etcd, etcd_instance = configure(args, cfg, log, undo, start_etcd)
+        def start_etcd(member: int, script: str) -> tuple[str, str]:
+            zone = zones[member]
+            instance, endpoint = provider.etcd_node(spec, zone, script, member)
+            undo.push(lambda: provider.remove_instance(zone, instance))
+            return f"{zone}/{instance}", endpoint
+        etcd, etcd_instances = configure(args, cfg, log, undo, start_etcd)
         made = provider.up(GcpSpec(**{**spec.__dict__, "etcd": etcd}))
     except BaseException as e:
         raise _undone(e, undo) from None
-    return {**made, "project": args.project, "job": cfg.job, "etcd": etcd, "etcd_instance": etcd_instance,
+    return {**made, "project": args.project, "job": cfg.job, "etcd": etcd, **_instances(etcd_instances),
             "wheel": wheel, "endpoint_url": args.endpoint_url, "storage_endpoint_url": args.storage_endpoint_url}
+
+
+def _instances(etcd_instances: list[str]) -> dict:
+    """The launch record's etcd instances: the first as `etcd_instance` (what a
+    launch of one recorded), all as `etcd_instances`."""
+    return {"etcd_instance": etcd_instances[0] if etcd_instances else None, "etcd_instances": etcd_instances}
 
 
 def _undone(error: BaseException, undo: Undo) -> BaseException:

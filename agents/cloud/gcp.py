@@ -170,11 +170,11 @@ class GcpProvider:
         self._call("templates", "delete", project=self.project, instance_template=name)
 
     # -- --etcd auto ----------------------------------------------------------------------
-    def etcd_node(self, spec: GcpSpec, zone: str, script: str) -> tuple[str, str]:
-        """A small standard (not spot) instance running etcd and writing the job's
-        config into it (`script`); its name and internal endpoint."""
+    def etcd_node(self, spec: GcpSpec, zone: str, script: str, member: int = 0) -> tuple[str, str]:
+        """A small standard (not spot) instance running etcd member `member` (the
+        first writes the job's config into it: `script`); its name and internal endpoint."""
         from google.cloud import compute_v1 as c
-        name = f"{spec.name}-etcd"
+        name = f"{spec.name}-etcd" + (f"-{member}" if member else "")
         instance = c.Instance(
             name=name, machine_type=f"zones/{zone}/machineTypes/e2-small", network_interfaces=[_interface()],
             disks=[c.AttachedDisk(boot=True, auto_delete=True,

@@ -28,7 +28,8 @@ NOT_FOR_CLOUD = {
 }
 # a job file's bamboo-train keys that a launch gives itself, in its [launch] section
 LAUNCH_OWNS = {"--job": "name the job in [launch] (or bamboo-launch --job)",
-               "--zones": "the nodes' zones go in [launch] (or bamboo-launch --zones)"}
+               "--zones": "the nodes' zones go in [launch] (or bamboo-launch --zones)",
+               "--etcd-members": "the etcd members go in [launch] (or bamboo-launch --etcd-members, with --etcd auto)"}
 REMOTE = ("s3://", "gs://")
 
 

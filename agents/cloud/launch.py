@@ -1,6 +1,6 @@
 """`bamboo-launch`: one command from this machine to a training job on spot nodes.
 
-    bamboo-launch ec2 --nodes N --zones Z1,Z2,.. --region R --image AMI --etcd HOST:PORT|auto --job NAME
+    bamboo-launch ec2 --nodes N --zones Z1,Z2,.. --region R --image AMI --etcd HOST:PORT,..|auto --job NAME
                       (--bucket BUCKET[/PREFIX] | --package REQUIREMENT) [--instance-type T ..] [--key-name K]
                       [--security-group SG ..] [--iam-profile P] [--dry-run] [bamboo-train options]
     bamboo-launch gcp --nodes N --zones Z1,Z2,.. --project P --region R --image IMAGE --etcd HOST:PORT|auto
@@ -14,7 +14,9 @@ bamboo-train's own code before any request, and the job's configuration is
 written to its etcd before the nodes boot. The nodes install a wheel of this
 project, uploaded to --bucket and fetched through a presigned (S3) or signed
 (GCS) URL, or --package, a direct reference. `--etcd auto` starts a small
-on-demand instance running etcd, which writes the configuration itself. What was
+on-demand instance running etcd, which writes the configuration itself
+(`--etcd-members 3`: three, one in each of the first three zones, and the
+nodes' agents get all three endpoints). What was
 launched is recorded in --state (default .bamboo-launch.json, written atomically)
 for status, scale and down. `--dry-run` prints every request (cloud, storage,
 etcd), one JSON line each, and sends none. Errors are one line on stderr, exit
@@ -56,7 +58,9 @@ def _launch_flags(c, cloud: str) -> None:
     c.add_argument("--zones", required=True, help="zones, comma-separated")
     c.add_argument("--region", required=True)
     c.add_argument("--image", required=True)
-    c.add_argument("--etcd", required=True, help="HOST:PORT, or 'auto' to launch an etcd instance")
+    c.add_argument("--etcd", required=True, help="HOST:PORT[,HOST:PORT...], or 'auto' to launch etcd instances")
+    c.add_argument("--etcd-members", type=int, default=1, metavar="N",
+                   help="with --etcd auto: N on-demand etcd instances (1, 3, 5 or 7), one per zone of --zones")
     c.add_argument("--job", required=True)
     c.add_argument("--name", default="bamboo", help="name of the template and the group")
     c.add_argument("--bucket", metavar="BUCKET[/PREFIX]", help="where the project's wheel is uploaded")

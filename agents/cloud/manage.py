@@ -46,11 +46,11 @@ def scale(state: dict, nodes: int) -> None:
 def down(state: dict) -> None:
     provider = provider_for(state)
     provider.down(state["name"])
-    if state.get("etcd_instance"):
+    for instance in state.get("etcd_instances") or ([state["etcd_instance"]] if state.get("etcd_instance") else []):
         if state["provider"] == "ec2":
-            provider.remove_instance(state["etcd_instance"])
+            provider.remove_instance(instance)
         else:
-            zone, _, name = state["etcd_instance"].partition("/")
+            zone, _, name = instance.partition("/")
             provider.remove_instance(zone, name)
     if state.get("wheel"):
         shipper = shipper_for(state)

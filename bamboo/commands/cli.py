@@ -212,6 +212,21 @@ def check_liveness(args) -> None:
         raise ValueError(f"--lease-ttl {args.lease_ttl} must exceed --failure-timeout {args.failure_timeout}")
 
 
+def check_etcd(args) -> None:
+    """--etcd is HOST:PORT[,...]; --etcd-members asks for an embedded cluster
+    (so not beside --etcd: that etcd is the user's)."""
+    from bamboo.control.etcd import EtcdError, check_member_count, parse_endpoints
+    try:
+        if args.etcd is not None:
+            parse_endpoints(args.etcd)
+        check_member_count(args.etcd_members)
+    except EtcdError as e:
+        raise ValueError(str(e)) from None
+    if args.etcd is not None and args.etcd_members != 1:
+        raise ValueError(f"--etcd-members {args.etcd_members} starts an etcd of bamboo-train's own: with --etcd "
+                         "the etcd is yours (give all its members to --etcd instead)")
+
+
 def config_from_args(args, fetch_data: bool = True) -> JobConfig:
     if args.local_nodes is not None:
         args.pipelines = max(1, args.local_nodes // max(1, args.stages))  # at the start
@@ -235,6 +250,7 @@ def config_from_args(args, fetch_data: bool = True) -> JobConfig:
         raise ValueError("--checkpoint-every, --checkpoint-seconds and --resume need --checkpoint "
                          "DIR|s3://BUCKET/PREFIX|gs://BUCKET/PREFIX")
     check_liveness(args)
+    check_etcd(args)
     if args.checkpoint_every < 0 or args.checkpoint_seconds < 0:
         raise ValueError("--checkpoint-every and --checkpoint-seconds must not be negative")
     if args.resume and args.local_nodes is not None:
@@ -302,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from bamboo.commands.launcher import Launcher
             launcher = Launcher(cfg, args.etcd, args.metrics_out, progress=not args.no_progress, cluster=local,
-                                named=args.job is not None, sinks=metric_sinks(args))
+                                named=args.job is not None, sinks=metric_sinks(args), etcd_members=args.etcd_members)
             launcher.logs = args.log_dir
             summary = launcher.run()
             print(json.dumps(summary))

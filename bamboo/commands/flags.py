@@ -127,7 +127,11 @@ def _fault_flags(g) -> None:
 
 
 def _cluster_flags(g) -> None:
-    g.add_argument("--etcd", metavar="HOST:PORT", help="use this etcd instead of starting one")
+    g.add_argument("--etcd", metavar="HOST:PORT[,HOST:PORT...]",
+                   help="use this etcd instead of starting one (several: the members of one etcd cluster)")
+    g.add_argument("--etcd-members", type=int, default=1, metavar="N",
+                   help="without --etcd: start an etcd cluster of N members (1, 3, 5 or 7), named after --zones; "
+                        "a job then survives losing a minority of them")
     g.add_argument("--job", help="name the job (default: a fresh unique name); with --etcd and --local-nodes, "
                                  "a job of that name that runs already is joined")
     g.add_argument("--local-nodes", type=int, metavar="N",

@@ -25,7 +25,7 @@ from bamboo.control.assignment import Assignment
 from bamboo.control.changes import Changes
 from bamboo.control.cluster import Cluster, in_force, latest
 from bamboo.control.config import JobConfig
-from bamboo.control.etcd import EtcdServer, die_with_parent
+from bamboo.control.etcd import EtcdCluster, EtcdServer, die_with_parent, embedded
 from bamboo.control.events import (Event, FailedOver, ModeSwitched, NoticeSeen, Overflow, Preemption, Reconfigured,
                                    Redone)
 from bamboo.control.exits import FENCED
@@ -87,7 +87,7 @@ class Rewind(Exception):
 class Launcher:
     def __init__(self, cfg: JobConfig, etcd: str | None = None, metrics_out: str | None = None,
                  progress: bool = True, cluster: LocalCluster | None = None, named: bool = False,
-                 sinks: tuple = ()):
+                 sinks: tuple = (), etcd_members: int = 1):
         # A job is named by the user (`--job`: a second launcher may join it) or made unique.
         self.cfg = cfg if named else JobConfig(**{**cfg.__dict__, "job": f"{cfg.job}-{uuid.uuid4().hex[:8]}"})
         self.named = named
@@ -98,7 +98,8 @@ class Launcher:
         self._changes: Changes | None = None  # set by an etcd watch: a report, death, epoch or error
         self._noticed: set[int] = set()
         self._joiners: dict[int, int] = {}  # node -> the iteration it joins after, until that is recorded
-        self.server: EtcdServer | None = None
+        self.server: EtcdServer | EtcdCluster | None = None
+        self.etcd_members = etcd_members  # of the embedded etcd (no --etcd): a cluster named after the zones
         self.procs: dict[int, subprocess.Popen] = {}
         self.slots: dict[int, int] = {}  # node -> its LOCAL_RANK, the device it takes (bamboo/transport/devices.py)
         self.on_tick = None    # called while waiting for iterations (a trace replay adds and kills nodes)
@@ -132,7 +133,7 @@ class Launcher:
 
     def _run(self) -> dict:
         if self.etcd is None:
-            self.server = EtcdServer().start()
+            self.server = embedded(self.etcd_members, self.local.zones if self.local else ("a",)).start()
         cluster = Cluster(self.etcd or self.server.endpoint, self.cfg.job)
         if self.logs:  # the user's: kept
             os.makedirs(self.logs, exist_ok=True)

@@ -1,4 +1,4 @@
-"""`bamboo-status --etcd HOST:PORT [--job NAME] [--json]`: what the jobs in an etcd
+"""`bamboo-status --etcd HOST:PORT[,...] [--job NAME] [--json]`: what the jobs in an etcd
 are doing, read from their keys: the current assignment (which node runs which
 stage, in which zone), the standby queue, live, draining and failed nodes, the
 last finished iteration and the recent iteration rate."""
@@ -88,7 +88,7 @@ def render(status: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bamboo-status", description=__doc__.splitlines()[0])
-    ap.add_argument("--etcd", required=True, metavar="HOST:PORT")
+    ap.add_argument("--etcd", required=True, metavar="HOST:PORT[,HOST:PORT...]")
     ap.add_argument("--job", help="one job (default: every job in this etcd)")
     ap.add_argument("--json", action="store_true", help="one JSON object per job")
     args = ap.parse_args(argv)

@@ -2,8 +2,9 @@
 prefix (the failover reading failed/ and abort/ between instructions, a node
 lingering for finished/, the launcher waiting for reports).
 
-A watch is lost when etcd restarts: pyetcd then calls back with the error and
-forgets the callback. While it is lost the flag counts as always raised (the
+A watch is lost when etcd restarts, or the member it was armed on dies (of
+several): pyetcd then calls back with the error, or with None when the stream
+just ended, and forgets the callback. While it is lost the flag counts as always raised (the
 reader reads every time, as a poll would), and it is armed again at most once
 a second; once armed the flag is raised, so whatever changed meanwhile is read.
 """
@@ -29,19 +30,23 @@ class Changes:
         self._arm()
 
     def _arm(self) -> None:
+        """Arm every prefix's watch; a second try at once when the first fails (the
+        member asked was dead: the client has moved to another)."""
         self._tried = time.monotonic()
-        try:
-            for prefix in self.prefixes:
-                self._watches.append(self.cluster.client.add_watch_prefix_callback(self.cluster.key(prefix),
-                                                                                   self._on_response))
-        except Exception:  # noqa: BLE001 -- etcd away: the reader reads every time until a later try
-            self.close()  # the ones armed in this try, so that the next try arms each prefix once
+        for _ in range(2):
+            try:
+                for prefix in self.prefixes:
+                    self._watches.append(self.cluster.client.add_watch_prefix_callback(self.cluster.key(prefix),
+                                                                                       self._on_response))
+            except Exception:  # noqa: BLE001 -- etcd away: the reader reads every time until a later try
+                self.close()  # the ones armed in this try, so that the next try arms each prefix once
+                continue
+            self.lost = False
+            self.flag.set()  # what changed while no watch was armed
             return
-        self.lost = False
-        self.flag.set()  # what changed while no watch was armed
 
     def _on_response(self, response) -> None:
-        if isinstance(response, Exception):  # the watch stream broke: pyetcd dropped the callback
+        if response is None or isinstance(response, Exception):  # the stream ended: pyetcd dropped the callback
             self.lost = True
             self._watches = []  # their ids died with the stream
         elif response.events and all(isinstance(e, PutEvent) and e.key == self.own for e in response.events):

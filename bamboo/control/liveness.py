@@ -30,9 +30,7 @@ import sys
 import threading
 import time
 
-import grpc
-from pyetcd import Etcd3Exception
-
+from bamboo.control.etcd import etcd_errors
 from bamboo.control.exits import Fenced
 
 REFRESH_SECONDS = 0.5
@@ -84,7 +82,7 @@ class Heartbeat:
         self._stop.set()
         try:
             self.lease.revoke()
-        except (Etcd3Exception, ValueError, grpc.RpcError):  # etcd gone, or the lease revoked already
+        except etcd_errors():  # etcd gone, or the lease revoked already
             pass
 
     def _run(self) -> None:
@@ -99,7 +97,7 @@ class Heartbeat:
                 continue
             try:
                 replies = self.lease.refresh()
-            except (Etcd3Exception, ValueError):  # etcd unreachable: try again next round
+            except etcd_errors():  # etcd unreachable: try again next round
                 continue
             now = time.monotonic()
             if now - self.last_refresh > 2 * REFRESH_SECONDS + 0.5:
@@ -118,7 +116,7 @@ class Heartbeat:
                       file=sys.stderr, flush=True)
         except Fenced as e:
             reason = str(e)
-        except (Etcd3Exception, ValueError):
+        except etcd_errors():
             return  # etcd away again: the next round retries
         if reason is not None and self.on_fenced:
             self.on_fenced(reason)
@@ -132,7 +130,7 @@ def lease_ages(cluster, leases: dict[int, int]) -> dict[int, float]:
     for node, lease in leases.items():
         try:
             info = cluster.client.get_lease_info(lease)
-        except (Etcd3Exception, ValueError):
+        except etcd_errors():
             continue
         ages[node] = info.grantedTTL - info.TTL if info.TTL > 0 else float("inf")
     return ages

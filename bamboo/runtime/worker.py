@@ -2,7 +2,7 @@
 gives it (without agents: stage node % P of pipeline node // P) and keeping the
 replica of the next stage. A node in standby waits, started, for a stage.
 
-    python -m bamboo.runtime.worker --etcd HOST:PORT --job NAME --node N
+    python -m bamboo.runtime.worker --etcd HOST:PORT[,HOST:PORT...] --job NAME --node N
 
 Its lifecycle, in the manner of torch elastic's agent, is the list of public
 methods of `Worker`, in order: join (wait for a stage), enter an epoch, run an
