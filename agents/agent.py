@@ -5,7 +5,10 @@ next configuration when the workers ask for one. SIGTERM (or a cloud preemption
 notice, with `--notice ec2|gcp`) drains the node: the next configuration leaves it
 out, its stages move to their new owners, and the agent exits.
 
-    bamboo-agent --etcd HOST:PORT --job NAME --zone ZONE [--node ID] [--notice ec2|gcp]
+    bamboo-agent --etcd HOST:PORT --job NAME --zone ZONE [--node ID] [--notice ec2|gcp] [--workers N --host NAME]
+
+With `--workers N` (a machine of N GPUs) it starts N agents, one per worker and
+device, that die together and drain together: agents/host.py.
 
 Lifecycle (torch.distributed.elastic's SimpleElasticAgent, steps overridden):
   _rendezvous      register under a lease; the first agents meet in torch elastic's
@@ -27,6 +30,7 @@ import time
 
 from torch.distributed.elastic.agent.server.api import RunResult, SimpleElasticAgent, Worker, WorkerSpec, WorkerState
 
+from agents.host import supervise
 from agents.membership import Membership
 from agents.notices import WATCHERS, watch
 from agents.rendezvous import rendezvous_handler
@@ -170,7 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metadata-url", help="the metadata service to watch (default: the cloud's own)")
     ap.add_argument("--register-after", type=int, metavar="ITER",
                     help="start now, register once iteration ITER is done (the launcher's --join)")
+    ap.add_argument("--workers", type=int, default=1, metavar="N",
+                    help="this machine's workers: N agents, each a node with its own device (agents/host.py)")
+    ap.add_argument("--host", help="the machine's name, shared by its nodes (default with --workers: the hostname)")
     args = ap.parse_args(argv)
+    if args.workers != 1:  # a machine of several workers (--workers 0 is refused there)
+        return supervise(ap, sys.argv[1:] if argv is None else argv, args)
     try:
         cluster = Cluster(args.etcd, args.job, wait=True)
         cfg = cluster.wait_for(lambda: cluster.get(CONFIG()), timeout=60, what=f"job {args.job!r} in etcd")
@@ -180,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bamboo-agent: error: {e}", file=sys.stderr)
         return 1
     try:
-        membership = Membership(cluster, args.zone, args.node, cfg)
+        membership = Membership(cluster, args.zone, args.node, cfg, host=args.host)
     except ValueError as e:
         print(f"bamboo-agent: error: {e}", file=sys.stderr)
         return 1
