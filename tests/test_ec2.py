@@ -117,3 +117,17 @@ def test_missing_credentials_is_one_line(tmp_path):
                  "--state", str(tmp_path / "s.json"), env=env)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1 and "no AWS credentials" in lines[0], out.stderr
+
+
+def test_a_four_gpu_type_boots_four_workers(aws):
+    """The boot script runs one worker per GPU (bamboo-agent --workers N): four on
+    p3.8xlarge; with types of different counts, the one IMDS names."""
+    endpoint, ec2, image = aws
+    provider = Ec2Provider(REGION, endpoint)
+    provider.up(spec(image, "bamboo-4gpu", instance_types=("p3.8xlarge",)), provider.subnets(ZONES))
+    version = ec2.describe_launch_template_versions(LaunchTemplateName="bamboo-4gpu")["LaunchTemplateVersions"][0]
+    script = base64.b64decode(version["LaunchTemplateData"]["UserData"]).decode()
+    assert "WORKERS=4\n" in script and '--workers "$WORKERS"' in script
+    mixed = spec(image, "m", instance_types=("g5.xlarge", "g5.12xlarge")).user_data()
+    assert "g5.12xlarge) WORKERS=4;;" in mixed and "g5.xlarge) WORKERS=1;;" in mixed and "instance-type" in mixed
+    provider.down("bamboo-4gpu")

@@ -106,3 +106,15 @@ def test_missing_google_credentials_is_one_line(tmp_path):
                  "--package", "https://example.com/b.whl", env=env)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1 and "no Google credentials" in lines[0], out.stderr
+
+
+def test_a_four_gpu_machine_boots_four_workers(compute):
+    """One worker per GPU (bamboo-agent --workers N): a2-highgpu-4g's own four, or
+    the accelerator's count."""
+    provider = GcpProvider("proj", "us-central1", compute.url)
+    provider.up(GcpSpec(**{**spec("bamboo-a2").__dict__, "machine_type": "a2-highgpu-4g",
+                           "accelerator": "nvidia-tesla-a100:4"}))
+    script = compute.templates["bamboo-a2"]["properties"]["metadata"]["items"][0]["value"]
+    assert "WORKERS=4\n" in script and '--workers "$WORKERS"' in script
+    assert "WORKERS=2\n" in GcpSpec(**{**spec().__dict__, "accelerator": "nvidia-tesla-t4:2"}).startup_script()
+    provider.down("bamboo-a2")
