@@ -199,11 +199,9 @@ class Trial:
         machine = self._pick([p for p in self._job_processes() if self._machine(p)])
         if machine is None:
             return "no machine to kill"
-        nodes = [self._node(a) for a in machine.children()]
+        nodes, cmd, zone = [self._node(a) for a in machine.children()], self._cmdline(machine), self._zone_of(machine)
         self._signal(machine, signal.SIGKILL)  # its agents and their workers die with it
-        self.replace.append((time.monotonic() + self.rng.uniform(1.0, 5.0), self._zone_of(machine),
-                             self.settings.per_host))
-        cmd = self._cmdline(machine)
+        self.replace.append((time.monotonic() + self.rng.uniform(1.0, 5.0), zone, self.settings.per_host))
         return f"{cmd[cmd.index('--host') + 1] if '--host' in cmd else machine.pid}: nodes {', '.join(nodes)}"
 
     def _worker_of(self, agent: psutil.Process) -> psutil.Process | None:
