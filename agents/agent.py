@@ -6,7 +6,10 @@ notice, with `--notice ec2|gcp`) drains the node: the next configuration leaves 
 out, its stages move to their new owners, and the agent exits.
 
     bamboo-agent --etcd HOST:PORT[,...] --job NAME --zone ZONE [--node ID] [--notice ec2|gcp]
-                 [--max-nodes N] [--last-call SECONDS] [--start-timeout SECONDS]
+                 [--max-nodes N] [--last-call SECONDS] [--start-timeout SECONDS] [--workers N --host NAME]
+
+With `--workers N` (a machine of N GPUs) it starts N agents, one per worker and
+device, that die together and drain together: agents/host.py.
 
 Lifecycle (torch.distributed.elastic's SimpleElasticAgent, steps overridden):
   _rendezvous      register under a lease; the first agents meet in torch elastic's
@@ -29,6 +32,7 @@ import time
 
 from torch.distributed.elastic.agent.server.api import RunResult, SimpleElasticAgent, Worker, WorkerSpec, WorkerState
 
+from agents.host import supervise
 from agents.membership import Membership
 from agents.notices import WATCHERS, watch
 from agents.rendezvous import rendezvous_handler
@@ -211,7 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metadata-url", help="the metadata service to watch (default: the cloud's own)")
     ap.add_argument("--register-after", type=int, metavar="ITER",
                     help="start now, register once iteration ITER is done (the launcher's --join)")
+    ap.add_argument("--workers", type=int, default=1, metavar="N",
+                    help="this machine's workers: N agents, each a node with its own device (agents/host.py)")
+    ap.add_argument("--host", help="the machine's name, shared by its nodes (default with --workers: the hostname)")
     args = ap.parse_args(argv)
+    if args.workers != 1:  # a machine of several workers (--workers 0 is refused there)
+        return supervise(ap, sys.argv[1:] if argv is None else argv, args)
     try:
         cluster = Cluster(args.etcd, args.job, wait=True)
         cfg = cluster.wait_for(lambda: cluster.get(CONFIG()), timeout=60, what=f"job {args.job!r} in etcd")
@@ -221,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bamboo-agent: error: {e}", file=sys.stderr)
         return 1
     try:
-        membership = Membership(cluster, args.zone, args.node, cfg)
+        membership = Membership(cluster, args.zone, args.node, cfg, host=args.host)
     except ValueError as e:
         print(f"bamboo-agent: error: {e}", file=sys.stderr)
         return 1

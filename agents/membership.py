@@ -15,10 +15,10 @@ from agents.policy import Config, next_config
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
-from bamboo.control.liveness import Heartbeat
-from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, COPIES, DONE, DRAIN, HANDOVER, IDS,
-                                     ITERATION_FAMILIES, MEMBERS, MODE, REGROUP, START, ZONES, Mark, Member, ModeChoice,
-                                     Timestamp, Zone)
+from bamboo.control.liveness import Heartbeat, lease_ages
+from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, COPIES, DONE, DRAIN, FAILED, HANDOVER,
+                                     HOST_LOST, IDS, ITERATION_FAMILIES, MEMBERS, MODE, REGROUP, START, ZONES, Failure,
+                                     Mark, Member, ModeChoice, Timestamp, Zone)
 from bamboo.runtime.checkpoint import latest, storage_for
 from bamboo.runtime.copies import newest_covered
 
@@ -44,20 +44,24 @@ def lost_everywhere(assignment: Assignment, failed, redundancy: str) -> frozense
 
 
 class Membership:
-    def __init__(self, cluster: Cluster, zone: str, node: int | None, cfg: JobConfig):
-        self.cluster, self.zone, self.cfg = cluster, zone, cfg
+    def __init__(self, cluster: Cluster, zone: str, node: int | None, cfg: JobConfig, host: str | None = None):
+        """`host`: the machine this node shares with others (bamboo-agent --host);
+        None: a machine of its own, named by its hostname."""
+        self.cluster, self.zone, self.cfg, self.given_host = cluster, zone, cfg, host
         cluster.fenced_as = None  # a new identity is claimed by a process that may have had an old one
         self.node = node if node is not None else self._claim_id()
         if node is not None and not cluster.create(IDS(node), Mark()):
             raise ValueError(f"node id {node} is taken in this job")
         cluster.fenced_as = self.node  # from now on etcd refuses this agent's writes once the node is dead
-        cluster.put(ZONES(self.node), Zone(zone))
-        host = socket.gethostname()
+        cluster.put(ZONES(self.node), Zone(zone, host or ""))
+        host = self.host = host or socket.gethostname()
         self.fenced_why: str | None = None  # set by the heartbeat's thread: this node was recorded dead
         self.heartbeat = Heartbeat(cluster, MEMBERS(self.node), lambda lease: Member(zone, host, lease), cfg.lease_ttl,
                                    cfg.failure_timeout, fenced=lambda: cluster.death_of(self.node),
                                    on_fenced=self._fenced)
         cluster.heartbeat = self.heartbeat  # the agent judges peers' silence by lease age, as workers do
+        self.failure_timeout = cfg.failure_timeout
+        self._dead_seen: dict[int, float] = {}  # node -> when this agent first read it dead (host mates' judge)
         self._drained = False
         self._epoch: int | None = None  # the newest assignment seen
         self._next = 0                  # the first iteration whose regroup records are not settled
@@ -70,7 +74,7 @@ class Membership:
         """This machine under a new node id, holding nothing: how a node recorded
         dead comes back (its old id is never registered again)."""
         self.leave()
-        return Membership(self.cluster, self.zone, None, self.cfg)
+        return Membership(self.cluster, self.zone, None, self.cfg, self.given_host)
 
     def _claim_id(self) -> int:
         n = len(self.cluster.children(IDS()))
@@ -83,12 +87,16 @@ class Membership:
         gone = {int(n) for n in exclude} | set(self.cluster.children(DRAIN()))
         return {str(n): m.zone for n, m in self.cluster.children(MEMBERS()).items() if n not in gone}
 
+    def hosts(self) -> dict[str, str]:
+        """node -> host of the nodes that share a machine (the policy's `hosts`)."""
+        return {str(n): z.host for n, z in self.cluster.children(ZONES()).items() if z.host}
+
     def first_assignment(self, nodes: list[int]) -> None:
         """Run by the rendezvous' rank 0: assignment 0 over the nodes that met."""
         zones = self.cluster.children(ZONES())
         live = {str(n): zones[n].zone for n in nodes}
         cfg = self.cluster.get(CONFIG())
-        config = next_config(live, None, cfg.stages, cfg.microbatches, cfg.max_stages_per_node)
+        config = next_config(live, None, cfg.stages, cfg.microbatches, cfg.max_stages_per_node, hosts=self.hosts())
         first = from_policy(config, 0, ())
         mode = self._mode_for(cfg, 0, first, ModeStats())
         self.cluster.create(ASSIGNMENT(0), Assignment(**{**first.__dict__, "redundancy": mode}))
@@ -114,7 +122,10 @@ class Membership:
                 previous = self.cluster.latest_assignment()
                 if previous.start <= self._next:
                     failed = asked[0].failed
-                    self._next_epoch(cfg, previous, self._next, failed, failed, redo=False)
+                    gone = self._host_losses(failed, self._next)
+                    if gone is None:
+                        return  # a node of a dead one's host may be gone too: wait until that is known
+                    self._next_epoch(cfg, previous, self._next, failed, gone, redo=False)
             if not self.cluster.children(REGROUP(self._next + 1)):
                 return  # this iteration may still get another try
             self._next += 1
@@ -130,6 +141,9 @@ class Membership:
         if waiting:  # a node that died without a record would hold everyone up
             self.cluster.record_silent(waiting, it, self.node)
             return
+        failed = self._host_losses(failed, it)
+        if failed is None:
+            return  # a node of a dead one's host may be gone too: wait until that is known
         basis, before = previous, previous.gone
         if not self._entered(previous):  # no node entered it: the layers are where they were
             basis, before = self.cluster.get(ASSIGNMENT(previous.layers_from)), previous.failed
@@ -158,7 +172,7 @@ class Membership:
         after it are run again)."""
         basis = basis or previous
         config = next_config(self.live(failed), to_policy(previous), cfg.stages, cfg.microbatches,
-                             cfg.max_stages_per_node)
+                             cfg.max_stages_per_node, hosts=self.hosts())
         if config.depth < 2:
             return  # a pipeline needs two nodes: wait for more (the workers wait for this epoch)
         start, restore = (it if redo else it + 1), "peers"
@@ -237,6 +251,36 @@ class Membership:
         if not cfg.resume and (first is None or first.iteration == 0):
             return 0, "initial"
         return start, "checkpoint"
+
+    def _host_losses(self, failed, it: int) -> set[int] | None:
+        """`failed` and the nodes of their hosts that died with them (recorded
+        HOST_LOST), so that a host's loss is one reconfiguration; None while such a
+        node is neither silent (its agent's lease unrefreshed for the failure
+        timeout) nor seen alive (refreshed since this agent saw the death)."""
+        failed = {int(n) for n in failed}
+        now = time.monotonic()
+        for n in failed:
+            self._dead_seen.setdefault(n, now)
+        places, members = self.cluster.children(ZONES()), self.cluster.children(MEMBERS())
+        seen: dict[str, float] = {}  # host -> when its newest death was first seen
+        for n in failed:
+            if n in places and places[n].host:
+                seen[places[n].host] = max(seen.get(places[n].host, 0.0), self._dead_seen[n])
+        mates = {n: m.lease for n, m in members.items()
+                 if n not in failed and m.lease and n in places and places[n].host in seen}
+        ages = lease_ages(self.cluster, mates)
+        lost, waiting = set(), False
+        for n in mates:
+            age = ages.get(n, 0.0)  # etcd did not answer: not known yet
+            if age > self.failure_timeout and self.heartbeat.judging():
+                lost.add(n)
+            elif age + 1 >= now - seen[places[n].host]:  # (whole seconds) not refreshed since, as far as known
+                waiting = True
+        if waiting:
+            return None
+        for n in sorted(lost):
+            self.cluster.create(FAILED(n), Failure(it, self.node, HOST_LOST))
+        return failed | lost
 
     def drain(self) -> None:
         if not self._drained:

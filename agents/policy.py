@@ -23,6 +23,11 @@ Rules, in priority order:
      different zones whenever the zones allow: new pipelines are dealt zones
      evenly and arranged so, and a hole takes a node from a zone unlike its
      neighbours' when one is available.
+  6. Before zones, hosts (`hosts`: node -> machine, for machines of several
+     workers): no host holds neighbouring stages of a pipeline whenever the
+     hosts allow it (agents/placement.py); where they cannot, the fewest such
+     pairs, and never a failure. A survivor keeps its stage even beside a node of
+     its host (rule 2).
 The simulator imports this same function.
 """
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from agents.placement import cap, choose, fill_holes, host_of, spread_order
 from schedules.split import estimated_slots, split_by_speed
 
 Estimate = Callable[[list[tuple]], float]  # pipelines (each: the node of every stage) -> one iteration's time
@@ -72,13 +78,11 @@ def zone_conflicts(pipeline: tuple[str, ...], zones: Mapping[str, str]) -> int:
     return sum(zones[pipeline[i]] == zones[pipeline[(i + 1) % n]] for i in range(n))
 
 
-def arrange(nodes: list[str], zones: Mapping[str, str]) -> tuple[str, ...]:
-    """Order nodes on a cycle with as few same-zone neighbours as possible: the
-    most common zone takes every other slot, then the next zones continue."""
-    by_zone: dict[str, list[str]] = {}
-    for n in sorted(nodes):
-        by_zone.setdefault(zones[n], []).append(n)
-    ordered = [n for _, group in sorted(by_zone.items(), key=lambda kv: (-len(kv[1]), kv[0])) for n in group]
+def arrange(nodes: list[str], zones: Mapping[str, str], hosts: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Order nodes on a cycle with as few same-zone neighbours as possible and no
+    same-host ones where the hosts allow: the most common zone (inside it, host)
+    takes every other slot, then the next ones continue."""
+    ordered = spread_order(nodes, zones, hosts)
     slots = list(range(0, len(nodes), 2)) + list(range(1, len(nodes), 2))
     out = [""] * len(nodes)
     for slot, node in zip(slots, ordered):
@@ -86,33 +90,13 @@ def arrange(nodes: list[str], zones: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _deal(nodes: list[str], zones: Mapping[str, str], count: int) -> list[list[str]]:
-    """Split nodes into `count` equal groups, each zone spread evenly over them."""
-    by_zone = sorted(nodes, key=lambda n: (zones[n], n))
+def _deal(nodes: list[str], zones: Mapping[str, str], count: int, hosts: Mapping[str, str] | None) -> list[list[str]]:
+    """Split nodes into `count` equal groups, each zone, and each host, spread evenly over them."""
+    by_zone = sorted(nodes, key=lambda n: (zones[n], host_of(hosts, n), n))
     groups: list[list[str]] = [[] for _ in range(count)]
     for i, n in enumerate(by_zone):
         groups[i % count].append(n)
     return groups
-
-
-def _choose(candidates: list[str], k: int, zones: Mapping[str, str]) -> list[str]:
-    """k candidates taken round-robin over zones (each zone's queue in order), so
-    the new pipelines get as many zones as the spares offer."""
-    queues: dict[str, list[str]] = {}
-    for n in candidates:
-        queues.setdefault(zones[n], []).append(n)
-    order = sorted(queues, key=lambda z: (-len(queues[z]), z))
-    out: list[str] = []
-    while len(out) < k:
-        for z in order:
-            if queues[z] and len(out) < k:
-                out.append(queues[z].pop(0))
-    return out
-
-
-def _pick(candidates: list[str], avoid: set[str], zones: Mapping[str, str]) -> str:
-    """The first candidate whose zone is not in `avoid`, else the first."""
-    return next((n for n in candidates if zones[n] not in avoid), candidates[0])
 
 
 def nodes_for_a_pipeline(depth: int, max_stages: int = 1) -> int:
@@ -165,8 +149,10 @@ def lay_out(nodes: tuple[str, ...], depth: int) -> tuple[str, ...]:
 
 
 def next_config(live: Mapping[str, str], previous: Config | None, depth: int,
-                max_pipelines: int | None = None, max_stages: int = 1, iteration: Estimate | None = None) -> Config:
+                max_pipelines: int | None = None, max_stages: int = 1, iteration: Estimate | None = None,
+                hosts: Mapping[str, str] | None = None) -> Config:
     """`live`: node -> zone. `previous`: the configuration in force (None at start).
+    `hosts`: node -> host, for nodes that share a machine (default: each its own).
     `max_pipelines`: at most this many pipelines (the global microbatch count).
     `max_stages`: the most stages one node may hold (above 1, short pipelines, formed
     where `iteration` estimates them faster: by default, the stage-slot estimate of
@@ -186,7 +172,7 @@ def next_config(live: Mapping[str, str], previous: Config | None, depth: int,
     if iteration is None and max_pipelines is not None:
         iteration = slot_estimate(max_pipelines)
     plan = _plan(live, previous, Config(epoch, P, notes=tuple(notes)), max_stages if P == depth else 1,
-                 max_pipelines, iteration)
+                 max_pipelines, iteration, hosts)
     stay = _unchanged(previous, live, epoch, P) if max_stages > 1 and iteration and P == depth else None
     if stay and plan.pipelines != stay.pipelines and iteration(list(plan.pipelines)) > (
             1 - MIN_GAIN) * iteration(list(stay.pipelines)):
@@ -207,7 +193,7 @@ def _unchanged(previous: Config | None, live: Mapping[str, str], epoch: int, dep
 
 
 def _plan(live: Mapping[str, str], previous: Config | None, base: Config, max_stages: int,
-          max_pipelines: int | None, iteration: Estimate | None) -> Config:
+          max_pipelines: int | None, iteration: Estimate | None, hosts: Mapping[str, str] | None) -> Config:
     """The pipelines `live` forms at `base`'s depth, moving as few nodes as rules 2 to 5 allow."""
     P = base.depth
     # a full pipeline that lost nodes is mended (from a short pipeline if need be) before two short ones replace it
@@ -227,7 +213,7 @@ def _plan(live: Mapping[str, str], previous: Config | None, base: Config, max_st
     standby = [n for n in (previous.standby if previous else ()) if n in live and n not in placed]
     newcomers = sorted(n for n in live if n not in placed and n not in standby and n not in leftover)
     spares = standby + newcomers + [n for n in leftover if n not in standby]
-    pipelines = _fill_holes(kept, spares, live, P)
+    pipelines = _fill_holes(kept, spares, live, hosts)
     # New pipelines from what is left: as many zones as possible, dealt evenly, arranged.
     short = [n for n in lengths if n < P]
     for pipe in pipelines:
@@ -235,14 +221,14 @@ def _plan(live: Mapping[str, str], previous: Config | None, base: Config, max_st
             short.remove(len(set(pipe)))
     new_count = min(len(lengths) - len(short) - sum(len(set(p)) == P for p in pipelines), len(spares) // P)
     if new_count > 0:
-        chosen = _choose(spares, new_count * P, live)
+        chosen = choose(spares, new_count * P, live, hosts, cap(P, new_count))
         spares = [n for n in spares if n not in chosen]
-        pipelines += [arrange(group, live) for group in _deal(chosen, live, new_count)]
+        pipelines += [arrange(group, live, hosts) for group in _deal(chosen, live, new_count, hosts)]
     for length in short:
         if len(spares) >= length:
-            chosen = _choose(spares, length, live)
+            chosen = choose(spares, length, live, hosts, cap(length, 1))
             spares = [n for n in spares if n not in chosen]
-            pipelines.append(lay_out(arrange(chosen, live), P))
+            pipelines.append(lay_out(arrange(chosen, live, hosts), P))
     return Config(base.epoch, P, tuple(pipelines), tuple(spares), tuple(notes))
 
 
@@ -272,16 +258,10 @@ def _survivors(previous: Config, live: Mapping[str, str], lengths: list[int]):
 
 
 def _fill_holes(partial: list[list[str | None]], spares: list[str], live: Mapping[str, str],
-                P: int) -> list[tuple[str, ...]]:
-    """Fill holes in stage order, each with a node from a zone unlike its neighbours';
+                hosts: Mapping[str, str] | None) -> list[tuple[str, ...]]:
+    """Fill holes (agents/placement.py: zones unlike the neighbours', hosts apart);
     a pipeline that cannot be completed dissolves (its nodes go back to `spares`)."""
-    for pipe in partial:
-        for s, n in enumerate(pipe):
-            if n is None and spares:
-                avoid = {live[x] for x in (pipe[(s - 1) % P], pipe[(s + 1) % P]) if x}
-                choice = _pick(spares, avoid, live)
-                spares.remove(choice)
-                pipe[s] = choice
+    fill_holes(partial, spares, live, hosts)
     spares[:0] = [n for p in partial if not all(p) for n in p if n]
     return [tuple(p) for p in partial if all(p)]
 

@@ -159,3 +159,17 @@ def test_bad_etcd_member_counts_are_one_line(extra, message, tmp_path):
                  "--job", "j", "--package", "https://example.com/b.whl", *extra)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and message in lines[0], out.stderr
+
+
+def test_a_four_gpu_type_boots_four_workers(aws):
+    """The boot script runs one worker per GPU (bamboo-agent --workers N): four on
+    p3.8xlarge; with types of different counts, the one IMDS names."""
+    endpoint, ec2, image = aws
+    provider = Ec2Provider(REGION, endpoint)
+    provider.up(spec(image, "bamboo-4gpu", instance_types=("p3.8xlarge",)), provider.subnets(ZONES))
+    version = ec2.describe_launch_template_versions(LaunchTemplateName="bamboo-4gpu")["LaunchTemplateVersions"][0]
+    script = base64.b64decode(version["LaunchTemplateData"]["UserData"]).decode()
+    assert "WORKERS=4\n" in script and '--workers "$WORKERS"' in script
+    mixed = spec(image, "m", instance_types=("g5.xlarge", "g5.12xlarge")).user_data()
+    assert "g5.12xlarge) WORKERS=4;;" in mixed and "g5.xlarge) WORKERS=1;;" in mixed and "instance-type" in mixed
+    provider.down("bamboo-4gpu")

@@ -122,3 +122,15 @@ def test_etcd_auto_with_three_members_puts_one_in_each_zone(compute, tmp_path):
     assert f'bamboo-agent" --etcd {made["etcd"]} ' in boot
     assert launch("--state", state, "down").returncode == 0
     assert not compute.instances
+
+
+def test_a_four_gpu_machine_boots_four_workers(compute):
+    """One worker per GPU (bamboo-agent --workers N): a2-highgpu-4g's own four, or
+    the accelerator's count."""
+    provider = GcpProvider("proj", "us-central1", compute.url)
+    provider.up(GcpSpec(**{**spec("bamboo-a2").__dict__, "machine_type": "a2-highgpu-4g",
+                           "accelerator": "nvidia-tesla-a100:4"}))
+    script = compute.templates["bamboo-a2"]["properties"]["metadata"]["items"][0]["value"]
+    assert "WORKERS=4\n" in script and '--workers "$WORKERS"' in script
+    assert "WORKERS=2\n" in GcpSpec(**{**spec().__dict__, "accelerator": "nvidia-tesla-t4:2"}).startup_script()
+    provider.down("bamboo-a2")

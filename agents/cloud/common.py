@@ -38,7 +38,8 @@ ROOT=${{BAMBOO_ROOT:-}}
 META=${{BAMBOO_METADATA:-{metadata}}}
 mkdir -p "$ROOT/opt" "$ROOT/var/log/bamboo"
 {zone_lookup}
-echo "bamboo boot: instance $INSTANCE in zone $ZONE"
+{workers}
+echo "bamboo boot: instance $INSTANCE in zone $ZONE, $WORKERS worker(s)"
 python3 -m venv "$ROOT/opt/bamboo"
 pip_install() {{ "$ROOT/opt/bamboo/bin/python" -m pip install --quiet "$@"; }}
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -49,19 +50,22 @@ fi
 {fetch}pip_install {requirement}
 echo "bamboo boot: installed, starting the agent"
 exec "$ROOT/opt/bamboo/bin/bamboo-agent" --etcd {etcd} --job {job} --zone "$ZONE" --notice {notice} \\
-  --metadata-url "$META" --log-dir "$ROOT/var/log/bamboo"
+  --metadata-url "$META" --log-dir "$ROOT/var/log/bamboo" --workers "$WORKERS"
 """
 
 
-def boot_script(install: Install, etcd: str, job: str, notice: str, metadata: str, zone_lookup: str) -> str:
-    """`zone_lookup`: shell lines that set ZONE and INSTANCE from the metadata at $META."""
+def boot_script(install: Install, etcd: str, job: str, notice: str, metadata: str, zone_lookup: str,
+                workers: str = "WORKERS=1") -> str:
+    """`zone_lookup`: shell lines that set ZONE and INSTANCE from the metadata at $META;
+    `workers`: lines that set WORKERS, the machine's GPUs (its agent runs a worker on each)."""
     fetch, requirement = "", shlex.quote(install.requirement)
     if install.url:
         target = f'"$ROOT/opt/{install.wheel}"'
         fetch = f"curl -fsS --retry 5 -o {target} {shlex.quote(install.url)}\n"
         requirement = target
     return BOOT.format(metadata=metadata, zone_lookup=zone_lookup, torch=TORCH, fetch=fetch,
-                       requirement=requirement, etcd=shlex.quote(etcd), job=shlex.quote(job), notice=notice)
+                       requirement=requirement, etcd=shlex.quote(etcd), job=shlex.quote(job), notice=notice,
+                       workers=workers)
 
 
 ETCD = """#!/bin/bash

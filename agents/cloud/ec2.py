@@ -19,6 +19,13 @@ from agents.cloud.common import Install, LaunchError, boot_script
 # Spot GPU types with one GPU each, cheapest first: the allocation strategy picks
 # among them by spare capacity, so more types mean fewer interruptions.
 GPU_TYPES = ("g4dn.xlarge", "g5.xlarge", "g6.xlarge", "g4dn.2xlarge", "g5.2xlarge")
+# GPUs of the instance types bamboo-launch knows: the node runs that many workers
+# (bamboo-agent --workers N); a type not listed runs one.
+GPUS = {"g4dn.xlarge": 1, "g4dn.2xlarge": 1, "g4dn.4xlarge": 1, "g4dn.8xlarge": 1, "g4dn.12xlarge": 4,
+        "g4dn.16xlarge": 1, "g4dn.metal": 8, "g5.xlarge": 1, "g5.2xlarge": 1, "g5.4xlarge": 1, "g5.8xlarge": 1,
+        "g5.12xlarge": 4, "g5.16xlarge": 1, "g5.24xlarge": 4, "g5.48xlarge": 8, "g6.xlarge": 1, "g6.2xlarge": 1,
+        "g6.12xlarge": 4, "g6.48xlarge": 8, "p3.2xlarge": 1, "p3.8xlarge": 4, "p3.16xlarge": 8, "p3dn.24xlarge": 8,
+        "p4d.24xlarge": 8, "p5.48xlarge": 8}
 METADATA = "http://169.254.169.254"
 ZONE_LOOKUP = """TOKEN=$(curl -fsSX PUT "$META/latest/api/token" -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')
 ZONE=$(curl -fsS -H "X-aws-ec2-metadata-token: $TOKEN" "$META/latest/meta-data/placement/availability-zone")
@@ -42,7 +49,19 @@ class Ec2Spec:
     tags: dict = field(default_factory=dict)
 
     def user_data(self) -> str:
-        return boot_script(self.install, self.etcd, self.job, "ec2", METADATA, ZONE_LOOKUP)
+        return boot_script(self.install, self.etcd, self.job, "ec2", METADATA, ZONE_LOOKUP,
+                           workers_lookup(self.instance_types))
+
+
+def workers_lookup(types: tuple[str, ...]) -> str:
+    """Shell lines that set WORKERS to the GPUs of the instance (GPUS): one number
+    when every type has as many, else the instance's type asked of IMDS."""
+    counts = {t: GPUS.get(t, 1) for t in types}
+    if len(set(counts.values())) == 1:
+        return f"WORKERS={next(iter(counts.values()))}"
+    cases = " ".join(f"{t}) WORKERS={n};;" for t, n in counts.items())
+    return ('TYPE=$(curl -fsS -H "X-aws-ec2-metadata-token: $TOKEN" "$META/latest/meta-data/instance-type")\n'
+            f'case "$TYPE" in {cases} *) WORKERS=1;; esac')
 
 
 class Ec2Provider:

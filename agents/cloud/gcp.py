@@ -29,6 +29,20 @@ ZONE=${ZONE##*/}
 INSTANCE=$(curl -fsS -H 'Metadata-Flavor: Google' "$META/computeMetadata/v1/instance/id")"""
 
 
+# Machine types that come with their GPUs (the others take --accelerator's count):
+# the node runs a worker on each (bamboo-agent --workers N).
+GPUS = {"a2-highgpu-1g": 1, "a2-highgpu-2g": 2, "a2-highgpu-4g": 4, "a2-highgpu-8g": 8, "a2-megagpu-16g": 16,
+        "a2-ultragpu-1g": 1, "a2-ultragpu-2g": 2, "a2-ultragpu-4g": 4, "a2-ultragpu-8g": 8, "a3-highgpu-8g": 8,
+        "g2-standard-4": 1, "g2-standard-8": 1, "g2-standard-12": 1, "g2-standard-16": 1, "g2-standard-24": 2,
+        "g2-standard-32": 1, "g2-standard-48": 4, "g2-standard-96": 8}
+
+
+def workers(machine_type: str, accelerator: str) -> int:
+    """GPUs of one node: its machine type's own, else the accelerator count (at least one worker)."""
+    found = parse_accelerator(accelerator)
+    return GPUS.get(machine_type, found[1] if found else 1)
+
+
 def parse_accelerator(text: str) -> tuple[str, int] | None:
     """TYPE[:COUNT] -> (type, count); 'none' -> None."""
     if text == "none":
@@ -54,7 +68,8 @@ class GcpSpec:
     accelerator: str = "nvidia-tesla-t4:1"
 
     def startup_script(self) -> str:
-        return boot_script(self.install, self.etcd, self.job, "gcp", METADATA, ZONE_LOOKUP)
+        return boot_script(self.install, self.etcd, self.job, "gcp", METADATA, ZONE_LOOKUP,
+                           f"WORKERS={workers(self.machine_type, self.accelerator)}")
 
 
 class GcpProvider:

@@ -15,6 +15,8 @@ from bamboo.control.protocol import CONFIG, job_root
 # launcher process on this machine (a cloud job has none: bamboo-status shows it).
 NOT_FOR_CLOUD = {
     "--local-nodes": "--nodes sets the job's nodes",
+    "--local-hosts": "--nodes sets the job's machines; each runs a worker per GPU of its type",
+    "--workers-per-host": "each machine runs a worker per GPU of its instance or machine type",
     "--join": "bamboo-launch scale N adds nodes",
     "--notice": "the nodes watch their cloud's notices",
     "--metadata-url": "the nodes ask their own metadata server",

@@ -6,7 +6,8 @@ Each trial starts its own etcd and a `bamboo-train --local-nodes` job (agents
 with workers, several zones, standby nodes), then, once training runs, injects
 faults: SIGKILL of an agent with its worker, SIGKILL of a worker alone, SIGSTOP
 of a worker (SIGCONT later), SIGKILL and restart of etcd, a burst of kills in one
-zone, a new node joining. Every node killed is replaced by a new one a little
+zone, a new node joining; with --workers-per-host N (machines of N nodes, one
+`bamboo-agent --workers N` each), SIGKILL of a whole machine too. Every node killed is replaced by a new one a little
 later, as a spot fleet's autoscaler would. After the trial it compares every
 iteration's loss with the reference, counts samples lost or trained twice,
 and checks that no process it started is left. A failed trial keeps its logs
@@ -37,6 +38,7 @@ from bamboo.control.protocol import DONE, scan
 from bamboo.runtime import WORKER
 
 KINDS = ("kill-node", "kill-worker", "pause", "etcd-restart", "zone-burst", "join")
+HOST_KINDS = KINDS + ("kill-host",)  # with machines of several nodes
 RTOL = 1e-9  # float64: the same math gives the same losses to rounding
 
 
@@ -50,6 +52,16 @@ class Settings:
     faults: int = 4
     checkpoint_every: int = 10
     timeout: float = 600.0  # a trial that runs longer failed
+    per_host: int = 1       # nodes per machine (bamboo-train --local-hosts); 1: each node a machine of its own
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return HOST_KINDS if self.per_host > 1 else KINDS
+
+    def cluster_args(self) -> list[str]:
+        if self.per_host > 1:
+            return ["--local-hosts", str(max(1, self.nodes // self.per_host)), "--workers-per-host", str(self.per_host)]
+        return ["--local-nodes", str(self.nodes)]
 
     def train_args(self) -> list[str]:
         return ["--model", "tiny", "--dtype", "float64", "--seed", "3", "--stages", str(self.stages),
@@ -111,7 +123,7 @@ class Trial:
         self.extra: list[subprocess.Popen] = []     # agents this driver started (joins)
         self.seen: dict[int, psutil.Process] = {}   # every process of the job, ever
         self.paused: list[tuple[float, psutil.Process]] = []
-        self.replace: list[tuple[float, str]] = []  # (when, zone) of nodes to add
+        self.replace: list[tuple[float, str, int]] = []  # (when, zone, workers) of nodes (machines) to add
         self.t0 = 0.0
 
     # -- the trial ---------------------------------------------------------------------
@@ -136,7 +148,7 @@ class Trial:
         s = self.settings
         self.metrics = os.path.join(self.dir, "metrics.jsonl")
         cmd = [sys.executable, "-m", "bamboo.commands.cli", *s.train_args(), "--etcd", self.etcd.endpoint,
-               "--job", self.job, "--local-nodes", str(s.nodes), "--zones", ",".join(s.zones),
+               "--job", self.job, *s.cluster_args(), "--zones", ",".join(s.zones),
                "--checkpoint", os.path.join(self.dir, "ckpt"), "--checkpoint-every", str(s.checkpoint_every),
                "--no-progress", "--metrics-out", self.metrics, "--stall-timeout", str(s.timeout)]
         with open(os.path.join(self.dir, "launcher.log"), "w") as log:
@@ -158,7 +170,7 @@ class Trial:
             if now > deadline:
                 raise TimeoutError(f"the job did not finish within {self.settings.timeout:.0f} s")
             if injected < self.settings.faults and now >= at:
-                self._inject(self.rng.choice(KINDS))
+                self._inject(self.rng.choice(self.settings.kinds))
                 injected += 1
                 at = now + self.rng.uniform(1.0, 6.0)
             self._due()
@@ -176,7 +188,21 @@ class Trial:
         self.outcome.faults.append((round(time.monotonic() - self.t0, 2), kind, detail))
 
     def _agents(self) -> list[psutil.Process]:
-        return [p for p in self._job_processes() if AGENT in " ".join(self._cmdline(p))]
+        """The nodes' agents (not the machines' processes that start them)."""
+        return [p for p in self._job_processes() if AGENT in " ".join(self._cmdline(p)) and not self._machine(p)]
+
+    def _machine(self, p: psutil.Process) -> bool:
+        cmd = self._cmdline(p)
+        return "--workers" in cmd and cmd[cmd.index("--workers") + 1] != "1"
+
+    def _kill_host(self) -> str:
+        machine = self._pick([p for p in self._job_processes() if self._machine(p)])
+        if machine is None:
+            return "no machine to kill"
+        nodes, cmd, zone = [self._node(a) for a in machine.children()], self._cmdline(machine), self._zone_of(machine)
+        self._signal(machine, signal.SIGKILL)  # its agents and their workers die with it
+        self.replace.append((time.monotonic() + self.rng.uniform(1.0, 5.0), zone, self.settings.per_host))
+        return f"{cmd[cmd.index('--host') + 1] if '--host' in cmd else machine.pid}: nodes {', '.join(nodes)}"
 
     def _worker_of(self, agent: psutil.Process) -> psutil.Process | None:
         try:
@@ -242,24 +268,26 @@ class Trial:
         return f"node {self._node(agent)}"
 
     def _replace_later(self, zone: str) -> None:
-        self.replace.append((time.monotonic() + self.rng.uniform(1.0, 5.0), zone))
+        self.replace.append((time.monotonic() + self.rng.uniform(1.0, 5.0), zone, 1))
 
     def _due(self) -> None:
         now = time.monotonic()
         for when, worker in [p for p in self.paused if p[0] <= now]:
             self._signal(worker, signal.SIGCONT)
             self.paused.remove((when, worker))
-        for when, zone in [r for r in self.replace if r[0] <= now]:
-            self._add_node(zone)
-            self.replace.remove((when, zone))
+        for when, zone, workers in [r for r in self.replace if r[0] <= now]:
+            self._add_node(zone, workers)
+            self.replace.remove((when, zone, workers))
 
-    def _add_node(self, zone: str) -> None:
+    def _add_node(self, zone: str, workers: int = 1) -> None:
+        """A new node's agent, or a new machine of `workers` nodes."""
         if self.launcher.poll() is not None:
             return
+        machine = ["--workers", str(workers), "--host", f"{self.job}-m{len(self.extra)}"] if workers > 1 else []
         log = open(os.path.join(self.dir, f"joined{len(self.extra)}.log"), "w")
         self.extra.append(subprocess.Popen(
             [sys.executable, "-m", AGENT, "--etcd", self.etcd.endpoint, "--job", self.job, "--zone", zone,
-             "--log-dir", self.dir], stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent))
+             "--log-dir", self.dir, *machine], stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent))
         log.close()
 
     # -- processes ---------------------------------------------------------------------
@@ -343,7 +371,7 @@ class Trial:
 
 
 def table(outcomes: list[Outcome], settings: Settings, seed: int) -> str:
-    kinds = {k: sum(kind == k for o in outcomes for _, kind, _ in o.faults) for k in KINDS}
+    kinds = {k: sum(kind == k for o in outcomes for _, kind, _ in o.faults) for k in settings.kinds}
     pauses = [o.pause for o in outcomes if o.completed]
     rows = [("trials", len(outcomes)),
             ("faults", f"{sum(kinds.values())} ({', '.join(f'{k} {n}' for k, n in kinds.items())})"),
@@ -368,14 +396,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--faults", type=int, default=Settings.faults, help="faults per trial")
     ap.add_argument("--nodes", type=int, default=Settings.nodes)
     ap.add_argument("--iterations", type=int, default=Settings.iterations)
+    ap.add_argument("--workers-per-host", type=int, default=1, metavar="N",
+                    help="machines of N nodes (bamboo-train --local-hosts); adds whole-machine kills to the faults")
     ap.add_argument("--out", default=None, help="where failed trials keep their logs (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep every trial's logs and metrics, not only failed ones'")
     args = ap.parse_args(argv)
-    if args.trials < 1 or args.faults < 0 or args.nodes < Settings.stages + 1 or args.iterations < 2:
+    if args.trials < 1 or args.faults < 0 or args.nodes < Settings.stages + 1 or args.iterations < 2 or not (
+            1 <= args.workers_per_host <= args.nodes // Settings.stages):
         print("bamboo-chaos: error: need --trials >= 1, --faults >= 0, --nodes >= "
-              f"{Settings.stages + 1}, --iterations >= 2", file=sys.stderr)
+              f"{Settings.stages + 1}, --iterations >= 2, 1 <= --workers-per-host <= --nodes / {Settings.stages}",
+              file=sys.stderr)
         return 2
-    settings = Settings(nodes=args.nodes, faults=args.faults, iterations=args.iterations)
+    settings = Settings(nodes=args.nodes, faults=args.faults, iterations=args.iterations,
+                        per_host=args.workers_per_host)
     out = args.out or tempfile.mkdtemp(prefix="bamboo-chaos-")
     os.makedirs(out, exist_ok=True)
     ref = reference(settings, out)

@@ -44,6 +44,9 @@ def local_cluster(args):
         raise ValueError(f"--zones {args.zones!r}: expected names separated by commas")
     if args.local_nodes < args.stages:
         raise ValueError(f"--local-nodes {args.local_nodes} is fewer than --stages {args.stages}")
+    if args.local_hosts and args.join:
+        raise ValueError("--join with --local-hosts: machines join a running job with a second bamboo-train "
+                         "--etcd E --job NAME --local-hosts H")
     joins = []
     for spec in args.join:
         count, _, it = spec.partition("@")
@@ -53,7 +56,26 @@ def local_cluster(args):
             raise ValueError(f"--join {spec!r}: nodes join after iteration {it}, and the job's last is "
                              f"{args.iterations - 1} (--iterations {args.iterations})")
         joins.append((int(count), int(it)))
-    return LocalCluster(args.local_nodes, zones, tuple(joins), args.notice, args.metadata_url, args.local_prefix)
+    return LocalCluster(args.local_nodes, zones, tuple(joins), args.notice, args.metadata_url, args.local_hosts or 0,
+                        args.workers_per_host or 1, args.local_prefix)
+
+
+def local_hosts(args) -> None:
+    """--local-hosts H --workers-per-host N, checked: H x N local nodes (--local-nodes)."""
+    if args.local_hosts is None:
+        if args.workers_per_host is not None:
+            raise ValueError("--workers-per-host needs --local-hosts")
+        return
+    if args.local_nodes is not None:
+        raise ValueError("--local-hosts with --local-nodes: give one (machines of --workers-per-host nodes, "
+                         "or nodes each a machine of its own)")
+    per = 2 if args.workers_per_host is None else args.workers_per_host
+    if args.local_hosts < 1 or per < 1:
+        raise ValueError(f"--local-hosts {args.local_hosts} --workers-per-host {per}: both must be at least 1")
+    if args.local_hosts * per < args.stages:
+        raise ValueError(f"--local-hosts {args.local_hosts} of --workers-per-host {per} give {args.local_hosts * per} "
+                         f"nodes, fewer than --stages {args.stages}")
+    args.local_nodes, args.workers_per_host = args.local_hosts * per, per
 
 
 def check_writable(path: str | None, flag: str) -> None:
@@ -299,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _terminate)
     args = jobfile.parse_args(build_parser(), argv)
     try:
+        local_hosts(args)
         cfg = config_from_args(args)
         local = local_cluster(args)
         if cfg.stages > 1:  # every worker runs on this host: can each have its device?

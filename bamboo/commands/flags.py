@@ -136,7 +136,13 @@ def _cluster_flags(g) -> None:
                                  "a job of that name that runs already is joined")
     g.add_argument("--local-nodes", type=int, metavar="N",
                    help="run N nodes, each an elastic agent, that keep reconfiguring (D = nodes // P)")
-    g.add_argument("--zones", default="a", metavar="A,B,...", help="zones of the local nodes, dealt in turn")
+    g.add_argument("--local-hosts", type=int, metavar="H",
+                   help="instead of --local-nodes: H local machines of --workers-per-host nodes each, a machine's "
+                        "loss taking all of them (one bamboo-agent --workers N per machine)")
+    g.add_argument("--workers-per-host", type=int, metavar="N", help="with --local-hosts: nodes per machine "
+                                                                     "(default 2)")
+    g.add_argument("--zones", default="a", metavar="A,B,...",
+                   help="zones of the local nodes (with --local-hosts, of the machines), dealt in turn")
     g.add_argument("--notice", choices=("ec2", "gcp"), help="with --local-nodes: agents watch this cloud's "
                                                            "preemption notices")
     g.add_argument("--metadata-url", metavar="URL", help="the metadata service the agents watch ({node} is "

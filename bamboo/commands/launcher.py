@@ -52,6 +52,8 @@ class LocalCluster:
     joins: tuple[tuple[int, int], ...] = ()
     notice: str | None = None        # agents watch this cloud's preemption notices...
     metadata_url: str | None = None  # ...at this metadata service ("{node}" is replaced)
+    hosts: int = 0                   # with hosts: `nodes` on this many machines of `per_host` nodes
+    per_host: int = 1                # each (`bamboo-agent --workers`), machine h in zone zones[h % len(zones)]
     prefix: str = ""                 # each agent runs under this command ("{node}" is replaced)
 
     def command(self, node: int) -> list[str]:
@@ -60,6 +62,11 @@ class LocalCluster:
 
     def zone(self, node: int) -> str:
         return self.zones[node % len(self.zones)]
+
+    def host_args(self, host: int, name: str) -> list[str]:
+        """The options of machine `host`'s agent (named `name`), whose nodes share its zone."""
+        return ["--workers", str(self.per_host), "--host", name, *self.agent_args(host * self.per_host)[2:],
+                "--zone", self.zones[host % len(self.zones)]]
 
     def agent_args(self, node: int) -> list[str]:
         """The options every agent of node `node` gets (beyond etcd, job and id)."""
@@ -175,7 +182,11 @@ class Launcher:
         """A local cluster's agents (the joiners' too: they register once their
         iteration is done, not when they are ready); without agents, the workers of
         a static assignment."""
-        if self.local:
+        if self.local and self.local.hosts:
+            for h in range(self.local.hosts):
+                self._start(cluster, h * self.local.per_host, AGENT, *self.local.host_args(h, f"host{h}"),
+                            "--min-nodes", str(self.local.nodes), "--log-dir", self.logs)
+        elif self.local:
             for n in range(self.local.nodes):
                 self._start(cluster, n, AGENT, *self.local.agent_args(n), "--max-nodes",
                             str(self.local.nodes), "--log-dir", self.logs)
@@ -258,11 +269,14 @@ class Launcher:
         """A worker (or, for a local cluster, an agent) for `node` (with `named`
         False the agent claims the next free id and `node` only names its log)."""
         kind = "agent" if module == AGENT else "worker"
-        held = {self.slots[n] for n, p in self.procs.items() if p.poll() is None}
-        self.slots[node] = min(set(range(len(held) + 1)) - held)  # the lowest index no live process has
+        width = self.local.per_host if module == AGENT and self.local and self.local.hosts else 1  # its workers
+        held = {self.slots[n] + i for n, p in self.procs.items() if p.poll() is None for i in range(width)}
+        # the lowest indexes no live process has: a machine's workers take LOCAL_RANK and the next ones
+        self.slots[node] = min(s for s in range(len(held) + 1) if not held & set(range(s, s + width)))
         with open(os.path.join(self.logs, f"{kind}{node}.log"), "w") as log:
+            prefix = self.local.command(node) if self.local and module == AGENT else []
             self.procs[node] = subprocess.Popen(
-                [*(self.local.command(node) if self.local and module == AGENT else ()), sys.executable, "-m", module, "--etcd", cluster.endpoint, "--job", self.cfg.job,
+                [*prefix, sys.executable, "-m", module, "--etcd", cluster.endpoint, "--job", self.cfg.job,
                  *(["--node", str(node)] if named else []), *args], stdout=log, stderr=subprocess.STDOUT,
                 preexec_fn=die_with_parent, env={**os.environ, LOCAL_RANK: str(self.slots[node])})
 
@@ -273,7 +287,11 @@ class Launcher:
             raise LaunchError(f"job {self.cfg.job!r} already exists: --local-nodes N joins it with N nodes")
         if not cluster.get(CONFIG()).elastic:
             raise LaunchError(f"job {self.cfg.job!r} runs without agents: it cannot take new nodes")
-        for n in range(self.local.nodes):
+        if self.local.hosts:  # machines of their own names: ids are claimed, the names must be new too
+            for h in range(self.local.hosts):
+                self._start(cluster, h, AGENT, *self.local.host_args(h, f"join-{uuid.uuid4().hex[:6]}"), "--log-dir",
+                            self.logs, named=False)
+        for n in range(0 if self.local.hosts else self.local.nodes):
             self._start(cluster, n, AGENT, *self.local.agent_args(n), "--log-dir", self.logs, named=False)
         for p in self.procs.values():
             if p.wait() not in EXPECTED_EXITS:

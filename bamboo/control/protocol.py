@@ -83,6 +83,7 @@ class Alive(Record):
 
 LEASE_EXPIRED = "lease expired"    # Failure.how of a node found silent, not seen to break
 STRAGGLER = "straggler"            # Failure.how of a node whose compute fell far behind its peers'
+HOST_LOST = "host lost"            # Failure.how of a node silent since a node of its host died
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,7 @@ class Member(Record):
 @dataclass(frozen=True)
 class Zone(Record):
     zone: str
+    host: str = ""                 # the machine it shares with other nodes (bamboo-agent --host); "": its own
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,128 @@
+"""Where nodes go in a pipeline, given their zones and hosts: pure functions the
+policy (agents/policy.py) uses to keep neighbouring stages apart.
+
+A host is one machine with several workers (`bamboo-agent --workers N`): its
+loss takes every one of them at once, and two neighbouring stages of a pipeline
+(cyclically: stage P-1 keeps stage 0's replica) lost together are a stage lost for
+the pipeline. So no host holds neighbouring stages when the hosts allow it; that
+comes before spreading zones (a host is in one zone; zones only may fail
+together). A node's host defaults to the node itself: one worker per machine.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+SEARCH_STEPS = 20_000  # the hole search gives up after this many steps and fills greedily
+
+
+def host_of(hosts: Mapping[str, str] | None, node: str) -> str:
+    return hosts.get(node, node) if hosts else node
+
+
+def host_conflicts(pipeline: tuple[str, ...], hosts: Mapping[str, str] | None) -> int:
+    """Neighbouring stage pairs (cyclic) on two different nodes of one host."""
+    n = len(pipeline)
+    pairs = [(pipeline[i], pipeline[(i + 1) % n]) for i in range(n)] if n > 1 else []
+    return sum(a != b and host_of(hosts, a) == host_of(hosts, b) for a, b in pairs)
+
+
+def cap(depth: int, count: int) -> int:
+    """The most nodes of one host that `count` cycles of `depth` take with no two
+    of them neighbours: every other place."""
+    return count * (depth // 2) if depth > 1 else 1 << 30
+
+
+def spread_order(nodes: list[str], zones: Mapping[str, str], hosts: Mapping[str, str] | None) -> list[str]:
+    """Nodes in runs: the largest zone first, and inside a zone the largest host
+    first. Placed on every other slot of a cycle in this order, a run no longer
+    than half the cycle has no two members side by side."""
+    zone_size: dict[str, int] = {}
+    host_size: dict[str, int] = {}
+    for n in nodes:
+        zone_size[zones[n]] = zone_size.get(zones[n], 0) + 1
+        host_size[host_of(hosts, n)] = host_size.get(host_of(hosts, n), 0) + 1
+    return sorted(nodes, key=lambda n: (-zone_size[zones[n]], zones[n], -host_size[host_of(hosts, n)],
+                                        host_of(hosts, n), n))
+
+
+def choose(candidates: list[str], k: int, zones: Mapping[str, str], hosts: Mapping[str, str] | None,
+           most: int) -> list[str]:
+    """k candidates taken round-robin over zones (each zone's queue in order), no
+    host beyond `most` while others remain, so the new pipelines get as many
+    zones as the spares offer and can keep each host's nodes apart."""
+    queues: dict[str, list[str]] = {}
+    for n in candidates:
+        queues.setdefault(zones[n], []).append(n)
+    order = sorted(queues, key=lambda z: (-len(queues[z]), z))
+    out: list[str] = []
+    taken: dict[str, int] = {}
+    progress = True
+    while len(out) < k and progress:
+        progress = False
+        for z in order:
+            pick = next((n for n in queues[z] if taken.get(host_of(hosts, n), 0) < most), None)
+            if pick is not None and len(out) < k:
+                queues[z].remove(pick)
+                out.append(pick)
+                taken[host_of(hosts, pick)] = taken.get(host_of(hosts, pick), 0) + 1
+                progress = True
+    rest = [n for n in candidates if n not in out]
+    return out + rest[:k - len(out)]  # the hosts allow no better: the next in line
+
+
+def _ranked(spares: list[str], pipe: list, s: int, zones: Mapping[str, str],
+            hosts: Mapping[str, str] | None) -> list[str]:
+    """Spares for hole s, best first: neither a neighbour's host nor zone, then not
+    its host, then the rest; one of each (host, zone) kind (the others would do
+    the same), in queue order."""
+    P = len(pipe)
+    near = [x for x in (pipe[(s - 1) % P], pipe[(s + 1) % P]) if x]
+    avoid_hosts, avoid_zones = {host_of(hosts, x) for x in near}, {zones[x] for x in near}
+    seen: set[tuple[str, str]] = set()
+    kinds = []
+    for n in spares:
+        if (host_of(hosts, n), zones[n]) not in seen:
+            seen.add((host_of(hosts, n), zones[n]))
+            kinds.append(n)
+    return sorted(kinds, key=lambda n: (host_of(hosts, n) in avoid_hosts, zones[n] in avoid_zones))
+
+
+def fill_holes(partial: list[list[str | None]], spares: list[str], zones: Mapping[str, str],
+               hosts: Mapping[str, str] | None) -> None:
+    """Fill the holes (None) from `spares` (taken from it) in stage order, each
+    with a node from a zone unlike its neighbours', and never beside a node of
+    its own host where some way of filling them all allows (a bounded search;
+    past its bound, or with no such way, the greedy choice)."""
+    holes = [(p, s) for p, pipe in enumerate(partial) for s, n in enumerate(pipe) if n is None][:len(spares)]
+    budget = [SEARCH_STEPS]
+
+    def search(i: int) -> bool:
+        if i == len(holes):
+            return True
+        budget[0] -= 1
+        if budget[0] < 0:
+            return False
+        p, s = holes[i]
+        for n in _ranked(spares, partial[p], s, zones, hosts):
+            partial[p][s] = n
+            if not _clashes(partial[p], s, hosts):
+                at = spares.index(n)
+                spares.pop(at)
+                if search(i + 1):
+                    return True
+                spares.insert(at, n)  # back in its place in the queue
+        partial[p][s] = None
+        return False
+
+    if search(0):
+        return
+    for p, s in holes:  # the hosts allow no better: best first, conflicts and all
+        n = _ranked(spares, partial[p], s, zones, hosts)[0]
+        partial[p][s] = n
+        spares.remove(n)
+
+
+def _clashes(pipe: list, s: int, hosts: Mapping[str, str] | None) -> bool:
+    P = len(pipe)
+    return any(x and x != pipe[s] and host_of(hosts, x) == host_of(hosts, pipe[s])
+               for x in (pipe[(s - 1) % P], pipe[(s + 1) % P]))
