@@ -185,7 +185,7 @@ class Launcher:
         if self.local and self.local.hosts:
             for h in range(self.local.hosts):
                 self._start(cluster, h * self.local.per_host, AGENT, *self.local.host_args(h, f"host{h}"),
-                            "--min-nodes", str(self.local.nodes), "--log-dir", self.logs)
+                            "--max-nodes", str(self.local.nodes), "--log-dir", self.logs)
         elif self.local:
             for n in range(self.local.nodes):
                 self._start(cluster, n, AGENT, *self.local.agent_args(n), "--max-nodes",

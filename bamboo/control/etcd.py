@@ -210,23 +210,29 @@ class EtcdCluster:
     own, on the host given per member (loopback by default). kill(i) and
     restart(i) take one member away and back; `endpoints` names them all."""
 
-    def __init__(self, names: list[str], hosts: list[str] | None = None, election_ms: int = 500):
+    def __init__(self, names: list[str], hosts: list[str] | None = None, election_ms: int = 500,
+                 prefixes: list[tuple[str, ...]] | None = None, data_dirs: list[str] | None = None):
+        """`prefixes`, `data_dirs`: a command prefix (a network namespace) and a data
+        dir for each member (default: none, and temporary ones)."""
         check_member_count(len(names))
         hosts = hosts or ["127.0.0.1"] * len(names)
+        prefixes, data_dirs = prefixes or [()] * len(names), data_dirs or [None] * len(names)
         if len(hosts) != len(names) or len(set(names)) != len(names):
             raise EtcdError(f"an etcd cluster needs distinct names and a host each (got {names} and {hosts})")
         token = f"bamboo-{uuid.uuid4().hex[:8]}"
-        self.members = [EtcdServer(name=n, host=h, token=token, election_ms=election_ms) for n, h in zip(names, hosts)]
+        self.members = [EtcdServer(d, name=n, host=h, token=token, election_ms=election_ms, prefix=p)
+                        for n, h, p, d in zip(names, hosts, prefixes, data_dirs)]
         peers = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         for m in self.members:
             m.peers = peers
 
     @classmethod
-    def in_zones(cls, count: int, zones: tuple[str, ...], hosts: list[str] | None = None) -> "EtcdCluster":
+    def in_zones(cls, count: int, zones: tuple[str, ...], hosts: list[str] | None = None,
+                 **options) -> "EtcdCluster":
         """`count` members named after the zones they stand for, dealt in turn."""
         check_member_count(count)
         names = [f"bamboo-{zones[i % len(zones)]}" + (f"-{i}" if i >= len(zones) else "") for i in range(count)]
-        return cls(names, hosts)
+        return cls(names, hosts, **options)
 
     @property
     def endpoints(self) -> str:
