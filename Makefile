@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench chaos gpu-check clean
+.PHONY: demo test test-slow bench chaos chaos-network gpu-check clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ test-slow: $(STAMP)
 
 chaos: $(STAMP)
 	$(VENV)/bin/bamboo-chaos --trials 50 --seed 1 --faults 4
+
+chaos-network: $(STAMP)
+	$(VENV)/bin/bamboo-chaos --network --trials 30 --seed 1
 
 gpu-check: $(STAMP)
 	$(PY) scripts/gpu_check.py

@@ -16,7 +16,7 @@ from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 from bamboo.control.liveness import Heartbeat, lease_ages
-from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, COPIES, DONE, DRAIN, FAILED, HANDOVER,
+from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, COPIES, DONE, DRAIN, HANDOVER,
                                      HOST_LOST, IDS, ITERATION_FAMILIES, MEMBERS, MODE, REGROUP, START, ZONES, Failure,
                                      Mark, Member, ModeChoice, Timestamp, Zone)
 from bamboo.runtime.checkpoint import latest, storage_for
@@ -279,7 +279,7 @@ class Membership:
         if waiting:
             return None
         for n in sorted(lost):
-            self.cluster.create(FAILED(n), Failure(it, self.node, HOST_LOST))
+            self.cluster.record_dead(n, Failure(it, self.node, HOST_LOST))
         return failed | lost
 
     def drain(self) -> None:

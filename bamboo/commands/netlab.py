@@ -4,8 +4,8 @@ network namespace, with its own address on one bridge, and etcd in another.
 On loopback a killed process's sockets close at once and its peers see a reset.
 A preempted spot VM closes nothing: its packets stop. `NetLab` makes that happen
 to a node: `cut` sets its link down (packets to and from it go nowhere, no FIN,
-no RST), `heal` brings the link back, `block` drops the traffic between two
-namespaces only (a node that cannot reach etcd while its peers can). Freezing
+no RST), `heal` brings the link back, `block` loses the traffic between two
+machines only (a node that cannot reach etcd while its peers can). Freezing
 its processes (SIGSTOP) with the cut is a vanish; that is the caller's part.
 
 Needs root and iproute2 (`ip netns`); `unavailable()` says why not, in one line.
@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass
 
 INSIDE = "eth0"  # every namespace names its end of the link alike: gloo binds to it (GLOO_SOCKET_IFNAME)
+NOWHERE_MAC = "02:00:00:00:00:01"  # a locally administered MAC that no machine of a lab has
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class NetLab:
         self.net = ipaddress.ip_network(f"10.{200 + octet % 50}.{octet}.0/24")
         self.gateway = str(self.net[1])  # the bridge's own address: this namespace reaches every machine
         self.machines: dict[str, Machine] = {}
-        self._blocked: set[tuple[str, str]] = set()
+        self.nowhere = str(self.net[-2])  # an address no machine has: what `block` routes into
 
     def start(self) -> "NetLab":
         _ip("link", "add", "name", self.bridge, "type", "bridge")
@@ -96,17 +97,20 @@ class NetLab:
         _ip("link", "set", self.machines[name].link, "up")
 
     def block(self, a: str, b: str) -> None:
-        """Drop what `a` and `b` send each other (both ways), the rest flows."""
+        """Lose what `a` and `b` send each other, both ways, silently (the rest
+        flows): each routes the other's address through a neighbour that is not
+        there, a permanent entry with a MAC no machine has, so its frames go out
+        and nobody takes them (no error comes back, as from a black hole route)."""
         ma, mb = self.machines[a], self.machines[b]
-        _ip("-n", ma.netns, "route", "add", "blackhole", f"{mb.address}/32")
-        _ip("-n", mb.netns, "route", "add", "blackhole", f"{ma.address}/32")
-        self._blocked.add((a, b))
+        for src, dst in ((ma, mb), (mb, ma)):
+            _ip("-n", src.netns, "neigh", "replace", self.nowhere, "lladdr", NOWHERE_MAC, "nud", "permanent",
+                "dev", INSIDE)
+            _ip("-n", src.netns, "route", "add", f"{dst.address}/32", "via", self.nowhere, "dev", INSIDE)
 
     def unblock(self, a: str, b: str) -> None:
         ma, mb = self.machines[a], self.machines[b]
-        _ip("-n", ma.netns, "route", "del", "blackhole", f"{mb.address}/32")
-        _ip("-n", mb.netns, "route", "del", "blackhole", f"{ma.address}/32")
-        self._blocked.discard((a, b))
+        for src, dst in ((ma, mb), (mb, ma)):
+            _ip("-n", src.netns, "route", "del", f"{dst.address}/32", "via", self.nowhere, "dev", INSIDE)
 
     def close(self) -> None:
         for m in self.machines.values():
