@@ -395,8 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
     cluster = Cluster(args.etcd, args.job, wait=True)
     cfg = cluster.get(CONFIG())
-    cluster.register(args.node, cfg, on_fenced=fence)
     try:
+        cluster.register(args.node, cfg, on_fenced=fence)  # refused (Fenced) for a node recorded dead already
         Worker(cluster, cfg, args.node).run()
         status = 0
     except WorkerExit as e:
