@@ -87,11 +87,17 @@ class BambooAgent(SimpleElasticAgent):
         self.proc = None
 
     def _monitor_workers(self, worker_group) -> RunResult:
-        if self._fenced():
+        """A worker that exited is judged by its status (one that crashed, or was
+        killed alone, ends this node as before); one that runs on, or none, while
+        the node is recorded dead, by the fence."""
+        exited = self.proc is not None and self.proc.poll() is not None
+        if not exited and self._fenced():
             return self._stop_fenced()
-        if self.proc is None or self.proc.poll() is None:
+        if not exited:
             return RunResult(state=WorkerState.HEALTHY)
         self.exit_code = code = self.proc.returncode
+        if code == FENCED:  # it stopped itself, fenced: the machine comes back
+            return self._stop_fenced()
         if code == 0:
             return self._succeeded()
         if code == PARKED:
@@ -114,7 +120,7 @@ class BambooAgent(SimpleElasticAgent):
         heartbeat, saying why in its log; one that does not (frozen, stuck in a
         collective) is killed after FENCE_GRACE."""
         why = self.membership.fenced_why or self.cluster.death_of(self.node)
-        if self.proc is not None:
+        if self.proc is not None and self.proc.poll() is None:
             try:
                 self.proc.wait(timeout=FENCE_GRACE)
             except subprocess.TimeoutExpired:
@@ -204,7 +210,8 @@ def wait_for_iteration(cluster: Cluster, iteration: int, cfg: JobConfig) -> bool
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = Parser(prog="bamboo-agent", description=__doc__.splitlines()[0])
+    ap = Parser(prog="bamboo-agent", description=__doc__.splitlines()[0],
+                allow_abbrev=False)  # agents/host.py strips its flags by their full names
     ap.add_argument("--etcd", required=True, metavar="HOST:PORT[,HOST:PORT...]")
     ap.add_argument("--job", required=True)
     ap.add_argument("--zone", required=True, help="availability zone of this node")
@@ -245,8 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, drain)
 
     def noticed(notice: dict) -> None:  # leave now, handing the stages over, before the kill
-        cluster.put(NOTICES(membership.node), Notice(notice["source"], time.time(), notice.get("action")))
         agent.draining = True
+        try:  # under the node's id of now (a machine back from a partition has a new one)
+            cluster.put(NOTICES(agent.node), Notice(notice["source"], time.time(), notice.get("action")))
+        except (Fenced, EtcdLost) as e:
+            print(f"bamboo-agent: the notice could not be recorded ({e}); draining all the same", file=sys.stderr)
     if args.notice:
         watch(args.notice, noticed, args.metadata_url, interval=0.2)
     try:

@@ -143,10 +143,11 @@ def test_a_node_recorded_dead_is_told_at_once_and_etcd_refuses_its_writes(server
     late, is refused by etcd itself; its key never comes back under that id."""
     reasons: queue.Queue = queue.Queue()
     old, peer = Cluster(server.endpoint, "fence"), Cluster(server.endpoint, "fence")
-    old.register(3, CFG, on_fenced=reasons.put)  # TTL 15 s: only the revocation can be this quick
-    peer.register(4, CFG, on_fenced=reasons.put)
+    long = JobConfig(failure_timeout=2.0, lease_ttl=60.0)  # only the revocation can tell it within 15 s
+    old.register(3, long, on_fenced=reasons.put)
+    peer.register(4, long, on_fenced=reasons.put)
     assert peer.record_dead(3, Failure(6, 4, "test"))
-    assert "node 3 was recorded dead in iteration 6 by node 4 (test)" in reasons.get(timeout=3)
+    assert "node 3 was recorded dead in iteration 6 by node 4 (test)" in reasons.get(timeout=15)
     assert peer.get(ALIVE(3)) is None and peer.get(ALIVE(4)) is not None
     with pytest.raises(Fenced, match="etcd refused a write"):
         old.put(LOSS(6, 0), Loss(1.0))

@@ -63,6 +63,15 @@ class LocalCluster:
     def zone(self, node: int) -> str:
         return self.zones[node % len(self.zones)]
 
+    def nodes_of(self, key: int) -> range:
+        """The node ids of the process the launcher keeps under `key`: a machine's
+        (with hosts, keyed by its first node) or the one node's."""
+        return range(key, key + (self.per_host if self.hosts else 1))
+
+    def zone_of(self, key: int) -> str:
+        """The zone of the process under `key` (a machine's nodes share its zone)."""
+        return self.zones[(key // self.per_host) % len(self.zones)] if self.hosts else self.zone(key)
+
     def host_args(self, host: int, name: str) -> list[str]:
         """The options of machine `host`'s agent (named `name`), whose nodes share its zone."""
         return ["--workers", str(self.per_host), "--host", name, *self.agent_args(host * self.per_host)[2:],
@@ -168,15 +177,16 @@ class Launcher:
         process still runs (frozen, or cut off the network: a machine that vanished)
         is never waited for; it is stopped once the others are done."""
         dead = set(cluster.failed())
-        for n, p in self.procs.items():
-            if n not in dead and p.wait() not in EXPECTED_EXITS:
+        gone = {k for k in self.procs if self.local and set(self.local.nodes_of(k)) <= dead}  # every node dead
+        for k, p in self.procs.items():
+            if k not in gone and p.wait() not in EXPECTED_EXITS:
                 raise LaunchError(self._worker_error(cluster))
-        for n in dead & set(self.procs):
+        for k in gone:
             try:  # an agent back from a partition, as a new node in standby, leaves by itself
-                self.procs[n].wait(timeout=DEAD_GRACE)
+                self.procs[k].wait(timeout=DEAD_GRACE)
             except subprocess.TimeoutExpired:
-                self.procs[n].kill()
-                self.procs[n].wait()
+                self.procs[k].kill()
+                self.procs[k].wait()
 
     def _start_nodes(self, cluster: Cluster) -> None:
         """A local cluster's agents (the joiners' too: they register once their
@@ -312,13 +322,15 @@ class Launcher:
         needs can never start the job, so say at once which nodes are missing."""
         if not self.local:
             return
-        first = [n for n in self.procs if n not in self._joiners]
-        running = [n for n in first if self.procs[n].poll() is None]
+        first = [k for k in self.procs if k not in self._joiners]
+        running = [n for k in first if self.procs[k].poll() is None for n in self.local.nodes_of(k)]
         needed = nodes_for_a_pipeline(self.cfg.stages, self.cfg.max_stages_per_node)
         if len(running) >= needed or cluster.get(ASSIGNMENT(0)) is not None:
             return
-        missing = ", ".join(f"{n} ({self.local.zone(n)})" for n in first if n not in running)
-        raise LaunchError(f"only {len(running)} of {len(first)} nodes started (missing: {missing}); a pipeline of "
+        missing = ", ".join(f"{n} ({self.local.zone_of(k)})" for k in first for n in self.local.nodes_of(k)
+                            if n not in running)
+        total = sum(len(self.local.nodes_of(k)) for k in first)
+        raise LaunchError(f"only {len(running)} of {total} nodes started (missing: {missing}); a pipeline of "
                           f"{self.cfg.stages} stages needs {needed} at --max-stages-per-node "
                           f"{self.cfg.max_stages_per_node} (logs: {self.logs})")
 

@@ -60,8 +60,8 @@ class NetLab:
     def __init__(self, tag: str | None = None):
         self.tag = tag or f"{random.randrange(16 ** 4):04x}"
         self.bridge = f"bb{self.tag}"
-        octet = int(self.tag, 16) % 250 + 1
-        self.net = ipaddress.ip_network(f"10.{200 + octet % 50}.{octet}.0/24")
+        tag = int(self.tag, 16)
+        self.net = ipaddress.ip_network(f"10.{100 + (tag >> 8) % 100}.{tag % 254 + 1}.0/24")  # one of 25,400
         self.gateway = str(self.net[1])  # the bridge's own address: this namespace reaches every machine
         self.machines: dict[str, Machine] = {}
         self.nowhere = str(self.net[-2])  # an address no machine has: what `block` routes into
@@ -75,6 +75,8 @@ class NetLab:
     def add(self, name: str) -> Machine:
         """A new machine: a namespace, its loopback, and a link to the bridge."""
         index = len(self.machines) + 2
+        if self.net[index] >= ipaddress.ip_address(self.nowhere):
+            raise RuntimeError(f"a lab holds at most {index - 2} machines")
         m = Machine(name, f"{self.bridge}-{name}", str(self.net[index]), f"{self.bridge}v{index}")
         _ip("netns", "add", m.netns)
         self.machines[name] = m

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import time
 
+import grpc
 from pyetcd.utils import prefix_range_end
 
 from bamboo.control.assignment import Assignment
 from bamboo.control.changes import Changes
-from bamboo.control.etcd import EtcdError, connect, etcd_errors, retry
+from bamboo.control.etcd import EtcdError, EtcdLost, connect, retry
 from bamboo.control.exits import Fenced
 from bamboo.control.liveness import Heartbeat, lease_ages
 from bamboo.control.protocol import ALIVE, ASSIGNMENT, FAILED, LEASE_EXPIRED, MEMBERS, Alive, Failure, Key, job_root
@@ -245,11 +246,22 @@ class Cluster:
         wrote = self.create(FAILED(node), failure)
         for record in (self.get(ALIVE(node)), self.get(MEMBERS(node))):
             if record is not None and record.lease:
-                try:
-                    self.client.revoke_lease(record.lease)
-                except etcd_errors():  # gone already: expired, or revoked by another
-                    pass
+                self._revoke(record.lease)
         return wrote
+
+    def _revoke(self, lease: int) -> None:
+        """Revoke `lease`, retried while etcd is away (a leader change); a lease
+        that is gone already (expired, or revoked by another detector) is done."""
+        def revoke():
+            try:
+                self.client.revoke_lease(lease)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+        try:
+            self.call(revoke)
+        except EtcdLost:
+            pass  # etcd away for the whole patience: the lease expires on its own
 
     def alive(self) -> set[int]:
         return set(self.children(ALIVE()))

@@ -260,6 +260,8 @@ class EtcdCluster:
     def restart(self, member: int, timeout: float = 20.0) -> None:
         """Start a killed member again on its ports and data; it answers once a quorum runs."""
         m = self.members[member]
+        if m.running():
+            return  # back already (two faults drew it)
         m.launch()
         if sum(x.running() for x in self.members) > len(self.members) // 2:
             m.wait_ready(time.monotonic() + timeout)

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 
-from bamboo.control.etcd import etcd_errors
+from bamboo.control.etcd import EtcdLost, etcd_errors
 from bamboo.control.exits import Fenced
 
 REFRESH_SECONDS = 0.5
@@ -65,8 +65,13 @@ class Heartbeat:
         threading.Thread(target=self._run, daemon=True, name="heartbeat").start()
 
     def _take_lease(self) -> None:
-        self.lease = self.cluster.client.lease(self.ttl)
-        self.cluster.put(self.key, self.record(self.lease.id), lease=self.lease)
+        lease = self.cluster.client.lease(self.ttl)
+        try:
+            self.cluster.put(self.key, self.record(lease.id), lease=lease)
+        except Fenced:
+            lease.revoke()  # etcd refused the key (the node is recorded dead): no lease left behind
+            raise
+        self.lease = lease
 
     def progress(self) -> None:
         """The main thread is not stuck (called from its wait loops and steps)."""
@@ -116,7 +121,7 @@ class Heartbeat:
                       file=sys.stderr, flush=True)
         except Fenced as e:
             reason = str(e)
-        except etcd_errors():
+        except (*etcd_errors(), EtcdLost):
             return  # etcd away again: the next round retries
         if reason is not None and self.on_fenced:
             self.on_fenced(reason)

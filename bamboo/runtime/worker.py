@@ -404,8 +404,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bamboo.runtime.worker: {type(e).__name__.lower()}: {e}", file=sys.stderr)
     except Exception as e:  # one line in etcd for the launcher, the traceback on stderr
         if args.node not in cluster.failed():
-            cluster.put(ERROR(args.node), WorkerError(f"{type(e).__name__}: {e}"))
-            raise
+            try:
+                cluster.put(ERROR(args.node), WorkerError(f"{type(e).__name__}: {e}"))
+            except WorkerExit:  # recorded dead meanwhile: etcd refused the line (Fenced)
+                pass
+            else:
+                raise
         print(f"bamboo.runtime.worker: fenced: node {args.node} was declared dead, then hit "
               f"{type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
         status = FENCED  # woke up after being declared dead: whatever broke, step aside
