@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from bamboo.commands.launcher import AGENT
-from bamboo.control.etcd import EtcdServer, connect, die_with_parent
+from bamboo.control.etcd import EtcdError, EtcdServer, connect, die_with_parent, etcd_errors
 from bamboo.control.protocol import DONE, scan
 from bamboo.runtime import WORKER
 
@@ -146,7 +146,7 @@ class Trial:
     def _drive(self) -> None:
         """Inject the faults at their times, restore what needs restoring, and wait
         for the job to end (or the trial's time limit)."""
-        client = connect(self.etcd.endpoint)
+        client = self._client()
         while not self._training_started(client):
             self._watch()
             time.sleep(0.05)
@@ -166,10 +166,24 @@ class Trial:
             self._watch()
             time.sleep(0.05)
 
+    def _client(self, patience: float = 30.0):
+        """A client of the trial's etcd, asked again while a loaded machine keeps it slow."""
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                return connect(self.etcd.endpoint)
+            except EtcdError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
     def _training_started(self, client) -> bool:
         if self.launcher.poll() is not None:
             raise RuntimeError(f"the job exited with {self.launcher.returncode} before training")
-        return any(family is DONE for _, family, _ in scan(client))
+        try:
+            return any(family is DONE for _, family, _ in scan(client))
+        except etcd_errors():  # a slow or changing etcd (a loaded machine, an election): ask again
+            return False
 
     # -- faults ------------------------------------------------------------------------
     def _inject(self, kind: str) -> None:
