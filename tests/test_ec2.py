@@ -119,6 +119,7 @@ def test_missing_credentials_is_one_line(tmp_path):
     assert out.returncode == 1 and len(lines) == 1 and "no AWS credentials" in lines[0], out.stderr
 
 
+@pytest.mark.slow
 def test_etcd_auto_with_three_members_puts_one_in_each_zone(aws, tmp_path):
     """--etcd auto --etcd-members 3: three on-demand etcd instances, one per zone,
     each later one told the members before it; the nodes' agents get all three."""
@@ -154,11 +155,13 @@ def test_etcd_auto_with_three_members_puts_one_in_each_zone(aws, tmp_path):
     (["--zones", ",".join(ZONES), "--etcd", "10.0.0.5:2379", "--etcd-members", "3"], "it needs --etcd auto"),
     (["--zones", ",".join(ZONES), "--etcd", "auto", "--etcd-members", "2"], "--etcd-members must be 1, 3, 5 or 7"),
 ])
-def test_bad_etcd_member_counts_are_one_line(extra, message, tmp_path):
-    out = launch("--state", str(tmp_path / "s.json"), "ec2", "--nodes", "2", "--region", REGION, "--image", "ami-1",
-                 "--job", "j", "--package", "https://example.com/b.whl", *extra)
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2 and len(lines) == 1 and message in lines[0], out.stderr
+def test_bad_etcd_member_counts_are_one_line(extra, message, tmp_path, capsys):
+    """bamboo-launch's own main, in this process: refused before any request."""
+    from agents.cloud import launch as command
+    code = command.main(["--state", str(tmp_path / "s.json"), "ec2", "--nodes", "2", "--region", REGION, "--image",
+                         "ami-1", "--job", "j", "--package", "https://example.com/b.whl", *extra])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and message in lines[0], lines
 
 
 def test_a_four_gpu_type_boots_four_workers(aws):

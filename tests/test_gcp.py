@@ -108,6 +108,7 @@ def test_missing_google_credentials_is_one_line(tmp_path):
     assert out.returncode == 1 and len(lines) == 1 and "no Google credentials" in lines[0], out.stderr
 
 
+@pytest.mark.slow
 def test_etcd_auto_with_three_members_puts_one_in_each_zone(compute, tmp_path):
     state = str(tmp_path / "state.json")
     up = launch("--state", state, "gcp", "--nodes", "2", "--zones", ",".join(ZONES), "--region", "us-central1",

@@ -229,9 +229,10 @@ class Trial:
         agent, worker = self._pick_worker()
         if worker is None:
             return "no worker to kill"
+        node = self._node(worker)  # read before the process is gone
         self._signal(worker, signal.SIGKILL)
         self._replace_later(self._zone_of(agent))
-        return f"worker {self._node(worker)}"
+        return f"worker {node}"
 
     def _pause(self) -> str:
         agent, worker = self._pick_worker()
