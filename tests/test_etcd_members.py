@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from bamboo.control.etcd import EtcdError, connect
+from bamboo.control.etcd import EtcdError, connect, etcd_errors
 from bamboo.control.protocol import DONE, scan
 from tests.test_agents import COMMON, ITERS, _records, assert_same_training, reference
 
@@ -68,9 +68,16 @@ def _leader(endpoints) -> str:
     raise AssertionError("no etcd member leads")
 
 
+def _done(client, it: int) -> bool:
+    try:
+        return any(family is DONE and parts[0] == it for _, family, parts in scan(client))
+    except etcd_errors():  # a member slow to answer on a loaded machine, or an election: ask again
+        return False
+
+
 def _wait_for_iteration(client, it: int, proc) -> None:
     deadline = time.monotonic() + 180
-    while not any(family is DONE and parts[0] == it for _, family, parts in scan(client)):
+    while not _done(client, it):
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()[-2000:] if proc.poll() else ""
         time.sleep(0.05)
 
