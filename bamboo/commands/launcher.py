@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from agents.policy import nodes_for_a_pipeline
 from bamboo.commands.metrics import LaunchError, MetricsWriter, add_loss_scale, add_validation, iteration_record
+from bamboo.commands.progress import ProgressBar
 from bamboo.control.assignment import Assignment
 from bamboo.control.changes import Changes
 from bamboo.control.cluster import Cluster, in_force, latest
@@ -394,32 +395,3 @@ def _last_error(lines: list[str]) -> str:
 
 EXPECTED_EXITS = (0, -signal.SIGKILL, FENCED)  # done, preempted, or fenced off by its peers
 DEAD_GRACE = 10.0  # seconds the launcher waits, at the end, for the process of a node recorded dead
-
-
-class ProgressBar:
-    """A rich progress bar on stderr (or nothing): iteration, loss, samples/s, nodes."""
-
-    def __init__(self, enabled: bool, total: int):
-        self.enabled, self.total = enabled, total
-
-    def __enter__(self):
-        if not self.enabled:
-            return lambda it, record: None
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-        self.bar = Progress(TextColumn("iteration {task.completed}/{task.total}"), BarColumn(),
-                            TextColumn("loss {task.fields[loss]}  {task.fields[rate]} samples/s  "
-                                       "{task.fields[nodes]} nodes"), TimeElapsedColumn(),
-                            transient=False)
-        self.bar.start()
-        self.task = self.bar.add_task("train", total=self.total, loss="-", rate="-", nodes="-")
-
-        def update(it, record):
-            rate = record["samples"] / record["seconds"] if record["seconds"] else 0.0
-            self.bar.update(self.task, completed=it + 1, loss=f"{record['loss']:.4f}", rate=f"{rate:.1f}",
-                            nodes=record["nodes"])
-        return update
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self.bar.stop()
-        return False

@@ -6,7 +6,7 @@ import os
 import resource
 import time
 
-from bamboo.commands.launcher import ProgressBar
+from bamboo.commands.progress import ProgressBar
 from bamboo.commands.metrics import MetricsWriter, add_loss_scale
 from bamboo.commands.reference import train_reference
 from bamboo.control.config import JobConfig
