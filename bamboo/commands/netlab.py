@@ -40,11 +40,15 @@ def unavailable() -> str | None:
         return "network namespaces need root (ip netns)"
     if shutil.which("ip") is None:
         return "network namespaces need iproute2's `ip`"
-    probe = f"bbprobe{os.getpid()}"
+    probe = f"bbp{os.getpid() % 10 ** 7}"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
         return f"cannot create a network namespace: {made.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    made = subprocess.run(["ip", "link", "add", probe, "type", "bridge"], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot create a bridge: {made.stderr.strip()}"
+    subprocess.run(["ip", "link", "del", probe], capture_output=True)
     return None
 
 
