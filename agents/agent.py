@@ -46,6 +46,7 @@ from bamboo.runtime import WORKER
 
 
 FENCE_GRACE = 3.0  # seconds a fenced worker has to stop by itself (and log why) before it is killed
+MAX_RETURNS = 2    # times a machine comes back under a new id; fenced once more, it leaves (exit 75) as before
 
 
 class BambooAgent(SimpleElasticAgent):
@@ -57,6 +58,7 @@ class BambooAgent(SimpleElasticAgent):
         self.draining = False
         self.exit_code: int | None = None  # the worker's, once it exited
         self._fence_checked = 0.0          # when FAILED(node) was last read
+        self.returns = 0                   # times this machine came back under a new id
 
     @property
     def node(self) -> int:
@@ -135,6 +137,7 @@ class BambooAgent(SimpleElasticAgent):
         """A node recorded dead never returns under its id: this machine (paid for,
         and reachable again) registers as a new node, in standby, holding nothing."""
         old = self.node
+        self.returns += 1
         self.membership = self.membership.successor()
         group.spec.args = (*group.spec.args[:-1], str(self.node))  # the worker's --node
         self.exit_code = None
@@ -160,7 +163,8 @@ class BambooAgent(SimpleElasticAgent):
                 result = self._stop_fenced()
             if result is None:
                 continue
-            if result.state == WorkerState.FAILED and self.exit_code == FENCED and not self._leaving():
+            if result.state == WorkerState.FAILED and self.exit_code == FENCED and not self._leaving() \
+                    and self.returns < MAX_RETURNS:
                 self._come_back(group)
                 continue
             return result
