@@ -82,6 +82,7 @@ def test_a_pipeline_dissolves_when_nodes_run_short(tmp_path, tmp_path_factory):
     assert len(second["pipelines"]) == 1 and len(second["standby"]) == 1 and 3 not in second["standby"]
 
 
+@pytest.mark.slow  # make test stays under 15 minutes (issue 30's tests came in); make test-slow runs it
 def test_joining_nodes_wait_in_standby_then_form_a_pipeline(tmp_path, tmp_path_factory):
     records = train(tmp_path, "--microbatches", "8", "--local-nodes", "3", "--zones", "a,b,c", "--join", "1@1",
                     "--max-stages-per-node", "1")
@@ -121,6 +122,7 @@ def final(records):
     return list({r["iteration"]: r for r in records}.values())
 
 
+@pytest.mark.slow  # make test stays under 15 minutes (issue 30's tests came in); make test-slow runs it
 def test_adjacent_failures_recovered_from_the_other_pipeline(tmp_path, tmp_path_factory):
     """Both nodes of pipeline 0 die in one iteration: no copy of their stages is left
     in that pipeline. Every node undoes the iteration's steps, the survivors of

@@ -123,7 +123,7 @@ def assert_same(got, want, tied: bool, tolerance: tuple[float, float]):
 @pytest.mark.parametrize("model, precision, layout, kill", [
     # the head's owner (node 3) mid-stream, with clipping: node 2 takes the head, node 0 keeps the embedding
     pytest.param("hf:gpt2-tiny", "float64", ["--stages", "4", *CLIP], "3@2:12",
-                 marks=pytest.mark.slow),  # clipping through a death stays in make test: 0@1:14, the bf16 case
+                 marks=pytest.mark.slow),  # clipping through a death stays in make test: the bf16 case
     # ties without clipping: node 2 dies after its last backward; node 3 ties only in its step phase,
     # after re-sending what node 1 waits for (it once tied first and node 0 never came to tie)
     ("hf:gpt2-tiny", "float64", ["--stages", "4"], "2@1:24"),
@@ -167,7 +167,8 @@ def test_export_loads_with_from_pretrained_and_gives_the_pipelines_logits(tmp_pa
         torch.testing.assert_close(model(input_ids=tokens).logits, h, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("kill", ["0@1:14", pytest.param("1@1:33", marks=pytest.mark.slow),
+@pytest.mark.parametrize("kill", [pytest.param("0@1:14", marks=pytest.mark.slow),  # make test: the bf16 recipe's
+                                  pytest.param("1@1:33", marks=pytest.mark.slow),
                                   pytest.param("2@1:35", marks=pytest.mark.slow)])
 def test_clipping_survives_a_death_while_peers_wait_for_the_norms(tmp_path, kill):
     """Node 0 dies after its last send (0@1:14): its successor must re-send its
