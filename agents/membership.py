@@ -138,8 +138,9 @@ class Membership:
         acked = set(self.cluster.children(ABORTED(it)))
         failed = set(self.cluster.failed())
         waiting = [n for n in previous.members if n not in failed and n not in acked]
-        if waiting:  # a node that died without a record would hold everyone up
-            self.cluster.record_silent(waiting, it, self.node)
+        if waiting:  # a node that died without a record would hold everyone up; one whose
+            # worker has not registered yet (a newcomer, still starting) is alive while its agent is
+            self.cluster.record_silent(waiting, it, self.node, starting=waiting)
             return
         failed = self._host_losses(failed, it)
         if failed is None:
