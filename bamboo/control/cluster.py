@@ -81,11 +81,7 @@ class Cluster:
         return self.root + (key if isinstance(key, str) else key.path)
 
     def put(self, key: Key, record, lease=None) -> None:
-        value = _encode(key, record)
-        if self.fenced_as is None:
-            self.call(lambda: self.client.put(self.key(key), value, lease=lease))
-        else:
-            self._write([], [self.client.transactions.put(self.key(key), value, lease=lease)])
+        self._write([], [self.client.transactions.put(self.key(key), _encode(key, record), lease=lease)])
 
     def put_all(self, records: dict) -> None:
         """Write every {key: record} in one etcd transaction (one round trip, one
