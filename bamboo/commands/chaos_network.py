@@ -40,7 +40,6 @@ class NetworkTrial(Trial):
         self.later: list[tuple[float, object]] = []   # (when, action): heals, restarts, reaping
         self.vanished: list[psutil.Process] = []      # the processes of machines gone for good
         self.faulted: set[str] = set()                # machines cut, cut off or gone: no second fault on them
-        self._pending_name = ""                        # the lab name of the machine _add_node starts next
 
     # -- set-up: the lab, etcd's members, the job's machines -----------------------------
     def run(self):
@@ -61,17 +60,19 @@ class NetworkTrial(Trial):
                                                              f"{self.lab.bridge}-n{{node}}")
         return ["--local-prefix", template]
 
+    def _joiner(self) -> str:
+        """The lab name of the next machine that joins: one per process in `extra`."""
+        return f"x{len(self.extra)}"
+
     def _new_machine(self) -> list[str]:
-        name = f"x{len(self.extra)}"
-        self.lab.add(name)
-        self._pending_name = name
-        return self.lab.command(name)
+        self.lab.add(self._joiner())
+        return self.lab.command(self._joiner())
 
     def _add_node(self, zone: str, workers: int = 1) -> None:
-        before = len(self.extra)
+        name = self._joiner()
         super()._add_node(zone, workers)
-        if len(self.extra) > before:
-            self.machine_of[self.extra[-1].pid] = self._pending_name
+        if self._joiner() != name:  # it started (not after the job ended)
+            self.machine_of[self.extra[-1].pid] = name
 
     # -- the machines ---------------------------------------------------------------------
     def _machines(self) -> dict[str, psutil.Process]:
