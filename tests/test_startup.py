@@ -64,6 +64,15 @@ def _kill_on(proc, etcd, nodes, registered: bool) -> bool:
     return first
 
 
+def _same_as_reference(metrics, want: list[dict]) -> list[dict]:
+    """The job's iteration records, checked whole and equal to the reference's losses."""
+    records = [r for r in map(json.loads, metrics.read_text().splitlines()) if "summary" not in r]
+    assert [r["iteration"] for r in records] == list(range(ITERS))
+    for got, ref in zip(records, want):
+        assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5), got["iteration"]
+    return records
+
+
 @pytest.mark.slow  # about a minute on a loaded 2-core machine
 def test_nodes_killed_during_start_up_leave_the_rest_to_train(tmp_path):
     """Six nodes asked for at P=2; three are SIGKILLed once registered, before the first
@@ -74,10 +83,7 @@ def test_nodes_killed_during_start_up_leave_the_rest_to_train(tmp_path):
         before = _kill_on(proc, etcd, (3, 4, 5), registered=True)
         out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
-    records = [r for r in map(json.loads, (tmp_path / "m.jsonl").read_text().splitlines()) if "summary" not in r]
-    assert [r["iteration"] for r in records] == list(range(ITERS))
-    for got, ref in zip(records, want):
-        assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5), got["iteration"]
+    records = _same_as_reference(tmp_path / "m.jsonl", want)
     assert before and records[-1]["nodes"] == 3, (before, records[-1])
     first = [e for r in records for e in r["events"] if e["type"] == "reconfigure"][0]
     assert {n for p in first["pipelines"] for n in p} <= {0, 1, 2}  # epoch 0: only the live nodes
@@ -102,10 +108,7 @@ def test_a_node_killed_once_assignment_0_names_it_is_an_ordinary_failure(tmp_pat
             p.send_signal(signal.SIGKILL)
         out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
-    records = [r for r in map(json.loads, (tmp_path / "m.jsonl").read_text().splitlines()) if "summary" not in r]
-    assert [r["iteration"] for r in records] == list(range(ITERS))
-    for got, ref in zip(records, want):
-        assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5), got["iteration"]
+    records = _same_as_reference(tmp_path / "m.jsonl", want)
     assert records[-1]["nodes"] == 2  # one pipeline of the three left, the third in standby
 
 
