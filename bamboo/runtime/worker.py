@@ -258,8 +258,8 @@ class Worker:
                 new = self._abandon(new, e)
                 continue
             self.failed = new.gone
-            try:
-                self.comm = self._world(world_store(new.epoch), new.start)
+            try:  # without a handover first (a restore from storage) a newcomer's worker may still be starting
+                self.comm = self._world(world_store(new.epoch), new.start, starting=new.members)
                 return new.start
             except (RendezvousAborted, RuntimeError) as e:  # RuntimeError: gloo's, a member died
                 if not self.cfg.elastic:
