@@ -10,9 +10,11 @@ A tied weight (GPT-2's token embedding and output head) has a copy on the first
 and on the last stage; `tie` sums the copies' gradients within a pipeline after
 the data-parallel reduce, so every copy takes the same step, as DeepSpeed's tied
 layers do. A tie whose partner dies is given up (Interrupted): the executor
-replans and ties again where its new stream says. A tie waiting for a partner that
-first needs this node for a death elsewhere in the pipeline (its report, its
-re-sends) is left too, its allreduce pending, and taken up again after the replan.
+replans and ties again where its new stream says. A tie or a stage's reduce
+waiting while a death elsewhere in this node's pipeline needs it (its report, its
+re-sends) is left too, its allreduce pending, and taken up again after the replan:
+the dead node's successor-to-be may itself be a member this reduce waits for,
+behind that report (chaos seed 20 waited 30 s on such a cycle).
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ class Reducer:
         self.P, self.D = assignment.depth, len(assignment.pipelines)
         self.pipeline = assignment.slot(me)[0]
         self._groups: dict[str, tuple] = {}  # store key -> the group (kept for the epoch)
-        self._tie_left: dict[tuple[int, str], tuple] = {}  # (iteration, key) -> (work, its buffer) left pending
+        self._left: dict[tuple[int, str], tuple] = {}  # (iteration, key) -> (work, its buffer) left pending
 
     def members(self, stage: int) -> tuple[int, ...]:
         """The owner of `stage` in every pipeline now. A pipeline left without a copy
@@ -83,7 +85,7 @@ class Reducer:
         left pending would never end (and its communicator holds GPU memory)."""
         for key in list(self._groups):
             self._drop(key)
-        self._tie_left = {}
+        self._left = {}
 
     def _drop(self, key: str) -> None:
         """Forget a group whose collective failed (a member died); an NCCL one is
@@ -109,7 +111,7 @@ class Reducer:
             try:  # a death elsewhere in the pipeline may need this node's report first
                 self._wait(work, iteration, members, leave=lambda: self.failover.poll() is not None)
             except Interrupted:
-                self._tie_left[(iteration, key)] = (work, summed)
+                self._left[(iteration, key)] = (work, summed)
                 raise
             if summed is not grad:
                 grad.copy_(summed)
@@ -132,9 +134,23 @@ class Reducer:
         a wait on it was interrupted, if any (the partner's one call pairs with it;
         a second call would wait forever), else a new one. The sum is the same:
         a death outside the tie's members changes none of their tied gradients."""
-        self._tie_left = {k: v for k, v in self._tie_left.items() if k[0] == iteration}
-        left = self._tie_left.pop((iteration, key), None)
-        return left or (self._group(iteration, key, members).allreduce([grad]), grad)
+        return self._pending(iteration, key) or (self._group(iteration, key, members).allreduce([grad]), grad)
+
+    def _reduce_work(self, iteration: int, key: str, members, module) -> tuple:
+        """A stage's allreduce and the flat copy of its gradients it sums: the one left
+        pending (as `_tie_work`), else a new one. A node waiting in its stage's
+        reduce has run every backward of that stage in this iteration, so a death
+        it is called away for leaves the gradients it sums unchanged."""
+        left = self._pending(iteration, key)
+        if left:
+            return left
+        flat = recipe.flat_grads(module)
+        return self._group(iteration, key, members).allreduce([flat]), flat
+
+    def _pending(self, iteration: int, key: str) -> tuple | None:
+        """The (work, buffer) of `key` left pending in `iteration`, taken; older ones forgotten."""
+        self._left = {k: v for k, v in self._left.items() if k[0] == iteration}
+        return self._left.pop((iteration, key), None)
 
     def allreduce(self, iteration: int, stage: int, module) -> None:
         if self.D == 1:
@@ -146,17 +162,21 @@ class Reducer:
                 self.failover.unsurvivable(f"a node died after its data-parallel reduce of stage {stage} in "
                                            f"iteration {iteration} and before syncing its replica: its share "
                                            "of the sum is lost")
-            flat = recipe.flat_grads(module)
+            key = reduce_store(self.assignment.epoch, stage, members)
             try:
-                group = self._group(iteration, reduce_store(self.assignment.epoch, stage, members), members)
-                self._wait(group.allreduce([flat]), iteration, members)
+                work, flat = self._reduce_work(iteration, key, members, module)
+                try:  # a death in this node's pipeline may need its report first (its peers may wait on it)
+                    self._wait(work, iteration, members, leave=lambda: self.failover.poll() is not None)
+                except Interrupted:
+                    self._left[(iteration, key)] = (work, flat)
+                    raise
                 break
-            except Aborted:
+            except (Aborted, Interrupted):
                 raise
             except (RuntimeError, TimeoutError):  # a member died: wait until it is recorded, then regroup
                 # The next try opens a new group (the failed one stays open until the
                 # process exits: bamboo/transport/groups.py keeps every group).
-                self._drop(reduce_store(self.assignment.epoch, stage, members))
+                self._drop(key)
 
                 def regrouped():
                     self.failover.check_abort()
