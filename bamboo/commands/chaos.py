@@ -43,6 +43,11 @@ def reference(settings: Settings, directory: str) -> list[float]:
     return [r["loss"] for r in map(json.loads, open(path)) if "summary" not in r]
 
 
+def _worst(outcomes: list[Outcome]) -> int:
+    """The index of the completed trial with the longest pause."""
+    return max((i for i, o in enumerate(outcomes) if o.completed), key=lambda i: outcomes[i].pause)
+
+
 def table(outcomes: list[Outcome], settings: Settings, seed: int) -> str:
     kinds = {k: sum(kind == k for o in outcomes for _, kind, _ in o.faults) for k in settings.kinds}
     pauses = [o.pause for o in outcomes if o.completed]
@@ -54,7 +59,7 @@ def table(outcomes: list[Outcome], settings: Settings, seed: int) -> str:
             ("samples trained twice", sum(o.repeated for o in outcomes)),
             ("orphan processes", sum(o.orphans for o in outcomes)),
             ("mean pause (s)", f"{statistics.mean(pauses):.2f}" if pauses else "-"),
-            ("worst pause (s)", f"{max(pauses):.2f}" if pauses else "-")]
+            ("worst pause (s)", f"{max(pauses):.2f} (seed {seed + _worst(outcomes)})" if pauses else "-")]
     head = (f"bamboo-chaos: seed {seed}, {settings.nodes} nodes in zones {','.join(settings.zones)}, "
             f"P={settings.stages}, M={settings.microbatches}, {settings.iterations} iterations, "
             f"{settings.faults} faults per trial, checkpoint every {settings.checkpoint_every}, tiny float64"
@@ -107,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         o = trial(settings, seed, os.path.join(out, f"trial-{seed}"), ref, args.keep).run()
         outcomes.append(o)
         faults = "; ".join(f"{at}s {kind} {detail}" for at, kind, detail in o.faults)
-        verdict = "ok" if o.ok else f"FAILED {o.error or ''} (logs: {o.logs}; rerun: --seed {seed} --trials 1)"
+        verdict = f"ok, pause {o.pause:.1f} s" if o.ok else f"FAILED {o.error or ''} (logs: {o.logs}; rerun: --seed {seed} --trials 1)"
         print(f"trial {t + 1}/{args.trials} seed {seed}: {verdict} | {faults}", flush=True)
     print(table(outcomes, settings, args.seed))
     if all(o.ok for o in outcomes) and not args.out:
