@@ -31,6 +31,10 @@ def _records(prefix: Key, raw: str, kvs) -> dict:
             for value, meta in kvs}
 
 
+class ReadOnly(RuntimeError):
+    """A write through a Cluster made read-only (a bug in the reader, never etcd's)."""
+
+
 def latest(assignments: dict[int, Assignment]) -> Assignment:
     """The newest epoch's assignment, of the epochs read (children(ASSIGNMENT()))."""
     if not assignments:
@@ -48,10 +52,14 @@ class Cluster:
     unreachable (a restart, a slow disk, a lost quorum), then raises. `endpoint`:
     HOST:PORT, or several comma-separated, the members of one etcd cluster."""
 
-    def __init__(self, endpoint: str, job: str, patience: float = 20.0, wait: bool = False):
+    def __init__(self, endpoint: str, job: str, patience: float = 20.0, wait: bool = False,
+                 read_only: bool = False):
         """`wait`: etcd may be restarting as this process starts (a worker or agent
-        started mid-job): try to connect for up to `patience` seconds, not once."""
+        started mid-job): try to connect for up to `patience` seconds, not once.
+        `read_only`: every write raises ReadOnly (a watcher of the job, such as the
+        dashboard, must never change what the job agrees on)."""
         self.endpoint = endpoint
+        self.read_only = read_only
         self.client = self._connect(endpoint, patience if wait else 0.0)
         self.root = job_root(job)
         self.patience = patience
@@ -122,6 +130,8 @@ class Cluster:
         (FAILED(fenced_as) exists) etcd itself refuses them, whatever this process
         believes: an old incarnation back from a partition cannot write a thing.
         Refused for that reason: Fenced."""
+        if self.read_only:
+            raise ReadOnly(f"a read-only reader of {self.root} tried to write")
         tx = self.client.transactions
         guard = [] if self.fenced_as is None else [tx.version(self.key(FAILED(self.fenced_as))) == 0]
         ok, responses = self.call(lambda: self.client.transaction(compare=[*compare, *guard], success=success,
@@ -150,13 +160,28 @@ class Cluster:
         """children(prefix) of each of `prefixes`, in one transaction (one view of etcd)."""
         return self._read([], prefixes)
 
+    def read_from(self, *firsts: Key) -> list[dict]:
+        """Like read, but of each key's family, the keys from `first` on in key
+        order, with their parts below the family (DONE(12): the reports of iteration
+        12 and every later one, as {(it, node): report}): a reader that keeps what
+        it read asks only for what is new."""
+        ranges = []
+        for first in firsts:
+            raw = self.key(first.family()) + "/"
+            ranges.append((first.family(), raw, self.key(first) if first.parts else raw))
+        return self._ranges([], ranges)
+
     def _read(self, puts: list, prefixes) -> list[dict]:
+        return self._ranges(puts, [(prefix, self.key(prefix) + "/", self.key(prefix) + "/") for prefix in prefixes])
+
+    def _ranges(self, puts: list, ranges: list) -> list[dict]:
+        """The puts, then the records of each (prefix, its raw key, the raw key to
+        start at) up to the prefix's end, all in one transaction."""
         tx = self.client.transactions
-        raws = [self.key(prefix) + "/" for prefix in prefixes]
-        gets = [tx.get(raw, prefix_range_end(raw.encode())) for raw in raws]
+        gets = [tx.get(start, prefix_range_end(raw.encode())) for _, raw, start in ranges]
         _, responses = self._write([], puts + gets) if puts else \
             self.call(lambda: self.client.transaction(compare=[], success=gets, failure=[]))
-        return [_records(prefix, raw, kvs) for prefix, raw, kvs in zip(prefixes, raws, responses[len(puts):])]
+        return [_records(prefix, raw, kvs) for (prefix, raw, _), kvs in zip(ranges, responses[len(puts):])]
 
     def create_or_get(self, key: Key, record) -> tuple[object, bool]:
         """create(key, record), or else read what is there, in one transaction: the
