@@ -118,39 +118,64 @@ class Handler(BaseHTTPRequestHandler):
         pass  # quiet: the terminal shows the URL, not every poll
 
 
+class CannotServe(RuntimeError):
+    """A wrong address, etcd or job: one line for the user."""
+
+
+def start(endpoint: str, job: str | None, address: str, token: str | None = None,
+          price: tuple = (None, None), refresh: float = 2.0) -> tuple[Server, str]:
+    """A server of the job's dashboard, bound and not yet serving, and its URL
+    (with the token, when it needs one). CannotServe says what is wrong."""
+    try:
+        host, port = parse_address(address)
+        view = open_job(endpoint, job)
+    except (BadAddress, UnknownJob, EtcdError, EtcdLost) as e:
+        raise CannotServe(str(e)) from None
+    if token is None and not is_loopback(host):
+        token = secrets.token_urlsafe(16)
+    handler = type("JobHandler", (Handler,), {"dashboard": Dashboard(view, price, refresh, token)})
+    try:
+        server = (Server6 if ":" in host else Server)((host, port), handler)
+    except OSError as e:
+        view.close()
+        raise CannotServe(f"--serve {address}: cannot listen there ({e.strerror or e})") from None
+    server.view = view
+    shown = f"[{host}]" if ":" in host else host
+    return server, f"http://{shown}:{server.server_address[1]}/" + (f"?token={token}" if token else "")
+
+
 def serve(endpoint: str, job: str | None, address: str, token: str | None, price: tuple, refresh: float) -> int:
     """Serve until interrupted; one line on stderr and status 2 when the address,
     the etcd or the job is wrong."""
     try:
-        host, port = parse_address(address)
-        view = open_job(endpoint, job)
-    except (BadAddress, UnknownJob) as e:
-        return _fail(str(e))
-    except (EtcdError, EtcdLost) as e:
-        return _fail(str(e))
-    if token is None and not is_loopback(host):
-        token = secrets.token_urlsafe(16)
-    handler = type("JobHandler", (Handler,), {"dashboard": Dashboard(view, price, refresh, token)})
-    server_class = Server6 if ":" in host else ThreadingHTTPServer
-    try:
-        server = server_class((host, port), handler)
-    except OSError as e:
-        view.close()
-        return _fail(f"--serve {address}: cannot listen there ({e.strerror or e})")
-    shown = f"[{host}]" if ":" in host else host
-    print(f"bamboo-status: job {view.job} at http://{shown}:{server.server_address[1]}/"
-          + (f"?token={token}" if token else "") + " (Ctrl-C stops)", flush=True)
+        server, url = start(endpoint, job, address, token, price, refresh)
+    except CannotServe as e:
+        print(f"bamboo-status: error: {e}", file=sys.stderr)
+        return 2
+    print(f"bamboo-status: job {server.view.job} at {url} (Ctrl-C stops)", flush=True)
     try:
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
         pass
     finally:
-        server.server_close()
-        view.close()
+        stop(server)
     return 0
 
 
-class Server6(ThreadingHTTPServer):
+def stop(server: Server) -> None:
+    """Close the server (after serve_forever returned) and its etcd client."""
+    server.server_close()
+    server.view.close()
+
+
+class Server(ThreadingHTTPServer):
+    """One thread per request (a page's polls and a script's reads at once), none
+    of them keeping the process alive; `view` is the job's."""
+    daemon_threads = True
+    view: JobView
+
+
+class Server6(Server):
     address_family = socket.AF_INET6
 
 
@@ -159,8 +184,3 @@ def _host_of(header: str) -> str:
     if header.startswith("["):
         return header[1:header.find("]")]
     return header.rpartition(":")[0] if ":" in header else header
-
-
-def _fail(message: str) -> int:
-    print(f"bamboo-status: error: {message}", file=sys.stderr)
-    return 2
