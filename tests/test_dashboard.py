@@ -47,9 +47,12 @@ except ImportError:
 
 # -- a job written key by key ----------------------------------------------------------
 def write_iterations(cluster: Cluster, its, losses, nodes=(0, 1), epoch=0) -> None:
+    """Iteration `it` ends at 1000 + it seconds, 1.5 s later from iteration 3 on (its
+    epoch's handover: a pause)."""
     for it in its:
+        end = 1000.0 + it + (1.5 if it >= 3 else 0.0)
         cluster.put_all({**{LOSS(it, g): Loss(losses[it] + g) for g in range(2)},
-                         **{DONE(it, n): Report(rss_mb=1.0, time=1000.0 + it, epoch=epoch) for n in nodes}})
+                         **{DONE(it, n): Report(rss_mb=1.0, time=end, epoch=epoch) for n in nodes}})
 
 
 @pytest.fixture
@@ -82,15 +85,24 @@ def revision(endpoint: str) -> int:
 def test_the_reader_keeps_iterations_forgets_a_redo_and_never_writes(etcd, job):
     before = revision(etcd.endpoint)
     view = open_job(etcd.endpoint, "synthetic")
-    first = summary(view.look())
+    first = summary(view.look(), price=(0.9, 3.06))
     assert revision(etcd.endpoint) == before
     assert [r["loss"] for r in first["series"]] == [5.5, 4.5, 4.0, 3.5, 3.0]  # the mean of 2 microbatches
+    assert [r["seconds"] for r in first["series"]] == [None, 1.0, 1.0, 2.5, 1.0]
+    assert [(e["type"], e["pause"]) for e in first["events"]][1:] == [("preemption", 0.0), ("reconfigure", 1.5)]
+    # paid node-seconds: 3 nodes (0, 1 until its death in iteration 2, standby 2) for iterations 1 and 2, then
+    # 2 for 2.5 s and 1 s; a node's fault-free rate: 4 samples in 1 s on 2 nodes
+    cost = first["cost"]
+    assert cost["node_hours"] * 3600 == pytest.approx(3 + 3 + 5 + 2) and cost["samples"] == 16
+    assert cost["goodput"] == pytest.approx(16 / 13 / 2) and cost["spot"] == pytest.approx(13 / 3600 * 0.9)
+    assert cost["on_demand"] == pytest.approx(16 / 2 / 3600 * 3.06)
+    assert cost["on_demand_projected"] == pytest.approx(8 * 4 / 2 / 3600 * 3.06)
     (cell0, cell1), = first["epochs"][-1]["pipelines"]
     assert (cell1["node"], cell1["state"], cell1["replaces"]) == (2, "training", {"node": 1, "state": "dead"})
     old = first["epochs"][0]["pipelines"][0][1]
     assert (cell0["node"], old["node"], old["state"]) == (0, 1, "dead")
-    kinds = [(e["type"], e["iteration"]) for e in first["events"]]
-    assert kinds == [("start", 0), ("preemption", 2), ("reconfigure", 3)]
+    assert [(e["type"], e["iteration"]) for e in first["events"]] == [("start", 0), ("preemption", 2),
+                                                                       ("reconfigure", 3)]
     # iterations 3 and 4 are abandoned: a redo epoch clears them, as the agents do, and runs them again
     job.create_clearing(ASSIGNMENT(2), Assignment(2, 3, ((0, 2),), failed=(1,), redo=True, restore="peers"),
                         [(family(3), family(5)) for family in ITERATION_FAMILIES])
@@ -204,15 +216,24 @@ def cell(driver, pipeline: int, stage: int, table: str = "#grid-current") -> dic
     """, table, pipeline, stage)
 
 
-JOB = ["--model", "tiny", "--stages", "2", "--microbatches", "4", "--iterations", "40", "--local-nodes", "3",
-       "--zones", "a,b", "--max-stages-per-node", "1", "--eval-every", "10"]
+# (the job's flags, the node killed, and whether the test kills it from outside once
+# iteration 3 is done, or the job's own --preempt does)
+SMALL = (["--model", "tiny", "--stages", "2", "--microbatches", "4", "--iterations", "40", "--local-nodes", "3",
+          "--zones", "a,b", "--max-stages-per-node", "1", "--eval-every", "10"], 1, True)
+DEMO = (["--model", "tiny", "--stages", "4", "--microbatches", "8", "--iterations", "30", "--local-nodes", "6",
+         "--zones", "a,b,c", "--preempt", "2@15:10"], 2, False)  # make demo's job: the README's screenshot
 
 
 @pytest.mark.skipif(NO_BROWSER is not None, reason=NO_BROWSER or "")
-def test_a_browser_watches_a_node_die_and_its_standby_take_its_place(tmp_path):
+@pytest.mark.parametrize("args, victim, from_outside", [SMALL, pytest.param(*DEMO, marks=pytest.mark.slow)],
+                         ids=["standby", "demo"])
+def test_a_browser_watches_a_node_die_and_another_take_its_place(tmp_path, args, victim, from_outside):
+    """The page is opened once, before the job's first epoch, and never reloaded.
+    BAMBOO_DASHBOARD_SCREENSHOT=docs/dashboard.png keeps the last view there
+    (the README's, from the demo's job: `pytest -m slow -k demo`)."""
     metrics = tmp_path / "m.jsonl"
     with EtcdServer() as etcd:
-        job = subprocess.Popen([sys.executable, "-m", "bamboo.commands.cli", *JOB, "--etcd", etcd.endpoint, "--job",
+        job = subprocess.Popen([sys.executable, "-m", "bamboo.commands.cli", *args, "--etcd", etcd.endpoint, "--job",
                                 "watched", "--no-progress", "--metrics-out", str(metrics)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         cluster = Cluster(etcd.endpoint, "watched", read_only=True)
@@ -226,13 +247,14 @@ def test_a_browser_watches_a_node_die_and_its_standby_take_its_place(tmp_path):
             url = server.stdout.readline().split(" at ")[1].split()[0]
             driver.get(url)
             driver.execute_script("window.loadedOnce = true")  # gone if the page were ever reloaded
-            seen = watch_the_kill(driver, job, cluster)
+            place, seen = watch_the_kill(driver, job, cluster, victim, from_outside)
             out, err = job.communicate(timeout=300)
             assert job.returncode == 0, err[-2000:]
             records = [r for r in map(json.loads, open(metrics)) if "summary" not in r]
-            until(lambda: driver.find_element("tag name", "body").get_attribute("data-iteration") == "39",
+            last = str(records[-1]["iteration"])
+            until(lambda: driver.find_element("tag name", "body").get_attribute("data-iteration") == last,
                   "the page to show the last iteration", timeout=60)
-            check_page(driver, records, seen)
+            check_page(driver, records, victim, place, seen)
             shot = os.environ.get("BAMBOO_DASHBOARD_SCREENSHOT") or str(tmp_path / "dashboard.png")
             driver.save_screenshot(shot)
             assert pathlib.Path(shot).stat().st_size > 10_000
@@ -246,42 +268,53 @@ def test_a_browser_watches_a_node_die_and_its_standby_take_its_place(tmp_path):
             cluster.close()
 
 
-def watch_the_kill(driver, job, cluster) -> list[tuple]:
-    """Node 1 shown training, then SIGKILLed (agent and worker) once iteration 3 is
-    done; every state the page showed at (pipeline 0, stage 1) until node 2 is there."""
-    until(lambda: cell(driver, 0, 1).get("state") == "training" and cell(driver, 0, 1)["node"] == "1",
-          "the page to show node 1 training", proc=job)
-    until(lambda: cluster.children(DONE(3)), "iteration 3", proc=job)
-    for p in node_processes(job, 1):
-        p.send_signal(signal.SIGKILL)
-    seen, deadline = [], time.monotonic() + 120
-    while not seen or seen[-1][0] != "2":
-        now = cell(driver, 0, 1)
+def place_of(driver, node: int) -> tuple[int, int] | None:
+    """(pipeline, stage) of `node`'s first cell in the current grid, as the page shows it."""
+    found = driver.execute_script("""const c = document.querySelector(`#grid-current td[data-node="${arguments[0]}"]`);
+        return c ? [Number(c.dataset.pipeline), Number(c.dataset.stage)] : null;""", node)
+    return tuple(found) if found else None
+
+
+def watch_the_kill(driver, job, cluster, victim: int, from_outside: bool) -> tuple[tuple[int, int], list[tuple]]:
+    """The victim shown training; killed (agent and worker, from outside once
+    iteration 3 is done, or by its --preempt); then every state the page showed
+    at its place until another node is there: (its place, the states seen)."""
+    place = until(lambda: place_of(driver, victim), f"the page to show node {victim} in the grid", proc=job)
+    assert cell(driver, *place)["state"] == "training"
+    if from_outside:
+        until(lambda: cluster.children(DONE(3)), "iteration 3", proc=job)
+        for p in node_processes(job, victim):
+            p.send_signal(signal.SIGKILL)
+    seen, deadline = [], time.monotonic() + 240
+    while not seen or seen[-1][0] == str(victim):
+        now = cell(driver, *place)
         if now and (not seen or seen[-1] != (now["node"], now["state"], now["replaces"])):
             seen.append((now["node"], now["state"], now["replaces"]))
         assert time.monotonic() < deadline and job.poll() in (None, 0), seen
         time.sleep(0.05)
-    return seen
+    return place, seen
 
 
-def check_page(driver, records: list[dict], seen: list[tuple]) -> None:
+def check_page(driver, records: list[dict], victim: int, place: tuple[int, int], seen: list[tuple]) -> None:
     assert driver.execute_script("return window.loadedOnce === true"), "the page was reloaded"
     assert int(driver.find_element("tag name", "body").get_attribute("data-polls")) > 10
-    # the grid: node 1 seen dead (in its epoch-0 place, and named where node 2 now is), node 2 in its place
-    assert seen[0][:2] == ("1", "training") and seen[-1] == ("2", "training", ["1", "dead"]), seen
-    assert cell(driver, 0, 1, 'table.grid-old[data-epoch="0"]') == {"node": "1", "state": "dead", "replaces": None}
-    assert cell(driver, 0, 0)["node"] == "0"
+    # the grid: the victim seen dead (in its epoch-0 place, and named where another node now is), and
+    # in its place the node the metrics' reconfiguration names
+    reconfigured, epoch = next((r["iteration"], e) for r in records for e in r["events"]
+                               if e["type"] == "reconfigure" and e["epoch"] == 1)
+    successor = str(epoch["pipelines"][place[0]][place[1]])
+    assert seen[0][:2] == (str(victim), "training") and seen[-1] == (successor, "training", [str(victim), "dead"])
+    old = cell(driver, *place, table='table.grid-old[data-epoch="0"]')
+    assert old == {"node": str(victim), "state": "dead", "replaces": None}
     # the timeline: the failover and the reconfiguration where the metrics put them, each with its pause
     rows = driver.execute_script("""return [...document.querySelectorAll("tr.event")].map(
         r => [r.dataset.type, r.dataset.iteration, r.dataset.pause]);""")
     failover = next(r["iteration"] for r in records for e in r["events"] if e["type"] == "failover")
-    reconfigured = next(r["iteration"] for r in records for e in r["events"]
-                        if e["type"] == "reconfigure" and e["epoch"] == 1)
     (f,) = [r for r in rows if r[0] == "failover"]
     (c,) = [r for r in rows if r[0] == "reconfigure"]
     assert int(f[1]) == failover and float(f[2]) >= 0
     assert int(c[1]) == reconfigured and float(c[2]) > 0, rows
-    assert [r[1] for r in rows if r[0] == "preemption"] == [str(failover)]  # node 1's death
+    assert [r[1] for r in rows if r[0] == "preemption"] == [str(failover)]  # the victim's death
     # the loss series: one point per iteration done, each the loss the launcher wrote
     points = driver.execute_script("""return [...document.querySelectorAll("#chart-loss circle.point")].map(
         c => [Number(c.dataset.it), Number(c.dataset.v)]);""")

@@ -81,13 +81,18 @@ def iterations(look) -> list[dict]:
     return out
 
 
-def typical_seconds(look, series: list[dict]) -> float | None:
-    """The median time of an undisturbed iteration: no failover, not an epoch's first."""
+def _undisturbed(look, series: list[dict]) -> list[tuple[dict, object]]:
+    """(series row, Finished) of the timed iterations that had no failover and
+    start no epoch; every timed one when none is so calm."""
     starts = {a.start for a in look.assignments.values()}
-    calm = [r["seconds"] for r, f in zip(series, look.done)
-            if r["seconds"] and not f.events and f.iteration not in starts]
-    every = [r["seconds"] for r in series if r["seconds"]]
-    return statistics.median(calm or every) if (calm or every) else None
+    timed = [(r, f) for r, f in zip(series, look.done) if r["seconds"]]
+    return [(r, f) for r, f in timed if not f.events and f.iteration not in starts] or timed
+
+
+def typical_seconds(look, series: list[dict]) -> float | None:
+    """The median time of an undisturbed iteration."""
+    calm = _undisturbed(look, series)
+    return statistics.median(r["seconds"] for r, _ in calm) if calm else None
 
 
 def pauses(series: list[dict], typical: float | None) -> dict[int, float]:
@@ -176,7 +181,7 @@ def auto_estimates(look, iteration: int | None = None) -> dict | None:
                           "expected": expected_seconds(seconds[m], pause[m], rate, nodes)} for m in seconds}}
 
 
-def cost(look, series: list[dict], typical: float | None, price: tuple[float | None, float | None]) -> dict:
+def cost(look, series: list[dict], price: tuple[float | None, float | None]) -> dict:
     """Paid node-hours (every node of the epoch, standby included, until it died),
     goodput, and with prices the cost so far, per million samples, projected to
     the job's end, and what the same samples would cost on on-demand nodes."""
@@ -188,7 +193,7 @@ def cost(look, series: list[dict], typical: float | None, price: tuple[float | N
                     if n not in look.failed or look.failed[n].iteration >= r["iteration"]]
             node_seconds += r["seconds"] * len(paid)
             samples += r["samples"]
-    per_node = _fault_free_per_node(look, series, typical)
+    per_node = _fault_free_per_node(look, series)
     out = {"node_hours": node_seconds / 3600, "samples": samples, "fault_free_per_node": per_node,
            "goodput": samples / node_seconds / per_node if node_seconds and per_node else None,
            "spot_price": price[0], "on_demand_price": price[1]}
@@ -204,12 +209,11 @@ def cost(look, series: list[dict], typical: float | None, price: tuple[float | N
     return out
 
 
-def _fault_free_per_node(look, series: list[dict], typical: float | None) -> float | None:
-    """Samples per second per training node in an undisturbed iteration."""
-    if not typical or not look.done:
-        return None
-    nodes = statistics.median(len(look.assignments[f.epoch].members) for f in look.done)
-    return series[0]["samples"] / typical / nodes
+def _fault_free_per_node(look, series: list[dict]) -> float | None:
+    """Samples per second per training node in an undisturbed iteration (the median)."""
+    calm = _undisturbed(look, series)
+    return statistics.median(r["samples"] / r["seconds"] / len(look.assignments[f.epoch].members)
+                             for r, f in calm) if calm else None
 
 
 def summary(look, price: tuple[float | None, float | None] = (None, None), epochs: int = 4) -> dict:
@@ -230,5 +234,5 @@ def summary(look, price: tuple[float | None, float | None] = (None, None), epoch
             "counts": {k: sum(e["type"] == k for e in timeline) for k in EVENT_ORDER if k != "start"},
             "epochs": [grid(look, e) for e in shown],
             "nodes": [_place(look, n) for n in known],
-            "series": series, "events": timeline, "cost": cost(look, series, typical, price),
+            "series": series, "events": timeline, "cost": cost(look, series, price),
             "auto": auto_estimates(look)}
