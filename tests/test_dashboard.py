@@ -173,6 +173,23 @@ def test_a_bad_etcd_job_or_address_is_one_line_and_status_2(etcd, job):
         assert err.startswith("bamboo-status: error: ") and needle in err, err
 
 
+def test_a_launch_says_how_to_open_its_dashboard_through_a_tunnel():
+    from agents.cloud.manage import dashboard
+    from bamboo.commands.status import parser
+    gcp = dashboard({"provider": "gcp", "project": "proj", "etcd": "10.128.0.2:2379", "job": "gpt",
+                     "etcd_instance": "us-central1-a/bamboo-etcd"})
+    assert gcp.startswith("gcloud compute ssh bamboo-etcd --project proj --zone us-central1-a -- "
+                          "-N -f -L 23790:127.0.0.1:2379 && bamboo-status ")
+    ec2 = dashboard({"provider": "ec2", "etcd": "10.0.1.5:2379,10.0.2.5:2379", "etcd_instance": "i-0abc",
+                     "job": "gpt"})
+    assert ec2.startswith("ssh -N -f -L 23790:10.0.1.5:2379 USER@HOST && bamboo-status ") and "i-0abc" in ec2
+    for command in (gcp, ec2):
+        words = command.split(" && ")[1].split(",")[0].split()
+        args = parser().parse_args(words[1:])
+        assert (args.etcd, args.job, args.serve) == ("127.0.0.1:23790", "gpt", "8080")
+        assert "open http://127.0.0.1:8080/" in command
+
+
 # -- a real job in a real browser ------------------------------------------------------
 def node_processes(proc: subprocess.Popen, node: int) -> list[psutil.Process]:
     """The agent and the worker of `node`, among the job's processes."""
