@@ -25,7 +25,7 @@ import urllib.request
 import psutil
 import pytest
 
-from bamboo.commands import dashboard
+from bamboo.commands import dashboard, jobview
 from bamboo.commands.jobview import open_job
 from bamboo.commands.runstats import summary
 from bamboo.control.assignment import Assignment
@@ -82,7 +82,8 @@ def revision(endpoint: str) -> int:
         client.close()
 
 
-def test_the_reader_keeps_iterations_forgets_a_redo_and_never_writes(etcd, job):
+def test_the_reader_keeps_iterations_forgets_a_redo_and_never_writes(etcd, job, monkeypatch):
+    monkeypatch.setattr(jobview, "CHUNK", 2)  # a long job's first look, in pieces
     before = revision(etcd.endpoint)
     view = open_job(etcd.endpoint, "synthetic")
     first = summary(view.look(), price=(0.9, 3.06))
@@ -218,7 +219,8 @@ def browser():
     from selenium.webdriver.chrome.service import Service
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1250"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1400,1250"):
         options.add_argument(arg)
     return webdriver.Chrome(service=Service(DRIVER), options=options)
 
@@ -226,7 +228,8 @@ def browser():
 def cell(driver, pipeline: int, stage: int, table: str = "#grid-current") -> dict:
     """The grid cell's node and state, and whom it replaced, read from the DOM ({} if absent)."""
     return driver.execute_script("""
-        const c = document.querySelector(arguments[0] + ` td[data-pipeline="${arguments[1]}"][data-stage="${arguments[2]}"]`);
+        const c = document.querySelector(
+            arguments[0] + ` td[data-pipeline="${arguments[1]}"][data-stage="${arguments[2]}"]`);
         if (!c) return {};
         const r = c.querySelector(".replaces");
         return {node: c.dataset.node, state: c.dataset.state, replaces: r ? [r.dataset.node, r.dataset.state] : null};

@@ -19,12 +19,12 @@ import json
 import secrets
 import socket
 import sys
+import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from bamboo.commands import dashboard_page, runstats
 from bamboo.commands.jobview import JobView, UnknownJob, open_job
-from bamboo.control.cluster import ReadOnly
 from bamboo.control.etcd import EtcdError, EtcdLost
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -65,7 +65,7 @@ class Dashboard:
 class Handler(BaseHTTPRequestHandler):
     """GET only; every answer is made from one look at etcd (a look younger than
     half a second is shared between requests)."""
-    dashboard: Dashboard  # set on the subclass `serve` makes
+    dashboard: Dashboard  # set on the subclass `start` makes
     server_version = "bamboo-dashboard"
 
     def do_GET(self) -> None:
@@ -81,8 +81,9 @@ class Handler(BaseHTTPRequestHandler):
             routes[url.path]()
         except (EtcdError, EtcdLost) as e:
             self._send(503, "text/plain", f"etcd did not answer: {e}\n")
-        except ReadOnly as e:  # a bug, loudly: the dashboard must never write
-            self._send(500, "text/plain", f"{e}\n")
+        except Exception as e:  # a bug (a write refused as ReadOnly, say): the page says so, stderr has the rest
+            traceback.print_exc()
+            self._send(500, "text/plain", f"{type(e).__name__}: {e}\n")
 
     def _allowed(self, url) -> bool:
         token = self.dashboard.token

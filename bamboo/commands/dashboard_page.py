@@ -141,7 +141,8 @@ def cost(s: dict) -> str:
                  ("spot cost per million samples", _usd(c.get("spot_per_million"))),
                  ("spot cost of the whole job, projected", _usd(c.get("spot_projected")))]
     if c["on_demand_price"] is not None:
-        rows += [(f"the same samples on on-demand nodes (${c['on_demand_price']:g}/node-hour)", _usd(c.get("on_demand"))),
+        rows += [(f"the same samples on on-demand nodes (${c['on_demand_price']:g}/node-hour)",
+                  _usd(c.get("on_demand"))),
                  ("on-demand cost per million samples", _usd(c.get("on_demand_per_million"))),
                  ("on-demand cost of the whole job, projected", _usd(c.get("on_demand_projected")))]
     hint = "" if c["spot_price"] is not None else \

@@ -1,12 +1,13 @@
 """What the dashboard knows of one job, read from the job's etcd and nothing else.
 
 The reader never writes: its Cluster is read-only, so a bug here raises rather
-than changes what the job agrees on. Each look is one etcd transaction. Small
-families (epochs, deaths, zones, drains, notices) are read whole; the iteration
-families only from the first iteration not yet complete on, and a complete
-iteration is kept as a few numbers (`Finished`), so a look costs the same on day
-three as in minute one. A redo epoch clears the keys of the iterations it runs
-again, and the reader forgets what it kept of them.
+than changes what the job agrees on. A look is one etcd transaction: the small
+families (epochs, deaths, zones, drains, notices) whole, and the iteration
+families only from the first iteration not yet complete on, at most CHUNK
+iterations of them (a long job's first look takes more, a piece at a time). A
+complete iteration is kept as a few numbers (`Finished`), so what a look asks of
+etcd is as small on day three as in minute one. A redo epoch clears the keys of
+the iterations it runs again, and the reader forgets what it kept of them.
 """
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ from bamboo.control.cluster import Cluster, in_force
 from bamboo.control.config import JobConfig
 from bamboo.control.protocol import (ALIVE, ASSIGNMENT, CONFIG, DONE, DRAIN, FAILED, LOSS, MEMBERS, MODE, NOTICES,
                                      PREEMPTED, VAL_LOSS, ZONES, scan)
+
+
+CHUNK = 100  # iterations a transaction reads at most (its reply stays far below gRPC's 4 MB)
+MODE_LAG = 10  # an agent writes MODE(it) after it is complete: looked for this many iterations back
 
 
 class UnknownJob(LookupError):
@@ -51,7 +56,7 @@ class Look:
     preempted: dict = field(default_factory=dict)    # node -> Preempted (injected with --preempt)
     alive: set = field(default_factory=set)          # nodes whose worker holds a lease now
     members: dict = field(default_factory=dict)      # node -> Member (its agent runs)
-    modes: dict = field(default_factory=dict)        # iteration -> ModeChoice (--redundancy auto)
+    modes: dict = field(default_factory=dict)        # iteration -> ModeChoice: auto's changes, and the newest
     done: list = field(default_factory=list)         # Finished, in iteration order
 
 
@@ -82,7 +87,7 @@ class JobView:
     def __init__(self, cluster: Cluster, job: str, cfg: JobConfig, fresh: float = 0.5):
         self.cluster, self.job, self.cfg, self.fresh = cluster, job, cfg, fresh
         self.kept: list[Finished] = []   # complete iterations, in order
-        self.modes: dict = {}            # iteration -> ModeChoice
+        self.modes: dict = {}            # iteration -> ModeChoice, of the changes and the newest
         self.redone = 0                  # the newest redo epoch already accounted for
         self._lock = threading.Lock()
         self._last: Look | None = None
@@ -100,16 +105,27 @@ class JobView:
 
     def _read(self) -> Look:
         first = self.next
-        (assignments, failed, zones, drains, notices, preempted, alive, members, done, losses, val_losses,
-         modes) = self.cluster.read_from(ASSIGNMENT(), FAILED(), ZONES(), DRAIN(), NOTICES(), PREEMPTED(), ALIVE(),
-                                         MEMBERS(), DONE(first), LOSS(first), VAL_LOSS(first),
-                                         MODE(max(0, first - 2)))
+        (assignments, failed, zones, drains, notices, preempted, alive, members), tail = self._spans(
+            first, ASSIGNMENT(), FAILED(), ZONES(), DRAIN(), NOTICES(), PREEMPTED(), ALIVE(), MEMBERS())
         if self._rewound(assignments):
             return self._read()  # the kept tail was forgotten: read it again as it stands now
-        self.modes.update(modes)
-        self._keep(assignments, failed, _by_iteration(done), _by_iteration(losses), _by_iteration(val_losses))
+        self._keep(assignments, failed, tail)
+        while self.next >= first + CHUNK:  # a whole piece was complete: more may be (a long job's first look)
+            first = self.next
+            _, tail = self._spans(first)
+            self._keep(assignments, failed, tail)
         return Look(self.job, self.cfg, time.time(), assignments, failed, zones, drains, notices, preempted,
                     set(alive), members, dict(self.modes), list(self.kept))
+
+    def _spans(self, first: int, *whole) -> tuple[list[dict], tuple[dict, dict, dict]]:
+        """Every family of `whole`, and the iterations first .. first + CHUNK - 1 of
+        reports, losses and validation losses, in one transaction (the modes are kept)."""
+        end = first + CHUNK
+        read = self.cluster.read_spans(*[(family, None) for family in whole], (DONE(first), DONE(end)),
+                                       (LOSS(first), LOSS(end)), (VAL_LOSS(first), VAL_LOSS(end)),
+                                       (MODE(max(0, first - MODE_LAG)), MODE(end)))
+        self.modes = _mode_changes({**self.modes, **read[-1]})
+        return read[:len(whole)], tuple(_by_iteration(r) for r in read[len(whole):-1])
 
     def _rewound(self, assignments: dict) -> bool:
         """A redo epoch not seen before: forget the iterations it runs again."""
@@ -124,9 +140,9 @@ class JobView:
         self.modes = {it: m for it, m in self.modes.items() if it < newest.start}
         return True
 
-    def _keep(self, assignments: dict, failed: dict, done: dict, losses: dict, val_losses: dict) -> None:
+    def _keep(self, assignments: dict, failed: dict, tail: tuple[dict, dict, dict]) -> None:
         """Keep each iteration from `next` on whose every member reported or died."""
-        cfg = self.cfg
+        cfg, (done, losses, val_losses) = self.cfg, tail
         it = self.next
         while it in done and assignments and any(a.start <= it for a in assignments.values()):
             epoch = in_force(assignments, it)
@@ -147,6 +163,19 @@ class JobView:
 
     def close(self) -> None:
         self.cluster.close()
+
+
+def _mode_changes(modes: dict) -> dict:
+    """Of --redundancy auto's choices, those that wanted a mode other than the one
+    before (what made the agents switch), and the newest (what they weigh now)."""
+    kept, before = {}, None
+    for it in sorted(modes):
+        if modes[it].mode != before:
+            kept[it] = modes[it]
+        before = modes[it].mode
+    if modes:
+        kept[max(modes)] = modes[max(modes)]
+    return kept
 
 
 def _by_iteration(records: dict) -> dict:

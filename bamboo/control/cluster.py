@@ -160,28 +160,32 @@ class Cluster:
         """children(prefix) of each of `prefixes`, in one transaction (one view of etcd)."""
         return self._read([], prefixes)
 
-    def read_from(self, *firsts: Key) -> list[dict]:
-        """Like read, but of each key's family, the keys from `first` on in key
-        order, with their parts below the family (DONE(12): the reports of iteration
-        12 and every later one, as {(it, node): report}): a reader that keeps what
-        it read asks only for what is new."""
+    def read_spans(self, *spans: tuple[Key, Key | None]) -> list[dict]:
+        """For each (first, end), the keys of first's family from `first` up to, not
+        including, `end` (None: to the family's last), with their parts below the
+        family, all in one transaction: (DONE(12), DONE(20)) gives {(it, node):
+        report} of iterations 12 to 19, (FAILED(), None) every failure. A reader
+        that keeps what it read asks only for what is new, a bounded piece at a time."""
         ranges = []
-        for first in firsts:
+        for first, end in spans:
             raw = self.key(first.family()) + "/"
-            ranges.append((first.family(), raw, self.key(first) if first.parts else raw))
+            ranges.append((first.family(), raw, self.key(first) if first.parts else raw,
+                           prefix_range_end(raw.encode()) if end is None else self.key(end).encode()))
         return self._ranges([], ranges)
 
     def _read(self, puts: list, prefixes) -> list[dict]:
-        return self._ranges(puts, [(prefix, self.key(prefix) + "/", self.key(prefix) + "/") for prefix in prefixes])
+        raws = [self.key(prefix) + "/" for prefix in prefixes]
+        return self._ranges(puts, [(prefix, raw, raw, prefix_range_end(raw.encode()))
+                                   for prefix, raw in zip(prefixes, raws)])
 
     def _ranges(self, puts: list, ranges: list) -> list[dict]:
         """The puts, then the records of each (prefix, its raw key, the raw key to
-        start at) up to the prefix's end, all in one transaction."""
+        start at, the raw key to end before), all in one transaction."""
         tx = self.client.transactions
-        gets = [tx.get(start, prefix_range_end(raw.encode())) for _, raw, start in ranges]
+        gets = [tx.get(start, end) for _, _, start, end in ranges]
         _, responses = self._write([], puts + gets) if puts else \
             self.call(lambda: self.client.transaction(compare=[], success=gets, failure=[]))
-        return [_records(prefix, raw, kvs) for (prefix, raw, _), kvs in zip(ranges, responses[len(puts):])]
+        return [_records(prefix, raw, kvs) for (prefix, raw, _, _), kvs in zip(ranges, responses[len(puts):])]
 
     def create_or_get(self, key: Key, record) -> tuple[object, bool]:
         """create(key, record), or else read what is there, in one transaction: the
