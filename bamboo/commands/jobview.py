@@ -104,16 +104,18 @@ class JobView:
             return self._last
 
     def _read(self) -> Look:
-        first = self.next
-        (assignments, failed, zones, drains, notices, preempted, alive, members), tail = self._spans(
-            first, ASSIGNMENT(), FAILED(), ZONES(), DRAIN(), NOTICES(), PREEMPTED(), ALIVE(), MEMBERS())
-        if self._rewound(assignments):
-            return self._read()  # the kept tail was forgotten: read it again as it stands now
-        self._keep(assignments, failed, tail)
-        while self.next >= first + CHUNK:  # a whole piece was complete: more may be (a long job's first look)
+        """Pieces of CHUNK iterations until one is not complete (a long job's first
+        look takes many), each with the small families in its transaction."""
+        while True:
             first = self.next
-            _, tail = self._spans(first)
-            self._keep(assignments, failed, tail)
+            small, tail = self._spans(first, ASSIGNMENT(), FAILED(), ZONES(), DRAIN(), NOTICES(), PREEMPTED(),
+                                      ALIVE(), MEMBERS())
+            if self._rewound(small[0]):
+                continue  # the kept tail was forgotten: read it again as it stands now
+            self._keep(small[0], small[1], tail)
+            if self.next < first + CHUNK:
+                break
+        assignments, failed, zones, drains, notices, preempted, alive, members = small
         return Look(self.job, self.cfg, time.time(), assignments, failed, zones, drains, notices, preempted,
                     set(alive), members, dict(self.modes), list(self.kept))
 
