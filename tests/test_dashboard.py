@@ -33,9 +33,8 @@ from bamboo.control.cluster import Cluster, ReadOnly
 from bamboo.control.config import JobConfig
 from bamboo.control.etcd import EtcdServer, connect
 from bamboo.control.protocol import (ASSIGNMENT, CONFIG, DONE, FAILED, ITERATION_FAMILIES, LOSS, ZONES, Failure, Loss,
-                                     Report, Zone)
+                                     Report, Zone, job_root)
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
 try:
@@ -72,6 +71,9 @@ def job(etcd):
     write_iterations(cluster, range(3, 5), {3: 3.0, 4: 2.5}, nodes=(0, 2), epoch=1)
     yield cluster
     cluster.close()
+    client = connect(etcd.endpoint)  # the next test's job starts from nothing
+    client.delete_prefix(job_root("synthetic"))
+    client.close()
 
 
 def revision(endpoint: str) -> int:
