@@ -119,6 +119,17 @@ class Handler(BaseHTTPRequestHandler):
         pass  # quiet: the terminal shows the URL, not every poll
 
 
+class Server(ThreadingHTTPServer):
+    """One thread per request (a page's polls and a script's reads at once), none
+    of them keeping the process alive; `view` is the job's."""
+    daemon_threads = True
+    view: JobView
+
+
+class Server6(Server):
+    address_family = socket.AF_INET6
+
+
 class CannotServe(RuntimeError):
     """A wrong address, etcd or job: one line for the user."""
 
@@ -167,17 +178,6 @@ def stop(server: Server) -> None:
     """Close the server (after serve_forever returned) and its etcd client."""
     server.server_close()
     server.view.close()
-
-
-class Server(ThreadingHTTPServer):
-    """One thread per request (a page's polls and a script's reads at once), none
-    of them keeping the process alive; `view` is the job's."""
-    daemon_threads = True
-    view: JobView
-
-
-class Server6(Server):
-    address_family = socket.AF_INET6
 
 
 def _host_of(header: str) -> str:

@@ -18,8 +18,6 @@ from html import escape
 
 from bamboo.commands import charts
 
-PANELS = ("head", "cluster", "run", "timeline", "cost")
-
 
 def _clock(t: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
