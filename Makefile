@@ -3,6 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+BROWSER := $(VENV)/.browser
 
 .PHONY: demo test test-slow bench chaos chaos-network gpu-check clean
 
@@ -13,6 +14,17 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
+# The dashboard's browser test drives Debian's chromium and chromium-driver
+# (tests/test_dashboard.py). They are installed where the machine allows (root
+# with apt-get); elsewhere that test skips with one line.
+$(BROWSER): $(STAMP)
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    { apt-get install -y -qq chromium chromium-driver || \
+	      { apt-get update -qq && apt-get install -y -qq chromium chromium-driver; }; } >/dev/null 2>&1; } || \
+	  echo "no chromium installed here: the dashboard's browser test will skip"
+	touch $(BROWSER)
+
 demo: $(STAMP)
 	$(PY) -m schedules demo
 	@echo "--- tiny, P=4, on 6 local nodes (agents) in zones a,b,c: a full pipeline and a short one;"
@@ -22,10 +34,10 @@ demo: $(STAMP)
 	@$(PY) -c "import json; [print(r['iteration'], e) for r in map(json.loads, open('out/metrics.jsonl')) \
 		for e in r.get('events', [])]"
 
-test: $(STAMP)
+test: $(STAMP) $(BROWSER)
 	$(PY) -m pytest -q
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) $(BROWSER)
 	$(PY) -m pytest -q -m slow
 
 chaos: $(STAMP)

@@ -93,8 +93,11 @@ def test_launch_status_down_and_dry_run_through_the_command(compute, tmp_path):
     assert "put /bamboo/gpt/config" in etcd_node["metadata"]["items"][0]["value"]
     assert 'bamboo-agent" --etcd 10.128.0.2:2379' in compute.templates["bamboo"]["properties"]["metadata"]["items"][0][
         "value"]
+    tunnel = "gcloud compute ssh bamboo-etcd --project proj --zone us-central1-a -- -N -f -L 23790:127.0.0.1:2379"
+    assert f"bamboo-launch: watch the job: {tunnel} && bamboo-status --etcd 127.0.0.1:23790 --job gpt" in up.stderr
     status = json.loads(launch("--state", state, "status").stdout)
     assert status["provider"] == "gcp" and len(status["instances"]) == 2 and "unreachable" in status["progress"]["error"]
+    assert status["dashboard"].startswith(tunnel)
     assert launch("--state", state, "down").returncode == 0
     assert not compute.groups and not compute.instances and not os.path.exists(state)
 

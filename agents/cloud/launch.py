@@ -20,7 +20,9 @@ nodes' agents get all three endpoints). What was
 launched is recorded in --state (default .bamboo-launch.json, written atomically)
 for status, scale and down. `--dry-run` prints every request (cloud, storage,
 etcd), one JSON line each, and sends none. Errors are one line on stderr, exit
-status 1 (2 for bad arguments); a launch that fails removes what it created.
+status 1 (2 for bad arguments); a launch that fails removes what it created. A
+launch ends by printing, on stderr, the command that opens the job's dashboard
+through an SSH tunnel to its etcd (`status` shows it too).
 `--config FILE.toml` (docs/job-file.md) gives the options from a job file: its
 [launch] section these, its other sections bamboo-train's; the command line wins.
 """
@@ -158,8 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in CLOUDS:
             made = launch(args, train_argv)
             if not args.dry_run:
+                from agents.cloud.manage import dashboard
                 write_state(args.state, made)
                 print(json.dumps(made))
+                print(f"bamboo-launch: watch the job: {dashboard(made)}", file=sys.stderr)
             return 0
         from agents.cloud.manage import down, scale, status
         state = read_state(args.state)

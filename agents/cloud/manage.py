@@ -1,10 +1,16 @@
 """What `bamboo-launch status|scale|down` do with a recorded launch: the
-instances beside the job's progress in its etcd; the group resized; everything
-the launch created removed (group, template, --etcd auto instance, the uploaded
-wheel, the job's etcd keys), the part that is already gone skipped."""
+instances beside the job's progress in its etcd (and the command that opens its
+dashboard); the group resized; everything the launch created removed (group,
+template, --etcd auto instance, the uploaded wheel, the job's etcd keys), the
+part that is already gone skipped."""
 from __future__ import annotations
 
+import shlex
+
 from agents.cloud.common import LaunchError
+
+TUNNEL_PORT = 23790    # this machine's end of the SSH tunnel to the job's etcd
+DASHBOARD_PORT = 8080  # where bamboo-status --serve listens, on this machine's loopback
 
 
 def provider_for(state: dict, dry_run: bool = False):
@@ -33,8 +39,27 @@ def job_progress(state: dict) -> dict:
         return {"job": state["job"], "error": str(e)}
 
 
+def dashboard(state: dict) -> str:
+    """The command that opens the launched job's dashboard from this machine: an
+    SSH tunnel to the job's etcd (the nodes' address of its first member), then
+    `bamboo-status --serve` on loopback. Neither etcd nor the page is exposed."""
+    host, _, port = state["etcd"].split(",")[0].rpartition(":")
+    zone, _, instance = (state.get("etcd_instance") or "").rpartition("/")
+    if state["provider"] == "gcp" and instance:  # gcloud knows the user and the key
+        tunnel = (f"gcloud compute ssh {shlex.quote(instance)} --project {shlex.quote(state['project'])} "
+                  f"--zone {shlex.quote(zone)} -- -N -f -L {TUNNEL_PORT}:127.0.0.1:{port}")
+        where = ""
+    else:
+        tunnel = f"ssh -N -f -L {TUNNEL_PORT}:{host}:{port} USER@HOST"
+        via = f"the etcd instance {instance}, or a node" if instance else "a node, say"
+        where = f" (USER@HOST: a machine you can ssh to that reaches {host}:{port}: {via})"
+    return (f"{tunnel} && bamboo-status --etcd 127.0.0.1:{TUNNEL_PORT} --job {shlex.quote(state['job'])} "
+            f"--serve {DASHBOARD_PORT}, then open http://127.0.0.1:{DASHBOARD_PORT}/{where}")
+
+
 def status(state: dict) -> dict:
-    return {**state, "instances": provider_for(state).describe(state["name"]), "progress": job_progress(state)}
+    return {**state, "instances": provider_for(state).describe(state["name"]), "progress": job_progress(state),
+            "dashboard": dashboard(state)}
 
 
 def scale(state: dict, nodes: int) -> None:

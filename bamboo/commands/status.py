@@ -1,7 +1,10 @@
 """`bamboo-status --etcd HOST:PORT[,...] [--job NAME] [--json]`: what the jobs in an etcd
 are doing, read from their keys: the current assignment (which node runs which
 stage, in which zone), the standby queue, live, draining and failed nodes, the
-last finished iteration and the recent iteration rate."""
+last finished iteration and the recent iteration rate.
+
+`--serve [HOST:]PORT` serves one job's live dashboard instead
+(bamboo/commands/dashboard.py), with --token, --price and --refresh."""
 from __future__ import annotations
 
 import argparse
@@ -86,12 +89,44 @@ def render(status: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def prices(text: str) -> tuple[float, float | None]:
+    """--price SPOT[,ONDEMAND]: dollars per node-hour."""
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not 1 <= len(values) <= 2 or any(v < 0 or v != v for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected SPOT[,ONDEMAND], dollars per node-hour")
+    return values[0], values[1] if len(values) == 2 else None
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="bamboo-status", description=__doc__.splitlines()[0])
     ap.add_argument("--etcd", required=True, metavar="HOST:PORT[,HOST:PORT...]")
-    ap.add_argument("--job", help="one job (default: every job in this etcd)")
+    ap.add_argument("--job", help="one job (default: every job in this etcd; with --serve, the only one)")
     ap.add_argument("--json", action="store_true", help="one JSON object per job")
+    web = ap.add_argument_group("the live dashboard")
+    web.add_argument("--serve", metavar="[HOST:]PORT",
+                     help="serve the job's dashboard at http://HOST:PORT/ (host 127.0.0.1 unless given)")
+    web.add_argument("--token", help="the token every request needs (default: none on 127.0.0.1, "
+                                     "else one made up and printed with the URL)")
+    web.add_argument("--price", type=prices, metavar="SPOT[,ONDEMAND]",
+                     help="dollars per node-hour of a spot node (and an on-demand one), for the cost panel")
+    web.add_argument("--refresh", type=float, default=2.0, metavar="SECONDS",
+                     help="how often the page fetches its panels again (default 2)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
+    if args.serve is None and (args.token or args.price or args.refresh != 2.0):
+        ap.error("--token, --price and --refresh go with --serve")
+    if args.serve is not None:
+        from bamboo.commands.dashboard import serve
+        if not args.refresh > 0:
+            ap.error(f"--refresh {args.refresh}: expected seconds above 0")
+        return serve(args.etcd, args.job, args.serve, args.token, args.price or (None, None), args.refresh)
     try:
         names = [args.job] if args.job else jobs(args.etcd)
         for name in names:

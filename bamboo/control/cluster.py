@@ -31,6 +31,10 @@ def _records(prefix: Key, raw: str, kvs) -> dict:
             for value, meta in kvs}
 
 
+class ReadOnly(RuntimeError):
+    """A write through a Cluster made read-only (a bug in the reader, never etcd's)."""
+
+
 def latest(assignments: dict[int, Assignment]) -> Assignment:
     """The newest epoch's assignment, of the epochs read (children(ASSIGNMENT()))."""
     if not assignments:
@@ -48,10 +52,14 @@ class Cluster:
     unreachable (a restart, a slow disk, a lost quorum), then raises. `endpoint`:
     HOST:PORT, or several comma-separated, the members of one etcd cluster."""
 
-    def __init__(self, endpoint: str, job: str, patience: float = 20.0, wait: bool = False):
+    def __init__(self, endpoint: str, job: str, patience: float = 20.0, wait: bool = False,
+                 read_only: bool = False):
         """`wait`: etcd may be restarting as this process starts (a worker or agent
-        started mid-job): try to connect for up to `patience` seconds, not once."""
+        started mid-job): try to connect for up to `patience` seconds, not once.
+        `read_only`: every write raises ReadOnly (a watcher of the job, such as the
+        dashboard, must never change what the job agrees on)."""
         self.endpoint = endpoint
+        self.read_only = read_only
         self.client = self._connect(endpoint, patience if wait else 0.0)
         self.root = job_root(job)
         self.patience = patience
@@ -122,6 +130,8 @@ class Cluster:
         (FAILED(fenced_as) exists) etcd itself refuses them, whatever this process
         believes: an old incarnation back from a partition cannot write a thing.
         Refused for that reason: Fenced."""
+        if self.read_only:
+            raise ReadOnly(f"a read-only reader of {self.root} tried to write")
         tx = self.client.transactions
         guard = [] if self.fenced_as is None else [tx.version(self.key(FAILED(self.fenced_as))) == 0]
         ok, responses = self.call(lambda: self.client.transaction(compare=[*compare, *guard], success=success,
@@ -150,13 +160,32 @@ class Cluster:
         """children(prefix) of each of `prefixes`, in one transaction (one view of etcd)."""
         return self._read([], prefixes)
 
+    def read_spans(self, *spans: tuple[Key, Key | None]) -> list[dict]:
+        """For each (first, end), the keys of first's family from `first` up to, not
+        including, `end` (None: to the family's last), with their parts below the
+        family, all in one transaction: (DONE(12), DONE(20)) gives {(it, node):
+        report} of iterations 12 to 19, (FAILED(), None) every failure. A reader
+        that keeps what it read asks only for what is new, a bounded piece at a time."""
+        ranges = []
+        for first, end in spans:
+            raw = self.key(first.family()) + "/"
+            ranges.append((first.family(), raw, self.key(first) if first.parts else raw,
+                           prefix_range_end(raw.encode()) if end is None else self.key(end).encode()))
+        return self._ranges([], ranges)
+
     def _read(self, puts: list, prefixes) -> list[dict]:
-        tx = self.client.transactions
         raws = [self.key(prefix) + "/" for prefix in prefixes]
-        gets = [tx.get(raw, prefix_range_end(raw.encode())) for raw in raws]
+        return self._ranges(puts, [(prefix, raw, raw, prefix_range_end(raw.encode()))
+                                   for prefix, raw in zip(prefixes, raws)])
+
+    def _ranges(self, puts: list, ranges: list) -> list[dict]:
+        """The puts, then the records of each (prefix, its raw key, the raw key to
+        start at, the raw key to end before), all in one transaction."""
+        tx = self.client.transactions
+        gets = [tx.get(start, end) for _, _, start, end in ranges]
         _, responses = self._write([], puts + gets) if puts else \
             self.call(lambda: self.client.transaction(compare=[], success=gets, failure=[]))
-        return [_records(prefix, raw, kvs) for prefix, raw, kvs in zip(prefixes, raws, responses[len(puts):])]
+        return [_records(prefix, raw, kvs) for (prefix, raw, _, _), kvs in zip(ranges, responses[len(puts):])]
 
     def create_or_get(self, key: Key, record) -> tuple[object, bool]:
         """create(key, record), or else read what is there, in one transaction: the
