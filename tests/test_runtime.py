@@ -140,6 +140,7 @@ def test_random_kill_point(tmp_path, reference):
     (["--stages", "2", "--preempt", "1@1"], "would never fire", 2),  # one iteration: only 0 exists
     (["--metrics-out", "/proc/no/m.jsonl"], "cannot write there", 2),
     (["--stages", "2", "--local-nodes", "2", "--join", "1@0"], "the job's last is 0", 2),
+    (["--stages", "2", "--redundancy", "lazy", "--frc", "all"], "--frc all with --redundancy lazy: only eager", 2),
 ])
 def test_bad_input_gives_one_line(capsys, args, message, code):
     """bamboo-train's main in this process (no interpreter start per case): the exit
