@@ -35,23 +35,27 @@ def _kept(stream: list[Instr]) -> list[int]:
 def check_in_bubbles(plain: dict[int, list[Instr]], streams: dict[int, list[Instr]], cost: CostModel,
                      plain_starts: dict[int, list[float]] | None = None) -> tuple[float, float]:
     """(makespan without FRC, with it); a ValidationError ("frc-delay") naming the
-    first instruction FRC delays. `plain`: the same streams before FRC went in
-    (`plain_starts`: their start times, when the caller has them)."""
+    first instruction FRC delays (the earliest: the others may only wait for it).
+    `plain`: the same streams before FRC went in (`plain_starts`: their start
+    times, when the caller has them)."""
     without, with_frc = plain_starts or start_times(plain, cost), start_times(streams, cost)
     length, length_frc = makespan(plain, without, cost), makespan(streams, with_frc, cost)
     tolerance = RELATIVE_TOLERANCE * max(1.0, length)
-    if length_frc > length + tolerance:
-        raise ValidationError("frc-delay", f"the iteration ends at {length_frc:.9g} with FRC, at {length:.9g} "
-                              "without: FRC lengthens it")
+    delayed = []  # (start without FRC, node, instruction, start with FRC)
     for node, stream in streams.items():
         mine, theirs = _kept(stream), _kept(plain[node])
         if [stream[i] for i in mine] != [plain[node][i] for i in theirs]:
             raise ValidationError("frc-delay", f"node {node}: the stream is not its plain stream with FRC added")
-        for i, j in zip(mine, theirs):
-            ins = stream[i]
-            if with_frc[node][i] > without[node][j] + tolerance and not _replica_end(ins):
-                raise ValidationError("frc-delay", f"node {node}: {ins} starts at {with_frc[node][i]:.9g} with FRC, "
-                                      f"at {without[node][j]:.9g} without: an FRC before it does not fit its wait")
+        late = next(((without[node][j], node, stream[i], with_frc[node][i]) for i, j in zip(mine, theirs)
+                     if with_frc[node][i] > without[node][j] + tolerance and not _replica_end(stream[i])), None)
+        delayed += [late] if late else []
+    if delayed:
+        before, node, ins, start = min(delayed)
+        raise ValidationError("frc-delay", f"node {node}: {ins} starts at {start:.9g} with FRC, at {before:.9g} "
+                              "without: an FRC before it does not fit its wait")
+    if length_frc > length + tolerance:
+        raise ValidationError("frc-delay", f"the iteration ends at {length_frc:.9g} with FRC, at {length:.9g} "
+                              "without: FRC lengthens it")
     return length, length_frc
 
 
