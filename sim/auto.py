@@ -76,7 +76,9 @@ class Auto(Bamboo):
         def redundant(failover: float, mode: str) -> float:
             redo = sim.opt.failure_timeout + seconds[mode]
             return (1 - fatal - redone) * failover + redone * redo + fatal * rollback
-        pause = {"eager": redundant(merged, "eager"), "lazy": redundant(merged + seconds["off"] / (3 * sim.P), "lazy"),
+        forwards = seconds["off"] / (3 * sim.P)  # recomputing the dead stage's: all with lazy, eager's without FRC
+        pause = {"eager": redundant(merged + sim.uncovered(pipelines) * forwards, "eager"),
+                 "lazy": redundant(merged + forwards, "lazy"),
                  "off": sim.opt.failure_timeout + seconds["off"] / 2 + peer_reload_seconds(sim)}
         mode = choose(self.redundancy if self.switches else "", rate, nodes, pipelines, seconds, pause,
                       rollback)
