@@ -32,13 +32,12 @@ def _kept(stream: list[Instr]) -> list[int]:
     return [i for i, ins in enumerate(stream) if ins.op not in skip and not (ins.redundant and ins.op is forward)]
 
 
-def check_in_bubbles(plain: dict[int, list[Instr]], streams: dict[int, list[Instr]], cost: CostModel,
-                     plain_starts: dict[int, list[float]] | None = None) -> tuple[float, float]:
+def check_in_bubbles(plain: dict[int, list[Instr]], streams: dict[int, list[Instr]],
+                     cost: CostModel) -> tuple[float, float]:
     """(makespan without FRC, with it); a ValidationError ("frc-delay") naming the
     first instruction FRC delays (the earliest: the others may only wait for it).
-    `plain`: the same streams before FRC went in (`plain_starts`: their start
-    times, when the caller has them)."""
-    without, with_frc = plain_starts or start_times(plain, cost), start_times(streams, cost)
+    `plain`: the same streams before FRC went in."""
+    without, with_frc = start_times(plain, cost), start_times(streams, cost)
     length, length_frc = makespan(plain, without, cost), makespan(streams, with_frc, cost)
     tolerance = RELATIVE_TOLERANCE * max(1.0, length)
     delayed = []  # (start without FRC, node, instruction, start with FRC)

@@ -75,10 +75,9 @@ def lazy_brc(layout: Layout, node: int, microbatches: int, frc_ran: Collection[i
 
 
 def insert_frc(layout: Layout, microbatches: int, streams: dict[int, list[Instr]], cost: CostModel,
-               mode: str = "bubbles", starts: dict[int, list[float]] | None = None) -> dict[int, list[Instr]]:
-    """`streams` with each node's FRC of its replica placed as `mode` says
-    (`starts`: the streams' start times on `cost`, when the caller has them)."""
-    starts = starts or start_times(streams, cost)
+               mode: str = "bubbles") -> dict[int, list[Instr]]:
+    """`streams` with each node's FRC of its replica placed as `mode` says."""
+    starts = start_times(streams, cost)
     ends = {n: t[-1] + cost.duration(streams[n][-1]) if t else 0.0 for n, t in starts.items()}
     length = max(ends.values(), default=0.0)
     out = {}

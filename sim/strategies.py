@@ -1,8 +1,10 @@
 """The strategies the cluster simulator compares: what each does when spot nodes
 come and go, so that the simulator's event loop stays the same for all of them.
 
-  bamboo      every node keeps its successor's replica (eager FRC): a preemption
-              costs a failover pause and the pipeline runs merged until the next
+  bamboo      every node keeps its successor's replica (eager FRC, in the bubbles
+              only with --frc bubbles): a preemption costs a failover pause (and
+              the dead stage's forwards no bubble held, recomputed) and the
+              pipeline runs merged until the next
               iteration boundary, where the agents' policy (the same function the
               agents run) reconfigures; an iteration no pipeline can finish is
               redone from another pipeline's copies, and only a stage lost on every
