@@ -9,10 +9,10 @@ time by the deaths in it. Where the runtime measures each mode's iteration time 
 cost of a death, the simulator knows them from its profile: the iteration of each
 mode's schedule; a death costs a merged iteration with eager (plus the dead
 stage's forwards that no bubble held FRC for, with --frc bubbles), that plus all
-the dead stage's forwards (a third of its share of the work) with lazy, and a redo with off
-(the failure timeout, half an iteration lost and a stage reloaded from a peer; the
-reconfiguration after a death is paid in every mode, so it is left out of the
-comparison), or with off on one pipeline a rollback to the checkpoint. A switch
+the dead stage's forwards (a third of its share of the work) with lazy, and a redo
+with off (the failure timeout, half an iteration lost and a stage reloaded from a
+peer; the reconfiguration after a death is paid in every mode, so it is left out
+of the comparison), or with off on one pipeline a rollback to the checkpoint. A switch
 pauses for a reconfiguration, and one from off to a redundant mode also for the
 replicas' handover; a switch decided at a reconfiguration that the deaths or joins
 bring anyway rides it (the agents write the new mode into that epoch), so it adds
