@@ -13,6 +13,7 @@ from schedules.compiler import REDUNDANCY, compile_eval, compile_recovery, compi
 from schedules.cost import CostModel
 from schedules.layout import ScheduleError
 from schedules.order import ORDERS
+from schedules.redundancy import FRC_MODES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,6 +30,8 @@ def _schedule_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fail-node", type=int, metavar="N", help="node that dies during the iteration")
     p.add_argument("--fail-before", type=int, metavar="K", help="... before its instruction K")
     p.add_argument("--redundancy", choices=REDUNDANCY, default="eager")
+    p.add_argument("--frc", choices=FRC_MODES, default="bubbles",
+                   help="eager: FRC only where it fits a wait (bubbles), or for every microbatch (all)")
     p.add_argument("--order", choices=tuple(ORDERS), default="1f1b")
     p.add_argument("--eval", action="store_true", help="the forward-only streams of a validation loss")
     p.add_argument("--forward", type=float, default=1.0, help="cost of one stage forward")
@@ -45,7 +48,7 @@ def _build(args):
         if args.fail_node is not None:
             raise ScheduleError("--eval streams have no mid-iteration failure: leave out --fail-node")
         return compile_eval(args.stages, args.microbatches, tuple(args.failed), args.redundancy, cost), cost
-    common = dict(failed=tuple(args.failed), redundancy=args.redundancy, order=args.order, cost=cost)
+    common = dict(failed=tuple(args.failed), redundancy=args.redundancy, order=args.order, cost=cost, frc=args.frc)
     if args.fail_node is None:
         return compile_schedule(args.stages, args.microbatches, **common), cost
     return compile_recovery(args.stages, args.microbatches, args.fail_node, args.fail_before, **common), cost
@@ -53,6 +56,8 @@ def _build(args):
 
 def _title(schedule) -> str:
     what = f"P={schedule.stages} M={schedule.microbatches} {schedule.order} redundancy={schedule.redundancy}"
+    if schedule.redundancy == "eager":
+        what += f" frc={schedule.frc}"
     if schedule.evaluation:
         what = f"evaluation (forward only) P={schedule.stages} M={schedule.microbatches}"
     if schedule.failed:

@@ -2,6 +2,7 @@
 
     plain_streams      pass (a) order + (b) communication, groups merged   lower.py
     insert_frc         pass (c) eager FRC in bubbles + (d) swap-out         redundancy.py
+    check_in_bubbles   (--frc bubbles) no FRC delays anything: `simulate`    bubbles.py
     lazy_brc           pass (e) what a node runs if its successor dies      redundancy.py
                        (lazy redundancy: no FRC; replicas kept in sync, and
                        after a death FRC and BRC both run in recovery)
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
+from schedules.bubbles import check_in_bubbles
 from schedules.cost import CostModel
 from schedules.evaluation import eval_streams
 from schedules.ir import Instr
@@ -23,7 +25,7 @@ from schedules.layout import Layout, ScheduleError, check_microbatches, keeps_re
 from schedules.lower import plain_streams
 from schedules.order import ORDERS
 from schedules.recovery import recover
-from schedules.redundancy import insert_frc, lazy_brc
+from schedules.redundancy import FRC_MODES, frc_microbatches, insert_frc, lazy_brc
 
 REDUNDANCY = ("eager", "lazy", "off")
 
@@ -40,21 +42,29 @@ class Schedule:
     fail_before: int | None = None
     resume_at: dict[int, int] = field(default_factory=dict)
     evaluation: bool = False  # forward-only streams of the validation loss (compile_eval)
+    frc: str = "bubbles"      # eager: FRC only where it fits the node's waits, or for every microbatch (all)
     cost: CostModel = field(default_factory=CostModel, compare=False, repr=False)
 
     @property
     def layout(self) -> Layout:
         return Layout(self.stages, frozenset(self.failed), keeps_replicas(self.redundancy))
 
+    def frc_microbatches(self, node: int) -> list[int]:
+        """The microbatches whose FRC `node` runs for its replica (read from its stream)."""
+        r = self.layout.replica(node)
+        return [] if r is None or self.evaluation else frc_microbatches(self.streams[node], r)
+
     def lazy_brc(self, node: int) -> list[Instr]:
         """What `node` would run for its replica if the replica's owner died."""
         if self.redundancy == "off" or self.fail_node is not None or self.evaluation:
             return []
-        return lazy_brc(self.layout, node, self.microbatches, frc_ran=self.redundancy == "eager")
+        return lazy_brc(self.layout, node, self.microbatches, frc_ran=self.frc_microbatches(node))
 
     def to_json(self) -> dict:
         out = {"stages": self.stages, "microbatches": self.microbatches, "failed": list(self.failed),
                "redundancy": self.redundancy, "order": self.order}
+        if self.redundancy == "eager":
+            out["frc"] = self.frc
         if self.fail_node is not None:
             out.update(fail_node=self.fail_node, fail_before=self.fail_before)
         if self.evaluation:
@@ -62,6 +72,8 @@ class Schedule:
         streams = []
         for node, stream in self.streams.items():
             entry = {"node": node, "instructions": [i.to_dict() for i in stream]}
+            if self.redundancy == "eager" and self.fail_node is None and not self.evaluation:
+                entry["frc"] = self.frc_microbatches(node)
             brc = self.lazy_brc(node)
             if brc:
                 entry["lazy_brc"] = [i.to_dict() for i in brc]
@@ -72,33 +84,36 @@ class Schedule:
         return out
 
 
-def _check_options(microbatches: int, redundancy: str, order: str) -> None:
+def _check_options(microbatches: int, redundancy: str, order: str, frc: str = "bubbles") -> None:
     check_microbatches(microbatches)
     if redundancy not in REDUNDANCY:
         raise ScheduleError(f"--redundancy must be one of {', '.join(REDUNDANCY)} (got {redundancy!r})")
     if order not in ORDERS:
         raise ScheduleError(f"--order must be one of {', '.join(ORDERS)} (got {order!r})")
+    if frc not in FRC_MODES:
+        raise ScheduleError(f"--frc must be one of {', '.join(FRC_MODES)} (got {frc!r})")
 
 
 @lru_cache(maxsize=64)
 def _compile(stages: int, microbatches: int, failed: tuple[int, ...], redundancy: str, order: str,
-             cost: CostModel) -> Schedule:
-    _check_options(microbatches, redundancy, order)
+             cost: CostModel, frc: str) -> Schedule:
+    _check_options(microbatches, redundancy, order, frc)
     layout = Layout(stages, frozenset(failed), keeps_replicas(redundancy))
     cost.check_stages(stages)
     streams = plain_streams(layout, microbatches, order, cost)
     if redundancy == "eager":
-        streams = insert_frc(layout, microbatches, streams, cost)
-    return Schedule(stages, microbatches, tuple(sorted(set(failed))), redundancy, order, streams, cost=cost)
+        streams = insert_frc(layout, microbatches, streams, cost, frc)
+    return Schedule(stages, microbatches, tuple(sorted(set(failed))), redundancy, order, streams, cost=cost, frc=frc)
 
 
 def compile_schedule(stages: int, microbatches: int, failed: tuple[int, ...] = (),
                      redundancy: str = "eager", order: str = "1f1b",
-                     cost: CostModel = CostModel()) -> Schedule:
+                     cost: CostModel = CostModel(), frc: str = "bubbles") -> Schedule:
     """One iteration for every live node, with `failed` nodes' groups merged into
-    their predecessors' (a failure handled at an iteration boundary). Compiled
-    schedules are cached; each call gets its own copy of the streams."""
-    cached = _compile(stages, microbatches, tuple(failed), redundancy, order, cost)
+    their predecessors' (a failure handled at an iteration boundary). `frc`: with
+    eager, FRC only in the waits it fits (bubbles), or for every microbatch (all).
+    Compiled schedules are cached; each call gets its own copy of the streams."""
+    cached = _compile(stages, microbatches, tuple(failed), redundancy, order, cost, frc)
     return replace(cached, streams={n: list(s) for n, s in cached.streams.items()})
 
 
@@ -112,17 +127,24 @@ def compile_stage(stages: int, microbatches: int, node: int, **options) -> list[
 
 def compile_recovery(stages: int, microbatches: int, fail_node: int, fail_before: int,
                      failed: tuple[int, ...] = (), redundancy: str = "eager", order: str = "1f1b",
-                     cost: CostModel = CostModel()) -> Schedule:
+                     cost: CostModel = CostModel(), frc: str = "bubbles") -> Schedule:
     """The survivors' streams for an iteration in which `fail_node` dies before its
-    instruction `fail_before`: what they ran up to the cut, then the recovery."""
-    base = compile_schedule(stages, microbatches, failed, redundancy, order, cost)
+    instruction `fail_before`: what they ran up to the cut, then the recovery. The
+    dead stage's microbatches whose FRC ran are swapped in, the rest recomputed."""
+    base = compile_schedule(stages, microbatches, failed, redundancy, order, cost, frc)
     if redundancy == "off":
         raise ScheduleError(f"node {fail_node} failing mid-iteration is not survivable with "
                             "--redundancy off: no other node holds its layers")
     streams, resume_at, _ = recover(base.layout, microbatches, base.streams, fail_node, fail_before, cost,
-                                    frc=redundancy == "eager")
+                                    expect_frc=_every_frc(redundancy, frc))
     return Schedule(stages, microbatches, base.failed, redundancy, order, dict(sorted(streams.items())),
-                    fail_node=fail_node, fail_before=fail_before, resume_at=resume_at, cost=cost)
+                    fail_node=fail_node, fail_before=fail_before, resume_at=resume_at, cost=cost, frc=frc)
+
+
+def _every_frc(redundancy: str, frc: str) -> bool:
+    """Whether every replica holder's stream must run FRC for every microbatch (the
+    simulator checks it): eager with --frc all only."""
+    return redundancy == "eager" and frc == "all"
 
 
 @lru_cache(maxsize=64)
@@ -147,7 +169,10 @@ def compile_eval(stages: int, microbatches: int, failed: tuple[int, ...] = (), r
 def simulate(schedule: Schedule, cost: CostModel | None = None):
     """Run a compiled schedule (recovery included: the dead node runs its prefix)
     through the validating simulator, on the cost model it was compiled with unless
-    another is given, and return its Report."""
+    another is given, and return its Report. A fault-free bounded eager schedule,
+    on the cost model its FRC was placed with, must also delay nothing of the same
+    streams without FRC (bubbles.py; not checked as it is compiled, which would
+    time every stream twice more on the runtime's path)."""
     from schedules.simulator import Simulator
 
     cost = cost or schedule.cost
@@ -157,8 +182,10 @@ def simulate(schedule: Schedule, cost: CostModel | None = None):
     dead = None
     if schedule.fail_node is not None:
         base = compile_schedule(schedule.stages, schedule.microbatches, schedule.failed,
-                                schedule.redundancy, schedule.order, cost)
+                                schedule.redundancy, schedule.order, schedule.cost, schedule.frc)
         streams[schedule.fail_node] = base.streams[schedule.fail_node]
         dead = (schedule.fail_node, schedule.fail_before)
+    elif schedule.redundancy == "eager" and schedule.frc == "bubbles" and cost == schedule.cost:
+        check_in_bubbles(plain_streams(schedule.layout, schedule.microbatches, schedule.order, cost), streams, cost)
     return Simulator(schedule.layout, schedule.microbatches, cost, dead,
-                     expect_frc=schedule.redundancy == "eager").run(streams)
+                     expect_frc=_every_frc(schedule.redundancy, schedule.frc)).run(streams)

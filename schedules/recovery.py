@@ -9,7 +9,8 @@ cut is dropped; the new owner sends it again.
 
 The recovery. Node d's weight gradients died with it, so its predecessor p runs
 stage d's backward for every microbatch (BRC), from the FRC intermediates it
-swapped out, or from a forward it recomputes when FRC had not run yet. Activations
+swapped out, or from a forward it recomputes when FRC had not run yet or never
+runs (lazy; bounded eager's microbatches that no bubble held). Activations
 of stage d that never reached the successor q are sent from FRC results or fresh
 forwards. q re-sends the gradients it had sent to d (it kept them) and sends the
 rest to p. p interleaves chains by list scheduling: whichever chain's next
@@ -56,14 +57,17 @@ def check_failure(layout: Layout, base: dict[int, list[Instr]], node: int, befor
 
 
 def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: int, k: int,
-            cost: CostModel | None = None, frc: bool = True) -> tuple[dict[int, list[Instr]], dict[int, int], Report]:
+            cost: CostModel | None = None,
+            expect_frc: bool = True) -> tuple[dict[int, list[Instr]], dict[int, int], Report]:
     """Full streams of the survivors (prefix + recovery), where each recovery starts,
-    and the simulator's report of the whole iteration. `frc`: the base streams ran
-    FRC (eager); without (lazy), p recomputes every forward of stage d it needs."""
+    and the simulator's report of the whole iteration. p swaps in the FRC results
+    of stage d that ran before the cut and recomputes every other forward it needs
+    (all of them with lazy). `expect_frc`: the validator checks that every replica
+    holder ran FRC for every microbatch (eager with --frc all)."""
     P, M = layout.stages, microbatches
     after = check_failure(layout, base, d, k)
     p, q = (d - 1) % P, (d + 1) % P
-    cut = Simulator(layout, M, cost, dead=(d, k), expect_frc=frc)
+    cut = Simulator(layout, M, cost, dead=(d, k), expect_frc=expect_frc)
     prefix = {n: s for n, s in cut.run(base, allow_stuck=True).streams.items() if n != d}
     dead_ran = base[d][:k]
     # What survivors took in from d counts; a message of d still queued at the cut
@@ -80,7 +84,7 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
         new_tail = _without(tail(after, n), [i for i in pre if is_tail(i)])
         full[n] = pre + _reroute(n, body, d, p, q) + new_tail
     if stage_done:
-        report = Simulator(layout, M, cost, dead=(d, k), expect_frc=frc).run({**full, d: dead_ran})
+        report = Simulator(layout, M, cost, dead=(d, k), expect_frc=expect_frc).run({**full, d: dead_ran})
         return full, {n: len(prefix[n]) for n in prefix}, report
 
     resend = [ir.send_grad(i.stage, i.mb, p) for i in prefix[q] if i.op is Op.SEND_GRAD and i.peer == d]
@@ -94,7 +98,7 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
     p_tail = [i for i in full[p][len(prefix[p]):] if is_tail(i)]
     recvs, acts, urgent, deferred = chains
     scheduled = {p: Chains(prefix[p], [recvs, acts, own, urgent, deferred], p_tail)}
-    report = Simulator(layout, M, cost, dead=(d, k), expect_frc=frc).run({**full, d: dead_ran}, scheduled)
+    report = Simulator(layout, M, cost, dead=(d, k), expect_frc=expect_frc).run({**full, d: dead_ran}, scheduled)
     full[p] = report.streams[p]
     return full, {n: len(prefix[n]) for n in prefix}, report
 

@@ -5,17 +5,36 @@ step, and only after its owner dies does the node run FRC (from the replica's
 inputs, its own stage's outputs, which it kept) and BRC, both in the recovery.
 
 Node m keeps a replica of stage r = (m+1) mod P warm by running r's forward on
-every microbatch (forward redundant computation, FRC) from its own stage's output
-(node P-1 loads the microbatch to run stage 0; node P-2 loads labels for the loss). The intermediates go straight to
-host memory (swap-out); they come back only if node r dies, when node m runs r's
-backward (BRC) for the lost microbatches.
+microbatches (forward redundant computation, FRC) from its own stage's output
+(node P-1 loads the microbatch to run stage 0; node P-2 loads labels for the
+loss). The intermediates go straight to host memory (swap-out); they come back
+only if node r dies, when node m runs r's backward (BRC) for the lost
+microbatches.
 
 Placement: the plain streams are timed on the cost model, and each FRC goes into
 the first idle wait (a blocking receive) after its input exists where it fits
-whole, so it delays nothing. FRC that fits nowhere runs in the wait before the
-replica's final sync, where it delays only this node's replica step.
+whole, so it delays nothing. What happens to the FRC that fits nowhere is the
+mode's (FRC_MODES):
+
+  bubbles  it is not run before a failure. The wait before the replica's sync
+           also counts the time the node would idle after its stream, until the
+           iteration's last node ends (nothing waits for the replica's step).
+           FRC is placed in microbatch order, so the first microbatch that finds
+           no wait has none, nor has any later one. After the replica's owner
+           dies, the recovery recomputes those forwards from the inputs the node
+           kept, as lazy does (recovery.py). The fault-free iteration is then
+           exactly as long as without FRC under the cost model it was placed
+           with (bubbles.py checks it).
+  all      it runs in the wait before the replica's final sync, where it delays
+           only this node's replica step (and so, maybe, the iteration's end):
+           every microbatch has FRC.
+
+Which microbatches have FRC is visible from the stream (`frc_microbatches`).
 """
 from __future__ import annotations
+
+import math
+from typing import Collection
 
 from schedules import ir
 from schedules.cost import CostModel
@@ -24,38 +43,61 @@ from schedules.layout import Layout
 from schedules.simulator import start_times
 
 
+FRC_MODES = ("bubbles", "all")
+
+
 def frc_ops(replica: int, mb: int, load: bool) -> list[Instr]:
     ops = [ir.load(mb)] if load else []
     return ops + [ir.forward(replica, mb, redundant=True), ir.swap_out(replica, mb)]
 
 
-def lazy_brc(layout: Layout, node: int, microbatches: int, frc_ran: bool = True) -> list[Instr]:
-    """The BRC work `node` owes its replica if the replica's owner dies: swap in and
-    backward for every microbatch, or, with lazy redundancy (no FRC ran), forward
-    from the replica's input it kept and backward. The recovery pass (recovery.py)
+def frc_microbatches(stream: list[Instr], stage: int) -> list[int]:
+    """The microbatches whose FRC of `stage` the stream runs, in stream order."""
+    return [i.mb for i in stream if ir.is_frc(i) and i.stage == stage]
+
+
+def lazy_brc(layout: Layout, node: int, microbatches: int, frc_ran: Collection[int] = ()) -> list[Instr]:
+    """The BRC work `node` owes its replica if the replica's owner dies: for each
+    microbatch, swap in and backward where its FRC ran (`frc_ran`), else forward
+    from the replica's input it kept and backward (lazy redundancy, or bounded
+    eager's microbatches that did not fit a bubble). The recovery pass (recovery.py)
     turns it into a real stream: it adds the gradient receives, the activations the
     successor still needs, and drops the swap-ins of microbatches whose FRC had not run."""
     r = layout.replica(node)
     if r is None:
         return []
-    first = ir.swap_in if frc_ran else (lambda stage, mb: ir.forward(stage, mb, redundant=True))
-    return [op for mb in range(microbatches) for op in (first(r, mb), ir.backward(r, mb, redundant=True))]
+    ran = set(frc_ran)
+    out: list[Instr] = []
+    for mb in range(microbatches):
+        first = ir.swap_in(r, mb) if mb in ran else ir.forward(r, mb, redundant=True)
+        out += [first, ir.backward(r, mb, redundant=True)]
+    return out
 
 
-def insert_frc(layout: Layout, microbatches: int, streams: dict[int, list[Instr]],
-               cost: CostModel) -> dict[int, list[Instr]]:
+def insert_frc(layout: Layout, microbatches: int, streams: dict[int, list[Instr]], cost: CostModel,
+               mode: str = "bubbles") -> dict[int, list[Instr]]:
+    """`streams` with each node's FRC of its replica placed as `mode` says."""
     starts = start_times(streams, cost)
+    ends = {n: t[-1] + cost.duration(streams[n][-1]) if t else 0.0 for n, t in starts.items()}
+    length = max(ends.values(), default=0.0)
     out = {}
     for node, stream in streams.items():
         r = layout.replica(node)
         needs_load = r in (0, layout.stages - 1)  # stage 0 reads inputs, stage P-1 labels
-        out[node] = stream if r is None else _fill(r, needs_load, microbatches, stream, starts[node], cost)
+        # bubbles: a node that ends before the iteration does idles until then, so its
+        # replica's sync and step (which nobody waits for) may go that much later
+        end_slack = length - ends[node] if mode == "bubbles" else math.inf
+        out[node] = stream if r is None else _fill(r, needs_load, microbatches, stream, starts[node], cost,
+                                                   end_slack)
     return out
 
 
 def _fill(r: int, needs_load: bool, microbatches: int, stream: list[Instr], starts: list[float],
-          cost: CostModel) -> list[Instr]:
-    """Insert FRC of stage r for every microbatch, in order, into `stream`'s waits."""
+          cost: CostModel, end_slack: float) -> list[Instr]:
+    """Insert FRC of stage r, microbatch by microbatch in order, into `stream`'s
+    waits. The wait before the replica's sync is longer by `end_slack`; with an
+    infinite slack (--frc all) everything left goes there, else what finds no
+    wait is left out."""
     out: list[Instr] = []
     loaded: set[int] = set()
     have_input: set[int] = set(range(microbatches)) if r == 0 else set()
@@ -75,11 +117,13 @@ def _fill(r: int, needs_load: bool, microbatches: int, stream: list[Instr], star
     for i, ins in enumerate(stream):
         op = ins.op
         if op in RECVS and nxt < microbatches:
-            if op is Op.RECV_SYNC:  # last wait of the iteration: everything left goes here
+            if op is Op.RECV_SYNC and end_slack == math.inf:  # last wait of the iteration: everything left
                 while nxt < microbatches:
                     out += frc(nxt)
                     nxt += 1
             gap = starts[i] - (starts[i - 1] + duration(stream[i - 1]) if i else 0.0)
+            if op is Op.RECV_SYNC:
+                gap += end_slack
             while nxt < microbatches and nxt in have_input and frc_cost(nxt) <= gap + 1e-9:
                 gap -= frc_cost(nxt)
                 out += frc(nxt)
@@ -91,6 +135,6 @@ def _fill(r: int, needs_load: bool, microbatches: int, stream: list[Instr], star
         elif op is Op.FORWARD and ins.stage == r - 1:
             have_input.add(ins.mb)
         out.append(ins)
-    if nxt != microbatches:
+    if nxt != microbatches and end_slack == math.inf:
         raise RuntimeError("internal: a node with a replica must end its stream with recv_sync")
     return out

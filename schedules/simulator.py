@@ -28,7 +28,8 @@ from schedules.layout import Layout, ScheduleError
 
 class ValidationError(ScheduleError):
     """A stream that cannot run: `kind` is deadlock, out-of-order, use-before-produce,
-    unmatched, exactly-once, not-stepped, leak or missing-frc."""
+    unmatched, exactly-once, not-stepped, leak, missing-frc, or frc-delay (an FRC
+    that lengthens the fault-free iteration under --frc bubbles: bubbles.py)."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(f"{kind}: {message}")

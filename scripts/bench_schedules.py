@@ -1,10 +1,13 @@
 """Schedule compiler benchmark: simulated cost of eager FRC, and compile speed.
 
-Prints, for P in {4, 8} and M in {8, 16, 32}, the simulated iteration time with
-eager FRC divided by (a) the same schedule without redundancy and (b) a lower
-bound: max(no-RC makespan, the busiest node's total work with RC), i.e. the no-RC
-makespan plus whatever redundant work cannot fit in that node's bubbles. Also peak live activations, and the median time to compile P=32, M=128
-for all stages (target: under 50 ms).
+Prints, for P in {4, 8} and M in {8, 16, 32}, the simulated iteration time of
+eager FRC in the bubbles (--frc bubbles) and for every microbatch (--frc all),
+each divided by the same schedule without redundancy, and --frc all's divided by
+a lower bound: max(no-RC makespan, the busiest node's total work with RC), i.e.
+the no-RC makespan plus whatever redundant work cannot fit in that node's
+bubbles. Also the share of microbatches the bubbles hold FRC for (mean over the
+nodes), peak live activations, and the median time to compile P=32, M=128 for
+all stages (target: under 50 ms) in both placements.
 
     python scripts/bench_schedules.py [--forward 1 --backward 2 --transfer 0.05 --swap 0.05]
 """
@@ -24,12 +27,12 @@ def lower_bound(off_report, eager_report) -> float:
     return max([off_report.makespan] + list(eager_report.busy.values()))
 
 
-def compile_speed(repeats: int = 15) -> list[float]:
+def compile_speed(frc: str, repeats: int = 15) -> list[float]:
     times = []
     for i in range(repeats):
         cost = CostModel(transfer=0.05 + i * 1e-9)  # a new cache key: really compile
         t0 = time.perf_counter()
-        compile_schedule(32, 128, cost=cost)
+        compile_schedule(32, 128, cost=cost, frc=frc)
         times.append(time.perf_counter() - t0)
     return times
 
@@ -44,21 +47,24 @@ def main() -> None:
     cost = CostModel(forward=args.forward, backward=args.backward, transfer=args.transfer, swap=args.swap)
     print(f"cost model: forward {args.forward}, backward {args.backward}, transfer {args.transfer}, "
           f"swap {args.swap} (per stage and microbatch)")
-    print(f"{'P':>3} {'M':>4} {'off':>8} {'eager':>8} {'eager/off':>10} {'eager/bound':>12} "
-          f"{'peak live off':>14} {'eager':>6} {'swapped':>8}")
+    print(f"{'P':>3} {'M':>4} {'off':>8} {'bubbles':>8} {'all':>8} {'bubbles/off':>12} {'all/off':>8} "
+          f"{'all/bound':>10} {'FRC held':>9} {'peak live off':>14} {'all':>4} {'swapped':>8}")
     for P in (4, 8):
         for M in (8, 16, 32):
-            off = compile_schedule(P, M, redundancy="off", cost=cost)
-            eager = compile_schedule(P, M, cost=cost)
-            r_off, r_eager = simulate(off, cost), simulate(eager, cost)
-            bound = lower_bound(r_off, r_eager)
-            print(f"{P:>3} {M:>4} {r_off.makespan:>8.2f} {r_eager.makespan:>8.2f} "
-                  f"{r_eager.makespan / r_off.makespan:>10.3f} {r_eager.makespan / bound:>12.3f} "
-                  f"{max(r_off.peak_live.values()):>14} {max(r_eager.peak_live.values()):>6} "
-                  f"{max(r_eager.peak_swapped.values()):>8}")
-    times = compile_speed()
-    print(f"compile P=32 M=128, all stages: median {statistics.median(times) * 1e3:.1f} ms, "
-          f"best {min(times) * 1e3:.1f} ms over {len(times)} runs (target < 50 ms)")
+            off = simulate(compile_schedule(P, M, redundancy="off", cost=cost), cost)
+            bounded = compile_schedule(P, M, cost=cost)
+            r_bounded = simulate(bounded, cost)
+            r_all = simulate(compile_schedule(P, M, cost=cost, frc="all"), cost)
+            held = statistics.mean(len(bounded.frc_microbatches(n)) / M for n in bounded.streams)
+            print(f"{P:>3} {M:>4} {off.makespan:>8.2f} {r_bounded.makespan:>8.2f} {r_all.makespan:>8.2f} "
+                  f"{r_bounded.makespan / off.makespan:>12.3f} {r_all.makespan / off.makespan:>8.3f} "
+                  f"{r_all.makespan / lower_bound(off, r_all):>10.3f} {held:>9.2f} "
+                  f"{max(off.peak_live.values()):>14} {max(r_all.peak_live.values()):>4} "
+                  f"{max(r_all.peak_swapped.values()):>8}")
+    for frc in ("bubbles", "all"):
+        times = compile_speed(frc)
+        print(f"compile P=32 M=128 --frc {frc}, all stages: median {statistics.median(times) * 1e3:.1f} ms, "
+              f"best {min(times) * 1e3:.1f} ms over {len(times)} runs (target < 50 ms)")
 
 
 if __name__ == "__main__":

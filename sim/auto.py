@@ -7,11 +7,12 @@ simultaneous deaths once: each cost below is what the whole batch costs, and the
 runtime's product of rate and cost is the same, as it divides an iteration's added
 time by the deaths in it. Where the runtime measures each mode's iteration time and
 cost of a death, the simulator knows them from its profile: the iteration of each
-mode's schedule; a death costs a merged iteration with eager, that plus the dead
-stage's forwards (a third of its share of the work) with lazy, and a redo with off
-(the failure timeout, half an iteration lost and a stage reloaded from a peer; the
-reconfiguration after a death is paid in every mode, so it is left out of the
-comparison), or with off on one pipeline a rollback to the checkpoint. A switch
+mode's schedule; a death costs a merged iteration with eager (plus the dead
+stage's forwards that no bubble held FRC for, with --frc bubbles), that plus all
+the dead stage's forwards (a third of its share of the work) with lazy, and a redo
+with off (the failure timeout, half an iteration lost and a stage reloaded from a
+peer; the reconfiguration after a death is paid in every mode, so it is left out
+of the comparison), or with off on one pipeline a rollback to the checkpoint. A switch
 pauses for a reconfiguration, and one from off to a redundant mode also for the
 replicas' handover; a switch decided at a reconfiguration that the deaths or joins
 bring anyway rides it (the agents write the new mode into that epoch), so it adds
@@ -76,7 +77,9 @@ class Auto(Bamboo):
         def redundant(failover: float, mode: str) -> float:
             redo = sim.opt.failure_timeout + seconds[mode]
             return (1 - fatal - redone) * failover + redone * redo + fatal * rollback
-        pause = {"eager": redundant(merged, "eager"), "lazy": redundant(merged + seconds["off"] / (3 * sim.P), "lazy"),
+        forwards = seconds["off"] / (3 * sim.P)  # recomputing the dead stage's: all with lazy, eager's without FRC
+        pause = {"eager": redundant(merged + sim.uncovered(pipelines) * forwards, "eager"),
+                 "lazy": redundant(merged + forwards, "lazy"),
                  "off": sim.opt.failure_timeout + seconds["off"] / 2 + peer_reload_seconds(sim)}
         mode = choose(self.redundancy if self.switches else "", rate, nodes, pipelines, seconds, pause,
                       rollback)

@@ -5,6 +5,7 @@ checkpoint-restart and on-demand nodes.
     bamboo-sim --trace PATH [--trace-format ec2|gcp|events|auto] \\
                --strategy bamboo|lazy|redo|checkpoint|on-demand|auto|all [--redundancy eager|lazy|off|auto] \\
                --model gpt2|bert-large [--profile calibrated|arithmetic] --stages P [--hours H] [--json] [--plot DIR]
+               [--frc bubbles|all]
     bamboo-sim --sweep-rates --model gpt2 --stages P [--plot DIR]
 
 Checkpoints are taken at Young's or Daly's optimal interval unless --checkpoint-minutes
@@ -19,6 +20,8 @@ import os
 import sys
 import tempfile
 from dataclasses import replace
+
+from schedules.redundancy import FRC_MODES
 
 from sim.checkpointing import FORMULAS
 from sim.options import NOTICE_SECONDS, ROLLBACKS
@@ -86,6 +89,9 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--notice-seconds", type=float,
                    help="preemptions are announced this long ahead (default by trace format: ec2 120, gcp 30, "
                         "events and --sweep-rates 0)")
+    p.add_argument("--frc", choices=FRC_MODES, default=d.frc,
+                   help="eager: FRC only where the schedule's cost model says it fits the bubbles, the rest "
+                        "recomputed after a death (bubbles); or for every microbatch, in a longer iteration (all)")
     p.add_argument("--rollback", choices=ROLLBACKS, default=d.rollback,
                    help="a stage lost everywhere: survivors stay up and load checkpoint copies held in peers' "
                         "memory (memory), or every process relaunches (relaunch)")
@@ -104,7 +110,7 @@ def options_from(args) -> Options:
         peer_bandwidth=args.peer_bandwidth * GB, free_checkpoints=args.free_checkpoints,
         relaunch_seconds=args.relaunch_seconds, warmup_seconds=args.warmup_seconds,
         restart_seconds=args.restart_seconds, max_stages=args.max_stages_per_node,
-        notice_seconds=args.notice_seconds or 0.0, rollback=args.rollback)
+        notice_seconds=args.notice_seconds or 0.0, rollback=args.rollback, frc=args.frc)
     try:
         options.check()
     except ValueError as e:
@@ -219,7 +225,7 @@ def simulate(args, options: Options) -> dict:
     context = {"trace": {"path": args.trace, **stats}, "model": args.model, "stages": args.stages,
                "prices": {"spot": options.spot_price, "on_demand": options.on_demand_price},
                "notice_seconds": options.notice_seconds, "max_stages_per_node": options.max_stages,
-               "rollback": options.rollback,
+               "rollback": options.rollback, "frc": options.frc,
                "microbatches": model_profile(args).microbatches, "profile": profile(args.model, args.profile).sources()}
     if name == "all":
         return {**context, "strategies": results}
@@ -250,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = sweep(model_profile(args), args.stages, nodes, args.seeds, options)
             out = {"model": args.model, "stages": args.stages, "nodes": nodes, "sweep": rows,
                    "notice_seconds": options.notice_seconds, "max_stages_per_node": options.max_stages,
-                   "rollback": options.rollback,
+                   "rollback": options.rollback, "frc": options.frc,
                    "profile": profile(args.model, args.profile).sources()}
             if args.plot:
                 out["plots"] = [plot_sweep(rows, args.plot, f"{args.model}, P={args.stages}, {nodes} spot nodes")]

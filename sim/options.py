@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from schedules.redundancy import FRC_MODES
+
 from sim.profiles import NETWORK, PCIE
 
 ROLLBACKS = ("memory", "relaunch")
@@ -32,6 +34,7 @@ class Options:
     notice_seconds: float = 0.0         # a preemption is announced this long ahead (EC2 120 s, GCP 30 s)
     rollback: str = "memory"            # a stage lost everywhere: from the checkpoint copies in peers' memory,
                                         # or "relaunch" (every process restarts and reads storage)
+    frc: str = "bubbles"                # eager: FRC only where it fits the bubbles, or for every microbatch (all)
 
     def check(self) -> None:
         """Raise ValueError naming the first option that cannot be used."""
@@ -48,6 +51,8 @@ class Options:
                              "one stage into its predecessor, no more")
         if not self.notice_seconds >= 0:
             raise ValueError(f"--notice-seconds must not be negative (got {self.notice_seconds})")
+        if self.frc not in FRC_MODES:
+            raise ValueError(f"--frc must be one of {', '.join(FRC_MODES)} (got {self.frc!r})")
         if self.rollback not in ROLLBACKS:
             raise ValueError(f"--rollback must be one of {', '.join(ROLLBACKS)} (got {self.rollback!r})")
         if self.checkpoint_seconds is not None and not self.checkpoint_seconds > 0:

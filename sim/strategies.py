@@ -1,8 +1,10 @@
 """The strategies the cluster simulator compares: what each does when spot nodes
 come and go, so that the simulator's event loop stays the same for all of them.
 
-  bamboo      every node keeps its successor's replica (eager FRC): a preemption
-              costs a failover pause and the pipeline runs merged until the next
+  bamboo      every node keeps its successor's replica (eager FRC, in the bubbles
+              only with --frc bubbles): a preemption costs a failover pause (and
+              the dead stage's forwards no bubble held, recomputed) and the
+              pipeline runs merged until the next
               iteration boundary, where the agents' policy (the same function the
               agents run) reconfigures; an iteration no pipeline can finish is
               redone from another pipeline's copies, and only a stage lost on every
@@ -59,6 +61,7 @@ class Simulation(Protocol):
     def config_seconds(self, config: Config, mode: str | None = None) -> float: ...
     def throughput(self, pipelines: int) -> float: ...
     def config_throughput(self, config: Config | None, mode: str | None = None) -> float: ...
+    def uncovered(self, pipelines: int) -> float: ...
     def next_config(self, live: dict[str, str], previous: Config | None) -> Config: ...
     @property
     def restart_seconds(self) -> float: ...
@@ -143,11 +146,12 @@ class Bamboo(PeerRecovery):
             s.pause(sim.opt.reconfigure_seconds + handover_seconds(sim.profile, sim.P))
         return nxt
 
-    @staticmethod
-    def _failover(sim: Simulation, s: RunState, config: Config, live: dict[str, str], removed: set[str]) -> float:
+    def _failover(self, sim: Simulation, s: RunState, config: Config, live: dict[str, str],
+                  removed: set[str]) -> float:
         """Seconds lost to the deaths in `removed`: a merged iteration where one node of a
-        pipeline died and its replicas cover it, a redo where they do not, a rollback
-        where a stage died everywhere."""
+        pipeline died and its replicas cover it (with eager, plus the dead stage's
+        forwards that had no FRC), a redo where they do not, a rollback where a stage
+        died everywhere."""
         depth = config.depth  # below P when too few nodes were left: they wait, holding the state
         pipelines = len(config.pipelines)
         deaths = dead_stages(config, removed)
@@ -155,7 +159,7 @@ class Bamboo(PeerRecovery):
         pause = 0.0
         for dead, redone in zip(deaths, redo):
             if dead and not redone:
-                pause = max(pause, sim.iteration_seconds(pipelines, merged=True))
+                pause = max(pause, sim.iteration_seconds(pipelines, merged=True) + self._unplaced(sim, config, removed))
             elif redone:  # abandoned: redone from copies elsewhere
                 pause = max(pause, sim.opt.failure_timeout + sim.iteration_seconds(pipelines))
         if lost := lost_everywhere(depth, deaths):
@@ -165,9 +169,16 @@ class Bamboo(PeerRecovery):
             s.redos += 1
         return pause
 
+    def _unplaced(self, sim: Simulation, config: Config, removed: set[str]) -> float:
+        """Eager: the dead stage's forwards that no bubble held (no FRC ran), which
+        its holder recomputes as lazy does (none with --frc all)."""
+        forwards = lazy_forwards_seconds(sim, config, removed) if self.redundancy == "eager" else 0.0
+        return forwards * sim.uncovered(len(config.pipelines)) if forwards else 0.0  # lazy: all, in its react
+
 
 class Lazy(Bamboo):
-    """`--strategy bamboo --redundancy lazy`: cheaper iterations than eager, dearer deaths."""
+    """`--strategy bamboo --redundancy lazy`: iterations as cheap as bounded eager's
+    (cheaper than --frc all's), dearer deaths: every forward of the dead stage."""
     redundancy = "lazy"
 
     def react(self, sim: Simulation, s: RunState, config: Config | None, live: dict[str, str],

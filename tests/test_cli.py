@@ -36,21 +36,27 @@ def check_channels(doc):
     assert dict(sent) == dict(received)
 
 
-def test_dump_fault_free_eager_matches_the_contract():
-    doc = dump("--stages", "4", "--microbatches", "6")
-    assert (doc["stages"], doc["microbatches"], doc["failed"]) == (4, 6, [])
+@pytest.mark.parametrize("frc", ["bubbles", "all"])
+def test_dump_fault_free_eager_matches_the_contract(frc):
+    doc = dump("--stages", "4", "--microbatches", "6", "--frc", frc)
+    assert (doc["stages"], doc["microbatches"], doc["failed"], doc["frc"]) == (4, 6, [], frc)
     assert [s["node"] for s in doc["streams"]] == [0, 1, 2, 3]
     check_channels(doc)
     first = doc["streams"][0]["instructions"][:3]
     assert first == [{"op": "load", "mb": 0}, {"op": "forward", "stage": 0, "mb": 0, "redundant": False},
                      {"op": "send_act", "stage": 0, "mb": 0, "peer": 1}]
+    covered = []
     for s in doc["streams"]:
         m, ins = s["node"], s["instructions"]
-        frc = sorted(i["mb"] for i in ins if i["op"] == "forward" and i["redundant"])
-        assert frc == list(range(6))
+        frc_mbs = [i["mb"] for i in ins if i["op"] == "forward" and i["redundant"]]
+        assert s["frc"] == frc_mbs == list(range(len(frc_mbs)))  # in order, from the first
+        covered.append(len(frc_mbs))
         assert all(i["stage"] == (m + 1) % 4 for i in ins if i["op"] == "forward" and i["redundant"])
         assert not any(i["op"] == "backward" and i["redundant"] for i in ins)
-        assert {i["op"] for i in s["lazy_brc"]} == {"swap_in", "backward"}
+        brc = s["lazy_brc"]  # what the FRC left for a recovery: swap in where it ran, else recompute
+        assert [i["op"] for i in brc[0::2]] == ["swap_in"] * len(frc_mbs) + ["forward"] * (6 - len(frc_mbs))
+        assert {i["op"] for i in brc[1::2]} == {"backward"}
+    assert covered == [6] * 4 if frc == "all" else min(covered) < 6 and covered[3] == 6
 
 
 def test_dump_without_redundancy_has_no_redundant_work():
@@ -98,6 +104,7 @@ def test_dump_evaluation_streams_forward_only():
     (["--fail-node", "1"], "go together"),
     (["--stages", "x"], "invalid int"),
     (["--redundancy", "auto"], "invalid choice"),
+    (["--frc", "some"], "invalid choice"),
     (["--eval", "--fail-node", "1", "--fail-before", "2"], "no mid-iteration failure"),
 ])
 def test_bad_arguments_give_one_line_and_exit_2(args, message):
@@ -159,7 +166,7 @@ def test_bamboo_train_help_shows_every_flag_once_in_its_group():
     assert list(groups) == ["options", *TRAIN_GROUPS]
     shown = [name for _, names in groups.values() for name in names]
     every = [name for action in cli.build_parser()._actions for name in action.option_strings]
-    assert len(shown) == len(set(shown)) and sorted(shown) == sorted(every) and len(every) == 69
+    assert len(shown) == len(set(shown)) and sorted(shown) == sorted(every) and len(every) == 70
     assert groups["options"][1] == ["-h", "--help", "--config"]
     for title, flag in (("model", "--model"), ("schedule and redundancy", "--redundancy"), ("recipe", "--lr"),
                         ("data", "--val-data"), ("checkpoints and outputs", "--checkpoint"),

@@ -107,7 +107,7 @@ def test_an_internal_error_in_recovery_is_a_bug_with_its_state(monkeypatch):
     from bamboo.runtime import failover
     f = _failover()
 
-    def broken(*args):
+    def broken(*args, **options):
         raise KeyError("stage 7")
     monkeypatch.setattr(failover, "compile_recovery", broken)
     with pytest.raises(failover.RecoveryBug, match=r"node 2 .* iteration 5: P=4 M=4 failed=\(\) .*KeyError"):

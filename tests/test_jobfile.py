@@ -188,7 +188,7 @@ def test_every_flag_can_be_written_in_the_file(tmp_path):
     found = {s: keys for s, keys in jobfile.sections(parser).items()}
     everywhere = [a for keys in found.values() for a in keys.values()]
     flagged = [a for a in parser._actions if a.option_strings not in (["-h", "--help"], ["--config"])]
-    assert sorted(map(id, everywhere)) == sorted(map(id, flagged)) and len(flagged) == 66
+    assert sorted(map(id, everywhere)) == sorted(map(id, flagged)) and len(flagged) == 67
     assert sorted(found) == sorted(["model", "schedule", "recipe", "data", "checkpoints", "faults", "devices",
                                     "cluster"])
     for section, keys in found.items():
@@ -215,6 +215,7 @@ ERRORS = [
     ("[recipe]\nbetas = [0.9]\n", "[recipe] betas: expected an array of 2 values"),
     ('[recipe]\nbetas = [0.9, "x"]\n', "[recipe] betas: expected a number, got 'x'"),
     ('[recipe]\nlr_schedule = "exp"\n', "[recipe] lr_schedule: 'exp' is not one of 'constant'"),
+    ('[schedule]\nfrc = "some"\n', "[schedule] frc: 'some' is not one of 'bubbles', 'all'"),
     ('[data]\ndata = ["a.txt", 1]\n', "[data] data: expected a string, got 1"),
     ('[model]\nmodel_config = "a"\nmodel-config = "b"\n', "[model] model-config: given twice"),
     ("[model]\nmodel = [\n", "not valid TOML"),
@@ -354,3 +355,7 @@ def test_the_docs_example_configures_a_llama_job(s3, tmp_path):
     assert (cfg.model, cfg.stages, cfg.pipelines, cfg.microbatches, cfg.precision) == ("hf:llama-1b", 4, 2, 16, "bf16")
     assert cfg.data_files == ("s3://my-bamboo/data/train.bin",) and cfg.checkpoint == "s3://my-bamboo/ckpt/llama-1b"
     assert cfg.betas == (0.9, 0.95) and cfg.lr_schedule == "cosine" and cfg.elastic and cfg.job == "llama-1b"
+
+
+def test_a_bad_frc_flag_is_one_line(capsys):
+    assert "argument --frc: invalid choice: 'some'" in refusal(["--frc", "some"], capsys)

@@ -86,5 +86,6 @@ def test_recovery_when_a_sent_activation_was_not_yet_taken_in(P, M, failed, d, k
 @pytest.mark.parametrize("order", ["1f1b", "gpipe"])
 def test_every_failure_point_recovers_under_uneven_costs(order):
     cost = CostModel(forward=(0.5, 2.0, 1.0), backward=(1.0, 4.0, 0.5), transfer=0.7, swap=0.3)
-    for base, d, k in _points(3, 4, ()):
-        simulate(compile_recovery(3, 4, d, k, order=order, cost=cost))
+    for frc in ("bubbles", "all"):
+        for base, d, k in _points(3, 4, (), order=order, cost=cost, frc=frc):
+            simulate(compile_recovery(3, 4, d, k, order=order, cost=cost, frc=frc))

@@ -16,38 +16,41 @@ def _normal_work(stream):
 
 
 @pytest.mark.parametrize("P,M", [(2, 1), (3, 5), (4, 8), (8, 16)])
-def test_every_node_runs_frc_of_its_successor_for_every_microbatch(P, M):
-    sched = compile_schedule(P, M)
+def test_with_frc_all_every_node_runs_frc_of_its_successor_for_every_microbatch(P, M):
+    sched = compile_schedule(P, M, frc="all")
     for m, stream in sched.streams.items():
         frc = [x for x in stream if is_frc(x)]
         assert [(x.stage, x.mb) for x in frc] == [((m + 1) % P, mb) for mb in range(M)]
+        assert sched.frc_microbatches(m) == list(range(M))
         assert not any(x.op is Op.BACKWARD and x.redundant for x in stream)
         for i, x in enumerate(stream):  # intermediates go to host memory right away
             if is_frc(x):
                 assert stream[i + 1].op is Op.SWAP_OUT and stream[i + 1][1:3] == x[1:3]
 
 
+@pytest.mark.parametrize("frc", ["bubbles", "all"])
 @pytest.mark.parametrize("P,M", [(3, 5), (4, 8), (8, 16)])
-def test_frc_only_adds_work_to_the_plain_stream(P, M):
-    off, eager = compile_schedule(P, M, redundancy="off"), compile_schedule(P, M)
+def test_frc_only_adds_work_to_the_plain_stream(P, M, frc):
+    off, eager = compile_schedule(P, M, redundancy="off"), compile_schedule(P, M, frc=frc)
     for m in off.streams:
         assert _normal_work(eager.streams[m]) == _normal_work(off.streams[m])
         loads = lambda s: sorted(x.mb for x in s if x.op is Op.LOAD)  # noqa: E731
-        needs_all = m in (P - 1, P - 2)  # stage 0 inputs for FRC, stage P-1 labels for FRC
-        assert loads(eager.streams[m]) == (list(range(M)) if needs_all or m == 0 else loads(off.streams[m]))
+        reads_data = (m + 1) % P in (0, P - 1)  # FRC of stage 0 loads inputs, of stage P-1 labels
+        frc_loads = set(eager.frc_microbatches(m)) if reads_data else set()
+        assert loads(eager.streams[m]) == sorted(set(loads(off.streams[m])) | frc_loads)
 
 
 @pytest.mark.parametrize("P,M", [(4, 8), (4, 32), (8, 8), (8, 32), (5, 7)])
-def test_frc_costs_no_more_than_its_leftover(P, M):
+def test_frc_all_costs_no_more_than_its_leftover(P, M):
     """Lower bound: no node finishes before its own work is done. Upper bound: FRC
     that fits in a wait delays nothing, the rest only delays its own node. Both
     against the same streams with replica syncs but no FRC."""
     cost = CostModel()
     layout = Layout(P)
     plain = simulate_streams(layout, M, plain_streams(layout, M, cost=cost), cost, expect_frc=False)
-    r_eager = simulate(compile_schedule(P, M), cost)
+    r_eager = simulate(compile_schedule(P, M, frc="all"), cost)
     frc_work = {m: sum(cost.duration(x) for x in s if is_frc(x) or x.op is Op.SWAP_OUT)
-                for m, s in compile_schedule(P, M).streams.items()}
+                for m, s in compile_schedule(P, M, frc="all").streams.items()}
     lower = max([plain.makespan] + [plain.busy[m] + frc_work[m] for m in frc_work])
     assert lower - 1e-9 <= r_eager.makespan <= plain.makespan + max(frc_work.values()) + 1e-9
 
@@ -56,14 +59,25 @@ def test_frc_fits_entirely_in_bubbles_of_a_deep_short_pipeline():
     cost = CostModel()
     layout = Layout(8)
     plain = simulate_streams(layout, 8, plain_streams(layout, 8, cost=cost), cost, expect_frc=False)
-    assert simulate(compile_schedule(8, 8), cost).makespan == pytest.approx(plain.makespan)
+    for frc in ("all", "bubbles"):
+        sched = compile_schedule(8, 8, frc=frc)
+        assert simulate(sched, cost).makespan == pytest.approx(plain.makespan)
+        assert all(sched.frc_microbatches(m) == list(range(8)) for m in sched.streams)
 
 
 def test_lazy_brc_swaps_in_then_backward_for_every_microbatch():
-    sched = compile_schedule(3, 2)
+    sched = compile_schedule(3, 2, frc="all")
     assert [str(x) for x in sched.lazy_brc(2)] == [
         "swap_in s0 mb0", "backward s0 mb0 (R)", "swap_in s0 mb1", "backward s0 mb1 (R)"]
     assert compile_schedule(3, 2, failed=(2,)).lazy_brc(1) == []  # its successor is gone
+
+
+def test_lazy_brc_recomputes_the_forwards_whose_frc_did_not_fit():
+    sched = compile_schedule(2, 6)  # node 0's waits hold FRC of stage 1 for two microbatches
+    assert sched.frc_microbatches(0) == [0, 1]
+    assert [str(x) for x in sched.lazy_brc(0)[:6]] == [
+        "swap_in s1 mb0", "backward s1 mb0 (R)", "swap_in s1 mb1", "backward s1 mb1 (R)",
+        "forward s1 mb2 (R)", "backward s1 mb2 (R)"]
 
 
 @pytest.mark.parametrize("P,M,failed", [(4, 6, (2,)), (4, 3, (0,)), (6, 5, (1, 4)), (2, 3, (1,)), (2, 2, (0,))])
@@ -99,14 +113,15 @@ def test_lazy_runs_no_frc_but_keeps_and_syncs_the_replica(P, M):
     assert sorted(brc) == sorted([(Op.FORWARD, mb) for mb in range(M)] + [(Op.BACKWARD, mb) for mb in range(M)])
 
 
-@pytest.mark.parametrize("mode", ["eager", "lazy"])
-def test_the_sync_leaves_before_its_owner_steps(mode):
+@pytest.mark.parametrize("mode,frc", [("eager", "all"), ("eager", "bubbles"), ("lazy", "bubbles")])
+def test_the_sync_leaves_before_its_owner_steps(mode, frc):
     """The owner sends its reduced gradients to the replica's holder before its own
-    step, so that the two steps overlap. With lazy, where the syncs end the
-    iteration, the simulator's iteration is shorter than with each sync after its
-    owner's step (the tail's order before); eager's leftover FRC hides either."""
+    step, so that the two steps overlap. With lazy or bounded eager, where the
+    syncs end the iteration, the simulator's iteration is shorter than with each
+    sync after its owner's step (the tail's order before); --frc all's leftover
+    FRC hides either."""
     P, M = 4, 8
-    sched = compile_schedule(P, M, redundancy=mode)
+    sched = compile_schedule(P, M, redundancy=mode, frc=frc)
     late = {}
     for m, stream in sched.streams.items():
         own = [(x.op, x.stage) for x in stream if x.op in (Op.SEND_SYNC, Op.OPTIMIZER_STEP) and not x.redundant]
@@ -114,5 +129,5 @@ def test_the_sync_leaves_before_its_owner_steps(mode):
         rest = [x for x in stream if x.op is not Op.SEND_SYNC]
         step = next(i for i, x in enumerate(rest) if x.op is Op.OPTIMIZER_STEP and not x.redundant)
         late[m] = rest[:step + 1] + [x for x in stream if x.op is Op.SEND_SYNC] + rest[step + 1:]
-    before = simulate_streams(Layout(P), M, late, expect_frc=mode == "eager").makespan
-    assert simulate(sched).makespan < before if mode == "lazy" else simulate(sched).makespan <= before
+    before = simulate_streams(Layout(P), M, late, expect_frc=frc == "all" and mode == "eager").makespan
+    assert simulate(sched).makespan < before if frc == "bubbles" else simulate(sched).makespan <= before

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from schedules.compiler import compile_schedule
+from schedules.compiler import compile_recovery, compile_schedule
 from schedules.ir import Op
 
 from tests.training import bamboo_train
@@ -102,6 +102,33 @@ def test_sigkill_mid_iteration_keeps_the_math(tmp_path, reference, mode, node, p
     assert all(r["replicas_equal"] for r in records)
 
 
+def test_sigkill_with_frc_only_in_the_bubbles_keeps_the_math(tmp_path, reference):
+    """Bounded eager (--frc bubbles, the default) on one pipeline of M=8: node 1's
+    bubbles hold its FRC of stage 2 for microbatches 0..5 only. Node 2 dies just
+    before its reduce, so node 1 swaps in 0..5 and recomputes 6 and 7 (so says the
+    compiler, checked first), and training goes on exactly as the reference."""
+    k = next(i for i, x in enumerate(compile_schedule(P, M).streams[2]) if x.op is Op.REDUCE_GRADS)
+    rec = compile_recovery(P, M, 2, k)
+    recovery = rec.streams[1][rec.resume_at[1]:]
+    assert {x.mb for x in recovery if x.op is Op.SWAP_IN and x.stage == 2} == set(range(6))
+    assert sorted(x.mb for x in recovery if x.op is Op.FORWARD and x.stage == 2) == [6, 7]
+    _, records, params = train(tmp_path, "bounded", "--stages", str(P), "--pipelines", "1", "--frc", "bubbles",
+                               "--preempt", f"2@5:{k}", "--check-replicas")
+    assert_same_training(records, params, reference)
+    assert {"preemption", "failover"} == {e["type"] for e in records[5]["events"]}
+    assert [r["nodes"] for r in records] == [P] * 5 + [P - 1] * (ITERS - 5)
+    assert all(r["replicas_equal"] for r in records)
+
+
+@pytest.mark.slow  # make test-slow: the placement before bounded eager
+def test_sigkill_with_frc_for_every_microbatch_keeps_the_math(tmp_path, reference):
+    stream = compile_schedule(P, M // D, (), "eager", frc="all").streams[3]
+    _, records, params = train(tmp_path, "all", "--stages", str(P), "--pipelines", str(D), "--frc", "all",
+                               "--preempt", f"3@5:{_mid_stream(stream)}", "--check-replicas")
+    assert_same_training(records, params, reference)
+    assert {"preemption", "failover"} == {e["type"] for e in records[5]["events"]}
+
+
 def test_lazy_replica_steps_taken_late_keep_the_math(tmp_path, reference):
     """Without --check-replicas lazy owes a replica's step and takes it in the holder's
     first wait after the gradients came (its linger, the boundary, or the next
@@ -140,6 +167,7 @@ def test_random_kill_point(tmp_path, reference):
     (["--stages", "2", "--preempt", "1@1"], "would never fire", 2),  # one iteration: only 0 exists
     (["--metrics-out", "/proc/no/m.jsonl"], "cannot write there", 2),
     (["--stages", "2", "--local-nodes", "2", "--join", "1@0"], "the job's last is 0", 2),
+    (["--stages", "2", "--redundancy", "lazy", "--frc", "all"], "--frc all with --redundancy lazy: only eager", 2),
 ])
 def test_bad_input_gives_one_line(capsys, args, message, code):
     """bamboo-train's main in this process (no interpreter start per case): the exit

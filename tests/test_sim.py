@@ -13,7 +13,7 @@ from agents.policy import Config, next_config
 from sim.accounting import RunState
 from sim.auto import Auto
 from sim.cli import SWEEP_RATES, main
-from sim.profiles import NETWORK, PROFILES
+from sim.profiles import NETWORK, PROFILES, profile
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
 from sim.strategies import Bamboo, CheckpointRestart, Lazy, OnDemand, RedoFromPeers
 from sim.traces import Event
@@ -25,10 +25,10 @@ BERT = PROFILES["bert-large"]
 WHOLE = {"max_stages": 1, "rollback": "relaunch"}
 
 
-def rate(pipelines, redundancy):
+def rate(pipelines, redundancy, frc="bubbles"):
     """Samples/s of D healthy pipelines, straight from the schedule simulator."""
     m = -(-BERT.microbatches // pipelines)
-    makespan = simulate(compile_schedule(2, m, (), redundancy, cost=BERT.cost(2, pipelines))).makespan
+    makespan = simulate(compile_schedule(2, m, (), redundancy, cost=BERT.cost(2, pipelines), frc=frc)).makespan
     return BERT.samples_per_iteration() / (makespan / 1000)
 
 
@@ -52,12 +52,20 @@ def test_checkpoint_restart_loses_the_work_since_the_checkpoint():
     assert r["value"] == pytest.approx(r["throughput"] / r["cost_per_hour"], rel=1e-3)
 
 
-def test_bamboo_pauses_one_merged_iteration_and_loses_nothing():
-    sim = ClusterSimulator(BERT, 2, "bamboo", Options(free_checkpoints=True, **WHOLE))  # only the failover counts here
+@pytest.mark.parametrize("frc", ["all", "bubbles"])
+def test_bamboo_pauses_one_merged_iteration_and_loses_nothing(frc):
+    """With --frc all a failover pauses one merged iteration; with bubbles also the
+    dead stage's forwards that no bubble held (the schedule's share of them)."""
+    opt = Options(free_checkpoints=True, frc=frc, **WHOLE)  # only the failover counts here
+    sim = ClusterSimulator(BERT, 2, "bamboo", opt)
     r = sim.run(four_nodes_one_preempted(), hours=1.0)
-    merged = sim.iteration_seconds(2, merged=True)
+    sched = compile_schedule(2, 12, (), "eager", cost=BERT.cost(2, 2), frc=frc)
+    unplaced = 1 - sum(len(sched.frc_microbatches(n)) for n in (0, 1)) / 24
+    assert 0 < unplaced < 1 if frc == "bubbles" else unplaced == 0
+    forwards = sim.iteration_seconds(2, mode="off") / (3 * 2)  # a third of one stage's share of the work
+    pause = sim.iteration_seconds(2, merged=True) + unplaced * forwards
     # the broken pipeline's survivor goes to standby: the other pipeline moves no layers
-    expected = rate(2, "eager") * 1800 + rate(1, "eager") * (1800 - merged)
+    expected = rate(2, "eager", frc) * 1800 + rate(1, "eager", frc) * (1800 - pause)
     assert r["samples"] == pytest.approx(expected, abs=1)
     assert r["fatal_failures"] == 0
 
@@ -76,9 +84,9 @@ def test_a_stage_lost_in_every_pipeline_is_fatal():
 TWO_PIPES = Config(0, 2, (("n0", "n1"), ("n2", "n3")))
 
 
-def one_batch(strategy, removed, saved=50.0, standby=()):
+def one_batch(strategy, removed, saved=50.0, standby=(), frc="bubbles"):
     """React to the loss of `removed` from TWO_PIPES plus `standby`, with 80 samples done and `saved` saved."""
-    sim = ClusterSimulator(BERT, 2, strategy, Options(**WHOLE))
+    sim = ClusterSimulator(BERT, 2, strategy, Options(frc=frc, **WHOLE))
     s = RunState(samples=80.0, saved=saved)
     config = Config(0, 2, TWO_PIPES.pipelines, tuple(standby))
     live = {n: "a" for n in ("n0", "n1", "n2", "n3", *standby) if n not in removed}
@@ -106,15 +114,20 @@ def test_bamboo_react_rewinds_when_a_stage_is_lost_everywhere():
     assert (s.fatal, s.redos, s.samples) == (0, 0, 80.0)
     assert nxt.pipelines in ((("n0", "n2"),), (("n2", "n0"),))  # a node moves stage: a reconfiguration
     handover = BERT.stage_state_bytes(2) * 2 / NETWORK
-    assert s.paused_until == pytest.approx(sim.iteration_seconds(2, merged=True) + Options().reconfigure_seconds
-                                           + handover)
+    unplaced = sim.uncovered(2) * sim.iteration_seconds(2, mode="off") / (3 * 2)  # forwards no bubble held
+    assert s.paused_until == pytest.approx(sim.iteration_seconds(2, merged=True) + unplaced
+                                           + Options().reconfigure_seconds + handover)
 
 
 def test_lazy_runs_the_lazy_schedule_and_adds_the_dead_stage_s_forwards_to_eager_s_failover():
+    """Lazy's iterations are bounded eager's, faster than --frc all's; its failover
+    recomputes every forward of the dead stage, eager's (all) none of them."""
     lazy, s, nxt = one_batch("lazy", {"n1"})
-    eager, e, _ = one_batch("bamboo", {"n1"})
+    eager, e, _ = one_batch("bamboo", {"n1"}, frc="all")
+    bounded, _, _ = one_batch("bamboo", {"n1"})
     assert lazy.throughput(2) == pytest.approx(rate(2, "lazy"))
     assert rate(2, "off") > lazy.throughput(2) > eager.throughput(2)
+    assert bounded.throughput(2) == pytest.approx(lazy.throughput(2), rel=1e-12)
     forwards = lazy.iteration_seconds(2, mode="off") / (3 * 2)  # a third of one stage's share of the work
     assert s.paused_until == pytest.approx(e.paused_until + forwards) and s.samples == 80.0
     assert nxt.pipelines == (("n2", "n3"),)
@@ -275,3 +288,24 @@ def test_auto_on_one_pipeline_risks_off_with_a_checkpoint_while_deaths_are_rare(
     r = ClusterSimulator(BERT, 2, "auto", whole).run(stormy, hours=1.0)
     redundant = sum(h for m, h in r["hours_per_mode"].items() if m != "off")
     assert redundant > r["hours_per_mode"].get("off", 0.0), r["hours_per_mode"]
+
+
+@pytest.mark.parametrize("model", ["gpt2", "bert-large"])
+def test_bounded_eager_costs_no_iteration_time_over_lazy_on_the_calibrated_profiles(model):
+    """Bounded eager's FRC adds nothing to the fault-free iteration at P=4..12 (the
+    replica sync, which lazy pays too, is all it costs over off); --frc all's does."""
+    for depth in range(4, 13):
+        for pipelines in (1, 2):
+            sims = {frc: ClusterSimulator(profile(model), depth, "bamboo", Options(frc=frc))
+                    for frc in ("bubbles", "all")}
+            lazy = sims["bubbles"].iteration_seconds(pipelines, mode="lazy")
+            assert sims["bubbles"].iteration_seconds(pipelines) == pytest.approx(lazy, rel=1e-9)
+            assert sims["all"].iteration_seconds(pipelines) > 1.05 * lazy
+            assert 0 < sims["bubbles"].uncovered(pipelines) < 1 and sims["all"].uncovered(pipelines) == 0
+
+
+def test_bad_frc_is_one_line_and_status_2(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--trace", P3, "--frc", "some"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and "--frc" in err[0] and "invalid choice" in err[0]

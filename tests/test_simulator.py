@@ -31,8 +31,8 @@ def test_peak_live_activations(P, M):
         assert gp.peak_live[s] == M
 
 
-def _streams(P=3, M=4, redundancy="off"):
-    s = compile_schedule(P, M, redundancy=redundancy)
+def _streams(P=3, M=4, redundancy="off", frc="bubbles"):
+    s = compile_schedule(P, M, redundancy=redundancy, frc=frc)
     return s.layout, M, {n: list(v) for n, v in s.streams.items()}
 
 
@@ -124,7 +124,7 @@ def test_work_after_the_reduce_is_caught():
 
 
 def test_dropped_frc_and_leftover_state_are_caught():
-    layout, M, streams = _streams(redundancy="eager")
+    layout, M, streams = _streams(redundancy="eager", frc="all")
     s = streams[1]
     i = _index(s, Op.FORWARD, stage=2, mb=3, redundant=True)
     del s[i:i + 2]  # the FRC and its swap-out

@@ -123,6 +123,9 @@ def check_redundancy(args) -> None:
     pipeline's copy of the lost stage, which needs agents and two pipelines."""
     if args.redundancy == "auto" and args.local_nodes is None and args.stages > 1:
         raise ValueError("--redundancy auto needs agents (--local-nodes N): they choose the mode between iterations")
+    if args.frc == "all" and args.redundancy in ("lazy", "off"):
+        raise ValueError(f"--frc all with --redundancy {args.redundancy}: only eager runs FRC before a failure "
+                         "(use --redundancy eager or auto, or leave --frc out)")
     if args.auto_prior_rate < 0 or args.auto_prior_hours <= 0:
         raise ValueError(f"--auto-prior-rate must not be negative and --auto-prior-hours must be positive "
                          f"(got {args.auto_prior_rate} and {args.auto_prior_hours})")
@@ -290,6 +293,7 @@ def config_from_args(args, fetch_data: bool = True) -> JobConfig:
     check_outputs(args)  # last: it may create the directories
     return JobConfig(model="hf:config" if model_config else args.model, model_config=model_config, stages=args.stages, pipelines=args.pipelines,
                      microbatches=args.microbatches, iterations=args.iterations, redundancy=args.redundancy,
+                     frc=args.frc,
                      auto_prior_rate=args.auto_prior_rate, auto_prior_hours=args.auto_prior_hours,
                      max_stages_per_node=args.max_stages_per_node,
                      seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,

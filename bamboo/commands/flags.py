@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from schedules.redundancy import FRC_MODES
+
 from bamboo.commands import jobfile
 from bamboo.control.config import DTYPES
 from bamboo.data.corpus import TOKEN_DTYPES
@@ -41,6 +43,10 @@ def _schedule_flags(g) -> None:
                    help="eager: the next stage's forward in the bubbles (FRC); lazy: its layers kept in sync, "
                         "FRC and BRC only after a failure; off: no replica; auto (with --local-nodes): the agents "
                         "switch between them from the preemption rate they observe")
+    g.add_argument("--frc", choices=FRC_MODES, default="bubbles",
+                   help="eager: run the next stage's forward only where the schedule's cost model says it fits the "
+                        "node's idle time, and recompute the rest after a failure (bubbles); or for every "
+                        "microbatch, at the cost of a longer iteration (all)")
     g.add_argument("--auto-prior-rate", type=float, default=0.05, metavar="R",
                    help="--redundancy auto: preemptions per node-hour to assume before any are seen")
     g.add_argument("--auto-prior-hours", type=float, default=2.0, metavar="H",

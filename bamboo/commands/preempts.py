@@ -21,7 +21,7 @@ def fault_free_stream(args, node: int) -> list:
     from bamboo.data.corpus import split_microbatches
 
     m = len(split_microbatches(args.microbatches, args.pipelines)[node // args.stages])
-    return compile_schedule(args.stages, m, (), stream_mode(args)).streams[node % args.stages]
+    return compile_schedule(args.stages, m, (), stream_mode(args), frc=args.frc).streams[node % args.stages]
 
 
 def random_preempt(args, rng: random.Random) -> Preempt:

@@ -122,10 +122,11 @@ def died_before(stream: list[Instr], received: dict[int, dict[str, int]]) -> int
 class Failover:
     def __init__(self, cluster: Cluster, nodes: tuple[int, ...], pipeline: int, me: int, redundancy: str,
                  timeout: float, elastic: bool = False, failures: Changes | None = None,
-                 finishes: Changes | None = None):
+                 finishes: Changes | None = None, frc: str = "bubbles"):
         self.cluster, self.nodes, self.pipeline, self.me = cluster, nodes, pipeline, me
         self.P = len(nodes)
         self.redundancy, self.timeout = redundancy, timeout
+        self.frc = frc  # eager: FRC only in the bubbles (the rest recomputed after a death), or for all
         self.elastic = elastic  # agents can redo the iteration: abort instead of failing the job
         self.failures = failures  # raised by a watch on failed/ and abort/ (None: read every 20 ms)
         self.finishes = finishes  # raised by a watch on finished/, failed/ and abort/ (wakes linger)
@@ -162,7 +163,7 @@ class Failover:
         return Local(self.nodes.index(node))
 
     def begin(self, iteration: int, microbatches: int, failed: tuple[Local, ...], comm: Comm) -> None:
-        streams = compile_schedule(self.P, microbatches, failed, self.redundancy).streams
+        streams = compile_schedule(self.P, microbatches, failed, self.redundancy, frc=self.frc).streams
         # etcd is read at the next poll whatever the watch says, unless the last look
         # stands: then the watch would have said so (abort/'s keys are per iteration)
         due = self.failures is None or self.elastic or not self._looked
@@ -349,7 +350,8 @@ class Failover:
         k = None
         try:
             k = died_before(self.now.streams[dead], received)
-            return k, compile_recovery(self.P, self.now.microbatches, dead, k, self.failed, self.redundancy)
+            return k, compile_recovery(self.P, self.now.microbatches, dead, k, self.failed, self.redundancy,
+                                       frc=self.frc)
         except Unsurvivable as e:
             self.unsurvivable(str(e))
         except ScheduleError as e:
@@ -362,4 +364,4 @@ class Failover:
     def _state(self, dead: Local, k, received, error: Exception) -> str:
         return (f"internal error recovering from node {self.node_of(dead)} (local {dead}) dying before instruction "
                 f"{k} of iteration {self.iteration}: P={self.P} M={self.now.microbatches} failed={self.failed} "
-                f"redundancy={self.redundancy} received={received}: {type(error).__name__}: {error}")
+                f"redundancy={self.redundancy} frc={self.frc} received={received}: {type(error).__name__}: {error}")

@@ -139,7 +139,8 @@ class Worker:
         nodes = assignment.pipelines[self.pipeline]
         self.mbs = assignment.microbatches(self.cfg.microbatches, self.pipeline)  # by speed: short ones run fewer
         self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, self.holdings.mode(assignment),
-                                 self.cfg.failure_timeout, self.cfg.elastic, self.failures, self.finishes)
+                                 self.cfg.failure_timeout, self.cfg.elastic, self.failures, self.finishes,
+                                 frc=self.cfg.frc)
         if self.executor is not None:
             self.executor.reducer.close()  # the last epoch's groups (NCCL: their GPU memory)
         groups = nccl_groups(self.cfg.hang_timeout) if self.transport == "nccl" else None  # the reduce's

@@ -1,0 +1,76 @@
+"""What eager FRC costs a fault-free iteration on the calibrated profiles (issue 31).
+
+For each model and depth P, with D pipelines sharing the profile's 24 global
+microbatches, the schedule simulator's iteration without redundancy (off), with
+the replicas kept in sync but no FRC (lazy), with FRC in the bubbles only
+(--frc bubbles) and for every microbatch (--frc all); the share of microbatches
+the bubbles hold FRC for (mean over the nodes); and bubbles / off again with the
+replica sync's transfer costed 0 (what is left once the sync is off the critical
+path). Every number of the cost model is the profile's (`Profile.cost`).
+
+    python scripts/sim_frc.py [--models gpt2,bert-large] [--stages 4-12] [--pipelines 1,2] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import statistics
+
+from schedules.compiler import compile_schedule, simulate
+from sim.profiles import profile
+
+
+def row(model: str, depth: int, pipelines: int) -> dict:
+    prof = profile(model, "calibrated")
+    microbatches = math.ceil(prof.microbatches / pipelines)
+    cost = prof.cost(depth, pipelines)
+
+    def makespan(mode: str, frc: str = "bubbles", c=cost) -> float:
+        return simulate(compile_schedule(depth, microbatches, (), mode, cost=c, frc=frc)).makespan
+
+    bounded = compile_schedule(depth, microbatches, (), "eager", cost=cost)
+    hidden = dataclasses.replace(cost, sync_transfer=0.0)
+    off, lazy, bubbles, every = makespan("off"), makespan("lazy"), makespan("eager"), makespan("eager", "all")
+    return {"model": model, "stages": depth, "pipelines": pipelines, "microbatches": microbatches,
+            "off_ms": round(off, 1), "lazy_ms": round(lazy, 1), "bubbles_ms": round(bubbles, 1),
+            "all_ms": round(every, 1), "bubbles_over_off": bubbles / off, "bubbles_over_lazy": bubbles / lazy,
+            "all_over_off": every / off,
+            "frc_held": statistics.mean(len(bounded.frc_microbatches(n)) / microbatches for n in bounded.streams),
+            "bubbles_over_off_sync_hidden": makespan("eager", c=hidden) / makespan("off", c=hidden),
+            "cost": {k: v for k, v in dataclasses.asdict(cost).items() if not k.startswith("_")}}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| model | P | D | M | off (ms) | bubbles / off | bubbles / lazy | all / off | FRC held | "
+             "bubbles / off, sync hidden |", "| --- " * 10 + "|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['stages']} | {r['pipelines']} | {r['microbatches']} | {r['off_ms']} | "
+                     f"{r['bubbles_over_off']:.3f} | {r['bubbles_over_lazy']:.4f} | {r['all_over_off']:.3f} | "
+                     f"{r['frc_held']:.2f} | {r['bubbles_over_off_sync_hidden']:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="gpt2,bert-large")
+    ap.add_argument("--stages", default="4-12", help="a range A-B or a list")
+    ap.add_argument("--pipelines", default="1,2")
+    ap.add_argument("--json", help="also write every row, with its cost model, to FILE")
+    args = ap.parse_args()
+    low, _, high = args.stages.partition("-")
+    depths = range(int(low), int(high) + 1) if high else [int(p) for p in args.stages.split(",")]
+    rows = [row(m, p, int(d)) for m in args.models.split(",") for p in depths for d in args.pipelines.split(",")]
+    for model in args.models.split(","):
+        print(f"{model}: {json.dumps(profile(model, 'calibrated').sources())}")
+    print(table(rows))
+    if args.json:
+        with open(args.json + ".tmp", "w") as f:
+            json.dump(rows, f, indent=1)
+        os.replace(args.json + ".tmp", args.json)
+
+
+if __name__ == "__main__":
+    main()
