@@ -137,12 +137,11 @@ def test_two_neighbours_killed_roll_back_from_peers_memory(tmp_path, reference):
     assert len(workers[0]) == len(workers[2]) == 1  # the survivors' workers were never restarted
 
 
-@pytest.mark.slow  # make test-slow: keeps make test under 15 min on a 2-core machine
+# in make test: the one restore from storage there (test_agents' is in make test-slow)
 def test_without_copies_the_rollback_reads_storage(tmp_path, reference):
     redo, workers = _rollback(tmp_path, reference, memory=False)
     assert redo == [{"type": "redo", "abandoned": 5, "from": 4, "restore": "checkpoint"}]
     assert len(workers[0]) == len(workers[2]) == 1
-
 
 
 @pytest.mark.slow  # make test-slow: keeps make test under 15 min on a 2-core machine
