@@ -3,7 +3,8 @@ how long a preemption pauses training in each.
 
 Runs bamboo-train with P=2, D=1 (one process per core on a 2-core machine, the
 only layout where a bubble is really idle), alternating --redundancy off, eager
-and lazy, and prints side-by-side ratios: mean iteration time (warm-up iterations
+(FRC in the bubbles only, the default), eager with --frc all (FRC for every
+microbatch, the placement before issue 31) and lazy, and prints side-by-side ratios: mean iteration time (warm-up iterations
 dropped) and peak process memory; then, per redundant mode, one run with a node
 SIGKILLed mid-iteration and its pause (kill to the end of that iteration) against
 a normal iteration.
@@ -27,7 +28,8 @@ def run(args: list[str]) -> list[dict]:
         return [json.loads(line) for line in open(f.name)]
 
 
-MODES = ("off", "eager", "lazy")
+MODES = {"off": ["--redundancy", "off"], "eager": ["--redundancy", "eager"],
+         "eager-all": ["--redundancy", "eager", "--frc", "all"], "lazy": ["--redundancy", "lazy"]}
 
 
 def main() -> None:
@@ -44,23 +46,23 @@ def main() -> None:
     memory: dict[str, list[float]] = {m: [] for m in MODES}
     for _ in range(a.rounds):
         for mode in MODES:
-            records = run(common + ["--redundancy", mode])
+            records = run(common + MODES[mode])
             times[mode].append(statistics.mean(r["seconds"] for r in records[warm:-1]))
             memory[mode].append(max(records[-1]["summary"]["peak_memory_mb"].values()))
     t = {m: statistics.median(times[m]) for m in MODES}
     mem = {m: statistics.median(memory[m]) for m in MODES}
     print(f"P=2 D=1 M={a.microbatches} batch={a.batch} tiny, {a.rounds} rounds alternating, median of means")
     print("iteration time  " + "   ".join(f"{m} {t[m] * 1e3:8.1f} ms" for m in MODES)
-          + "   " + "   ".join(f"{m}/off {t[m] / t['off']:.3f}" for m in MODES[1:]))
+          + "   " + "   ".join(f"{m}/off {t[m] / t['off']:.3f}" for m in list(MODES)[1:]))
     print("peak RSS        " + "   ".join(f"{m} {mem[m]:8.1f} MB" for m in MODES)
-          + "   " + "   ".join(f"{m}/off {mem[m] / mem['off']:.3f}" for m in MODES[1:]))
+          + "   " + "   ".join(f"{m}/off {mem[m] / mem['off']:.3f}" for m in list(MODES)[1:]))
     kill_at = a.iterations // 2
-    for mode in MODES[1:]:  # off cannot survive a death without agents
-        records = run(common + ["--redundancy", mode, "--preempt", f"1@{kill_at}:6"])
+    for mode in list(MODES)[1:]:  # off cannot survive a death without agents
+        records = run(common + MODES[mode] + ["--preempt", f"1@{kill_at}:6"])
         pause = next(e["pause_seconds"] for r in records[:-1] for e in r["events"] if e["type"] == "preemption")
         normal = statistics.mean(r["seconds"] for r in records[warm:kill_at])
         after = statistics.mean(r["seconds"] for r in records[kill_at + 1:-1])
-        print(f"preemption ({mode:5}) pause {pause * 1e3:.1f} ms = {pause / normal:.2f} normal iterations; "
+        print(f"preemption ({mode:9}) pause {pause * 1e3:.1f} ms = {pause / normal:.2f} normal iterations; "
               f"merged iterations after it {after / normal:.2f}x (one node runs both stages)")
 
 
