@@ -194,7 +194,8 @@ def bare_loop(a) -> None:
         model.zero_grad(set_to_none=True)
         mine = []
         for g in range(cfg.microbatches):
-            x, y = (t.to(device, non_blocking=True) for t in corpus.microbatch(it, g))
+            x, y = (t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+                    for t in corpus.microbatch(it, g))
             with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
                 logits = model(input_ids=x).logits
                 loss = F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1))
