@@ -69,9 +69,16 @@ def parse(argv=None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.role:
         return a
+    if a.json and not os.path.isdir(os.path.dirname(os.path.abspath(a.json))):
+        ap.error(f"--json {a.json}: no such directory")
+    if not a.model_config and not a.model.startswith("hf:"):
+        ap.error(f"--model {a.model!r}: expected hf:NAME, a Hugging Face size of bamboo/model/hf.py")
     if a.rounds < 1 or a.warm < 1 or a.iterations < a.warm + 2 or not 1 <= a.check <= a.iterations:
         ap.error(f"need --rounds >= 1, --warm >= 1, --iterations >= --warm + 2 and 1 <= --check <= --iterations "
                  f"(got {a.rounds}, {a.warm}, {a.iterations}, {a.check})")
+    import torch
+    if a.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA device on this machine")
     a.config_text = model_config(ap, a)
     a.cfg = job_config(ap, a)
     return a
@@ -85,10 +92,10 @@ def model_config(ap: Parser, a) -> str:
             raw = json.load(open(a.model_config))
         except (OSError, ValueError) as e:
             ap.error(f"--model-config {a.model_config}: {e}")
-    elif a.model.removeprefix("hf:") in NAMED and a.model.startswith("hf:"):
+    elif a.model.removeprefix("hf:") in NAMED:
         raw = dict(NAMED[a.model.removeprefix("hf:")])
     else:
-        ap.error(f"--model {a.model!r}: expected hf:NAME, NAME one of {', '.join(NAMED)}")
+        ap.error(f"--model {a.model!r}: unknown size (known: hf:{', hf:'.join(NAMED)})")
     if not isinstance(raw, dict):
         ap.error("--model-config: expected a JSON object")
     return json.dumps({**raw, **{k: 0.0 for k in DROPOUTS.get(raw.get("model_type"), ())}})
@@ -239,13 +246,16 @@ def parameters(a) -> dict:
     cfg = a.cfg
     with torch.device("meta"):  # a tied weight counted once
         params = transformers.AutoModelForCausalLM.from_config(load_config(None, a.config_text)).num_parameters()
-    return {"model": a.model_config or a.model, "config": json.loads(a.config_text), "parameters": params,
+    return {"bamboo": "python -m bamboo.commands.cli " + " ".join(bamboo_args(a, "CONFIG.json")),
+            "bare": "transformers' AutoModelForCausalLM (sdpa, no cache), the same weights, a plain loop",
+            "model": a.model_config or a.model, "config": json.loads(a.config_text), "parameters": params,
             "device": a.device,
             "precision": f"{a.precision} autocast over {cfg.dtype} weights", "seq": a.seq, "batch": a.batch,
             "microbatches": a.microbatches, "tokens_per_iteration": a.microbatches * a.batch * a.seq,
             "iterations": a.iterations, "warm": a.warm, "rounds": a.rounds, "seed": a.seed,
             "optimizer": f"AdamW fused, lr {cfg.lr} warm-up {cfg.warmup} then {cfg.lr_schedule} to {cfg.min_lr}, "
                          f"betas {cfg.betas[0]}/{cfg.betas[1]}, weight decay {cfg.weight_decay} on matrices",
+            "peak_memory": "torch.cuda.max_memory_allocated" if a.device == "cuda" else "peak RSS (wait4)",
             "torch_threads": 1, "torch": torch.__version__, "transformers": transformers.__version__,
             "cores": os.cpu_count(), "load_average_before": round(os.getloadavg()[0], 2)}
 
@@ -273,10 +283,10 @@ def print_parameters(params: dict) -> None:
 
 def print_table(result: dict) -> None:
     what = "peak CUDA memory allocated" if result["parameters"]["device"] == "cuda" else "peak RSS"
-    print(f"\n  {'side':8} {'tokens_per_s':>13} {'peak_memory_mb':>15}   tokens/s per round")
+    print(f"\n  {'side':8} {'tokens_per_s':>13} {'peak_memory_mb':>15}   (medians over rounds)   tokens/s per round")
     for s in SIDES:
         r = result[s]
-        print(f"  {s:8} {r['tokens_per_s']:13.1f} {r['peak_memory_mb']:15.1f}   "
+        print(f"  {s:8} {r['tokens_per_s']:13.1f} {r['peak_memory_mb']:15.1f}                           "
               + " ".join(f"{x:.1f}" for x in r["tokens_per_s_per_round"]))
     low, high = result["ratio_interval"]
     print(f"\n  ratio bamboo/bare tokens/s {result['ratio']:.3f} [{low:.3f}, {high:.3f}] (geometric mean of "
@@ -302,9 +312,6 @@ def main(argv=None) -> int:
     if a.role:
         bare_loop(a)
         return 0
-    if a.json and not os.path.isdir(os.path.dirname(os.path.abspath(a.json))):
-        print(f"bench_single.py: error: --json {a.json}: no such directory", file=sys.stderr)
-        return 2
     params = parameters(a)
     print_parameters(params)
     runs: dict[str, list] = {s: [] for s in SIDES}
