@@ -6,6 +6,8 @@ import os
 import resource
 import time
 
+import torch
+
 from bamboo.commands.progress import ProgressBar
 from bamboo.commands.metrics import MetricsWriter, add_loss_scale
 from bamboo.commands.reference import train_reference
@@ -42,6 +44,8 @@ def run_single(cfg: JobConfig, metrics_out: str | None, progress: bool = True, s
                                "total_seconds": round(total, 3),
                                "mean_iteration_seconds": round(total / cfg.iterations, 4),
                                "peak_memory_mb": {"0": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024},
+                               **({"peak_cuda_mb": {"0": torch.cuda.max_memory_allocated(device) / 2**20}}
+                                  if device.type == "cuda" else {}),
                                **({"skipped_steps": skipped} if cfg.loss_scaling else {})}})
     metrics.close()
     if cfg.save_dir:
