@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         o = trial(settings, seed, os.path.join(out, f"trial-{seed}"), ref, args.keep).run()
         outcomes.append(o)
         faults = "; ".join(f"{at}s {kind} {detail}" for at, kind, detail in o.faults)
-        verdict = f"ok, pause {o.pause:.1f} s" if o.ok else f"FAILED {o.error or ''} (logs: {o.logs}; rerun: --seed {seed} --trials 1)"
+        verdict = f"ok, pause {o.pause:.1f} s" if o.ok else \
+            f"FAILED {o.error or ''} (logs: {o.logs}; rerun: --seed {seed} --trials 1)"
         print(f"trial {t + 1}/{args.trials} seed {seed}: {verdict} | {faults}", flush=True)
     print(table(outcomes, settings, args.seed))
     if all(o.ok for o in outcomes) and not args.out:

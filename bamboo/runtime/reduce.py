@@ -13,8 +13,8 @@ layers do. A tie whose partner dies is given up (Interrupted): the executor
 replans and ties again where its new stream says. A tie or a stage's reduce
 waiting while a death elsewhere in this node's pipeline needs it (its report, its
 re-sends) is left too, its allreduce pending, and taken up again after the replan:
-the dead node's successor-to-be may itself be a member this reduce waits for,
-behind that report (chaos seed 20 waited 30 s on such a cycle).
+a member of this reduce may be waiting, in another group, for the very node that
+waits for that report (chaos seed 20 waited 30 s on such a cycle).
 """
 from __future__ import annotations
 
