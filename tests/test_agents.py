@@ -97,7 +97,7 @@ def test_joining_nodes_wait_in_standby_then_form_a_pipeline(tmp_path, tmp_path_f
             assert zones[0] != zones[1]
 
 
-@pytest.mark.slow  # make test stays under 15 minutes on a 2-core machine (issues 31, 32 added tests); make test-slow runs it
+@pytest.mark.slow  # make test stays under 15 min on a 2-core machine (issues 31, 32 added tests)
 def test_a_node_still_to_join_does_not_keep_a_dead_job_waiting(tmp_path):
     """--join starts the joining agents at launch, waiting for their iteration; when
     every node of the job dies before it, the launcher says so at once instead of
@@ -137,7 +137,7 @@ def test_adjacent_failures_recovered_from_the_other_pipeline(tmp_path, tmp_path_
     assert_same_training(records, tmp_path, reference(tmp_path_factory, 4))
 
 
-@pytest.mark.slow  # make test stays under 15 minutes on a 2-core machine (issues 31, 32 added tests); make test-slow runs it
+@pytest.mark.slow  # make test stays under 15 min on a 2-core machine (issues 31, 32 added tests)
 def test_a_stage_lost_everywhere_restarts_from_the_checkpoint(tmp_path, tmp_path_factory):
     """One pipeline (P=3) and two spares; two neighbours die in iteration 9: the
     stage they held is gone, so the job goes back to the checkpoint taken before
