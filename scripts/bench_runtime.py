@@ -5,9 +5,9 @@ Runs bamboo-train with P=2, D=1 (one process per core on a 2-core machine, the
 only layout where a bubble is really idle), alternating --redundancy off, eager
 (FRC in the bubbles only, the default), eager with --frc all (FRC for every
 microbatch, the placement before issue 31) and lazy, and prints side-by-side
-ratios: mean iteration time (warm-up iterations dropped) and peak process memory; then, per redundant mode, one run with a node
-SIGKILLed mid-iteration and its pause (kill to the end of that iteration) against
-a normal iteration.
+ratios: mean iteration time (warm-up iterations dropped) and peak process
+memory; then, per redundant mode, one run with a node SIGKILLed mid-iteration and
+its pause (kill to the end of that iteration) against a normal iteration.
 
     python scripts/bench_runtime.py [--rounds 3] [--iterations 30] [--batch 8]
 """
