@@ -89,7 +89,8 @@ def model_config(ap: Parser, a) -> str:
     from bamboo.model.hf import NAMED
     if a.model_config:
         try:
-            raw = json.load(open(a.model_config))
+            with open(a.model_config) as f:
+                raw = json.load(f)
         except (OSError, ValueError) as e:
             ap.error(f"--model-config {a.model_config}: {e}")
     elif a.model.removeprefix("hf:") in NAMED:
