@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import statistics
 
-from bamboo.control.protocol import HOST_LOST, LEASE_EXPIRED, STRAGGLER
+from bamboo.control.protocol import STRAGGLER
 
 # A node recorded dead without being seen to die (found silent, or slow) may still
 # run: etcd refuses its writes, and a machine that comes back registers as a new node.
-FENCED_HOW = (STRAGGLER, LEASE_EXPIRED, HOST_LOST)
+FENCED_HOW = (STRAGGLER,)  # known alive, cut off; a silent node (lease expired, host lost) is dead as far as anyone sees
 
 
 def node_state(look, node: int) -> str:
