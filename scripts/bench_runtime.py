@@ -6,8 +6,9 @@ only layout where a bubble is really idle), alternating --redundancy off, eager
 (FRC in the bubbles only, the default), eager with --frc all (FRC for every
 microbatch, the placement before issue 31) and lazy, and prints side-by-side
 ratios: mean iteration time (warm-up iterations dropped) and peak process
-memory; then, per redundant mode, one run with a node SIGKILLed mid-iteration and
-its pause (kill to the end of that iteration) against a normal iteration.
+memory; and in every round, per redundant mode, one run with a node SIGKILLed
+mid-iteration, whose pause (kill to the end of that iteration) is printed as the
+median over the rounds, every round's beside it.
 
     python scripts/bench_runtime.py [--rounds 3] [--iterations 30] [--batch 8]
 """
@@ -41,14 +42,23 @@ def main() -> None:
     a = ap.parse_args()
     common = ["--model", "tiny", "--stages", "2", "--microbatches", str(a.microbatches),
               "--iterations", str(a.iterations), "--batch", str(a.batch)]
-    warm = 3
+    warm = 5  # eager places FRC by measured op times from iteration 4 (bamboo/runtime/calibration.py)
+    kill_at = a.iterations // 2
+    # node 0 just before its second activation leaves: a position the measured FRC
+    # placement leaves where the default model counts it (so it is in force then)
+    kill = ["--preempt", f"0@{kill_at}:5"]
     times: dict[str, list[float]] = {m: [] for m in MODES}
     memory: dict[str, list[float]] = {m: [] for m in MODES}
+    pauses: dict[str, list[float]] = {m: [] for m in list(MODES)[1:]}  # off cannot survive a death without agents
     for _ in range(a.rounds):
         for mode in MODES:
             records = run(common + MODES[mode])
             times[mode].append(statistics.mean(r["seconds"] for r in records[warm:-1]))
             memory[mode].append(max(records[-1]["summary"]["peak_memory_mb"].values()))
+        for mode in pauses:
+            records = run(common + MODES[mode] + kill)
+            pauses[mode].append(next(e["pause_seconds"] for r in records[:-1] for e in r["events"]
+                                     if e["type"] == "preemption"))
     t = {m: statistics.median(times[m]) for m in MODES}
     mem = {m: statistics.median(memory[m]) for m in MODES}
     print(f"P=2 D=1 M={a.microbatches} batch={a.batch} tiny, {a.rounds} rounds alternating, median of means")
@@ -56,15 +66,12 @@ def main() -> None:
           + "   " + "   ".join(f"{m}/off {t[m] / t['off']:.3f}" for m in list(MODES)[1:]))
     print("peak RSS        " + "   ".join(f"{m} {mem[m]:8.1f} MB" for m in MODES)
           + "   " + "   ".join(f"{m}/off {mem[m] / mem['off']:.3f}" for m in list(MODES)[1:]))
-    kill_at = a.iterations // 2
-    for mode in list(MODES)[1:]:  # off cannot survive a death without agents
-        records = run(common + MODES[mode] + ["--preempt", f"1@{kill_at}:6"])
-        pause = next(e["pause_seconds"] for r in records[:-1] for e in r["events"] if e["type"] == "preemption")
-        normal = statistics.mean(r["seconds"] for r in records[warm:kill_at])
-        after = statistics.mean(r["seconds"] for r in records[kill_at + 1:-1])
-        print(f"preemption ({mode:9}) pause {pause * 1e3:.1f} ms = {pause / normal:.2f} normal iterations; "
-              f"merged iterations after it {after / normal:.2f}x (one node runs both stages)")
-
+    pause = {m: statistics.median(v) for m, v in pauses.items()}
+    print(f"pause after a SIGKILL ({' '.join(kill)}), median of {a.rounds}: "
+          + "   ".join(f"{m} {pause[m] * 1e3:.1f} ms ({pause[m] / t[m]:.2f} iterations)" for m in pause)
+          + f"   eager/lazy {pause['eager'] / pause['lazy']:.3f}")
+    for m, v in pauses.items():
+        print(f"  {m:9} pauses (ms): " + " ".join(f"{x * 1e3:.1f}" for x in v))
 
 if __name__ == "__main__":
     main()

@@ -144,6 +144,7 @@ class Report(Record):
     busy: float = 0.0              # seconds of this iteration spent computing (not waiting on peers)
     digests: dict | None = None    # stage -> digest of parameters and optimizer state
     cuda_mb: float = 0.0           # peak CUDA memory allocated by the worker so far (0: on the CPU)
+    op_ms: dict | None = None      # op -> median ms, in an epoch's calibration iteration (runtime/calibration.py)
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,7 @@ class Regroup(Record):
     failed: tuple[int, ...]        # the failed nodes every worker uses from the next iteration
     reconfigure: bool              # the agents write a new epoch first
     checkpoint: bool = False       # every node snapshots this iteration
+    costs: dict | None = None      # pipeline -> the cost model eager places FRC with from now on
 
     def __post_init__(self):
         object.__setattr__(self, "failed", _ints(self.failed))

@@ -22,6 +22,7 @@ from bamboo.control.cluster import Cluster
 from bamboo.control.exits import Fenced
 from bamboo.control.protocol import (CHECKPOINTED, DONE, DRAIN, FAILED, MEMBERS, MODE, REGROUP, STRAGGLER, Failure,
                                      NodeId, Regroup, Report, Timestamp)
+from bamboo.runtime.calibration import propose
 from bamboo.runtime.checkpoint import Checkpoints
 from bamboo.runtime.failover import LEASE_WAIT, LINGER_WAKE
 
@@ -68,7 +69,7 @@ class Boundary:
         reports, dead = self._wait_for_reports(iteration, assignment.members, failover, idle)
         dead |= set(self._record_stragglers(iteration, failed, reports))
         for attempt in itertools.count():
-            agreed = self._decide(iteration, attempt, assignment, dead if attempt == 0 else None)
+            agreed = self._decide(iteration, attempt, assignment, dead if attempt == 0 else None, reports)
             if self.node in agreed.failed:
                 why = self.cluster.death_of(self.node)
                 raise Fenced(why or f"node {self.node} was declared dead in iteration {iteration}")
@@ -122,14 +123,16 @@ class Boundary:
             self.cluster.record_dead(n, Failure(iteration, self.node, STRAGGLER))
         return slow
 
-    def _decide(self, iteration: int, attempt: int, assignment: Assignment, dead: set[NodeId] | None) -> Regroup:
+    def _decide(self, iteration: int, attempt: int, assignment: Assignment, dead: set[NodeId] | None,
+                reports: dict[NodeId, Report]) -> Regroup:
         """Propose this node's view (the dead as read after every report came, or
-        read now); the first proposal written stands for everyone."""
+        read now), with the cost models the reports' op times give, if they do; the
+        first proposal written stands for everyone."""
         failed = tuple(sorted(self.cluster.failed() if dead is None else dead))
         last = self.cluster.get(CHECKPOINTED()) if self.checkpoints.writer else None
         due = self.checkpoints.due(iteration, last.time if last else None)
         proposal = Regroup(failed, self._wants_change(assignment, failed) or self._mode_change(iteration, assignment),
-                           due)
+                           due, propose(reports, assignment.pipelines))
         agreed, wrote = self.cluster.create_or_get(REGROUP(iteration, attempt), proposal)
         if wrote and due:
             self.cluster.put(CHECKPOINTED(), Timestamp(time.time()))

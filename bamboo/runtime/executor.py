@@ -53,7 +53,7 @@ class Executor:
         self.stager = stager or Stager(device)  # swaps and kept outputs to host memory and back
         self.keep_undo = undo
         self.tied = list(tied)            # per tied weight: its stages, stage -> this node's copy
-        self.owed: dict[int, float] = {}  # lazy: replica stage -> the rate of the step it owes (settle)
+        self.owed: dict[int, float] = {}  # replica stage -> the rate of the step it owes (settle)
         # With clipping, ties (the model's, on every node) or fp16's loss scale, steps
         # and syncs wait for the rest of the stream (STEP_PHASE).
         self.step_after_reduces = bool(cfg.grad_clip) or bool(self.tied) or cfg.loss_scaling
@@ -122,8 +122,11 @@ class Executor:
             self.settle_replicas()  # in the wait a receive starts with, or before the replica is used
         began = time.monotonic()
         OPS[ins.op](self, ins)
-        if ins.op in COMPUTE and self.device.type == "cpu":
-            self.it.busy += time.monotonic() - began
+        if self.device.type == "cpu":
+            took = time.monotonic() - began
+            self.it.times.add(ins, took)  # FRC's placement (bamboo/runtime/calibration.py)
+            if ins.op in COMPUTE:
+                self.it.busy += took
 
     def _on_event(self, event, stream: list[Instr], pc: int) -> list[Instr]:
         """Act on what the failover saw; return the stream to go on with."""
@@ -366,12 +369,13 @@ class Executor:
         self.optimizers[ins.stage].step()
 
     def _defers_replica_steps(self) -> bool:
-        """Lazy runs no replica in the fault-free path, so a replica's step can wait
-        for the node's next wait (its linger, the boundary, the next iteration's first
-        receive) instead of lengthening the iteration's tail: unless
+        """Lazy runs no replica in the fault-free path, and eager only in its FRC, so a
+        replica's step can wait for the node's next wait (its linger, the boundary, the
+        next iteration's first receive) or its first FRC instead of lengthening the
+        iteration's tail: unless
         the step phase is shared (clipping, ties, fp16), steps may be undone (agents),
         or the replicas are compared after every step (--check-replicas)."""
-        return (self.it.failover.redundancy == "lazy" and not self.step_after_reduces and not self.keep_undo
+        return (self.it.failover.redundancy in ("lazy", "eager") and not self.step_after_reduces and not self.keep_undo
                 and not self.cfg.check_replicas)
 
     def settle_replicas(self) -> None:

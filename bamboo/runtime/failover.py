@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from schedules.compiler import compile_recovery, compile_schedule
+from schedules.cost import CostModel
 from schedules.ir import RECVS, SENDS, Instr
 from schedules.layout import ScheduleError
 from schedules.simulator import ValidationError
@@ -87,6 +88,7 @@ class Watch:
     failed: tuple[Local, ...]          # this pipeline's nodes dead before it (it runs merged)
     comm: Comm | None
     streams: dict[Local, list[Instr]]  # every node's stream, compiled once
+    cost: CostModel = CostModel()      # what eager's FRC was placed with (the recovery assumes the same)
     baseline: dict = field(default_factory=dict)  # messages received before this iteration
     dead: Local | None = None          # the death being recovered from
     seen_finished: dict | None = None  # the finished marks read with this node's own
@@ -127,6 +129,7 @@ class Failover:
         self.P = len(nodes)
         self.redundancy, self.timeout = redundancy, timeout
         self.frc = frc  # eager: FRC only in the bubbles (the rest recomputed after a death), or for all
+        self.cost: CostModel | None = None  # measured, agreed at a boundary (runtime/calibration.py); None: default
         self.elastic = elastic  # agents can redo the iteration: abort instead of failing the job
         self.failures = failures  # raised by a watch on failed/ and abort/ (None: read every 20 ms)
         self.finishes = finishes  # raised by a watch on finished/, failed/ and abort/ (wakes linger)
@@ -162,14 +165,28 @@ class Failover:
     def local_of(self, node: NodeId) -> Local:
         return Local(self.nodes.index(node))
 
-    def begin(self, iteration: int, microbatches: int, failed: tuple[Local, ...], comm: Comm) -> None:
-        streams = compile_schedule(self.P, microbatches, failed, self.redundancy, frc=self.frc).streams
+    def begin(self, iteration: int, microbatches: int, failed: tuple[Local, ...], comm: Comm,
+              kills: tuple[tuple[int, int], ...] = ()) -> None:
+        """Compile the iteration's streams, FRC placed with the measured cost model
+        once one is agreed. `kills`: this iteration's --preempt (node, position)
+        pairs, counted in the default model's streams; where the measured placement
+        would move one, the default model places FRC in this iteration."""
+        cost = CostModel()
+        streams = self._compile(microbatches, failed, cost)
+        if self.cost is not None:
+            measured = self._compile(microbatches, failed, self.cost)
+            kept = [(self.nodes.index(n), k) for n, k in kills if n in self.nodes]
+            if all(measured.get(me, [])[:k + 1] == streams.get(me, [])[:k + 1] for me, k in kept):
+                cost, streams = self.cost, measured
         # etcd is read at the next poll whatever the watch says, unless the last look
         # stands: then the watch would have said so (abort/'s keys are per iteration)
         due = self.failures is None or self.elastic or not self._looked
-        self.now = Watch(iteration, microbatches, failed, comm, streams, baseline=comm.counts(), due=due)
+        self.now = Watch(iteration, microbatches, failed, comm, streams, cost, baseline=comm.counts(), due=due)
         if not due:
             self.now.event = self._judge(self._recorded)
+
+    def _compile(self, microbatches: int, failed: tuple[Local, ...], cost: CostModel) -> dict[int, list[Instr]]:
+        return compile_schedule(self.P, microbatches, failed, self.redundancy, cost=cost, frc=self.frc).streams
 
     def detected(self, node: NodeId, how: str) -> None:
         self.cluster.record_dead(node, Failure(self.iteration, self.node_of(self.me), how))
@@ -351,7 +368,7 @@ class Failover:
         try:
             k = died_before(self.now.streams[dead], received)
             return k, compile_recovery(self.P, self.now.microbatches, dead, k, self.failed, self.redundancy,
-                                       frc=self.frc)
+                                       cost=self.now.cost, frc=self.frc)
         except Unsurvivable as e:
             self.unsurvivable(str(e))
         except ScheduleError as e:

@@ -38,7 +38,7 @@ from bamboo.control.store import EtcdStore, RendezvousAborted
 from bamboo.data.corpus import corpus_of
 from bamboo.model.api import ModelSource
 from bamboo.model.builtin import fp16_allowed
-from bamboo.runtime import handover
+from bamboo.runtime import calibration, handover
 from bamboo.runtime.boundary import Boundary
 from bamboo.runtime.checkpoint import Checkpoints
 from bamboo.runtime.copies import MemoryCopies
@@ -77,6 +77,8 @@ class Worker:
         self.failed: tuple[int, ...] = ()          # nodes dead job-wide, as the last boundary agreed
         self.pipeline = self.me = 0                # where this node runs in the epoch
         self.mbs = range(0)                        # this pipeline's share of the global microbatches
+        self.epoch_iterations = 0                  # iterations begun in this epoch (calibration.CALIBRATION)
+        self.op_times = calibration.OpTimes()      # op times of this epoch's calibration iterations so far
         self.failover: Failover | None = None
         self.executor: Executor | None = None
         self.evaluator: Evaluator | None = None
@@ -134,6 +136,7 @@ class Worker:
         it kept and the ones it `received`, and the failover, reducer and executor
         that run them."""
         self.assignment = assignment
+        self.epoch_iterations, self.op_times = 0, calibration.OpTimes()
         self.pipeline, self.me = assignment.slot(self.node)
         self.holdings.build(assignment, self.node, received)
         nodes = assignment.pipelines[self.pipeline]
@@ -158,7 +161,9 @@ class Worker:
         """This node's stream of iteration `it`, recovering inside it from one
         death per pipeline (bamboo/runtime/failover.py)."""
         began = time.monotonic()
-        self.failover.begin(it, len(self.mbs), self.local_failed(), self.comm)
+        kills = tuple((p.node, p.instruction) for p in self.cfg.preempt if p.iteration == it and p.phase == "train")
+        self.failover.begin(it, len(self.mbs), self.local_failed(), self.comm, kills)
+        self.epoch_iterations += 1
         stream = self.failover.now.streams[self.me]  # the failover keeps every node's stream: one compile
         self.loss_scale = self._loss_scale_of(it)
         self.executor.run(it, stream, self.mbs, self.comm, self.failover,
@@ -188,6 +193,11 @@ class Worker:
         agreed = self.boundary.agree(it, self.assignment, self.failover, self.failed, self._regroup(it),
                                      idle=self.executor.settle_replicas)  # owed steps fit in the wait
         self.failed = agreed.failed
+        cost = calibration.cost_model(agreed.costs, self.pipeline, self.failover.P)
+        if cost is not None:
+            self.failover.cost = cost  # FRC placed by measured times from the next iteration on
+            print(f"bamboo.runtime.worker: node {self.node}: from iteration {it + 1} "
+                  + calibration.describe(cost, len(self.mbs), self.local_failed(), self.cfg.frc, self.me), flush=True)
         return agreed
 
     def checkpoint(self, it: int) -> None:
@@ -330,12 +340,21 @@ class Worker:
     def _report(self) -> Report:
         report = Report(rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, time=time.time(),
                         epoch=self.assignment.epoch, events=[e.to_dict() for e in self.failover.events],
-                        busy=self.executor.busy,
+                        busy=self.executor.busy, op_ms=self._op_ms(),
                         digests=self.holdings.digests() if self.cfg.check_replicas else None,
                         cuda_mb=torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda"
                         else 0.0)
         self.failover.events = []
         return report
+
+    def _op_ms(self) -> dict | None:
+        """Eager, at the last of the epoch's calibration iterations: the median time
+        of each op this node ran in them."""
+        window = calibration.CALIBRATION
+        if self.failover.redundancy != "eager" or self.epoch_iterations - 1 not in window:
+            return None
+        self.op_times.extend(self.executor.it.times)
+        return (self.op_times.medians_ms() or None) if self.epoch_iterations == window.stop else None
 
     def _regroup(self, it: int):
         """How the boundary rebuilds the world without the newly dead."""

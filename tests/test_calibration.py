@@ -1,0 +1,97 @@
+"""FRC placed by measured op times (bamboo/runtime/calibration.py).
+
+The cost model comes from the nodes' reports, checked against medians worked out
+by hand; placements with measured-looking costs (uneven stages, slow swaps, a
+margin on FRC) are checked by the validating simulator at every death point, as
+the default model's are in test_recovery.py; and a real eager job switches to the
+measured placement and keeps the single-process math."""
+import random
+
+import pytest
+
+from bamboo.control.protocol import Report
+from bamboo.runtime.calibration import FRC_MARGIN, OpTimes, cost_model, propose
+from schedules.compiler import compile_recovery, compile_schedule, simulate
+from schedules.cost import CostModel
+from schedules.ir import Instr, Op
+
+from tests.test_runtime import assert_same_training, reference, train  # noqa: F401 (a fixture)
+
+
+def _report(op_ms, events=()):
+    return Report(rss_mb=1.0, time=0.0, epoch=0, events=list(events), op_ms=op_ms)
+
+
+def test_op_times_report_medians_per_op_and_stage():
+    times = OpTimes()
+    for s in (0.002, 0.004, 0.003):
+        times.add(Instr(Op.FORWARD, 1, 0), s)
+    times.add(Instr(Op.FORWARD, 2, 0, redundant=True), 0.005)
+    times.add(Instr(Op.SEND_ACT, 1, 0, 2), 0.0004)
+    times.add(Instr(Op.SEND_GRAD, 1, 0, 0), 0.0006)
+    times.add(Instr(Op.RECV_GRAD, 2, 0, 2), 1.0)  # a wait, not work: not timed
+    times.add(Instr(Op.OPTIMIZER_STEP, 1), 0.001)
+    times.add(Instr(Op.OPTIMIZER_STEP, 2, redundant=True), 0.009)  # the replica's: not the stage's step
+    assert times.medians_ms() == {"forward/1": 3.0, "forward_r/2": 5.0, "send": 0.5, "step": 1.0,
+                                  "optimizer_step": 9.0}
+
+
+def test_a_pipelines_cost_model_comes_from_its_own_nodes_reports():
+    node0 = {"forward/0": 2.0, "backward/0": 4.0, "forward_r/1": 3.3, "swap_out": 0.5, "send": 0.3, "step": 0.6}
+    node1 = {"forward/1": 3.0, "backward/1": 5.0, "forward_r/0": 2.0, "swap_out": 0.7, "send": 0.5, "step": 0.8,
+             "load": 0.1}
+    other = {"forward/0": 9.0, "backward/0": 9.0, "send": 9.0}, {"forward/1": 9.0, "backward/1": 9.0}
+    reports = {10: _report(node0), 11: _report(node1), 20: _report(other[0]), 21: _report(other[1])}
+    costs = propose(reports, ((10, 11), (20, 21)))
+    model = cost_model(costs, 0, 2)
+    assert model.forward == (2.0, 3.0) and model.backward == (4.0, 5.0)
+    assert model.swap == pytest.approx(0.6) and model.send == model.transfer == pytest.approx(0.4)
+    assert model.load == 0.1 and model.step == pytest.approx(0.7)
+    # FRC ran 1.1x and 1.0x its stage's forward: the median, 1.05, times the margin
+    assert model.frc_factor == pytest.approx(FRC_MARGIN * 1.05)
+    assert cost_model(costs, 1, 2).forward == (9.0, 9.0)
+    assert cost_model(costs, 0, 3) is None  # a cost model for another depth is not used
+
+
+@pytest.mark.parametrize("reports", [
+    {0: _report({"forward/0": 1.0, "backward/0": 2.0}), 1: _report(None)},             # a node did not report
+    {0: _report({"forward/0": 1.0, "backward/0": 2.0}),
+     1: _report({"forward/1": 1.0, "backward/1": 2.0}, events=[{"type": "failover"}])},  # a merged stream
+    {0: _report({"forward/0": 1.0, "backward/0": 2.0}), 1: _report({"backward/1": 2.0})},  # a stage not timed
+])
+def test_no_cost_model_from_incomplete_or_disturbed_reports(reports):
+    assert propose(reports, ((0, 1),)) is None
+
+
+def _measured_like(rng, P):
+    forward = [rng.uniform(1.0, 3.0) for _ in range(P)]
+    return CostModel(forward=forward, backward=[f * rng.uniform(1.0, 2.5) for f in forward],
+                     transfer=rng.uniform(0.0, 0.5), send=rng.uniform(0.0, 0.5), swap=rng.uniform(0.1, 1.0),
+                     load=rng.uniform(0.0, 0.2), step=rng.uniform(0.1, 1.0), sync_transfer=rng.uniform(0.0, 2.0),
+                     frc_factor=FRC_MARGIN * rng.uniform(1.0, 1.3))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_placements_under_measured_costs_recover_from_every_death_point(seed):
+    rng = random.Random(seed)
+    P, M = rng.choice([2, 3, 4]), rng.choice([3, 4, 6])
+    cost = _measured_like(rng, P)
+    base = compile_schedule(P, M, (), "eager", cost=cost)
+    lazy = simulate(compile_schedule(P, M, (), "lazy", cost=cost))
+    assert simulate(base).makespan == pytest.approx(lazy.makespan, rel=1e-12)  # FRC only in idle time
+    for d, stream in base.streams.items():
+        for k in range(len(stream) + 1):
+            simulate(compile_recovery(P, M, d, k, cost=cost))  # raises on any violation
+
+
+def test_eager_places_frc_by_measured_times_and_keeps_the_math(tmp_path, reference):
+    """A real eager job (P=4, one pipeline): from the epoch's calibration on, the
+    streams are the measured model's; a SIGKILL then is recovered from, and every
+    loss and parameter equals the single-process reference."""
+    logs = tmp_path / "logs"
+    _, records, params = train(tmp_path, "measured", "--stages", "4", "--pipelines", "1", "--preempt", "2@5:0",
+                               "--check-replicas", "--log-dir", str(logs))
+    assert_same_training(records, params, reference)
+    assert {"preemption", "failover"} == {e["type"] for e in records[5]["events"]}
+    said = [line for f in logs.iterdir() for line in f.read_text().splitlines() if "measured op times" in line]
+    assert len(said) == 4 and all("from iteration 4 FRC is placed" in line for line in said), said
