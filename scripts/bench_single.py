@@ -33,6 +33,8 @@ import sys
 import tempfile
 import time
 
+from results import write_json  # scripts/results.py, beside this file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
 SIDES = ("bamboo", "bare")
@@ -295,17 +297,6 @@ def print_table(result: dict) -> None:
           f"{result['memory_ratio']:.3f}")
 
 
-def write_json(path: str, result: dict) -> None:
-    """Whole or not at all: a temp file beside it, then a rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".bench_single-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(result, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def main(argv=None) -> int:

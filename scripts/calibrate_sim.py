@@ -22,7 +22,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from types import SimpleNamespace
 
@@ -34,6 +33,7 @@ from bamboo.model import recipe  # noqa: E402
 from bamboo.model.builtin import GPTConfig, build_layer  # noqa: E402
 from bamboo.transport.swap import SavedTensors  # noqa: E402
 from sim.profiles import PROFILES  # noqa: E402
+from results import write_json  # noqa: E402 (scripts/results.py, beside this file)
 
 OPTIMIZER = SimpleNamespace(lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)  # the recipe's defaults' shape
 
@@ -119,13 +119,6 @@ def _cpu_name() -> str:
         return platform.processor()
 
 
-def write_json(data: dict, path: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 def main() -> None:
@@ -147,7 +140,7 @@ def main() -> None:
     for name in a.models.split(","):
         out["layers"][name] = measure_layer(name, a.repeats)
         print(name, json.dumps(out["layers"][name]), file=sys.stderr)
-    write_json(out, a.out)
+    write_json(a.out, out)
     print(f"wrote {os.path.normpath(a.out)}")
 
 

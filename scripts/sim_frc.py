@@ -16,11 +16,12 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import statistics
 
 from schedules.compiler import compile_schedule, simulate
 from sim.profiles import profile
+
+from results import write_json  # scripts/results.py, beside this file
 
 
 def row(model: str, depth: int, pipelines: int) -> dict:
@@ -67,9 +68,7 @@ def main() -> None:
         print(f"{model}: {json.dumps(profile(model, 'calibrated').sources())}")
     print(table(rows))
     if args.json:
-        with open(args.json + ".tmp", "w") as f:
-            json.dump(rows, f, indent=1)
-        os.replace(args.json + ".tmp", args.json)
+        write_json(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ from sim.profiles import profile
 from sim.simulator import ClusterSimulator, Options
 from sim.traces import read
 
+from results import write_json  # scripts/results.py, beside this file
+
 TRACES = ("traces/ec2-p3-trace.csv", "traces/ec2-g4dn-trace.csv")
 STRATEGIES = ("checkpoint", "redo", "bamboo", "lazy", "auto")
 STEPS = {"whole": dict(max_stages=1, notice_seconds=0.0, rollback="relaunch"),
@@ -72,9 +74,7 @@ def main() -> None:
           f"{json.dumps({k: v for k, v in asdict(Options()).items() if k not in STEPS['whole']})}")
     print(table(rows))
     if args.json:
-        with open(args.json + ".tmp", "w") as f:
-            json.dump(rows, f, indent=1)
-        os.replace(args.json + ".tmp", args.json)
+        write_json(args.json, rows)
 
 
 if __name__ == "__main__":
