@@ -156,7 +156,8 @@ def run_bamboo(mode: str, a, etcd: str, iterations: int | None = None, env=ENV) 
     n, job = iterations or a.iterations, f"hot-{mode}-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory() as d:
         subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--model", MODEL,
-                        "--seq", str(CFG.seq), "--stages", str(P), "--microbatches", str(M), "--batch", str(BATCH), "--iterations", str(n),
+                        "--seq", str(CFG.seq), "--stages", str(P), "--microbatches", str(M), "--batch", str(BATCH),
+                        "--iterations", str(n),
                         "--seed", str(a.seed), "--redundancy", mode, "--etcd", etcd, "--job", job,
                         "--metrics-out", f"{d}/m.jsonl"], cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
         records = [json.loads(line) for line in open(f"{d}/m.jsonl")][:-1]
@@ -356,8 +357,10 @@ def profile(a, etcd: str, out: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--iterations", type=int, default=12)
-    ap.add_argument("--warm", type=int, default=3, help="iterations dropped at the start of each run")
+    ap.add_argument("--iterations", type=int, default=14)
+    ap.add_argument("--warm", type=int, default=5,
+                    help="iterations dropped at the start of each run (eager places FRC by measured op times "
+                         "from iteration 4)")
     ap.add_argument("--systems", default=",".join(SYSTEMS),
                     help="which systems each round runs, in this order, reversed every other round "
                          "(off among them; default: all)")

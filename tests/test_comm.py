@@ -61,3 +61,35 @@ def test_channels_in_both_directions_keep_their_rooms_apart():
         torch.testing.assert_close(left.recv(20, Op.SEND_GRAD), grad, rtol=0, atol=0)
     left.flush(lambda peer: False)
     right.flush(lambda peer: False)
+
+
+def test_an_activation_kept_by_its_sender_is_the_host_copy_it_was_sent_from(monkeypatch):
+    """Lazy on a GPU with gloo keeps each activation it sends in host memory (the
+    replica's input). The GPU path, run on the CPU against a recording fake of
+    torch.cuda: one copy to the host per message, the kept one included, and the
+    outbox gives back to the pool the buffers of the messages not kept, never the
+    kept one (its keeper gives it back)."""
+    from bamboo.transport.comm import Comm
+    from bamboo.transport.staging import Stager
+    from tests.gloo import gloo_pair
+    from tests.test_staging import FakeCuda
+
+    cuda = FakeCuda()
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, s: None, raising=False)
+    a, b = gloo_pair()
+    stager = Stager(torch.device("cpu"), cuda=cuda, streams=True)
+    sender = Comm(a, {10: 0, 20: 1}, torch.device("cpu"), stager=stager)
+    receiver = Comm(b, {10: 0, 20: 1}, torch.device("cpu"))
+    act = torch.randn(4, 8)
+    receiver.expect(10, Op.SEND_ACT, 2)
+    kept = sender.post(20, Op.SEND_ACT, act, keep=True)
+    plain = sender.post(20, Op.SEND_ACT, act * 2, keep=False)
+    got = [receiver.recv(10, Op.SEND_ACT) for _ in range(2)]
+    sender.flush(lambda peer: False)
+    assert plain is None and kept is not None
+    assert [e for e in cuda.log if e == ("enter", "side")] == [("enter", "side")] * 2  # two copies, not three
+    torch.testing.assert_close(got[0], act, rtol=0, atol=0)
+    torch.testing.assert_close(got[1], act * 2, rtol=0, atol=0)
+    torch.testing.assert_close(kept.tensor, act, rtol=0, atol=0)  # what the sender keeps: the message
+    free = [buf for bufs in stager.pool._free.values() for buf in bufs]
+    assert len(free) == 1 and free[0] is not kept.tensor and torch.equal(free[0], act * 2)

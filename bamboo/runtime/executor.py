@@ -242,17 +242,21 @@ class Executor:
         self.stager.release(list(self.it.acts_host.values()))
         self.it.acts_host = {}
 
-    def _send(self, ins: Instr, kind: Op, tensor: torch.Tensor, note=None) -> None:
+    def _send(self, ins: Instr, kind: Op, tensor: torch.Tensor, note=None, keep: bool = False) -> Copy | None:
         """A send posted to go out while this node computes on; its outcome is learnt
-        later (Comm.post), at the latest before the stream is done."""
-        self.it.comm.post(self.peer(ins.peer), kind, tensor, note)
+        later (Comm.post), at the latest before the stream is done. `keep`: the host
+        copy it is sent from, if there is one, for this node to keep."""
+        return self.it.comm.post(self.peer(ins.peer), kind, tensor, note, keep=keep)
 
     def send_act(self, ins: Instr) -> None:
         key = (ins.stage, ins.mb)
-        self._send(ins, Op.SEND_ACT, self._act(key))
-        if self.it.failover.redundancy == "lazy" and self.device.type == "cuda":
-            # The replica's input, should its owner die: kept in host memory, not on the GPU.
-            self.it.acts_host[key] = self.stager.to_host(self.it.acts.pop(key))
+        # lazy on CUDA: the replica's input, should its owner die, is kept in host memory,
+        # not on the GPU; on gloo the copy the message is sent from is that copy
+        keep = self.it.failover.redundancy == "lazy" and self.device.type == "cuda"
+        host = self._send(ins, Op.SEND_ACT, self._act(key), keep=keep)
+        if keep:
+            act = self.it.acts.pop(key)
+            self.it.acts_host[key] = host if host is not None else self.stager.to_host(act)
 
     def recv_act(self, ins: Instr) -> None:
         self.it.acts[(ins.stage, ins.mb)] = self.it.comm.recv(self.peer(ins.peer), Op.SEND_ACT,

@@ -191,7 +191,7 @@ class _Outbox:
             except (RuntimeError, TimeoutError) as e:  # a buffer gloo may still be reading is not reused
                 done.put(str(e).splitlines()[0][:200])
                 continue
-            if staged.event is not None and self.comm.channels is None:  # a pooled buffer (the GPU path)
+            if staged.event is not None and self.comm.channels is None and not staged.kept:  # a pooled buffer
                 self.comm.stager.pool.give(staged.tensor)
             done.put(None)
 
@@ -292,14 +292,20 @@ class Comm:
         if self.channels is not None and self.device.type == "cuda":
             self.stager.cuda.set_stream(self.stager.cuda.Stream(self.device))
 
-    def post(self, peer: int, kind: Op, tensor: torch.Tensor, note: "float | torch.Tensor | None" = None) -> None:
+    def post(self, peer: int, kind: Op, tensor: torch.Tensor, note: "float | torch.Tensor | None" = None,
+             keep: bool = False) -> Copy | None:
         """Queue a send and go on computing while it leaves (docs/HOTPATH.md, finding 5).
         Its outcome is learnt by a later `post` or by `flush`: after this one is queued,
         an earlier send found failed raises PeerFailure. The tensor must not change
-        in place afterwards (activations and gradients never do)."""
+        in place afterwards (activations and gradients never do). `keep`: return the
+        host copy gloo sends from, when there is one (a GPU tensor), for the caller
+        to keep instead of making its own (it gives the buffer back to the pool)."""
         if isinstance(note, torch.Tensor):  # read by the outbox: no host synchronisation here
             note = self.stager.to_host(note.reshape(1), copy=False)
-        self._posted.append((peer, self._outbox(peer, kind).put(self._staged(tensor), note)))
+        staged = self._staged(tensor)
+        kept = keep and staged.event is not None and self.channels is None  # a pooled host copy
+        staged.kept = kept
+        self._posted.append((peer, self._outbox(peer, kind).put(staged, note)))
         still = []
         for peer_of, done in self._posted:
             try:
@@ -311,7 +317,9 @@ class Comm:
                 self._failed.append(PeerFailure(peer_of, error))
         self._posted = still
         if self._failed:
+            staged.kept = False  # nobody keeps it now: the outbox gives it back (unless it is past that)
             raise self._failed.pop(0)
+        return staged if kept else None
 
     def pending(self) -> bool:
         """Whether a posted send's outcome is still to be learnt."""

@@ -74,6 +74,7 @@ class Copy:
 
     def __init__(self, tensor: torch.Tensor, event=None, cuda=torch.cuda):
         self.tensor, self.event, self.cuda = tensor, event, cuda
+        self.kept = False  # a pooled buffer its sender keeps (gives back itself): the outbox does not
 
     def wait_here(self) -> torch.Tensor:
         """The result, for kernels on the current stream (they wait; the host does not)."""
