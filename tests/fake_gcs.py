@@ -166,7 +166,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _list(self, bucket: str, q: dict):
         names = sorted(n for b, n in self.server.objects if b == bucket and n.startswith(q.get("prefix", "")))
         start, size = int(q.get("pageToken", 0)), int(q.get("maxResults", self.server.page_size))
-        page = {"kind": "storage#objects", "items": [self.server.resource(bucket, n) for n in names[start:start + size]]}
+        page = {"kind": "storage#objects",
+                "items": [self.server.resource(bucket, n) for n in names[start:start + size]]}
         if start + size < len(names):
             page["nextPageToken"] = str(start + size)
         self._reply(200, page)

@@ -211,7 +211,8 @@ def test_a_second_launcher_joins_a_running_job(tmp_path, tmp_path_factory):
     """`bamboo-train --etcd HOST:PORT --job NAME --local-nodes 2` on a running job
     adds two nodes to it: they form a second pipeline."""
     with EtcdServer() as etcd:
-        first = _launch(tmp_path, etcd, "--microbatches", "8", "--local-nodes", "2", "--zones", "a,b", "--job", "shared")
+        first = _launch(tmp_path, etcd, "--microbatches", "8", "--local-nodes", "2", "--zones", "a,b",
+                        "--job", "shared")
         _wait_for_iteration(etcd, 1, first)
         second = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--etcd", etcd.endpoint,
                                  "--job", "shared", "--local-nodes", "2", "--zones", "c"],

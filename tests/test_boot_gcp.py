@@ -40,7 +40,8 @@ def launch_gcp(gcp, etcd_endpoint, tmp_path, job, iterations, *extra):
                            "--nodes", "2", "--zones", ",".join(ZONE_LIST), "--region", "us-central1",
                            "--project", "proj", "--image", "img", "--etcd", etcd_endpoint, "--job", job,
                            "--name", job, "--endpoint-url", compute.url, "--storage-endpoint-url", storage.url,
-                           *TRAIN, "--iterations", str(iterations), *extra], capture_output=True, text=True, timeout=120)
+                           *TRAIN, "--iterations", str(iterations), *extra],
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_the_wheel_goes_to_gcs_behind_a_signed_url_and_down_removes_it(gcp, etcd, tmp_path):

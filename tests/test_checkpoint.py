@@ -150,8 +150,9 @@ def test_resumed_run_continues_exactly(tmp_path):
 
 
 def test_resume_without_a_checkpoint_is_one_clear_error(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--stages", "2", "--iterations", "2", "--no-progress",
-                          "--checkpoint", str(tmp_path / "none"), "--resume"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--stages", "2", "--iterations", "2",
+                          "--no-progress", "--checkpoint", str(tmp_path / "none"), "--resume"],
+                         capture_output=True, text=True,
                          timeout=300)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1 and "no complete checkpoint" in lines[0], out.stderr

@@ -30,8 +30,8 @@ def reference(tmp_path_factory):
 
 
 def _start(etcd, metrics, *args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bamboo.commands.cli", *ARGS, "--etcd", etcd.endpoint, "--job", "faults",
-                             "--no-progress", "--metrics-out", str(metrics), *args],
+    return subprocess.Popen([sys.executable, "-m", "bamboo.commands.cli", *ARGS, "--etcd", etcd.endpoint,
+                             "--job", "faults", "--no-progress", "--metrics-out", str(metrics), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -162,8 +162,8 @@ def test_sample_accounting_counts_a_repeat_only_without_a_restore():
 @pytest.mark.slow  # make test stays under 15 minutes; `make chaos` runs 50 trials
 def test_one_chaos_trial_from_outside(tmp_path):
     """`bamboo-chaos` smoke run: one trial with two faults on five nodes, all checks passing."""
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.chaos", "--trials", "1", "--seed", "7", "--faults", "2",
-                          "--nodes", "5", "--iterations", "16", "--out", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "bamboo.commands.chaos", "--trials", "1", "--seed", "7",
+                          "--faults", "2", "--nodes", "5", "--iterations", "16", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "runs equal to the reference  1" in out.stdout and "orphan processes             0" in out.stdout

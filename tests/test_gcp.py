@@ -96,7 +96,8 @@ def test_launch_status_down_and_dry_run_through_the_command(compute, tmp_path):
     tunnel = "gcloud compute ssh bamboo-etcd --project proj --zone us-central1-a -- -N -f -L 23790:127.0.0.1:2379"
     assert f"bamboo-launch: watch the job: {tunnel} && bamboo-status --etcd 127.0.0.1:23790 --job gpt" in up.stderr
     status = json.loads(launch("--state", state, "status").stdout)
-    assert status["provider"] == "gcp" and len(status["instances"]) == 2 and "unreachable" in status["progress"]["error"]
+    assert status["provider"] == "gcp" and len(status["instances"]) == 2
+    assert "unreachable" in status["progress"]["error"]
     assert status["dashboard"].startswith(tunnel)
     assert launch("--state", state, "down").returncode == 0
     assert not compute.groups and not compute.instances and not os.path.exists(state)

@@ -162,7 +162,8 @@ def test_dry_run_prints_the_upload_and_the_etcd_write(tmp_path):
                    "put_object", "generate_presigned_url", "put_if_not_exists", "create_launch_template",
                    "create_auto_scaling_group"]
     write = requests[5]
-    assert write["key"] == job_root("dry") + CONFIG().path and write["value"]["stages"] == 3 and write["value"]["elastic"]
+    assert write["key"] == job_root("dry") + CONFIG().path
+    assert write["value"]["stages"] == 3 and write["value"]["elastic"]
     assert requests[3]["params"]["Body"].endswith("bytes>") and not os.listdir(tmp_path)
 
 

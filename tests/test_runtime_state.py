@@ -91,9 +91,9 @@ SCHEMA = {
 
 
 def test_every_event_serialises_to_the_metrics_files_schema_and_back():
-    samples = [FailedOver(3, 7, 12, 2, 0.25), Redone(9, 6, None), Preemption(1, 1.5), NoticeSeen(4, "ec2", "terminate"),
-               Reconfigured(2, ((0, 1), (2, 3)), (4,), "eager", (2, 2)), ModeSwitched(2, "eager", "off"), Overflow(5, 1024.0),
-               EvalSkipped(8, 1, 4)]
+    samples = [FailedOver(3, 7, 12, 2, 0.25), Redone(9, 6, None), Preemption(1, 1.5),
+               NoticeSeen(4, "ec2", "terminate"), Reconfigured(2, ((0, 1), (2, 3)), (4,), "eager", (2, 2)),
+               ModeSwitched(2, "eager", "off"), Overflow(5, 1024.0), EvalSkipped(8, 1, 4)]
     assert {type(e) for e in samples} == set(Event.__subclasses__())
     for event in samples:
         line = json.loads(json.dumps(event.to_dict()))

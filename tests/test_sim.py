@@ -219,7 +219,8 @@ def test_sweep_writes_the_value_plot(tmp_path):
     out = json.loads(res.stdout)
     assert (tmp_path / "value-vs-rate.png").stat().st_size > 1000
     rows = out["sweep"]
-    assert [r["rate"] for r in rows] == list(SWEEP_RATES) == [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2]  # docs/simulator.md's
+    # docs/simulator.md's
+    assert [r["rate"] for r in rows] == list(SWEEP_RATES) == [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2]
     # on-demand: the trace's mean cluster, the same until refills lag enough to shrink it (2 per node-hour)
     assert len({r["on-demand"] for r in rows if r["rate"] <= 1}) == 1
     assert all(r["auto"] >= 0.98 * best_fixed(r) for r in rows)  # the done-when, on this model

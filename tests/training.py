@@ -7,7 +7,8 @@ import sys
 def bamboo_train(metrics, *args, check=True, timeout=600):
     """Run `bamboo-train ARGS --metrics-out METRICS`; return (process, iteration
     records without the summary line)."""
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--metrics-out", str(metrics), *args],
+    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress",
+                          "--metrics-out", str(metrics), *args],
                          capture_output=True, text=True, timeout=timeout)
     if check:
         assert out.returncode == 0, out.stderr[-2000:]

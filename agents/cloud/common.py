@@ -45,7 +45,8 @@ pip_install() {{ "$ROOT/opt/bamboo/bin/python" -m pip install --quiet "$@"; }}
 if command -v nvidia-smi >/dev/null 2>&1; then
   pip_install "torch=={torch}"  # the package index's Linux build is the CUDA one
 else
-  pip_install "torch=={torch}" --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple
+  pip_install "torch=={torch}" --index-url https://download.pytorch.org/whl/cpu \\
+    --extra-index-url https://pypi.org/simple
 fi
 {fetch}pip_install {requirement}
 echo "bamboo boot: installed, starting the agent"

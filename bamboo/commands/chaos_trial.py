@@ -291,8 +291,9 @@ class Trial:
         machine = ["--workers", str(workers), "--host", f"{self.job}-m{len(self.extra)}"] if workers > 1 else []
         log = open(os.path.join(self.dir, f"joined{len(self.extra)}.log"), "w")
         self.extra.append(subprocess.Popen(
-            [*self._new_machine(), sys.executable, "-m", AGENT, "--etcd", self.etcd.endpoint, "--job", self.job, "--zone", zone,
-             "--log-dir", self.dir, *machine], stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent))
+            [*self._new_machine(), sys.executable, "-m", AGENT, "--etcd", self.etcd.endpoint, "--job", self.job,
+             "--zone", zone, "--log-dir", self.dir, *machine],
+            stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent))
         log.close()
 
     def _new_machine(self) -> list[str]:

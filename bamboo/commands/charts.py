@@ -121,7 +121,8 @@ def bars(name: str, label: str, points: list[tuple[int, float]], paused: dict[in
         pause = paused.get(int(x), 0.0) if k == 1 else 0.0
         cls = "bar paused" if pause > 0.5 * (y - pause) and pause > 0.05 else "bar"
         body.append(f'<rect class="{cls}" x="{frame.x(x) - step / 2:.1f}" y="{frame.y(y)}" '
-                    f'width="{max(1.0, step - 1):.1f}" height="{max(0.5, frame.y(frame.y0) - frame.y(y)):.1f}" data-it="{x:.0f}" data-v="{y!r}">'
+                    f'width="{max(1.0, step - 1):.1f}" height="{max(0.5, frame.y(frame.y0) - frame.y(y)):.1f}" '
+                    f'data-it="{x:.0f}" data-v="{y!r}">'
                     f'<title>iteration {x:.0f}: {y:.3f} s' + (f", a pause of {pause:.3f} s" if pause else "")
                     + '</title></rect>')
     return _svg(name, label, "".join(body))

@@ -291,9 +291,9 @@ def config_from_args(args, fetch_data: bool = True) -> JobConfig:
     if args.transport == "nccl" and args.share_gpu:
         raise ValueError("--transport nccl cannot share a GPU between workers: drop --share-gpu or use gloo")
     check_outputs(args)  # last: it may create the directories
-    return JobConfig(model="hf:config" if model_config else args.model, model_config=model_config, stages=args.stages, pipelines=args.pipelines,
-                     microbatches=args.microbatches, iterations=args.iterations, redundancy=args.redundancy,
-                     frc=args.frc,
+    return JobConfig(model="hf:config" if model_config else args.model, model_config=model_config, stages=args.stages,
+                     pipelines=args.pipelines, microbatches=args.microbatches, iterations=args.iterations,
+                     redundancy=args.redundancy, frc=args.frc,
                      auto_prior_rate=args.auto_prior_rate, auto_prior_hours=args.auto_prior_hours,
                      max_stages_per_node=args.max_stages_per_node,
                      seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,

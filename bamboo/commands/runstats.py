@@ -17,7 +17,8 @@ from bamboo.control.protocol import STRAGGLER
 
 # A node recorded dead without being seen to die (found silent, or slow) may still
 # run: etcd refuses its writes, and a machine that comes back registers as a new node.
-FENCED_HOW = (STRAGGLER,)  # known alive, cut off; a silent node (lease expired, host lost) is dead as far as anyone sees
+# known alive, cut off; a silent node (lease expired, host lost) is dead as far as anyone sees
+FENCED_HOW = (STRAGGLER,)
 
 
 def node_state(look, node: int) -> str:

@@ -41,7 +41,8 @@ def job_status(endpoint: str, job: str) -> dict:
     rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None
     losses = [r.value for r in cluster.children(LOSS(last)).values()] if last is not None else []
     status = {"job": job, "state": job_state(cfg, last, assignments), "model": cfg and cfg.model,
-              "stages": cfg and cfg.stages, "pipelines": cfg and cfg.pipelines, "microbatches": cfg and cfg.microbatches,
+              "stages": cfg and cfg.stages, "pipelines": cfg and cfg.pipelines,
+              "microbatches": cfg and cfg.microbatches,
               "iterations": cfg and cfg.iterations, "last_iteration": last,
               "loss": sum(losses) / len(losses) if losses else None,
               "iterations_per_second": round(rate, 3) if rate else None,

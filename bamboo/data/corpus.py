@@ -11,8 +11,9 @@ reads its local copy (bamboo/data/cache.py), and messages name the object.
 The tail of the token stream (`val_fraction` of it) is held out: training never
 samples a window that reaches into it, and the validation microbatches are
 drawn from it alone; or they are drawn from a validation file of their own
-(nanoGPT's `val.bin`), and the training stream is not split. Training microbatch g of iteration i is drawn from (seed, i,
-g) alone, validation microbatch g from (seed, g), so every process, and the
+(nanoGPT's `val.bin`), and the training stream is not split. Training
+microbatch g of iteration i is drawn from (seed, i, g) alone, validation
+microbatch g from (seed, g), so every process, and the
 single-process reference, sees the same samples however the global batch is
 split across pipelines.
 """
