@@ -17,8 +17,9 @@ The workers' half, one iteration at a time:
   4. a data-parallel reduce done (inside the stream): REDUCED; a tied weight's
      copies summed: TIED; the stream ran: FINISHED
   5. fp16: the loss scale it ran with, and whether it overflowed: SCALE; the
-     iteration's report: DONE; the first to see every live node's writes
-     REGROUP (the failed set from now on, reconfigure?, checkpoint?)
+     iteration's report: DONE (in an epoch's calibration iteration with eager, the
+     median op times); the first to see every live node's writes REGROUP (the failed
+     set from now on, reconfigure?, checkpoint?, the cost models FRC is placed with)
   6. an iteration no pipeline can finish: ABORT; each node undoes its steps: ABORTED
   7. fatal error: ERROR; an injected preemption: PREEMPTED
   8. at a checkpoint, each node keeping checkpoint layers in host memory: COPIES
