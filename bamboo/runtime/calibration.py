@@ -42,7 +42,7 @@ def op_key(ins: Instr) -> str | None:
 
 
 class OpTimes:
-    """Durations of one iteration's timed ops, by op_key."""
+    """Durations of timed ops (one iteration's, or a calibration's), by op_key."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, list[float]] = defaultdict(list)
