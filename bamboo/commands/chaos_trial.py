@@ -135,7 +135,8 @@ class Trial:
         cmd = [sys.executable, "-m", "bamboo.commands.cli", *s.train_args(), "--etcd", self.etcd.endpoint,
                "--job", self.job, *s.cluster_args(), "--zones", ",".join(s.zones),
                "--checkpoint", os.path.join(self.dir, "ckpt"), "--checkpoint-every", str(s.checkpoint_every),
-               "--no-progress", "--metrics-out", self.metrics, "--stall-timeout", str(s.timeout), *self._job_args()]
+               "--no-progress", "--metrics-out", self.metrics, "--stall-timeout", str(s.timeout),
+               "--log-dir", self.dir, *self._job_args()]  # every process's log stays with the trial's
         with open(os.path.join(self.dir, "launcher.log"), "w") as log:
             self.launcher = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
 
