@@ -22,10 +22,11 @@ for the new owners, minus what already ran.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Callable
 
 from schedules import ir
 from schedules.cost import CostModel
-from schedules.ir import Instr, Op
+from schedules.ir import SENDS, Instr, Op
 from schedules.layout import Layout, ScheduleError
 from schedules.lower import is_tail, tail
 from schedules.simulator import Chains, Report, Simulator
@@ -168,3 +169,24 @@ def _brc_chains(layout: Layout, M: int, d: int, p: int, q: int, p_ran: list[Inst
             out += fresh_forward(mb, redundant=True)
         out.append(ir.backward(d, mb, redundant=not fresh))
     return [recvs, acts, urgent, deferred], chain_loads
+
+
+def sends_first(rest: list[Instr], ready: Callable[[Instr], bool]) -> list[Instr]:
+    """`rest` of a recovery stream with the activation and gradient sends whose
+    tensors are `ready` moved to its front, each channel's in their order (a send
+    behind one not ready stays behind it). The executor applies it at a replan: a
+    survivor called away from a collective takes it up again next, and its peers
+    there may wait, through a stage they reduce first, on what the node taking the
+    dead node's stage over needs from this one: re-sent kept gradients
+    (bamboo-chaos --network seed 20). Posting a send earlier never makes a wait
+    longer: sends are posted, and each channel's order stays."""
+    front, back, blocked = [], [], set()
+    for ins in rest:
+        channel = (ins.op, ins.peer)
+        if ins.op in (Op.SEND_ACT, Op.SEND_GRAD) and channel not in blocked and ready(ins):
+            front.append(ins)
+            continue
+        if ins.op in SENDS:
+            blocked.add(channel)
+        back.append(ins)
+    return front + back

@@ -319,3 +319,20 @@ def test_a_paused_node_is_declared_dead_and_fences_itself(tmp_path):
     # The pause lands inside an iteration (a failover) or between two (the barrier
     # records the death): either way the job finishes on the three others.
     assert records[-1]["summary"]["failovers"] <= 1 and records[-2]["nodes"] == 3
+
+
+def test_a_survivor_called_away_from_its_reduce_resends_before_it_waits_there_again(tmp_path, reference):
+    """P=3, D=2, no agents. Node 1 dies in iteration 2, so from then on node 0 runs
+    stages 0 and 1 and reduces stage 0 before stage 1. Node 3 dies in iteration 5
+    just before its reduce: node 5 takes stage 0 over and needs node 4's kept
+    gradients, while node 4 waits in stage 1's reduce for node 0, which waits in
+    stage 0's reduce for node 5. Node 4 must re-send before it waits there again
+    (the 300 s pause of bamboo-chaos --network seed 20 was this cycle); the job
+    ends well inside its hang timeout and equals the reference."""
+    streams = compile_schedule(3, M // 2, (), "eager").streams
+    before_reduce = {n: next(i for i, x in enumerate(streams[n]) if x.op is Op.REDUCE_GRADS) for n in (0, 1)}
+    _, records, params = train(tmp_path, "cycle", "--stages", "3", "--pipelines", "2", "--hang-timeout", "60",
+                               "--preempt", f"1@2:{before_reduce[1]}", "--preempt", f"3@5:{before_reduce[0]}")
+    assert_same_training(records, params, reference)
+    assert [r["nodes"] for r in records] == [6] * 2 + [5] * 3 + [4] * (ITERS - 5)
+    assert max(r["seconds"] for r in records) < 30

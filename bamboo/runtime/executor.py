@@ -20,6 +20,7 @@ import torch
 
 from schedules.ir import RECVS, SENDS, Instr, Op
 from schedules.layout import Layout
+from schedules.recovery import sends_first
 
 from bamboo.control.config import JobConfig, dropout_seed_for
 from bamboo.control.exits import preempt_if_due
@@ -145,8 +146,14 @@ class Executor:
         stream, resume_at = failover.resolve()
         if pc > resume_at and old[resume_at:pc] != stream[resume_at:pc]:
             raise RuntimeError(f"node ran past its recovery point ({pc} > {resume_at}) and off the plan")
+        stream = stream[:pc] + sends_first(stream[pc:], self._can_send)
         self._expect(stream)
         return stream
+
+    def _can_send(self, ins: Instr) -> bool:
+        """Whether what `ins` sends is here already (a kept gradient or activation)."""
+        key = (ins.stage, ins.mb)
+        return key in self.it.grads if ins.op is Op.SEND_GRAD else key in self.it.acts
 
     def _expect(self, stream: list[Instr]) -> None:
         """Arm the mailboxes with how many messages this iteration brings per channel;
