@@ -73,5 +73,6 @@ def main() -> None:
     for m, v in pauses.items():
         print(f"  {m:9} pauses (ms): " + " ".join(f"{x * 1e3:.1f}" for x in v))
 
+
 if __name__ == "__main__":
     main()
