@@ -3,8 +3,8 @@
 The cost model comes from the nodes' reports, checked against medians worked out
 by hand; placements with measured-looking costs (uneven stages, slow swaps, a
 margin on FRC) are checked by the validating simulator at every death point, as
-the default model's are in test_recovery.py; and a real eager job switches to the
-measured placement and keeps the single-process math."""
+the default model's are in test_recovery.py. A real eager job that switches to the
+measured placement and keeps the single-process math is in test_runtime.py."""
 import random
 
 import pytest
@@ -14,8 +14,6 @@ from bamboo.runtime.calibration import FRC_MARGIN, OpTimes, cost_model, propose
 from schedules.compiler import compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
 from schedules.ir import Instr, Op
-
-from tests.test_runtime import assert_same_training, reference, train  # noqa: F401 (a fixture)
 
 
 def _report(op_ms, events=()):
@@ -82,16 +80,3 @@ def test_placements_under_measured_costs_recover_from_every_death_point(seed):
     for d, stream in base.streams.items():
         for k in range(len(stream) + 1):
             simulate(compile_recovery(P, M, d, k, cost=cost))  # raises on any violation
-
-
-def test_eager_places_frc_by_measured_times_and_keeps_the_math(tmp_path, reference):
-    """A real eager job (P=4, one pipeline): from the epoch's calibration on, the
-    streams are the measured model's; a SIGKILL then is recovered from, and every
-    loss and parameter equals the single-process reference."""
-    logs = tmp_path / "logs"
-    _, records, params = train(tmp_path, "measured", "--stages", "4", "--pipelines", "1", "--preempt", "2@5:0",
-                               "--check-replicas", "--log-dir", str(logs))
-    assert_same_training(records, params, reference)
-    assert {"preemption", "failover"} == {e["type"] for e in records[5]["events"]}
-    said = [line for f in logs.iterdir() for line in f.read_text().splitlines() if "measured op times" in line]
-    assert len(said) == 4 and all("from iteration 4 FRC is placed" in line for line in said), said

@@ -336,3 +336,16 @@ def test_a_survivor_called_away_from_its_reduce_resends_before_it_waits_there_ag
     assert_same_training(records, params, reference)
     assert [r["nodes"] for r in records] == [6] * 2 + [5] * 3 + [4] * (ITERS - 5)
     assert max(r["seconds"] for r in records) < 30
+
+
+def test_eager_places_frc_by_measured_times_and_keeps_the_math(tmp_path, reference):
+    """A real eager job (P=4, one pipeline): from the epoch's calibration on, the
+    streams are the measured model's; a SIGKILL then is recovered from, and every
+    loss and parameter equals the single-process reference."""
+    logs = tmp_path / "logs"
+    _, records, params = train(tmp_path, "measured", "--stages", "4", "--pipelines", "1", "--preempt", "2@5:0",
+                               "--check-replicas", "--log-dir", str(logs))
+    assert_same_training(records, params, reference)
+    assert {"preemption", "failover"} == {e["type"] for e in records[5]["events"]}
+    said = [line for f in logs.iterdir() for line in f.read_text().splitlines() if "measured op times" in line]
+    assert len(said) == 4 and all("from iteration 4 FRC is placed" in line for line in said), said
