@@ -108,6 +108,7 @@ def test_a_ten_second_etcd_stall_fences_no_one(tmp_path, reference):
         assert not [parts for _, f, parts in scan(client) if f is FAILED], Cluster(etcd.endpoint, "faults").failed()
 
 
+@pytest.mark.slow  # make test-slow: keeps make test under 15 min (the judgement: test_liveness.py)
 def test_a_straggler_ten_times_slower_than_its_peers_is_fenced(tmp_path, reference):
     """Node 1's worker is slowed from outside to a tenth of its speed (SIGSTOP for
     90 ms of every 100 ms, as a throttled machine would be): it keeps its lease,

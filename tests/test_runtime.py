@@ -211,6 +211,7 @@ def test_channels_of_their_own_keep_the_math(tmp_path, reference, monkeypatch):
     assert {"preemption", "failover"} == {e["type"] for e in records[5]["events"]}
 
 
+@pytest.mark.slow  # make test-slow: keeps make test under 15 min (factories: test_models.py)
 def test_factory_sequential_on_two_stages_survives_losing_one(tmp_path):
     """P=2: the survivor is predecessor and successor at once and ends up running
     the whole model; a user nn.Sequential named as package.module:function."""
