@@ -31,6 +31,7 @@ def run(args: list[str]) -> list[dict]:
 
 MODES = {"off": ["--redundancy", "off"], "eager": ["--redundancy", "eager"],
          "eager-all": ["--redundancy", "eager", "--frc", "all"], "lazy": ["--redundancy", "lazy"]}
+REDUNDANT = list(MODES)[1:]  # off cannot survive a death without agents
 
 
 def main() -> None:
@@ -49,7 +50,7 @@ def main() -> None:
     kill = ["--preempt", f"0@{kill_at}:5"]
     times: dict[str, list[float]] = {m: [] for m in MODES}
     memory: dict[str, list[float]] = {m: [] for m in MODES}
-    pauses: dict[str, list[float]] = {m: [] for m in list(MODES)[1:]}  # off cannot survive a death without agents
+    pauses: dict[str, list[float]] = {m: [] for m in REDUNDANT}
     for _ in range(a.rounds):
         for mode in MODES:
             records = run(common + MODES[mode])
@@ -63,9 +64,9 @@ def main() -> None:
     mem = {m: statistics.median(memory[m]) for m in MODES}
     print(f"P=2 D=1 M={a.microbatches} batch={a.batch} tiny, {a.rounds} rounds alternating, median of means")
     print("iteration time  " + "   ".join(f"{m} {t[m] * 1e3:8.1f} ms" for m in MODES)
-          + "   " + "   ".join(f"{m}/off {t[m] / t['off']:.3f}" for m in list(MODES)[1:]))
+          + "   " + "   ".join(f"{m}/off {t[m] / t['off']:.3f}" for m in REDUNDANT))
     print("peak RSS        " + "   ".join(f"{m} {mem[m]:8.1f} MB" for m in MODES)
-          + "   " + "   ".join(f"{m}/off {mem[m] / mem['off']:.3f}" for m in list(MODES)[1:]))
+          + "   " + "   ".join(f"{m}/off {mem[m] / mem['off']:.3f}" for m in REDUNDANT))
     pause = {m: statistics.median(v) for m, v in pauses.items()}
     print(f"pause after a SIGKILL ({' '.join(kill)}), median of {a.rounds}: "
           + "   ".join(f"{m} {pause[m] * 1e3:.1f} ms ({pause[m] / t[m]:.2f} iterations)" for m in pause)

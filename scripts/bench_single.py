@@ -297,8 +297,6 @@ def print_table(result: dict) -> None:
           f"{result['memory_ratio']:.3f}")
 
 
-
-
 def main(argv=None) -> int:
     a = parse(argv)
     if a.role:

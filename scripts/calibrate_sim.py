@@ -119,8 +119,6 @@ def _cpu_name() -> str:
         return platform.processor()
 
 
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
