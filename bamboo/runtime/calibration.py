@@ -42,7 +42,7 @@ def op_key(ins: Instr) -> str | None:
 
 
 class OpTimes:
-    """Durations of timed ops (one iteration's, or a calibration's), by op_key."""
+    """Durations of timed ops over an epoch's calibration iterations, by op_key."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, list[float]] = defaultdict(list)
@@ -51,10 +51,6 @@ class OpTimes:
         key = op_key(ins)
         if key is not None:
             self.seconds[key].append(seconds)
-
-    def extend(self, other: "OpTimes") -> None:
-        for key, values in other.seconds.items():
-            self.seconds[key].extend(values)
 
     def medians_ms(self) -> dict[str, float]:
         return {k: round(statistics.median(v) * 1e3, 4) for k, v in sorted(self.seconds.items())}

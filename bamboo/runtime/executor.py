@@ -27,6 +27,7 @@ from bamboo.control.exits import preempt_if_due
 from bamboo.control.protocol import LOSS, NORM, Local, Loss, NodeId
 from bamboo.model import recipe
 from bamboo.model.builtin import dropout_seed, mixed_precision
+from bamboo.runtime.calibration import OpTimes
 from bamboo.runtime.failover import Failover, PeersSilent, TooManyDead
 from bamboo.runtime.iteration import IterationState
 from bamboo.transport.comm import Comm, Interrupted, PeerFailure
@@ -76,14 +77,15 @@ class Executor:
 
     # -- one iteration -------------------------------------------------------------------
     def run(self, iteration: int, stream: list[Instr], microbatches: range, comm: Comm, failover: Failover,
-            loss_scale: float = 1.0) -> None:
+            loss_scale: float = 1.0, times: OpTimes | None = None) -> None:
         """Run `stream` to its end, and through every recovery a death in the
-        pipeline brings, until every node of the pipeline has finished."""
+        pipeline brings, until every node of the pipeline has finished. `times`: where
+        each op's duration goes (an epoch's calibration, bamboo/runtime/calibration.py)."""
         self._release()
         for s, m in self.modules.items():
             if s not in self.owed:  # an owed step's gradients stay until it is taken
                 m.zero_grad(set_to_none=True)
-        self.it = IterationState(iteration, microbatches, comm, failover, loss_scale, base=comm.counts())
+        self.it = IterationState(iteration, microbatches, comm, failover, loss_scale, base=comm.counts(), times=times)
         self._expect(stream)
         pc = 0
         while True:
@@ -125,7 +127,8 @@ class Executor:
         OPS[ins.op](self, ins)
         if self.device.type == "cpu":
             took = time.monotonic() - began
-            self.it.times.add(ins, took)  # FRC's placement (bamboo/runtime/calibration.py)
+            if self.it.times is not None:
+                self.it.times.add(ins, took)
             if ins.op in COMPUTE:
                 self.it.busy += took
 

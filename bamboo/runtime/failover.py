@@ -171,19 +171,24 @@ class Failover:
         once one is agreed. `kills`: this iteration's --preempt (node, position)
         pairs, counted in the default model's streams; where the measured placement
         would move one, the default model places FRC in this iteration."""
-        cost = CostModel()
+        cost = self._placement(microbatches, failed, kills)
         streams = self._compile(microbatches, failed, cost)
-        if self.cost is not None:
-            measured = self._compile(microbatches, failed, self.cost)
-            kept = [(self.nodes.index(n), k) for n, k in kills if n in self.nodes]
-            if all(measured.get(me, [])[:k + 1] == streams.get(me, [])[:k + 1] for me, k in kept):
-                cost, streams = self.cost, measured
         # etcd is read at the next poll whatever the watch says, unless the last look
         # stands: then the watch would have said so (abort/'s keys are per iteration)
         due = self.failures is None or self.elastic or not self._looked
         self.now = Watch(iteration, microbatches, failed, comm, streams, cost, baseline=comm.counts(), due=due)
         if not due:
             self.now.event = self._judge(self._recorded)
+
+    def _placement(self, microbatches: int, failed: tuple[Local, ...], kills) -> CostModel:
+        """The cost model FRC is placed with: the measured one, unless it moves the
+        instructions before a kill position of this pipeline's."""
+        here = [(self.nodes.index(n), k) for n, k in kills if n in self.nodes]
+        if self.cost is None or not here:
+            return self.cost or CostModel()
+        measured, default = (self._compile(microbatches, failed, c) for c in (self.cost, CostModel()))
+        moved = any(measured.get(me, [])[:k + 1] != default.get(me, [])[:k + 1] for me, k in here)
+        return CostModel() if moved else self.cost
 
     def _compile(self, microbatches: int, failed: tuple[Local, ...], cost: CostModel) -> dict[int, list[Instr]]:
         return compile_schedule(self.P, microbatches, failed, self.redundancy, cost=cost, frc=self.frc).streams

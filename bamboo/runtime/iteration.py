@@ -43,7 +43,7 @@ class IterationState:
     losses: dict[int, torch.Tensor | float] = field(default_factory=dict)  # global microbatch -> its loss
     losses_written: set[int] = field(default_factory=set)  # global microbatches whose loss is in etcd
     busy: float = 0.0          # seconds in COMPUTE ops (CPU only: 0 on CUDA)
-    times: OpTimes = field(default_factory=OpTimes)  # each timed op's durations (CPU only)
+    times: OpTimes | None = None  # where timed ops' durations go (an epoch's calibration; CPU only)
     deferred: list[Instr] = field(default_factory=list)  # step-phase instructions put off, in stream order
     reduced: set[int] = field(default_factory=set)       # stages reduced across pipelines
     tied_grads: dict[int, torch.Tensor] = field(default_factory=dict)  # tied weight -> its summed gradient

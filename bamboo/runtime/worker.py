@@ -78,7 +78,7 @@ class Worker:
         self.pipeline = self.me = 0                # where this node runs in the epoch
         self.mbs = range(0)                        # this pipeline's share of the global microbatches
         self.epoch_iterations = 0                  # iterations begun in this epoch (calibration.CALIBRATION)
-        self.op_times = calibration.OpTimes()      # op times of this epoch's calibration iterations so far
+        self.op_times = calibration.OpTimes()      # op times of this epoch's calibration iterations (run_iteration)
         self.failover: Failover | None = None
         self.executor: Executor | None = None
         self.evaluator: Evaluator | None = None
@@ -166,8 +166,9 @@ class Worker:
         self.epoch_iterations += 1
         stream = self.failover.now.streams[self.me]  # the failover keeps every node's stream: one compile
         self.loss_scale = self._loss_scale_of(it)
+        timed = self.failover.redundancy == "eager" and self.epoch_iterations - 1 in calibration.CALIBRATION
         self.executor.run(it, stream, self.mbs, self.comm, self.failover,
-                          self.loss_scale.scale if self.loss_scale else 1.0)
+                          self.loss_scale.scale if self.loss_scale else 1.0, self.op_times if timed else None)
         self.iteration_seconds.append(time.monotonic() - began)
         self.cluster.hang_deadline(hang_deadline(self.iteration_seconds, self.cfg.hang_timeout))
 
@@ -349,12 +350,10 @@ class Worker:
 
     def _op_ms(self) -> dict | None:
         """Eager, at the last of the epoch's calibration iterations: the median time
-        of each op this node ran in them."""
-        window = calibration.CALIBRATION
-        if self.failover.redundancy != "eager" or self.epoch_iterations - 1 not in window:
+        of each op this node ran in them (none on CUDA: nothing was timed)."""
+        if self.failover.redundancy != "eager" or self.epoch_iterations != calibration.CALIBRATION.stop:
             return None
-        self.op_times.extend(self.executor.it.times)
-        return (self.op_times.medians_ms() or None) if self.epoch_iterations == window.stop else None
+        return self.op_times.medians_ms() or None
 
     def _regroup(self, it: int):
         """How the boundary rebuilds the world without the newly dead."""
