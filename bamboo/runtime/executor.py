@@ -27,6 +27,7 @@ from bamboo.control.exits import preempt_if_due
 from bamboo.control.protocol import LOSS, NORM, Local, Loss, NodeId
 from bamboo.model import recipe
 from bamboo.model.builtin import dropout_seed, mixed_precision
+from bamboo.runtime.ahead import Ahead, prefix_ahead
 from bamboo.runtime.calibration import OpTimes
 from bamboo.runtime.failover import Failover, PeersSilent, TooManyDead
 from bamboo.runtime.iteration import IterationState
@@ -60,6 +61,8 @@ class Executor:
         # and syncs wait for the rest of the stream (STEP_PHASE).
         self.step_after_reduces = bool(cfg.grad_clip) or bool(self.tied) or cfg.loss_scaling
         self.it: IterationState | None = None  # the iteration under way, or the last one run
+        self.ahead: Ahead | None = None   # the next iteration's first forward, run while the boundary agrees
+        self.ahead_taken = 0              # iterations that began with work run ahead
 
     @property
     def busy(self) -> float:
@@ -81,13 +84,17 @@ class Executor:
         """Run `stream` to its end, and through every recovery a death in the
         pipeline brings, until every node of the pipeline has finished. `times`: where
         each op's duration goes (an epoch's calibration, bamboo/runtime/calibration.py)."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            ahead.join()  # before anything here changes what it reads
         self._release()
         for s, m in self.modules.items():
             if s not in self.owed:  # an owed step's gradients stay until it is taken
                 m.zero_grad(set_to_none=True)
         self.it = IterationState(iteration, microbatches, comm, failover, loss_scale, base=comm.counts(), times=times)
         self._expect(stream)
-        pc = 0
+        pc = ahead.take(self.it, stream) if ahead is not None else 0
+        self.ahead_taken += pc > 0
         while True:
             while pc < len(stream) or self.it.deferred or comm.pending():
                 ins, self.it.stream, self.it.pc = (stream[pc] if pc < len(stream) else None), stream, pc
@@ -119,6 +126,19 @@ class Executor:
             if (event := failover.linger(idle=self.settle_replicas)) is None:  # owed steps fit in the wait
                 break
             stream = self._on_event(event, stream, pc)
+
+    def compute_ahead(self, iteration: int, stream: list[Instr], microbatches: range) -> None:
+        """Start the first loads and forward of iteration `iteration`, expected to run
+        `stream`, on a thread (bamboo/runtime/ahead.py); `run` takes them if they fit."""
+        prefix = prefix_ahead(stream)
+        if prefix and self.device.type == "cpu":
+            self.ahead = Ahead(self, OPS, iteration, stream, prefix, microbatches)
+
+    def drop_ahead(self) -> None:
+        """Forget the work run ahead (the next iteration will not run that stream)."""
+        if self.ahead is not None:
+            self.ahead.join()
+            self.ahead = None
 
     def _execute(self, ins: Instr) -> None:
         if self.owed and (ins.op in RECVS or ins.stage in self.owed):

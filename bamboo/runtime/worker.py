@@ -187,7 +187,9 @@ class Worker:
             self.cluster.hang_deadline(hang_deadline(self.iteration_seconds, self.cfg.hang_timeout))
 
     def end_iteration(self, it: int) -> Regroup:
-        """Report, and agree with every live node on what the next iteration runs with."""
+        """Report, and agree with every live node on what the next iteration runs with;
+        stage 0's owner runs the next iteration's first forward meanwhile."""
+        self._compute_ahead(it + 1)
         if self.loss_scale and self.executor.overflow is not None:  # every node decided alike: first wins
             self.cluster.create(SCALE(it), dataclasses.replace(self.loss_scale, overflow=self.executor.overflow))
         self.boundary.report(it, self._report())
@@ -223,6 +225,7 @@ class Worker:
         was abandoned everywhere, after undoing its steps); return the iteration it
         starts from: the next one, `it` again, or a checkpoint's when a stage was lost
         on every node."""
+        self.executor.drop_ahead()  # its modules may be rolled back, moved or replaced
         if aborted:
             self.comm.close()  # NCCL work of the abandoned iteration would never end
             self.executor.reducer.close()
@@ -232,6 +235,10 @@ class Worker:
         return self._move_to(self._next_epoch(self.assignment.epoch))
 
     def leave(self) -> None:
+        self.executor.drop_ahead()
+        if self.executor.ahead_taken:
+            print(f"bamboo.runtime.worker: node {self.node}: {self.executor.ahead_taken} iterations began with "
+                  "their first forward run while the boundary agreed", flush=True)
         self.executor.settle_replicas()  # a stage taken over at the last boundary is saved stepped
         self.checkpoints.wait()
         if self.cfg.save_dir and self.pipeline == 0:
@@ -347,6 +354,15 @@ class Worker:
                         else 0.0)
         self.failover.events = []
         return report
+
+    def _compute_ahead(self, it: int) -> None:
+        """Start iteration `it`'s first forward while the boundary agrees
+        (bamboo/runtime/ahead.py): not past the job's end, nor into a timed calibration
+        iteration, nor with a --preempt of this node in it (counted from its stream's start)."""
+        timed = self.failover.redundancy == "eager" and self.epoch_iterations in calibration.CALIBRATION
+        preempted = any(p.iteration == it and p.phase == "train" and p.node == self.node for p in self.cfg.preempt)
+        if it < self.cfg.iterations and not timed and not preempted:
+            self.executor.compute_ahead(it, self.failover.now.streams[self.me], self.mbs)
 
     def _op_ms(self) -> dict | None:
         """Eager, at the last of the epoch's calibration iterations: the median time

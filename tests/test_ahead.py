@@ -1,0 +1,84 @@
+"""Compute ahead (bamboo/runtime/ahead.py): the next iteration's first forward run on
+a thread while the boundary agrees. Checked against the same instructions run by
+the executor on the main thread, on the real `tiny` model with its dropout."""
+import pytest
+import torch
+
+from schedules.compiler import compile_schedule
+from schedules import ir
+from schedules.ir import Instr, Op
+
+from bamboo.control.config import JobConfig
+from bamboo.data.corpus import corpus_of
+from bamboo.model.api import ModelSource
+from bamboo.model.builtin import Stage
+from bamboo.model.partition import partition
+from bamboo.runtime.ahead import Ahead, prefix_ahead
+from bamboo.runtime.executor import OPS, Executor
+from bamboo.runtime.iteration import IterationState
+
+CFG = JobConfig(model="tiny", dtype="float64", microbatches=4, iterations=3, seed=3)
+MBS = range(4, 8)  # pipeline 1's share of 8 global microbatches
+
+
+@pytest.fixture(scope="module")
+def executor():
+    source = ModelSource(CFG.model, CFG.seed, CFG.torch_dtype, CFG.seq, CFG.model_config)
+    first = partition(source.costs(), 2)[0]
+    stage = Stage([source.layer(i) for i in first], None, first.start)
+    return Executor(CFG, (2, 3), 0, {0: stage}, {}, corpus_of(CFG, source.seq), torch.device("cpu"), None, None)
+
+
+def on_main_thread(executor, iteration: int, stream: list[Instr]) -> IterationState:
+    executor.it = IterationState(iteration, MBS, None, None, stream=stream)
+    for pc, ins in enumerate(prefix_ahead(stream)):
+        executor.it.pc = pc
+        OPS[ins.op](executor, ins)
+    return executor.it
+
+
+@pytest.mark.parametrize("mode", ["off", "lazy", "eager"])
+def test_only_a_stream_that_begins_at_stage_0_has_work_to_run_ahead(mode):
+    streams = compile_schedule(4, 8, (), mode).streams
+    assert prefix_ahead(streams[0]) == [ir.load(0), Instr(Op.FORWARD, 0, 0)]
+    assert all(prefix_ahead(streams[n]) == [] for n in (1, 2, 3))
+    merged = compile_schedule(4, 8, (1,), mode).streams[0]  # node 0 runs stages 0 and 1
+    assert prefix_ahead(merged) == [ir.load(0), Instr(Op.FORWARD, 0, 0), Instr(Op.FORWARD, 1, 0)]
+
+
+def test_the_forward_run_ahead_equals_the_main_threads_bit_for_bit(executor):
+    stream = compile_schedule(2, 4, (), "off").streams[0]
+    want = on_main_thread(executor, 2, stream)
+    ahead = Ahead(executor, OPS, 2, stream, prefix_ahead(stream), MBS)
+    got = IterationState(2, MBS, None, None)
+    assert ahead.take(got, stream) == 2
+    assert torch.equal(got.acts[(0, 0)], want.acts[(0, 0)])
+    assert torch.equal(got.inputs[0], want.inputs[0]) and sorted(got.drawn) == sorted(want.drawn) == [1, 2, 3]
+    assert got.states[(0, 0)][1].grad_fn is not None and got.busy > 0  # its backward can run on the main thread
+    other = on_main_thread(executor, 3, stream)  # another iteration draws other samples and dropout
+    assert not torch.equal(other.acts[(0, 0)], want.acts[(0, 0)])
+
+
+@pytest.mark.parametrize("change", ["iteration", "samples", "stream"])
+def test_work_for_another_iteration_or_stream_is_dropped(executor, change):
+    stream = compile_schedule(2, 4, (), "off").streams[0]
+    ahead = Ahead(executor, OPS, 2, stream, prefix_ahead(stream), MBS)
+    iteration, mbs, runs = 2, MBS, stream
+    if change == "iteration":
+        iteration = 3
+    elif change == "samples":
+        mbs = range(0, 4)
+    else:
+        runs = [ir.load(1), Instr(Op.FORWARD, 0, 1)] + stream[2:]
+    it = IterationState(iteration, mbs, None, None)
+    assert ahead.take(it, runs) == 0
+    assert not (it.acts or it.states or it.inputs or it.drawn) and it.busy == 0
+
+
+def test_an_error_on_the_thread_is_raised_where_the_results_are_taken(executor):
+    def broken(_executor, _ins):
+        raise ValueError("broken forward")
+    stream = compile_schedule(2, 4, (), "off").streams[0]
+    ahead = Ahead(executor, {**OPS, Op.FORWARD: broken}, 2, stream, prefix_ahead(stream), MBS)
+    with pytest.raises(ValueError, match="broken forward"):
+        ahead.take(IterationState(2, MBS, None, None), stream)
