@@ -126,6 +126,12 @@ def check_redundancy(args) -> None:
     if args.frc == "all" and args.redundancy in ("lazy", "off"):
         raise ValueError(f"--frc all with --redundancy {args.redundancy}: only eager runs FRC before a failure "
                          "(use --redundancy eager or auto, or leave --frc out)")
+    if not math.isfinite(args.sync_bucket_mb) or args.sync_bucket_mb <= 0:
+        raise ValueError(f"--sync-bucket-mb must be a positive number of MB (got {args.sync_bucket_mb})")
+    if args.sync_bucket_mb != 4.0 and (args.redundancy == "off" or args.pipelines > 1 or args.grad_clip
+                                       or args.precision == "fp16" or args.stages == 1):
+        print("bamboo-train: note: --sync-bucket-mb does nothing in this run: the sync is posted whole with "
+              "--redundancy off, --stages 1, --pipelines above 1, --grad-clip or fp16", file=sys.stderr)
     if args.auto_prior_rate < 0 or args.auto_prior_hours <= 0:
         raise ValueError(f"--auto-prior-rate must not be negative and --auto-prior-hours must be positive "
                          f"(got {args.auto_prior_rate} and {args.auto_prior_hours})")
@@ -293,7 +299,7 @@ def config_from_args(args, fetch_data: bool = True) -> JobConfig:
     check_outputs(args)  # last: it may create the directories
     return JobConfig(model="hf:config" if model_config else args.model, model_config=model_config, stages=args.stages,
                      pipelines=args.pipelines, microbatches=args.microbatches, iterations=args.iterations,
-                     redundancy=args.redundancy, frc=args.frc,
+                     redundancy=args.redundancy, frc=args.frc, sync_bucket_mb=args.sync_bucket_mb,
                      auto_prior_rate=args.auto_prior_rate, auto_prior_hours=args.auto_prior_hours,
                      max_stages_per_node=args.max_stages_per_node,
                      seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,

@@ -47,6 +47,9 @@ def _schedule_flags(g) -> None:
                    help="eager: run the next stage's forward only where the schedule's cost model says it fits the "
                         "node's idle time, and recompute the rest after a failure (bubbles); or for every "
                         "microbatch, at the cost of a longer iteration (all)")
+    g.add_argument("--sync-bucket-mb", type=float, default=4.0, metavar="MB",
+                   help="lazy and eager with one pipeline and no clipping, ties or fp16: a replica's sync is posted "
+                        "in buckets of this many MB as its stage's last backward fills them")
     g.add_argument("--auto-prior-rate", type=float, default=0.05, metavar="R",
                    help="--redundancy auto: preemptions per node-hour to assume before any are seen")
     g.add_argument("--auto-prior-hours", type=float, default=2.0, metavar="H",

@@ -91,17 +91,16 @@ def scale_grads(params, coefficient: float) -> None:
                 p.grad.mul_(coefficient)
 
 
-def flat_grads(module: torch.nn.Module) -> torch.Tensor:
-    """A stage's gradients as one vector (zeros where none): one message, to a
-    replica or into an all-reduce."""
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                      for p in module.parameters()])
+def flat_grads(params) -> torch.Tensor:
+    """The gradients of `params` (a stage's, or a bucket of them) as one vector (zeros
+    where none): one message, to a replica or into an all-reduce."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
 
 
-def set_flat_grads(module: torch.nn.Module, flat: torch.Tensor) -> None:
+def set_flat_grads(params, flat: torch.Tensor) -> None:
     """The inverse of flat_grads: a replica takes its owner's gradients."""
     offset = 0
-    for p in module.parameters():
+    for p in params:
         n = p.numel()
         p.grad = flat[offset:offset + n].view_as(p).to(p.dtype)  # views: each message is a fresh tensor
         offset += n

@@ -31,6 +31,7 @@ from bamboo.runtime.ahead import Ahead, prefix_ahead
 from bamboo.runtime.calibration import OpTimes
 from bamboo.runtime.failover import Failover, PeersSilent, TooManyDead
 from bamboo.runtime.iteration import IterationState
+from bamboo.runtime.sync import EarlySync, receive, sync_params
 from bamboo.transport.comm import Comm, Interrupted, PeerFailure
 from bamboo.transport.staging import Copy, Stager
 from bamboo.transport.swap import SavedTensors
@@ -95,6 +96,13 @@ class Executor:
         self._expect(stream)
         pc = ahead.take(self.it, stream) if ahead is not None else 0
         self.ahead_taken += pc > 0
+        try:
+            self._run_stream(stream, pc, comm, failover)
+        finally:
+            self._close_syncs()
+
+    def _run_stream(self, stream: list[Instr], pc: int, comm: Comm, failover: Failover) -> None:
+        """`run`'s loop, from instruction `pc` on."""
         while True:
             while pc < len(stream) or self.it.deferred or comm.pending():
                 ins, self.it.stream, self.it.pc = (stream[pc] if pc < len(stream) else None), stream, pc
@@ -223,6 +231,7 @@ class Executor:
     def backward(self, ins: Instr) -> None:
         s, mb = ins.stage, ins.mb
         inp, out, _ = self.it.states.pop((s, mb))
+        self._sync_early(ins)
         if s == self.P - 1:
             self.it.losses[self.it.mbs[mb]] = out.detach()  # leaves with the gradient (send_grad)
             recipe.scaled_loss(out, self.cfg.microbatches, self.it.loss_scale).backward()  # as the reference
@@ -436,14 +445,47 @@ class Executor:
                     optimizer.state.pop(p, None)
         self.it.undo = {}
 
+    def _sync_early(self, ins: Instr) -> None:
+        """Before stage s's last backward of the stream: post its sync in buckets as that
+        backward fills them (bamboo/runtime/sync.py), when nothing changes the gradients
+        after it (one pipeline; no clipping, ties or fp16) and no other sync goes
+        first on the channel."""
+        s, rest = ins.stage, self.it.stream[self.it.pc + 1:]
+        if self.step_after_reduces or self.reducer.D != 1 or s in self.it.early_syncs:
+            return
+        if any(i.op is Op.BACKWARD and i.stage == s for i in rest):
+            return
+        sync = next((i for i in rest if i.op is Op.SEND_SYNC and i.stage == s), None)
+        if sync is None or next(i for i in rest if i.op is Op.SEND_SYNC and i.peer == sync.peer) != sync:
+            return
+        peer = self.peer(sync.peer)
+        self.it.early_syncs[s] = EarlySync(s, sync.peer, self.modules[s], lambda t, note: self.it.comm.post(
+            peer, Op.SEND_SYNC, t, note, later=True), int(self.cfg.sync_bucket_mb * 2**20))
+
+    def _close_syncs(self) -> None:
+        """No bucket's hook outlives its iteration (a stream cut short, an abort)."""
+        for early in self.it.early_syncs.values():
+            early.close()
+        self.it.early_syncs = {}
+
     def send_sync(self, ins: Instr) -> None:
         self._prepare(ins.stage)  # the gradients as the owner's step will take them
-        self._send(ins, Op.SEND_SYNC, recipe.flat_grads(self.modules[ins.stage]))
+        early = self.it.early_syncs.pop(ins.stage, None)
+        if early is not None and early.peer == ins.peer:
+            early.finish()  # its buckets went out during the backward: the rest, the last of them
+            return
+        if early is not None:
+            early.close()  # its holder died since (a new plan): the whole sync goes to the new one
+        self._send(ins, Op.SEND_SYNC, recipe.flat_grads(sync_params(self.modules[ins.stage])))
 
     def recv_sync(self, ins: Instr) -> None:
+        """The sync's parts (one, or its buckets: bamboo/runtime/sync.py), kept across an
+        interrupted wait, joined into the replica's gradients."""
         self._write_losses()  # this wait is idle time: the losses' etcd write goes in it, not after
-        flat = self.it.comm.recv(self.peer(ins.peer), Op.SEND_SYNC, self.it.failover.keep_waiting)
-        recipe.set_flat_grads(self.modules[ins.stage], flat)
+        flat = receive(self.it.sync_parts.setdefault(ins.stage, []), lambda: self.it.comm.recv_noted(
+            self.peer(ins.peer), Op.SEND_SYNC, self.it.failover.keep_waiting))
+        del self.it.sync_parts[ins.stage]
+        recipe.set_flat_grads(sync_params(self.modules[ins.stage]), flat)
 
 
 # The instruction set and the method that runs each op: checked against Op (tests/test_runtime_state.py).

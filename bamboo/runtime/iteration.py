@@ -18,6 +18,7 @@ from bamboo.transport.staging import Copy
 
 if TYPE_CHECKING:
     from bamboo.runtime.failover import Failover
+    from bamboo.runtime.sync import EarlySync
 
 Key = tuple[int, int]  # (stage, local microbatch)
 
@@ -53,3 +54,5 @@ class IterationState:
     norms_read: bool = False   # every stage's squared norm was read, and so ...
     multiplier: float | None = None  # ... what the gradients are multiplied by (None: overflow)
     overflow: bool | None = None     # fp16: whether this iteration's steps were skipped, once known
+    early_syncs: dict[int, EarlySync] = field(default_factory=dict)  # stage -> its sync posted in buckets
+    sync_parts: dict[int, list] = field(default_factory=dict)  # replica stage -> the parts of its sync so far

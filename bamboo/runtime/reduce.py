@@ -144,7 +144,7 @@ class Reducer:
         left = self._pending(iteration, key)
         if left:
             return left
-        flat = recipe.flat_grads(module)
+        flat = recipe.flat_grads(module.parameters())
         return self._group(iteration, key, members).allreduce([flat]), flat
 
     def _pending(self, iteration: int, key: str) -> tuple | None:
@@ -184,7 +184,7 @@ class Reducer:
                     return self.members(stage) != members or self.cluster.get(REDUCED(iteration, stage))
                 self.cluster.wait_for(regrouped, timeout=max(60.0, 20 * self.timeout),
                                       what=f"the failed member of stage {stage}'s group to be recorded", poll=0.05)
-        recipe.set_flat_grads(module, flat)
+        recipe.set_flat_grads(module.parameters(), flat)
         self.cluster.put(REDUCED(iteration, stage), Reduced(members))
 
     def _wait(self, work, iteration: int, members: tuple[int, ...], leave=lambda: False) -> None:

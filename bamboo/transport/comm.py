@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from bamboo.transport.channels import Channels
 
 TAGS = {Op.SEND_ACT: 1, Op.SEND_GRAD: 2, Op.SEND_SYNC: 3}
+# Kinds whose message may come in parts (a replica's sync in buckets, bamboo/runtime/sync.py):
+# a part's note is how many elements are still to come, and the message counts once its last part landed.
+PARTED = frozenset({Op.SEND_SYNC})
 EVAL_TAGS = {Op.SEND_ACT: 4}  # evaluation's activations (Comm.evaluation)
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64]
 _HEADER = 11  # ndim, up to 8 dims, a note (float64 bits; NaN: none), dtype code
@@ -122,9 +125,10 @@ class _Mailbox:
                     self.error = str(e).splitlines()[0][:200]
                 self.inbox.put(None)
                 return
+            note = _note(h)
             with self.cond:
-                self.received += 1
-            self.inbox.put((t, _note(h), ahead if self.comm.channels is None else None))
+                self.received += self.kind not in PARTED or note is None
+            self.inbox.put((t, note, ahead if self.comm.channels is None else None))
 
     def _buffer(self, size: int) -> torch.Tensor:
         """Room for a payload of up to `size` bytes: pooled pinned memory on CUDA."""
@@ -293,13 +297,15 @@ class Comm:
             self.stager.cuda.set_stream(self.stager.cuda.Stream(self.device))
 
     def post(self, peer: int, kind: Op, tensor: torch.Tensor, note: "float | torch.Tensor | None" = None,
-             keep: bool = False) -> Copy | None:
+             keep: bool = False, later: bool = False) -> Copy | None:
         """Queue a send and go on computing while it leaves (docs/HOTPATH.md, finding 5).
         Its outcome is learnt by a later `post` or by `flush`: after this one is queued,
         an earlier send found failed raises PeerFailure. The tensor must not change
         in place afterwards (activations and gradients never do). `keep`: return the
         host copy gloo sends from, when there is one (a GPU tensor), for the caller
-        to keep instead of making its own (it gives the buffer back to the pool)."""
+        to keep instead of making its own (it gives the buffer back to the pool).
+        `later`: an earlier failure is raised by the next post or flush, not here (a
+        post from a backward's hook, which must not be cut short)."""
         if isinstance(note, torch.Tensor):  # read by the outbox: no host synchronisation here
             note = self.stager.to_host(note.reshape(1), copy=False)
         staged = self._staged(tensor)
@@ -316,7 +322,7 @@ class Comm:
             if error is not None:
                 self._failed.append(PeerFailure(peer_of, error))
         self._posted = still
-        if self._failed:
+        if self._failed and not later:
             staged.kept = False  # nobody keeps it now: the outbox gives it back (unless it is past that)
             raise self._failed.pop(0)
         return staged if kept else None
