@@ -17,7 +17,7 @@ from agents import agent, membership
 from bamboo.commands import launcher
 from bamboo.control.events import (EvalSkipped, Event, FailedOver, ModeSwitched, NoticeSeen, Overflow, Preemption,
                                    Reconfigured, Redone)
-from bamboo.runtime import boundary, evaluator, executor, failover, holdings, reduce, worker
+from bamboo.runtime import ahead, boundary, evaluator, executor, failover, holdings, reduce, steps, sync, worker
 
 
 def test_every_op_has_its_method_in_the_executors_map():
@@ -59,7 +59,8 @@ def attributes_set_outside_init(cls) -> set[str]:
 
 @pytest.mark.parametrize("cls", [executor.Executor, failover.Failover, evaluator.Evaluator, worker.Worker,
                                  boundary.Boundary, reduce.Reducer, holdings.Holdings, launcher.Launcher,
-                                 membership.Membership, agent.BambooAgent], ids=lambda cls: cls.__name__)
+                                 membership.Membership, agent.BambooAgent, steps.StepPhase, ahead.Ahead,
+                                 sync.EarlySync], ids=lambda cls: cls.__name__)
 def test_every_attribute_is_first_set_in_init(cls):
     assert attributes_set_outside_init(cls) == set()
 
