@@ -348,7 +348,7 @@ def test_a_survivor_called_away_from_its_reduce_resends_before_it_waits_there_ag
                                "--preempt", f"1@2:{before_reduce[1]}", "--preempt", f"3@5:{before_reduce[0]}")
     assert_same_training(records, params, reference)
     assert [r["nodes"] for r in records] == [6] * 2 + [5] * 3 + [4] * (ITERS - 5)
-    assert max(r["seconds"] for r in records) < 30
+    assert max(r["seconds"] for r in records) < 55  # a cycle waits out the 60 s hang timeout
 
 
 def test_eager_places_frc_by_measured_times_and_keeps_the_math(tmp_path, reference):
