@@ -18,9 +18,8 @@ first and last in a round differed by 2%); medians over rounds. Bamboo runs on o
 here (the launcher's binary and flags) whose /metrics are read. "off-poll1s" is
 off with the launcher's 50 ms poll stretched to 1 s (time.sleep patched in the
 launcher process only, by a sitecustomize): what that polling costs the workers.
-"off-noahead" is off with the workers' compute ahead turned off (Executor.compute_ahead
-patched to do nothing, by the same sitecustomize): what running stage 0's next
-forward during the boundary gains (bamboo/runtime/ahead.py).
+"off-ahead" is off with --compute-ahead: what running stage 0's next forward during
+the boundary gains (bamboo/runtime/ahead.py).
 
 --profile DIR then measures, per iteration: every process's CPU and etcd's
 requests (by difference of an N- and a 2N-iteration run), and each main
@@ -54,7 +53,7 @@ from bamboo.model.builtin import Block, Embedding, GPTConfig, Head, token_loss
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = GPTConfig(vocab=256, seq=128, dim=256, layers=4, heads=4, dropout=0.0)
 MODEL, P, M, BATCH = "scripts.bench_hotpath:gpt", 2, 8, 8
-SYSTEMS = ("off", "deepspeed", "torch", "eager", "lazy", "off-poll1s", "off-noahead")  # the first round's order
+SYSTEMS = ("off", "deepspeed", "torch", "eager", "lazy", "off-poll1s", "off-ahead")  # the first round's order
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": ROOT}
 
 
@@ -152,8 +151,8 @@ def run_baseline(system: str, a, iterations: int | None = None, env=ENV) -> dict
 
 
 # -- Bamboo ------------------------------------------------------------------------------
-def run_bamboo(mode: str, a, etcd: str, iterations: int | None = None, env=ENV) -> dict:
-    """bamboo-train with --redundancy `mode` on `etcd`; iteration ends from the reports."""
+def run_bamboo(mode: str, a, etcd: str, iterations: int | None = None, env=ENV, extra=()) -> dict:
+    """bamboo-train with --redundancy `mode` (and `extra` flags) on `etcd`; iteration ends from the reports."""
     from bamboo.control.cluster import Cluster
     from bamboo.control.protocol import DONE
     n, job = iterations or a.iterations, f"hot-{mode}-{uuid.uuid4().hex[:8]}"
@@ -162,7 +161,8 @@ def run_bamboo(mode: str, a, etcd: str, iterations: int | None = None, env=ENV) 
                         "--seq", str(CFG.seq), "--stages", str(P), "--microbatches", str(M), "--batch", str(BATCH),
                         "--iterations", str(n),
                         "--seed", str(a.seed), "--redundancy", mode, "--etcd", etcd, "--job", job,
-                        "--metrics-out", f"{d}/m.jsonl"], cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
+                        "--metrics-out", f"{d}/m.jsonl", *extra], cwd=ROOT, env=env, check=True,
+                       stdout=subprocess.DEVNULL)
         records = [json.loads(line) for line in open(f"{d}/m.jsonl")][:-1]
     cluster = Cluster(etcd, job)
     reports = [cluster.children(DONE(it)).values() for it in range(n)]
@@ -200,8 +200,8 @@ def report_times(runs: dict, a) -> None:
     print(f"  (off as the launcher's metrics record it: {launcher * 1e3:.1f} ms; the busier node's compute ops, "
           f"Executor.busy: {busy * 1e3:.1f} ms)")
     pairs = [(x, y) for x, y in (("off", "deepspeed"), ("off", "torch"), ("eager", "off"), ("lazy", "off"),
-                                 ("off-poll1s", "off"), ("off-poll1s", "deepspeed"), ("off", "off-noahead"),
-                                 ("off-noahead", "deepspeed")) if x in runs and y in runs]
+                                 ("off-poll1s", "off"), ("off-poll1s", "deepspeed"), ("off-ahead", "off"),
+                                 ("off-ahead", "deepspeed")) if x in runs and y in runs]
     print("ratios: " + "   ".join(f"{x}/{y} {t[x] / t[y]:.3f}" for x, y in pairs))
     # The systems alternate within a round: a ratio inside one round is the least
     # touched by the machine's load drifting from round to round.
@@ -236,9 +236,6 @@ if os.environ.get("BENCH_SLOW_POLL") and "--metrics-out" in sys.argv:  # the lau
     import time
     _sleep = time.sleep
     time.sleep = lambda s: _sleep(1.0 if s == 0.05 else s)
-if os.environ.get("BENCH_NO_AHEAD") and "--node" in sys.argv:  # a worker: no forward run ahead
-    from bamboo.runtime.executor import Executor
-    Executor.compute_ahead = lambda *args, **kwargs: None
 if os.environ.get("BENCH_PROFILE"):  # scripts/bench_hotpath.py: this process's CPU (and profile) at exit
     import atexit, cProfile, json
     _profile, _done = cProfile.Profile() if os.environ.get("BENCH_CPROFILE") else None, []
@@ -259,7 +256,7 @@ if os.environ.get("BENCH_PROFILE"):  # scripts/bench_hotpath.py: this process's 
 """
 
 
-def traced(out: str, cprofile: bool = False, slow_poll: bool = False, no_ahead: bool = False) -> dict:
+def traced(out: str, cprofile: bool = False, slow_poll: bool = False) -> dict:
     """The environment of a run whose Python processes leave their CPU seconds (and
     with `cprofile` their main thread's profile) in `out`: a sitecustomize on
     PYTHONPATH, so nothing in bamboo/ changes."""
@@ -267,8 +264,7 @@ def traced(out: str, cprofile: bool = False, slow_poll: bool = False, no_ahead: 
     with open(os.path.join(out, "site", "sitecustomize.py"), "w") as f:
         f.write(SITE)
     return {**ENV, "BENCH_PROFILE": out, "BENCH_CPROFILE": "1" if cprofile else "",
-            "BENCH_SLOW_POLL": "1" if slow_poll else "", "BENCH_NO_AHEAD": "1" if no_ahead else "",
-            "PYTHONPATH": os.path.join(out, "site") + os.pathsep + ROOT}
+            "BENCH_SLOW_POLL": "1" if slow_poll else "", "PYTHONPATH": os.path.join(out, "site") + os.pathsep + ROOT}
 
 
 def processes(out: str) -> dict[str, tuple[dict, str]]:
@@ -401,9 +397,9 @@ def main() -> None:
                 if s in ("deepspeed", "torch"):
                     runs[s].append(run_baseline(s, a))
                 else:
-                    env = ENV if s in ("off", "eager", "lazy") else traced(
-                        tempfile.mkdtemp(dir=scratch), slow_poll=s == "off-poll1s", no_ahead=s == "off-noahead")
-                    runs[s].append(run_bamboo(s.split("-")[0], a, etcd.endpoint, env=env))
+                    env = traced(tempfile.mkdtemp(dir=scratch), slow_poll=True) if s == "off-poll1s" else ENV
+                    extra = ("--compute-ahead",) if s == "off-ahead" else ()
+                    runs[s].append(run_bamboo(s.split("-")[0], a, etcd.endpoint, env=env, extra=extra))
         if a.rounds:
             compare_losses(runs, a.check, a.rtol)
             report_times(runs, a)

@@ -365,13 +365,13 @@ def test_eager_places_frc_by_measured_times_and_keeps_the_math(tmp_path, referen
 
 
 def test_stage_0_runs_the_next_forward_while_the_boundary_agrees(tmp_path, reference):
-    """Compute ahead (bamboo/runtime/ahead.py), lazy, P=4, D=2: each pipeline's stage-0
+    """--compute-ahead (bamboo/runtime/ahead.py), lazy, P=4, D=2: each pipeline's stage-0
     owner begins every iteration after the first with the forward it ran while the
     boundary agreed, also when node 1's death in iteration 5 merged stages 0 and 1
     on node 0; every loss and parameter equals the single-process reference."""
     logs = tmp_path / "logs"
     _, records, params = train(tmp_path, "ahead", "--stages", str(P), "--pipelines", str(D), "--redundancy", "lazy",
-                               "--preempt", "1@5:3", "--log-dir", str(logs))
+                               "--preempt", "1@5:3", "--log-dir", str(logs), "--compute-ahead")
     assert_same_training(records, params, reference)
     said = {f.name: line for f in logs.iterdir() for line in f.read_text().splitlines() if "run while the" in line}
     assert len(said) == 2 and all(f"{ITERS - 1} iterations began" in line for line in said.values()), said

@@ -132,6 +132,9 @@ def check_redundancy(args) -> None:
                                        or args.precision == "fp16" or args.stages == 1):
         print("bamboo-train: note: --sync-bucket-mb does nothing in this run: the sync is posted whole with "
               "--redundancy off, --stages 1, --pipelines above 1, --grad-clip or fp16", file=sys.stderr)
+    if args.compute_ahead and args.stages == 1:
+        print("bamboo-train: note: --compute-ahead does nothing in this run: --stages 1 has no iteration boundary",
+              file=sys.stderr)
     if args.auto_prior_rate < 0 or args.auto_prior_hours <= 0:
         raise ValueError(f"--auto-prior-rate must not be negative and --auto-prior-hours must be positive "
                          f"(got {args.auto_prior_rate} and {args.auto_prior_hours})")
@@ -301,7 +304,7 @@ def config_from_args(args, fetch_data: bool = True) -> JobConfig:
                      pipelines=args.pipelines, microbatches=args.microbatches, iterations=args.iterations,
                      redundancy=args.redundancy, frc=args.frc, sync_bucket_mb=args.sync_bucket_mb,
                      auto_prior_rate=args.auto_prior_rate, auto_prior_hours=args.auto_prior_hours,
-                     max_stages_per_node=args.max_stages_per_node,
+                     max_stages_per_node=args.max_stages_per_node, compute_ahead=args.compute_ahead,
                      seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
                      lr_schedule=args.lr_schedule, warmup=args.warmup, weight_decay=args.weight_decay,
                      betas=tuple(args.betas), grad_clip=args.grad_clip, dtype=args.dtype, precision=args.precision,

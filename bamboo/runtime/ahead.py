@@ -11,8 +11,11 @@ if its stream begins with the same instructions for the same samples; otherwise
 (a death changed the pipeline, the agents reconfigure, the iteration is
 abandoned) they are dropped. Nothing is sent before the agreement.
 
-CPU only: on CUDA the forward's time is kernel launches that overlap anyway, and
-what runs on which stream from a second thread was never checked on a GPU."""
+Opt-in (--compute-ahead): on this project's 2-core machine it measured no faster,
+the forward's Python holding the GIL the boundary's etcd client needs, and each
+iteration's thread added to the peak memory (docs/HOTPATH.md). CPU only: on CUDA
+the forward's time is kernel launches that overlap anyway, and what runs on which
+stream from a second thread was never checked on a GPU."""
 from __future__ import annotations
 
 import copy

@@ -132,10 +132,13 @@ class StepPhase:
     def _sync_early(self, ins: Instr) -> None:
         """Before stage s's last backward of the stream: post its sync in buckets as that
         backward fills them (bamboo/runtime/sync.py), when nothing changes the gradients
-        after it (one pipeline; no clipping, ties or fp16) and no other sync goes
-        first on the channel."""
-        s, rest = ins.stage, self.it.stream[self.it.pc + 1:]
+        after it (one pipeline; no clipping, ties or fp16), the stage is more than one
+        bucket (else there is nothing to post early, and no hook is paid for), and
+        no other sync goes first on the channel."""
+        s, rest, size = ins.stage, self.it.stream[self.it.pc + 1:], int(self.cfg.sync_bucket_mb * 2**20)
         if self.step_after_reduces or self.reducer.D != 1 or s in self.it.early_syncs:
+            return
+        if sum(p.numel() * p.element_size() for p in self.modules[s].parameters()) <= size:
             return
         if any(i.op is Op.BACKWARD and i.stage == s for i in rest):
             return
@@ -144,7 +147,7 @@ class StepPhase:
             return
         peer = self.peer(sync.peer)
         self.it.early_syncs[s] = EarlySync(s, sync.peer, self.modules[s], lambda t, note: self.it.comm.post(
-            peer, Op.SEND_SYNC, t, note, later=True), int(self.cfg.sync_bucket_mb * 2**20))
+            peer, Op.SEND_SYNC, t, note, later=True), size)
 
     def _close_syncs(self) -> None:
         """No bucket's hook outlives its iteration (a stream cut short, an abort)."""

@@ -356,12 +356,12 @@ class Worker:
         return report
 
     def _compute_ahead(self, it: int) -> None:
-        """Start iteration `it`'s first forward while the boundary agrees
+        """--compute-ahead: start iteration `it`'s first forward while the boundary agrees
         (bamboo/runtime/ahead.py): not past the job's end, nor into a timed calibration
         iteration, nor with a --preempt of this node in it (counted from its stream's start)."""
         timed = self.failover.redundancy == "eager" and self.epoch_iterations in calibration.CALIBRATION
         preempted = any(p.iteration == it and p.phase == "train" and p.node == self.node for p in self.cfg.preempt)
-        if it < self.cfg.iterations and not timed and not preempted:
+        if self.cfg.compute_ahead and it < self.cfg.iterations and not timed and not preempted:
             self.executor.compute_ahead(it, self.failover.now.streams[self.me], self.mbs)
 
     def _op_ms(self) -> dict | None:
