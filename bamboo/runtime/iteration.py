@@ -55,4 +55,4 @@ class IterationState:
     multiplier: float | None = None  # ... what the gradients are multiplied by (None: overflow)
     overflow: bool | None = None     # fp16: whether this iteration's steps were skipped, once known
     early_syncs: dict[int, EarlySync] = field(default_factory=dict)  # stage -> its sync posted in buckets
-    sync_parts: dict[int, list] = field(default_factory=dict)  # replica stage -> the parts of its sync so far
+    sync_parts: dict[Key, list] = field(default_factory=dict)  # (replica stage, owner) -> its sync's parts so far

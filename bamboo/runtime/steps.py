@@ -40,7 +40,6 @@ class StepPhase:
                 copies[s].grad = self.it.tied_grads[t].clone()
                 self.it.tie_given.add((t, s))
 
-
     def _grad_multiplier(self) -> float | None:
         """What this iteration's gradients are multiplied by before a step: the loss
         scale undone, clipped by the whole model's norm; None after an fp16 overflow
@@ -169,7 +168,8 @@ class StepPhase:
         """The sync's parts (one, or its buckets: bamboo/runtime/sync.py), kept across an
         interrupted wait, joined into the replica's gradients."""
         self._write_losses()  # this wait is idle time: the losses' etcd write goes in it, not after
-        flat = receive(self.it.sync_parts.setdefault(ins.stage, []), lambda: self.it.comm.recv_noted(
+        key = (ins.stage, ins.peer)  # parts from an owner that died since are not another's
+        flat = receive(self.it.sync_parts.setdefault(key, []), lambda: self.it.comm.recv_noted(
             self.peer(ins.peer), Op.SEND_SYNC, self.it.failover.keep_waiting))
-        del self.it.sync_parts[ins.stage]
+        del self.it.sync_parts[key]
         recipe.set_flat_grads(sync_params(self.modules[ins.stage]), flat)

@@ -188,7 +188,7 @@ class Worker:
 
     def end_iteration(self, it: int) -> Regroup:
         """Report, and agree with every live node on what the next iteration runs with;
-        stage 0's owner runs the next iteration's first forward meanwhile."""
+        with --compute-ahead, stage 0's owner runs the next iteration's first forward meanwhile."""
         self._compute_ahead(it + 1)
         if self.loss_scale and self.executor.overflow is not None:  # every node decided alike: first wins
             self.cluster.create(SCALE(it), dataclasses.replace(self.loss_scale, overflow=self.executor.overflow))
