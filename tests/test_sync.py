@@ -33,6 +33,7 @@ def model():
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
     m.unused = nn.Parameter(torch.ones(8))  # never gets a gradient: its bucket waits for the instruction
+    m[0].bias.requires_grad_(False)  # frozen: takes no hook and holds no bucket back; its zeros travel
     return m
 
 

@@ -145,8 +145,10 @@ class StepPhase:
         if sync is None or next(i for i in rest if i.op is Op.SEND_SYNC and i.peer == sync.peer) != sync:
             return
         peer = self.peer(sync.peer)
+        # a part posted from a hook learns of an earlier failure later; the last, posted at
+        # the SEND_SYNC instruction, raises it there like any send
         self.it.early_syncs[s] = EarlySync(s, sync.peer, self.modules[s], lambda t, note: self.it.comm.post(
-            peer, Op.SEND_SYNC, t, note, later=True), size)
+            peer, Op.SEND_SYNC, t, note, later=note is not None), size)
 
     def _close_syncs(self) -> None:
         """No bucket's hook outlives its iteration (a stream cut short, an abort)."""

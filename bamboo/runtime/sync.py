@@ -54,11 +54,12 @@ class EarlySync:
         self.stage, self.peer, self.post = stage, peer, post
         self.params = sync_params(module)
         self.plan = buckets(self.params, bucket_bytes)
-        self.missing = [len(b) for b in self.plan]  # gradients each bucket still waits for
+        # gradients each bucket still waits for (a frozen parameter's never comes: zeros travel)
+        self.missing = [sum(self.params[i].requires_grad for i in run) for run in self.plan]
         self.bucket_of = {id(self.params[i]): b for b, run in enumerate(self.plan) for i in run}
         self.left = sum(p.numel() for p in self.params)  # elements not posted yet
         self.posted = 0  # buckets posted, in order
-        self.handles = [p.register_post_accumulate_grad_hook(self._ready) for p in self.params]
+        self.handles = [p.register_post_accumulate_grad_hook(self._ready) for p in self.params if p.requires_grad]
 
     def _ready(self, param: torch.nn.Parameter) -> None:
         self.missing[self.bucket_of[id(param)]] -= 1
