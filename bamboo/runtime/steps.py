@@ -137,9 +137,9 @@ class StepPhase:
         s, rest, size = ins.stage, self.it.stream[self.it.pc + 1:], int(self.cfg.sync_bucket_mb * 2**20)
         if self.step_after_reduces or self.reducer.D != 1 or s in self.it.early_syncs:
             return
-        if sum(p.numel() * p.element_size() for p in self.modules[s].parameters()) <= size:
+        if any(i.op is Op.BACKWARD and i.stage == s for i in rest):  # not the last: most backwards end here
             return
-        if any(i.op is Op.BACKWARD and i.stage == s for i in rest):
+        if sum(p.numel() * p.element_size() for p in self.modules[s].parameters()) <= size:
             return
         sync = next((i for i in rest if i.op is Op.SEND_SYNC and i.stage == s), None)
         if sync is None or next(i for i in rest if i.op is Op.SEND_SYNC and i.peer == sync.peer) != sync:

@@ -161,12 +161,12 @@ class Worker:
         """This node's stream of iteration `it`, recovering inside it from one
         death per pipeline (bamboo/runtime/failover.py)."""
         began = time.monotonic()
-        kills = tuple((p.node, p.instruction) for p in self.cfg.preempt if p.iteration == it and p.phase == "train")
+        kills = self._kills(it)
         self.failover.begin(it, len(self.mbs), self.local_failed(), self.comm, kills)
         self.epoch_iterations += 1
         stream = self.failover.now.streams[self.me]  # the failover keeps every node's stream: one compile
         self.loss_scale = self._loss_scale_of(it)
-        timed = self.failover.redundancy == "eager" and self.epoch_iterations - 1 in calibration.CALIBRATION
+        timed = self._timed(self.epoch_iterations - 1)
         self.executor.run(it, stream, self.mbs, self.comm, self.failover,
                           self.loss_scale.scale if self.loss_scale else 1.0, self.op_times if timed else None)
         self.iteration_seconds.append(time.monotonic() - began)
@@ -355,13 +355,22 @@ class Worker:
         self.failover.events = []
         return report
 
+    def _kills(self, it: int) -> tuple[tuple[int, int], ...]:
+        """Iteration `it`'s --preempt kills in its training stream: (node, instruction)."""
+        return tuple((p.node, p.instruction) for p in self.cfg.preempt if p.iteration == it and p.phase == "train")
+
+    def _timed(self, index: int) -> bool:
+        """Whether the epoch's iteration `index` (from 0) is one of eager's timed
+        calibration iterations (bamboo/runtime/calibration.py)."""
+        return self.failover.redundancy == "eager" and index in calibration.CALIBRATION
+
     def _compute_ahead(self, it: int) -> None:
         """--compute-ahead: start iteration `it`'s first forward while the boundary agrees
         (bamboo/runtime/ahead.py): not past the job's end, nor into a timed calibration
         iteration, nor with a --preempt of this node in it (counted from its stream's start)."""
-        timed = self.failover.redundancy == "eager" and self.epoch_iterations in calibration.CALIBRATION
-        preempted = any(p.iteration == it and p.phase == "train" and p.node == self.node for p in self.cfg.preempt)
-        if self.cfg.compute_ahead and it < self.cfg.iterations and not timed and not preempted:
+        if not self.cfg.compute_ahead or it >= self.cfg.iterations or self._timed(self.epoch_iterations):
+            return
+        if not any(node == self.node for node, _ in self._kills(it)):
             self.executor.compute_ahead(it, self.failover.now.streams[self.me], self.mbs)
 
     def _op_ms(self) -> dict | None:
