@@ -82,3 +82,11 @@ def test_an_error_on_the_thread_is_raised_where_the_results_are_taken(executor):
     ahead = Ahead(executor, {**OPS, Op.FORWARD: broken}, 2, stream, prefix_ahead(stream), MBS)
     with pytest.raises(ValueError, match="broken forward"):
         ahead.take(IterationState(2, MBS, None, None), stream)
+
+
+def test_an_error_in_work_that_is_dropped_is_not_raised(executor):
+    def broken(_executor, _ins):
+        raise ValueError("broken forward")
+    stream = compile_schedule(2, 4, (), "off").streams[0]
+    ahead = Ahead(executor, {**OPS, Op.FORWARD: broken}, 2, stream, prefix_ahead(stream), MBS)
+    assert ahead.take(IterationState(3, MBS, None, None), stream) == 0  # another iteration: not wanted

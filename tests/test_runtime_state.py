@@ -17,7 +17,7 @@ from agents import agent, membership
 from bamboo.commands import launcher
 from bamboo.control.events import (EvalSkipped, Event, FailedOver, ModeSwitched, NoticeSeen, Overflow, Preemption,
                                    Reconfigured, Redone)
-from bamboo.runtime import ahead, boundary, evaluator, executor, failover, holdings, reduce, steps, sync, worker
+from bamboo.runtime import ahead, boundary, epochs, evaluator, executor, failover, holdings, reduce, steps, sync, worker
 
 
 def test_every_op_has_its_method_in_the_executors_map():
@@ -37,9 +37,16 @@ def test_the_evaluators_map_covers_every_op_an_evaluation_stream_uses():
         assert method.__name__ == op.value
 
 
-def attributes_set_outside_init(cls) -> set[str]:
+def attributes_set_outside_init(cls, init_of=None) -> set[str]:
     """`self.x = ...` (or `self.x, ... = ...`) in a method other than __init__, for
-    an x that __init__ does not set."""
+    an x that __init__ does not set (a base's: the __init__ of `init_of`, the class
+    it is a part of)."""
+    by_method = _assigned_by_method(cls)
+    in_init = _assigned_by_method(init_of).get("__init__", set()) if init_of else by_method.pop("__init__", set())
+    return set().union(*by_method.values()) - in_init
+
+
+def _assigned_by_method(cls) -> dict[str, set[str]]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     by_method = {}
     for fn in tree.body[0].body:
@@ -53,8 +60,7 @@ def attributes_set_outside_init(cls) -> set[str]:
                         if isinstance(el, ast.Attribute) and isinstance(el.value, ast.Name) and el.value.id == "self":
                             names.add(el.attr)
             by_method[fn.name] = names
-    in_init = by_method.pop("__init__", set())
-    return set().union(*by_method.values()) - in_init
+    return by_method
 
 
 @pytest.mark.parametrize("cls", [executor.Executor, failover.Failover, evaluator.Evaluator, worker.Worker,
@@ -63,6 +69,12 @@ def attributes_set_outside_init(cls) -> set[str]:
                                  sync.EarlySync], ids=lambda cls: cls.__name__)
 def test_every_attribute_is_first_set_in_init(cls):
     assert attributes_set_outside_init(cls) == set()
+
+
+def test_the_workers_epoch_moves_set_only_what_its_init_sets():
+    assert epochs.EpochMoves in worker.Worker.__mro__
+    assert attributes_set_outside_init(epochs.EpochMoves, init_of=worker.Worker) == set()
+    assert attributes_set_outside_init(epochs.EpochMoves) >= {"failed", "comm"}  # the check sees them
 
 
 def test_the_attribute_check_sees_an_attribute_first_set_elsewhere():

@@ -71,13 +71,14 @@ class Ahead:
 
     def take(self, it: IterationState, stream: list[Instr]) -> int:
         """Move the results into `it` if `stream` begins with what ran, for the same
-        iteration and samples; return how many of its instructions ran (0: dropped)."""
+        iteration and samples; return how many of its instructions ran (0: dropped).
+        The thread's error is raised here, unless its work was not wanted anyway."""
         self.join()
-        if self.error is not None:
-            raise self.error
         n = len(self.prefix)
         if (it.iteration, it.mbs) != (self.iteration, self.microbatches) or stream[:n] != self.prefix:
             return 0
+        if self.error is not None:
+            raise self.error
         ran = self.shadow.it
         it.inputs.update(ran.inputs)
         it.labels.update(ran.labels)

@@ -8,7 +8,8 @@ Its lifecycle, in the manner of torch elastic's agent, is the list of public
 methods of `Worker`, in order: join (wait for a stage), enter an epoch, run an
 iteration, evaluate it (the validation loss, when due, bamboo/runtime/evaluator.py),
 end it at the boundary (bamboo/runtime/boundary.py), reconfigure when the agents wrote
-a new epoch (layers move, bamboo/runtime/handover.py), leave. Fencing,
+a new epoch (layers move, bamboo/runtime/handover.py; the moves between epochs are
+`EpochMoves`, bamboo/runtime/epochs.py), leave. Fencing,
 parking and release are exceptions (bamboo/control/exits.py) that reach `main`, which
 maps them to exit statuses.
 """
@@ -30,22 +31,22 @@ from schedules.layout import Layout
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
-from bamboo.control.exits import FENCED, Parked, Released, WorkerExit
+from bamboo.control.exits import FENCED, WorkerExit
 from bamboo.control.liveness import hang_deadline
-from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, DONE, DRAIN, ERROR, FAILED, FINISHED, SCALE,
-                                     START, Abort, LossScale, Mark, Regroup, Report, Start, WorkerError, world_store)
+from bamboo.control.protocol import (ABORT, ABORTED, CONFIG, DONE, ERROR, FAILED, FINISHED, SCALE, START, LossScale,
+                                     Mark, Regroup, Report, Start, WorkerError, world_store)
 from bamboo.control.store import EtcdStore, RendezvousAborted
 from bamboo.data.corpus import corpus_of
 from bamboo.model.api import ModelSource
 from bamboo.model.builtin import fp16_allowed
-from bamboo.runtime import calibration, handover
+from bamboo.runtime import calibration
 from bamboo.runtime.boundary import Boundary
 from bamboo.runtime.checkpoint import Checkpoints
 from bamboo.runtime.copies import MemoryCopies
+from bamboo.runtime.epochs import EpochMoves
 from bamboo.runtime.evaluator import Evaluator
 from bamboo.runtime.executor import Executor
 from bamboo.runtime.failover import Aborted, Failover
-from bamboo.runtime.handover import HandoverFailed
 from bamboo.runtime.holdings import Holdings
 from bamboo.runtime.reduce import Reducer
 from bamboo.transport import devices
@@ -55,7 +56,7 @@ from bamboo.transport.groups import lease_check, open_group, store_at
 from bamboo.transport.staging import Stager
 
 
-class Worker:
+class Worker(EpochMoves):
     def __init__(self, cluster: Cluster, cfg: JobConfig, node: int):
         self.cluster, self.cfg, self.node = cluster, cfg, node
         self.device = devices.claim(devices.local_rank(), cfg.devices, cfg.share_gpu)
@@ -245,83 +246,6 @@ class Worker:
             self.holdings.save(self._owned(), self.cfg.save_dir)
 
     # -- the steps' parts ----------------------------------------------------------------
-    def _assigned(self) -> Assignment | None:
-        """The newest assignment once it gives this node a stage. Until then the
-        node is in standby, started and warm; it leaves when training is over."""
-        assignment = self.cluster.latest_assignment()
-        if self.node in assignment.members:
-            return assignment
-        if self.cluster.children(DONE(self.cfg.iterations - 1)):
-            raise Released(f"node {self.node}: the job finished while it waited in standby")
-        if self.cluster.get(DRAIN(self.node)) is not None:
-            raise Parked(f"node {self.node} was asked to leave before it had a stage")
-        return None
-
-    def _next_epoch(self, after: int) -> Assignment:
-        """The agents' next configuration after epoch `after`."""
-        def newer():
-            latest = self.cluster.latest_assignment()
-            return latest if latest.epoch > after else None
-        return self.cluster.wait_for(newer, timeout=self.cfg.stall_timeout, what="the agents' next configuration")
-
-    def _move_to(self, new: Assignment) -> int:
-        """Enter `new` (layers move, the world group forms) and return the iteration
-        it starts from. When a node dies on the way, no one enters: the agents are
-        told, and the node moves to the epoch they write next instead."""
-        self.cluster.hang_deadline(self.cfg.hang_timeout)  # a restore or a handover blocks longer than an iteration
-        while True:
-            old = self.cluster.get(ASSIGNMENT(new.layers_from)) if new.layers_from >= 0 else None
-            try:
-                self._move_layers(new, old)
-            except HandoverFailed as e:
-                new = self._abandon(new, e)
-                continue
-            self.failed = new.gone
-            try:  # without a handover first (a restore from storage) a newcomer's worker may still be starting
-                self.comm = self._world(world_store(new.epoch), new.start, starting=new.members)
-                return new.start
-            except (RendezvousAborted, RuntimeError) as e:  # RuntimeError: gloo's, a member died
-                if not self.cfg.elastic:
-                    raise
-                new = self._abandon(new, e)
-
-    def _abandon(self, epoch: Assignment, error: Exception) -> Assignment:
-        """Epoch `epoch` cannot start (a node died while it formed): abandon its first
-        iteration, as a failover would one no pipeline can finish, and wait for
-        the agents' next epoch."""
-        why = f"epoch {epoch.epoch} could not start: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
-        print(f"bamboo.runtime.worker: node {self.node}: {why}", file=sys.stderr, flush=True)
-        # Once the agents wrote the next epoch this one is settled: a late abort
-        # would abandon that epoch's first iteration for nothing.
-        after = ASSIGNMENT(epoch.epoch + 1)
-        self.cluster.create_unless(ABORT(epoch.start), Abort(why, self.node), after)
-        self.cluster.create_unless(ABORTED(epoch.start, self.node), Mark(), after)
-        return self._next_epoch(epoch.epoch)
-
-    def _move_layers(self, new: Assignment, old: Assignment | None) -> None:
-        """Get the layers this node needs in `new` (from their live holders, or from
-        the checkpoint the agents chose), then take its place in `new`, or leave if
-        it has none."""
-        if new.restore in ("checkpoint", "initial"):
-            received = {}
-            if new.restore == "initial":
-                self.holdings.drop()  # built again from the seed, as at the job's start
-            elif self.node in new.members:
-                blobs = self.checkpoints.taken_before(new.start)
-                received = {i: blobs[i] for i in self.holdings.needs(new, self.node)}
-                self._restore_loss_scale(new.start)
-        else:  # from the live nodes' layers, or ("memory") from the checkpoint copies they keep
-            received = handover.exchange(self.cluster, self.node, self.holdings, new, old,
-                                         lambda members, starting: self._lease_check(members, new.start, starting),
-                                         self.cfg.hang_timeout, self.copies if new.restore == "memory" else None)
-            if new.restore == "memory" and self.node in new.members:
-                self._restore_loss_scale(new.start, self.copies.loss_scale(new.start))
-        if self.node not in new.members:
-            self.checkpoints.wait()
-            self.copies.drop()  # the worker leaves: its copies with it
-            raise Parked(f"node {self.node} has no stage in epoch {new.epoch}")  # back to standby
-        self.enter(new, received)
-
     def _loss_scale_of(self, it: int) -> LossScale | None:
         """fp16: the scale iteration `it` runs with, following the record every node
         agreed on for the iteration before (written at its boundary, or brought
@@ -334,16 +258,6 @@ class Worker:
         if before is None:
             raise RuntimeError(f"no loss scale record of iteration {it - 1} to start iteration {it} from")
         return before.following(self.cfg.loss_scale_window, self.cfg.min_loss_scale)
-
-    def _restore_loss_scale(self, start: int, kept: dict | None = None) -> None:
-        """A restart from the checkpoint taken before `start`: the loss scale record
-        stored with it (or `kept` with its copies in memory), unless the job's etcd
-        still has that iteration's."""
-        if self.cfg.loss_scaling and start > 0:
-            found = kept or self.checkpoints.loss_scale(start)
-            if found is None:
-                raise RuntimeError(f"the checkpoint taken before iteration {start} has no loss scale (not fp16?)")
-            self.cluster.create(SCALE(start - 1), LossScale.from_dict(found))
 
     def _report(self) -> Report:
         report = Report(rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, time=time.time(),
