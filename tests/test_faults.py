@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from bamboo.commands.chaos import account
+from bamboo.commands.chaos import Outcome, account
 from bamboo.control.cluster import Cluster
 from bamboo.control.etcd import EtcdServer, connect
 from bamboo.control.protocol import DONE, FAILED, STRAGGLER, handover_store, job_root, scan
@@ -158,6 +158,13 @@ def test_sample_accounting_counts_a_repeat_only_without_a_restore():
     assert account(records[:2] + records[3:], 4, 12) == (12, 0)  # iteration 2 never trained
     assert account(records + [{"iteration": 3, "events": []}], 4, 12) == (0, 12)  # 3 applied twice
     assert account(records + [{"iteration": 2, "events": [redo]}, records[3]], 4, 12) == (0, 0)
+
+
+def test_a_chaos_trial_keeps_its_logs_when_it_failed_or_paused_as_long_as_a_timeout():
+    ok = Outcome(1, completed=True, equal=True, pause=30.0)
+    assert ok.ok and not ok.keeps_logs(False, 120.0) and ok.keeps_logs(True, 120.0)
+    assert Outcome(1, completed=True, equal=True, pause=330.6).keeps_logs(False, 120.0)  # hang-timeout ended it
+    assert Outcome(1, completed=True, equal=False, pause=5.0).keeps_logs(False, 120.0)
 
 
 @pytest.mark.slow  # make test stays under 15 minutes; `make chaos` runs 50 trials

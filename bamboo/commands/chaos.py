@@ -13,7 +13,8 @@ a machine cut off from etcd, the etcd leader killed. Every node killed is
 replaced by a new one a little later, as a spot fleet's autoscaler would. After the trial it compares every
 iteration's loss with the reference, counts samples lost or trained twice,
 and checks that no process it started is left. A failed trial keeps its logs
-and prints the seed that reproduces it.
+and prints the seed that reproduces it; a trial that paused as long as only a
+timeout ends keeps them too.
 
     bamboo-chaos --trials 50 --seed 1 --faults 4
     bamboo-chaos --network --trials 30 --seed 1
@@ -114,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         faults = "; ".join(f"{at}s {kind} {detail}" for at, kind, detail in o.faults)
         verdict = f"ok, pause {o.pause:.1f} s" if o.ok else \
             f"FAILED {o.error or ''} (logs: {o.logs}; rerun: --seed {seed} --trials 1)"
+        if o.ok and o.pause >= settings.long_pause:
+            verdict += f" (a wait only a timeout ended? logs kept: {o.logs})"
         print(f"trial {t + 1}/{args.trials} seed {seed}: {verdict} | {faults}", flush=True)
     print(table(outcomes, settings, args.seed))
-    if all(o.ok for o in outcomes) and not args.out:
+    if not args.out and not any(o.logs for o in outcomes):
         shutil.rmtree(out, ignore_errors=True)
     return 0 if all(o.ok for o in outcomes) else 1
 

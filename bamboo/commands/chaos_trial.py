@@ -42,6 +42,7 @@ class Settings:
     timeout: float = 600.0  # a trial that runs longer failed
     per_host: int = 1       # nodes per machine (bamboo-train --local-hosts); 1: each node a machine of its own
     network: bool = False   # each machine in its own network namespace, etcd of three members
+    long_pause: float = 120.0  # a pause this long is a wait only a timeout ended: its logs are kept
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -80,6 +81,11 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.completed and self.equal and not self.lost and not self.repeated and not self.orphans
+
+    def keeps_logs(self, keep: bool, long_pause: float) -> bool:
+        """A failed trial keeps its logs, and so does one that paused as long as only a
+        timeout ends (its faults do not reproduce it alone: the logs are all there is)."""
+        return keep or not self.ok or self.pause >= long_pause
 
 def account(records: list[dict], iterations: int, samples: int) -> tuple[int, int]:
     """(samples lost, samples trained twice) from the metrics' iteration records: an
@@ -123,10 +129,10 @@ class Trial:
             self.outcome.error = f"{type(e).__name__}: {e}"
         finally:
             self._cleanup()
-        if self.outcome.ok and not self.keep:
-            shutil.rmtree(self.dir, ignore_errors=True)
-        else:
+        if self.outcome.keeps_logs(self.keep, self.settings.long_pause):
             self.outcome.logs = self.dir
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
         return self.outcome
 
     def _start_job(self) -> None:
