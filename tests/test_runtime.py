@@ -254,8 +254,10 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path):
     import time
 
     import psutil
+    checkpoints = tmp_path / "ckpt"  # its first files say that training is under way
     proc = subprocess.Popen([sys.executable, "-m", "bamboo.commands.cli", "--stages", "2", "--iterations", "100000",
-                             "--no-progress", "--metrics-out", str(tmp_path / "m.jsonl")],
+                             "--no-progress", "--metrics-out", str(tmp_path / "m.jsonl"), "--checkpoint",
+                             str(checkpoints), "--checkpoint-every", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     parent = psutil.Process(proc.pid)
     deadline = time.monotonic() + 120
@@ -263,7 +265,9 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path):
         time.sleep(0.2)
     children = parent.children(recursive=True)
     assert len(children) >= 3
-    time.sleep(3)
+    while not (checkpoints.exists() and any(checkpoints.iterdir())) and time.monotonic() < deadline:
+        time.sleep(0.1)  # interrupted while it trains: after its first iteration's checkpoint began
+    assert checkpoints.exists() and any(checkpoints.iterdir()), "training never got past its first iteration"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in err
