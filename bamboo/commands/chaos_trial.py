@@ -87,6 +87,7 @@ class Outcome:
         timeout ends (its faults do not reproduce it alone: the logs are all there is)."""
         return keep or not self.ok or self.pause >= long_pause
 
+
 def account(records: list[dict], iterations: int, samples: int) -> tuple[int, int]:
     """(samples lost, samples trained twice) from the metrics' iteration records: an
     iteration recorded again counts twice unless a checkpoint restore (a redo
