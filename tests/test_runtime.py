@@ -169,7 +169,21 @@ def test_random_kill_point(tmp_path, reference):
     (["--stages", "2", "--local-nodes", "2", "--join", "1@0"], "the job's last is 0", 2),
     (["--stages", "2", "--redundancy", "lazy", "--frc", "all"], "--frc all with --redundancy lazy: only eager", 2),
     (["--stages", "2", "--sync-bucket-mb", "0"], "--sync-bucket-mb must be a positive number of MB (got 0.0)", 2),
-    (["--stages", "2", "--sync-bucket-mb", "nan", "--redundancy", "off"], "--sync-bucket-mb must be a positive", 2),
+    (["--stages", "2", "--sync-bucket-mb", "nan", "--redundancy", "off"], "--sync-bucket-mb must be a finite", 2),
+    # invalid on their face, refused even where the run would not use them
+    (["--lr", "nan"], "--lr must be a finite number (got nan)", 2),
+    (["--stages", "2", "--hang-timeout", "inf"], "--hang-timeout must be a finite number (got inf)", 2),
+    (["--betas", "nan", "0.9"], "--betas must be a finite number", 2),
+    (["--stages", "2", "--straggler-factor", "nan"], "--straggler-factor must be a finite number", 2),
+    (["--seed", "-1"], "--seed must be a whole number from 0 to", 2),
+    (["--seed", str(2**70)], "--seed must be a whole number from 0 to", 2),
+    (["--seq", "0"], "--seq must be at least 1", 2),
+    (["--stall-timeout", "0"], "--stall-timeout must be a positive number", 2),
+    (["--min-loss-scale", "4", "--initial-loss-scale", "2"], "is above --initial-loss-scale", 2),
+    (["--stages", "2", "--job", " "], "--job must not be empty", 2),
+    (["--stages", "2", "--zones", ",,"], "--zones ',,': expected names", 2),
+    (["--stages", "2", "--save-dir", os.path.abspath(__file__)], "is a file, not a directory", 2),
+    (["--stages", "1", "--preempt", "garbage"], "--preempt 'garbage': expected NODE@ITERATION", 2),
 ])
 def test_bad_input_gives_one_line(capsys, args, message, code):
     """bamboo-train's main in this process (no interpreter start per case): the exit
@@ -195,6 +209,27 @@ def test_a_sync_bucket_size_that_does_nothing_says_so(capsys):
                    "--etcd", "127.0.0.1:1"])
     err = capsys.readouterr().err
     assert status == 1 and "note: --sync-bucket-mb does nothing in this run" in err and "unreachable" in err
+
+
+def test_flags_a_run_does_not_use_are_named_in_a_note(capsys):
+    """--stages 1 runs one process: its redundancy and liveness flags do nothing, and a
+    constant schedule never reaches --min-lr; each reason is one note line, and the run
+    itself goes on (one iteration of the single-process reference)."""
+    from bamboo.commands.cli import main
+    status = main(["--no-progress", "--iterations", "1", "--stages", "1", "--redundancy", "lazy", "--hang-timeout",
+                   "60", "--min-lr", "0.0001", "--seed", "1"])
+    notes = [line for line in capsys.readouterr().err.splitlines() if "note:" in line]
+    assert status == 0 and len(notes) == 2, notes
+    assert "--redundancy, --hang-timeout do nothing in this run: --stages 1 runs one process" in notes[0]
+    assert "--min-lr does nothing in this run: a constant --lr-schedule" in notes[1]
+
+
+def test_flags_a_run_uses_give_no_note(capsys):
+    from bamboo.commands.cli import main
+    status = main(["--no-progress", "--iterations", "1", "--stages", "2", "--redundancy", "lazy", "--hang-timeout",
+                   "60", "--lr-schedule", "cosine", "--min-lr", "0.0001", "--etcd", "127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert status == 1 and "unreachable" in err and "note:" not in err, err
 
 
 def test_bad_input_from_a_real_process_is_one_line():

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from bamboo.commands import jobfile
+from bamboo.commands.flag_checks import check_on_face, idle_notes
 from bamboo.commands.flags import build_parser
 from bamboo.commands.plot import check_output
 from bamboo.commands.preempts import parse_preempts
@@ -126,15 +127,8 @@ def check_redundancy(args) -> None:
     if args.frc == "all" and args.redundancy in ("lazy", "off"):
         raise ValueError(f"--frc all with --redundancy {args.redundancy}: only eager runs FRC before a failure "
                          "(use --redundancy eager or auto, or leave --frc out)")
-    if not math.isfinite(args.sync_bucket_mb) or args.sync_bucket_mb <= 0:
+    if args.sync_bucket_mb <= 0:
         raise ValueError(f"--sync-bucket-mb must be a positive number of MB (got {args.sync_bucket_mb})")
-    if args.sync_bucket_mb != 4.0 and (args.redundancy == "off" or args.pipelines > 1 or args.grad_clip
-                                       or args.precision == "fp16" or args.stages == 1):
-        print("bamboo-train: note: --sync-bucket-mb does nothing in this run: the sync is posted whole with "
-              "--redundancy off, --stages 1, --pipelines above 1, --grad-clip or fp16", file=sys.stderr)
-    if args.compute_ahead and args.stages == 1:
-        print("bamboo-train: note: --compute-ahead does nothing in this run: --stages 1 has no iteration boundary",
-              file=sys.stderr)
     if args.auto_prior_rate < 0 or args.auto_prior_hours <= 0:
         raise ValueError(f"--auto-prior-rate must not be negative and --auto-prior-hours must be positive "
                          f"(got {args.auto_prior_rate} and {args.auto_prior_hours})")
@@ -264,19 +258,18 @@ def check_etcd(args) -> None:
 def config_from_args(args, fetch_data: bool = True) -> JobConfig:
     if args.local_nodes is not None:
         args.pipelines = max(1, args.local_nodes // max(1, args.stages))  # at the start
-    for name in ("stages", "pipelines", "microbatches", "iterations", "batch"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be at least 1 (got {getattr(args, name)})")
+    check_on_face(args)
     check_recipe(args)
     check_stages_per_node(args)
     check_precision(args)
     model_config = read_model_config(args)
     source = ModelSource(args.model, args.seed, seq=args.seq, config_json=model_config)
     layers = source.count
+    name = f"--model-config {args.model_config}" if model_config else f"model {args.model}"
     check_checkpoint(args.checkpoint)
     check_data(args, source, fetch_data)
     if args.stages > layers:
-        raise ValueError(f"--stages {args.stages} is more than model {args.model}'s {layers} layers")
+        raise ValueError(f"--stages {args.stages} is more than {name}'s {layers} layers")
     check_fit(args)
     if args.microbatches < args.pipelines:
         raise ValueError(f"--microbatches {args.microbatches} is fewer than --pipelines {args.pipelines}")
@@ -345,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"bamboo-train: error: {e}", file=sys.stderr)
         return 2
+    for note in idle_notes(args):
+        print(f"bamboo-train: note: {note}", file=sys.stderr)
     layers = tempfile.mkdtemp(prefix="bamboo-export-") if args.export and not cfg.save_dir else None
     cfg = dataclasses.replace(cfg, save_dir=cfg.save_dir or layers)
     try:

@@ -33,6 +33,17 @@ def random_preempt(args, rng: random.Random) -> Preempt:
     return Preempt(node, rng.randrange(1, max(2, args.iterations)), rng.randrange(reduce_at))
 
 
+def parse_spec(spec: str) -> Preempt:
+    """NODE@ITERATION[:[eval]INSTRUCTION] as a Preempt, or a ValueError naming the spec."""
+    try:
+        node, _, rest = spec.partition("@")
+        it, _, ins = rest.partition(":")
+        phase = "eval" if ins.startswith("eval") else "train"
+        return Preempt(int(node), int(it), int(ins.removeprefix("eval") or 0), phase)
+    except ValueError:
+        raise ValueError(f"--preempt {spec!r}: expected NODE@ITERATION[:[eval]INSTRUCTION] or 'random'") from None
+
+
 def parse_preempts(specs: list[str], args) -> tuple[Preempt, ...]:
     nodes = args.stages * args.pipelines
     if args.local_nodes is not None:
@@ -43,13 +54,7 @@ def parse_preempts(specs: list[str], args) -> tuple[Preempt, ...]:
         if spec == "random":
             out.append(random_preempt(args, rng))
             continue
-        try:
-            node, _, rest = spec.partition("@")
-            it, _, ins = rest.partition(":")
-            phase = "eval" if ins.startswith("eval") else "train"
-            p = Preempt(int(node), int(it), int(ins.removeprefix("eval") or 0), phase)
-        except ValueError:
-            raise ValueError(f"--preempt {spec!r}: expected NODE@ITERATION[:[eval]INSTRUCTION] or 'random'") from None
+        p = parse_spec(spec)
         if not 0 <= p.node < nodes:
             raise ValueError(f"--preempt {spec!r}: node {p.node} is out of range 0..{nodes - 1}")
         if not 0 <= p.iteration < args.iterations:
@@ -58,7 +63,7 @@ def parse_preempts(specs: list[str], args) -> tuple[Preempt, ...]:
         length = len(preempted_stream(args, p, spec))
         if not 0 <= p.instruction <= length:
             raise ValueError(f"--preempt {spec!r}: node {p.node} runs {length} instructions "
-                             f"{'an evaluation' if phase == 'eval' else 'an iteration'} "
+                             f"{'an evaluation' if p.phase == 'eval' else 'an iteration'} "
                              f"(0..{length} allowed; {length} is after the last)")
         out.append(p)
     return tuple(out)
