@@ -23,6 +23,8 @@ from dataclasses import replace
 
 from schedules.redundancy import FRC_MODES
 
+from bamboo.commands.flag_checks import check_finite
+
 from sim.checkpointing import FORMULAS
 from sim.options import NOTICE_SECONDS, ROLLBACKS
 from sim.profiles import PROFILES, SOURCES, Profile, profile
@@ -242,8 +244,12 @@ def strategy_name(args) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
+        check_finite(parser, args)
+        if args.plot and os.path.exists(args.plot) and not os.path.isdir(args.plot):
+            raise ValueError(f"--plot {args.plot!r} is a file, not a directory")
         options = options_from(args)
         if args.stages < 2:
             raise ValueError(f"--stages must be at least 2 (got {args.stages})")

@@ -167,6 +167,21 @@ def test_a_chaos_trial_keeps_its_logs_when_it_failed_or_paused_as_long_as_a_time
     assert Outcome(1, completed=True, equal=False, pause=5.0).keeps_logs(False, 120.0)
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--trials", "0"], "--trials must be at least 1 (got 0)"),
+    (["--faults", "-1"], "--faults must not be negative"),
+    (["--nodes", "3"], "--nodes must be at least 4"),
+    (["--iterations", "1"], "--iterations must be at least 2"),
+    (["--workers-per-host", "3"], "--workers-per-host must be from 1 to --nodes / 3 = 2 (got 3)"),
+    (["--out", __file__], "is a file, not a directory"),
+])
+def test_bamboo_chaos_names_the_flag_it_refuses(capsys, args, message):
+    from bamboo.commands.chaos import main
+    assert main(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+
+
 @pytest.mark.slow  # make test stays under 15 minutes; `make chaos` runs 50 trials
 def test_one_chaos_trial_from_outside(tmp_path):
     """`bamboo-chaos` smoke run: one trial with two faults on five nodes, all checks passing."""

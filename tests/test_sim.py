@@ -255,6 +255,11 @@ def test_the_simulator_page_s_sweep_table_has_the_sweep_s_rates():
     (["--trace", P3, "--max-stages-per-node", "3"], "--max-stages-per-node"),
     (["--trace", P3, "--rollback", "never"], "--rollback"),
     (["--trace", P3, "--microbatches", "0"], "--microbatches"),
+    (["--trace", P3, "--hours", "inf"], "--hours must be a finite number"),
+    (["--trace", P3, "--hours", "nan"], "--hours must be a finite number"),
+    (["--trace", P3, "--spot-price", "inf"], "--spot-price must be a finite number"),
+    (["--trace", P3, "--bytes-per-param", "inf"], "--bytes-per-param must be a finite number"),
+    (["--trace", P3, "--plot", P3], "is a file, not a directory"),
 ])
 def test_bad_input_is_one_line(args, needle):
     res = subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, timeout=60)

@@ -70,6 +70,25 @@ def table(outcomes: list[Outcome], settings: Settings, seed: int) -> str:
     return "\n".join([head, *(f"  {k:<{width}}  {v}" for k, v in rows)])
 
 
+def _refused(args) -> str | None:
+    """What is wrong with the first flag that is wrong, if one is."""
+    most_per_host = args.nodes // Settings.stages
+    for ok, why in ((args.trials >= 1, f"--trials must be at least 1 (got {args.trials})"),
+                    (args.faults >= 0, f"--faults must not be negative (got {args.faults})"),
+                    (args.nodes >= Settings.stages + 1,
+                     f"--nodes must be at least {Settings.stages + 1}: P={Settings.stages} and a spare "
+                     f"(got {args.nodes})"),
+                    (args.iterations >= 2, f"--iterations must be at least 2 (got {args.iterations})"),
+                    (1 <= args.workers_per_host <= most_per_host,
+                     f"--workers-per-host must be from 1 to --nodes / {Settings.stages} = {most_per_host} "
+                     f"(got {args.workers_per_host})"),
+                    (not (args.out and os.path.exists(args.out) and not os.path.isdir(args.out)),
+                     f"--out {args.out!r} is a file, not a directory")):
+        if not ok:
+            return why
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bamboo-chaos", description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=50)
@@ -93,11 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.network and (why := unavailable()):
         print(f"bamboo-chaos: error: --network: {why}", file=sys.stderr)
         return 2
-    if args.trials < 1 or args.faults < 0 or args.nodes < Settings.stages + 1 or args.iterations < 2 or not (
-            1 <= args.workers_per_host <= args.nodes // Settings.stages):
-        print("bamboo-chaos: error: need --trials >= 1, --faults >= 0, --nodes >= "
-              f"{Settings.stages + 1}, --iterations >= 2, 1 <= --workers-per-host <= --nodes / {Settings.stages}",
-              file=sys.stderr)
+    if why := _refused(args):
+        print(f"bamboo-chaos: error: {why}", file=sys.stderr)
         return 2
     settings = Settings(nodes=args.nodes, faults=args.faults, iterations=args.iterations,
                         per_host=args.workers_per_host, network=args.network)

@@ -3,7 +3,7 @@
 A value no run could use (NaN or infinity, a negative seed, an empty zone or job
 name, a file where a directory goes, a --preempt that is not a spec) is refused
 whatever the rest of the command line says: `check_on_face`, the first check of
-cli.config_from_args. A flag set away from its default that this run does not use
+cli.config_from_args (its `check_finite` serves bamboo-sim too). A flag set away from its default that this run does not use
 gets one note line (`idle_notes`, printed by bamboo-train), so that nobody believes
 it took effect."""
 from __future__ import annotations
@@ -11,9 +11,6 @@ from __future__ import annotations
 import math
 import os
 
-from bamboo.commands.flags import build_parser
-from bamboo.commands.preempts import parse_spec
-from bamboo.model.builtin import MODELS
 
 SEED_MAX = 2**48  # layer i's weights come from torch.manual_seed(seed * 7919 + i): it must stay in 64 bits
 
@@ -30,17 +27,24 @@ def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def check_on_face(args) -> None:
-    """Raise ValueError naming the first flag whose value no run could use."""
-    for name in ("stages", "pipelines", "microbatches", "iterations", "batch"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be at least 1 (got {getattr(args, name)})")
-    for action in build_parser()._actions:
+def check_finite(parser, args) -> None:
+    """Raise ValueError naming the first float flag of `parser` given NaN or infinity,
+    which the range checks after it (`x <= 0`: False for NaN) would let through."""
+    for action in parser._actions:
         value = getattr(args, action.dest, None)
         if action.type is float and value is not None:
             for v in value if isinstance(value, (list, tuple)) else (value,):
                 if not math.isfinite(v):
                     raise ValueError(f"{action.option_strings[0]} must be a finite number (got {v})")
+
+
+def check_on_face(args) -> None:
+    """Raise ValueError naming the first flag whose value no run could use."""
+    for name in ("stages", "pipelines", "microbatches", "iterations", "batch"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be at least 1 (got {getattr(args, name)})")
+    from bamboo.commands.flags import build_parser  # torch: not for check_finite's other callers (bamboo-sim)
+    check_finite(build_parser(), args)
     if not 0 <= args.seed <= SEED_MAX:
         raise ValueError(f"--seed must be a whole number from 0 to {SEED_MAX} (got {args.seed})")
     if args.seq < 1:
@@ -58,6 +62,7 @@ def check_on_face(args) -> None:
     for flag, path in (("--save-dir", args.save_dir), ("--log-dir", args.log_dir), ("--checkpoint", local_checkpoint)):
         if path and os.path.exists(path) and not os.path.isdir(path):
             raise ValueError(f"{flag} {path!r} is a file, not a directory")
+    from bamboo.commands.preempts import parse_spec
     for spec in args.preempt:
         if spec != "random":
             parse_spec(spec)
@@ -66,6 +71,8 @@ def check_on_face(args) -> None:
 def idle_notes(args) -> list[str]:
     """One line per reason, naming the flags set away from their defaults that this
     run does not use."""
+    from bamboo.commands.flags import build_parser
+    from bamboo.model.builtin import MODELS
     changed = {a.dest for a in build_parser()._actions
                if a.dest != "help" and getattr(args, a.dest, a.default) != a.default}
     builtin = args.model in MODELS and not args.model_config
