@@ -127,6 +127,18 @@ def cmd_demo(args) -> None:
         print(f"wrote {path}")
 
 
+def _check_outputs(args) -> None:
+    """Where render and demo write, checked before anything is printed."""
+    if getattr(args, "width", 1) < 1:
+        raise ScheduleError(f"--width must be at least 1 column (got {args.width})")
+    if args.command == "render" and not args.no_png:
+        folder = os.path.dirname(os.path.abspath(args.out))
+        if os.path.isdir(args.out) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise ScheduleError(f"--out {args.out!r}: cannot write a PNG there")
+    if args.command == "demo" and os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        raise ScheduleError(f"--out-dir {args.out_dir!r} is a file, not a directory")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="python -m schedules", description="Bamboo's schedule compiler")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -149,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_demo)
     args = parser.parse_args(argv)
     try:
+        _check_outputs(args)
         args.func(args)
     except ScheduleError as e:
         print(f"python -m schedules: error: {e}", file=sys.stderr)

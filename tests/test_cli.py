@@ -115,6 +115,18 @@ def test_bad_arguments_give_one_line_and_exit_2(args, message):
     assert len(lines) == 1 and message in lines[0], out.stderr
 
 
+@pytest.mark.parametrize("args,message", [
+    (["render", "--out", "/proc/no/x.png"], "--out '/proc/no/x.png': cannot write a PNG there"),
+    (["render", "--out", "."], "cannot write a PNG there"),
+    (["render", "--no-png", "--width", "0"], "--width must be at least 1"),
+    (["demo", "--out-dir", __file__], "is a file, not a directory"),
+])
+def test_an_output_that_cannot_be_written_is_one_line_before_any_output(args, message):
+    out = run(*args)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and out.stdout == "" and len(lines) == 1 and message in lines[0], out.stderr
+
+
 def test_render_writes_png_and_text(tmp_path):
     png = tmp_path / "t.png"
     out = run("render", "--stages", "3", "--microbatches", "4", "--out", str(png), "--width", "60")

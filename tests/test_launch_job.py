@@ -96,6 +96,24 @@ def test_bad_input_is_refused_before_any_request(extra, why, tmp_path):
     assert not os.listdir(tmp_path)
 
 
+@pytest.mark.parametrize("record, why", [
+    (None, "is not a launch record (IsADirectoryError)"),
+    ("[]", "no provider ec2 or gcp in it"),
+    ('{"provider": "azure"}', "no provider ec2 or gcp in it"),
+    ('{"provider": "gcp", "region": "r", "job": "j", "etcd": "e:1", "wheel": "w"}', "(no project)"),
+    ("{", "is not a launch record (JSONDecodeError)"),
+])
+def test_a_launch_record_that_is_not_one_is_one_line(record, why, tmp_path):
+    state = tmp_path / "state.json"
+    if record is None:
+        state.mkdir()
+    else:
+        state.write_text(record)
+    out = run("bamboo-launch", "status", "--state", str(state))
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode != 0 and len(lines) == 1 and why in lines[0], out.stderr
+
+
 def test_object_storage_data_and_checkpoints_are_checked_not_downloaded(gcs, s3):
     """The launch checks each object exists (metadata, a listing), the nodes fetch it."""
     from agents.cloud.common import BadInput

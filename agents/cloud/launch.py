@@ -134,14 +134,24 @@ def write_state(path: str, state: dict) -> None:
     os.replace(tmp, path)
 
 
+# what `status`, `scale` and `down` read of a launch record, by provider
+RECORD_KEYS = {"ec2": ("region", "job", "etcd", "wheel"), "gcp": ("project", "region", "job", "etcd", "wheel")}
+
+
 def read_state(path: str) -> dict:
     try:
         with open(path) as f:
-            return json.load(f)
+            state = json.load(f)
     except FileNotFoundError:
         raise LaunchError(f"no launch recorded in {path} (run bamboo-launch ec2|gcp first, or pass --state)") from None
-    except ValueError:
-        raise LaunchError(f"{path} is not a launch record") from None
+    except (ValueError, OSError) as e:
+        raise LaunchError(f"{path} is not a launch record ({type(e).__name__})") from None
+    keys = RECORD_KEYS.get(state.get("provider")) if isinstance(state, dict) else None
+    if keys is None:
+        raise LaunchError(f"{path} is not a launch record (no provider ec2 or gcp in it)")
+    if missing := [k for k in keys if k not in state]:
+        raise LaunchError(f"{path} is not a complete launch record (no {', '.join(missing)})")
+    return state
 
 
 def launch(args, train_argv: list[str]) -> dict:
