@@ -184,6 +184,7 @@ def test_random_kill_point(tmp_path, reference):
     (["--stages", "2", "--zones", ",,"], "--zones ',,': expected names", 2),
     (["--stages", "2", "--save-dir", os.path.abspath(__file__)], "is a file, not a directory", 2),
     (["--stages", "1", "--preempt", "garbage"], "--preempt 'garbage': expected NODE@ITERATION", 2),
+    (["--data", os.path.join(os.path.dirname(__file__), "__init__.py")], "--data: ", 2),  # an empty file
 ])
 def test_bad_input_gives_one_line(capsys, args, message, code):
     """bamboo-train's main in this process (no interpreter start per case): the exit

@@ -177,12 +177,24 @@ def corpora(files, val_files, token_dtype: str, seq: int, batch: int, seed: int,
             val_fraction: float) -> list[Corpus]:
     """The training corpus, then the validation file's when there is one (the
     training stream is then not split)."""
-    train = open_corpus(files, token_dtype, seq, batch, seed, 0.0 if val_files else val_fraction)
+    train = _named("--data", files, lambda: open_corpus(files, token_dtype, seq, batch, seed,
+                                                        0.0 if val_files else val_fraction))
     if not val_files:
         return [train]
-    validation = open_corpus(val_files, token_dtype, seq, batch, seed, 0.0)
+    validation = _named("--val-data", val_files, lambda: open_corpus(val_files, token_dtype, seq, batch, seed, 0.0))
     train.validate_on(validation)
     return [train, validation]
+
+
+def _named(flag: str, files, opened):
+    """`opened()`, its DataError naming the flag that gave the files (the default
+    corpus has none to name)."""
+    try:
+        return opened()
+    except DataError as e:
+        if not files or str(e).startswith("--"):
+            raise
+        raise DataError(f"{flag}: {e}") from None
 
 
 def split_microbatches(total: int, pipelines: int) -> list[range]:
