@@ -14,6 +14,7 @@ all stages (target: under 50 ms) in both placements.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 
@@ -44,6 +45,11 @@ def main() -> None:
     ap.add_argument("--transfer", type=float, default=0.05)
     ap.add_argument("--swap", type=float, default=0.05)
     args = ap.parse_args()
+    for flag in ("forward", "backward", "transfer", "swap"):
+        value = getattr(args, flag)
+        least = "above 0" if flag in ("forward", "backward") else "not negative"
+        if not math.isfinite(value) or value < 0 or (least == "above 0" and value == 0):
+            ap.error(f"--{flag} must be a finite number {least} (got {value})")
     cost = CostModel(forward=args.forward, backward=args.backward, transfer=args.transfer, swap=args.swap)
     print(f"cost model: forward {args.forward}, backward {args.backward}, transfer {args.transfer}, "
           f"swap {args.swap} (per stage and microbatch)")

@@ -19,3 +19,26 @@ def write_json(path: str, data) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def check_target(ap, flag: str, path: str | None) -> None:
+    """Refuse (through argparse's error: status 2) a results file that could not be
+    written, before any work is done."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        ap.error(f"{flag} {path!r}: cannot write a file there")
+
+
+def whole_numbers(ap, flag: str, text: str, least: int) -> list[int]:
+    """`A-B` (a range) or `A,B,...` as integers, each at least `least`, or argparse's error."""
+    try:
+        low, dash, high = text.partition("-")
+        values = list(range(int(low), int(high) + 1)) if dash else [int(v) for v in text.split(",")]
+    except ValueError:
+        ap.error(f"{flag} {text!r}: expected whole numbers A-B or A,B,...")
+    if not values or min(values) < least:
+        ap.error(f"{flag} {text!r}: expected at least one value, each at least {least}")
+    return values
+

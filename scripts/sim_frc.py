@@ -19,9 +19,9 @@ import math
 import statistics
 
 from schedules.compiler import compile_schedule, simulate
-from sim.profiles import profile
+from sim.profiles import PROFILES, profile
 
-from results import write_json  # scripts/results.py, beside this file
+from results import check_target, whole_numbers, write_json  # scripts/results.py, beside this file
 
 
 def row(model: str, depth: int, pipelines: int) -> dict:
@@ -61,9 +61,12 @@ def main() -> None:
     ap.add_argument("--pipelines", default="1,2")
     ap.add_argument("--json", help="also write every row, with its cost model, to FILE")
     args = ap.parse_args()
-    low, _, high = args.stages.partition("-")
-    depths = range(int(low), int(high) + 1) if high else [int(p) for p in args.stages.split(",")]
-    rows = [row(m, p, int(d)) for m in args.models.split(",") for p in depths for d in args.pipelines.split(",")]
+    depths = whole_numbers(ap, "--stages", args.stages, 2)
+    widths = whole_numbers(ap, "--pipelines", args.pipelines, 1)
+    if unknown := [m for m in args.models.split(",") if m not in PROFILES]:
+        ap.error(f"--models: unknown {', '.join(unknown)} (known: {', '.join(sorted(PROFILES))})")
+    check_target(ap, "--json", args.json)
+    rows = [row(m, p, d) for m in args.models.split(",") for p in depths for d in widths]
     for model in args.models.split(","):
         print(f"{model}: {json.dumps(profile(model, 'calibrated').sources())}")
     print(table(rows))

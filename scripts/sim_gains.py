@@ -22,13 +22,14 @@ import os
 from dataclasses import asdict
 
 from sim.options import NOTICE_SECONDS
-from sim.profiles import profile
+from sim.profiles import PROFILES, profile
 from sim.simulator import ClusterSimulator, Options
 from sim.traces import read
 
-from results import write_json  # scripts/results.py, beside this file
+from results import check_target, whole_numbers, write_json  # scripts/results.py, beside this file
 
-TRACES = ("traces/ec2-p3-trace.csv", "traces/ec2-g4dn-trace.csv")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the traces are the repository's
+TRACES = tuple(os.path.join(ROOT, "traces", name) for name in ("ec2-p3-trace.csv", "ec2-g4dn-trace.csv"))
 STRATEGIES = ("checkpoint", "redo", "bamboo", "lazy", "auto")
 STEPS = {"whole": dict(max_stages=1, notice_seconds=0.0, rollback="relaunch"),
          "+short": dict(max_stages=2, notice_seconds=0.0, rollback="relaunch"),
@@ -69,7 +70,11 @@ def main() -> None:
     ap.add_argument("--stages", default="6,12")
     ap.add_argument("--json", help="also write every row to FILE")
     args = ap.parse_args()
-    rows = run(args.model, [int(p) for p in args.stages.split(",")])
+    depths = whole_numbers(ap, "--stages", args.stages, 2)
+    if args.model not in PROFILES:
+        ap.error(f"--model {args.model!r}: unknown (known: {', '.join(sorted(PROFILES))})")
+    check_target(ap, "--json", args.json)
+    rows = run(args.model, depths)
     print(f"model {args.model}, profile calibrated; goodput per step (docstring); every other option: "
           f"{json.dumps({k: v for k, v in asdict(Options()).items() if k not in STEPS['whole']})}")
     print(table(rows))

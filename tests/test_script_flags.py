@@ -1,0 +1,30 @@
+"""The scripts under scripts/ refuse bad input in argparse's error (status 2, the
+flag named) before they start anything: no traceback, no benchmark run."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+
+
+@pytest.mark.parametrize("script,args,message", [
+    ("bench_runtime.py", ["--rounds", "0"], "--rounds must be at least 1 (got 0)"),
+    ("bench_runtime.py", ["--iterations", "4"], "--iterations must be at least 12 (got 4)"),
+    ("bench_tokens.py", ["--rounds", "0"], "--rounds must be at least 1 (got 0)"),
+    ("bench_schedules.py", ["--forward", "-1"], "--forward must be a finite number above 0 (got -1.0)"),
+    ("bench_schedules.py", ["--swap", "nan"], "--swap must be a finite number not negative (got nan)"),
+    ("sim_frc.py", ["--stages", "x"], "--stages 'x': expected whole numbers"),
+    ("sim_frc.py", ["--stages", "0"], "each at least 2"),
+    ("sim_frc.py", ["--pipelines", "0"], "--pipelines '0'"),
+    ("sim_frc.py", ["--models", "bogus"], "--models: unknown bogus"),
+    ("sim_frc.py", ["--json", "/proc/no/x.json"], "--json '/proc/no/x.json': cannot write a file there"),
+    ("sim_gains.py", ["--stages", "1"], "each at least 2"),
+    ("sim_gains.py", ["--model", "bogus"], "--model 'bogus': unknown"),
+])
+def test_bad_input_is_argparse_s_error_before_any_work(script, args, message, tmp_path):
+    out = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), *args], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)  # another directory: nothing may depend on the cwd
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert message in out.stderr.strip().splitlines()[-1], out.stderr
