@@ -68,6 +68,8 @@ def test_named_sizes_have_their_parameter_counts():
     ('{"model_type": "bert"}', "model_type 'bert' is not supported"),
     ("{not json", "not JSON"),
     ('{"model_type": "gpt2", "n_embd": 30, "n_head": 4}', "cannot build it"),
+    ('{"model_type": "gpt2", "n_layer": -1}', "n_layer must be a whole number of at least 1 (got -1)"),
+    ('{"model_type": "llama", "num_hidden_layers": 0}', "num_hidden_layers must be a whole number of at least 1"),
 ])
 def test_a_config_that_cannot_be_used_is_one_line(tmp_path, config, message):
     path = tmp_path / "config.json"

@@ -85,6 +85,11 @@ def load_config(name: str | None, text: str | None):
     config._attn_implementation = "sdpa"
     if getattr(config, "add_cross_attention", False):
         raise HFConfigError(f"{where}: cross-attention is not a causal LM")
+    for size in ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size"):
+        value = getattr(config, size)
+        if not isinstance(value, int) or value < 1:  # the name the file used (GPT-2's are aliases)
+            named = config.attribute_map.get(size) if config.attribute_map.get(size) in raw else size
+            raise HFConfigError(f"{where}: {named} must be a whole number of at least 1 (got {value!r})")
     return config
 
 
