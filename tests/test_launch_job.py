@@ -83,6 +83,8 @@ def test_launch_configures_the_job_status_shows_it_and_down_removes_it(aws, etcd
     (["--stages", "99"], "more than model tiny's"),
     (["--data", "/tmp/local.txt"], "cannot read this machine's files"),
     (["--metrics-out", "m.jsonl"], "--metrics-out is not for a cloud job"),
+    (["--metrics-o", "m.jsonl"], "--metrics-out is not for a cloud job"),  # argparse's abbreviation
+    (["--log-dir", "logs"], "--log-dir is not for a cloud job"),
     (["--package", "bamboo"], "unrelated project"),
     (["--package", "bamboo-spot"], "bare name"),
 ])

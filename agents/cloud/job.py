@@ -27,6 +27,9 @@ NOT_FOR_CLOUD = {
     "--save-dir": "each node would write its own disk: use --checkpoint s3://... or gs://...",
     "--resume": "a cloud job's agents restore from --checkpoint by themselves",
     "--etcd": "give the launch's own --etcd",
+    "--log-dir": "a cloud job's logs stay on its nodes",
+    "--local-prefix": "it wraps the agents of a local job",
+    "--no-progress": "no launcher process shows a cloud job's progress: watch it with bamboo-status",
 }
 # a job file's bamboo-train keys that a launch gives itself, in its [launch] section
 LAUNCH_OWNS = {"--job": "name the job in [launch] (or bamboo-launch --job)",
@@ -36,8 +39,15 @@ REMOTE = ("s3://", "gs://")
 
 
 def check_flags(train_argv: list[str]) -> None:
+    """Refuse the flags of NOT_FOR_CLOUD, as argparse would read them: a unique
+    prefix (`--metrics-o`) is the flag it abbreviates."""
+    from bamboo.commands import flags
+    known = list(flags.build_parser()._option_string_actions)
     for arg in train_argv:
         flag = arg.split("=", 1)[0]
+        if flag.startswith("--") and flag not in known:
+            matches = [k for k in known if k.startswith(flag)]
+            flag = matches[0] if len(matches) == 1 else flag
         if flag in NOT_FOR_CLOUD:
             raise BadInput(f"{flag} is not for a cloud job: {NOT_FOR_CLOUD[flag]}")
 
