@@ -218,11 +218,13 @@ def test_flags_a_run_does_not_use_are_named_in_a_note(capsys):
     itself goes on (one iteration of the single-process reference)."""
     from bamboo.commands.cli import main
     status = main(["--no-progress", "--iterations", "1", "--stages", "1", "--redundancy", "lazy", "--hang-timeout",
-                   "60", "--min-lr", "0.0001", "--seed", "1"])
+                   "60", "--min-lr", "0.0001", "--seed", "1", "--seq", "64", "--token-dtype", "uint32"])
     notes = [line for line in capsys.readouterr().err.splitlines() if "note:" in line]
-    assert status == 0 and len(notes) == 2, notes
+    assert status == 0 and len(notes) == 4, notes
     assert "--redundancy, --hang-timeout do nothing in this run: --stages 1 runs one process" in notes[0]
     assert "--min-lr does nothing in this run: a constant --lr-schedule" in notes[1]
+    assert "--seq does nothing in this run: the built-in model tiny has its own sequence length" in notes[2]
+    assert "--token-dtype does nothing in this run: the data are text" in notes[3]
 
 
 def test_flags_a_run_uses_give_no_note(capsys):

@@ -72,10 +72,12 @@ def idle_notes(args) -> list[str]:
     """One line per reason, naming the flags set away from their defaults that this
     run does not use."""
     from bamboo.commands.flags import build_parser
+    from bamboo.data.corpus import is_token_file
     from bamboo.model.builtin import MODELS
     changed = {a.dest for a in build_parser()._actions
                if a.dest != "help" and getattr(args, a.dest, a.default) != a.default}
     builtin = args.model in MODELS and not args.model_config
+    token_files = any(is_token_file(f) for f in (*args.data, *args.val_data))
     rules = (
         (args.stages == 1, SINGLE_IGNORES, "--stages 1 runs one process: no pipeline, redundancy, agents or etcd"),
         (args.local_nodes is None, AGENT_ONLY, "they are for the agents of --local-nodes or --local-hosts"),
@@ -86,6 +88,7 @@ def idle_notes(args) -> list[str]:
         (not args.eval_every, ("eval_batches",), "--eval-every 0 never evaluates"),
         (not args.straggler_factor, ("straggler_slack",), "--straggler-factor 0 fences no straggler"),
         (builtin, ("seq",), f"the built-in model {args.model} has its own sequence length"),
+        (not token_files, ("token_dtype",), "the data are text (bytes), not a token file"),
         (args.redundancy == "off" or args.pipelines > 1 or bool(args.grad_clip) or args.precision == "fp16",
          ("sync_bucket_mb",), "the replica sync is posted whole with --redundancy off, --pipelines above 1, "
                               "--grad-clip or fp16"),
