@@ -22,8 +22,11 @@ import sys
 import time
 from dataclasses import replace
 
+from bamboo.commands.cli import check_writable
+from bamboo.commands.flag_checks import check_finite
 from bamboo.commands.launcher import AGENT, Launcher, LocalCluster
 from bamboo.control.config import JobConfig
+from bamboo.model.api import ModelSource
 from sim.profiles import MeasuredProfile
 from sim.simulator import ClusterSimulator, Options
 from sim.traces import Event, TraceError, read
@@ -123,6 +126,23 @@ def profile_from(records: list[dict], cfg: JobConfig) -> MeasuredProfile:
                            cfg.microbatches * cfg.batch)
 
 
+def check_args(ap, args) -> None:
+    """Raise ValueError naming the first argument no replay could use."""
+    check_finite(ap, args)
+    for flag, ok, what in (("--speedup", args.speedup > 0, "positive"), ("--hours", args.hours > 0, "positive"),
+                           ("--start-hours", args.start_hours >= 0, "0 or more"),
+                           ("--thin", args.thin >= 1, "at least 1"), ("--stages", args.stages >= 2, "at least 2"),
+                           ("--microbatches", args.microbatches >= 1, "at least 1"),
+                           ("--seed", args.seed >= 0, "0 or more"),
+                           ("--spot-price", args.spot_price > 0, "positive"),
+                           ("--zones", all(args.zones.split(",")), "names separated by commas")):
+        if not ok:
+            raise ValueError(f"{flag} must be {what} (got {getattr(args, flag[2:].replace('-', '_'))!r})")
+    if args.metrics_out:
+        check_writable(args.metrics_out, "--metrics-out")
+    ModelSource(args.model, args.seed)  # an unknown model: its ModelError, a ValueError, names it
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bamboo-replay", description=__doc__.splitlines()[0])
     ap.add_argument("trace")
@@ -140,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-out")
     args = ap.parse_args(argv)
     try:
-        if args.speedup <= 0 or args.hours <= 0 or args.thin < 1 or args.stages < 2:
-            raise ValueError("--speedup and --hours must be positive, --thin at least 1, --stages at least 2")
+        check_args(ap, args)
         events = slice_trace(read(args.trace, args.trace_format), args.start_hours * 3600, args.hours * 3600,
                              args.thin, args.speedup)
         if sum(e.time == 0.0 and e.action == "add" for e in events) < args.stages:
