@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from bamboo.control.cluster import Cluster
@@ -96,7 +97,7 @@ def prices(text: str) -> tuple[float, float | None]:
         values = [float(v) for v in text.split(",")]
     except ValueError:
         values = []
-    if not 1 <= len(values) <= 2 or any(v < 0 or v != v for v in values):
+    if not 1 <= len(values) <= 2 or any(v < 0 or not math.isfinite(v) for v in values):
         raise argparse.ArgumentTypeError(f"{text!r}: expected SPOT[,ONDEMAND], dollars per node-hour")
     return values[0], values[1] if len(values) == 2 else None
 
@@ -125,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--token, --price and --refresh go with --serve")
     if args.serve is not None:
         from bamboo.commands.dashboard import serve
-        if not args.refresh > 0:
-            ap.error(f"--refresh {args.refresh}: expected seconds above 0")
+        if not 0 < args.refresh < math.inf:
+            ap.error(f"--refresh {args.refresh}: expected a finite number of seconds above 0")
         return serve(args.etcd, args.job, args.serve, args.token, args.price or (None, None), args.refresh)
     try:
         names = [args.job] if args.job else jobs(args.etcd)
