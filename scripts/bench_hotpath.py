@@ -382,6 +382,11 @@ def main() -> None:
     a.systems = tuple(a.systems.split(","))
     if "off" not in a.systems or set(a.systems) - set(SYSTEMS):
         ap.error(f"--systems: a comma-separated list of {', '.join(SYSTEMS)}, with off among them")
+    if a.rounds < 0 or a.warm < 1 or a.iterations < a.warm + 2 or not 1 <= a.check <= a.iterations:
+        ap.error(f"need --rounds >= 0 (0: only --profile), --warm >= 1, --iterations >= --warm + 2 and "
+                 f"1 <= --check <= --iterations (got {a.rounds}, {a.warm}, {a.iterations}, {a.check})")
+    if not a.rtol > 0 or a.rtol == float("inf") or a.seed < 0:
+        ap.error(f"--rtol must be a finite number above 0 and --seed at least 0 (got {a.rtol} and {a.seed})")
     from bamboo.control.etcd import EtcdServer
     params = sum(p.numel() for layer in setup(a.seed)[0] for p in layer.parameters())
     print(f"GPT {MODEL} ({params / 1e6:.2f}M parameters: dim {CFG.dim}, {CFG.layers} blocks, {CFG.heads} heads, "
