@@ -213,6 +213,17 @@ def wait_for_iteration(cluster: Cluster, iteration: int, cfg: JobConfig) -> bool
         agreed.close()  # the job's later boundaries need not wake this agent
 
 
+def _check_args(ap, args) -> None:
+    """Values no agent could use, refused (argparse's error) before etcd is asked anything."""
+    for flag, value, least in (("--min-nodes", args.min_nodes, 1), ("--max-nodes", args.max_nodes, 1),
+                               ("--node", args.node, 0), ("--register-after", args.register_after, 0)):
+        if value is not None and value < least:
+            ap.error(f"{flag} must be at least {least} (got {value})")
+    for flag, value in (("--job", args.job), ("--zone", args.zone)):
+        if not value.strip():
+            ap.error(f"{flag} must not be empty")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog="bamboo-agent", description=__doc__.splitlines()[0],
                 allow_abbrev=False)  # agents/host.py strips its flags by their full names
@@ -230,13 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="this machine's workers: N agents, each a node with its own device (agents/host.py)")
     ap.add_argument("--host", help="the machine's name, shared by its nodes (default with --workers: the hostname)")
     args = ap.parse_args(argv)
-    for flag, value, least in (("--min-nodes", args.min_nodes, 1), ("--max-nodes", args.max_nodes, 1),
-                               ("--node", args.node, 0), ("--register-after", args.register_after, 0)):
-        if value is not None and value < least:  # refused here, before etcd is asked anything
-            ap.error(f"{flag} must be at least {least} (got {value})")
-    for flag, value in (("--job", args.job), ("--zone", args.zone)):
-        if not value.strip():
-            ap.error(f"{flag} must not be empty")
+    _check_args(ap, args)
     if args.workers != 1:  # a machine of several workers (--workers 0 is refused there)
         return supervise(ap, sys.argv[1:] if argv is None else argv, args)
     try:
