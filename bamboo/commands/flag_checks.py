@@ -3,9 +3,9 @@
 A value no run could use (NaN or infinity, a negative seed, an empty zone or job
 name, a file where a directory goes, a --preempt that is not a spec) is refused
 whatever the rest of the command line says: `check_on_face`, the first check of
-cli.config_from_args (its `check_finite` serves bamboo-sim too). A flag set away from its default that this run does not use
-gets one note line (`idle_notes`, printed by bamboo-train), so that nobody believes
-it took effect."""
+cli.config_from_args (its `check_finite` serves bamboo-sim and bamboo-replay too).
+A flag set away from its default that this run does not use gets one note line
+(`idle_notes`, printed by bamboo-train), so that nobody believes it took effect."""
 from __future__ import annotations
 
 import math
