@@ -68,8 +68,6 @@ def test_named_sizes_have_their_parameter_counts():
     ('{"model_type": "bert"}', "model_type 'bert' is not supported"),
     ("{not json", "not JSON"),
     ('{"model_type": "gpt2", "n_embd": 30, "n_head": 4}', "cannot build it"),
-    ('{"model_type": "gpt2", "n_layer": -1}', "n_layer must be a whole number of at least 1 (got -1)"),
-    ('{"model_type": "llama", "num_hidden_layers": 0}', "num_hidden_layers must be a whole number of at least 1"),
 ])
 def test_a_config_that_cannot_be_used_is_one_line(tmp_path, config, message):
     path = tmp_path / "config.json"
@@ -78,6 +76,17 @@ def test_a_config_that_cannot_be_used_is_one_line(tmp_path, config, message):
                           str(tmp_path / "m.jsonl")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "m.jsonl").exists()
+
+
+@pytest.mark.parametrize("config, message", [
+    ('{"model_type": "gpt2", "n_layer": -1}', "--model-config: n_layer must be a whole number of at least 1 (got -1)"),
+    ('{"model_type": "llama", "num_hidden_layers": 0}', "num_hidden_layers must be a whole number of at least 1"),
+    ('{"model_type": "gpt2", "vocab_size": 0}', "vocab_size must be a whole number of at least 1 (got 0)"),
+])
+def test_a_config_of_no_layers_width_or_vocabulary_is_refused_by_its_key(config, message):
+    """The refusal reaches bamboo-train's one line as the cases above do."""
+    with pytest.raises(ModelError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ModelSource("hf:config", seed=0, config_json=config)
 
 
 def test_unknown_size_and_too_long_sequences_are_refused():

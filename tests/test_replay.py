@@ -62,11 +62,22 @@ def test_replay_throughput_within_a_quarter_of_the_prediction():
 def test_bad_replay_arguments_are_one_line(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("0,add,node1\nzero,remove,node1\n")
-    for args, needle in (([str(bad)], ":2:"), ([G4DN, "--speedup", "0"], "--speedup must be positive"),
-                         ([G4DN, "--hours", "inf"], "--hours must be a finite number"),
-                         ([G4DN, "--start-hours", "-5"], "--start-hours must be 0 or more"),
-                         ([G4DN, "--zones", ",,"], "--zones must be names"),
-                         ([G4DN, "--model", "nope"], "--model 'nope'")):
+    for args, needle in (([str(bad)], ":2:"), ([G4DN, "--speedup", "0"], "--speedup must be positive")):
         out = subprocess.run([sys.executable, "-m", "sim.replay", *args], capture_output=True, text=True, timeout=60)
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--hours", "inf"], "--hours must be a finite number"),
+    (["--start-hours", "-5"], "--start-hours must be 0 or more"),
+    (["--zones", ",,"], "--zones must be names"),
+    (["--model", "nope"], "--model 'nope'"),
+])
+def test_every_replay_argument_is_checked_before_the_job_starts(capsys, args, needle):
+    """In this process (the command's own run is checked above): no job starts."""
+    from sim.replay import main
+    assert main([G4DN, *args]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], lines
+
