@@ -299,14 +299,16 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     parent = psutil.Process(proc.pid)
     deadline = time.monotonic() + 120
-    while len(parent.children(recursive=True)) < 3 and time.monotonic() < deadline:  # etcd + 2 workers
-        time.sleep(0.2)
-    children = parent.children(recursive=True)
-    assert len(children) >= 3
-    while not (checkpoints.exists() and any(checkpoints.iterdir())) and time.monotonic() < deadline:
-        time.sleep(0.1)  # interrupted while it trains: after its first iteration's checkpoint began
-    assert checkpoints.exists() and any(checkpoints.iterdir()), "training never got past its first iteration"
-    proc.send_signal(signal.SIGINT)
+    try:
+        while len(parent.children(recursive=True)) < 3 and time.monotonic() < deadline:  # etcd + 2 workers
+            time.sleep(0.2)
+        children = parent.children(recursive=True)
+        assert len(children) >= 3
+        while not (checkpoints.exists() and any(checkpoints.iterdir())) and time.monotonic() < deadline:
+            time.sleep(0.1)  # interrupted while it trains: after its first iteration's checkpoint began
+        assert checkpoints.exists() and any(checkpoints.iterdir()), "training never got past its first iteration"
+    finally:
+        proc.send_signal(signal.SIGINT)  # a failed wait too: a job of 100000 iterations must not outlive the test
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in err
     gone, alive = psutil.wait_procs(children, timeout=10)
