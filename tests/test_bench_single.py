@@ -42,7 +42,7 @@ def test_bench_single_writes_both_sides_and_the_losses_agree(tmp_path):
     (["--model", "tiny"], "--model 'tiny'"),
     (["--device", "tpu"], "--device"),
     (["--iterations", "3", "--warm", "3"], "--iterations"),
-    (["--json", "/nonexistent-dir/x.json"], "no such directory"),
+    (["--json", "/nonexistent-dir/x.json"], "--json '/nonexistent-dir/x.json': cannot write a file there"),
 ])
 def test_a_bad_argument_is_one_line_and_status_2(args, says):
     run = bench(*args)
