@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from schedules.redundancy import FRC_MODES
 
-from bamboo.commands.flag_checks import check_finite
+from bamboo.commands.flag_checks import check_finite, check_not_a_file
 
 from sim.checkpointing import FORMULAS
 from sim.options import NOTICE_SECONDS, ROLLBACKS
@@ -248,8 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         check_finite(parser, args)
-        if args.plot and os.path.exists(args.plot) and not os.path.isdir(args.plot):
-            raise ValueError(f"--plot {args.plot!r} is a file, not a directory")
+        check_not_a_file(args.plot, "--plot")
         options = options_from(args)
         if args.stages < 2:
             raise ValueError(f"--stages must be at least 2 (got {args.stages})")

@@ -31,6 +31,7 @@ import sys
 import tempfile
 
 from bamboo.commands.chaos_trial import Outcome, Settings, Trial, account  # noqa: F401 - account: the tests'
+from bamboo.commands.flag_checks import check_not_a_file
 from bamboo.commands.netlab import unavailable
 
 
@@ -81,11 +82,13 @@ def _refused(args) -> str | None:
                     (args.iterations >= 2, f"--iterations must be at least 2 (got {args.iterations})"),
                     (1 <= args.workers_per_host <= most_per_host,
                      f"--workers-per-host must be from 1 to --nodes / {Settings.stages} = {most_per_host} "
-                     f"(got {args.workers_per_host})"),
-                    (not (args.out and os.path.exists(args.out) and not os.path.isdir(args.out)),
-                     f"--out {args.out!r} is a file, not a directory")):
+                     f"(got {args.workers_per_host})")):
         if not ok:
             return why
+    try:
+        check_not_a_file(args.out, "--out")
+    except ValueError as e:
+        return str(e)
     return None
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from bamboo.commands import jobfile
-from bamboo.commands.flag_checks import check_on_face, idle_notes
+from bamboo.commands.flag_checks import check_not_a_file, check_on_face, idle_notes
 from bamboo.commands.flags import build_parser
 from bamboo.commands.plot import check_output
 from bamboo.commands.preempts import parse_preempts
@@ -40,9 +40,7 @@ def local_cluster(args):
         if args.join or args.local_prefix:
             raise ValueError(f"{'--join' if args.join else '--local-prefix'} needs --local-nodes")
         return None
-    zones = tuple(z.strip() for z in args.zones.split(","))
-    if not all(zones):
-        raise ValueError(f"--zones {args.zones!r}: expected names separated by commas")
+    zones = tuple(z.strip() for z in args.zones.split(","))  # each a name: check_on_face
     if args.local_nodes < args.stages:
         raise ValueError(f"--local-nodes {args.local_nodes} is fewer than --stages {args.stages}")
     if args.local_hosts and args.join:
@@ -89,8 +87,7 @@ def check_directory(path: str | None, flag: str) -> None:
     """Fail now, not at the first iteration, if `path` cannot be a directory of files."""
     if not path:
         return
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"{flag} {path!r}: is a file, not a directory")
+    check_not_a_file(path, flag)
     check_writable(os.path.join(path, "probe"), flag)
 
 

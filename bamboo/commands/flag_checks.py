@@ -27,6 +27,12 @@ def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+def check_not_a_file(path: str | None, flag: str) -> None:
+    """Raise ValueError if `path`, where a directory goes, is a file already."""
+    if path and os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{flag} {path!r} is a file, not a directory")
+
+
 def check_finite(parser, args) -> None:
     """Raise ValueError naming the first float flag of `parser` given NaN or infinity,
     which the range checks after it (`x <= 0`: False for NaN) would let through."""
@@ -60,8 +66,7 @@ def check_on_face(args) -> None:
         raise ValueError(f"--zones {args.zones!r}: expected names separated by commas")
     local_checkpoint = args.checkpoint if args.checkpoint and "://" not in args.checkpoint else None
     for flag, path in (("--save-dir", args.save_dir), ("--log-dir", args.log_dir), ("--checkpoint", local_checkpoint)):
-        if path and os.path.exists(path) and not os.path.isdir(path):
-            raise ValueError(f"{flag} {path!r} is a file, not a directory")
+        check_not_a_file(path, flag)
     from bamboo.commands.preempts import parse_spec
     for spec in args.preempt:
         if spec != "random":
