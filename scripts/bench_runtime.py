@@ -21,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 
+from results import at_least  # scripts/results.py, beside this file
+
 
 def run(args: list[str]) -> list[dict]:
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as f:
@@ -41,10 +43,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--microbatches", type=int, default=8)
     a = ap.parse_args()
-    for flag, value, least in (("--rounds", a.rounds, 1), ("--iterations", a.iterations, 12), ("--batch", a.batch, 1),
-                               ("--microbatches", a.microbatches, 1)):
-        if value < least:  # 12 iterations: the kill at the middle one comes after the 5 warm-up iterations
-            ap.error(f"{flag} must be at least {least} (got {value})")
+    # 12 iterations: the kill at the middle one comes after the 5 warm-up iterations
+    at_least(ap, (("--rounds", a.rounds, 1), ("--iterations", a.iterations, 12), ("--batch", a.batch, 1),
+                  ("--microbatches", a.microbatches, 1)))
     common = ["--model", "tiny", "--stages", "2", "--microbatches", str(a.microbatches),
               "--iterations", str(a.iterations), "--batch", str(a.batch)]
     warm = 5  # eager places FRC by measured op times from iteration 4 (bamboo/runtime/calibration.py)

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from results import check_target, write_json  # scripts/results.py, beside this file
+from results import at_least, check_target, write_json  # scripts/results.py, beside this file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -74,10 +74,8 @@ def parse(argv=None) -> argparse.Namespace:
     check_target(ap, "--json", a.json)
     if a.model_config and a.model != "hf:gpt2-tiny":
         ap.error("--model and --model-config: the benchmark's model is one or the other")
-    for flag, value, least in (("--seq", a.seq, 1), ("--batch", a.batch, 1), ("--microbatches", a.microbatches, 1),
-                               ("--seed", a.seed, 0)):
-        if value < least:
-            ap.error(f"{flag} must be at least {least} (got {value})")
+    at_least(ap, (("--seq", a.seq, 1), ("--batch", a.batch, 1), ("--microbatches", a.microbatches, 1),
+                  ("--seed", a.seed, 0)))
     if not a.model_config and not a.model.startswith("hf:"):
         ap.error(f"--model {a.model!r}: expected hf:NAME, a Hugging Face size of bamboo/model/hf.py")
     if a.rounds < 1 or a.warm < 1 or a.iterations < a.warm + 2 or not 1 <= a.check <= a.iterations:

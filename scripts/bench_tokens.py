@@ -13,6 +13,7 @@ import argparse
 import statistics
 
 from bench_runtime import run
+from results import at_least
 
 
 def main() -> None:
@@ -25,10 +26,8 @@ def main() -> None:
     ap.add_argument("--redundancy", default="eager", choices=("eager", "off"))
     a = ap.parse_args()
     warm = 2
-    for flag, value, least in (("--rounds", a.rounds, 1), ("--iterations", a.iterations, warm + 1),
-                               ("--seq", a.seq, 1), ("--batch", a.batch, 1), ("--microbatches", a.microbatches, 1)):
-        if value < least:  # iterations: at least one after the warm-up ones
-            ap.error(f"{flag} must be at least {least} (got {value})")
+    at_least(ap, (("--rounds", a.rounds, 1), ("--iterations", a.iterations, warm + 1),  # one after the warm-up
+                  ("--seq", a.seq, 1), ("--batch", a.batch, 1), ("--microbatches", a.microbatches, 1)))
     common = ["--model", "hf:gpt2", "--stages", "2", "--seq", str(a.seq), "--batch", str(a.batch),
               "--microbatches", str(a.microbatches), "--iterations", str(a.iterations),
               "--redundancy", a.redundancy]

@@ -42,3 +42,9 @@ def whole_numbers(ap, flag: str, text: str, least: int) -> list[int]:
         ap.error(f"{flag} {text!r}: expected at least one value, each at least {least}")
     return values
 
+
+def at_least(ap, bounds) -> None:
+    """argparse's error for the first (flag, value, least) whose value is below its least."""
+    for flag, value, least in bounds:
+        if value < least:
+            ap.error(f"{flag} must be at least {least} (got {value})")
