@@ -10,7 +10,7 @@ from schedules import ir
 
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
-from bamboo.control.etcd import EtcdError, EtcdServer, connect
+from bamboo.control.etcd import EtcdCluster, EtcdError, EtcdServer, connect
 from bamboo.control.protocol import ALIVE, FAILED, Failure
 from bamboo.control.store import EtcdStore
 from bamboo.runtime.failover import Unsurvivable, died_before
@@ -187,3 +187,51 @@ def test_children_forked_while_grpc_connects_run_no_grpc_code():
     assert run.returncode == 0, run.stderr[-2000:]
     assert "exit codes [0]" in run.stdout
     assert "fork_posix" not in run.stderr, run.stderr[-2000:]
+
+
+def _taken(port: int):
+    """A socket that holds `port` on loopback, as another process would."""
+    import socket
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past a killed server's TIME_WAIT
+    s.bind(("127.0.0.1", port))
+    s.listen()
+    return s
+
+
+def test_a_first_start_whose_port_was_taken_meanwhile_moves_and_a_restart_keeps_its_ports():
+    """The embedded etcd picks free ports and binds them a moment later; a process
+    that took one meanwhile made a test fail once ("address already in use"). A
+    first start tries fresh ports. A restart must come back where clients look."""
+    server = EtcdServer()
+    picked = server.port
+    holder = _taken(picked)
+    try:
+        server.start()
+        assert server.port != picked
+        connect(server.endpoint).put("/t/moved", b"1")
+        server.kill()
+        server.start()  # back on the same port, with the key
+        assert connect(server.endpoint).get("/t/moved")[0] == b"1"
+        moved = server.port
+        server.kill()
+        with _taken(moved):
+            with pytest.raises(EtcdError, match="address already in use"):
+                server.start()
+    finally:
+        holder.close()
+        server.stop()
+
+
+def test_a_cluster_whose_port_was_taken_meanwhile_starts_on_fresh_ones():
+    cluster = EtcdCluster(["a", "b", "c"])
+    picked = cluster.members[1].peer_port
+    holder = _taken(picked)
+    try:
+        with cluster:
+            assert picked not in [p for m in cluster.members for p in (m.port, m.peer_port)]
+            assert cluster.members[0].peers.count("http://") == 3 and str(picked) not in cluster.members[0].peers
+            connect(cluster.endpoints).put("/t/cluster", b"1")
+            assert connect(cluster.members[2].endpoint).get("/t/cluster")[0] == b"1"
+    finally:
+        holder.close()

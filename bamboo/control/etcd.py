@@ -26,6 +26,9 @@ MEMBER_COUNTS = (1, 3, 5, 7)
 # whose leader just died is lost with it (etcd answers only at its own 7 s
 # timeout), and must be tried on another member well within --failure-timeout.
 MEMBER_TIMEOUT = 1.0
+# A port is picked free and bound by etcd a moment later: another process may take
+# it between the two. A first start tries again this many times on fresh ports.
+BIND_TRIES = 3
 
 
 class EtcdError(RuntimeError):
@@ -36,6 +39,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def port_taken(error: EtcdError) -> bool:
+    """Whether etcd failed at start because a port it was given was taken meanwhile."""
+    return "address already in use" in str(error)
 
 
 def etcd_binary() -> str:
@@ -138,6 +146,19 @@ class EtcdServer:
         self.name, self.host, self.peers, self.token, self.election_ms = name, host, peers, token, election_ms
         self.port, self.peer_port = free_port(), free_port()
         self.proc: subprocess.Popen | None = None
+        self.started = False  # once it answered, its ports are known to clients: kept
+
+    def may_move(self) -> bool:
+        """Whether a failed first start may try other ports: never started, and its
+        data dir is its own (wiped for the new try)."""
+        return not self.started and self._own_dir
+
+    def move(self) -> None:
+        """New free ports and an empty data dir, for another first try."""
+        self.kill()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        os.makedirs(self.data_dir)
+        self.port, self.peer_port = free_port(), free_port()
 
     @property
     def endpoint(self) -> str:
@@ -175,13 +196,20 @@ class EtcdServer:
         raise EtcdError(f"etcd did not answer on {self.endpoint} in time")
 
     def start(self, timeout: float = 20.0) -> "EtcdServer":
-        self.launch()
-        try:
-            self.wait_ready(time.monotonic() + timeout)
-        except EtcdError:
-            self.stop()
-            raise
-        return self
+        """Launch and wait until it answers. A first start whose port was taken
+        meanwhile tries fresh ones; a restart (after kill) keeps its own or fails."""
+        for attempt in range(1, BIND_TRIES + 1):
+            self.launch()
+            try:
+                self.wait_ready(time.monotonic() + timeout)
+            except EtcdError as e:
+                if port_taken(e) and self.may_move() and attempt < BIND_TRIES:
+                    self.move()
+                    continue
+                self.stop()
+                raise
+            self.started = True
+            return self
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -222,9 +250,7 @@ class EtcdCluster:
         token = f"bamboo-{uuid.uuid4().hex[:8]}"
         self.members = [EtcdServer(d, name=n, host=h, token=token, election_ms=election_ms, prefix=p)
                         for n, h, p, d in zip(names, hosts, prefixes, data_dirs)]
-        peers = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
-        for m in self.members:
-            m.peers = peers
+        self._wire()
 
     @classmethod
     def in_zones(cls, count: int, zones: tuple[str, ...], hosts: list[str] | None = None,
@@ -242,17 +268,32 @@ class EtcdCluster:
     def endpoint(self) -> str:  # EtcdServer's name for it
         return self.endpoints
 
-    def start(self, timeout: float = 30.0) -> "EtcdCluster":
+    def _wire(self) -> None:
+        peers = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         for m in self.members:
-            m.launch()
-        deadline = time.monotonic() + timeout
-        try:
+            m.peers = peers
+
+    def start(self, timeout: float = 30.0) -> "EtcdCluster":
+        """Launch every member and wait for each. A port taken meanwhile moves every
+        member to fresh ones (the initial cluster names them all), on a first start."""
+        for attempt in range(1, BIND_TRIES + 1):
             for m in self.members:
-                m.wait_ready(deadline)
-        except EtcdError:
-            self.stop()
-            raise
-        return self
+                m.launch()
+            deadline = time.monotonic() + timeout
+            try:
+                for m in self.members:
+                    m.wait_ready(deadline)
+            except EtcdError as e:
+                if port_taken(e) and all(m.may_move() for m in self.members) and attempt < BIND_TRIES:
+                    for m in self.members:
+                        m.move()
+                    self._wire()
+                    continue
+                self.stop()
+                raise
+            for m in self.members:
+                m.started = True
+            return self
 
     def kill(self, member: int) -> None:
         self.members[member].kill()
