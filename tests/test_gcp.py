@@ -112,6 +112,22 @@ def test_missing_google_credentials_is_one_line(tmp_path):
     assert out.returncode == 1 and len(lines) == 1 and "no Google credentials" in lines[0], out.stderr
 
 
+@pytest.mark.parametrize("extra, why", [
+    (["--name", "Bamboo_1"], "--name 'Bamboo_1' is not a gcp resource name"),
+    (["--name", "job-"], "is not a gcp resource name"),
+    (["--machine-type", ""], "--machine-type must not be empty"),
+    (["--project", " "], "--project must not be empty"),
+])
+def test_names_the_provider_would_refuse_are_refused_before_any_request(extra, why, tmp_path):
+    """No credentials here: a request would fail with another message."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "NO_GCE_CHECK": "True"}
+    out = launch("--state", str(tmp_path / "s.json"), "gcp", "--nodes", "2", "--zones", "us-central1-a",
+                 "--region", "us-central1", "--project", "p", "--image", "i", "--etcd", "auto", "--job", "j",
+                 "--package", "https://example.com/b.whl", *extra, env=env)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and why in lines[0], out.stderr
+
+
 @pytest.mark.slow
 def test_etcd_auto_with_three_members_puts_one_in_each_zone(compute, tmp_path):
     state = str(tmp_path / "state.json")

@@ -87,10 +87,14 @@ def test_launch_configures_the_job_status_shows_it_and_down_removes_it(aws, etcd
     (["--log-dir", "logs"], "--log-dir is not for a cloud job"),
     (["--package", "bamboo"], "unrelated project"),
     (["--package", "bamboo-spot"], "bare name"),
+    (["--name", "ab"], "--name 'ab' is not a ec2 resource name: 3 to 128"),
+    (["--name", "x y z"], "is not a ec2 resource name"),
+    (["--region", " "], "--region must not be empty"),
+    (["--image", ""], "--image must not be empty"),
 ])
 def test_bad_input_is_refused_before_any_request(extra, why, tmp_path):
     """The endpoints are unreachable: any request would fail with another message."""
-    args = launch_args("http://127.0.0.1:9", "ami-1", "127.0.0.1:9", "j", "n", str(tmp_path / "s.json"),
+    args = launch_args("http://127.0.0.1:9", "ami-1", "127.0.0.1:9", "j", "bamboo-n", str(tmp_path / "s.json"),
                        "--bucket", "b", "--model", "tiny", *extra)
     out = run("bamboo-launch", *args)
     lines = out.stderr.strip().splitlines()

@@ -6,6 +6,7 @@ only then is anything created."""
 from __future__ import annotations
 
 import json
+import re
 
 from agents.cloud.common import BadInput, Install, LaunchError, etcd_script
 from agents.cloud.job import JobStore, config_key, config_request
@@ -38,6 +39,25 @@ def zones_of(args) -> tuple[str, ...]:
     if args.nodes < 1 or not zones:
         raise BadInput("--nodes must be at least 1 and --zones must name a zone")
     return zones
+
+
+# A GCP resource name (the template, the group, '-etcd-N' appended for etcd
+# instances); an EC2 launch template's and group's name.
+GCP_NAME = re.compile(r"[a-z]([-a-z0-9]{0,50}[a-z0-9])?")
+EC2_NAME = re.compile(r"[A-Za-z0-9().\-/_]{3,128}")
+
+
+def check_names(args, cloud: str) -> None:
+    """The names a launch gives the provider: none empty, --name as the provider
+    allows it (checked here, before any request, not by the API half-way)."""
+    flags = ["region", "image"] + (["project", "machine_type"] if cloud == "gcp" else [])
+    for flag in flags:
+        if not getattr(args, flag).strip():
+            raise BadInput(f"--{flag.replace('_', '-')} must not be empty")
+    rule, what = (GCP_NAME, "1 to 52 lower-case letters, digits and '-', starting with a letter and not "
+                  "ending with '-'") if cloud == "gcp" else (EC2_NAME, "3 to 128 letters, digits and ().-/_")
+    if not rule.fullmatch(args.name):
+        raise BadInput(f"--name {args.name!r} is not a {cloud} resource name: {what}")
 
 
 def check_install(args, default_bucket: bool = False) -> None:
@@ -112,6 +132,7 @@ def launch_ec2(args, cfg, log=print) -> dict:
     from agents.cloud.ec2 import GPU_TYPES, Ec2Provider, Ec2Spec
     from agents.cloud.storage import S3Shipper, default_bucket
     zones, types = zones_of(args), tuple(args.instance_type or GPU_TYPES)
+    check_names(args, "ec2")
     check_members(args, zones)
     check_install(args, default_bucket=True)
     check_etcd(args, cfg.job, log)
@@ -144,6 +165,7 @@ def launch_gcp(args, cfg, log=print) -> dict:
     from agents.cloud.gcp import GcpProvider, GcpSpec
     from agents.cloud.storage import GcsShipper
     zones = zones_of(args)
+    check_names(args, "gcp")
     check_members(args, zones)
     check_install(args)
     check_etcd(args, cfg.job, log)
