@@ -227,6 +227,24 @@ def test_flags_a_run_does_not_use_are_named_in_a_note(capsys):
     assert "--token-dtype does nothing in this run: the data are text" in notes[3]
 
 
+def test_share_gpu_without_a_gpu_to_share_says_so(capsys, monkeypatch):
+    """--share-gpu matters only when a host has more workers than GPUs: on a host
+    without one (this machine, or --devices cpu), or with a GPU for each worker, it
+    says it does nothing. The GPU count is the host's own, asked of torch (faked as 4
+    here for the second case)."""
+    from bamboo.commands.cli import main
+    from bamboo.transport import devices
+    base = ["--no-progress", "--iterations", "1", "--stages", "2", "--share-gpu", "--etcd", "127.0.0.1:1"]
+    monkeypatch.setattr(devices, "host_gpus", lambda: 0)
+    assert main(base) == 1
+    assert "note: --share-gpu does nothing in this run: the workers compute on the CPU: this host has no GPU" in \
+        capsys.readouterr().err
+    monkeypatch.setattr(devices, "host_gpus", lambda: 4)
+    assert devices.share_note(None, 2) == "2 worker(s) on this host and 4 GPU(s) for them: each has its own"
+    assert devices.share_note("0", 2) is None  # two workers on GPU 0: they share
+    assert "(--devices cpu)" in devices.share_note("cpu", 2)
+
+
 def test_flags_a_run_uses_give_no_note(capsys):
     from bamboo.commands.cli import main
     status = main(["--no-progress", "--iterations", "1", "--stages", "2", "--redundancy", "lazy", "--hang-timeout",

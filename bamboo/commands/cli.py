@@ -327,15 +327,18 @@ def main(argv: list[str] | None = None) -> int:
         local_hosts(args)
         cfg = config_from_args(args)
         local = local_cluster(args)
+        notes = idle_notes(args)
         if cfg.stages > 1:  # every worker runs on this host: can each have its device?
             workers = local.nodes + sum(c for c, _ in local.joins) if local else cfg.nodes
             devices.check_flags(args.devices, args.share_gpu, args.transport, workers)
+            if args.share_gpu and (why := devices.share_note(args.devices, workers)):
+                notes.append(f"--share-gpu does nothing in this run: {why}")
         else:  # the single-process run computes on the first worker's device: it must exist
             devices.check_flags(args.devices, True, "gloo", 1)
     except ValueError as e:
         print(f"bamboo-train: error: {e}", file=sys.stderr)
         return 2
-    for note in idle_notes(args):
+    for note in notes:
         print(f"bamboo-train: note: {note}", file=sys.stderr)
     layers = tempfile.mkdtemp(prefix="bamboo-export-") if args.export and not cfg.save_dir else None
     cfg = dataclasses.replace(cfg, save_dir=cfg.save_dir or layers)

@@ -97,6 +97,19 @@ def check_flags(devices: str | None, share: bool, requested: str, workers_here: 
     return parsed
 
 
+def share_note(devices: str | None, workers_here: int) -> str | None:
+    """Why --share-gpu does nothing on this host for `workers_here` workers (no GPU,
+    or one for each), or None when some of them do share one."""
+    parsed, gpus = parse_devices(devices), host_gpus()
+    if parsed == ("cpu",) or gpus == 0:
+        return "the workers compute on the CPU" + (" (--devices cpu)" if parsed == ("cpu",) else
+                                                    ": this host has no GPU")
+    usable = len(parsed) if parsed else gpus
+    if workers_here <= usable:
+        return f"{workers_here} worker(s) on this host and {usable} GPU(s) for them: each has its own"
+    return None
+
+
 def add_flags(parser) -> None:
     """The device flags of bamboo-train (and of a cloud launch, for its nodes)."""
     parser.add_argument("--devices", metavar="I,J,...|cpu",
