@@ -187,6 +187,9 @@ def _one_line(capsys):
     ('[1, 2]\n', "line 1: not a JSON object"),
     ('{"iteration": 0, "loss": 1.0, "samples": 8, "seconds": 0.5, "nodes": 2, "val_loss": "x"}\n',
      "line 1: 'val_loss' is not a number"),
+    ('{"iteration": 0, "loss": 1.0, "samples": 8, "seconds": NaN, "nodes": 2}\n', "'seconds' is nan, not a duration"),
+    ('{"iteration": 0, "loss": 1.0, "samples": 8, "seconds": -1, "nodes": 2}\n', "'seconds' is -1, not a duration"),
+    ('{"iteration": 1.5, "loss": 1.0, "samples": 8, "seconds": 1, "nodes": 2}\n', "'iteration' is 1.5"),
 ])
 def test_bad_metrics_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, content, problem):
     metrics = tmp_path / "m.jsonl"
@@ -235,3 +238,14 @@ def test_train_checks_plot_and_tensorboard_paths_before_it_starts(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1 and message in err[0] and flag in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_a_diverged_loss_is_drawn_not_refused(tmp_path):
+    """A NaN loss is what a diverged run writes: the plot shows it (a gap), unlike
+    a NaN duration, which has no place on the time axis."""
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text("".join(f'{{"iteration": {i}, "loss": {"NaN" if i == 2 else 2.0 - i / 10}, "samples": 8, '
+                               f'"seconds": 0.5, "nodes": 2}}\n' for i in range(4)))
+    out = tmp_path / "run.png"
+    assert plot.main([str(metrics), "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
