@@ -243,6 +243,32 @@ def strategy_name(args) -> str:
     return REDUNDANCY[args.redundancy]
 
 
+def idle_notes(parser: argparse.ArgumentParser, args) -> list[str]:
+    """One line per reason, naming the flags set away from their defaults that this
+    run does not read."""
+    changed = {a.dest for a in parser._actions if a.dest != "help" and getattr(args, a.dest) != a.default}
+    eager_free = not args.sweep_rates and strategy_name(args) not in ("bamboo", "auto", "all")
+    rules = ((not args.sweep_rates, ("nodes", "seeds"), "they are for --sweep-rates"),
+             (args.sweep_rates, ("trace", "trace_format", "hours", "strategy"),
+              "--sweep-rates runs every strategy on synthetic traces of its own"),
+             (eager_free, ("frc",), "it places eager Bamboo's FRC (--strategy bamboo, auto or all)"))
+    notes = []
+    for applies, dests, why in rules:
+        idle = [d for d in dests if applies and d in changed]
+        if idle:
+            flags = ", ".join("--" + d.replace("_", "-") for d in idle)
+            notes.append(f"{flags} {'does' if len(idle) == 1 else 'do'} nothing in this run: {why}")
+    return notes
+
+
+def check_depth(prof: Profile, stages: int) -> None:
+    if stages < 2:
+        raise ValueError(f"--stages must be at least 2 (got {stages})")
+    if stages > prof.layers:
+        raise ValueError(f"--stages {stages} is more than model {prof.name}'s {prof.layers} layers: "
+                         "a stage holds one layer at least")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -250,13 +276,14 @@ def main(argv: list[str] | None = None) -> int:
         check_finite(parser, args)
         check_not_a_file(args.plot, "--plot")
         options = options_from(args)
-        if args.stages < 2:
-            raise ValueError(f"--stages must be at least 2 (got {args.stages})")
+        check_depth(model_profile(args), args.stages)
         if args.seeds < 1 or (args.nodes is not None and args.nodes < args.stages):
             raise ValueError("--seeds must be at least 1 and --nodes at least --stages")
+        if args.sweep_rates and args.redundancy is not None:
+            raise ValueError("--sweep-rates runs every strategy and mode: leave out --redundancy")
+        for note in idle_notes(parser, args):
+            print(f"bamboo-sim: note: {note}", file=sys.stderr)
         if args.sweep_rates:
-            if args.redundancy is not None:
-                raise ValueError("--sweep-rates runs every strategy and mode: leave out --redundancy")
             nodes = args.nodes or 3 * args.stages
             rows = sweep(model_profile(args), args.stages, nodes, args.seeds, options)
             out = {"model": args.model, "stages": args.stages, "nodes": nodes, "sweep": rows,

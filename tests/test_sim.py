@@ -260,6 +260,8 @@ def test_the_simulator_page_s_sweep_table_has_the_sweep_s_rates():
     (["--trace", P3, "--spot-price", "inf"], "--spot-price must be a finite number"),
     (["--trace", P3, "--bytes-per-param", "inf"], "--bytes-per-param must be a finite number"),
     (["--trace", P3, "--plot", P3], "is a file, not a directory"),
+    (["--trace", P3, "--stages", "1"], "--stages must be at least 2"),
+    (["--trace", P3, "--model", "bert-large", "--stages", "25"], "more than model bert-large's 24 layers"),
 ])
 def test_bad_input_is_one_line(args, needle):
     res = subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, timeout=60)
@@ -308,6 +310,23 @@ def test_bounded_eager_costs_no_iteration_time_over_lazy_on_the_calibrated_profi
             assert sims["bubbles"].iteration_seconds(pipelines) == pytest.approx(lazy, rel=1e-9)
             assert sims["all"].iteration_seconds(pipelines) > 1.05 * lazy
             assert 0 < sims["bubbles"].uncovered(pipelines) < 1 and sims["all"].uncovered(pipelines) == 0
+
+
+def test_flags_the_run_does_not_read_are_named_in_a_note(capsys):
+    """A trace run reads no --seeds; a sweep reads no --trace or --hours; lazy places
+    no FRC. Each is said, and the run goes on (here to its own refusal: a trace run
+    needs --trace, which the note lines come before)."""
+    assert main(["--seeds", "5", "--strategy", "lazy", "--frc", "all", "--stages", "4"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == "bamboo-sim: note: --seeds does nothing in this run: they are for --sweep-rates"
+    assert lines[1].startswith("bamboo-sim: note: --frc does nothing in this run: it places eager Bamboo's FRC")
+    assert lines[2].startswith("bamboo-sim: error: --trace PATH is required") and len(lines) == 3
+    from sim.cli import build_parser, idle_notes
+    parser = build_parser()
+    sweep = parser.parse_args(["--sweep-rates", "--trace", P3, "--hours", "2", "--frc", "all"])
+    assert idle_notes(parser, sweep) == ["--trace, --hours do nothing in this run: --sweep-rates runs every strategy "
+                                         "on synthetic traces of its own"]
+    assert idle_notes(parser, parser.parse_args(["--trace", P3, "--strategy", "auto", "--frc", "all"])) == []
 
 
 def test_bad_frc_is_one_line_and_status_2(capsys):
