@@ -75,6 +75,8 @@ def main() -> None:
         shape = tuple(int(x) for x in a.shape.split(","))
     except ValueError:
         ap.error(f"--shape takes sizes like 8,128,256 (got {a.shape!r})")
+    if min(shape) < 1:
+        ap.error(f"--shape: every size must be at least 1 (got {a.shape!r})")
     if a.messages < 1 or a.rounds < 1:
         ap.error("--messages and --rounds must be at least 1")
     from bamboo.control.etcd import free_port

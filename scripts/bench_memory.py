@@ -16,6 +16,7 @@ import argparse
 
 import torch
 from bench_runtime import run
+from results import at_least  # scripts/results.py, beside this file
 
 from bamboo.model.api import ModelSource
 from bamboo.model.partition import partition
@@ -46,6 +47,12 @@ def main() -> None:
     ap.add_argument("--microbatches", type=int, default=4)
     ap.add_argument("--iterations", type=int, default=2)
     a = ap.parse_args()
+    at_least(ap, [("--seq", a.seq, 1), ("--batch", a.batch, 1), ("--microbatches", a.microbatches, 1),
+                  ("--iterations", a.iterations, 1)])
+    try:
+        ModelSource(a.model, seed=0, seq=a.seq).costs()
+    except (ValueError, OSError) as e:
+        ap.error(f"--model {a.model}: {e}")
     P = 4
     common = ["--seq", str(a.seq), "--batch", str(a.batch), "--microbatches", str(a.microbatches),
               "--iterations", str(a.iterations)]

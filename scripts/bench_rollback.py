@@ -43,6 +43,8 @@ import tempfile
 import threading
 import time
 
+from results import at_least  # scripts/results.py, beside this file
+
 from bamboo.control.cluster import Cluster
 from bamboo.control.etcd import EtcdServer
 from bamboo.control.protocol import ASSIGNMENT, DONE, PREEMPTED
@@ -114,6 +116,11 @@ def main() -> None:
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--checkpoint", help="where storage checkpoints go (default: a fresh local directory)")
     a = ap.parse_args()
+    at_least(ap, [("--rounds", a.rounds, 1), ("--checkpoint-every", a.checkpoint_every, 1),
+                  ("--microbatches", a.microbatches, 1), ("--kill-at", a.kill_at, a.checkpoint_every + 1),
+                  ("--iterations", a.iterations, a.kill_at + 2)])
+    if a.checkpoint and os.path.isfile(a.checkpoint):
+        ap.error(f"--checkpoint {a.checkpoint!r} is a file, not a directory")
     print(f"# {a.model} float64, M={a.microbatches}, P=4 on 4 local nodes (one pipeline, no standby), "
           f"checkpoint every {a.checkpoint_every}, stages 1 and 2 SIGKILLed in iteration {a.kill_at} "
           f"(instruction 3), {a.iterations} iterations, {a.rounds} rounds, {os.cpu_count()} cores, "

@@ -37,6 +37,8 @@ from bamboo.control.etcd import EtcdServer, connect  # noqa: E402
 from bamboo.control.protocol import DONE, scan  # noqa: E402
 from tests.fake_metadata import FakeMetadata  # noqa: E402
 
+from results import at_least  # noqa: E402 (scripts/results.py, beside this file)
+
 WARM = 3  # iterations dropped at the start (start-up, first compiles)
 
 
@@ -166,6 +168,8 @@ def main() -> None:
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--batch", type=int, default=8)
     a = ap.parse_args()
+    at_least(ap, [("--rounds", a.rounds, 1), ("--iterations", a.iterations, 2), ("--microbatches", a.microbatches, 1),
+                  ("--batch", a.batch, 1)])
     if a.what in ("split", "all"):
         bench_split(a)
     if a.what in ("notice", "all"):

@@ -33,7 +33,7 @@ from bamboo.model import recipe  # noqa: E402
 from bamboo.model.builtin import GPTConfig, build_layer  # noqa: E402
 from bamboo.transport.swap import SavedTensors  # noqa: E402
 from sim.profiles import PROFILES  # noqa: E402
-from results import write_json  # noqa: E402 (scripts/results.py, beside this file)
+from results import at_least, check_target, write_json  # noqa: E402 (scripts/results.py, beside this file)
 
 OPTIMIZER = SimpleNamespace(lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)  # the recipe's defaults' shape
 
@@ -125,6 +125,10 @@ def main() -> None:
     ap.add_argument("--models", default="gpt2,bert-large")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "sim", "calibration.json"))
     a = ap.parse_args()
+    at_least(ap, [("--repeats", a.repeats, 1)])
+    if unknown := [n for n in a.models.split(",") if n not in PROFILES]:
+        ap.error(f"--models: unknown {', '.join(map(repr, unknown))} (known: {', '.join(sorted(PROFILES))})")
+    check_target(ap, "--out", a.out)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     out = {"conditions": conditions(a.repeats)}
