@@ -14,6 +14,7 @@ from schedules.cost import CostModel
 from schedules.layout import ScheduleError
 from schedules.order import ORDERS
 from schedules.redundancy import FRC_MODES
+from schedules.syncs import SYNC_MODES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,23 +33,28 @@ def _schedule_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redundancy", choices=REDUNDANCY, default="eager")
     p.add_argument("--frc", choices=FRC_MODES, default="bubbles",
                    help="eager: FRC only where it fits a wait (bubbles), or for every microbatch (all)")
+    p.add_argument("--replica-sync", choices=SYNC_MODES, default="end",
+                   help="each replica's sync at the iteration's end, or in the next iteration (next)")
     p.add_argument("--order", choices=tuple(ORDERS), default="1f1b")
     p.add_argument("--eval", action="store_true", help="the forward-only streams of a validation loss")
     p.add_argument("--forward", type=float, default=1.0, help="cost of one stage forward")
     p.add_argument("--backward", type=float, default=2.0, help="cost of one stage backward")
     p.add_argument("--transfer", type=float, default=0.05, help="message latency")
     p.add_argument("--swap", type=float, default=0.05, help="cost of one swap")
+    p.add_argument("--sync-transfer", type=float, default=0.1, help="latency of a replica's sync")
 
 
 def _build(args):
     if (args.fail_node is None) != (args.fail_before is None):
         raise ScheduleError("--fail-node and --fail-before go together")
-    cost = CostModel(forward=args.forward, backward=args.backward, transfer=args.transfer, swap=args.swap)
+    cost = CostModel(forward=args.forward, backward=args.backward, transfer=args.transfer, swap=args.swap,
+                     sync_transfer=args.sync_transfer)
     if args.eval:
         if args.fail_node is not None:
             raise ScheduleError("--eval streams have no mid-iteration failure: leave out --fail-node")
         return compile_eval(args.stages, args.microbatches, tuple(args.failed), args.redundancy, cost), cost
-    common = dict(failed=tuple(args.failed), redundancy=args.redundancy, order=args.order, cost=cost, frc=args.frc)
+    common = dict(failed=tuple(args.failed), redundancy=args.redundancy, order=args.order, cost=cost, frc=args.frc,
+                  sync=args.replica_sync)
     if args.fail_node is None:
         return compile_schedule(args.stages, args.microbatches, **common), cost
     return compile_recovery(args.stages, args.microbatches, args.fail_node, args.fail_before, **common), cost
@@ -58,6 +64,8 @@ def _title(schedule) -> str:
     what = f"P={schedule.stages} M={schedule.microbatches} {schedule.order} redundancy={schedule.redundancy}"
     if schedule.redundancy == "eager":
         what += f" frc={schedule.frc}"
+    if schedule.sync != "end":
+        what += f" replica-sync={schedule.sync}"
     if schedule.evaluation:
         what = f"evaluation (forward only) P={schedule.stages} M={schedule.microbatches}"
     if schedule.failed:

@@ -1,6 +1,7 @@
 """The compiler: (P, M, failed set, options) -> every node's instruction stream.
 
     plain_streams      pass (a) order + (b) communication, groups merged   lower.py
+    defer_syncs        (--replica-sync next) the sync in the next iteration syncs.py
     insert_frc         pass (c) eager FRC in bubbles + (d) swap-out         redundancy.py
     check_in_bubbles   (--frc bubbles) no FRC delays anything: `simulate`    bubbles.py
     lazy_brc           pass (e) what a node runs if its successor dies      redundancy.py
@@ -26,6 +27,7 @@ from schedules.lower import plain_streams
 from schedules.order import ORDERS
 from schedules.recovery import recover
 from schedules.redundancy import FRC_MODES, frc_microbatches, insert_frc, lazy_brc
+from schedules.syncs import SYNC_MODES, defer_syncs
 
 REDUNDANCY = ("eager", "lazy", "off")
 
@@ -43,6 +45,7 @@ class Schedule:
     resume_at: dict[int, int] = field(default_factory=dict)
     evaluation: bool = False  # forward-only streams of the validation loss (compile_eval)
     frc: str = "bubbles"      # eager: FRC only where it fits the node's waits, or for every microbatch (all)
+    sync: str = "end"         # the replica sync at the iteration's end, or in the next iteration (syncs.py)
     cost: CostModel = field(default_factory=CostModel, compare=False, repr=False)
 
     @property
@@ -65,6 +68,8 @@ class Schedule:
                "redundancy": self.redundancy, "order": self.order}
         if self.redundancy == "eager":
             out["frc"] = self.frc
+        if self.sync != "end":
+            out["replica_sync"] = self.sync
         if self.fail_node is not None:
             out.update(fail_node=self.fail_node, fail_before=self.fail_before)
         if self.evaluation:
@@ -84,7 +89,7 @@ class Schedule:
         return out
 
 
-def _check_options(microbatches: int, redundancy: str, order: str, frc: str = "bubbles") -> None:
+def _check_options(microbatches: int, redundancy: str, order: str, frc: str = "bubbles", sync: str = "end") -> None:
     check_microbatches(microbatches)
     if redundancy not in REDUNDANCY:
         raise ScheduleError(f"--redundancy must be one of {', '.join(REDUNDANCY)} (got {redundancy!r})")
@@ -92,28 +97,38 @@ def _check_options(microbatches: int, redundancy: str, order: str, frc: str = "b
         raise ScheduleError(f"--order must be one of {', '.join(ORDERS)} (got {order!r})")
     if frc not in FRC_MODES:
         raise ScheduleError(f"--frc must be one of {', '.join(FRC_MODES)} (got {frc!r})")
+    if sync not in SYNC_MODES:
+        raise ScheduleError(f"--replica-sync must be one of {', '.join(SYNC_MODES)} (got {sync!r})")
+
+
+def base_streams(layout: Layout, microbatches: int, order: str, cost: CostModel, sync: str) -> dict:
+    """The streams before FRC: plain, with the replica sync where `sync` says."""
+    streams = plain_streams(layout, microbatches, order, cost, sync)
+    return defer_syncs(layout, streams, cost) if sync == "next" else streams
 
 
 @lru_cache(maxsize=64)
 def _compile(stages: int, microbatches: int, failed: tuple[int, ...], redundancy: str, order: str,
-             cost: CostModel, frc: str) -> Schedule:
-    _check_options(microbatches, redundancy, order, frc)
+             cost: CostModel, frc: str, sync: str) -> Schedule:
+    _check_options(microbatches, redundancy, order, frc, sync)
     layout = Layout(stages, frozenset(failed), keeps_replicas(redundancy))
     cost.check_stages(stages)
-    streams = plain_streams(layout, microbatches, order, cost)
+    streams = base_streams(layout, microbatches, order, cost, sync)
     if redundancy == "eager":
-        streams = insert_frc(layout, microbatches, streams, cost, frc)
-    return Schedule(stages, microbatches, tuple(sorted(set(failed))), redundancy, order, streams, cost=cost, frc=frc)
+        streams = insert_frc(layout, microbatches, streams, cost, frc, sync)
+    return Schedule(stages, microbatches, tuple(sorted(set(failed))), redundancy, order, streams, cost=cost, frc=frc,
+                    sync=sync)
 
 
 def compile_schedule(stages: int, microbatches: int, failed: tuple[int, ...] = (),
                      redundancy: str = "eager", order: str = "1f1b",
-                     cost: CostModel = CostModel(), frc: str = "bubbles") -> Schedule:
+                     cost: CostModel = CostModel(), frc: str = "bubbles", sync: str = "end") -> Schedule:
     """One iteration for every live node, with `failed` nodes' groups merged into
     their predecessors' (a failure handled at an iteration boundary). `frc`: with
     eager, FRC only in the waits it fits (bubbles), or for every microbatch (all).
+    `sync`: each replica's sync at the iteration's end, or in the next one (syncs.py).
     Compiled schedules are cached; each call gets its own copy of the streams."""
-    cached = _compile(stages, microbatches, tuple(failed), redundancy, order, cost, frc)
+    cached = _compile(stages, microbatches, tuple(failed), redundancy, order, cost, frc, sync)
     return replace(cached, streams={n: list(s) for n, s in cached.streams.items()})
 
 
@@ -127,18 +142,19 @@ def compile_stage(stages: int, microbatches: int, node: int, **options) -> list[
 
 def compile_recovery(stages: int, microbatches: int, fail_node: int, fail_before: int,
                      failed: tuple[int, ...] = (), redundancy: str = "eager", order: str = "1f1b",
-                     cost: CostModel = CostModel(), frc: str = "bubbles") -> Schedule:
+                     cost: CostModel = CostModel(), frc: str = "bubbles", sync: str = "end") -> Schedule:
     """The survivors' streams for an iteration in which `fail_node` dies before its
     instruction `fail_before`: what they ran up to the cut, then the recovery. The
     dead stage's microbatches whose FRC ran are swapped in, the rest recomputed."""
-    base = compile_schedule(stages, microbatches, failed, redundancy, order, cost, frc)
+    base = compile_schedule(stages, microbatches, failed, redundancy, order, cost, frc, sync)
     if redundancy == "off":
         raise ScheduleError(f"node {fail_node} failing mid-iteration is not survivable with "
                             "--redundancy off: no other node holds its layers")
     streams, resume_at, _ = recover(base.layout, microbatches, base.streams, fail_node, fail_before, cost,
-                                    expect_frc=_every_frc(redundancy, frc))
+                                    expect_frc=_every_frc(redundancy, frc), sync=sync)
     return Schedule(stages, microbatches, base.failed, redundancy, order, dict(sorted(streams.items())),
-                    fail_node=fail_node, fail_before=fail_before, resume_at=resume_at, cost=cost, frc=frc)
+                    fail_node=fail_node, fail_before=fail_before, resume_at=resume_at, cost=cost, frc=frc,
+                    sync=sync)
 
 
 def _every_frc(redundancy: str, frc: str) -> bool:
@@ -182,10 +198,12 @@ def simulate(schedule: Schedule, cost: CostModel | None = None):
     dead = None
     if schedule.fail_node is not None:
         base = compile_schedule(schedule.stages, schedule.microbatches, schedule.failed,
-                                schedule.redundancy, schedule.order, schedule.cost, schedule.frc)
+                                schedule.redundancy, schedule.order, schedule.cost, schedule.frc, schedule.sync)
         streams[schedule.fail_node] = base.streams[schedule.fail_node]
         dead = (schedule.fail_node, schedule.fail_before)
     elif schedule.redundancy == "eager" and schedule.frc == "bubbles" and cost == schedule.cost:
-        check_in_bubbles(plain_streams(schedule.layout, schedule.microbatches, schedule.order, cost), streams, cost)
+        plain = base_streams(schedule.layout, schedule.microbatches, schedule.order, cost, schedule.sync)
+        check_in_bubbles(plain, streams, cost)
     return Simulator(schedule.layout, schedule.microbatches, cost, dead,
-                     expect_frc=_every_frc(schedule.redundancy, schedule.frc)).run(streams)
+                     expect_frc=_every_frc(schedule.redundancy, schedule.frc), late_sync=schedule.sync == "next"
+                     ).run(streams)

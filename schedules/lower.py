@@ -43,20 +43,22 @@ def lower_group(layout: Layout, group: Group, order: list[Step]) -> list[Instr]:
     return out
 
 
-def tail(layout: Layout, node: int) -> list[Instr]:
+def tail(layout: Layout, node: int, sync: str = "end") -> list[Instr]:
     """Reduce every owned stage (in stage order, so that data-parallel collectives
     are issued in one global order), sync its replica's holder, step it; then step
     the replica this node keeps from its owner's reduced gradients. The sync goes
-    before the owner's own step so that the two steps run at the same time."""
+    before the owner's own step so that the two steps run at the same time. With
+    `sync` "next" the sync and the replica's step go in the next iteration's
+    streams instead (schedules/syncs.py)."""
     out: list[Instr] = []
     for s in layout.owned(node):
         out.append(ir.reduce_grads(s))
         holder = layout.holder(s)
-        if holder is not None and holder != node:
+        if holder is not None and holder != node and sync == "end":
             out.append(ir.send_sync(s, holder))
         out.append(ir.optimizer_step(s))
     r = layout.replica(node)
-    if r is not None:
+    if r is not None and sync == "end":
         out += [ir.recv_sync(r, layout.owner(r)), ir.optimizer_step(r, redundant=True)]
     return out
 
@@ -66,16 +68,18 @@ def is_tail(ins: Instr) -> bool:
 
 
 def plain_streams(layout: Layout, microbatches: int, order: str = "1f1b",
-                  cost: CostModel | None = None) -> dict[int, list[Instr]]:
-    """Streams without redundancy for every live node: groups lowered, then merged."""
+                  cost: CostModel | None = None, sync: str = "end") -> dict[int, list[Instr]]:
+    """Streams without redundancy for every live node: groups lowered, then merged.
+    `sync` "next": the tails leave the replica sync out (schedules/syncs.py adds it)."""
     groups = layout.groups()
     per_node: dict[int, list[list[Instr]]] = {}
     for v, group in enumerate(groups):
         steps = ORDERS[order](len(groups), microbatches, v)
         per_node.setdefault(group.node, []).append(lower_group(layout, group, steps))
-    streams = {n: bodies[0] + tail(layout, n) for n, bodies in per_node.items() if len(bodies) == 1}
-    multi = {n: Chains([], bodies, tail(layout, n)) for n, bodies in per_node.items() if len(bodies) > 1}
+    streams = {n: bodies[0] + tail(layout, n, sync) for n, bodies in per_node.items() if len(bodies) == 1}
+    multi = {n: Chains([], bodies, tail(layout, n, sync)) for n, bodies in per_node.items() if len(bodies) > 1}
     if multi:
-        report = Simulator(layout, microbatches, cost, expect_frc=False).run(streams, multi)
+        report = Simulator(layout, microbatches, cost, expect_frc=False, late_sync=sync == "next",
+                           expect_syncs=sync == "end").run(streams, multi)
         streams.update({n: report.streams[n] for n in multi})
     return {n: streams[n] for n in sorted(streams)}

@@ -57,23 +57,39 @@ def check_failure(layout: Layout, base: dict[int, list[Instr]], node: int, befor
     return after
 
 
+def _check_late_syncs(base: dict[int, list[Instr]], d: int, k: int, p: int) -> None:
+    """--replica-sync next: a sync of d's that had not arrived at the cut leaves p's
+    replica of d's stage a step behind, which no recovery in the iteration mends."""
+    lost = [i for i in base[d][k:] if i.op is Op.SEND_SYNC and i.peer == p]
+    if lost:
+        raise ScheduleError(f"node {d} dying before its instruction {k} is not survivable in the iteration: the "
+                            f"sync of the iteration before ({lost[0]}) had not reached node {p}, whose replica "
+                            "of its stage is then a step behind (--replica-sync next)")
+
+
 def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: int, k: int,
-            cost: CostModel | None = None,
-            expect_frc: bool = True) -> tuple[dict[int, list[Instr]], dict[int, int], Report]:
+            cost: CostModel | None = None, expect_frc: bool = True,
+            sync: str = "end") -> tuple[dict[int, list[Instr]], dict[int, int], Report]:
     """Full streams of the survivors (prefix + recovery), where each recovery starts,
     and the simulator's report of the whole iteration. p swaps in the FRC results
     of stage d that ran before the cut and recomputes every other forward it needs
     (all of them with lazy). `expect_frc`: the validator checks that every replica
-    holder ran FRC for every microbatch (eager with --frc all)."""
+    holder ran FRC for every microbatch (eager with --frc all). `sync` "next": the
+    syncs in the streams are the iteration before's (syncs.py); p takes d's first."""
     P, M = layout.stages, microbatches
     after = check_failure(layout, base, d, k)
     p, q = (d - 1) % P, (d + 1) % P
-    cut = Simulator(layout, M, cost, dead=(d, k), expect_frc=expect_frc)
+    late = sync == "next"
+    if late:
+        _check_late_syncs(base, d, k, p)
+    ends = _late_tail if late else is_tail  # the iteration's own reduces and steps
+    cut = Simulator(layout, M, cost, dead=(d, k), expect_frc=expect_frc, late_sync=late)
     prefix = {n: s for n, s in cut.run(base, allow_stuck=True).streams.items() if n != d}
     dead_ran = base[d][:k]
     # What survivors took in from d counts; a message of d still queued at the cut
     # (its receiver waits on something else first) is dropped and sent again by p.
-    stage_done = any(i.op is Op.RECV_SYNC and i.peer == d for i in prefix[p])  # d stepped, replica synced
+    # (With late syncs, the one in the streams says nothing of this iteration's.)
+    stage_done = not late and any(i.op is Op.RECV_SYNC and i.peer == d for i in prefix[p])  # d stepped, synced
 
     full: dict[int, list[Instr]] = {}
     for n, pre in prefix.items():
@@ -81,8 +97,8 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
         if stage_done:  # nothing to recompute: drop what was addressed to d
             full[n] = pre + [i for i in rest if i.peer != d or i.op not in ir.COMM]
             continue
-        body = [i for i in rest if not is_tail(i)]
-        new_tail = _without(tail(after, n), [i for i in pre if is_tail(i)])
+        body = [i for i in rest if not ends(i)]
+        new_tail = _without(tail(after, n, sync), [i for i in pre if ends(i)])
         full[n] = pre + _reroute(n, body, d, p, q) + new_tail
     if stage_done:
         report = Simulator(layout, M, cost, dead=(d, k), expect_frc=expect_frc).run({**full, d: dead_ran})
@@ -94,20 +110,40 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
     grad_order = [i.mb for i in full[q][len(prefix[q]):] if i.op is Op.SEND_GRAD and i.peer == p]
     delivered = {i.mb for i in prefix[q] if i.op is Op.RECV_ACT and i.peer == d}
     chains, chain_loads = _brc_chains(layout, M, d, p, q, prefix[p], delivered, grad_order)
+    first = _late_sync_of(full[p][len(prefix[p]):], d) if late else []  # the replica current before its BRC
     own = [i for i in full[p][len(prefix[p]):]
-           if not is_tail(i) and not (i.op is Op.LOAD and i.mb in chain_loads)]
-    p_tail = [i for i in full[p][len(prefix[p]):] if is_tail(i)]
+           if not ends(i) and not (i.op is Op.LOAD and i.mb in chain_loads) and i not in first]
+    p_tail = [i for i in full[p][len(prefix[p]):] if ends(i)]
     recvs, acts, urgent, deferred = chains
-    scheduled = {p: Chains(prefix[p], [recvs, acts, own, urgent, deferred], p_tail)}
-    report = Simulator(layout, M, cost, dead=(d, k), expect_frc=expect_frc).run({**full, d: dead_ran}, scheduled)
+    scheduled = {p: Chains(prefix[p] + first, [recvs, acts, own, urgent, deferred], p_tail)}
+    report = Simulator(layout, M, cost, dead=(d, k), expect_frc=expect_frc, late_sync=late).run(
+        {**full, d: dead_ran}, scheduled)
     full[p] = report.streams[p]
     return full, {n: len(prefix[n]) for n in prefix}, report
 
 
+def _late_tail(ins: Instr) -> bool:
+    """With late syncs (syncs.py): the iteration's own reduces and steps, its tail."""
+    return ins.op is Op.REDUCE_GRADS or (ins.op is Op.OPTIMIZER_STEP and not ins.redundant)
+
+
+def _late_sync_of(rest: list[Instr], d: int) -> list[Instr]:
+    """p's receive of d's late sync still to run, and the replica step after it."""
+    recv = next((i for i in rest if i.op is Op.RECV_SYNC and i.peer == d), None)
+    return [] if recv is None else [recv, ir.optimizer_step(recv.stage, redundant=True)]
+
+
 def _reroute(n: int, body: list[Instr], d: int, p: int, q: int) -> list[Instr]:
-    """Point a survivor's remaining work at p instead of d; p's hand-offs become local."""
+    """Point a survivor's remaining work at p instead of d; p's hand-offs become local.
+    A late sync to d is lost with it; p's from d (arrived, or the cut would not be
+    survivable) stays."""
     out = []
     for ins in body:
+        if ins.op is Op.SEND_SYNC and ins.peer == d:
+            continue
+        if ins.op is Op.RECV_SYNC and ins.peer == d and n == p:
+            out.append(ins)
+            continue
         if ins.op in ir.COMM and ins.peer == d:
             if n == p and ins.op in (Op.SEND_ACT, Op.RECV_GRAD):
                 continue  # p now computes stage d itself

@@ -75,8 +75,10 @@ def lazy_brc(layout: Layout, node: int, microbatches: int, frc_ran: Collection[i
 
 
 def insert_frc(layout: Layout, microbatches: int, streams: dict[int, list[Instr]], cost: CostModel,
-               mode: str = "bubbles") -> dict[int, list[Instr]]:
-    """`streams` with each node's FRC of its replica placed as `mode` says."""
+               mode: str = "bubbles", sync: str = "end") -> dict[int, list[Instr]]:
+    """`streams` with each node's FRC of its replica placed as `mode` says. With
+    `sync` "next", only after the replica's step (syncs.py), and the node's idle
+    time after its stream counts as a last wait."""
     starts = start_times(streams, cost)
     ends = {n: t[-1] + cost.duration(streams[n][-1]) if t else 0.0 for n, t in starts.items()}
     length = max(ends.values(), default=0.0)
@@ -88,20 +90,22 @@ def insert_frc(layout: Layout, microbatches: int, streams: dict[int, list[Instr]
         # replica's sync and step (which nobody waits for) may go that much later
         end_slack = length - ends[node] if mode == "bubbles" else math.inf
         out[node] = stream if r is None else _fill(r, needs_load, microbatches, stream, starts[node], cost,
-                                                   end_slack)
+                                                   end_slack, late=sync == "next")
     return out
 
 
 def _fill(r: int, needs_load: bool, microbatches: int, stream: list[Instr], starts: list[float],
-          cost: CostModel, end_slack: float) -> list[Instr]:
+          cost: CostModel, end_slack: float, late: bool = False) -> list[Instr]:
     """Insert FRC of stage r, microbatch by microbatch in order, into `stream`'s
     waits. The wait before the replica's sync is longer by `end_slack`; with an
     infinite slack (--frc all) everything left goes there, else what finds no
-    wait is left out."""
+    wait is left out. `late`: the sync comes from the iteration before, in the
+    stream; no FRC before the replica's step, and `end_slack` is after the stream."""
     out: list[Instr] = []
     loaded: set[int] = set()
     have_input: set[int] = set(range(microbatches)) if r == 0 else set()
     nxt = 0  # next microbatch to run FRC for
+    synced = not late  # whether the replica holds this iteration's weights yet
 
     def frc(mb: int) -> list[Instr]:
         ops = frc_ops(r, mb, load=(needs_load and mb not in loaded))
@@ -116,7 +120,7 @@ def _fill(r: int, needs_load: bool, microbatches: int, stream: list[Instr], star
     duration = cost.duration
     for i, ins in enumerate(stream):
         op = ins.op
-        if op in RECVS and nxt < microbatches:
+        if op in RECVS and nxt < microbatches and synced:
             if op is Op.RECV_SYNC and end_slack == math.inf:  # last wait of the iteration: everything left
                 while nxt < microbatches:
                     out += frc(nxt)
@@ -128,6 +132,8 @@ def _fill(r: int, needs_load: bool, microbatches: int, stream: list[Instr], star
                 gap -= frc_cost(nxt)
                 out += frc(nxt)
                 nxt += 1
+        elif op is Op.OPTIMIZER_STEP and ins.redundant and ins.stage == r:
+            synced = True
         elif op is Op.LOAD:
             if ins.mb in loaded:
                 continue  # FRC already loaded this microbatch
@@ -135,6 +141,11 @@ def _fill(r: int, needs_load: bool, microbatches: int, stream: list[Instr], star
         elif op is Op.FORWARD and ins.stage == r - 1:
             have_input.add(ins.mb)
         out.append(ins)
+    gap = end_slack
+    while late and nxt < microbatches and frc_cost(nxt) <= gap + 1e-9:  # nothing waits for the node
+        gap -= frc_cost(nxt)
+        out += frc(nxt)
+        nxt += 1
     if nxt != microbatches and end_slack == math.inf:
         raise RuntimeError("internal: a node with a replica must end its stream with recv_sync")
     return out

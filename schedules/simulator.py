@@ -94,7 +94,8 @@ class _Node:
 
 class Simulator:
     def __init__(self, layout: Layout, microbatches: int, cost: CostModel | None = None,
-                 dead: tuple[int, int] | None = None, expect_frc: bool = True, evaluation: bool = False):
+                 dead: tuple[int, int] | None = None, expect_frc: bool = True, evaluation: bool = False,
+                 late_sync: bool = False, expect_syncs: bool = True):
         self.layout = layout
         self.P = layout.stages
         self.M = microbatches
@@ -102,6 +103,8 @@ class Simulator:
         self.dead_node, self.dead_at = dead if dead else (None, None)
         self.expect_frc = expect_frc  # False for streams before the FRC pass
         self.evaluation = evaluation  # forward-only streams: no state kept, nothing stepped
+        self.late_sync = late_sync    # each replica's sync is the iteration before's (schedules/syncs.py)
+        self.expect_syncs = expect_syncs  # False for streams before the late syncs are placed
         self.nodes = {n: _Node(layers=frozenset(layout.owned(n)) | {layout.replica(n)} - {None})
                       for n in layout.alive}
         self.channels: dict[tuple, deque] = defaultdict(deque)
@@ -133,8 +136,10 @@ class Simulator:
         need = None
         if op is Op.LOAD:
             need = mb in st.loaded and f"microbatch {mb} loaded twice"
-        elif op in (Op.FORWARD, Op.BACKWARD) and (s in st.reduced or (s, True) in st.stepped):
+        elif op in (Op.FORWARD, Op.BACKWARD) and (s in st.reduced or (s, True) in st.stepped and not self.late_sync):
             need = f"stage {s} computes after its gradients were reduced or its step was taken"
+        elif op is Op.FORWARD and ins.redundant and self.late_sync and (s, True) not in st.stepped:
+            need = f"FRC of stage {s} before its replica took the sync of the iteration before"
         elif op is Op.FORWARD:
             if s not in st.layers:
                 need = f"does not hold the layers of stage {s}"
@@ -161,6 +166,8 @@ class Simulator:
             need = st.states.get((s, mb)) is not False and f"nothing swapped out to swap in ({s}, {mb})"
         elif op is Op.REDUCE_GRADS:
             need = s in st.reduced and f"stage {s} reduced twice"
+        elif op is Op.SEND_SYNC and self.late_sync:
+            need = s in st.reduced and f"stage {s}: the sync of the iteration before sent after this one's reduce"
         elif op is Op.SEND_SYNC:
             need = s not in st.reduced and f"stage {s} synced before it was reduced"
         elif op is Op.OPTIMIZER_STEP:
@@ -318,9 +325,11 @@ class Simulator:
             if reducers[s] > 1:
                 raise ValidationError("exactly-once", f"stage {s} reduced on {reducers[s]} nodes")
             owner, holder = final.owner(s), final.holder(s)
+            if self.late_sync:  # the syncs in the streams are to the holders the iteration began with
+                holder = self.layout.holder(s) if self.layout.holder(s) != self.dead_node else None
             if not self.nodes[owner].stepped & {(s, False), (s, True)}:
                 raise ValidationError("not-stepped", f"stage {s} never stepped on its owner, node {owner}")
-            if holder is not None and (s, True) not in self.nodes[holder].stepped:
+            if holder is not None and self.expect_syncs and (s, True) not in self.nodes[holder].stepped:
                 raise ValidationError("not-stepped", f"replica of stage {s} on node {holder} never stepped")
         for n in live:
             st, r = self.nodes[n], final.replica(n)

@@ -1,0 +1,108 @@
+"""`--replica-sync next` (schedules/syncs.py): each replica's sync of iteration i
+travels in iteration i+1's streams. Checked against independent references: the
+iteration without redundancy (the sync off the critical path costs nothing that
+off does not), the end-of-iteration sync's cost (the sync's flight time, on that
+path), and every failure point of small pipelines through the validating simulator."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schedules.compiler import compile_recovery, compile_schedule, simulate
+from schedules.cost import CostModel
+from schedules.ir import Instr, Op
+from schedules.layout import ScheduleError
+from schedules.simulator import Simulator, ValidationError
+from schedules.syncs import sync_landed_first
+
+from tests.test_properties import costs, layouts
+
+
+@pytest.mark.parametrize("redundancy", ["lazy", "eager"])
+@pytest.mark.parametrize("P", [2, 3, 4, 6])
+def test_a_long_sync_leaves_the_critical_path(redundancy, P):
+    """A sync that flies 20 forwards long: at the iteration's end it adds its flight
+    to the iteration (the holder of stage 0 waits for node 0, the last to finish);
+    in the next iteration it lands while the holders work, and the iteration is the
+    one without redundancy, to the float."""
+    cost = CostModel(sync_transfer=20.0)
+    off = simulate(compile_schedule(P, 8, (), "off", cost=cost)).makespan
+    end = simulate(compile_schedule(P, 8, (), redundancy, cost=cost)).makespan
+    late = simulate(compile_schedule(P, 8, (), redundancy, cost=cost, sync="next")).makespan
+    assert end >= off + 20.0
+    assert late == pytest.approx(off, rel=1e-12)
+
+
+def test_each_owner_sends_first_and_each_holder_steps_its_replica_before_its_frc():
+    sched = compile_schedule(4, 8, (), "eager", cost=CostModel(sync_transfer=3.0), sync="next")
+    for node, stream in sched.streams.items():
+        replica = sched.layout.replica(node)
+        assert stream[0] == Instr(Op.SEND_SYNC, node, peer=sched.layout.holder(node))
+        recv = stream.index(Instr(Op.RECV_SYNC, replica, peer=sched.layout.owner(replica)))
+        assert stream[recv + 1] == Instr(Op.OPTIMIZER_STEP, replica, redundant=True)
+        assert sync_landed_first(stream, replica) and sched.frc_microbatches(node)
+    assert sched.to_json()["replica_sync"] == "next"
+
+
+def test_the_validator_refuses_frc_before_the_sync_landed():
+    """The same stream with the replica's sync and step moved after its first FRC."""
+    sched = compile_schedule(3, 4, (), "eager", sync="next")
+    node = next(n for n in sched.streams if sched.frc_microbatches(n))
+    stream = list(sched.streams[node])
+    recv = next(i for i, x in enumerate(stream) if x.op is Op.RECV_SYNC)
+    sync = stream[recv:recv + 2]
+    del stream[recv:recv + 2]
+    first_frc = next(i for i, x in enumerate(stream) if x.op is Op.FORWARD and x.redundant)
+    stream[first_frc + 2:first_frc + 2] = sync
+    assert not sync_landed_first(stream, sched.layout.replica(node))
+    with pytest.raises(ValidationError, match="before its replica took the sync of the iteration before"):
+        Simulator(sched.layout, 4, sched.cost, late_sync=True).run({**sched.streams, node: stream})
+
+
+@pytest.mark.parametrize("P,M,failed,redundancy", [(2, 3, (), "lazy"), (3, 4, (), "eager"), (4, 5, (), "eager"),
+                                                   (4, 4, (), "lazy"), (5, 4, (2,), "eager"), (6, 3, (1, 4), "lazy")])
+def test_every_failure_point_recovers_or_is_refused_for_a_sync_in_flight(P, M, failed, redundancy):
+    """A death of an owner whose sync of the iteration before had not arrived is
+    refused (its holder's replica is a step behind); every other cut recovers and
+    validates, each survivor's stream beginning with what it was told to run."""
+    cost = CostModel(sync_transfer=2.0)
+    base = compile_schedule(P, M, failed, redundancy, cost=cost, sync="next")
+    for d, stream in base.streams.items():
+        if (d - 1) % P in failed or (d + 1) % P in failed:
+            continue
+        sync_at = next(i for i, x in enumerate(stream) if x.op is Op.SEND_SYNC and x.peer == base.layout.holder(d))
+        for k in range(len(stream) + 1):
+            if k <= sync_at:
+                with pytest.raises(ScheduleError, match="a step behind"):
+                    compile_recovery(P, M, d, k, failed, redundancy, cost=cost, sync="next")
+                continue
+            rec = compile_recovery(P, M, d, k, failed, redundancy, cost=cost, sync="next")
+            report = simulate(rec)
+            assert all(report.finished.values())
+            p = base.layout.holder(d)
+            recovery = rec.streams[p][rec.resume_at[p]:]
+            steps = [i for i, x in enumerate(rec.streams[p]) if x.op is Op.OPTIMIZER_STEP and x.redundant]
+            assert steps and all(i < rec.resume_at[p] + len(recovery) for i in steps)
+            for n, s in rec.streams.items():
+                assert s[:rec.resume_at[n]] == base.streams[n][:rec.resume_at[n]]
+
+
+@settings(max_examples=150)
+@given(layouts(), st.sampled_from(["1f1b", "gpipe"]), costs, st.sampled_from(["eager", "lazy"]), st.data())
+def test_any_layout_and_cost_compiles_validates_and_recovers(layout, order, cost, redundancy, data):
+    """The property test of test_properties.py, with the sync in the next iteration:
+    never longer than the sync at the end, and every cut recovers or is refused."""
+    P, M, failed = layout
+    late = compile_schedule(P, M, failed, redundancy, order=order, cost=cost, sync="next")
+    end = compile_schedule(P, M, failed, redundancy, order=order, cost=cost)
+    assert simulate(late).makespan <= simulate(end).makespan * (1 + 1e-9) + 1e-9
+    candidates = [d for d in late.streams if (d - 1) % P not in failed and (d + 1) % P not in failed]
+    if not candidates:
+        return
+    d = data.draw(st.sampled_from(candidates))
+    k = data.draw(st.integers(0, len(late.streams[d])))
+    try:
+        rec = compile_recovery(P, M, d, k, failed, redundancy, order=order, cost=cost, sync="next")
+    except ScheduleError as e:
+        assert "a step behind" in str(e)
+        return
+    assert all(simulate(rec).finished.values())
