@@ -6,7 +6,12 @@ the replicas kept in sync but no FRC (lazy), with FRC in the bubbles only
 (--frc bubbles) and for every microbatch (--frc all); the share of microbatches
 the bubbles hold FRC for (mean over the nodes); and bubbles / off again with the
 replica sync's transfer costed 0 (what is left once the sync is off the critical
-path). Every number of the cost model is the profile's (`Profile.cost`).
+path). Then the same bounded eager with the sync in the next iteration
+(`--replica-sync next`, schedules/syncs.py: compiled and simulated, which the runtime
+does not run yet): its iteration over off's, the share of microbatches its bubbles
+hold FRC for, and its window: the mean over owners of when their sync has landed,
+over the iteration (a death of an owner before that is not survivable within the
+iteration). Every number of the cost model is the profile's (`Profile.cost`).
 
     python scripts/sim_frc.py [--models gpt2,bert-large] [--stages 4-12] [--pipelines 1,2] [--json FILE]
 """
@@ -35,22 +40,29 @@ def row(model: str, depth: int, pipelines: int) -> dict:
     bounded = compile_schedule(depth, microbatches, (), "eager", cost=cost)
     hidden = dataclasses.replace(cost, sync_transfer=0.0)
     off, lazy, bubbles, every = makespan("off"), makespan("lazy"), makespan("eager"), makespan("eager", "all")
+    late = compile_schedule(depth, microbatches, (), "eager", cost=cost, sync="next")
+    report = simulate(late)
+    landed = [s.end + cost.sync_transfer for s in report.spans if s.instr.op.value == "send_sync"]
     return {"model": model, "stages": depth, "pipelines": pipelines, "microbatches": microbatches,
             "off_ms": round(off, 1), "lazy_ms": round(lazy, 1), "bubbles_ms": round(bubbles, 1),
             "all_ms": round(every, 1), "bubbles_over_off": bubbles / off, "bubbles_over_lazy": bubbles / lazy,
             "all_over_off": every / off,
             "frc_held": statistics.mean(len(bounded.frc_microbatches(n)) / microbatches for n in bounded.streams),
             "bubbles_over_off_sync_hidden": makespan("eager", c=hidden) / makespan("off", c=hidden),
+            "next_ms": round(report.makespan, 1), "next_over_off": report.makespan / off,
+            "next_frc_held": statistics.mean(len(late.frc_microbatches(n)) / microbatches for n in late.streams),
+            "next_window": statistics.mean(landed) / report.makespan,
             "cost": {k: v for k, v in dataclasses.asdict(cost).items() if not k.startswith("_")}}
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| model | P | D | M | off (ms) | bubbles / off | bubbles / lazy | all / off | FRC held | "
-             "bubbles / off, sync hidden |", "| --- " * 10 + "|"]
+             "bubbles / off, sync hidden | sync next / off | FRC held, next | window, next |", "| --- " * 13 + "|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['stages']} | {r['pipelines']} | {r['microbatches']} | {r['off_ms']} | "
                      f"{r['bubbles_over_off']:.3f} | {r['bubbles_over_lazy']:.4f} | {r['all_over_off']:.3f} | "
-                     f"{r['frc_held']:.2f} | {r['bubbles_over_off_sync_hidden']:.3f} |")
+                     f"{r['frc_held']:.2f} | {r['bubbles_over_off_sync_hidden']:.3f} | {r['next_over_off']:.3f} | "
+                     f"{r['next_frc_held']:.2f} | {r['next_window']:.2f} |")
     return "\n".join(lines)
 
 
