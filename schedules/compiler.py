@@ -27,7 +27,7 @@ from schedules.lower import plain_streams
 from schedules.order import ORDERS
 from schedules.recovery import recover
 from schedules.redundancy import FRC_MODES, frc_microbatches, insert_frc, lazy_brc
-from schedules.syncs import SYNC_MODES, defer_syncs
+from schedules.syncs import COMPILED_SYNCS, SYNC_MODES, defer_syncs
 
 REDUNDANCY = ("eager", "lazy", "off")
 
@@ -45,7 +45,7 @@ class Schedule:
     resume_at: dict[int, int] = field(default_factory=dict)
     evaluation: bool = False  # forward-only streams of the validation loss (compile_eval)
     frc: str = "bubbles"      # eager: FRC only where it fits the node's waits, or for every microbatch (all)
-    sync: str = "end"         # the replica sync at the iteration's end, or in the next iteration (syncs.py)
+    sync: str = "end"         # the replica sync at the iteration's end, in the next iteration, or none owed (syncs.py)
     cost: CostModel = field(default_factory=CostModel, compare=False, repr=False)
 
     @property
@@ -97,7 +97,7 @@ def _check_options(microbatches: int, redundancy: str, order: str, frc: str = "b
         raise ScheduleError(f"--order must be one of {', '.join(ORDERS)} (got {order!r})")
     if frc not in FRC_MODES:
         raise ScheduleError(f"--frc must be one of {', '.join(FRC_MODES)} (got {frc!r})")
-    if sync not in SYNC_MODES:
+    if sync not in COMPILED_SYNCS:
         raise ScheduleError(f"--replica-sync must be one of {', '.join(SYNC_MODES)} (got {sync!r})")
 
 
@@ -205,5 +205,5 @@ def simulate(schedule: Schedule, cost: CostModel | None = None):
         plain = base_streams(schedule.layout, schedule.microbatches, schedule.order, cost, schedule.sync)
         check_in_bubbles(plain, streams, cost)
     return Simulator(schedule.layout, schedule.microbatches, cost, dead,
-                     expect_frc=_every_frc(schedule.redundancy, schedule.frc), late_sync=schedule.sync == "next"
-                     ).run(streams)
+                     expect_frc=_every_frc(schedule.redundancy, schedule.frc), late_sync=schedule.sync == "next",
+                     expect_syncs=schedule.sync != "none").run(streams)

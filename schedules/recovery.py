@@ -79,17 +79,18 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
     P, M = layout.stages, microbatches
     after = check_failure(layout, base, d, k)
     p, q = (d - 1) % P, (d + 1) % P
-    late = sync == "next"
+    late, synced = sync == "next", sync != "none"  # "none": no sync in the streams (syncs.py)
     if late:
         _check_late_syncs(base, d, k, p)
-    ends = _late_tail if late else is_tail  # the iteration's own reduces and steps
-    cut = Simulator(layout, M, cost, dead=(d, k), expect_frc=expect_frc, late_sync=late)
+    ends = is_tail if sync == "end" else _late_tail  # the iteration's own reduces and steps
+    check = dict(expect_frc=expect_frc, late_sync=late, expect_syncs=synced)
+    cut = Simulator(layout, M, cost, dead=(d, k), **check)
     prefix = {n: s for n, s in cut.run(base, allow_stuck=True).streams.items() if n != d}
     dead_ran = base[d][:k]
     # What survivors took in from d counts; a message of d still queued at the cut
     # (its receiver waits on something else first) is dropped and sent again by p.
     # (With late syncs, the one in the streams says nothing of this iteration's.)
-    stage_done = not late and any(i.op is Op.RECV_SYNC and i.peer == d for i in prefix[p])  # d stepped, synced
+    stage_done = sync == "end" and any(i.op is Op.RECV_SYNC and i.peer == d for i in prefix[p])  # d stepped, synced
 
     full: dict[int, list[Instr]] = {}
     for n, pre in prefix.items():
@@ -116,8 +117,7 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
     p_tail = [i for i in full[p][len(prefix[p]):] if ends(i)]
     recvs, acts, urgent, deferred = chains
     scheduled = {p: Chains(prefix[p] + first, [recvs, acts, own, urgent, deferred], p_tail)}
-    report = Simulator(layout, M, cost, dead=(d, k), expect_frc=expect_frc, late_sync=late).run(
-        {**full, d: dead_ran}, scheduled)
+    report = Simulator(layout, M, cost, dead=(d, k), **check).run({**full, d: dead_ran}, scheduled)
     full[p] = report.streams[p]
     return full, {n: len(prefix[n]) for n in prefix}, report
 

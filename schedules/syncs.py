@@ -24,6 +24,9 @@ from schedules.layout import Layout
 from schedules.simulator import start_times
 
 SYNC_MODES = ("end", "next")
+# "none": `next`'s first iteration of a run or an epoch, which owes no sync (the
+# replicas came whole), so its streams carry none: a runtime compiles it so.
+COMPILED_SYNCS = SYNC_MODES + ("none",)
 
 
 def late_sends(layout: Layout, node: int) -> list[Instr]:

@@ -106,3 +106,15 @@ def test_any_layout_and_cost_compiles_validates_and_recovers(layout, order, cost
         assert "a step behind" in str(e)
         return
     assert all(simulate(rec).finished.values())
+
+
+@pytest.mark.parametrize("redundancy", ["lazy", "eager"])
+def test_a_first_iteration_owes_no_sync_and_every_cut_recovers(redundancy):
+    """The first iteration of a run (or an epoch) with late syncs: none in the
+    streams, the replicas whole, so every death is survivable as at the end."""
+    sched = compile_schedule(4, 4, (), redundancy, sync="none")
+    assert not any(i.op in (Op.SEND_SYNC, Op.RECV_SYNC) for s in sched.streams.values() for i in s)
+    assert simulate(sched).makespan == pytest.approx(simulate(compile_schedule(4, 4, (), "off")).makespan)
+    for d, stream in sched.streams.items():
+        for k in range(len(stream) + 1):
+            assert all(simulate(compile_recovery(4, 4, d, k, (), redundancy, sync="none")).finished.values())

@@ -169,6 +169,10 @@ def test_random_kill_point(tmp_path, reference):
     (["--stages", "2", "--local-nodes", "2", "--join", "1@0"], "the job's last is 0", 2),
     (["--stages", "2", "--redundancy", "lazy", "--frc", "all"], "--frc all with --redundancy lazy: only eager", 2),
     (["--stages", "2", "--sync-bucket-mb", "0"], "--sync-bucket-mb must be a positive number of MB (got 0.0)", 2),
+    (["--stages", "2", "--replica-sync", "next", "--grad-clip", "1"], "--replica-sync next does not run with "
+     "--grad-clip yet", 2),
+    (["--stages", "2", "--replica-sync", "next", "--local-nodes", "2"], "does not run with agents", 2),
+    (["--stages", "2", "--replica-sync", "next", "--model", "hf:gpt2-tiny"], "a model with tied weights", 2),
     (["--stages", "2", "--sync-bucket-mb", "nan", "--redundancy", "off"], "--sync-bucket-mb must be a finite", 2),
     # invalid on their face, refused even where the run would not use them
     (["--lr", "nan"], "--lr must be a finite number (got nan)", 2),
@@ -451,3 +455,45 @@ def test_a_sync_in_buckets_cut_by_its_owners_death_keeps_the_math(tmp_path, refe
                                "--sync-bucket-mb", "0.01", "--preempt", f"2@5:{at}")
     assert_same_training(records, params, reference)
     assert {"preemption", "failover"} == {e["type"] for e in records[5]["events"]}
+
+
+def test_a_sync_in_the_next_iteration_keeps_the_math_through_a_death_after_it_landed(tmp_path):
+    """--replica-sync next (schedules/syncs.py), eager, P=4, D=2: each replica takes
+    its owner's gradients of iteration i during iteration i+1, and steps with i's
+    rate. Node 2 dies in iteration 5 at its first backward, after its sync of
+    iteration 4 reached node 1: node 1 takes that sync first, then the stage, and
+    the job equals the reference (a replica a step behind would not)."""
+    stream = compile_schedule(P, M // D, (), "eager", sync="next").streams[2]
+    assert stream[0].op is Op.SEND_SYNC
+    at = next(i for i, x in enumerate(stream) if x.op is Op.BACKWARD)
+    schedule = ["--lr-schedule", "cosine", "--warmup", "3"]  # every iteration its own rate
+    _, records, params = train(tmp_path, "late", "--stages", str(P), "--pipelines", str(D), "--replica-sync", "next",
+                               "--preempt", f"2@5:{at}", *schedule)
+    _, *own_reference = train(tmp_path, "late-reference", "--stages", "1", "--pipelines", "1", *schedule)
+    assert_same_training(records, params, own_reference)
+    assert {"preemption", "failover"} == {e["type"] for e in records[5]["events"]}
+
+
+def test_a_death_before_its_late_sync_landed_ends_the_job_with_its_reason(tmp_path):
+    """The same with node 2 killed before its first instruction of iteration 5, the
+    sync of iteration 4: node 1's replica is a step behind, which no recovery in the
+    iteration mends, and without agents the job ends saying so."""
+    out, records, _ = train(tmp_path, "late-window", "--stages", str(P), "--pipelines", "1", "--redundancy", "lazy",
+                            "--replica-sync", "next", "--iterations", "6", "--preempt", "2@5:0", check=False)
+    assert out.returncode != 0 and "a step behind (--replica-sync next)" in out.stderr, out.stderr
+    assert [r["iteration"] for r in records] == list(range(5))
+
+
+def test_a_death_between_iterations_with_a_sync_owed_is_unsurvivable():
+    """A node recorded dead at a boundary, not in the iteration before: it took its
+    sync of that iteration with it (bamboo/runtime/failover.py _check_owed)."""
+    from bamboo.runtime.failover import Failover, Unsurvivable, Watch
+    failover = Failover(None, (10, 11, 12, 13), 0, 0, "lazy", 3.0, sync="next")
+    failover.now = Watch(4, 8, (), None, {})
+    failover._check_owed(5, (), owed=True)  # nobody new: nothing said
+    failover._check_owed(5, (2,), owed=False)  # a first iteration owes nothing
+    with pytest.raises(Unsurvivable, match="node 12 died between iterations before its sync of iteration 4 "
+                                           "reached node 11"):
+        failover._check_owed(5, (2,), owed=True)
+    failover.now = Watch(5, 8, (2,), None, {})  # died during iteration 5 and recovered there: covered
+    failover._check_owed(6, (2,), owed=True)

@@ -116,6 +116,19 @@ def metric_sinks(args) -> tuple:
     return tuple(sinks)
 
 
+def check_replica_sync(args, tied: bool) -> None:
+    """--replica-sync next runs, for now, where nothing shares the step phase and no
+    agent changes the epoch under a sync still owed (docs/HOTPATH.md's plan)."""
+    if args.replica_sync != "next" or args.stages == 1 or args.redundancy == "off":
+        return
+    for bad, why in ((args.local_nodes is not None or args.local_hosts, "agents (--local-nodes, --local-hosts)"),
+                     (args.redundancy == "auto", "--redundancy auto"), (args.precision == "fp16", "fp16"),
+                     (bool(args.grad_clip), "--grad-clip"), (tied, "a model with tied weights"),
+                     (args.compute_ahead, "--compute-ahead"), (args.check_replicas, "--check-replicas")):
+        if bad:
+            raise ValueError(f"--replica-sync next does not run with {why} yet: use --replica-sync end")
+
+
 def check_redundancy(args) -> None:
     """--redundancy off survives a death only by redoing the iteration from a peer
     pipeline's copy of the lost stage, which needs agents and two pipelines."""
@@ -267,6 +280,7 @@ def config_from_args(args, fetch_data: bool = True) -> JobConfig:
     check_data(args, source, fetch_data)
     if args.stages > layers:
         raise ValueError(f"--stages {args.stages} is more than {name}'s {layers} layers")
+    check_replica_sync(args, bool(source.ties))
     check_fit(args)
     if args.microbatches < args.pipelines:
         raise ValueError(f"--microbatches {args.microbatches} is fewer than --pipelines {args.pipelines}")
@@ -293,14 +307,14 @@ def config_from_args(args, fetch_data: bool = True) -> JobConfig:
     return JobConfig(model="hf:config" if model_config else args.model, model_config=model_config, stages=args.stages,
                      pipelines=args.pipelines, microbatches=args.microbatches, iterations=args.iterations,
                      redundancy=args.redundancy, frc=args.frc, sync_bucket_mb=args.sync_bucket_mb,
-                     auto_prior_rate=args.auto_prior_rate, auto_prior_hours=args.auto_prior_hours,
-                     max_stages_per_node=args.max_stages_per_node, compute_ahead=args.compute_ahead,
+                     replica_sync=args.replica_sync, auto_prior_rate=args.auto_prior_rate,
+                     auto_prior_hours=args.auto_prior_hours, max_stages_per_node=args.max_stages_per_node,
+                     compute_ahead=args.compute_ahead,
                      seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
                      lr_schedule=args.lr_schedule, warmup=args.warmup, weight_decay=args.weight_decay,
                      betas=tuple(args.betas), grad_clip=args.grad_clip, dtype=args.dtype, precision=args.precision,
                      initial_loss_scale=args.initial_loss_scale, loss_scale_window=args.loss_scale_window,
-                     min_loss_scale=args.min_loss_scale,
-                     failure_timeout=args.failure_timeout, lease_ttl=args.lease_ttl,
+                     min_loss_scale=args.min_loss_scale, failure_timeout=args.failure_timeout, lease_ttl=args.lease_ttl,
                      hang_timeout=args.hang_timeout, stall_timeout=args.stall_timeout, last_call=args.last_call,
                      straggler_factor=args.straggler_factor, straggler_slack=args.straggler_slack,
                      preempt=preempt, data_files=tuple(args.data), token_dtype=args.token_dtype,

@@ -15,7 +15,7 @@ import os
 SEED_MAX = 2**48  # layer i's weights come from torch.manual_seed(seed * 7919 + i): it must stay in 64 bits
 
 # Flags a --stages 1 run (one process, the single-process reference) does not read.
-SINGLE_IGNORES = ("redundancy", "frc", "sync_bucket_mb", "compute_ahead", "auto_prior_rate", "auto_prior_hours",
+SINGLE_IGNORES = ("redundancy", "frc", "replica_sync", "sync_bucket_mb", "compute_ahead", "auto_prior_rate", "auto_prior_hours",
                   "max_stages_per_node", "preempt", "failure_timeout", "lease_ttl", "hang_timeout",
                   "straggler_factor", "straggler_slack", "stall_timeout", "check_replicas", "no_memory_copies",
                   "etcd", "etcd_members", "job", "local_nodes", "local_hosts", "workers_per_host", "zones", "notice",
@@ -87,6 +87,7 @@ def idle_notes(args) -> list[str]:
         (args.stages == 1, SINGLE_IGNORES, "--stages 1 runs one process: no pipeline, redundancy, agents or etcd"),
         (args.local_nodes is None, AGENT_ONLY, "they are for the agents of --local-nodes or --local-hosts"),
         (args.redundancy != "auto", ("auto_prior_rate", "auto_prior_hours"), "they are for --redundancy auto"),
+        (args.redundancy == "off", ("replica_sync",), "--redundancy off keeps no replica to sync"),
         (args.precision != "fp16", ("initial_loss_scale", "loss_scale_window", "min_loss_scale"),
          "the loss scale is --precision fp16's"),
         (args.lr_schedule == "constant", ("min_lr",), "a constant --lr-schedule never leaves --lr"),
@@ -94,9 +95,10 @@ def idle_notes(args) -> list[str]:
         (not args.straggler_factor, ("straggler_slack",), "--straggler-factor 0 fences no straggler"),
         (builtin, ("seq",), f"the built-in model {args.model} has its own sequence length"),
         (not token_files, ("token_dtype",), "the data are text (bytes), not a token file"),
-        (args.redundancy == "off" or args.pipelines > 1 or bool(args.grad_clip) or args.precision == "fp16",
-         ("sync_bucket_mb",), "the replica sync is posted whole with --redundancy off, --pipelines above 1, "
-                              "--grad-clip or fp16"),
+        (args.redundancy == "off" or args.pipelines > 1 or bool(args.grad_clip) or args.precision == "fp16"
+         or args.replica_sync == "next", ("sync_bucket_mb",), "the replica sync is posted whole with --redundancy "
+                                                               "off, --pipelines above 1, --grad-clip, fp16 or "
+                                                               "--replica-sync next"),
     )
     notes, said = [], set()
     for applies, dests, why in rules:

@@ -50,6 +50,9 @@ def _schedule_flags(g) -> None:
     g.add_argument("--sync-bucket-mb", type=float, default=4.0, metavar="MB",
                    help="lazy and eager with one pipeline and no clipping, ties or fp16: a replica's sync is posted "
                         "in buckets of this many MB as its stage's last backward fills them")
+    g.add_argument("--replica-sync", choices=("end", "next"), default="end",
+                   help="a replica takes its owner's gradients at the iteration's end, or in the next iteration, off "
+                        "the critical path, with limits for now (next: docs/redundancy.md)")
     g.add_argument("--compute-ahead", action="store_true",
                    help="on the CPU, stage 0's owner runs the next iteration's first forward on a thread while the "
                         "iteration boundary agrees (measured no faster on 2 cores, and more memory: docs/HOTPATH.md)")

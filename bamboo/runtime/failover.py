@@ -124,11 +124,13 @@ def died_before(stream: list[Instr], received: dict[int, dict[str, int]]) -> int
 class Failover:
     def __init__(self, cluster: Cluster, nodes: tuple[int, ...], pipeline: int, me: int, redundancy: str,
                  timeout: float, elastic: bool = False, failures: Changes | None = None,
-                 finishes: Changes | None = None, frc: str = "bubbles"):
+                 finishes: Changes | None = None, frc: str = "bubbles", sync: str = "end"):
         self.cluster, self.nodes, self.pipeline, self.me = cluster, nodes, pipeline, me
         self.P = len(nodes)
         self.redundancy, self.timeout = redundancy, timeout
         self.frc = frc  # eager: FRC only in the bubbles (the rest recomputed after a death), or for all
+        self.sync = sync  # each replica's sync at the iteration's end, or in the next (schedules/syncs.py)
+        self.compiled_sync = sync  # the iteration's: "none" for a first one of --replica-sync next
         self.cost: CostModel | None = None  # measured, agreed at a boundary (runtime/calibration.py); None: default
         self.elastic = elastic  # agents can redo the iteration: abort instead of failing the job
         self.failures = failures  # raised by a watch on failed/ and abort/ (None: read every 20 ms)
@@ -166,11 +168,14 @@ class Failover:
         return Local(self.nodes.index(node))
 
     def begin(self, iteration: int, microbatches: int, failed: tuple[Local, ...], comm: Comm,
-              kills: tuple[tuple[int, int], ...] = ()) -> None:
+              kills: tuple[tuple[int, int], ...] = (), owed: bool = False) -> None:
         """Compile the iteration's streams, FRC placed with the measured cost model
         once one is agreed. `kills`: this iteration's --preempt (node, position)
         pairs, counted in the default model's streams; where the measured placement
-        would move one, the default model places FRC in this iteration."""
+        would move one, the default model places FRC in this iteration. `owed`: the
+        iteration before ran here (--replica-sync next: its syncs are due)."""
+        self._check_owed(iteration, failed, owed)
+        self.compiled_sync = self.sync if self.sync == "end" or owed else "none"
         cost = self._placement(microbatches, failed, kills)
         streams = self._compile(microbatches, failed, cost)
         # etcd is read at the next poll whatever the watch says, unless the last look
@@ -179,6 +184,14 @@ class Failover:
         self.now = Watch(iteration, microbatches, failed, comm, streams, cost, baseline=comm.counts(), due=due)
         if not due:
             self.now.event = self._judge(self._recorded)
+
+    def _check_owed(self, iteration: int, failed: tuple[Local, ...], owed: bool) -> None:
+        """--replica-sync next: a node dead since the last iteration took its sync of
+        it along, and its holder's replica is a step behind (agents do not run it yet)."""
+        for dead in sorted(set(failed) - set(self.now.failed)) if self.sync == "next" and owed and self.now else ():
+            raise Unsurvivable(f"node {self.node_of(dead)} died between iterations before its sync of iteration "
+                               f"{iteration - 1} reached node {self.node_of(Local((dead - 1) % self.P))}, whose "
+                               "replica of its stage is then a step behind (--replica-sync next)")
 
     def _placement(self, microbatches: int, failed: tuple[Local, ...], kills) -> CostModel:
         """The cost model FRC is placed with: the measured one, unless it moves the
@@ -191,7 +204,8 @@ class Failover:
         return CostModel() if moved else self.cost
 
     def _compile(self, microbatches: int, failed: tuple[Local, ...], cost: CostModel) -> dict[int, list[Instr]]:
-        return compile_schedule(self.P, microbatches, failed, self.redundancy, cost=cost, frc=self.frc).streams
+        return compile_schedule(self.P, microbatches, failed, self.redundancy, cost=cost, frc=self.frc,
+                                sync=self.compiled_sync).streams
 
     def detected(self, node: NodeId, how: str) -> None:
         self.cluster.record_dead(node, Failure(self.iteration, self.node_of(self.me), how))
@@ -373,7 +387,7 @@ class Failover:
         try:
             k = died_before(self.now.streams[dead], received)
             return k, compile_recovery(self.P, self.now.microbatches, dead, k, self.failed, self.redundancy,
-                                       cost=self.now.cost, frc=self.frc)
+                                       cost=self.now.cost, frc=self.frc, sync=self.compiled_sync)
         except Unsurvivable as e:
             self.unsurvivable(str(e))
         except ScheduleError as e:

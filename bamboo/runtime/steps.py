@@ -87,7 +87,10 @@ class StepPhase:
             self.it.undo[ins.stage] = ([p.detach().clone() for p in params],
                                     [{k: v.clone() if torch.is_tensor(v) else v for k, v in state.get(p, {}).items()}
                                      for p in params])
-        rate = recipe.learning_rate(self.cfg, self.it.iteration)
+        if self.late and not ins.redundant:  # its holder takes them in the next iteration (schedules/syncs.py)
+            self.kept_grads[ins.stage] = recipe.flat_grads(sync_params(self.modules[ins.stage]))
+        # a late sync's step is the iteration before's
+        rate = recipe.learning_rate(self.cfg, self.it.iteration - (ins.redundant and self.late))
         if ins.redundant and self._defers_replica_steps():
             self.owed[ins.stage] = rate
             return
@@ -157,6 +160,9 @@ class StepPhase:
         self.it.early_syncs = {}
 
     def send_sync(self, ins: Instr) -> None:
+        if self.late:  # the iteration before's, kept at its step
+            self._send(ins, Op.SEND_SYNC, self.kept_grads.pop(ins.stage))
+            return
         self._prepare(ins.stage)  # the gradients as the owner's step will take them
         early = self.it.early_syncs.pop(ins.stage, None)
         if early is not None and early.peer == ins.peer:

@@ -144,7 +144,7 @@ class Worker(EpochMoves):
         self.mbs = assignment.microbatches(self.cfg.microbatches, self.pipeline)  # by speed: short ones run fewer
         self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, self.holdings.mode(assignment),
                                  self.cfg.failure_timeout, self.cfg.elastic, self.failures, self.finishes,
-                                 frc=self.cfg.frc)
+                                 frc=self.cfg.frc, sync=self.cfg.replica_sync)
         if self.executor is not None:
             self.executor.reducer.close()  # the last epoch's groups (NCCL: their GPU memory)
         groups = nccl_groups(self.cfg.hang_timeout) if self.transport == "nccl" else None  # the reduce's
@@ -163,7 +163,8 @@ class Worker(EpochMoves):
         death per pipeline (bamboo/runtime/failover.py)."""
         began = time.monotonic()
         kills = self._kills(it)
-        self.failover.begin(it, len(self.mbs), self.local_failed(), self.comm, kills)
+        self.failover.begin(it, len(self.mbs), self.local_failed(), self.comm, kills,
+                            owed=self.epoch_iterations > 0)  # --replica-sync next: the syncs of it - 1
         self.epoch_iterations += 1
         stream = self.failover.now.streams[self.me]  # the failover keeps every node's stream: one compile
         self.loss_scale = self._loss_scale_of(it)
