@@ -4,7 +4,8 @@ how long a preemption pauses training in each.
 Runs bamboo-train with P=2, D=1 (one process per core on a 2-core machine, the
 only layout where a bubble is really idle), alternating --redundancy off, eager
 (FRC in the bubbles only, the default), eager with --frc all (FRC for every
-microbatch, the placement before issue 31) and lazy, and prints side-by-side
+microbatch, the placement before issue 31) and lazy, eager and lazy again with
+each replica's sync in the next iteration (--replica-sync next), and prints side-by-side
 ratios: mean iteration time (warm-up iterations dropped) and peak process
 memory; and in every round, per redundant mode, one run with a node SIGKILLed
 mid-iteration, whose pause (kill to the end of that iteration) is printed as the
@@ -32,7 +33,9 @@ def run(args: list[str]) -> list[dict]:
 
 
 MODES = {"off": ["--redundancy", "off"], "eager": ["--redundancy", "eager"],
-         "eager-all": ["--redundancy", "eager", "--frc", "all"], "lazy": ["--redundancy", "lazy"]}
+         "eager-all": ["--redundancy", "eager", "--frc", "all"], "lazy": ["--redundancy", "lazy"],
+         "eager-next": ["--redundancy", "eager", "--replica-sync", "next"],
+         "lazy-next": ["--redundancy", "lazy", "--replica-sync", "next"]}
 REDUNDANT = list(MODES)[1:]  # off cannot survive a death without agents
 
 

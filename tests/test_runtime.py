@@ -172,6 +172,8 @@ def test_random_kill_point(tmp_path, reference):
     (["--stages", "2", "--replica-sync", "next", "--grad-clip", "1"], "--replica-sync next does not run with "
      "--grad-clip yet", 2),
     (["--stages", "2", "--replica-sync", "next", "--local-nodes", "2"], "does not run with agents", 2),
+    # a run's first iteration owes no sync: node 1's stream is 24 instructions there, 27 after
+    (["--stages", "2", "--replica-sync", "next", "--preempt", "1@0:25"], "node 1 runs 24 instructions", 2),
     (["--stages", "2", "--replica-sync", "next", "--model", "hf:gpt2-tiny"], "a model with tied weights", 2),
     (["--stages", "2", "--sync-bucket-mb", "nan", "--redundancy", "off"], "--sync-bucket-mb must be a finite", 2),
     # invalid on their face, refused even where the run would not use them

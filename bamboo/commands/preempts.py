@@ -14,14 +14,16 @@ def stream_mode(args) -> str:
     return "eager" if args.redundancy == "auto" else args.redundancy
 
 
-def fault_free_stream(args, node: int) -> list:
-    """Node `node`'s instruction stream in an iteration without failures."""
+def fault_free_stream(args, node: int, first: bool = False) -> list:
+    """Node `node`'s instruction stream in an iteration without failures (`first`:
+    a run's first, which owes no sync with --replica-sync next)."""
     from schedules.compiler import compile_schedule
 
     from bamboo.data.corpus import split_microbatches
 
     m = len(split_microbatches(args.microbatches, args.pipelines)[node // args.stages])
-    return compile_schedule(args.stages, m, (), stream_mode(args), frc=args.frc).streams[node % args.stages]
+    sync = "none" if first and args.replica_sync == "next" else args.replica_sync
+    return compile_schedule(args.stages, m, (), stream_mode(args), frc=args.frc, sync=sync).streams[node % args.stages]
 
 
 def random_preempt(args, rng: random.Random) -> Preempt:
@@ -74,7 +76,7 @@ def preempted_stream(args, p: Preempt, spec: str) -> list:
     stream, or its evaluation stream after an evaluated iteration's step."""
     node = p.node % (args.stages * args.pipelines)
     if p.phase == "train":
-        return fault_free_stream(args, node)
+        return fault_free_stream(args, node, first=p.iteration == 0)
     from schedules.compiler import compile_eval
 
     from bamboo.data.corpus import split_microbatches

@@ -59,8 +59,10 @@ class Executor(StepPhase):
         self.keep_undo = undo
         self.tied = list(tied)            # per tied weight: its stages, stage -> this node's copy
         self.owed: dict[int, float] = {}  # replica stage -> the rate of the step it owes (settle)
-        self.late = cfg.replica_sync == "next"  # each replica's sync is sent in the next iteration ...
-        self.kept_grads: dict[int, torch.Tensor] = {}  # ... of its owner's stepped gradients, kept here
+        # --replica-sync next: each replica's sync goes in the next iteration, of the
+        # owner's stepped gradients kept here
+        self.late = cfg.replica_sync == "next" and cfg.redundancy != "off"
+        self.kept_grads: dict[int, torch.Tensor] = {}
         # With clipping, ties (the model's, on every node) or fp16's loss scale, steps
         # and syncs wait for the rest of the stream (STEP_PHASE).
         self.step_after_reduces = bool(cfg.grad_clip) or bool(self.tied) or cfg.loss_scaling

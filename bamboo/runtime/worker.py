@@ -202,7 +202,8 @@ class Worker(EpochMoves):
         if cost is not None:
             self.failover.cost = cost  # FRC placed by measured times from the next iteration on
             print(f"bamboo.runtime.worker: node {self.node}: from iteration {it + 1} "
-                  + calibration.describe(cost, len(self.mbs), self.local_failed(), self.cfg.frc, self.me), flush=True)
+                  + calibration.describe(cost, len(self.mbs), self.local_failed(), self.cfg.frc, self.me,
+                                         self.cfg.replica_sync), flush=True)
         return agreed
 
     def checkpoint(self, it: int) -> None:
