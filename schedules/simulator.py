@@ -138,8 +138,9 @@ class Simulator:
             need = mb in st.loaded and f"microbatch {mb} loaded twice"
         elif op in (Op.FORWARD, Op.BACKWARD) and (s in st.reduced or (s, True) in st.stepped and not self.late_sync):
             need = f"stage {s} computes after its gradients were reduced or its step was taken"
-        elif op is Op.FORWARD and ins.redundant and self.late_sync and (s, True) not in st.stepped:
-            need = f"FRC of stage {s} before its replica took the sync of the iteration before"
+        elif (op in (Op.FORWARD, Op.BACKWARD) and self.late_sync and s == self.layout.replica(node)
+              and (s, True) not in st.stepped):
+            need = f"stage {s} computed on its replica before it took the sync of the iteration before"
         elif op is Op.FORWARD:
             if s not in st.layers:
                 need = f"does not hold the layers of stage {s}"
@@ -327,7 +328,7 @@ class Simulator:
             owner, holder = final.owner(s), final.holder(s)
             if self.late_sync:  # the syncs in the streams are to the holders the iteration began with
                 holder = self.layout.holder(s) if self.layout.holder(s) != self.dead_node else None
-            if not self.nodes[owner].stepped & {(s, False), (s, True)}:
+            if not self.nodes[owner].stepped & ({(s, False)} if self.late_sync else {(s, False), (s, True)}):
                 raise ValidationError("not-stepped", f"stage {s} never stepped on its owner, node {owner}")
             if holder is not None and self.expect_syncs and (s, True) not in self.nodes[holder].stepped:
                 raise ValidationError("not-stepped", f"replica of stage {s} on node {holder} never stepped")

@@ -114,9 +114,7 @@ def test_missing_google_credentials_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("extra, why", [
     (["--name", "Bamboo_1"], "--name 'Bamboo_1' is not a gcp resource name"),
-    (["--name", "job-"], "is not a gcp resource name"),
     (["--machine-type", ""], "--machine-type must not be empty"),
-    (["--project", " "], "--project must not be empty"),
 ])
 def test_names_the_provider_would_refuse_are_refused_before_any_request(extra, why, tmp_path):
     """No credentials here: a request would fail with another message."""

@@ -54,7 +54,7 @@ def test_the_validator_refuses_frc_before_the_sync_landed():
     first_frc = next(i for i, x in enumerate(stream) if x.op is Op.FORWARD and x.redundant)
     stream[first_frc + 2:first_frc + 2] = sync
     assert not sync_landed_first(stream, sched.layout.replica(node))
-    with pytest.raises(ValidationError, match="before its replica took the sync of the iteration before"):
+    with pytest.raises(ValidationError, match="computed on its replica before it took the sync of the iteration"):
         Simulator(sched.layout, 4, sched.cost, late_sync=True).run({**sched.streams, node: stream})
 
 
@@ -79,9 +79,11 @@ def test_every_failure_point_recovers_or_is_refused_for_a_sync_in_flight(P, M, f
             report = simulate(rec)
             assert all(report.finished.values())
             p = base.layout.holder(d)
-            recovery = rec.streams[p][rec.resume_at[p]:]
-            steps = [i for i, x in enumerate(rec.streams[p]) if x.op is Op.OPTIMIZER_STEP and x.redundant]
-            assert steps and all(i < rec.resume_at[p] + len(recovery) for i in steps)
+            stream_p = rec.streams[p]
+            step = stream_p.index(Instr(Op.OPTIMIZER_STEP, d, redundant=True))  # the late sync's, taken once
+            computed = [i for i, x in enumerate(stream_p) if x.stage == d and x.op in (Op.FORWARD, Op.BACKWARD)]
+            assert computed and step < computed[0]  # the stage runs on its replica only once it is current
+            assert (d, False) in {(x.stage, x.redundant) for x in stream_p if x.op is Op.OPTIMIZER_STEP}
             for n, s in rec.streams.items():
                 assert s[:rec.resume_at[n]] == base.streams[n][:rec.resume_at[n]]
 
@@ -118,3 +120,17 @@ def test_a_first_iteration_owes_no_sync_and_every_cut_recovers(redundancy):
     for d, stream in sched.streams.items():
         for k in range(len(stream) + 1):
             assert all(simulate(compile_recovery(4, 4, d, k, (), redundancy, sync="none")).finished.values())
+
+
+def test_the_validator_refuses_a_recovery_whose_new_owner_only_steps_the_replica():
+    """With late syncs the holder's replica step is the iteration before's: the stage
+    taken over must still be reduced and stepped as its own (with `end`, a replica
+    synced and stepped in the iteration stands for it)."""
+    base = compile_schedule(3, 4, (), "lazy", sync="next")
+    rec = compile_recovery(3, 4, 1, 5, (), "lazy", sync="next")
+    p = 0
+    own_step = Instr(Op.OPTIMIZER_STEP, 1)
+    assert own_step in rec.streams[p]
+    streams = {**rec.streams, p: [x for x in rec.streams[p] if x != own_step], 1: base.streams[1][:5]}
+    with pytest.raises(ValidationError, match="stage 1 never stepped on its owner, node 0"):
+        Simulator(rec.layout, 4, rec.cost, dead=(1, 5), expect_frc=False, late_sync=True).run(streams)

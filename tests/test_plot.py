@@ -190,6 +190,7 @@ def _one_line(capsys):
     ('{"iteration": 0, "loss": 1.0, "samples": 8, "seconds": NaN, "nodes": 2}\n', "'seconds' is nan, not a duration"),
     ('{"iteration": 0, "loss": 1.0, "samples": 8, "seconds": -1, "nodes": 2}\n', "'seconds' is -1, not a duration"),
     ('{"iteration": 1.5, "loss": 1.0, "samples": 8, "seconds": 1, "nodes": 2}\n', "'iteration' is 1.5"),
+    ('{"iteration": NaN, "loss": 1.0, "samples": 8, "seconds": 1, "nodes": 2}\n', "'iteration' is nan"),
 ])
 def test_bad_metrics_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, content, problem):
     metrics = tmp_path / "m.jsonl"

@@ -172,6 +172,7 @@ def test_random_kill_point(tmp_path, reference):
     (["--stages", "2", "--replica-sync", "next", "--grad-clip", "1"], "--replica-sync next does not run with "
      "--grad-clip yet", 2),
     (["--stages", "2", "--replica-sync", "next", "--local-nodes", "2"], "does not run with agents", 2),
+    (["--stages", "2", "--pipelines", "2", "--replica-sync", "next"], "with --pipelines above 1", 2),
     # a run's first iteration owes no sync: node 1's stream is 24 instructions there, 27 after
     (["--stages", "2", "--replica-sync", "next", "--preempt", "1@0:25"], "node 1 runs 24 instructions", 2),
     (["--stages", "2", "--replica-sync", "next", "--model", "hf:gpt2-tiny"], "a model with tied weights", 2),
@@ -460,22 +461,23 @@ def test_a_sync_in_buckets_cut_by_its_owners_death_keeps_the_math(tmp_path, refe
 
 
 def test_a_sync_in_the_next_iteration_keeps_the_math_through_a_death_after_it_landed(tmp_path):
-    """--replica-sync next (schedules/syncs.py), eager, P=4, D=2: each replica takes
-    its owner's gradients of iteration i during iteration i+1, and steps with i's
-    rate. Node 2 dies in iteration 5 at its first backward, after its sync of
-    iteration 4 reached node 1: node 1 takes that sync first, then the stage, and
-    the job equals the reference (a replica a step behind would not)."""
-    stream = compile_schedule(P, M // D, (), "eager", sync="next").streams[2]
+    """--replica-sync next (schedules/syncs.py), eager, P=4, one pipeline: each
+    replica takes its owner's gradients of iteration i during iteration i+1, and
+    steps with i's rate. Node 2 dies in iteration 5 at its first backward, after its
+    sync of iteration 4 reached node 1: node 1 takes that sync first, then the
+    stage, and the job equals the reference (a replica a step behind would not)."""
+    stream = compile_schedule(P, M, (), "eager", sync="next").streams[2]
     assert stream[0].op is Op.SEND_SYNC
     at = next(i for i, x in enumerate(stream) if x.op is Op.BACKWARD)
     schedule = ["--lr-schedule", "cosine", "--warmup", "3"]  # every iteration its own rate
-    _, records, params = train(tmp_path, "late", "--stages", str(P), "--pipelines", str(D), "--replica-sync", "next",
+    _, records, params = train(tmp_path, "late", "--stages", str(P), "--pipelines", "1", "--replica-sync", "next",
                                "--preempt", f"2@5:{at}", *schedule)
     _, *own_reference = train(tmp_path, "late-reference", "--stages", "1", "--pipelines", "1", *schedule)
     assert_same_training(records, params, own_reference)
     assert {"preemption", "failover"} == {e["type"] for e in records[5]["events"]}
 
 
+@pytest.mark.slow  # make test-slow: the refusal itself is tests/test_late_sync.py's, in make test
 def test_a_death_before_its_late_sync_landed_ends_the_job_with_its_reason(tmp_path):
     """The same with node 2 killed before its first instruction of iteration 5, the
     sync of iteration 4: node 1's replica is a step behind, which no recovery in the

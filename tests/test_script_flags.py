@@ -26,13 +26,10 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     ("bench_single.py", ["--json", "/proc/no/x.json"], "--json '/proc/no/x.json': cannot write a file there"),
     ("bench_hotpath.py", ["--rtol", "nan"], "--rtol must be a finite number above 0"),
     ("bench_comm.py", ["--shape", "8,0,256"], "--shape: every size must be at least 1"),
-    ("bench_memory.py", ["--microbatches", "0"], "--microbatches must be at least 1 (got 0)"),
     ("bench_memory.py", ["--model", "bogus"], "--model bogus: "),
-    ("bench_rollback.py", ["--kill-at", "3"], "--kill-at must be at least 5 (got 3)"),
     ("bench_rollback.py", ["--iterations", "10"], "--iterations must be at least 11 (got 10)"),
     ("bench_short_pipelines.py", ["--batch", "0"], "--batch must be at least 1 (got 0)"),
     ("calibrate_sim.py", ["--models", "gpt2,bogus"], "--models: unknown 'bogus'"),
-    ("calibrate_sim.py", ["--out", "/proc/no/c.json"], "--out '/proc/no/c.json': cannot write a file there"),
 ])
 def test_bad_input_is_argparse_s_error_before_any_work(script, args, message, tmp_path):
     out = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), *args], capture_output=True, text=True,

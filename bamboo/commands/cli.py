@@ -124,7 +124,8 @@ def check_replica_sync(args, tied: bool) -> None:
     for bad, why in ((args.local_nodes is not None or args.local_hosts, "agents (--local-nodes, --local-hosts)"),
                      (args.redundancy == "auto", "--redundancy auto"), (args.precision == "fp16", "fp16"),
                      (bool(args.grad_clip), "--grad-clip"), (tied, "a model with tied weights"),
-                     (args.compute_ahead, "--compute-ahead"), (args.check_replicas, "--check-replicas")):
+                     (args.compute_ahead, "--compute-ahead"), (args.check_replicas, "--check-replicas"),
+                     (args.pipelines > 1, "--pipelines above 1 (a death after the reduce)")):
         if bad:
             raise ValueError(f"--replica-sync next does not run with {why} yet: use --replica-sync end")
 

@@ -65,7 +65,7 @@ def _check_record(record: dict, where: str) -> None:
             raise BadInput(f"{where}: {key!r} is not a number")
     if not 0 <= record["seconds"] < float("inf"):  # NaN fails too; a NaN loss (diverged) is drawn as a gap
         raise BadInput(f"{where}: 'seconds' is {record['seconds']}, not a duration")
-    if record["iteration"] < 0 or record["iteration"] != int(record["iteration"]):
+    if not 0 <= record["iteration"] < float("inf") or record["iteration"] != int(record["iteration"]):
         raise BadInput(f"{where}: 'iteration' is {record['iteration']}, not an iteration number")
     val_loss = record.get("val_loss")
     if val_loss is not None and (isinstance(val_loss, bool) or not isinstance(val_loss, (int, float))):

@@ -28,11 +28,13 @@ def fault_free_stream(args, node: int, first: bool = False) -> list:
 
 def random_preempt(args, rng: random.Random) -> Preempt:
     """A node, an iteration after the first, and an instruction before the node's
-    data-parallel reduce (a death after it is not survivable inside the iteration)."""
+    data-parallel reduce (a death after it is not survivable inside the iteration),
+    and with --replica-sync next after its sync of the iteration before (ditto)."""
     node = rng.randrange(args.stages * args.pipelines)
     stream = fault_free_stream(args, node)
     reduce_at = next(i for i, ins in enumerate(stream) if ins.op.value == "reduce_grads")
-    return Preempt(node, rng.randrange(1, max(2, args.iterations)), rng.randrange(reduce_at))
+    first = 1 if args.replica_sync == "next" else 0
+    return Preempt(node, rng.randrange(1, max(2, args.iterations)), rng.randrange(first, reduce_at))
 
 
 def parse_spec(spec: str) -> Preempt:

@@ -98,6 +98,8 @@ class Executor(StepPhase):
             if s not in self.owed:  # an owed step's gradients stay until it is taken
                 m.zero_grad(set_to_none=True)
         self.it = IterationState(iteration, microbatches, comm, failover, loss_scale, base=comm.counts(), times=times)
+        sent = {i.stage for i in stream if i.op is Op.SEND_SYNC}  # a stage with no holder now keeps none
+        self.kept_grads = {s: g for s, g in self.kept_grads.items() if s in sent}
         self._expect(stream)
         pc = ahead.take(self.it, stream) if ahead is not None else 0
         self.ahead_taken += pc > 0

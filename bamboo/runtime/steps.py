@@ -96,6 +96,8 @@ class StepPhase:
             return
         recipe.set_learning_rate(self.optimizers[ins.stage], rate)
         self.optimizers[ins.stage].step()
+        if ins.redundant and self.late:  # the synced gradients are spent: a BRC after it starts from zero
+            self.modules[ins.stage].zero_grad(set_to_none=True)
 
     def _defers_replica_steps(self) -> bool:
         """Lazy runs no replica in the fault-free path, and eager only in its FRC, so a
