@@ -501,3 +501,13 @@ def test_a_death_between_iterations_with_a_sync_owed_is_unsurvivable():
         failover._check_owed(5, (2,), owed=True)
     failover.now = Watch(5, 8, (2,), None, {})  # died during iteration 5 and recovered there: covered
     failover._check_owed(6, (2,), owed=True)
+
+
+def test_replica_sync_next_with_redundancy_off_is_the_sync_at_the_end():
+    """--redundancy off keeps no replica: --replica-sync next (said to do nothing)
+    must not make a death between iterations unsurvivable, which agents redo."""
+    from bamboo.runtime.failover import Failover, Watch
+    failover = Failover(None, (10, 11, 12, 13), 0, 0, "off", 3.0, elastic=True, sync="next")
+    failover.now = Watch(4, 8, (), None, {})
+    failover._check_owed(5, (2,), owed=True)
+    assert failover.sync == "end"

@@ -15,8 +15,8 @@ import os
 SEED_MAX = 2**48  # layer i's weights come from torch.manual_seed(seed * 7919 + i): it must stay in 64 bits
 
 # Flags a --stages 1 run (one process, the single-process reference) does not read.
-SINGLE_IGNORES = ("redundancy", "frc", "replica_sync", "sync_bucket_mb", "compute_ahead", "auto_prior_rate", "auto_prior_hours",
-                  "max_stages_per_node", "preempt", "failure_timeout", "lease_ttl", "hang_timeout",
+SINGLE_IGNORES = ("redundancy", "frc", "replica_sync", "sync_bucket_mb", "compute_ahead", "auto_prior_rate",
+                  "auto_prior_hours", "max_stages_per_node", "preempt", "failure_timeout", "lease_ttl", "hang_timeout",
                   "straggler_factor", "straggler_slack", "stall_timeout", "check_replicas", "no_memory_copies",
                   "etcd", "etcd_members", "job", "local_nodes", "local_hosts", "workers_per_host", "zones", "notice",
                   "metadata_url", "last_call", "log_dir", "transport", "share_gpu")

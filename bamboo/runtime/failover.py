@@ -129,7 +129,8 @@ class Failover:
         self.P = len(nodes)
         self.redundancy, self.timeout = redundancy, timeout
         self.frc = frc  # eager: FRC only in the bubbles (the rest recomputed after a death), or for all
-        self.sync = sync  # each replica's sync at the iteration's end, or in the next (schedules/syncs.py)
+        # each replica's sync at the iteration's end, or in the next (schedules/syncs.py); off keeps none
+        self.sync = sync if redundancy != "off" else "end"
         self.compiled_sync = sync  # the iteration's: "none" for a first one of --replica-sync next
         self.cost: CostModel | None = None  # measured, agreed at a boundary (runtime/calibration.py); None: default
         self.elastic = elastic  # agents can redo the iteration: abort instead of failing the job
