@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from schedules.redundancy import FRC_MODES
 
-from bamboo.commands.flag_checks import check_finite, check_not_a_file
+from bamboo.commands.flag_checks import changed_flags, check_finite, check_not_a_file, said_idle
 
 from sim.checkpointing import FORMULAS
 from sim.options import NOTICE_SECONDS, ROLLBACKS
@@ -246,19 +246,12 @@ def strategy_name(args) -> str:
 def idle_notes(parser: argparse.ArgumentParser, args) -> list[str]:
     """One line per reason, naming the flags set away from their defaults that this
     run does not read."""
-    changed = {a.dest for a in parser._actions if a.dest != "help" and getattr(args, a.dest) != a.default}
     eager_free = not args.sweep_rates and strategy_name(args) not in ("bamboo", "auto", "all")
     rules = ((not args.sweep_rates, ("nodes", "seeds"), "they are for --sweep-rates"),
              (args.sweep_rates, ("trace", "trace_format", "hours", "strategy"),
               "--sweep-rates runs every strategy on synthetic traces of its own"),
              (eager_free, ("frc",), "it places eager Bamboo's FRC (--strategy bamboo, auto or all)"))
-    notes = []
-    for applies, dests, why in rules:
-        idle = [d for d in dests if applies and d in changed]
-        if idle:
-            flags = ", ".join("--" + d.replace("_", "-") for d in idle)
-            notes.append(f"{flags} {'does' if len(idle) == 1 else 'do'} nothing in this run: {why}")
-    return notes
+    return said_idle(changed_flags(parser, args), rules)
 
 
 def check_depth(prof: Profile, stages: int) -> None:

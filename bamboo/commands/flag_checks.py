@@ -79,8 +79,7 @@ def idle_notes(args) -> list[str]:
     from bamboo.commands.flags import build_parser
     from bamboo.data.corpus import is_token_file
     from bamboo.model.builtin import MODELS
-    changed = {a.dest for a in build_parser()._actions
-               if a.dest != "help" and getattr(args, a.dest, a.default) != a.default}
+    changed = changed_flags(build_parser(), args)
     builtin = args.model in MODELS and not args.model_config
     token_files = any(is_token_file(f) for f in (*args.data, *args.val_data))
     rules = (
@@ -100,6 +99,17 @@ def idle_notes(args) -> list[str]:
                                                                "off, --pipelines above 1, --grad-clip, fp16 or "
                                                                "--replica-sync next"),
     )
+    return said_idle(changed, rules)
+
+
+def changed_flags(parser, args) -> set[str]:
+    """The dests of `parser`'s flags that `args` sets away from their defaults."""
+    return {a.dest for a in parser._actions if a.dest != "help" and getattr(args, a.dest, a.default) != a.default}
+
+
+def said_idle(changed: set[str], rules) -> list[str]:
+    """For each (applies, dests, why) rule that applies, one line naming the `changed`
+    dests it makes idle (each named once, by its first rule)."""
     notes, said = [], set()
     for applies, dests, why in rules:
         idle = [d for d in dests if d in changed and d not in said] if applies else []
