@@ -49,14 +49,13 @@ def main() -> None:
     a = ap.parse_args()
     at_least(ap, [("--seq", a.seq, 1), ("--batch", a.batch, 1), ("--microbatches", a.microbatches, 1),
                   ("--iterations", a.iterations, 1)])
+    P = 4
     try:
-        ModelSource(a.model, seed=0, seq=a.seq).costs()
+        share, total = shares(a.model, a.seq, P)  # builds the model's source: an unknown one fails here
     except (ValueError, OSError) as e:
         ap.error(f"--model {a.model}: {e}")
-    P = 4
     common = ["--seq", str(a.seq), "--batch", str(a.batch), "--microbatches", str(a.microbatches),
               "--iterations", str(a.iterations)]
-    share, total = shares(a.model, a.seq, P)
     overhead_single = peaks(["--model", "tiny", *common, "--stages", "1", "--pipelines", "1"])[0]
     single = peaks(["--model", a.model, *common, "--stages", "1", "--pipelines", "1"])[0]
     print(f"{a.model}: {total / 1e6:.1f}M parameters, fp32, AdamW; P={P}, D=1, M={a.microbatches}, "
