@@ -62,6 +62,10 @@ class RunState:
         self.fatal += 1
         self.samples = self.iteration_start = self.saved
 
+    def phase(self, per_iteration: float) -> float:
+        """How far the iteration under way has come, as a share of it."""
+        return (self.samples - self.iteration_start) % per_iteration / per_iteration
+
     def abandon_iteration(self, per_iteration: float) -> None:
         """The iteration under way is dropped: back to its first sample."""
         partial = (self.samples - self.iteration_start) % per_iteration

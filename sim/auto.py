@@ -9,7 +9,9 @@ time by the deaths in it. Where the runtime measures each mode's iteration time 
 cost of a death, the simulator knows them from its profile: the iteration of each
 mode's schedule; a death costs a merged iteration with eager (plus the dead
 stage's forwards that no bubble held FRC for, with --frc bubbles), that plus all
-the dead stage's forwards (a third of its share of the work) with lazy, and a redo
+the dead stage's forwards (a third of its share of the work) with lazy (with
+--replica-sync next, the share of deaths in a window, sim/windows.py, costs a redo,
+or a rollback with one pipeline, instead), and a redo
 with off (the failure timeout, half an iteration lost and a stage reloaded from a
 peer; the reconfiguration after a death is paid in every mode, so it is left out
 of the comparison), or with off on one pipeline a rollback to the checkpoint. A switch
@@ -26,6 +28,7 @@ from sim.accounting import RunState
 from sim.checkpointing import optimal_interval
 from sim.reconfiguration import dead_stages, handover_seconds, lost_everywhere, stages_moved, used_nodes
 from sim.strategies import Bamboo, RedoFromPeers, Simulation, lazy_forwards_seconds, peer_reload_seconds
+from sim.windows import mean_share
 
 PRIOR_RATE, PRIOR_HOURS = 0.05, 2.0  # the runtime's defaults (--auto-prior-rate, --auto-prior-hours)
 
@@ -76,6 +79,9 @@ class Auto(Bamboo):
 
         def redundant(failover: float, mode: str) -> float:
             redo = sim.opt.failure_timeout + seconds[mode]
+            # --replica-sync next: a death in its stage's window is redone, or rolled back with one pipeline
+            window = mean_share(sim.windows(pipelines, mode))
+            failover = (1 - window) * failover + window * (redo if pipelines > 1 else rollback)
             return (1 - fatal - redone) * failover + redone * redo + fatal * rollback
         forwards = seconds["off"] / (3 * sim.P)  # recomputing the dead stage's: all with lazy, eager's without FRC
         pause = {"eager": redundant(merged + sim.uncovered(pipelines) * forwards, "eager"),

@@ -5,7 +5,7 @@ checkpoint-restart and on-demand nodes.
     bamboo-sim --trace PATH [--trace-format ec2|gcp|events|auto] \\
                --strategy bamboo|lazy|redo|checkpoint|on-demand|auto|all [--redundancy eager|lazy|off|auto] \\
                --model gpt2|bert-large [--profile calibrated|arithmetic] --stages P [--hours H] [--json] [--plot DIR]
-               [--frc bubbles|all]
+               [--frc bubbles|all] [--replica-sync end|next]
     bamboo-sim --sweep-rates --model gpt2 --stages P [--plot DIR]
 
 Checkpoints are taken at Young's or Daly's optimal interval unless --checkpoint-minutes
@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import replace
 
 from schedules.redundancy import FRC_MODES
+from schedules.syncs import SYNC_MODES
 
 from bamboo.commands.flag_checks import changed_flags, check_finite, check_not_a_file, said_idle
 
@@ -94,6 +95,10 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frc", choices=FRC_MODES, default=d.frc,
                    help="eager: FRC only where the schedule's cost model says it fits the bubbles, the rest "
                         "recomputed after a death (bubbles); or for every microbatch, in a longer iteration (all)")
+    p.add_argument("--replica-sync", choices=SYNC_MODES, default=d.replica_sync,
+                   help="eager and lazy: each replica's sync at the iteration's end (end), or in the next iteration, "
+                        "off the critical path, a death before it landed charged a redo from peers or, with one "
+                        "pipeline, a rollback (next; bamboo-train runs it without agents only)")
     p.add_argument("--rollback", choices=ROLLBACKS, default=d.rollback,
                    help="a stage lost everywhere: survivors stay up and load checkpoint copies held in peers' "
                         "memory (memory), or every process relaunches (relaunch)")
@@ -112,7 +117,8 @@ def options_from(args) -> Options:
         peer_bandwidth=args.peer_bandwidth * GB, free_checkpoints=args.free_checkpoints,
         relaunch_seconds=args.relaunch_seconds, warmup_seconds=args.warmup_seconds,
         restart_seconds=args.restart_seconds, max_stages=args.max_stages_per_node,
-        notice_seconds=args.notice_seconds or 0.0, rollback=args.rollback, frc=args.frc)
+        notice_seconds=args.notice_seconds or 0.0, rollback=args.rollback, frc=args.frc,
+        replica_sync=args.replica_sync)
     try:
         options.check()
     except ValueError as e:
@@ -227,7 +233,7 @@ def simulate(args, options: Options) -> dict:
     context = {"trace": {"path": args.trace, **stats}, "model": args.model, "stages": args.stages,
                "prices": {"spot": options.spot_price, "on_demand": options.on_demand_price},
                "notice_seconds": options.notice_seconds, "max_stages_per_node": options.max_stages,
-               "rollback": options.rollback, "frc": options.frc,
+               "rollback": options.rollback, "frc": options.frc, "replica_sync": options.replica_sync,
                "microbatches": model_profile(args).microbatches, "profile": profile(args.model, args.profile).sources()}
     if name == "all":
         return {**context, "strategies": results}
@@ -247,10 +253,13 @@ def idle_notes(parser: argparse.ArgumentParser, args) -> list[str]:
     """One line per reason, naming the flags set away from their defaults that this
     run does not read."""
     eager_free = not args.sweep_rates and strategy_name(args) not in ("bamboo", "auto", "all")
+    replica_free = not args.sweep_rates and strategy_name(args) not in ("bamboo", "lazy", "auto", "all")
     rules = ((not args.sweep_rates, ("nodes", "seeds"), "they are for --sweep-rates"),
              (args.sweep_rates, ("trace", "trace_format", "hours", "strategy"),
               "--sweep-rates runs every strategy on synthetic traces of its own"),
-             (eager_free, ("frc",), "it places eager Bamboo's FRC (--strategy bamboo, auto or all)"))
+             (eager_free, ("frc",), "it places eager Bamboo's FRC (--strategy bamboo, auto or all)"),
+             (replica_free, ("replica_sync",), "only Bamboo's replicas are synced (--strategy bamboo, lazy, auto "
+                                               "or all)"))
     return said_idle(changed_flags(parser, args), rules)
 
 
@@ -281,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = sweep(model_profile(args), args.stages, nodes, args.seeds, options)
             out = {"model": args.model, "stages": args.stages, "nodes": nodes, "sweep": rows,
                    "notice_seconds": options.notice_seconds, "max_stages_per_node": options.max_stages,
-                   "rollback": options.rollback, "frc": options.frc,
+                   "rollback": options.rollback, "frc": options.frc, "replica_sync": options.replica_sync,
                    "profile": profile(args.model, args.profile).sources()}
             if args.plot:
                 out["plots"] = [plot_sweep(rows, args.plot, f"{args.model}, P={args.stages}, {nodes} spot nodes")]

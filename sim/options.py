@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schedules.redundancy import FRC_MODES
+from schedules.syncs import SYNC_MODES
 
 from sim.profiles import NETWORK, PCIE
 
@@ -35,6 +36,8 @@ class Options:
     rollback: str = "memory"            # a stage lost everywhere: from the checkpoint copies in peers' memory,
                                         # or "relaunch" (every process restarts and reads storage)
     frc: str = "bubbles"                # eager: FRC only where it fits the bubbles, or for every microbatch (all)
+    replica_sync: str = "end"           # eager and lazy: each replica's sync at the iteration's end, or in the next
+                                        # one (its window charged: sim/windows.py)
 
     def check(self) -> None:
         """Raise ValueError naming the first option that cannot be used."""
@@ -53,6 +56,8 @@ class Options:
             raise ValueError(f"--notice-seconds must not be negative (got {self.notice_seconds})")
         if self.frc not in FRC_MODES:
             raise ValueError(f"--frc must be one of {', '.join(FRC_MODES)} (got {self.frc!r})")
+        if self.replica_sync not in SYNC_MODES:
+            raise ValueError(f"--replica-sync must be one of {', '.join(SYNC_MODES)} (got {self.replica_sync!r})")
         if self.rollback not in ROLLBACKS:
             raise ValueError(f"--rollback must be one of {', '.join(ROLLBACKS)} (got {self.rollback!r})")
         if self.checkpoint_seconds is not None and not self.checkpoint_seconds > 0:

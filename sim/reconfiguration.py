@@ -70,12 +70,14 @@ def memory_copies(config: Config, zones: dict[str, str]) -> dict[int, set[str]]:
     return out
 
 
-def lost_everywhere(depth: int, deaths: list[set[int]]) -> frozenset[int]:
+def lost_everywhere(depth: int, deaths: list[set[int]], stale: list[set[int]] | None = None) -> frozenset[int]:
     """Stages with no live copy in any pipeline: lost in each one (`deaths`: the
-    stage positions that died in each pipeline)."""
+    stage positions that died in each pipeline; `stale`: those of them whose replica
+    was a step behind, sim/windows.py)."""
     if not deaths:
         return frozenset()
-    return frozenset.intersection(*(Layout.lost(depth, dead) for dead in deaths))
+    stale = stale or [set() for _ in deaths]
+    return frozenset.intersection(*(Layout.lost(depth, dead) | behind for dead, behind in zip(deaths, stale)))
 
 
 def handover_seconds(profile, depth: int) -> float:

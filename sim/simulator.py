@@ -33,6 +33,7 @@ from sim.strategies import STRATEGIES as SPOT_AND_ON_DEMAND
 from sim.strategies import Spot
 from sim.reconfiguration import memory_copies, shape, used_nodes
 from sim.traces import Event
+from sim.windows import Window, stage_windows
 
 __all__ = ["STRATEGIES", "ClusterSimulator", "Options"]
 
@@ -60,7 +61,7 @@ class ClusterSimulator:
     def iteration_seconds(self, pipelines: int, merged: bool = False, mode: str | None = None) -> float:
         """One iteration of `pipelines` full pipelines in `mode` (default: the strategy's)."""
         mode = mode or self.rules.redundancy
-        return _iteration_ms(self.profile, self.P, pipelines, mode, merged, self.opt.frc) / 1000
+        return _iteration_ms(self.profile, self.P, pipelines, mode, merged, self.opt.frc, self._sync(mode)) / 1000
 
     def config_seconds(self, config: Config, mode: str | None = None) -> float:
         """One iteration of `config`'s pipelines, short ones included, the microbatches
@@ -77,7 +78,17 @@ class ClusterSimulator:
         """The share of a pipeline's microbatches that eager runs no FRC for (a death
         then recomputes their forwards as lazy does): 0 with --frc all; with
         bubbles, what the schedule's placement leaves out, over the nodes."""
-        return _uncovered(self.profile, self.P, pipelines, self.opt.frc)
+        return _uncovered(self.profile, self.P, pipelines, self.opt.frc, self._sync("eager"))
+
+    def windows(self, pipelines: int, mode: str | None = None) -> tuple[Window, ...]:
+        """Each stage's window of deaths not survivable in the iteration (sim/windows.py):
+        none unless --replica-sync next."""
+        mode = mode or self.rules.redundancy
+        return stage_windows(self.profile, self.P, pipelines, mode, self.opt.frc, self._sync(mode))
+
+    def _sync(self, mode: str) -> str:
+        """The replica sync the schedules of `mode` compile with (off has none)."""
+        return "end" if mode == "off" else self.opt.replica_sync
 
     def config_throughput(self, config: Config | None, mode: str | None = None) -> float:
         """Samples per second of `config` while nothing fails (0 while it cannot train)."""
@@ -102,7 +113,8 @@ class ClusterSimulator:
         """Milliseconds of an iteration of `pipelines` (each: the node of every stage):
         the schedule simulator's, and the policy's estimate."""
         shapes = tuple(shape(pipe) for pipe in pipelines)
-        return _config_ms(self.profile, self.P, shapes, mode or self.rules.redundancy, self.opt.frc)
+        mode = mode or self.rules.redundancy
+        return _config_ms(self.profile, self.P, shapes, mode, self.opt.frc, self._sync(mode))
 
     def profile_microbatches(self) -> int | None:
         return getattr(self.profile, "microbatches", None)
@@ -313,35 +325,36 @@ def with_notices(events: list[Event], seconds: float) -> list[Event]:
 
 
 @lru_cache(maxsize=None)
-def _config_ms(profile, depth: int, shapes: tuple[tuple[int, ...], ...], redundancy: str, frc: str) -> float:
+def _config_ms(profile, depth: int, shapes: tuple[tuple[int, ...], ...], redundancy: str, frc: str,
+               sync: str) -> float:
     """The slowest pipeline's iteration, each pipeline given its share of the global
     microbatches by speed; `shapes`: each pipeline's stages per node, in stage order."""
     pipelines = [tuple(i for i, count in enumerate(sizes) for _ in range(count)) for sizes in shapes]
     total = getattr(profile, "microbatches", None) or 4 * len(pipelines)
     if isinstance(profile, MeasuredProfile):  # measured full pipelines, scaled by the estimate
         shares = split_by_speed(total, pipelines)
-        full = _iteration_ms(profile, depth, len(pipelines), redundancy, False, frc)
+        full = _iteration_ms(profile, depth, len(pipelines), redundancy, False, frc, sync)
         even = estimated_slots(tuple(range(depth)), -(-total // len(pipelines)))
         return full * max(estimated_slots(p, len(m)) for p, m in zip(pipelines, shares)) / even
 
     def duration(pipeline, microbatches: int) -> float:
         return _pipeline_ms(profile, depth, len(pipelines), tuple(sorted(merged(pipeline))), microbatches, redundancy,
-                            frc)
+                            frc, sync)
     shares = split_by_speed(total, pipelines, duration)
     return max(duration(p, len(m)) for p, m in zip(pipelines, shares))
 
 
 @lru_cache(maxsize=None)
 def _pipeline_ms(profile, depth: int, pipelines: int, merged_stages: tuple[int, ...], microbatches: int,
-                 redundancy: str, frc: str) -> float:
+                 redundancy: str, frc: str, sync: str) -> float:
     """One pipeline's iteration under the cost model of `pipelines` pipelines."""
     schedule = compile_schedule(depth, microbatches, merged_stages, redundancy, cost=profile.cost(depth, pipelines),
-                                frc=frc)
+                                frc=frc, sync=sync)
     return simulate_schedule(schedule).makespan
 
 
 @lru_cache(maxsize=None)
-def _iteration_ms(profile, depth: int, pipelines: int, redundancy: str, merged: bool, frc: str) -> float:
+def _iteration_ms(profile, depth: int, pipelines: int, redundancy: str, merged: bool, frc: str, sync: str) -> float:
     if isinstance(profile, MeasuredProfile):
         known = dict(profile.iteration_ms)
         return known.get(pipelines) or known[min(known, key=lambda d: abs(d - pipelines))]
@@ -349,12 +362,12 @@ def _iteration_ms(profile, depth: int, pipelines: int, redundancy: str, merged: 
     cost = profile.cost(depth, pipelines)
     failed = (1,) if merged else ()
     schedule = compile_schedule(depth, microbatches, failed, redundancy if not merged else "eager", cost=cost,
-                                frc=frc)
+                                frc=frc, sync=sync)
     return simulate_schedule(schedule).makespan
 
 
 @lru_cache(maxsize=None)
-def _uncovered(profile, depth: int, pipelines: int, frc: str) -> float:
+def _uncovered(profile, depth: int, pipelines: int, frc: str, sync: str) -> float:
     """The mean share of microbatches without FRC over the nodes of a full pipeline
     (a measured profile: placed on the compiler's default cost model)."""
     if frc == "all":
@@ -362,6 +375,6 @@ def _uncovered(profile, depth: int, pipelines: int, frc: str) -> float:
     total = getattr(profile, "microbatches", None) or 4 * pipelines
     microbatches = math.ceil(total / pipelines)
     cost = profile.cost(depth, pipelines) if isinstance(profile, Profile) else CostModel()
-    schedule = compile_schedule(depth, microbatches, (), "eager", cost=cost, frc=frc)
+    schedule = compile_schedule(depth, microbatches, (), "eager", cost=cost, frc=frc, sync=sync)
     covered = [len(schedule.frc_microbatches(n)) for n in schedule.streams]
     return 1 - sum(covered) / (len(covered) * microbatches)

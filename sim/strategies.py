@@ -43,6 +43,7 @@ from sim.profiles import MeasuredProfile, Profile
 from sim.reconfiguration import (dead_stages, handover_seconds, lost_everywhere, nodes_dead, positions_dead,
                                  stages_moved, used_nodes)
 from sim.traces import Event
+from sim.windows import Window, stale
 
 
 class Simulation(Protocol):
@@ -62,6 +63,7 @@ class Simulation(Protocol):
     def throughput(self, pipelines: int) -> float: ...
     def config_throughput(self, config: Config | None, mode: str | None = None) -> float: ...
     def uncovered(self, pipelines: int) -> float: ...
+    def windows(self, pipelines: int, mode: str | None = None) -> tuple[Window, ...]: ...
     def next_config(self, live: dict[str, str], previous: Config | None) -> Config: ...
     @property
     def restart_seconds(self) -> float: ...
@@ -150,19 +152,22 @@ class Bamboo(PeerRecovery):
                   removed: set[str]) -> float:
         """Seconds lost to the deaths in `removed`: a merged iteration where one node of a
         pipeline died and its replicas cover it (with eager, plus the dead stage's
-        forwards that had no FRC), a redo where they do not, a rollback where a stage
-        died everywhere."""
+        forwards that had no FRC), a redo where they do not (a replica a step behind,
+        with --replica-sync next, included), a rollback where a stage died everywhere."""
         depth = config.depth  # below P when too few nodes were left: they wait, holding the state
         pipelines = len(config.pipelines)
         deaths = dead_stages(config, removed)
-        redo = [count > 1 or bool(Layout.lost(depth, dead)) for count, dead in zip(nodes_dead(config, removed), deaths)]
+        behind = stale(sim.windows(pipelines, self.redundancy), positions_dead(config, removed),
+                       s.phase(sim.profile.samples_per_iteration()))
+        redo = [count > 1 or bool(Layout.lost(depth, dead) | late)
+                for count, dead, late in zip(nodes_dead(config, removed), deaths, behind)]
         pause = 0.0
         for dead, redone in zip(deaths, redo):
             if dead and not redone:
                 pause = max(pause, sim.iteration_seconds(pipelines, merged=True) + self._unplaced(sim, config, removed))
             elif redone:  # abandoned: redone from copies elsewhere
                 pause = max(pause, sim.opt.failure_timeout + sim.iteration_seconds(pipelines))
-        if lost := lost_everywhere(depth, deaths):
+        if lost := lost_everywhere(depth, deaths, behind):
             s.rewind()  # back to the checkpoint
             return sim.rollback_seconds(lost, live)
         if any(redo):

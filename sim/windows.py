@@ -1,0 +1,77 @@
+"""With `--replica-sync next`, the part of an iteration in which a node's death is
+not survivable within it, and what the cluster simulator charges for it.
+
+The sync of iteration i lands in iteration i+1 (schedules/syncs.py). Until the sync
+a stage's owner sends at the start of its stream has landed on the holder, the
+holder's replica is a step behind: an owner that dies then cannot be taken over in
+the iteration (schedules/recovery.py refuses it). With more than one pipeline a
+death after the owner's reduce is one too: its share of the sum went into the
+reduce, and the holder can recompute only its own pipeline's (HOTPATH.md, piece 4).
+
+The windows come from the fault-free schedule of a full pipeline under the
+profile's cost model (a measured profile: the compiler's default model), stage by
+stage. Where in its iteration a death falls is read from the samples trained since
+the last iteration began (`RunState.phase`), so a replay stays deterministic. A
+death in its window makes the stage count as lost in that pipeline: redone from a
+peer pipeline, or, where every pipeline lost it (one pipeline included), rolled
+back to the checkpoint.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from functools import lru_cache
+from typing import NamedTuple
+
+from schedules.compiler import compile_schedule
+from schedules.compiler import simulate as simulate_schedule
+from schedules.cost import CostModel
+from schedules.ir import Op
+
+from sim.profiles import Profile
+
+
+class Window(NamedTuple):
+    """A stage's window, as shares of the iteration: a death of its owner before
+    `landed` or from `reduced` on is not survivable in the iteration."""
+    landed: float   # the owner's sync of the iteration before has landed on the holder
+    reduced: float  # the owner's reduce has ended (1.0 with one pipeline: no reduce to lose)
+
+    def holds(self, phase: float) -> bool:
+        return phase < self.landed or phase >= self.reduced
+
+    @property
+    def share(self) -> float:
+        return self.landed + 1.0 - self.reduced
+
+
+@lru_cache(maxsize=None)
+def stage_windows(profile, depth: int, pipelines: int, redundancy: str, frc: str,
+                  sync: str) -> tuple[Window, ...]:
+    """Each stage's window in a fault-free iteration of one of `pipelines` full
+    pipelines; none (empty) with the sync at the end or without replicas."""
+    if sync != "next" or redundancy == "off":
+        return ()
+    total = getattr(profile, "microbatches", None) or 4 * pipelines
+    cost = profile.cost(depth, pipelines) if isinstance(profile, Profile) else CostModel()
+    schedule = compile_schedule(depth, math.ceil(total / pipelines), (), redundancy, cost=cost, frc=frc, sync=sync)
+    report = simulate_schedule(schedule)
+    landed, reduced = [0.0] * depth, [report.makespan] * depth
+    for span in report.spans:
+        if span.instr.op is Op.SEND_SYNC:
+            landed[span.instr.stage] = span.end + cost.sync_transfer
+        elif span.instr.op is Op.REDUCE_GRADS and pipelines > 1:
+            reduced[span.instr.stage] = span.end
+    return tuple(Window(min(1.0, a / report.makespan), b / report.makespan) for a, b in zip(landed, reduced))
+
+
+def stale(windows: tuple[Window, ...], dead: list[set[int]], phase: float) -> list[set[int]]:
+    """Of each pipeline's dead stage positions, those whose death fell in their window."""
+    if not windows:
+        return [set() for _ in dead]
+    return [{st for st in stages if st < len(windows) and windows[st].holds(phase)} for stages in dead]
+
+
+def mean_share(windows: tuple[Window, ...]) -> float:
+    """The share of deaths that fall in a window, when deaths come at any time to any stage."""
+    return statistics.mean(w.share for w in windows) if windows else 0.0

@@ -1,0 +1,135 @@
+"""The cluster simulator with `--replica-sync next` (sim/windows.py): the fault-free
+iteration is off's, and a death before the owner's sync landed (or, with two
+pipelines, after its reduce) is charged a rollback or a redo instead of a failover."""
+import json
+
+import pytest
+
+from schedules.compiler import compile_recovery, compile_schedule, simulate
+from schedules.ir import Op
+from schedules.simulator import ScheduleError
+
+from agents.policy import Config
+from sim.accounting import RunState
+from sim.cli import main
+from sim.profiles import PROFILES, profile
+from sim.simulator import ClusterSimulator, Options
+from sim.windows import Window, stale, stage_windows
+
+BERT = PROFILES["bert-large"]
+WHOLE = {"max_stages": 1, "rollback": "relaunch"}
+P3 = "traces/ec2-p3-trace.csv"
+
+
+def off_schedule(pipelines):
+    cost = BERT.cost(2, pipelines)
+    return cost, simulate(compile_schedule(2, -(-BERT.microbatches // pipelines), (), "off", cost=cost))
+
+
+@pytest.mark.parametrize("pipelines", [1, 2])
+def test_the_windows_are_the_sync_s_flight_and_the_time_after_the_reduce(pipelines):
+    """Against off's schedule, which has no sync: the sync, sent first, lands one
+    transfer into an iteration as long as off's; the reduce ends where off's does."""
+    cost, off = off_schedule(pipelines)
+    windows = stage_windows(BERT, 2, pipelines, "eager", "bubbles", "next")
+    reduces = {s.node: s.end for s in off.spans if s.instr.op is Op.REDUCE_GRADS}
+    for stage, w in enumerate(windows):
+        assert w.landed == pytest.approx(cost.sync_transfer / off.makespan, rel=1e-9)
+        assert w.reduced == (pytest.approx(reduces[stage] / off.makespan, rel=1e-9) if pipelines > 1 else 1.0)
+    assert stage_windows(BERT, 2, pipelines, "eager", "bubbles", "end") == ()
+    assert stage_windows(BERT, 2, pipelines, "off", "bubbles", "next") == ()
+
+
+def test_the_recovery_compiler_refuses_the_cut_the_window_starts_with():
+    """The window's first instant, an owner dead before its first instruction (the
+    sync), is what schedules/recovery.py refuses; a cut after it recovers."""
+    cost = BERT.cost(4, 1)
+    for node in range(4):
+        with pytest.raises(ScheduleError, match="a step behind"):
+            compile_recovery(4, 6, node, 0, redundancy="eager", cost=cost, sync="next")
+        compile_recovery(4, 6, node, 1, redundancy="eager", cost=cost, sync="next")
+    assert all(w.landed > 0 for w in stage_windows(BERT, 4, 1, "eager", "bubbles", "next"))
+
+
+def test_a_fault_free_iteration_costs_off_s_with_the_sync_in_the_next_one():
+    gpt2 = profile("gpt2")
+    for pipelines in (1, 2):
+        late = ClusterSimulator(gpt2, 8, "bamboo", Options(replica_sync="next"))
+        end = ClusterSimulator(gpt2, 8, "bamboo")
+        off = late.iteration_seconds(pipelines, mode="off")
+        assert late.iteration_seconds(pipelines) == pytest.approx(off, rel=1e-3)
+        assert end.iteration_seconds(pipelines) > 1.04 * off  # the sync at the end is on the critical path
+
+
+def test_stale_keeps_the_dead_stages_whose_death_fell_in_their_window():
+    windows = (Window(0.2, 1.0), Window(0.2, 0.9))
+    assert stale(windows, [{0, 1}, {1}], 0.1) == [{0, 1}, {1}]
+    assert stale(windows, [{0, 1}, {1}], 0.5) == [set(), set()]
+    assert stale(windows, [{0, 1}, set()], 0.95) == [{1}, set()]
+    assert stale((), [{0}], 0.1) == [set()]
+
+
+def react(sync, pipelines, removed, phase):
+    """One batch of deaths at `phase` of the iteration, 50 samples saved."""
+    sim = ClusterSimulator(BERT, 2, "bamboo", Options(replica_sync=sync, **WHOLE))
+    per = BERT.samples_per_iteration()
+    s = RunState(samples=100 * per + phase * per, saved=50.0)
+    nodes = [f"n{i}" for i in range(2 * pipelines)]
+    config = Config(0, 2, tuple(tuple(nodes[2 * p:2 * p + 2]) for p in range(pipelines)))
+    live = {n: "a" for n in nodes if n not in removed}
+    sim.rules.react(sim, s, config, live, set(removed))
+    return sim, s
+
+
+def test_one_pipeline_rolls_back_for_a_death_in_the_window_and_fails_over_after_it():
+    window = stage_windows(BERT, 2, 1, "eager", "bubbles", "next")[1]
+    sim, s = react("next", 1, {"n1"}, window.landed / 2)
+    assert (s.fatal, s.samples) == (1, 50.0)
+    sim, s = react("next", 1, {"n1"}, (window.landed + 1) / 2)
+    assert s.fatal == 0 and s.redos == 0
+    assert s.paused_until == pytest.approx(sim.iteration_seconds(1, merged=True) + sim.uncovered(1)
+                                           * sim.iteration_seconds(1, mode="off") / (3 * 2))
+    _, s = react("end", 1, {"n1"}, window.landed / 2)  # the sync at the end: a failover anywhere
+    assert s.fatal == 0 and s.redos == 0
+
+
+def test_two_pipelines_redo_a_death_after_the_reduce_and_roll_back_a_stage_stale_in_both():
+    window = stage_windows(BERT, 2, 2, "eager", "bubbles", "next")[1]
+    assert window.reduced < 1.0
+    late = (window.reduced + 1) / 2
+    sim, s = react("next", 2, {"n1"}, late)  # stage 1 of the first pipeline, after its reduce
+    assert (s.fatal, s.redos) == (0, 1)
+    assert s.paused_until == pytest.approx(sim.opt.failure_timeout + sim.iteration_seconds(2))
+    _, s = react("end", 2, {"n1"}, late)
+    assert (s.fatal, s.redos) == (0, 0)
+    _, s = react("next", 2, {"n1", "n3"}, window.landed / 2)  # stage 1 a step behind in both pipelines
+    assert (s.fatal, s.samples) == (1, 50.0)
+    _, s = react("end", 2, {"n1", "n3"}, window.landed / 2)  # nodes 0 and 2 hold stage 1 current
+    assert s.fatal == 0
+
+
+def test_bamboo_sim_prints_the_sync_and_notes_it_where_no_replica_is_synced(capsys):
+    assert main(["--trace", P3, "--hours", "2", "--stages", "4", "--replica-sync", "next"]) == 0
+    assert json.loads(capsys.readouterr().out)["replica_sync"] == "next"
+    assert main(["--trace", P3, "--hours", "2", "--stages", "4", "--strategy", "redo", "--replica-sync", "next"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["bamboo-sim: note: --replica-sync does nothing in this run: only Bamboo's replicas are synced "
+                   "(--strategy bamboo, lazy, auto or all)"]
+    with pytest.raises(SystemExit) as stop:
+        main(["--trace", P3, "--replica-sync", "later"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and "--replica-sync" in err[0]
+    with pytest.raises(ValueError, match="--replica-sync"):
+        Options(replica_sync="later").check()
+
+
+def test_auto_picks_eager_once_the_sync_is_off_the_critical_path(capsys):
+    """Whole pipelines on the p3 trace: with the sync at the end auto runs off (redo),
+    with it in the next iteration eager, whose iteration is then off's."""
+    whole = ["--trace", P3, "--hours", "3", "--strategy", "auto", "--max-stages-per-node", "1",
+             "--notice-seconds", "0", "--rollback", "relaunch"]
+    modes = {}
+    for sync in ("end", "next"):
+        assert main(whole + ["--replica-sync", sync]) == 0
+        modes[sync] = set(json.loads(capsys.readouterr().out)["hours_per_mode"])
+    assert modes == {"end": {"off"}, "next": {"eager"}}
