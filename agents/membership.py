@@ -35,11 +35,12 @@ def from_policy(c: Config, start: int, failed, gone=None, restore: str = "peers"
                       failed if gone is None else tuple(sorted(int(n) for n in gone)), restore)
 
 
-def lost_everywhere(assignment: Assignment, failed, redundancy: str) -> frozenset[int]:
-    """Stages no live node holds once `failed` died: lost in every pipeline."""
+def lost_everywhere(assignment: Assignment, failed, redundancy: str, taken=None) -> frozenset[int]:
+    """Stages no live node holds once `failed` died: lost in every pipeline
+    (`taken`: see Assignment.holders)."""
     lost = frozenset(range(assignment.depth))
     for j in range(len(assignment.pipelines)):
-        lost &= assignment.lost(j, failed, redundancy)
+        lost &= assignment.lost(j, failed, redundancy, taken)
     return lost
 
 
@@ -171,21 +172,40 @@ class Membership:
         when some stage is held by no live node, from the newest complete
         checkpoint, in the live nodes' memory or else in storage (the iterations
         after it are run again)."""
+        taken = self._taken(cfg, previous, basis, it, redo)
         basis = basis or previous
         config = next_config(self.live(failed), to_policy(previous), cfg.stages, cfg.microbatches,
                              cfg.max_stages_per_node, hosts=self.hosts())
         if config.depth < 2:
             return  # a pipeline needs two nodes: wait for more (the workers wait for this epoch)
         start, restore = (it if redo else it + 1), "peers"
-        if lost_everywhere(basis, set(before) | set(failed), basis.mode(cfg.redundancy)):
+        if lost_everywhere(basis, set(before) | set(failed), basis.mode(cfg.redundancy), taken):
             holders = (set(basis.members) | {int(n) for p in config.pipelines for n in p}) - set(failed) - set(before)
             (start, restore), redo = self._restore_point(cfg, start, holders), True
         new = from_policy(config, start, before, failed, restore)
         wanted = self.cluster.get(MODE(it - 1))  # what the boundary of `it` compared with (auto)
         mode = self._mode_for(cfg, it, new, ModeStats(**wanted.stats) if wanted else None, wanted)
-        new = Assignment(**{**new.__dict__, "redo": redo, "layers_from": basis.epoch, "redundancy": mode})
+        new = Assignment(**{**new.__dict__, "redo": redo, "layers_from": basis.epoch, "redundancy": mode,
+                            "taken": tuple(sorted(taken or ()))})
         clear = [(family(start), family(it + 1)) for family in ITERATION_FAMILIES]  # iterations start..it
         self.cluster.create_clearing(ASSIGNMENT(new.epoch), new, clear)
+
+    def _taken(self, cfg: JobConfig, previous: Assignment, basis: Assignment | None, it: int,
+               redo: bool) -> tuple[int, ...] | None:
+        """--replica-sync next: the dead whose stage a survivor took over inside the
+        last iteration that completed in `previous` (its takers' failover events), the
+        only dead whose stage a live node holds up to date (Assignment.holders). Any
+        other death (in a sync's window, or between iterations) took the stage's
+        newest weights along. None with the sync at the end: every replica counts."""
+        if cfg.replica_sync != "next":
+            return None
+        if basis is not None and basis is not previous:  # nobody entered `previous`: its basis's holds
+            return previous.taken
+        last = it - 1 if redo else it
+        if last < previous.start:
+            return ()
+        reports = self.cluster.children(DONE(last)).values()
+        return tuple(sorted({e["node"] for r in reports for e in r.events if e["type"] == "failover"}))
 
     def observe_modes(self, cfg: JobConfig) -> None:
         """--redundancy auto: fold every iteration whose boundary was reached into the

@@ -117,12 +117,11 @@ def metric_sinks(args) -> tuple:
 
 
 def check_replica_sync(args, tied: bool) -> None:
-    """--replica-sync next runs, for now, where nothing shares the step phase and no
-    agent changes the epoch under a sync still owed (docs/HOTPATH.md's plan)."""
+    """--replica-sync next runs, for now, where nothing shares the step phase, with
+    one pipeline and a fixed mode (docs/HOTPATH.md's plan)."""
     if args.replica_sync != "next" or args.stages == 1 or args.redundancy == "off":
         return
-    for bad, why in ((args.local_nodes is not None or args.local_hosts, "agents (--local-nodes, --local-hosts)"),
-                     (args.redundancy == "auto", "--redundancy auto"), (args.precision == "fp16", "fp16"),
+    for bad, why in ((args.redundancy == "auto", "--redundancy auto"), (args.precision == "fp16", "fp16"),
                      (bool(args.grad_clip), "--grad-clip"), (tied, "a model with tied weights"),
                      (args.compute_ahead, "--compute-ahead"), (args.check_replicas, "--check-replicas"),
                      (args.pipelines > 1, "--pipelines above 1 (a death after the reduce)")):

@@ -34,6 +34,8 @@ class Assignment:
     redo: bool = False                          # the epoch starts by running again an abandoned iteration
     layers_from: int = -1                       # the epoch whose layout the nodes' layers follow (-1: none yet)
     redundancy: str = ""                        # the epoch's mode (eager, lazy, off); "": the job's --redundancy
+    taken: tuple[int, ...] = ()                 # of `failed`, those a survivor took over inside an iteration that
+                                                # completed (--replica-sync next: see `holders`)
 
     @classmethod
     def static(cls, stages: int, pipelines: int, start: int = 0) -> "Assignment":
@@ -90,28 +92,41 @@ class Assignment:
         layout = Layout(len(pipe), self.merged(j), keeps_replicas(redundancy))
         return tuple(sorted(set(layout.owned(first)) | set(layout.held(first))))
 
-    def holders(self, failed, redundancy: str = "eager") -> dict[int, set[int]]:
+    def holders(self, failed, redundancy: str = "eager", taken=None) -> dict[int, set[int]]:
         """node -> the stages it holds up to date, for the live nodes. With
         redundancy node s holds stage s and stage s + 1 whatever failed: the replica
-        is synced while its owner lives and owned once the node took it over."""
+        is synced while its owner lives and owned once the node took it over.
+        `taken` (--replica-sync next): a replica is a step behind its owner at a
+        boundary (the last sync is owed), so a node holds up to date only the
+        stages it runs, and those of the dead in `taken` it took over."""
         dead = {int(n) for n in failed}
-        return {n: set(self.stages_of(n, redundancy)) for n in self.members if n not in dead}
+        return {n: self.current(n, redundancy, taken) for n in self.members if n not in dead}
 
-    def lost(self, pipeline: int, failed, redundancy: str = "eager") -> frozenset[int]:
+    def current(self, node: int, redundancy: str = "eager", taken=None) -> set[int]:
+        """The stages `node` holds up to date (see `holders`; None: every replica synced)."""
+        if taken is None:
+            return set(self.stages_of(node, redundancy))
+        j, first = self.slot(node)
+        pipe = self.pipelines[j]
+        took = {s for s, n in enumerate(pipe) if n in {int(t) for t in taken}}
+        layout = Layout(len(pipe), self.merged(j) | took, keeps_replicas(redundancy))
+        return set(layout.owned(first))
+
+    def lost(self, pipeline: int, failed, redundancy: str = "eager", taken=None) -> frozenset[int]:
         """Stages no live node of `pipeline` holds once the nodes `failed` died."""
         dead = {int(n) for n in failed}
-        held = {s for n in set(self.pipelines[pipeline]) - dead for s in self.stages_of(n, redundancy)}
+        held = {s for n in set(self.pipelines[pipeline]) - dead for s in self.current(n, redundancy, taken)}
         return frozenset(range(self.depth)) - held
 
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "start": self.start, "pipelines": [list(p) for p in self.pipelines],
                 "standby": list(self.standby), "failed": list(self.failed), "gone": list(self.gone),
                 "restore": self.restore, "redo": self.redo, "layers_from": self.layers_from,
-                "redundancy": self.redundancy}
+                "redundancy": self.redundancy, "taken": list(self.taken)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Assignment":
         return cls(int(d["epoch"]), int(d["start"]), tuple(tuple(int(n) for n in p) for p in d["pipelines"]),
                    tuple(int(n) for n in d.get("standby", ())), tuple(int(n) for n in d.get("failed", ())),
                    tuple(int(n) for n in d.get("gone", ())), d.get("restore", "peers"), bool(d.get("redo")),
-                   int(d.get("layers_from", -1)), d.get("redundancy", ""))
+                   int(d.get("layers_from", -1)), d.get("redundancy", ""), tuple(int(n) for n in d.get("taken", ())))

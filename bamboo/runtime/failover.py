@@ -188,7 +188,7 @@ class Failover:
 
     def _check_owed(self, iteration: int, failed: tuple[Local, ...], owed: bool) -> None:
         """--replica-sync next: a node dead since the last iteration took its sync of
-        it along, and its holder's replica is a step behind (agents do not run it yet)."""
+        it along: its holder's replica is a step behind (agents count the stage lost)."""
         for dead in sorted(set(failed) - set(self.now.failed)) if self.sync == "next" and owed and self.now else ():
             raise Unsurvivable(f"node {self.node_of(dead)} died between iterations before its sync of iteration "
                                f"{iteration - 1} reached node {self.node_of(Local((dead - 1) % self.P))}, whose "

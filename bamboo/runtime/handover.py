@@ -2,7 +2,9 @@
 
 Every live node knows, from the previous assignment and the failed set, which
 layers each node holds up to date, and from the next assignment which layers each
-node needs. The plan is the same on every node: each missing (node, layer) pair is
+node needs. (With --replica-sync next a replica is a step behind at a boundary, so
+it is not up to date: every replica of the new epoch is sent by its stage's owner,
+and the new epoch's first iteration owes no sync.) The plan is the same on every node: each missing (node, layer) pair is
 sent by a holder, spreading the sends over holders. Parameters and AdamW state
 travel together, serialised as a checkpoint layer is, over a gloo group of every
 node that sends or receives.
@@ -107,7 +109,8 @@ def exchange(cluster: Cluster, node: int, holdings, new: Assignment, old: Assign
     checkpoint copies the live nodes keep, and every layer a member needs comes
     from them (its own copy, or a peer's), none from the layers it runs."""
     if copies is None:
-        live = old.holders(new.failed, holdings.mode(old)).items() if old else ()
+        taken = new.taken if holdings.cfg.replica_sync == "next" else None  # replicas a step behind: not sources
+        live = old.holders(new.failed, holdings.mode(old), taken).items() if old else ()
         have = {n: holdings.layers_of(old.depth, stages) for n, stages in live if n not in new.gone}
     else:
         have = copies.held(new, old)

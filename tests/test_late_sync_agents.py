@@ -1,0 +1,91 @@
+"""`--replica-sync next` with elastic agents, end to end: real agents, workers, etcd
+and SIGKILLs, each run compared with the single-process reference on the same
+samples (float64, a cosine schedule with warm-up: every iteration its own rate).
+
+At a boundary a replica is a step behind its owner (the last sync is owed), so a
+new epoch takes every replica from its owner (bamboo/runtime/handover.py), and a
+stage whose owner died without a survivor taking it over inside an iteration that
+completed counts as lost (agents/membership.py `_taken`)."""
+import pytest
+
+from schedules.compiler import compile_schedule
+from schedules.ir import Op
+
+from bamboo.control.assignment import Assignment
+from tests.training import bamboo_train
+
+P, M, ITERS = 3, 6, 12
+COMMON = ["--model", "tiny", "--stages", str(P), "--microbatches", str(M), "--iterations", str(ITERS),
+          "--seed", "7", "--dtype", "float64", "--lr-schedule", "cosine", "--warmup", "3"]
+AGENTS = ["--replica-sync", "next", "--zones", "a,b", "--max-stages-per-node", "1"]
+RTOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("late-agents-reference")
+    _, records = bamboo_train(tmp / "m.jsonl", *COMMON, "--stages", "1")
+    return records
+
+
+def final(records):
+    """The record of each iteration as it last ran (a redone iteration runs twice)."""
+    return list({r["iteration"]: r for r in records}.values())
+
+
+def assert_same_losses(records, reference):
+    records = final(records)
+    assert [r["iteration"] for r in records] == list(range(ITERS))
+    for got, want in zip(records, reference):
+        assert got["loss"] == pytest.approx(want["loss"], rel=RTOL), f"iteration {got['iteration']}"
+
+
+def first_backward(node: int) -> int:
+    """An instruction after `node`'s late sync (its stream's first) has landed."""
+    stream = compile_schedule(P, M, (), "eager", sync="next").streams[node]
+    assert stream[0].op is Op.SEND_SYNC
+    return next(i for i, x in enumerate(stream) if x.op is Op.BACKWARD)
+
+
+def test_replicas_kept_across_an_epoch_are_refreshed_from_their_owners(tmp_path, reference):
+    """4 nodes, P=3: one pipeline and a spare. Node 1 dies in iteration 3 after its
+    sync landed: node 0 takes the stage over, and the spare replaces node 1 in the
+    next epoch. Node 2 kept its replica of stage 0 across that epoch, a step behind
+    (node 0's sync of iteration 3 was never sent); the new epoch gives it node 0's
+    weights. Then node 0 dies in iteration 8 and node 2 runs stage 0 from that
+    replica: the losses are the reference's (a stale replica would not give them)."""
+    _, records = bamboo_train(tmp_path / "m.jsonl", *COMMON, *AGENTS, "--local-nodes", "4",
+                              "--preempt", f"1@3:{first_backward(1)}", "--preempt", f"0@8:{first_backward(0)}")
+    assert_same_losses(records, reference)
+    failovers = [(r["iteration"], e["node"], e["by"]) for r in records for e in r["events"] if e["type"] == "failover"]
+    assert failovers == [(3, 1, 0), (8, 0, 2)]
+    assert not [e for r in records for e in r["events"] if e["type"] == "redo"]
+
+
+def test_a_death_in_the_window_goes_back_to_the_checkpoint(tmp_path, reference):
+    """Node 1 dies in iteration 6 before its sync of iteration 5 left: node 0's
+    replica of its stage is a step behind, which no recovery mends, so the agents
+    go back to the checkpoint taken before iteration 4, and the job equals the
+    reference."""
+    _, records = bamboo_train(tmp_path / "m.jsonl", *COMMON, *AGENTS, "--local-nodes", "4",
+                              "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "4",
+                              "--preempt", "1@6:0")
+    redo = [e for r in records for e in r["events"] if e["type"] == "redo"]
+    assert redo == [{"type": "redo", "abandoned": 6, "from": 4, "restore": "checkpoint"}]
+    assert_same_losses(records, reference)
+
+
+def test_with_the_sync_in_the_next_iteration_only_what_a_node_runs_is_up_to_date():
+    """Assignment.holders: with the sync at the end (taken None) every node holds its
+    stage and its successor's; with it in the next iteration only its own, and a
+    dead successor's stage only once taken over inside a completed iteration."""
+    a = Assignment(1, 0, ((10, 11, 12),))
+    assert a.holders((11,), "eager") == {10: {0, 1}, 12: {0, 2}}
+    assert a.holders((11,), "eager", taken=()) == {10: {0}, 12: {2}}
+    assert a.holders((11,), "eager", taken=(11,)) == {10: {0, 1}, 12: {2}}
+    assert a.lost(0, (11,), "lazy") == frozenset()
+    assert a.lost(0, (11,), "lazy", taken=()) == {1}
+    assert a.lost(0, (11,), "lazy", taken=(11,)) == frozenset()
+    short = Assignment(1, 0, ((10, 10, 12),))  # node 10 runs stages 0 and 1
+    assert short.holders((), "eager", taken=()) == {10: {0, 1}, 12: {2}}
+    assert Assignment.from_dict(Assignment(2, 4, ((1, 2, 3),), taken=(5,)).to_dict()).taken == (5,)
