@@ -87,6 +87,21 @@ def test_died_before_from_message_counts():
         died_before(stream, {2: {"send_act": 1}, 0: {"send_grad": 1}})
 
 
+def test_a_late_sync_overtaken_by_later_sends_is_judged_alone():
+    """--replica-sync next: the sync of the iteration before leads the stream on a
+    channel of its own, so later sends may land before it. Landed, it counts as
+    run; not landed, the holder's replica is a step behind, whatever came after."""
+    stream = [ir.send_sync(1, 0), ir.recv_act(0, 0, 0), ir.forward(1, 0), ir.send_act(1, 0, 2)]
+    assert died_before(stream, {0: {"send_sync": 1}}, late=True) == 1
+    assert died_before(stream, {0: {"send_sync": 1}, 2: {"send_act": 1}}, late=True) == 4
+    with pytest.raises(Unsurvivable, match="had not arrived: that replica of its stage is then a step behind"):
+        died_before(stream, {2: {"send_act": 1}}, late=True)
+    with pytest.raises(Unsurvivable, match="a step behind"):
+        died_before(stream, {}, late=True)
+    with pytest.raises(Unsurvivable, match="out of order"):  # the sync at the end is ordered with the rest
+        died_before(stream, {2: {"send_act": 1}})
+
+
 def _failover(P=4, M=4):
     from schedules.compiler import compile_schedule
 

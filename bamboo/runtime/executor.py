@@ -120,7 +120,8 @@ class Executor(StepPhase):
                         comm.flush(failover.peer_gone)
                         continue
                     self._maybe_preempt(pc)
-                    if self.step_after_reduces and ins.op in STEP_PHASE and pc < self.it.last_owed:
+                    if self.step_after_reduces and ins.op in STEP_PHASE and pc < self.it.last_owed \
+                            and not self._late_sync(ins):
                         self.it.deferred.append(ins)
                     else:
                         self._execute(ins)
@@ -187,6 +188,11 @@ class Executor(StepPhase):
         stream = stream[:pc] + sends_first(stream[pc:], self._can_send)
         self._expect(stream)
         return stream
+
+    def _late_sync(self, ins: Instr) -> bool:
+        """--replica-sync next: the iteration before's sync and replica step, whose
+        gradients were tied and clipped at the owner's step: not this step phase's."""
+        return self.late and (ins.op is not Op.OPTIMIZER_STEP or ins.redundant)
 
     def _can_send(self, ins: Instr) -> bool:
         """Whether what `ins` sends is here already (a kept gradient or activation)."""

@@ -11,12 +11,11 @@ each survivor how to finish the iteration from where it stands.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 
 from schedules.compiler import compile_recovery, compile_schedule
 from schedules.cost import CostModel
-from schedules.ir import RECVS, SENDS, Instr
+from schedules.ir import RECVS, Instr
 from schedules.layout import ScheduleError
 from schedules.simulator import ValidationError
 
@@ -26,15 +25,12 @@ from bamboo.control.events import FailedOver
 from bamboo.control.exits import Fenced
 from bamboo.control.protocol import (ABORT, CUT, FAILED, FINISHED, LEASE_EXPIRED, Abort, Cut, Failure, Local, Mark,
                                      NodeId)
+from bamboo.runtime.cuts import Unsurvivable, died_before
 from bamboo.transport.comm import Comm
 
 LEASE_WAIT = 0.5  # seconds a wait on peers lasts before their leases are asked, and between asks
 WAIT_GAP = 0.2    # a pause this long between two asks of a waiting node ends its wait (recv asks every 50 ms)
 LINGER_WAKE = 0.1  # a lingering node looks at least this often (a watch wakes it sooner)
-
-
-class Unsurvivable(RuntimeError):
-    """A failure this pipeline cannot recover from inside the iteration."""
 
 
 class RecoveryBug(Exception):
@@ -98,27 +94,6 @@ class Watch:
     leases_checked: float = 0.0        # when peers' leases were last asked
     wait_began: float = 0.0            # the current wait on peers: when it began, ...
     waited: float = 0.0                # ... and when it last asked
-
-
-def died_before(stream: list[Instr], received: dict[int, dict[str, int]]) -> int:
-    """k such that the dead node's sends before k all arrived and none after did.
-    `received[peer][kind]` counts what `peer` got from it this iteration."""
-    seen: Counter = Counter()
-    k = 0
-    arrived_all_so_far = True
-    for i, ins in enumerate(stream):
-        if ins.op not in SENDS:
-            continue
-        n = seen[(ins.peer, ins.op)]
-        seen[(ins.peer, ins.op)] += 1
-        if received.get(ins.peer, {}).get(ins.op.value, 0) > n:
-            if not arrived_all_so_far:
-                raise Unsurvivable(f"node's messages arrived out of order (a later one, {ins}, "
-                                   "arrived after an earlier one was lost)")
-            k = i + 1
-        else:
-            arrived_all_so_far = False
-    return k
 
 
 class Failover:
@@ -386,7 +361,7 @@ class Failover:
         other error is a bug of ours and is raised as one, with what triggered it."""
         k = None
         try:
-            k = died_before(self.now.streams[dead], received)
+            k = died_before(self.now.streams[dead], received, late=self.compiled_sync == "next")
             return k, compile_recovery(self.P, self.now.microbatches, dead, k, self.failed, self.redundancy,
                                        cost=self.now.cost, frc=self.frc, sync=self.compiled_sync)
         except Unsurvivable as e:
