@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict
 
 from agents.modes import ModeStats, choose, estimates, observe, rollback_cost
-from agents.policy import Config, next_config
+from agents.policy import Config, next_config, slot_estimate
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
@@ -97,7 +97,7 @@ class Membership:
         zones = self.cluster.children(ZONES())
         live = {str(n): zones[n].zone for n in nodes}
         cfg = self.cluster.get(CONFIG())
-        config = next_config(live, None, cfg.stages, cfg.microbatches, cfg.max_stages_per_node, hosts=self.hosts())
+        config = self._policy(cfg, live, None)
         first = from_policy(config, 0, ())
         mode = self._mode_for(cfg, 0, first, ModeStats())
         self.cluster.create(ASSIGNMENT(0), Assignment(**{**first.__dict__, "redundancy": mode}))
@@ -174,8 +174,7 @@ class Membership:
         after it are run again)."""
         taken = self._taken(cfg, previous, basis, it, redo)
         basis = basis or previous
-        config = next_config(self.live(failed), to_policy(previous), cfg.stages, cfg.microbatches,
-                             cfg.max_stages_per_node, hosts=self.hosts())
+        config = self._policy(cfg, self.live(failed), to_policy(previous))
         if config.depth < 2:
             return  # a pipeline needs two nodes: wait for more (the workers wait for this epoch)
         start, restore = (it if redo else it + 1), "peers"
@@ -189,6 +188,14 @@ class Membership:
                             "taken": tuple(sorted(taken or ()))})
         clear = [(family(start), family(it + 1)) for family in ITERATION_FAMILIES]  # iterations start..it
         self.cluster.create_clearing(ASSIGNMENT(new.epoch), new, clear)
+
+    def _policy(self, cfg: JobConfig, live: dict[str, str], previous: Config | None) -> Config:
+        """The policy's next configuration for this job. With --replica-sync next one
+        pipeline at most: with two, a death after a stage's reduce would need a
+        peer's sum, which nothing fetches yet (docs/HOTPATH.md, piece 4)."""
+        one = cfg.replica_sync == "next" and cfg.redundancy != "off"
+        return next_config(live, previous, cfg.stages, 1 if one else cfg.microbatches, cfg.max_stages_per_node,
+                           slot_estimate(cfg.microbatches), hosts=self.hosts())
 
     def _taken(self, cfg: JobConfig, previous: Assignment, basis: Assignment | None, it: int,
                redo: bool) -> tuple[int, ...] | None:

@@ -89,3 +89,21 @@ def test_with_the_sync_in_the_next_iteration_only_what_a_node_runs_is_up_to_date
     short = Assignment(1, 0, ((10, 10, 12),))  # node 10 runs stages 0 and 1
     assert short.holders((), "eager", taken=()) == {10: {0, 1}, 12: {2}}
     assert Assignment.from_dict(Assignment(2, 4, ((1, 2, 3),), taken=(5,)).to_dict()).taken == (5,)
+
+
+@pytest.mark.parametrize("max_stages", [1, 2])
+def test_the_agents_form_one_pipeline_at_most_with_the_sync_in_the_next_iteration(max_stages):
+    """With two pipelines a death after a stage's reduce would need a peer's sum
+    (docs/HOTPATH.md, piece 4): the policy keeps the other nodes in standby."""
+    from types import SimpleNamespace
+
+    from agents.membership import Membership
+    from bamboo.control.config import JobConfig
+    live = {str(n): "abc"[n % 3] for n in range(7)}
+    shapes = {}
+    for sync in ("end", "next"):
+        cfg = JobConfig(stages=3, microbatches=6, replica_sync=sync, max_stages_per_node=max_stages)
+        config = Membership._policy(SimpleNamespace(hosts=dict), cfg, live, None)
+        shapes[sync] = (len(config.pipelines), len(config.standby))
+    assert shapes["end"][0] >= 2
+    assert shapes["next"] == (1, 4)

@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--network", action="store_true",
                     help="each machine in its own network namespace, etcd of three members; adds vanish, partition, "
                          "etcd-cut and etcd-member-kill (Linux, root)")
+    ap.add_argument("--replica-sync", choices=("end", "next"), default=Settings.replica_sync,
+                    help="the job's replica sync (next: in the next iteration; the agents form one pipeline)")
     ap.add_argument("--out", default=None, help="where failed trials keep their logs (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep every trial's logs and metrics, not only failed ones'")
     args = ap.parse_args(argv)
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bamboo-chaos: error: {why}", file=sys.stderr)
         return 2
     settings = Settings(nodes=args.nodes, faults=args.faults, iterations=args.iterations,
-                        per_host=args.workers_per_host, network=args.network)
+                        per_host=args.workers_per_host, network=args.network, replica_sync=args.replica_sync)
     trial = Trial
     if args.network:
         from bamboo.commands.chaos_network import NetworkTrial as trial

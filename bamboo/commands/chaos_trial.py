@@ -43,6 +43,7 @@ class Settings:
     per_host: int = 1       # nodes per machine (bamboo-train --local-hosts); 1: each node a machine of its own
     network: bool = False   # each machine in its own network namespace, etcd of three members
     long_pause: float = 120.0  # a pause this long is a wait only a timeout ended: its logs are kept
+    replica_sync: str = "end"  # bamboo-train --replica-sync (next: one pipeline, the rest in standby)
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -62,7 +63,8 @@ class Settings:
 
     def train_args(self) -> list[str]:
         return ["--model", "tiny", "--dtype", "float64", "--seed", "3", "--stages", str(self.stages),
-                "--microbatches", str(self.microbatches), "--iterations", str(self.iterations)]
+                "--microbatches", str(self.microbatches), "--iterations", str(self.iterations),
+                "--replica-sync", self.replica_sync]
 
 
 @dataclass
