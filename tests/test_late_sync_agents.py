@@ -107,3 +107,13 @@ def test_the_agents_form_one_pipeline_at_most_with_the_sync_in_the_next_iteratio
         shapes[sync] = (len(config.pipelines), len(config.standby))
     assert shapes["end"][0] >= 2
     assert shapes["next"] == (1, 4)
+
+
+def test_a_local_cluster_of_many_nodes_starts_with_one_pipeline():
+    """bamboo-train --local-nodes 7 --stages 3 starts two pipelines with the sync at
+    the end, and one with it in the next iteration (the agents form no more)."""
+    from bamboo.commands import cli
+    for sync, pipelines in (("end", 2), ("next", 1)):
+        args = cli.build_parser().parse_args(["--stages", "3", "--microbatches", "6", "--local-nodes", "7",
+                                              "--replica-sync", sync])
+        assert cli.config_from_args(args).pipelines == pipelines

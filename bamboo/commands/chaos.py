@@ -66,7 +66,8 @@ def table(outcomes: list[Outcome], settings: Settings, seed: int) -> str:
             f"P={settings.stages}, M={settings.microbatches}, {settings.iterations} iterations, "
             f"{settings.faults} faults per trial, checkpoint every {settings.checkpoint_every}, tiny float64"
             + (f", machines of {settings.per_host} nodes" if settings.per_host > 1 else "")
-            + (", each machine in its own network namespace, etcd of 3 members" if settings.network else ""))
+            + (", each machine in its own network namespace, etcd of 3 members" if settings.network else "")
+            + (f", --replica-sync {settings.replica_sync}" if settings.replica_sync != "end" else ""))
     width = max(len(k) for k, _ in rows)
     return "\n".join([head, *(f"  {k:<{width}}  {v}" for k, v in rows)])
 

@@ -265,8 +265,9 @@ def check_etcd(args) -> None:
 
 
 def config_from_args(args, fetch_data: bool = True) -> JobConfig:
-    if args.local_nodes is not None:
-        args.pipelines = max(1, args.local_nodes // max(1, args.stages))  # at the start
+    if args.local_nodes is not None:  # at the start; with --replica-sync next the agents form one (piece 4)
+        one = args.replica_sync == "next" and args.redundancy != "off" and args.stages > 1
+        args.pipelines = 1 if one else max(1, args.local_nodes // max(1, args.stages))
     check_on_face(args)
     check_recipe(args)
     check_stages_per_node(args)
