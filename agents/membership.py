@@ -203,14 +203,15 @@ class Membership:
         last iteration that completed in `previous` (its takers' failover events), the
         only dead whose stage a live node holds up to date (Assignment.holders). Any
         other death (in a sync's window, or between iterations) took the stage's
-        newest weights along. None with the sync at the end: every replica counts."""
+        newest weights along. None where every replica counts: with the sync at the
+        end, and after an epoch's first iteration was undone (nothing was owed)."""
         if cfg.replica_sync != "next":
             return None
         if basis is not None and basis is not previous:  # nobody entered `previous`: its basis's holds
             return previous.taken
+        if redo and it == previous.start:  # its first iteration, undone: every replica came from its owner
+            return None
         last = it - 1 if redo else it
-        if last < previous.start:
-            return ()
         reports = self.cluster.children(DONE(last)).values()
         return tuple(sorted({e["node"] for r in reports for e in r.events if e["type"] == "failover"}))
 

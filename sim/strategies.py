@@ -158,7 +158,7 @@ class Bamboo(PeerRecovery):
         pipelines = len(config.pipelines)
         deaths = dead_stages(config, removed)
         behind = stale(sim.windows(pipelines, self.redundancy), positions_dead(config, removed),
-                       s.phase(sim.profile.samples_per_iteration()))
+                       s.phase(sim.profile.samples_per_iteration()), between=s.paused_until > s.t)
         redo = [count > 1 or bool(Layout.lost(depth, dead) | late)
                 for count, dead, late in zip(nodes_dead(config, removed), deaths, behind)]
         pause = 0.0

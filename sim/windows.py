@@ -11,10 +11,12 @@ reduce, and the holder can recompute only its own pipeline's (HOTPATH.md, piece 
 The windows come from the fault-free schedule of a full pipeline under the
 profile's cost model (a measured profile: the compiler's default model), stage by
 stage. Where in its iteration a death falls is read from the samples trained since
-the last iteration began (`RunState.phase`), so a replay stays deterministic. A
-death in its window makes the stage count as lost in that pipeline: redone from a
-peer pipeline, or, where every pipeline lost it (one pipeline included), rolled
-back to the checkpoint.
+the last iteration began (`RunState.phase`), so a replay stays deterministic; a
+death during a pause (a failover, a reconfiguration, a checkpoint's stall) comes
+between iterations, when every sync is owed. A death in its window makes the stage
+count as lost in that pipeline: redone from a peer pipeline, or, where every
+pipeline lost it (one pipeline included), rolled back to the checkpoint. (Not
+modelled: a new epoch's first iteration owes no sync, so it has no window.)
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ class Window(NamedTuple):
 
     @property
     def share(self) -> float:
-        return self.landed + 1.0 - self.reduced
+        return min(1.0, self.landed + 1.0 - max(self.reduced, self.landed))
 
 
 @lru_cache(maxsize=None)
@@ -65,11 +67,12 @@ def stage_windows(profile, depth: int, pipelines: int, redundancy: str, frc: str
     return tuple(Window(min(1.0, a / report.makespan), b / report.makespan) for a, b in zip(landed, reduced))
 
 
-def stale(windows: tuple[Window, ...], dead: list[set[int]], phase: float) -> list[set[int]]:
-    """Of each pipeline's dead stage positions, those whose death fell in their window."""
+def stale(windows: tuple[Window, ...], dead: list[set[int]], phase: float, between: bool = False) -> list[set[int]]:
+    """Of each pipeline's dead stage positions, those whose death fell in their window
+    (all of them `between` iterations)."""
     if not windows:
         return [set() for _ in dead]
-    return [{st for st in stages if st < len(windows) and windows[st].holds(phase)} for stages in dead]
+    return [{st for st in stages if st < len(windows) and (between or windows[st].holds(phase))} for stages in dead]
 
 
 def mean_share(windows: tuple[Window, ...]) -> float:

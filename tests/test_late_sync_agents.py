@@ -55,6 +55,7 @@ def test_replicas_kept_across_an_epoch_are_refreshed_from_their_owners(tmp_path,
     weights. Then node 0 dies in iteration 8 and node 2 runs stage 0 from that
     replica: the losses are the reference's (a stale replica would not give them)."""
     _, records = bamboo_train(tmp_path / "m.jsonl", *COMMON, *AGENTS, "--local-nodes", "4",
+                              "--checkpoint", str(tmp_path / "ckpt"),
                               "--preempt", f"1@3:{first_backward(1)}", "--preempt", f"0@8:{first_backward(0)}")
     assert_same_losses(records, reference)
     failovers = [(r["iteration"], e["node"], e["by"]) for r in records for e in r["events"] if e["type"] == "failover"]
@@ -109,11 +110,45 @@ def test_the_agents_form_one_pipeline_at_most_with_the_sync_in_the_next_iteratio
     assert shapes["next"] == (1, 4)
 
 
-def test_a_local_cluster_of_many_nodes_starts_with_one_pipeline():
+def test_a_local_cluster_of_many_nodes_starts_with_one_pipeline_and_says_so(tmp_path):
     """bamboo-train --local-nodes 7 --stages 3 starts two pipelines with the sync at
-    the end, and one with it in the next iteration (the agents form no more)."""
+    the end, and one with it in the next iteration (the agents form no more), with a
+    note that four nodes wait; without --checkpoint it is refused."""
     from bamboo.commands import cli
+    notes = {}
     for sync, pipelines in (("end", 2), ("next", 1)):
         args = cli.build_parser().parse_args(["--stages", "3", "--microbatches", "6", "--local-nodes", "7",
-                                              "--replica-sync", sync])
+                                              "--replica-sync", sync, "--checkpoint", str(tmp_path / "c")])
         assert cli.config_from_args(args).pipelines == pipelines
+        notes[sync] = cli.standby_note(args)
+    assert notes == {"end": None, "next": "--replica-sync next: the agents form one pipeline, so 4 of the 7 nodes "
+                                          "wait in standby (two pipelines need a peer's sum after a death: not built)"}
+    args = cli.build_parser().parse_args(["--stages", "3", "--local-nodes", "4", "--replica-sync", "next"])
+    with pytest.raises(ValueError, match="--replica-sync next with agents needs --checkpoint"):
+        cli.config_from_args(args)
+
+
+def test_taken_reads_the_failover_events_of_the_last_iteration_that_completed():
+    """Membership._taken on each path: a boundary after iteration 7 reads 7's reports;
+    a redo of 7 reads 6's (7 was undone); a redo of an epoch's first iteration needs
+    none (its replicas came from their owners and owe nothing); an epoch nobody
+    entered keeps its own; the sync at the end counts every replica."""
+    from types import SimpleNamespace
+
+    from agents.membership import Membership
+    from bamboo.control.config import JobConfig
+    from bamboo.control.protocol import DONE, Report
+
+    def reports(it):
+        took = {7: [{"type": "failover", "node": 11, "by": 10}], 6: [{"type": "failover", "node": 12, "by": 11}]}
+        return {10: Report(1.0, 0.0, 1, took.get(it, [])), 11: Report(1.0, 0.0, 1, [{"type": "mode"}])}
+    agent = SimpleNamespace(cluster=SimpleNamespace(children=lambda key: reports(key.parts[0])))
+    assert DONE(7).parts == (7,)  # the key the fake reads its iteration from
+    late, end = JobConfig(stages=3, replica_sync="next"), JobConfig(stages=3)
+    epoch = Assignment(2, 5, ((10, 11, 12),), taken=(9,))
+    elsewhere = Assignment(1, 0, ((10, 11, 12),))
+    assert Membership._taken(agent, late, epoch, None, 7, False) == (11,)
+    assert Membership._taken(agent, late, epoch, epoch, 7, True) == (12,)
+    assert Membership._taken(agent, late, epoch, epoch, 5, True) is None
+    assert Membership._taken(agent, late, epoch, elsewhere, 7, True) == (9,)
+    assert Membership._taken(agent, end, epoch, None, 7, False) is None

@@ -173,6 +173,7 @@ def test_random_kill_point(tmp_path, reference):
      "--compute-ahead yet", 2),
     (["--stages", "2", "--replica-sync", "next", "--local-nodes", "2", "--redundancy", "auto"],
      "does not run with --redundancy auto", 2),
+    (["--stages", "2", "--replica-sync", "next", "--local-nodes", "2"], "with agents needs --checkpoint", 2),
     (["--stages", "2", "--pipelines", "2", "--replica-sync", "next"], "with --pipelines above 1", 2),
     # a run's first iteration owes no sync: node 1's stream is 24 instructions there, 27 after
     (["--stages", "2", "--replica-sync", "next", "--preempt", "1@0:25"], "node 1 runs 24 instructions", 2),

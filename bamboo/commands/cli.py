@@ -116,16 +116,39 @@ def metric_sinks(args) -> tuple:
     return tuple(sinks)
 
 
+def late_sync(args) -> bool:
+    """Whether replicas take their syncs in the next iteration (there are replicas)."""
+    return args.replica_sync == "next" and args.stages > 1 and args.redundancy != "off"
+
+
+def start_pipelines(args) -> int:
+    """With agents, the pipelines at the start: as many as the nodes make, or one
+    with --replica-sync next (the agents form no more: Membership._policy)."""
+    return 1 if late_sync(args) else max(1, args.local_nodes // max(1, args.stages))
+
+
+def standby_note(args) -> str | None:
+    """A note when --replica-sync next leaves nodes of a local cluster in standby."""
+    if args.local_nodes is None or not late_sync(args) or args.local_nodes <= args.stages:
+        return None
+    return (f"--replica-sync next: the agents form one pipeline, so {args.local_nodes - args.stages} of the "
+            f"{args.local_nodes} nodes wait in standby (two pipelines need a peer's sum after a death: not built)")
+
+
 def check_replica_sync(args) -> None:
     """--replica-sync next runs, for now, with one pipeline, a fixed mode and no
     fp16 (whose skip the late sync does not carry yet: docs/HOTPATH.md's plan)."""
-    if args.replica_sync != "next" or args.stages == 1 or args.redundancy == "off":
+    if not late_sync(args):
         return
     for bad, why in ((args.redundancy == "auto", "--redundancy auto"), (args.precision == "fp16", "fp16"),
                      (args.compute_ahead, "--compute-ahead"), (args.check_replicas, "--check-replicas"),
                      (args.pipelines > 1, "--pipelines above 1 (a death after the reduce)")):
         if bad:
             raise ValueError(f"--replica-sync next does not run with {why} yet: use --replica-sync end")
+    if args.local_nodes is not None and not args.checkpoint:
+        raise ValueError("--replica-sync next with agents needs --checkpoint DIR|s3://BUCKET/PREFIX|gs://BUCKET/"
+                         "PREFIX: a death before a sync landed loses its stage, and without a checkpoint training "
+                         "would start again from iteration 0")
 
 
 def check_redundancy(args) -> None:
@@ -265,9 +288,8 @@ def check_etcd(args) -> None:
 
 
 def config_from_args(args, fetch_data: bool = True) -> JobConfig:
-    if args.local_nodes is not None:  # at the start; with --replica-sync next the agents form one (piece 4)
-        one = args.replica_sync == "next" and args.redundancy != "off" and args.stages > 1
-        args.pipelines = 1 if one else max(1, args.local_nodes // max(1, args.stages))
+    if args.local_nodes is not None:
+        args.pipelines = start_pipelines(args)
     check_on_face(args)
     check_recipe(args)
     check_stages_per_node(args)
@@ -341,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         local_hosts(args)
         cfg = config_from_args(args)
         local = local_cluster(args)
-        notes = idle_notes(args)
+        notes = idle_notes(args) + ([note] if (note := standby_note(args)) else [])
         if cfg.stages > 1:  # every worker runs on this host: can each have its device?
             workers = local.nodes + sum(c for c, _ in local.joins) if local else cfg.nodes
             devices.check_flags(args.devices, args.share_gpu, args.transport, workers)
