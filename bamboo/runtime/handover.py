@@ -4,8 +4,9 @@ Every live node knows, from the previous assignment and the failed set, which
 layers each node holds up to date, and from the next assignment which layers each
 node needs. (With --replica-sync next a replica is a step behind at a boundary, so
 it is not up to date: every replica of the new epoch is sent by its stage's owner,
-and the new epoch's first iteration owes no sync.) The plan is the same on every node: each missing (node, layer) pair is
-sent by a holder, spreading the sends over holders. Parameters and AdamW state
+and the new epoch's first iteration owes no sync.) The plan is the same on every
+node: each missing (node, layer) pair is sent by a holder, spreading the sends over
+holders. Parameters and AdamW state
 travel together, serialised as a checkpoint layer is, over a gloo group of every
 node that sends or receives.
 
