@@ -63,6 +63,7 @@ def test_replicas_kept_across_an_epoch_are_refreshed_from_their_owners(tmp_path,
     assert not [e for r in records for e in r["events"] if e["type"] == "redo"]
 
 
+@pytest.mark.slow  # make test-slow: keeps make test near 15 min; the choice itself is test_taken_...'s
 def test_a_death_in_the_window_goes_back_to_the_checkpoint(tmp_path, reference):
     """Node 1 dies in iteration 6 before its sync of iteration 5 left: node 0's
     replica of its stage is a step behind, which no recovery mends, so the agents

@@ -87,7 +87,7 @@ def test_launch_configures_the_job_status_shows_it_and_down_removes_it(aws, etcd
     (["--log-dir", "logs"], "--log-dir is not for a cloud job"),
     (["--package", "bamboo"], "unrelated project"),
     (["--package", "bamboo-spot"], "bare name"),
-    (["--replica-sync", "next"], "--replica-sync next does not run with agents"),  # a cloud job's nodes run them
+    (["--replica-sync", "next"], "--replica-sync next with agents needs --checkpoint"),  # a cloud job's nodes run them
     (["--name", "ab"], "--name 'ab' is not a ec2 resource name: 3 to 128"),
     (["--name", "x y z"], "is not a ec2 resource name"),
     (["--region", " "], "--region must not be empty"),
