@@ -193,9 +193,9 @@ class Membership:
         """The policy's next configuration for this job. With --replica-sync next one
         pipeline at most: with two, a death after a stage's reduce would need a
         peer's sum, which nothing fetches yet (docs/HOTPATH.md, piece 4)."""
-        one = cfg.replica_sync == "next" and cfg.redundancy != "off"
-        return next_config(live, previous, cfg.stages, 1 if one else cfg.microbatches, cfg.max_stages_per_node,
-                           slot_estimate(cfg.microbatches), hosts=self.hosts())
+        most = 1 if cfg.late_sync else cfg.microbatches  # pipelines: each needs a microbatch
+        return next_config(live, previous, cfg.stages, most, cfg.max_stages_per_node, slot_estimate(cfg.microbatches),
+                           hosts=self.hosts())
 
     def _taken(self, cfg: JobConfig, previous: Assignment, basis: Assignment | None, it: int,
                redo: bool) -> tuple[int, ...] | None:
@@ -205,7 +205,7 @@ class Membership:
         other death (in a sync's window, or between iterations) took the stage's
         newest weights along. None where every replica counts: with the sync at the
         end, and after an epoch's first iteration was undone (nothing was owed)."""
-        if cfg.replica_sync != "next":
+        if not cfg.late_sync:
             return None
         if basis is not None and basis is not previous:  # nobody entered `previous`: its basis's holds
             return previous.taken

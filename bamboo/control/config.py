@@ -89,6 +89,12 @@ class JobConfig:
         return self.stages * self.pipelines
 
     @property
+    def late_sync(self) -> bool:
+        """--replica-sync next with replicas to sync (not --redundancy off): the one
+        test the executor, the handover and the agents read."""
+        return self.replica_sync == "next" and self.redundancy != "off"
+
+    @property
     def loss_scaling(self) -> bool:
         """fp16 scales its loss dynamically (bamboo/model/recipe.py, protocol.LossScale)."""
         return self.precision == "fp16"

@@ -61,7 +61,7 @@ class Executor(StepPhase):
         self.owed: dict[int, float] = {}  # replica stage -> the rate of the step it owes (settle)
         # --replica-sync next: each replica's sync goes in the next iteration, of the
         # owner's stepped gradients kept here
-        self.late = cfg.replica_sync == "next" and cfg.redundancy != "off"
+        self.late = cfg.late_sync
         self.kept_grads: dict[int, torch.Tensor] = {}
         # With clipping, ties (the model's, on every node) or fp16's loss scale, steps
         # and syncs wait for the rest of the stream (STEP_PHASE).

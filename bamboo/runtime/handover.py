@@ -110,7 +110,7 @@ def exchange(cluster: Cluster, node: int, holdings, new: Assignment, old: Assign
     checkpoint copies the live nodes keep, and every layer a member needs comes
     from them (its own copy, or a peer's), none from the layers it runs."""
     if copies is None:
-        taken = new.taken if holdings.cfg.replica_sync == "next" else None  # replicas a step behind: not sources
+        taken = new.taken if holdings.cfg.late_sync else None  # replicas a step behind: not sources
         live = old.holders(new.failed, holdings.mode(old), taken).items() if old else ()
         have = {n: holdings.layers_of(old.depth, stages) for n, stages in live if n not in new.gone}
     else:
