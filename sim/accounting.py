@@ -62,13 +62,17 @@ class RunState:
         self.fatal += 1
         self.samples = self.iteration_start = self.saved
 
+    def partial(self, per_iteration: float) -> float:
+        """Samples of the iteration under way trained so far."""
+        return (self.samples - self.iteration_start) % per_iteration
+
     def phase(self, per_iteration: float) -> float:
         """How far the iteration under way has come, as a share of it."""
-        return (self.samples - self.iteration_start) % per_iteration / per_iteration
+        return self.partial(per_iteration) / per_iteration
 
     def abandon_iteration(self, per_iteration: float) -> None:
         """The iteration under way is dropped: back to its first sample."""
-        partial = (self.samples - self.iteration_start) % per_iteration
+        partial = self.partial(per_iteration)
         self.samples -= partial
         self.lost_partial += partial
         self.iteration_start = self.samples

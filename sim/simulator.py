@@ -20,7 +20,6 @@ from functools import lru_cache
 
 from schedules.compiler import compile_schedule
 from schedules.compiler import simulate as simulate_schedule
-from schedules.cost import CostModel
 from schedules.split import estimated_slots, merged, split_by_speed
 
 from agents.policy import Config, next_config
@@ -33,7 +32,7 @@ from sim.strategies import STRATEGIES as SPOT_AND_ON_DEMAND
 from sim.strategies import Spot
 from sim.reconfiguration import memory_copies, shape, used_nodes
 from sim.traces import Event
-from sim.windows import Window, stage_windows
+from sim.windows import Window, full_pipeline, stage_windows
 
 __all__ = ["STRATEGIES", "ClusterSimulator", "Options"]
 
@@ -372,9 +371,6 @@ def _uncovered(profile, depth: int, pipelines: int, frc: str, sync: str) -> floa
     (a measured profile: placed on the compiler's default cost model)."""
     if frc == "all":
         return 0.0
-    total = getattr(profile, "microbatches", None) or 4 * pipelines
-    microbatches = math.ceil(total / pipelines)
-    cost = profile.cost(depth, pipelines) if isinstance(profile, Profile) else CostModel()
-    schedule = compile_schedule(depth, microbatches, (), "eager", cost=cost, frc=frc, sync=sync)
+    schedule, _ = full_pipeline(profile, depth, pipelines, "eager", frc, sync)
     covered = [len(schedule.frc_microbatches(n)) for n in schedule.streams]
-    return 1 - sum(covered) / (len(covered) * microbatches)
+    return 1 - sum(covered) / (len(covered) * schedule.microbatches)

@@ -25,7 +25,7 @@ import statistics
 from functools import lru_cache
 from typing import NamedTuple
 
-from schedules.compiler import compile_schedule
+from schedules.compiler import Schedule, compile_schedule
 from schedules.compiler import simulate as simulate_schedule
 from schedules.cost import CostModel
 from schedules.ir import Op
@@ -47,6 +47,16 @@ class Window(NamedTuple):
         return min(1.0, self.landed + 1.0 - max(self.reduced, self.landed))
 
 
+def full_pipeline(profile, depth: int, pipelines: int, redundancy: str, frc: str,
+                  sync: str) -> tuple[Schedule, CostModel]:
+    """The fault-free schedule of one of `pipelines` full pipelines, with its share of
+    the profile's microbatches, and the cost model it was placed by (a measured
+    profile: the compiler's default)."""
+    total = getattr(profile, "microbatches", None) or 4 * pipelines
+    cost = profile.cost(depth, pipelines) if isinstance(profile, Profile) else CostModel()
+    return compile_schedule(depth, math.ceil(total / pipelines), (), redundancy, cost=cost, frc=frc, sync=sync), cost
+
+
 @lru_cache(maxsize=None)
 def stage_windows(profile, depth: int, pipelines: int, redundancy: str, frc: str,
                   sync: str) -> tuple[Window, ...]:
@@ -54,9 +64,7 @@ def stage_windows(profile, depth: int, pipelines: int, redundancy: str, frc: str
     pipelines; none (empty) with the sync at the end or without replicas."""
     if sync != "next" or redundancy == "off":
         return ()
-    total = getattr(profile, "microbatches", None) or 4 * pipelines
-    cost = profile.cost(depth, pipelines) if isinstance(profile, Profile) else CostModel()
-    schedule = compile_schedule(depth, math.ceil(total / pipelines), (), redundancy, cost=cost, frc=frc, sync=sync)
+    schedule, cost = full_pipeline(profile, depth, pipelines, redundancy, frc, sync)
     report = simulate_schedule(schedule)
     landed, reduced = [0.0] * depth, [report.makespan] * depth
     for span in report.spans:
