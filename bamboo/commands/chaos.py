@@ -30,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 
+from schedules.syncs import SYNC_MODES
+
 from bamboo.commands.chaos_trial import Outcome, Settings, Trial, account  # noqa: F401 - account: the tests'
 from bamboo.commands.flag_checks import check_not_a_file
 from bamboo.commands.netlab import unavailable
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--network", action="store_true",
                     help="each machine in its own network namespace, etcd of three members; adds vanish, partition, "
                          "etcd-cut and etcd-member-kill (Linux, root)")
-    ap.add_argument("--replica-sync", choices=("end", "next"), default=Settings.replica_sync,
+    ap.add_argument("--replica-sync", choices=SYNC_MODES, default=Settings.replica_sync,
                     help="the job's replica sync (next: in the next iteration; the agents form one pipeline)")
     ap.add_argument("--out", default=None, help="where failed trials keep their logs (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep every trial's logs and metrics, not only failed ones'")

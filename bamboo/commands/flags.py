@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from schedules.redundancy import FRC_MODES
+from schedules.syncs import SYNC_MODES
 
 from bamboo.commands import jobfile
 from bamboo.control.config import DTYPES
@@ -50,7 +51,7 @@ def _schedule_flags(g) -> None:
     g.add_argument("--sync-bucket-mb", type=float, default=4.0, metavar="MB",
                    help="lazy and eager with one pipeline and no clipping, ties or fp16: a replica's sync is posted "
                         "in buckets of this many MB as its stage's last backward fills them")
-    g.add_argument("--replica-sync", choices=("end", "next"), default="end",
+    g.add_argument("--replica-sync", choices=SYNC_MODES, default="end",
                    help="a replica takes its owner's gradients at the iteration's end, or in the next iteration, off "
                         "the critical path, with limits for now (next: docs/redundancy.md)")
     g.add_argument("--compute-ahead", action="store_true",
