@@ -4,7 +4,7 @@ import time
 
 from bamboo.control.cluster import Cluster
 from bamboo.control.etcd import EtcdServer
-from bamboo.control.protocol import ABORT, FAILED, FINISHED, Abort, Failure, Mark
+from bamboo.control.protocol import ABORT, FAILED, FINISHED, Abort, Failure, Finished, Mark
 
 
 def test_a_write_under_a_watched_prefix_raises_the_flag_and_others_do_not(etcd):
@@ -12,7 +12,7 @@ def test_a_write_under_a_watched_prefix_raises_the_flag_and_others_do_not(etcd):
     changes = cluster.changes(FAILED(), ABORT())
     assert changes.take()          # armed: whatever came before is to be read once
     assert not changes.take()
-    cluster.put(FINISHED(1, 0), Mark())          # another prefix
+    cluster.put(FINISHED(1, 0), Finished())          # another prefix
     assert not changes.wait(0.5) and not changes.take()
     cluster.create(FAILED(3), Failure(1, 0, "test"))
     assert changes.wait(10) and changes.take()
@@ -51,12 +51,12 @@ def test_the_readers_own_write_is_no_news_but_anything_else_is(etcd):
     changes = cluster.changes(FINISHED())
     changes.take()
     assert not changes.take(own=FINISHED(1, 0))
-    cluster.put(FINISHED(1, 0), Mark())              # its own mark
+    cluster.put(FINISHED(1, 0), Finished())              # its own mark
     assert not changes.wait(0.5) and not changes.take()
-    cluster.put(FINISHED(1, 1), Mark())              # a peer's
+    cluster.put(FINISHED(1, 1), Finished())              # a peer's
     assert changes.wait(10) and changes.take()
     cluster.client.delete(cluster.key(FINISHED(1, 0)))  # its own key, gone
     assert changes.wait(10) and changes.take()
     changes.close()
-    cluster.put(FINISHED(1, 2), Mark())
+    cluster.put(FINISHED(1, 2), Finished())
     assert not changes.wait(0.5)

@@ -158,3 +158,20 @@ def test_a_node_recorded_dead_is_told_at_once_and_etcd_refuses_its_writes(server
     assert peer.get(LOSS(6, 0)) is None and peer.get(ABORT(6)) is None and peer.get(ALIVE(3)) is None
     peer.put(LOSS(6, 1), Loss(2.0))  # the living write as before
     assert reasons.empty()
+
+
+def test_a_write_refused_by_its_own_condition_is_told_from_a_fence_in_one_round_trip(server):
+    """A guarded write whose own condition fails (the key exists) is not taken for
+    the writer's fence, and a fenced writer's is: the transaction reads the fence
+    itself, so neither asks etcd again."""
+    live, peer = Cluster(server.endpoint, "told"), Cluster(server.endpoint, "told")
+    live.fenced_as, peer.fenced_as = 3, 4
+    assert peer.create_or_get(ABORT(2), Abort("first", 4)) == (Abort("first", 4), True)
+    calls = []
+    get = live.client.get
+    live.client.get = lambda *a, **k: calls.append(a) or get(*a, **k)
+    assert live.create_or_get(ABORT(2), Abort("second", 3)) == (Abort("first", 4), False)
+    assert calls == []  # the refusal needed no second request
+    assert peer.record_dead(3, Failure(2, 4, "test"))
+    with pytest.raises(Fenced, match="node 3 was recorded dead in iteration 2 by node 4"):
+        live.create_or_get(ABORT(2), Abort("third", 3))

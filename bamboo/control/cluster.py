@@ -133,12 +133,18 @@ class Cluster:
         if self.read_only:
             raise ReadOnly(f"a read-only reader of {self.root} tried to write")
         tx = self.client.transactions
-        guard = [] if self.fenced_as is None else [tx.version(self.key(FAILED(self.fenced_as))) == 0]
-        ok, responses = self.call(lambda: self.client.transaction(compare=[*compare, *guard], success=success,
-                                                                  failure=list(failure)))
-        if not ok and guard and (reason := self.death_of(self.fenced_as)):
-            raise Fenced(f"etcd refused a write: {reason}")
-        return ok, responses
+        if self.fenced_as is None:
+            return self.call(lambda: self.client.transaction(compare=compare, success=success, failure=list(failure)))
+        # A failed compare is either the caller's or the guard's: the failure's own
+        # read of FAILED(fenced_as) tells them apart without another round trip.
+        fenced = self.key(FAILED(self.fenced_as))
+        ok, responses = self.call(lambda: self.client.transaction(
+            compare=[*compare, tx.version(fenced) == 0], success=success, failure=[*failure, tx.get(fenced)]))
+        if ok:
+            return ok, responses
+        if responses[-1]:
+            raise Fenced(f"etcd refused a write: {self._death(self.fenced_as, responses[-1][0][0])}")
+        return ok, responses[:-1]
 
     def get(self, key: Key):
         """The record at `key`, or None."""
@@ -150,11 +156,13 @@ class Cluster:
         raw = self.key(prefix) + "/"
         return _records(prefix, raw, self.call(lambda: list(self.client.get_prefix(raw))))
 
-    def put_and_read(self, key: Key, record, *prefixes: Key) -> list[dict]:
-        """put(key, record), then children(prefix) of each of `prefixes`, in one etcd
-        transaction: one round trip, and the reads see the write."""
+    def put_and_read(self, key: Key, record, *prefixes: Key, also: dict | None = None) -> list[dict]:
+        """put(key, record) and every {key: record} of `also`, then children(prefix)
+        of each of `prefixes`, in one etcd transaction: one round trip, and the
+        reads see the writes."""
         tx = self.client.transactions
-        return self._read([tx.put(self.key(key), _encode(key, record))], prefixes)
+        puts = [tx.put(self.key(k), _encode(k, r)) for k, r in {key: record, **(also or {})}.items()]
+        return self._read(puts, prefixes)
 
     def read(self, *prefixes: Key) -> list[dict]:
         """children(prefix) of each of `prefixes`, in one transaction (one view of etcd)."""
@@ -219,9 +227,13 @@ class Cluster:
 
     def death_of(self, node: int) -> str | None:
         """Why `node` is dead, as a fenced node says it (None while it is not)."""
-        failure = self.get(FAILED(node))
-        return None if failure is None else \
-            f"node {node} was recorded dead in iteration {failure.iteration} by node {failure.by} ({failure.how})"
+        value, _ = self.call(lambda: self.client.get(self.key(FAILED(node))))
+        return None if value is None else self._death(node, value)
+
+    @staticmethod
+    def _death(node: int, stored: bytes) -> str:
+        failure = FAILED.record.from_dict(json.loads(stored))
+        return f"node {node} was recorded dead in iteration {failure.iteration} by node {failure.by} ({failure.how})"
 
     def progress(self) -> None:
         """The calling (main) thread is not stuck: see Heartbeat.progress."""

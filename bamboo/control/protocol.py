@@ -105,6 +105,14 @@ class Mark(Record):
 
 
 @dataclass(frozen=True)
+class Finished(Record):
+    """A node ran its whole stream, with its report as of then (a Report as a dict;
+    None: it writes its report itself). The node whose mark completes its pipeline
+    may copy the pipeline's to DONE (bamboo/runtime/boundary.py)."""
+    report: dict | None = None
+
+
+@dataclass(frozen=True)
 class Loss(Record):
     value: float
 
@@ -269,7 +277,8 @@ ASSIGNMENT = Family("assignment", ("epoch",), Assignment,
 ALIVE = Family("alive", ("node",), Alive, "a worker runs (under its lease: gone when it stops refreshing it)")
 FAILED = Family("failed", ("node",), Failure, "a node is dead; first detector wins (create-if-absent)")
 CUT = Family("cut", ("iteration", "dead", "node"), Cut, "messages node received from dead, per kind")
-FINISHED = Family("finished", ("iteration", "node"), Mark, "node ran its whole stream (it stays to help)")
+FINISHED = Family("finished", ("iteration", "node"), Finished,
+                  "node ran its whole stream (it stays to help), with its report as of then")
 LOSS = Family("loss", ("iteration", "microbatch"), Loss,
               "a global microbatch's loss, written once the last stage's stream has them all")
 VAL_LOSS = Family("val_loss", ("iteration", "microbatch"), Loss,

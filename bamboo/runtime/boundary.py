@@ -52,13 +52,20 @@ class Boundary:
         self.straggler_factor, self.straggler_slack = straggler_factor, straggler_slack
         self.seen: tuple[dict, dict] | None = None  # (reports, deaths) read with this node's report
 
-    def report(self, iteration: int, report: Report) -> None:
+    def report(self, iteration: int, report: Report, marks: dict | None = None) -> None:
         """This node's report, written with a read of the reports and deaths so far
-        (one round trip), which the wait for the others starts from."""
+        (one round trip), which the wait for the others starts from. `marks`: the
+        finished marks of a pipeline whose last mark was this node's, with no death
+        in the iteration. Nothing more can happen to the pipeline in it, so the
+        reports the marks carry are final: they are written too, and nobody waits
+        for the pipeline's other nodes to wake from their linger and write theirs."""
         if self.changes is not None:
             # lowered before the read: a report after it wakes the wait
             self.changes.take(own=DONE(iteration, self.node))
-        self.seen = tuple(self.cluster.put_and_read(DONE(iteration, self.node), report, DONE(iteration), FAILED()))
+        final = {DONE(iteration, n): Report.from_dict(mark.report) for n, mark in (marks or {}).items()
+                 if n != self.node and mark.report is not None}
+        self.seen = tuple(self.cluster.put_and_read(DONE(iteration, self.node), report, DONE(iteration), FAILED(),
+                                                    also=final))
 
     def agree(self, iteration: int, assignment: Assignment, failover, failed: tuple[NodeId, ...], regroup,
               idle=None) -> Regroup:

@@ -137,8 +137,7 @@ class Executor(StepPhase):
             # Done here, but a neighbour may still die before the pipeline is: stay
             # available to re-send what it needs until every node has finished.
             self._maybe_preempt(pc)  # INSTRUCTION = stream length: after the stream
-            self._write_losses()
-            failover.finished()
+            failover.finished(also=self._losses_to_write())
             if (event := failover.linger(idle=self.settle_replicas)) is None:  # owed steps fit in the wait
                 break
             stream = self._on_event(event, stream, pc)
@@ -326,15 +325,16 @@ class Executor(StepPhase):
         if loss is not None:
             self.it.losses[self.it.mbs[ins.mb]] = loss
 
-    def _write_losses(self) -> None:
-        """The last stage's owner (after any failover) writes the pipeline's losses
-        once per iteration, in one etcd transaction: those it computed and those
+    def _losses_to_write(self) -> dict:
+        """What the last stage's owner (after any failover) writes with its finished
+        mark, in one etcd transaction: the pipeline's losses it computed and those
         that came with the gradients of a last stage that died since. Any it gains
-        after a first write (a failover) go in a second."""
+        after a first mark (a failover) go with its next."""
         new = sorted(g for g in self.it.losses if g not in self.it.losses_written)
-        if Layout(self.P, self.it.failover.failed).owner(self.P - 1) == self.me and new:
-            self.cluster.put_all({LOSS(self.it.iteration, g): Loss(float(self.it.losses[g])) for g in new})
-            self.it.losses_written.update(new)
+        if Layout(self.P, self.it.failover.failed).owner(self.P - 1) != self.me or not new:
+            return {}
+        self.it.losses_written.update(new)
+        return {LOSS(self.it.iteration, g): Loss(float(self.it.losses[g])) for g in new}
 
     def reduce_grads(self, ins: Instr) -> None:
         self.reducer.allreduce(self.it.iteration, ins.stage, self.modules[ins.stage])

@@ -23,8 +23,8 @@ from bamboo.control.changes import Changes
 from bamboo.control.cluster import Cluster
 from bamboo.control.events import FailedOver
 from bamboo.control.exits import Fenced
-from bamboo.control.protocol import (ABORT, CUT, FAILED, FINISHED, LEASE_EXPIRED, Abort, Cut, Failure, Local, Mark,
-                                     NodeId)
+from bamboo.control.protocol import (ABORT, CUT, FAILED, FINISHED, LEASE_EXPIRED, Abort, Cut, Failure, Finished,
+                                     Local, NodeId)
 from bamboo.runtime.cuts import Unsurvivable, died_before
 from bamboo.transport.comm import Comm
 
@@ -88,6 +88,8 @@ class Watch:
     baseline: dict = field(default_factory=dict)  # messages received before this iteration
     dead: Local | None = None          # the death being recovered from
     seen_finished: dict | None = None  # the finished marks read with this node's own
+    completed: dict | None = None      # the marks, when this node's completed a pipeline that lost no node in it
+    recovered: bool = False            # a death in the pipeline was recovered from in this iteration
     due: bool = True                   # read etcd at the next poll, whatever the watch says
     event: object = None               # what the last look found
     checked: float = 0.0               # when etcd was last read (without a watch: every 20 ms)
@@ -99,7 +101,7 @@ class Watch:
 class Failover:
     def __init__(self, cluster: Cluster, nodes: tuple[int, ...], pipeline: int, me: int, redundancy: str,
                  timeout: float, elastic: bool = False, failures: Changes | None = None,
-                 finishes: Changes | None = None, frc: str = "bubbles", sync: str = "end"):
+                 finishes: Changes | None = None, frc: str = "bubbles", sync: str = "end", report_of=None):
         self.cluster, self.nodes, self.pipeline, self.me = cluster, nodes, pipeline, me
         self.P = len(nodes)
         self.redundancy, self.timeout = redundancy, timeout
@@ -111,6 +113,7 @@ class Failover:
         self.elastic = elastic  # agents can redo the iteration: abort instead of failing the job
         self.failures = failures  # raised by a watch on failed/ and abort/ (None: read every 20 ms)
         self.finishes = finishes  # raised by a watch on finished/, failed/ and abort/ (wakes linger)
+        self.report_of = report_of  # () -> this node's Report as it stands, for its finished mark (None: none)
         self.events: list[FailedOver] = []  # this node's, until its next report
         self.now: Watch | None = None       # the iteration under way (begin)
         self._recorded: set[NodeId] = set()  # recorded dead, as of the last look
@@ -263,13 +266,15 @@ class Failover:
         """The nodes, among `locals_`, gone silent (bamboo/control/liveness.py)."""
         return tuple(self.cluster.silent(list(map(self.node_of, locals_))))
 
-    def finished(self) -> None:
-        """This node's stream is done: its mark, written with a read of the
+    def finished(self, also: dict | None = None) -> None:
+        """This node's stream is done: its mark, carrying its report as it stands
+        (`report_of`), written with `also` (the losses it holds) and a read of the
         pipeline's marks so far (one round trip), which the linger starts from."""
         mark = FINISHED(self.iteration, self.node_of(self.me))
         if self.finishes is not None:
             self.finishes.take(own=mark)  # lowered before the read: a finish after it wakes the linger
-        self.now.seen_finished = self.cluster.put_and_read(mark, Mark(), FINISHED(self.iteration))[0]
+        record = Finished(self.report_of().to_dict() if self.report_of else None)
+        self.now.seen_finished = self.cluster.put_and_read(mark, record, FINISHED(self.iteration), also=also)[0]
 
     def linger(self, poll: float = 0.02, idle=None):
         """Wait until every node of the pipeline finished the iteration (None), or
@@ -279,7 +284,8 @@ class Failover:
         die there): nobody recovers it inside this iteration. `idle()` is called
         once, when the node has to wait (work that fits in the wait)."""
         while True:
-            if self.now.seen_finished is not None:  # read with this node's own mark
+            own = self.now.seen_finished is not None  # read with this node's own mark
+            if own:
                 finished, self.now.seen_finished = self.now.seen_finished, None
             else:
                 if self.finishes is not None:
@@ -287,6 +293,7 @@ class Failover:
                 finished = self.cluster.children(FINISHED(self.iteration))
             pending = [Local(n) for n in range(self.P) if n not in self.failed and self.node_of(n) not in finished]
             if not pending:
+                self.now.completed = finished if own and not self.now.recovered else None
                 return None
             event = self.poll() or self._silent_while_waiting(pending)
             if event is not None:
@@ -323,6 +330,7 @@ class Failover:
             self.events.append(FailedOver(node, self.iteration, k, self.node_of(self.me),
                                           round(time.monotonic() - began, 4)))
         self.now.failed = tuple(sorted(self.failed + (dead,)))  # the rest of the job runs merged
+        self.now.recovered = True
         self.now.dead = self.now.event = None
         self.now.due = True
         return rec.streams[self.me], rec.resume_at[self.me]

@@ -177,7 +177,6 @@ class StepPhase:
     def recv_sync(self, ins: Instr) -> None:
         """The sync's parts (one, or its buckets: bamboo/runtime/sync.py), kept across an
         interrupted wait, joined into the replica's gradients."""
-        self._write_losses()  # this wait is idle time: the losses' etcd write goes in it, not after
         key = (ins.stage, ins.peer)  # parts from an owner that died since are not another's
         flat = receive(self.it.sync_parts.setdefault(key, []), lambda: self.it.comm.recv_noted(
             self.peer(ins.peer), Op.SEND_SYNC, self.it.failover.keep_waiting))

@@ -144,7 +144,8 @@ class Worker(EpochMoves):
         self.mbs = assignment.microbatches(self.cfg.microbatches, self.pipeline)  # by speed: short ones run fewer
         self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, self.holdings.mode(assignment),
                                  self.cfg.failure_timeout, self.cfg.elastic, self.failures, self.finishes,
-                                 frc=self.cfg.frc, sync=self.cfg.replica_sync)
+                                 frc=self.cfg.frc, sync=self.cfg.replica_sync,
+                                 report_of=lambda: self._report(digests=False))
         if self.executor is not None:
             self.executor.reducer.close()  # the last epoch's groups (NCCL: their GPU memory)
         groups = nccl_groups(self.cfg.hang_timeout) if self.transport == "nccl" else None  # the reduce's
@@ -194,7 +195,8 @@ class Worker(EpochMoves):
         self._compute_ahead(it + 1)
         if self.loss_scale and self.executor.overflow is not None:  # every node decided alike: first wins
             self.cluster.create(SCALE(it), dataclasses.replace(self.loss_scale, overflow=self.executor.overflow))
-        self.boundary.report(it, self._report())
+        self.boundary.report(it, self._report(), self.failover.now.completed if self._promotes(it) else None)
+        self.failover.events = []
         agreed = self.boundary.agree(it, self.assignment, self.failover, self.failed, self._regroup(it),
                                      idle=self.executor.settle_replicas)  # owed steps fit in the wait
         self.failed = agreed.failed
@@ -261,15 +263,20 @@ class Worker(EpochMoves):
             raise RuntimeError(f"no loss scale record of iteration {it - 1} to start iteration {it} from")
         return before.following(self.cfg.loss_scale_window, self.cfg.min_loss_scale)
 
-    def _report(self) -> Report:
-        report = Report(rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, time=time.time(),
-                        epoch=self.assignment.epoch, events=[e.to_dict() for e in self.failover.events],
-                        busy=self.executor.busy, op_ms=self._op_ms(),
-                        digests=self.holdings.digests() if self.cfg.check_replicas else None,
-                        cuda_mb=torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda"
-                        else 0.0)
-        self.failover.events = []
-        return report
+    def _report(self, digests: bool = True) -> Report:
+        """This node's report as it stands (its events stay until the boundary has them)."""
+        return Report(rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, time=time.time(),
+                      epoch=self.assignment.epoch, events=[e.to_dict() for e in self.failover.events],
+                      busy=self.executor.busy, op_ms=self._op_ms(),
+                      digests=self.holdings.digests() if digests and self.cfg.check_replicas else None,
+                      cuda_mb=torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda"
+                      else 0.0)
+
+    def _promotes(self, it: int) -> bool:
+        """Whether the reports in the finished marks are final for iteration `it`:
+        nothing between the stream and the report changes them (no evaluation, no
+        loss scale record to come first, no replica digests to take)."""
+        return not (self.cfg.evaluates(it) or self.cfg.loss_scaling or self.cfg.check_replicas)
 
     def _kills(self, it: int) -> tuple[tuple[int, int], ...]:
         """Iteration `it`'s --preempt kills in its training stream: (node, instruction)."""
