@@ -131,6 +131,9 @@ def baseline_rank(a) -> None:
         ends.append(time.time())
     with open(a.out, "w") as f:
         json.dump({"ends": ends, "losses": losses}, f)
+    # Out without the interpreter's teardown: a gloo thread still alive there can abort
+    # the process ("terminate called without an active exception") after its run is done.
+    os._exit(0)
 
 
 def run_baseline(system: str, a, iterations: int | None = None, env=ENV) -> dict:
