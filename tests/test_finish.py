@@ -1,60 +1,103 @@
 """The iteration's end on a real etcd: each finished mark carries its node's report
 (and the last stage's losses), and the node whose mark completes a pipeline that
-lost nobody in the iteration writes every report of it, so that nobody waits for
-the others to wake from their linger (docs/HOTPATH.md, "The boundary's round trips")."""
+lost nobody in the iteration writes every report of it with the regroup record, so
+that nobody waits for the others to wake from their linger (docs/HOTPATH.md, "The
+boundary's round trips")."""
+import threading
+
+from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
-from bamboo.control.protocol import DONE, LOSS, Local, Loss, Report
+from bamboo.control.protocol import ALIVE, DONE, LOSS, REGROUP, Alive, Local, Loss, Regroup, Report
 from bamboo.runtime.boundary import Boundary
 from bamboo.runtime.checkpoint import Checkpoints
 from bamboo.runtime.failover import Failover, Watch
 
-NODES = (10, 11, 12)
 IT = 4
 
 
-def _node(cluster: Cluster, me: int, report: Report) -> Failover:
-    f = Failover(cluster, NODES, 0, me, "off", 3.0, report_of=lambda: report)
+def _node(cluster: Cluster, nodes: tuple[int, ...], me: int, report: Report) -> Failover:
+    f = Failover(cluster, nodes, 0, me, "off", 3.0, report_of=lambda: report)
     f.now = Watch(iteration=IT, microbatches=3, failed=(), comm=None, streams={})
     return f
 
 
-def _reports() -> dict[int, Report]:
-    return {n: Report(100.0 + n, 1000.0 + n, 0, events=[{"n": n}], busy=0.5 + n) for n in NODES}
+def _reports(nodes) -> dict[int, Report]:
+    return {n: Report(100.0 + n, 1000.0 + n, 0, events=[{"n": n}], busy=0.5 + n) for n in nodes}
 
 
-def test_the_mark_that_completes_a_pipeline_writes_every_report_of_it(etcd):
-    cluster, reports = Cluster(etcd.endpoint, "finish-last"), _reports()
-    for me in (1, 2):  # nodes 11 and 12 finished first: they linger
-        _node(cluster, me, reports[NODES[me]]).finished()
-    last = _node(cluster, 0, reports[10])
-    last.finished(also={LOSS(IT, 0): Loss(2.5)})
+def _boundary(cluster: Cluster, node: int) -> Boundary:
+    return Boundary(cluster, node, False, Checkpoints(None, node, 6))
+
+
+def _agree(boundary: Boundary, pipelines: int, failover: Failover) -> Regroup:
+    return boundary.agree(IT, Assignment.static(stages=3, pipelines=pipelines), failover, (), lambda *_: None)
+
+
+def _last_of_pipeline(cluster, nodes, reports, losses=None) -> Failover:
+    """The pipeline's other nodes finish (and linger); then the first node's mark completes it."""
+    for me in (1, 2):
+        _node(cluster, nodes, me, reports[nodes[me]]).finished()
+    last = _node(cluster, nodes, 0, reports[nodes[0]])
+    last.finished(also=losses)
     assert last.linger() is None
-    boundary = Boundary(cluster, 10, False, Checkpoints(None, 10, 6))
-    boundary.report(IT, reports[10], last.now.completed)
-    assert cluster.children(DONE(IT)) == reports  # each what its node put in its mark
-    assert boundary.seen[0] == reports            # read with the write: nothing to wait for
+    return last
+
+
+def test_the_mark_that_completes_a_pipeline_writes_every_report_of_it_with_the_regroup_record(etcd):
+    cluster, nodes = Cluster(etcd.endpoint, "finish-last"), (0, 1, 2)
+    reports = _reports(nodes)
+    last = _last_of_pipeline(cluster, nodes, reports, {LOSS(IT, 0): Loss(2.5)})
     assert cluster.get(LOSS(IT, 0)) == Loss(2.5)  # written with the mark
+    boundary = _boundary(cluster, 0)
+    boundary.report(IT, reports[0], last.now.completed, last.now.read_at_mark)
+    assert cluster.children(DONE(IT)) == {}  # nothing more written yet: the next write is the agreement's
+    agreed = _agree(boundary, 1, last)
+    assert agreed == Regroup((), False, False) and cluster.get(REGROUP(IT, 0)) == agreed
+    assert cluster.children(DONE(IT)) == reports  # each what its node put in its mark
+
+
+def test_a_completed_pipeline_writes_its_reports_before_it_waits_for_another_pipeline(etcd):
+    cluster = Cluster(etcd.endpoint, "finish-two")
+    reports = _reports(range(6))
+    for n in reports:  # alive: a wait past LEASE_WAIT asks, and finds nobody silent
+        cluster.put(ALIVE(n), Alive(n))
+    last = _last_of_pipeline(cluster, (0, 1, 2), reports)
+    boundary = _boundary(cluster, 0)
+    boundary.report(IT, reports[0], last.now.completed, last.now.read_at_mark)
+    agreed = []
+    waiting = threading.Thread(target=lambda: agreed.append(_agree(boundary, 2, last)), daemon=True)
+    waiting.start()
+    second = _last_of_pipeline(cluster, (3, 4, 5), reports)  # the other pipeline, on another "node"
+    other = _boundary(cluster, 3)
+    other.report(IT, reports[3], second.now.completed, second.now.read_at_mark)
+    # its agreement needs pipeline 0's reports, which the waiting node wrote before its wait
+    assert _agree(other, 2, second) == Regroup((), False, False)
+    waiting.join(timeout=30)
+    assert agreed == [Regroup((), False, False)]
+    assert cluster.children(DONE(IT)) == reports
 
 
 def test_a_node_whose_mark_did_not_complete_the_pipeline_writes_only_its_own(etcd):
-    cluster, reports = Cluster(etcd.endpoint, "finish-first"), _reports()
-    first = _node(cluster, 0, reports[10])
-    first.finished()  # read with its mark: nodes 11 and 12 still run
+    cluster, nodes = Cluster(etcd.endpoint, "finish-first"), (0, 1, 2)
+    reports = _reports(nodes)
+    first = _node(cluster, nodes, 0, reports[0])
+    first.finished()  # read with its mark: nodes 1 and 2 still run
     for me in (1, 2):
-        _node(cluster, me, reports[NODES[me]]).finished()
+        _node(cluster, nodes, me, reports[me]).finished()
     assert first.linger(poll=0.01) is None  # woken later: the last mark was another's
     assert first.now.completed is None
-    Boundary(cluster, 10, False, Checkpoints(None, 10, 6)).report(IT, reports[10], first.now.completed)
-    assert cluster.children(DONE(IT)) == {10: reports[10]}
+    _boundary(cluster, 0).report(IT, reports[0], first.now.completed, first.now.read_at_mark)
+    assert cluster.children(DONE(IT)) == {0: reports[0]}
 
 
 def test_after_a_death_in_the_iteration_no_mark_is_taken_for_a_final_report(etcd):
     """The survivors of a death recover and mark again: a mark written before the
     death carries a report that is no longer the node's."""
-    cluster, reports = Cluster(etcd.endpoint, "finish-death"), _reports()
-    _node(cluster, 2, reports[12]).finished()
-    last = _node(cluster, 0, reports[10])
-    last.now.failed, last.now.recovered = (Local(1),), True  # as resolve() leaves them: node 11 died
+    cluster, nodes = Cluster(etcd.endpoint, "finish-death"), (0, 1, 2)
+    reports = _reports(nodes)
+    _node(cluster, nodes, 2, reports[2]).finished()
+    last = _node(cluster, nodes, 0, reports[0])
+    last.now.failed, last.now.recovered = (Local(1),), True  # as resolve() leaves them: node 1 died
     last.finished()
     assert last.linger() is None  # every live node finished ...
     assert last.now.completed is None  # ... but the marks are not taken as final reports

@@ -195,14 +195,19 @@ class Cluster:
             self.call(lambda: self.client.transaction(compare=[], success=gets, failure=[]))
         return [_records(prefix, raw, kvs) for (prefix, raw, _, _), kvs in zip(ranges, responses[len(puts):])]
 
-    def create_or_get(self, key: Key, record) -> tuple[object, bool]:
+    def create_or_get(self, key: Key, record, also: dict | None = None) -> tuple[object, bool]:
         """create(key, record), or else read what is there, in one transaction: the
-        record that stands at `key`, and whether this call wrote it."""
+        record that stands at `key`, and whether this call wrote it. Every {key:
+        record} of `also` is written either way (with it; or, when another wrote
+        `key` first, in a transaction of its own)."""
         tx = self.client.transactions
         raw, value = self.key(key), _encode(key, record)
-        wrote, responses = self._write([tx.version(raw) == 0], [tx.put(raw, value)], [tx.get(raw)])
+        puts = [tx.put(self.key(k), _encode(k, r)) for k, r in (also or {}).items()]
+        wrote, responses = self._write([tx.version(raw) == 0], [tx.put(raw, value), *puts], [tx.get(raw)])
         if wrote:
             return record, True
+        if also:
+            self.put_all(also)
         (stored, _), = responses[0]
         return key.family.record.from_dict(json.loads(stored)), False
 

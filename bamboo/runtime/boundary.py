@@ -51,21 +51,29 @@ class Boundary:
         self.checkpoints = checkpoints  # says whether a checkpoint is due
         self.straggler_factor, self.straggler_slack = straggler_factor, straggler_slack
         self.seen: tuple[dict, dict] | None = None  # (reports, deaths) read with this node's report
+        self.unwritten: dict = {}  # {DONE key: report} of a pipeline this node completed, not yet written
 
-    def report(self, iteration: int, report: Report, marks: dict | None = None) -> None:
+    def report(self, iteration: int, report: Report, marks: dict | None = None, read: list | None = None) -> None:
         """This node's report, written with a read of the reports and deaths so far
-        (one round trip), which the wait for the others starts from. `marks`: the
-        finished marks of a pipeline whose last mark was this node's, with no death
-        in the iteration. Nothing more can happen to the pipeline in it, so the
-        reports the marks carry are final: they are written too, and nobody waits
-        for the pipeline's other nodes to wake from their linger and write theirs."""
+        (one round trip), which the wait for the others starts from.
+
+        `marks`: the finished marks of a pipeline whose last mark was this node's,
+        with no death in the iteration, and `read`: the reports and deaths read
+        with that mark. Nothing more can happen to the pipeline in this iteration,
+        so the reports the marks carry are final: they go to etcd with the regroup
+        record, or before the first wait for another pipeline's, and nobody waits for
+        the pipeline's other nodes to wake from their linger and write theirs."""
+        if marks is not None:
+            final = {n: Report.from_dict(mark.report) for n, mark in marks.items() if mark.report is not None}
+            final[self.node] = report
+            self.unwritten = {DONE(iteration, n): r for n, r in final.items()}
+            done, failed = read
+            self.seen = ({**done, **final}, failed)  # the watch's flag stays up: a later report is read
+            return
         if self.changes is not None:
             # lowered before the read: a report after it wakes the wait
             self.changes.take(own=DONE(iteration, self.node))
-        final = {DONE(iteration, n): Report.from_dict(mark.report) for n, mark in (marks or {}).items()
-                 if n != self.node and mark.report is not None}
-        self.seen = tuple(self.cluster.put_and_read(DONE(iteration, self.node), report, DONE(iteration), FAILED(),
-                                                    also=final))
+        self.seen = tuple(self.cluster.put_and_read(DONE(iteration, self.node), report, DONE(iteration), FAILED()))
 
     def agree(self, iteration: int, assignment: Assignment, failover, failed: tuple[NodeId, ...], regroup,
               idle=None) -> Regroup:
@@ -106,6 +114,9 @@ class Boundary:
             failover.check_abort()  # another pipeline could not finish: this iteration is redone
             if not pending:
                 return done, set(failed)
+            if self.unwritten:  # the others may be waiting for them
+                self.cluster.put_all(self.unwritten)
+                self.unwritten = {}
             self.cluster.progress()
             now = time.monotonic()
             if now - began > LEASE_WAIT and now - asked > LEASE_WAIT:
@@ -140,7 +151,8 @@ class Boundary:
         due = self.checkpoints.due(iteration, last.time if last else None)
         proposal = Regroup(failed, self._wants_change(assignment, failed) or self._mode_change(iteration, assignment),
                            due, propose(reports, assignment.pipelines))
-        agreed, wrote = self.cluster.create_or_get(REGROUP(iteration, attempt), proposal)
+        agreed, wrote = self.cluster.create_or_get(REGROUP(iteration, attempt), proposal, also=self.unwritten)
+        self.unwritten = {}
         if wrote and due:
             self.cluster.put(CHECKPOINTED(), Timestamp(time.time()))
         return agreed

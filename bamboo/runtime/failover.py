@@ -23,7 +23,7 @@ from bamboo.control.changes import Changes
 from bamboo.control.cluster import Cluster
 from bamboo.control.events import FailedOver
 from bamboo.control.exits import Fenced
-from bamboo.control.protocol import (ABORT, CUT, FAILED, FINISHED, LEASE_EXPIRED, Abort, Cut, Failure, Finished,
+from bamboo.control.protocol import (ABORT, CUT, DONE, FAILED, FINISHED, LEASE_EXPIRED, Abort, Cut, Failure, Finished,
                                      Local, NodeId)
 from bamboo.runtime.cuts import Unsurvivable, died_before
 from bamboo.transport.comm import Comm
@@ -88,7 +88,8 @@ class Watch:
     baseline: dict = field(default_factory=dict)  # messages received before this iteration
     dead: Local | None = None          # the death being recovered from
     seen_finished: dict | None = None  # the finished marks read with this node's own
-    completed: dict | None = None      # the marks, when this node's completed a pipeline that lost no node in it
+    completed: dict | None = None      # the marks, when this node's mark completed a pipeline that lost nobody
+    read_at_mark: list | None = None   # [reports, deaths] read with this node's last mark
     recovered: bool = False            # a death in the pipeline was recovered from in this iteration
     due: bool = True                   # read etcd at the next poll, whatever the watch says
     event: object = None               # what the last look found
@@ -269,12 +270,15 @@ class Failover:
     def finished(self, also: dict | None = None) -> None:
         """This node's stream is done: its mark, carrying its report as it stands
         (`report_of`), written with `also` (the losses it holds) and a read of the
-        pipeline's marks so far (one round trip), which the linger starts from."""
+        pipeline's marks so far (one round trip), which the linger starts from, and
+        of the reports and deaths, which the boundary starts from if this mark
+        completes the pipeline."""
         mark = FINISHED(self.iteration, self.node_of(self.me))
         if self.finishes is not None:
             self.finishes.take(own=mark)  # lowered before the read: a finish after it wakes the linger
         record = Finished(self.report_of().to_dict() if self.report_of else None)
-        self.now.seen_finished = self.cluster.put_and_read(mark, record, FINISHED(self.iteration), also=also)[0]
+        self.now.seen_finished, *self.now.read_at_mark = self.cluster.put_and_read(
+            mark, record, FINISHED(self.iteration), DONE(self.iteration), FAILED(), also=also)
 
     def linger(self, poll: float = 0.02, idle=None):
         """Wait until every node of the pipeline finished the iteration (None), or
