@@ -250,3 +250,22 @@ def test_a_cluster_whose_port_was_taken_meanwhile_starts_on_fresh_ones():
             assert connect(cluster.members[2].endpoint).get("/t/cluster")[0] == b"1"
     finally:
         holder.close()
+
+
+def test_a_scratch_etcd_skips_the_disk_sync_and_still_keeps_every_write_across_a_sigkill(tmp_path):
+    """A lone member on a data dir of its own runs without fsync (its dir goes when it
+    stops); what it acknowledged is in the kernel's hands, so a SIGKILL of etcd loses
+    none of it. A member on a given data dir keeps the sync."""
+    def flags(server):
+        return open(f"/proc/{server.proc.pid}/cmdline", "rb").read().split(b"\0")
+    with EtcdServer() as server, EtcdServer(data_dir=str(tmp_path)) as kept:
+        assert server.scratch and b"--unsafe-no-fsync" in flags(server)
+        assert not kept.scratch and b"--unsafe-no-fsync" not in flags(kept)
+        client = connect(server.endpoint)
+        for i in range(50):
+            client.put(f"/t/k{i}", str(i))
+        client.close()
+        server.kill()
+        server.start()
+        values = {int(v) for v, _ in connect(server.endpoint).get_prefix("/t/")}
+        assert values == set(range(50))
