@@ -35,10 +35,20 @@ class EtcdError(RuntimeError):
     """etcd cannot be started or reached."""
 
 
+_HANDED: set[int] = set()  # ports free_port gave in this process (the kernel may offer one again)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, never one this process was given before: members of one
+    cluster take theirs before any binds, and two alike would clash (etcd refuses a
+    duplicate URL)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED:
+            _HANDED.add(port)
+            return port
 
 
 def port_taken(error: EtcdError) -> bool:
