@@ -49,7 +49,7 @@ def test_the_mark_that_completes_a_pipeline_writes_every_report_of_it_with_the_r
     last = _last_of_pipeline(cluster, nodes, reports, {LOSS(IT, 0): Loss(2.5)})
     assert cluster.get(LOSS(IT, 0)) == Loss(2.5)  # written with the mark
     boundary = _boundary(cluster, 0)
-    boundary.report(IT, reports[0], last.now.completed, last.now.read_at_mark)
+    boundary.report(IT, reports[0], last.now.completed)
     assert cluster.children(DONE(IT)) == {}  # nothing more written yet: the next write is the agreement's
     agreed = _agree(boundary, 1, last)
     assert agreed == Regroup((), False, False) and cluster.get(REGROUP(IT, 0)) == agreed
@@ -63,13 +63,13 @@ def test_a_completed_pipeline_writes_its_reports_before_it_waits_for_another_pip
         cluster.put(ALIVE(n), Alive(n))
     last = _last_of_pipeline(cluster, (0, 1, 2), reports)
     boundary = _boundary(cluster, 0)
-    boundary.report(IT, reports[0], last.now.completed, last.now.read_at_mark)
+    boundary.report(IT, reports[0], last.now.completed)
     agreed = []
     waiting = threading.Thread(target=lambda: agreed.append(_agree(boundary, 2, last)), daemon=True)
     waiting.start()
     second = _last_of_pipeline(cluster, (3, 4, 5), reports)  # the other pipeline, on another "node"
     other = _boundary(cluster, 3)
-    other.report(IT, reports[3], second.now.completed, second.now.read_at_mark)
+    other.report(IT, reports[3], second.now.completed)
     # its agreement needs pipeline 0's reports, which the waiting node wrote before its wait
     assert _agree(other, 2, second) == Regroup((), False, False)
     waiting.join(timeout=30)
@@ -86,7 +86,7 @@ def test_a_node_whose_mark_did_not_complete_the_pipeline_writes_only_its_own(etc
         _node(cluster, nodes, me, reports[me]).finished()
     assert first.linger(poll=0.01) is None  # woken later: the last mark was another's
     assert first.now.completed is None
-    _boundary(cluster, 0).report(IT, reports[0], first.now.completed, first.now.read_at_mark)
+    _boundary(cluster, 0).report(IT, reports[0], first.now.completed)
     assert cluster.children(DONE(IT)) == {0: reports[0]}
 
 

@@ -24,7 +24,7 @@ from bamboo.control.protocol import (CHECKPOINTED, DONE, DRAIN, FAILED, MEMBERS,
                                      NodeId, Regroup, Report, Timestamp)
 from bamboo.runtime.calibration import propose
 from bamboo.runtime.checkpoint import Checkpoints
-from bamboo.runtime.failover import LEASE_WAIT, LINGER_WAKE
+from bamboo.runtime.failover import LEASE_WAIT, LINGER_WAKE, Completed
 
 
 def stragglers(reports: dict[NodeId, Report], factor: float, slack: float) -> list[NodeId]:
@@ -53,22 +53,23 @@ class Boundary:
         self.seen: tuple[dict, dict] | None = None  # (reports, deaths) read with this node's report
         self.unwritten: dict = {}  # {DONE key: report} of a pipeline this node completed, not yet written
 
-    def report(self, iteration: int, report: Report, marks: dict | None = None, read: list | None = None) -> None:
+    def report(self, iteration: int, report: Report, completed: Completed | None = None) -> None:
         """This node's report, written with a read of the reports and deaths so far
         (one round trip), which the wait for the others starts from.
 
-        `marks`: the finished marks of a pipeline whose last mark was this node's,
-        with no death in the iteration, and `read`: the reports and deaths read
-        with that mark. Nothing more can happen to the pipeline in this iteration,
-        so the reports the marks carry are final: they go to etcd with the regroup
-        record, or before the first wait for another pipeline's, and nobody waits for
-        the pipeline's other nodes to wake from their linger and write theirs."""
-        if marks is not None:
-            final = {n: Report.from_dict(mark.report) for n, mark in marks.items() if mark.report is not None}
+        `completed`: what this node read with its finished mark, when that mark
+        completed a pipeline with no death in the iteration. Nothing more can happen
+        to the pipeline in it, so the reports the marks carry are final: they go to
+        etcd with the regroup record, or before the first wait for another
+        pipeline's, and nobody waits for the pipeline's other nodes to wake from
+        their linger and write theirs."""
+        if completed is not None:
+            final = {n: Report.from_dict(mark.report) for n, mark in completed.marks.items()
+                     if mark.report is not None}
             final[self.node] = report
             self.unwritten = {DONE(iteration, n): r for n, r in final.items()}
-            done, failed = read
-            self.seen = ({**done, **final}, failed)  # the watch's flag stays up: a later report is read
+            # no take(): the watch's flag stays up, so a report written since the mark is read
+            self.seen = ({**completed.reports, **final}, completed.deaths)
             return
         if self.changes is not None:
             # lowered before the read: a report after it wakes the wait

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from schedules.compiler import compile_recovery, compile_schedule
 from schedules.cost import CostModel
@@ -75,6 +76,14 @@ class TooManyDead:
     why: str
 
 
+class Completed(NamedTuple):
+    """What a node whose own finished mark completed its pipeline read with the mark:
+    every mark (each with its node's report), the reports and the deaths so far."""
+    marks: dict
+    reports: dict
+    deaths: dict
+
+
 @dataclass
 class Watch:
     """What the failover knows of the iteration under way: made by `begin`, once
@@ -88,8 +97,8 @@ class Watch:
     baseline: dict = field(default_factory=dict)  # messages received before this iteration
     dead: Local | None = None          # the death being recovered from
     seen_finished: dict | None = None  # the finished marks read with this node's own
-    completed: dict | None = None      # the marks, when this node's mark completed a pipeline that lost nobody
-    read_at_mark: list | None = None   # [reports, deaths] read with this node's last mark
+    read_with_mark: tuple[dict, dict] | None = None  # the reports and deaths read with this node's last mark
+    completed: Completed | None = None  # when this node's mark completed a pipeline that lost nobody
     recovered: bool = False            # a death in the pipeline was recovered from in this iteration
     due: bool = True                   # read etcd at the next poll, whatever the watch says
     event: object = None               # what the last look found
@@ -277,8 +286,9 @@ class Failover:
         if self.finishes is not None:
             self.finishes.take(own=mark)  # lowered before the read: a finish after it wakes the linger
         record = Finished(self.report_of().to_dict() if self.report_of else None)
-        self.now.seen_finished, *self.now.read_at_mark = self.cluster.put_and_read(
+        self.now.seen_finished, *read = self.cluster.put_and_read(
             mark, record, FINISHED(self.iteration), DONE(self.iteration), FAILED(), also=also)
+        self.now.read_with_mark = tuple(read)
 
     def linger(self, poll: float = 0.02, idle=None):
         """Wait until every node of the pipeline finished the iteration (None), or
@@ -297,7 +307,8 @@ class Failover:
                 finished = self.cluster.children(FINISHED(self.iteration))
             pending = [Local(n) for n in range(self.P) if n not in self.failed and self.node_of(n) not in finished]
             if not pending:
-                self.now.completed = finished if own and not self.now.recovered else None
+                done = own and not self.now.recovered
+                self.now.completed = Completed(finished, *self.now.read_with_mark) if done else None
                 return None
             event = self.poll() or self._silent_while_waiting(pending)
             if event is not None:

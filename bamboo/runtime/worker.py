@@ -195,8 +195,7 @@ class Worker(EpochMoves):
         self._compute_ahead(it + 1)
         if self.loss_scale and self.executor.overflow is not None:  # every node decided alike: first wins
             self.cluster.create(SCALE(it), dataclasses.replace(self.loss_scale, overflow=self.executor.overflow))
-        completed = self.failover.now.completed if self._promotes(it) else None
-        self.boundary.report(it, self._report(), completed, self.failover.now.read_at_mark)
+        self.boundary.report(it, self._report(), self.failover.now.completed if self._promotes(it) else None)
         self.failover.events = []
         agreed = self.boundary.agree(it, self.assignment, self.failover, self.failed, self._regroup(it),
                                      idle=self.executor.settle_replicas)  # owed steps fit in the wait
