@@ -1,6 +1,7 @@
 """The compiler: (P, M, failed set, options) -> every node's instruction stream.
 
     plain_streams      pass (a) order + (b) communication, groups merged   lower.py
+    split_last_backwards  a node's last input gradient sent first     early_grads.py
     defer_syncs        (--replica-sync next) the sync in the next iteration syncs.py
     insert_frc         pass (c) eager FRC in bubbles + (d) swap-out         redundancy.py
     check_in_bubbles   (--frc bubbles) no FRC delays anything: `simulate`    bubbles.py
@@ -20,6 +21,7 @@ from functools import lru_cache
 
 from schedules.bubbles import check_in_bubbles
 from schedules.cost import CostModel
+from schedules.early_grads import SPLITS, split_last_backwards
 from schedules.evaluation import eval_streams
 from schedules.ir import Instr
 from schedules.layout import Layout, ScheduleError, check_microbatches, keeps_replicas
@@ -46,6 +48,7 @@ class Schedule:
     evaluation: bool = False  # forward-only streams of the validation loss (compile_eval)
     frc: str = "bubbles"      # eager: FRC only where it fits the node's waits, or for every microbatch (all)
     sync: str = "end"         # the replica sync at the iteration's end, in the next iteration, or none owed (syncs.py)
+    split: str = "last"       # each node's last backward sends its input gradient first, or none does (early_grads.py)
     cost: CostModel = field(default_factory=CostModel, compare=False, repr=False)
 
     @property
@@ -70,6 +73,8 @@ class Schedule:
             out["frc"] = self.frc
         if self.sync != "end":
             out["replica_sync"] = self.sync
+        if self.split != "last":
+            out["backward_split"] = self.split
         if self.fail_node is not None:
             out.update(fail_node=self.fail_node, fail_before=self.fail_before)
         if self.evaluation:
@@ -89,7 +94,8 @@ class Schedule:
         return out
 
 
-def _check_options(microbatches: int, redundancy: str, order: str, frc: str = "bubbles", sync: str = "end") -> None:
+def _check_options(microbatches: int, redundancy: str, order: str, frc: str = "bubbles", sync: str = "end",
+                   split: str = "last") -> None:
     check_microbatches(microbatches)
     if redundancy not in REDUNDANCY:
         raise ScheduleError(f"--redundancy must be one of {', '.join(REDUNDANCY)} (got {redundancy!r})")
@@ -99,36 +105,44 @@ def _check_options(microbatches: int, redundancy: str, order: str, frc: str = "b
         raise ScheduleError(f"--frc must be one of {', '.join(FRC_MODES)} (got {frc!r})")
     if sync not in COMPILED_SYNCS:
         raise ScheduleError(f"--replica-sync must be one of {', '.join(SYNC_MODES)} (got {sync!r})")
+    if split not in SPLITS:
+        raise ScheduleError(f"--backward-split must be one of {', '.join(SPLITS)} (got {split!r})")
 
 
-def base_streams(layout: Layout, microbatches: int, order: str, cost: CostModel, sync: str) -> dict:
-    """The streams before FRC: plain, with the replica sync where `sync` says."""
+def base_streams(layout: Layout, microbatches: int, order: str, cost: CostModel, sync: str,
+                 split: str = "last") -> dict:
+    """The streams before FRC: plain, last backwards split as `split` says, with the
+    replica sync where `sync` says."""
     streams = plain_streams(layout, microbatches, order, cost, sync)
+    if split == "last":
+        streams = split_last_backwards(streams)
     return defer_syncs(layout, streams, cost) if sync == "next" else streams
 
 
 @lru_cache(maxsize=64)
 def _compile(stages: int, microbatches: int, failed: tuple[int, ...], redundancy: str, order: str,
-             cost: CostModel, frc: str, sync: str) -> Schedule:
-    _check_options(microbatches, redundancy, order, frc, sync)
+             cost: CostModel, frc: str, sync: str, split: str) -> Schedule:
+    _check_options(microbatches, redundancy, order, frc, sync, split)
     layout = Layout(stages, frozenset(failed), keeps_replicas(redundancy))
     cost.check_stages(stages)
-    streams = base_streams(layout, microbatches, order, cost, sync)
+    streams = base_streams(layout, microbatches, order, cost, sync, split)
     if redundancy == "eager":
         streams = insert_frc(layout, microbatches, streams, cost, frc, sync)
     return Schedule(stages, microbatches, tuple(sorted(set(failed))), redundancy, order, streams, cost=cost, frc=frc,
-                    sync=sync)
+                    sync=sync, split=split)
 
 
 def compile_schedule(stages: int, microbatches: int, failed: tuple[int, ...] = (),
                      redundancy: str = "eager", order: str = "1f1b",
-                     cost: CostModel = CostModel(), frc: str = "bubbles", sync: str = "end") -> Schedule:
+                     cost: CostModel = CostModel(), frc: str = "bubbles", sync: str = "end",
+                     split: str = "last") -> Schedule:
     """One iteration for every live node, with `failed` nodes' groups merged into
     their predecessors' (a failure handled at an iteration boundary). `frc`: with
     eager, FRC only in the waits it fits (bubbles), or for every microbatch (all).
     `sync`: each replica's sync at the iteration's end, or in the next one (syncs.py).
+    `split`: each node's last backward sends its input gradient first (early_grads.py).
     Compiled schedules are cached; each call gets its own copy of the streams."""
-    cached = _compile(stages, microbatches, tuple(failed), redundancy, order, cost, frc, sync)
+    cached = _compile(stages, microbatches, tuple(failed), redundancy, order, cost, frc, sync, split)
     return replace(cached, streams={n: list(s) for n, s in cached.streams.items()})
 
 
@@ -142,11 +156,12 @@ def compile_stage(stages: int, microbatches: int, node: int, **options) -> list[
 
 def compile_recovery(stages: int, microbatches: int, fail_node: int, fail_before: int,
                      failed: tuple[int, ...] = (), redundancy: str = "eager", order: str = "1f1b",
-                     cost: CostModel = CostModel(), frc: str = "bubbles", sync: str = "end") -> Schedule:
+                     cost: CostModel = CostModel(), frc: str = "bubbles", sync: str = "end",
+                     split: str = "last") -> Schedule:
     """The survivors' streams for an iteration in which `fail_node` dies before its
     instruction `fail_before`: what they ran up to the cut, then the recovery. The
     dead stage's microbatches whose FRC ran are swapped in, the rest recomputed."""
-    base = compile_schedule(stages, microbatches, failed, redundancy, order, cost, frc, sync)
+    base = compile_schedule(stages, microbatches, failed, redundancy, order, cost, frc, sync, split)
     if redundancy == "off":
         raise ScheduleError(f"node {fail_node} failing mid-iteration is not survivable with "
                             "--redundancy off: no other node holds its layers")
@@ -154,7 +169,7 @@ def compile_recovery(stages: int, microbatches: int, fail_node: int, fail_before
                                     expect_frc=_every_frc(redundancy, frc), sync=sync)
     return Schedule(stages, microbatches, base.failed, redundancy, order, dict(sorted(streams.items())),
                     fail_node=fail_node, fail_before=fail_before, resume_at=resume_at, cost=cost, frc=frc,
-                    sync=sync)
+                    sync=sync, split=split)
 
 
 def _every_frc(redundancy: str, frc: str) -> bool:
@@ -198,11 +213,13 @@ def simulate(schedule: Schedule, cost: CostModel | None = None):
     dead = None
     if schedule.fail_node is not None:
         base = compile_schedule(schedule.stages, schedule.microbatches, schedule.failed,
-                                schedule.redundancy, schedule.order, schedule.cost, schedule.frc, schedule.sync)
+                                schedule.redundancy, schedule.order, schedule.cost, schedule.frc, schedule.sync,
+                                schedule.split)
         streams[schedule.fail_node] = base.streams[schedule.fail_node]
         dead = (schedule.fail_node, schedule.fail_before)
     elif schedule.redundancy == "eager" and schedule.frc == "bubbles" and cost == schedule.cost:
-        plain = base_streams(schedule.layout, schedule.microbatches, schedule.order, cost, schedule.sync)
+        plain = base_streams(schedule.layout, schedule.microbatches, schedule.order, cost, schedule.sync,
+                             schedule.split)
         check_in_bubbles(plain, streams, cost)
     return Simulator(schedule.layout, schedule.microbatches, cost, dead,
                      expect_frc=_every_frc(schedule.redundancy, schedule.frc), late_sync=schedule.sync == "next",

@@ -15,6 +15,8 @@ class Op(str, Enum):
     LOAD = "load"                      # read microbatch mb (inputs and labels) from the data loader
     FORWARD = "forward"                # forward of `stage` on microbatch mb
     BACKWARD = "backward"              # backward of `stage`; accumulates that stage's weight gradients
+    BACKWARD_INPUT = "backward_input"  # only the gradient w.r.t. the input of `stage` (sent on at once) ...
+    BACKWARD_WEIGHT = "backward_weight"  # ... then its weight gradients (schedules/early_grads.py)
     SEND_ACT = "send_act"              # output activation of `stage` for mb -> peer
     RECV_ACT = "recv_act"
     SEND_GRAD = "send_grad"            # gradient w.r.t. the input of `stage` for mb -> peer
@@ -30,6 +32,8 @@ class Op(str, Enum):
 SENDS = {Op.SEND_ACT: Op.RECV_ACT, Op.SEND_GRAD: Op.RECV_GRAD, Op.SEND_SYNC: Op.RECV_SYNC}
 RECVS = {recv: send for send, recv in SENDS.items()}
 COMM = frozenset(SENDS) | frozenset(RECVS)
+INPUT_GRADS = frozenset({Op.BACKWARD, Op.BACKWARD_INPUT})     # ops that take the output gradient in
+WEIGHT_GRADS = frozenset({Op.BACKWARD, Op.BACKWARD_WEIGHT})   # ops that accumulate weight gradients
 
 
 def channel(ins: "Instr", node: int) -> tuple[int, int, "Op"]:
@@ -45,6 +49,8 @@ _FIELDS = {
     Op.LOAD: ("mb",),
     Op.FORWARD: ("stage", "mb", "redundant"),
     Op.BACKWARD: ("stage", "mb", "redundant"),
+    Op.BACKWARD_INPUT: ("stage", "mb"),
+    Op.BACKWARD_WEIGHT: ("stage", "mb"),
     Op.SWAP_OUT: ("stage", "mb"),
     Op.SWAP_IN: ("stage", "mb"),
     Op.REDUCE_GRADS: ("stage",),
@@ -114,6 +120,14 @@ def send_grad(stage: int, mb: int, peer: int) -> Instr:
 
 def recv_grad(stage: int, mb: int, peer: int) -> Instr:
     return Instr(Op.RECV_GRAD, stage, mb, peer)
+
+
+def backward_input(stage: int, mb: int) -> Instr:
+    return Instr(Op.BACKWARD_INPUT, stage, mb)
+
+
+def backward_weight(stage: int, mb: int) -> Instr:
+    return Instr(Op.BACKWARD_WEIGHT, stage, mb)
 
 
 def swap_out(stage: int, mb: int) -> Instr:

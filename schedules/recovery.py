@@ -193,7 +193,7 @@ def _brc_chains(layout: Layout, M: int, d: int, p: int, q: int, p_ran: list[Inst
     # Gradients from q arrive in q's order; backwards whose result p's own stage still
     # waits for go first, the rest (p already ran its own backward) can wait.
     recvs = [ir.recv_grad(d + 1, mb, q) for mb in grad_order] if has_down and p != q else []
-    own_done = {i.mb for i in p_ran if i.op is Op.BACKWARD and i.stage == (d - 1) % P}
+    own_done = {i.mb for i in p_ran if i.op in ir.INPUT_GRADS and i.stage == (d - 1) % P}
     urgent: list[Instr] = []
     deferred: list[Instr] = []
     for mb in (grad_order if recvs else range(M)):

@@ -30,6 +30,8 @@ def kind(ins: Instr) -> str:
         return "FRC" if ins.redundant else "F"
     if ins.op is Op.BACKWARD:
         return "BRC" if ins.redundant else "B"
+    if ins.op in (Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT):  # a split backward (early_grads.py)
+        return "B"
     if ins.op in (Op.SWAP_IN, Op.SWAP_OUT):
         return "swap"
     if ins.op in (Op.REDUCE_GRADS, Op.OPTIMIZER_STEP, Op.SEND_SYNC, Op.RECV_SYNC):

@@ -25,6 +25,8 @@ from schedules.cost import CostModel
 from schedules.ir import RECVS, SENDS, Instr, Op, channel
 from schedules.layout import Layout, ScheduleError
 
+COMPUTE = frozenset({Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT})
+
 
 class ValidationError(ScheduleError):
     """A stream that cannot run: `kind` is deadlock, out-of-order, use-before-produce,
@@ -79,7 +81,8 @@ class _Node:
     loaded: set = field(default_factory=set)
     acts: set = field(default_factory=set)       # (stage, mb) outputs present on the device
     grads: set = field(default_factory=set)      # (stage, mb) gradients w.r.t. a stage's input
-    states: dict = field(default_factory=dict)   # (stage, mb) -> True resident / False swapped
+    states: dict = field(default_factory=dict)   # (stage, mb) -> True resident / False swapped /
+                                                 # "weights" kept for BACKWARD_WEIGHT
     live: int = 0
     swapped: int = 0
     peak_live: int = 0
@@ -136,9 +139,9 @@ class Simulator:
         need = None
         if op is Op.LOAD:
             need = mb in st.loaded and f"microbatch {mb} loaded twice"
-        elif op in (Op.FORWARD, Op.BACKWARD) and (s in st.reduced or (s, True) in st.stepped and not self.late_sync):
+        elif op in COMPUTE and (s in st.reduced or (s, True) in st.stepped and not self.late_sync):
             need = f"stage {s} computes after its gradients were reduced or its step was taken"
-        elif (op in (Op.FORWARD, Op.BACKWARD) and self.late_sync and s == self.layout.replica(node)
+        elif (op in COMPUTE and self.late_sync and s == self.layout.replica(node)
               and (s, True) not in st.stepped):
             need = f"stage {s} computed on its replica before it took the sync of the iteration before"
         elif op is Op.FORWARD:
@@ -150,13 +153,15 @@ class Simulator:
                 need = f"no input activation (stage {s - 1}, mb {mb})"
             elif (s, mb) in st.states:
                 need = f"forward state (stage {s}, mb {mb}) computed twice"
-        elif op is Op.BACKWARD:
+        elif op in (Op.BACKWARD, Op.BACKWARD_INPUT):
             if s not in st.layers:
                 need = f"does not hold the layers of stage {s}"
             elif st.states.get((s, mb)) is not True:
                 need = f"no resident forward state (stage {s}, mb {mb})"
             elif s < self.P - 1 and (s + 1, mb) not in st.grads:
                 need = f"no output gradient (stage {s + 1}, mb {mb})"
+        elif op is Op.BACKWARD_WEIGHT:
+            need = st.states.get((s, mb)) != "weights" and f"no input gradient's pass before (stage {s}, mb {mb})"
         elif op is Op.SEND_ACT:
             need = (s, mb) not in st.acts and f"no activation (stage {s}, mb {mb}) to send"
         elif op is Op.SEND_GRAD:
@@ -208,6 +213,13 @@ class Simulator:
             del st.states[key]
             st.live -= 1
             st.grads.add(key)
+            st.accum[ins.stage].append(ins.mb)
+        elif op is Op.BACKWARD_INPUT:
+            st.states[key] = "weights"  # its memory held until the weight pass
+            st.grads.add(key)
+        elif op is Op.BACKWARD_WEIGHT:
+            del st.states[key]
+            st.live -= 1
             st.accum[ins.stage].append(ins.mb)
         elif op is Op.RECV_ACT:
             st.acts.add(key)

@@ -7,11 +7,10 @@ the placed FRC one at a time, and the placement the compiler had before
 import pytest
 
 from schedules.bubbles import check_in_bubbles
-from schedules.compiler import compile_recovery, compile_schedule, simulate
+from schedules.compiler import base_streams, compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
 from schedules.ir import Op, is_frc
 from schedules.layout import Layout
-from schedules.lower import plain_streams
 from schedules.simulator import Simulator, ValidationError
 from sim.profiles import profile
 
@@ -76,7 +75,7 @@ def test_the_brute_force_finds_the_frc_that_frc_all_puts_where_it_does_not_fit()
     late, makespan = _delays(eager.layout, 16, eager.streams, CostModel(), lazy)
     assert makespan > lazy.makespan + 1
     with pytest.raises(ValidationError) as e:
-        check_in_bubbles(plain_streams(eager.layout, 16), eager.streams, CostModel())
+        check_in_bubbles(base_streams(eager.layout, 16, "1f1b", CostModel(), "end"), eager.streams, CostModel())
     assert e.value.kind == "frc-delay" and "lengthens" in str(e.value)
 
 
@@ -90,7 +89,7 @@ def test_an_frc_moved_into_a_wait_too_short_is_refused():
     after = next(i for i, x in enumerate(s) if x.op is Op.SEND_ACT and x.mb == 0) + 1
     s[after:after] = frc  # right after node 1 sent mb 0 on: it has its next activation to work on
     with pytest.raises(ValidationError) as e:
-        check_in_bubbles(plain_streams(eager.layout, 8), streams, CostModel())
+        check_in_bubbles(base_streams(eager.layout, 8, "1f1b", CostModel(), "end"), streams, CostModel())
     assert e.value.kind == "frc-delay" and "node 1" in str(e.value)
 
 
@@ -102,22 +101,24 @@ OLD_FRC = {(4, 8, "default"): {0: [12, 14, 16, 18, 44, 48, 55, 57], 1: [9, 11, 1
 
 @pytest.mark.parametrize("P,M,name", list(OLD_FRC))
 def test_frc_all_is_the_placement_of_before(P, M, name):
-    sched = compile_schedule(P, M, cost={"default": CostModel(), "uneven": UNEVEN}[name], frc="all")
+    sched = compile_schedule(P, M, cost={"default": CostModel(), "uneven": UNEVEN}[name], frc="all", split="off")
     assert {n: [i for i, x in enumerate(s) if is_frc(x)] for n, s in sched.streams.items()} == OLD_FRC[(P, M, name)]
     simulate(sched)
 
 
-def test_a_death_uses_the_frc_that_ran_and_recomputes_the_rest():
+@pytest.mark.parametrize("split,held", [("off", 6), ("last", 5)])
+def test_a_death_uses_the_frc_that_ran_and_recomputes_the_rest(split, held):
     """Node 2 dies at every point of its stream; its holder, node 1, has FRC of
-    stage 2 for microbatches 0..5 of 8 in its bubbles. The recovery validates,
-    swaps in only what ran before the cut, and recomputes every other forward
-    (among them those no bubble held) exactly once."""
+    stage 2 for microbatches 0..5 of 8 in its bubbles (0..4 with its last backward
+    split, whose weight pass takes a wait). The recovery validates, swaps in only
+    what ran before the cut, and recomputes every other forward (among them those
+    no bubble held) exactly once."""
     P, M, d, p = 4, 8, 2, 1
-    base = compile_schedule(P, M)
-    assert base.frc_microbatches(p) == [0, 1, 2, 3, 4, 5]
+    base = compile_schedule(P, M, split=split)
+    assert base.frc_microbatches(p) == list(range(held))
     mixed = 0
     for k in range(len(base.streams[d]) + 1):
-        rec = compile_recovery(P, M, d, k)
+        rec = compile_recovery(P, M, d, k, split=split)
         assert all(simulate(rec).finished.values())
         prefix, part = rec.streams[p][:rec.resume_at[p]], rec.streams[p][rec.resume_at[p]:]
         if not any(x.op is Op.BACKWARD and x.stage == d for x in part):
@@ -140,5 +141,5 @@ def test_the_replica_step_may_take_the_idle_end_of_a_node():
     late_tail = [n for n, s in eager.streams.items()
                  if any(is_frc(x) for x in s[next(i for i, x in enumerate(s) if x.op is Op.REDUCE_GRADS):])]
     assert late_tail and all(eager.frc_microbatches(n) == list(range(8)) for n in eager.streams)
-    length, with_frc = check_in_bubbles(plain_streams(layout, 8), eager.streams, CostModel())
+    length, with_frc = check_in_bubbles(base_streams(layout, 8, "1f1b", CostModel(), "end"), eager.streams, CostModel())
     assert with_frc == pytest.approx(length)

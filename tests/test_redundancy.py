@@ -1,11 +1,10 @@
 """Passes (c)-(e): eager FRC, swap-out, lazy BRC; and merged groups after a failure."""
 import pytest
 
-from schedules.compiler import compile_recovery, compile_schedule, simulate
+from schedules.compiler import base_streams, compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
-from schedules.ir import Op, is_frc
+from schedules.ir import INPUT_GRADS, WEIGHT_GRADS, Op, is_frc
 from schedules.layout import Layout
-from schedules.lower import plain_streams
 from schedules.simulator import validate as simulate_streams
 
 
@@ -47,7 +46,7 @@ def test_frc_all_costs_no_more_than_its_leftover(P, M):
     against the same streams with replica syncs but no FRC."""
     cost = CostModel()
     layout = Layout(P)
-    plain = simulate_streams(layout, M, plain_streams(layout, M, cost=cost), cost, expect_frc=False)
+    plain = simulate_streams(layout, M, base_streams(layout, M, "1f1b", cost, "end"), cost, expect_frc=False)
     r_eager = simulate(compile_schedule(P, M, frc="all"), cost)
     frc_work = {m: sum(cost.duration(x) for x in s if is_frc(x) or x.op is Op.SWAP_OUT)
                 for m, s in compile_schedule(P, M, frc="all").streams.items()}
@@ -58,7 +57,7 @@ def test_frc_all_costs_no_more_than_its_leftover(P, M):
 def test_frc_fits_entirely_in_bubbles_of_a_deep_short_pipeline():
     cost = CostModel()
     layout = Layout(8)
-    plain = simulate_streams(layout, 8, plain_streams(layout, 8, cost=cost), cost, expect_frc=False)
+    plain = simulate_streams(layout, 8, base_streams(layout, 8, "1f1b", cost, "end"), cost, expect_frc=False)
     for frc in ("all", "bubbles"):
         sched = compile_schedule(8, 8, frc=frc)
         assert simulate(sched, cost).makespan == pytest.approx(plain.makespan)
@@ -88,8 +87,8 @@ def test_failed_nodes_stages_run_as_normal_work_on_the_predecessor(P, M, failed)
         p = (d - 1) % P
         stream = sched.streams[p]
         for stage in (p, d):
-            for op in (Op.FORWARD, Op.BACKWARD):
-                assert sorted(x.mb for x in stream if x.op is op and x.stage == stage and not x.redundant) \
+            for ops in ({Op.FORWARD}, INPUT_GRADS, WEIGHT_GRADS):  # a backward whole, or split in two
+                assert sorted(x.mb for x in stream if x.op in ops and x.stage == stage and not x.redundant) \
                     == list(range(M))
         assert not any(x.peer == d for x in stream)
         assert not any(is_frc(x) for x in stream)  # p holds no replica any more

@@ -15,7 +15,7 @@ import os
 SEED_MAX = 2**48  # layer i's weights come from torch.manual_seed(seed * 7919 + i): it must stay in 64 bits
 
 # Flags a --stages 1 run (one process, the single-process reference) does not read.
-SINGLE_IGNORES = ("redundancy", "frc", "replica_sync", "sync_bucket_mb", "compute_ahead", "auto_prior_rate",
+SINGLE_IGNORES = ("redundancy", "frc", "replica_sync", "backward_split", "sync_bucket_mb", "compute_ahead", "auto_prior_rate",
                   "auto_prior_hours", "max_stages_per_node", "preempt", "failure_timeout", "lease_ttl", "hang_timeout",
                   "straggler_factor", "straggler_slack", "stall_timeout", "check_replicas", "no_memory_copies",
                   "etcd", "etcd_members", "job", "local_nodes", "local_hosts", "workers_per_host", "zones", "notice",

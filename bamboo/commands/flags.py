@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from schedules.early_grads import SPLITS
 from schedules.redundancy import FRC_MODES
 from schedules.syncs import SYNC_MODES
 
@@ -54,6 +55,10 @@ def _schedule_flags(g) -> None:
     g.add_argument("--replica-sync", choices=SYNC_MODES, default="end",
                    help="a replica takes its owner's gradients at the iteration's end, or in the next iteration, off "
                         "the critical path, with limits for now (next: docs/redundancy.md)")
+    g.add_argument("--backward-split", choices=SPLITS, default="last",
+                   help="last: each node's last backward computes its input gradient, sends it, then its weight "
+                        "gradients, so the drain waits for input gradients only (same math; the weight pass "
+                        "traverses the graph again, off the critical path); off: whole backwards (docs/HOTPATH.md)")
     g.add_argument("--compute-ahead", action="store_true",
                    help="on the CPU, stage 0's owner runs the next iteration's first forward on a thread while the "
                         "iteration boundary agrees (measured no faster on 2 cores, and more memory: docs/HOTPATH.md)")

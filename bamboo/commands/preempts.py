@@ -23,7 +23,8 @@ def fault_free_stream(args, node: int, first: bool = False) -> list:
 
     m = len(split_microbatches(args.microbatches, args.pipelines)[node // args.stages])
     sync = "none" if first and args.replica_sync == "next" else args.replica_sync
-    return compile_schedule(args.stages, m, (), stream_mode(args), frc=args.frc, sync=sync).streams[node % args.stages]
+    return compile_schedule(args.stages, m, (), stream_mode(args), frc=args.frc, sync=sync,
+                            split=args.backward_split).streams[node % args.stages]
 
 
 def random_preempt(args, rng: random.Random) -> Preempt:

@@ -34,6 +34,7 @@ class JobConfig:
     sync_bucket_mb: float = 4.0    # a replica's sync posted in buckets this large (bamboo/runtime/sync.py)
     compute_ahead: bool = False    # stage 0's next forward run while the boundary agrees (bamboo/runtime/ahead.py)
     replica_sync: str = "end"      # a replica's sync at the iteration's end, or in the next one (schedules/syncs.py)
+    backward_split: str = "last"   # each node's last backward sends its input gradient first (schedules/early_grads.py)
     auto_prior_rate: float = 0.05  # --redundancy auto: deaths per node-hour assumed before any are seen ...
     auto_prior_hours: float = 2.0  # ... weighing as much as this many node-hours of observation
     max_stages_per_node: int = 2   # agents: nodes left over from full pipelines form shorter ones (1: standby)

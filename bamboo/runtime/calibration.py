@@ -104,8 +104,9 @@ def cost_model(costs: dict | None, pipeline: int, stages: int) -> CostModel | No
 
 
 def describe(cost: CostModel, microbatches: int, failed: tuple[int, ...], frc: str, me: int,
-             sync: str = "end") -> str:
+             sync: str = "end", split: str = "last") -> str:
     """A log line: what the measured model places on node `me` of its pipeline."""
-    placed = compile_schedule(len(cost.forward), microbatches, failed, "eager", cost=cost, frc=frc, sync=sync)
+    placed = compile_schedule(len(cost.forward), microbatches, failed, "eager", cost=cost, frc=frc, sync=sync,
+                              split=split)
     return (f"FRC is placed by measured op times: microbatches {placed.frc_microbatches(me)} "
             f"(forward ms {[round(f, 2) for f in cost.forward]}, FRC costed x{cost.frc_factor:.2f})")

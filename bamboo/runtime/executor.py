@@ -39,7 +39,8 @@ from bamboo.transport.swap import SavedTensors
 
 # Ops whose wall time is this node's own work (the straggler check). Timed on the
 # CPU only: CUDA kernels run after their launch returns (see Executor.busy).
-COMPUTE = frozenset({Op.LOAD, Op.FORWARD, Op.BACKWARD, Op.SWAP_OUT, Op.SWAP_IN, Op.OPTIMIZER_STEP})
+COMPUTE = frozenset({Op.LOAD, Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT, Op.SWAP_OUT,
+                     Op.SWAP_IN, Op.OPTIMIZER_STEP})
 # The step phase: when a tie or the global norm joins the stages' steps, a step
 # waits for every stage's gradients, so nothing a peer needs for those may wait
 # behind one. A node then runs these after every other instruction of its stream.
@@ -241,16 +242,36 @@ class Executor(StepPhase):
             self.it.acts[(s, mb)] = out.detach()
 
     def backward(self, ins: Instr) -> None:
+        inp, root, grad = self._backward_root(ins)
+        self._sync_early(ins)
+        root.backward(grad)
+        if ins.stage > 0:
+            self.it.grads[(ins.stage, ins.mb)] = inp.grad
+
+    def _backward_root(self, ins: Instr) -> tuple:
+        """(the stage's input, what its backward starts from, the gradient it starts
+        with): the last stage starts from its scaled loss, as the reference does."""
         s, mb = ins.stage, ins.mb
         inp, out, _ = self.it.states.pop((s, mb))
-        self._sync_early(ins)
         if s == self.P - 1:
             self.it.losses[self.it.mbs[mb]] = out.detach()  # leaves with the gradient (send_grad)
-            recipe.scaled_loss(out, self.cfg.microbatches, self.it.loss_scale).backward()  # as the reference
-        else:
-            out.backward(self.it.grads[(s + 1, mb)])
-        if s > 0:
-            self.it.grads[(s, mb)] = inp.grad
+            return inp, recipe.scaled_loss(out, self.cfg.microbatches, self.it.loss_scale), None
+        return inp, out, self.it.grads[(s + 1, mb)]
+
+    def backward_input(self, ins: Instr) -> None:
+        """The gradient w.r.t. the stage's input only, for SEND_GRAD to send at once;
+        the graph is kept for backward_weight (schedules/early_grads.py)."""
+        inp, root, grad = self._backward_root(ins)
+        (self.it.grads[(ins.stage, ins.mb)],) = torch.autograd.grad(root, inp, grad, retain_graph=True)
+        self.it.weights_owed[(ins.stage, ins.mb)] = (root, grad)
+
+    def backward_weight(self, ins: Instr) -> None:
+        """The weight gradients of a backward_input's microbatch: a second pass over
+        its graph, towards the weights only, which accumulates them as `backward` does."""
+        root, grad = self.it.weights_owed.pop((ins.stage, ins.mb))
+        self._sync_early(ins)
+        torch.autograd.backward(root, grad, inputs=[p for p in self.modules[ins.stage].parameters()
+                                                    if p.requires_grad])
 
     def swap_out(self, ins: Instr) -> None:
         key = (ins.stage, ins.mb)
@@ -357,6 +378,8 @@ OPS: dict[Op, Callable[[Executor, Instr], None]] = {
     Op.LOAD: Executor.load,
     Op.FORWARD: Executor.forward,
     Op.BACKWARD: Executor.backward,
+    Op.BACKWARD_INPUT: Executor.backward_input,
+    Op.BACKWARD_WEIGHT: Executor.backward_weight,
     Op.SEND_ACT: Executor.send_act,
     Op.RECV_ACT: Executor.recv_act,
     Op.SEND_GRAD: Executor.send_grad,

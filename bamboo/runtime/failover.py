@@ -111,7 +111,8 @@ class Watch:
 class Failover:
     def __init__(self, cluster: Cluster, nodes: tuple[int, ...], pipeline: int, me: int, redundancy: str,
                  timeout: float, elastic: bool = False, failures: Changes | None = None,
-                 finishes: Changes | None = None, frc: str = "bubbles", sync: str = "end", report_of=None):
+                 finishes: Changes | None = None, frc: str = "bubbles", sync: str = "end", report_of=None,
+                 split: str = "last"):
         self.cluster, self.nodes, self.pipeline, self.me = cluster, nodes, pipeline, me
         self.P = len(nodes)
         self.redundancy, self.timeout = redundancy, timeout
@@ -119,6 +120,7 @@ class Failover:
         # each replica's sync at the iteration's end, or in the next (schedules/syncs.py); off keeps none
         self.sync = sync if redundancy != "off" else "end"
         self.compiled_sync = sync  # the iteration's: "none" for a first one of --replica-sync next
+        self.split = split  # each node's last backward sends its input gradient first (schedules/early_grads.py)
         self.cost: CostModel | None = None  # measured, agreed at a boundary (runtime/calibration.py); None: default
         self.elastic = elastic  # agents can redo the iteration: abort instead of failing the job
         self.failures = failures  # raised by a watch on failed/ and abort/ (None: read every 20 ms)
@@ -194,7 +196,7 @@ class Failover:
 
     def _compile(self, microbatches: int, failed: tuple[Local, ...], cost: CostModel) -> dict[int, list[Instr]]:
         return compile_schedule(self.P, microbatches, failed, self.redundancy, cost=cost, frc=self.frc,
-                                sync=self.compiled_sync).streams
+                                sync=self.compiled_sync, split=self.split).streams
 
     def detected(self, node: NodeId, how: str) -> None:
         self.cluster.record_dead(node, Failure(self.iteration, self.node_of(self.me), how))
@@ -386,7 +388,7 @@ class Failover:
         try:
             k = died_before(self.now.streams[dead], received, late=self.compiled_sync == "next")
             return k, compile_recovery(self.P, self.now.microbatches, dead, k, self.failed, self.redundancy,
-                                       cost=self.now.cost, frc=self.frc, sync=self.compiled_sync)
+                                       cost=self.now.cost, frc=self.frc, sync=self.compiled_sync, split=self.split)
         except Unsurvivable as e:
             self.unsurvivable(str(e))
         except ScheduleError as e:

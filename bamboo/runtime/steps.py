@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from schedules.ir import Instr, Op
+from schedules.ir import WEIGHT_GRADS, Instr, Op
 
 from bamboo.control.protocol import NORM, Loss
 from bamboo.model import recipe
@@ -142,7 +142,7 @@ class StepPhase:
         s, rest, size = ins.stage, self.it.stream[self.it.pc + 1:], int(self.cfg.sync_bucket_mb * 2**20)
         if self.step_after_reduces or self.reducer.D != 1 or s in self.it.early_syncs:
             return
-        if any(i.op is Op.BACKWARD and i.stage == s for i in rest):  # not the last: most backwards end here
+        if any(i.op in WEIGHT_GRADS and i.stage == s for i in rest):  # not the last: most backwards end here
             return
         if sum(p.numel() * p.element_size() for p in self.modules[s].parameters()) <= size:
             return

@@ -144,7 +144,7 @@ class Worker(EpochMoves):
         self.mbs = assignment.microbatches(self.cfg.microbatches, self.pipeline)  # by speed: short ones run fewer
         self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, self.holdings.mode(assignment),
                                  self.cfg.failure_timeout, self.cfg.elastic, self.failures, self.finishes,
-                                 frc=self.cfg.frc, sync=self.cfg.replica_sync,
+                                 frc=self.cfg.frc, sync=self.cfg.replica_sync, split=self.cfg.backward_split,
                                  report_of=lambda: self._report(digests=False))
         if self.executor is not None:
             self.executor.reducer.close()  # the last epoch's groups (NCCL: their GPU memory)
@@ -205,7 +205,7 @@ class Worker(EpochMoves):
             self.failover.cost = cost  # FRC placed by measured times from the next iteration on
             print(f"bamboo.runtime.worker: node {self.node}: from iteration {it + 1} "
                   + calibration.describe(cost, len(self.mbs), self.local_failed(), self.cfg.frc, self.me,
-                                         self.cfg.replica_sync), flush=True)
+                                         self.cfg.replica_sync, self.cfg.backward_split), flush=True)
         return agreed
 
     def checkpoint(self, it: int) -> None:
