@@ -124,13 +124,7 @@ class Simulator:
         sent, ("order" | "data", reason) for a broken stream; None when it can."""
         st, op, s, mb = self.nodes[node], ins.op, ins.stage, ins.mb
         if op in RECVS:
-            q = self.channels.get(channel(ins, node))
-            if not q:
-                return ("wait", f"node {node} waits for {ins}")
-            sent = q[0][0]
-            if sent.op is not RECVS[op] or sent.stage != s or sent.mb != mb:
-                return ("order", f"node {node} expects {ins} but node {ins.peer} sent {sent} first")
-            return None
+            return self._not_received(node, ins)
         if op in SENDS and channel(ins, node) in self.expected:
             q = self.expected[channel(ins, node)]
             if not q or q[0] != (SENDS[op], s, mb):
@@ -180,6 +174,16 @@ class Simulator:
             ready = st.synced if ins.redundant else st.reduced
             need = (s not in ready or (s, ins.redundant) in st.stepped) and f"stage {s} stepped without gradients"
         return ("data", f"node {node}: {ins}: {need}") if need else None
+
+    def _not_received(self, node: int, ins: Instr) -> tuple[str, str] | None:
+        """`missing` for a receive: its message not sent yet, or another first."""
+        q = self.channels.get(channel(ins, node))
+        if not q:
+            return ("wait", f"node {node} waits for {ins}")
+        sent = q[0][0]
+        if sent.op is not RECVS[ins.op] or sent.stage != ins.stage or sent.mb != ins.mb:
+            return ("order", f"node {node} expects {ins} but node {ins.peer} sent {sent} first")
+        return None
 
     def start_time(self, node: int, ins: Instr) -> float:
         clock = self.nodes[node].clock

@@ -53,7 +53,9 @@ from bamboo.model.builtin import Block, Embedding, GPTConfig, Head, token_loss
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = GPTConfig(vocab=256, seq=128, dim=256, layers=4, heads=4, dropout=0.0)
 MODEL, P, M, BATCH = "scripts.bench_hotpath:gpt", 2, 8, 8
-SYSTEMS = ("off", "deepspeed", "torch", "eager", "lazy", "off-poll1s", "off-ahead")  # the first round's order
+SYSTEMS = ("off", "deepspeed", "torch", "eager", "lazy", "off-poll1s", "off-ahead", "off-whole",
+           "torch-zb")  # the first round's order
+BASELINES = ("deepspeed", "torch", "torch-zb")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": ROOT}
 
 
@@ -93,17 +95,22 @@ def deepspeed_stepper(rank: int, layers, ranges, corpus, cfg):
     return lambda it: float(engine.train_batch(iter([corpus.microbatch(it, g) for g in range(M)])))
 
 
-def torch_stepper(rank: int, layers, ranges, corpus, cfg):
+def torch_stepper(rank: int, layers, ranges, corpus, cfg, zero_bubble: bool = False):
     """torch.distributed.pipelining: one PipelineStage per rank, Schedule1F1B with
-    its defaults (gradients scaled by 1/M), outputs not gathered (unused)."""
+    its defaults (gradients scaled by 1/M), outputs not gathered (unused). With
+    `zero_bubble` ("torch-zb"): ScheduleInterleavedZeroBubble on the same single
+    stage per rank, torch's schedule that splits backwards into input and weight
+    passes (Qi et al.'s ZB1P) as Bamboo's --backward-split does for the last ones."""
     import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleavedZeroBubble
 
     from bamboo.model import recipe
     dist.init_process_group("gloo")
     module = nn.Sequential(*[layers[i] for i in ranges[rank]])
     optimizer = recipe.optimizer(module, cfg)
-    schedule = Schedule1F1B(PipelineStage(module, rank, P, torch.device("cpu")), M, loss_fn=token_loss)
+    stage = PipelineStage(module, rank, P, torch.device("cpu"))
+    schedule = ScheduleInterleavedZeroBubble([stage], M, loss_fn=token_loss) if zero_bubble else \
+        Schedule1F1B(stage, M, loss_fn=token_loss)
 
     def step(it: int):
         x, y = (torch.cat(t) for t in zip(*(corpus.microbatch(it, g) for g in range(M))))
@@ -124,7 +131,8 @@ def baseline_rank(a) -> None:
                       WORLD_SIZE=str(P), LOCAL_RANK=str(a.rank))
     torch.set_num_threads(1)
     layers, ranges, corpus, cfg = setup(a.seed)
-    step = (deepspeed_stepper if a.role == "deepspeed" else torch_stepper)(a.rank, layers, ranges, corpus, cfg)
+    step = deepspeed_stepper(a.rank, layers, ranges, corpus, cfg) if a.role == "deepspeed" else \
+        torch_stepper(a.rank, layers, ranges, corpus, cfg, zero_bubble=a.role == "torch-zb")
     ends, losses = [], []
     for it in range(a.iterations):
         losses.append(step(it))
@@ -202,9 +210,10 @@ def report_times(runs: dict, a) -> None:
     busy = statistics.median(statistics.mean(r["busy"][a.warm:]) for r in runs["off"])
     print(f"  (off as the launcher's metrics record it: {launcher * 1e3:.1f} ms; the busier node's compute ops, "
           f"Executor.busy: {busy * 1e3:.1f} ms)")
-    pairs = [(x, y) for x, y in (("off", "deepspeed"), ("off", "torch"), ("eager", "off"), ("lazy", "off"),
-                                 ("off-poll1s", "off"), ("off-poll1s", "deepspeed"), ("off-ahead", "off"),
-                                 ("off-ahead", "deepspeed")) if x in runs and y in runs]
+    pairs = [(x, y) for x, y in (("off", "deepspeed"), ("off", "torch"), ("off", "torch-zb"), ("eager", "off"),
+                                 ("lazy", "off"), ("off-poll1s", "off"), ("off-poll1s", "deepspeed"),
+                                 ("off-ahead", "off"), ("off-ahead", "deepspeed"), ("off-whole", "off"),
+                                 ("off-whole", "deepspeed")) if x in runs and y in runs]
     print("ratios: " + "   ".join(f"{x}/{y} {t[x] / t[y]:.3f}" for x, y in pairs))
     # The systems alternate within a round: a ratio inside one round is the least
     # touched by the machine's load drifting from round to round.
@@ -375,7 +384,7 @@ def main() -> None:
     ap.add_argument("--rtol", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", metavar="DIR", help="then find where Bamboo's time goes (profiles land here)")
-    ap.add_argument("--role", choices=("deepspeed", "torch"), help=argparse.SUPPRESS)  # a baseline's rank
+    ap.add_argument("--role", choices=BASELINES, help=argparse.SUPPRESS)  # a baseline's rank
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -402,11 +411,11 @@ def main() -> None:
         runs: dict[str, list] = {s: [] for s in a.systems}
         for r in range(a.rounds):
             for s in a.systems if r % 2 == 0 else a.systems[::-1]:  # no system always first
-                if s in ("deepspeed", "torch"):
+                if s in BASELINES:
                     runs[s].append(run_baseline(s, a))
                 else:
                     env = traced(tempfile.mkdtemp(dir=scratch), slow_poll=True) if s == "off-poll1s" else ENV
-                    extra = ("--compute-ahead",) if s == "off-ahead" else ()
+                    extra = {"off-ahead": ("--compute-ahead",), "off-whole": ("--backward-split", "off")}.get(s, ())
                     runs[s].append(run_bamboo(s.split("-")[0], a, etcd.endpoint, env=env, extra=extra))
         if a.rounds:
             compare_losses(runs, a.check, a.rtol)

@@ -177,7 +177,7 @@ def test_random_kill_point(tmp_path, reference):
     (["--stages", "2", "--replica-sync", "next", "--local-nodes", "2"], "with agents needs --checkpoint", 2),
     (["--stages", "2", "--pipelines", "2", "--replica-sync", "next"], "with --pipelines above 1", 2),
     # a run's first iteration owes no sync: node 1's stream is 24 instructions there, 27 after
-    (["--stages", "2", "--replica-sync", "next", "--preempt", "1@0:25"], "node 1 runs 24 instructions", 2),
+    (["--stages", "2", "--replica-sync", "next", "--preempt", "1@0:26"], "node 1 runs 25 instructions", 2),
     (["--stages", "2", "--sync-bucket-mb", "nan", "--redundancy", "off"], "--sync-bucket-mb must be a finite", 2),
     # invalid on their face, refused even where the run would not use them
     (["--lr", "nan"], "--lr must be a finite number (got nan)", 2),
