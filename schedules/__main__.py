@@ -11,6 +11,7 @@ import sys
 
 from schedules.compiler import REDUNDANCY, compile_eval, compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
+from schedules.early_grads import SPLITS
 from schedules.layout import ScheduleError
 from schedules.order import ORDERS
 from schedules.redundancy import FRC_MODES
@@ -35,6 +36,9 @@ def _schedule_args(p: argparse.ArgumentParser) -> None:
                    help="eager: FRC only where it fits a wait (bubbles), or for every microbatch (all)")
     p.add_argument("--replica-sync", choices=SYNC_MODES, default="end",
                    help="each replica's sync at the iteration's end, or in the next iteration (next)")
+    p.add_argument("--backward-split", choices=SPLITS, default="last",
+                   help="each node's last backwards send their input gradients before their weight passes "
+                        "(last: as many as the cost model says shorten the iteration), or none (off)")
     p.add_argument("--order", choices=tuple(ORDERS), default="1f1b")
     p.add_argument("--eval", action="store_true", help="the forward-only streams of a validation loss")
     p.add_argument("--forward", type=float, default=1.0, help="cost of one stage forward")
@@ -54,7 +58,7 @@ def _build(args):
             raise ScheduleError("--eval streams have no mid-iteration failure: leave out --fail-node")
         return compile_eval(args.stages, args.microbatches, tuple(args.failed), args.redundancy, cost), cost
     common = dict(failed=tuple(args.failed), redundancy=args.redundancy, order=args.order, cost=cost, frc=args.frc,
-                  sync=args.replica_sync)
+                  sync=args.replica_sync, split=args.backward_split)
     if args.fail_node is None:
         return compile_schedule(args.stages, args.microbatches, **common), cost
     return compile_recovery(args.stages, args.microbatches, args.fail_node, args.fail_before, **common), cost

@@ -1,7 +1,8 @@
 """The compiler: (P, M, failed set, options) -> every node's instruction stream.
 
     plain_streams      pass (a) order + (b) communication, groups merged   lower.py
-    split_last_backwards  a node's last input gradient sent first     early_grads.py
+    split_backwards    a node's last input gradients sent first,      early_grads.py
+                       their weights after (as deep as the cost model says)
     defer_syncs        (--replica-sync next) the sync in the next iteration syncs.py
     insert_frc         pass (c) eager FRC in bubbles + (d) swap-out         redundancy.py
     check_in_bubbles   (--frc bubbles) no FRC delays anything: `simulate`    bubbles.py
@@ -21,13 +22,14 @@ from functools import lru_cache
 
 from schedules.bubbles import check_in_bubbles
 from schedules.cost import CostModel
-from schedules.early_grads import SPLITS, split_last_backwards
+from schedules.early_grads import SPLITS, split_backwards
 from schedules.evaluation import eval_streams
 from schedules.ir import Instr
 from schedules.layout import Layout, ScheduleError, check_microbatches, keeps_replicas
 from schedules.lower import plain_streams
 from schedules.order import ORDERS
 from schedules.recovery import recover
+from schedules.simulator import Simulator
 from schedules.redundancy import FRC_MODES, frc_microbatches, insert_frc, lazy_brc
 from schedules.syncs import COMPILED_SYNCS, SYNC_MODES, defer_syncs
 
@@ -115,7 +117,9 @@ def base_streams(layout: Layout, microbatches: int, order: str, cost: CostModel,
     replica sync where `sync` says."""
     streams = plain_streams(layout, microbatches, order, cost, sync)
     if split == "last":
-        streams = split_last_backwards(streams)
+        simulator = lambda: Simulator(layout, microbatches, cost, expect_frc=False, late_sync=sync == "next",
+                                      expect_syncs=sync == "end")
+        streams = split_backwards(streams, lambda s: simulator().run(s).makespan)
     return defer_syncs(layout, streams, cost) if sync == "next" else streams
 
 

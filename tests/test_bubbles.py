@@ -106,11 +106,11 @@ def test_frc_all_is_the_placement_of_before(P, M, name):
     simulate(sched)
 
 
-@pytest.mark.parametrize("split,held", [("off", 6), ("last", 5)])
+@pytest.mark.parametrize("split,held", [("off", 6), ("last", 4)])
 def test_a_death_uses_the_frc_that_ran_and_recomputes_the_rest(split, held):
     """Node 2 dies at every point of its stream; its holder, node 1, has FRC of
-    stage 2 for microbatches 0..5 of 8 in its bubbles (0..4 with its last backward
-    split, whose weight pass takes a wait). The recovery validates, swaps in only
+    stage 2 for microbatches 0..5 of 8 in its bubbles (0..3 with its last backwards
+    split, whose weight passes take waits). The recovery validates, swaps in only
     what ran before the cut, and recomputes every other forward (among them those
     no bubble held) exactly once."""
     P, M, d, p = 4, 8, 2, 1

@@ -8,7 +8,7 @@ import torch
 
 from schedules.compiler import compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
-from schedules.ir import Op, backward_input, backward_weight
+from schedules.ir import Op, backward_input, backward_weight, send_grad
 from schedules.lower import is_tail
 from schedules.simulator import ValidationError, validate
 
@@ -19,28 +19,40 @@ IDEAL = CostModel(forward=1.0, backward=2.0, transfer=0.0, step=0.0)
 
 @pytest.mark.parametrize("mode", ["off", "lazy", "eager"])
 @pytest.mark.parametrize("P,M", [(2, 2), (2, 8), (3, 5), (4, 8), (6, 12)])
-def test_every_node_but_the_first_sends_its_last_input_gradient_before_its_weights(mode, P, M):
+def test_each_node_sends_its_last_input_gradients_before_its_weights(mode, P, M):
+    """Every node but the first splits its last `depth` backwards (one depth for
+    all): each input pass followed by its send, the weight passes in the same order
+    after the last send, then nothing but the tail (with eager, FRC that fits the
+    node's end too)."""
     sched = compile_schedule(P, M, redundancy=mode)
+    depths = set()
     for node, stream in sched.streams.items():
-        split = [i for i, x in enumerate(stream) if x.op is Op.BACKWARD_INPUT]
+        inputs = [i for i, x in enumerate(stream) if x.op is Op.BACKWARD_INPUT]
+        weights = [i for i, x in enumerate(stream) if x.op is Op.BACKWARD_WEIGHT]
         if node == 0:  # stage 0 sends no gradient
-            assert split == []
+            assert inputs == weights == []
             continue
-        (at,) = split
-        mb = M - 1
-        assert stream[at:at + 3] == [backward_input(node, mb), stream[at + 1], backward_weight(node, mb)]
-        assert stream[at + 1].op is Op.SEND_GRAD and stream[at + 1].mb == mb
-        # after the weight pass: the tail, and with eager FRC that fits the node's end
-        assert all(is_tail(x) or x.redundant or x.op in (Op.LOAD, Op.SWAP_OUT) for x in stream[at + 3:])
-        assert not any(x.op is Op.BACKWARD and not x.redundant and x.stage == node and x.mb == mb for x in stream)
+        depths.add(len(inputs))
+        mbs = list(range(M - len(inputs), M))
+        assert [stream[i].mb for i in inputs] == mbs and [stream[i].mb for i in weights] == mbs
+        assert all(stream[i + 1] == send_grad(node, stream[i].mb, node - 1) for i in inputs)
+        assert weights[0] > inputs[-1] + 1
+        between = stream[inputs[-1] + 2:weights[-1] + 1]
+        assert all(x.op is Op.BACKWARD_WEIGHT or x.redundant or x.op in (Op.LOAD, Op.SWAP_OUT) for x in between)
+        assert all(is_tail(x) or x.redundant or x.op in (Op.LOAD, Op.SWAP_OUT) for x in stream[weights[-1] + 1:])
+        assert not any(x.op is Op.BACKWARD and not x.redundant and x.stage == node and x.mb in mbs for x in stream)
+    assert len(depths) == 1 and depths.pop() >= 1
 
 
-@pytest.mark.parametrize("M", [2, 4, 8, 16])
+@pytest.mark.parametrize("M", [4, 8, 16])
 def test_two_stages_save_the_weight_pass_of_the_last_backward(M):
-    """P=2: stage 0's last backward starts once stage 1's input gradient exists,
-    `input_share` of a backward after its last forward instead of a whole one."""
+    """P=2 with stages alike: stage 0's last backward starts once stage 1's input
+    gradient exists, `input_share` of a backward after its last forward instead of
+    a whole one; deeper splits gain nothing more (stage 0 never waits before)."""
     whole = simulate(compile_schedule(2, M, redundancy="off", cost=IDEAL, split="off"), IDEAL).makespan
-    split = simulate(compile_schedule(2, M, redundancy="off", cost=IDEAL), IDEAL).makespan
+    sched = compile_schedule(2, M, redundancy="off", cost=IDEAL)
+    split = simulate(sched, IDEAL).makespan
+    assert sum(x.op is Op.BACKWARD_INPUT for x in sched.streams[1]) == 1
     assert whole == pytest.approx((M + 1) * 3.0)  # the 1F1B closed form, f=1, b=2
     assert split == pytest.approx(whole - 2.0 * (1 - IDEAL.input_share))
 
@@ -66,7 +78,7 @@ def test_a_node_with_work_after_its_last_send_keeps_whole_backwards():
 
 
 def test_the_validator_refuses_a_weight_pass_out_of_place():
-    sched = compile_schedule(2, 4, redundancy="off")
+    sched = compile_schedule(2, 4, redundancy="off", cost=IDEAL)
     s = list(sched.streams[1])
     at = s.index(backward_weight(1, 3))
     early = {**sched.streams, 1: s[:at - 2] + [s[at]] + s[at - 2:at] + s[at + 1:]}  # before its input pass

@@ -24,15 +24,16 @@ def test_makespan_and_bubble_match_the_closed_form(order, P, M):
 
 @pytest.mark.parametrize("P,M", [(4, 8), (5, 3)])
 def test_peak_live_activations(P, M):
-    one = simulate(compile_schedule(P, M, redundancy="off", cost=IDEAL), IDEAL)
-    gp = simulate(compile_schedule(P, M, redundancy="off", order="gpipe", cost=IDEAL), IDEAL)
+    one = simulate(compile_schedule(P, M, redundancy="off", cost=IDEAL, split="off"), IDEAL)
+    gp = simulate(compile_schedule(P, M, redundancy="off", order="gpipe", cost=IDEAL, split="off"), IDEAL)
     for s in range(P):
         assert one.peak_live[s] == min(P - s, M)
         assert gp.peak_live[s] == M
 
 
 def _streams(P=3, M=4, redundancy="off", frc="bubbles"):
-    s = compile_schedule(P, M, redundancy=redundancy, frc=frc)
+    """(Whole backwards; the split ones' checks are in tests/test_early_grads.py.)"""
+    s = compile_schedule(P, M, redundancy=redundancy, frc=frc, split="off")
     return s.layout, M, {n: list(v) for n, v in s.streams.items()}
 
 

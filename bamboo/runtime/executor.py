@@ -33,6 +33,7 @@ from bamboo.runtime.calibration import OpTimes
 from bamboo.runtime.failover import Failover, PeersSilent, TooManyDead
 from bamboo.runtime.iteration import IterationState
 from bamboo.runtime.steps import StepPhase
+from bamboo.runtime.two_pass import input_pass
 from bamboo.transport.comm import Comm, Interrupted, PeerFailure
 from bamboo.transport.staging import Copy, Stager
 from bamboo.transport.swap import SavedTensors
@@ -260,18 +261,18 @@ class Executor(StepPhase):
 
     def backward_input(self, ins: Instr) -> None:
         """The gradient w.r.t. the stage's input only, for SEND_GRAD to send at once;
-        the graph is kept for backward_weight (schedules/early_grads.py)."""
+        what the weights need is kept (bamboo/runtime/two_pass.py)."""
         inp, root, grad = self._backward_root(ins)
-        (self.it.grads[(ins.stage, ins.mb)],) = torch.autograd.grad(root, inp, grad, retain_graph=True)
-        self.it.weights_owed[(ins.stage, ins.mb)] = (root, grad)
+        params = [p for p in self.modules[ins.stage].parameters() if p.requires_grad]
+        self.it.grads[(ins.stage, ins.mb)], self.it.weights_owed[(ins.stage, ins.mb)] = \
+            input_pass(root, grad, inp, params)
 
     def backward_weight(self, ins: Instr) -> None:
-        """The weight gradients of a backward_input's microbatch: a second pass over
-        its graph, towards the weights only, which accumulates them as `backward` does."""
-        root, grad = self.it.weights_owed.pop((ins.stage, ins.mb))
+        """The weight gradients a backward_input left: the rest of its backward,
+        accumulated as `backward` accumulates them."""
+        owed = self.it.weights_owed.pop((ins.stage, ins.mb))
         self._sync_early(ins)
-        torch.autograd.backward(root, grad, inputs=[p for p in self.modules[ins.stage].parameters()
-                                                    if p.requires_grad])
+        owed.weight_pass()
 
     def swap_out(self, ins: Instr) -> None:
         key = (ins.stage, ins.mb)

@@ -19,6 +19,7 @@ from bamboo.transport.staging import Copy
 if TYPE_CHECKING:
     from bamboo.runtime.failover import Failover
     from bamboo.runtime.sync import EarlySync
+    from bamboo.runtime.two_pass import WeightsOwed
 
 Key = tuple[int, int]  # (stage, local microbatch)
 
@@ -41,7 +42,7 @@ class IterationState:
     acts_host: dict[Key, Copy] = field(default_factory=dict)  # an output kept in host memory
     grads: dict[Key, torch.Tensor] = field(default_factory=dict)  # the gradient w.r.t. a stage's input
     states: dict[Key, tuple] = field(default_factory=dict)  # input, output, saved tensors (FRC: swappable)
-    weights_owed: dict[Key, tuple] = field(default_factory=dict)  # a split backward's root and gradient
+    weights_owed: dict[Key, WeightsOwed] = field(default_factory=dict)  # a split backward's weight pass to run
     losses: dict[int, torch.Tensor | float] = field(default_factory=dict)  # global microbatch -> its loss
     losses_written: set[int] = field(default_factory=set)  # global microbatches whose loss is in etcd
     busy: float = 0.0          # seconds in COMPUTE ops (CPU only: 0 on CUDA)
