@@ -4,7 +4,7 @@ import pytest
 
 from schedules.compiler import compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
-from schedules.ir import Op
+from schedules.ir import INPUT_GRADS, Op
 from schedules.layout import ScheduleError
 
 
@@ -34,7 +34,7 @@ def test_every_failure_point_recovers(P, M, failed):
 def test_predecessor_recomputes_all_lost_gradients_and_successor_resends():
     P, M, d = 4, 6, 2
     base = compile_schedule(P, M)
-    k = next(i for i, x in enumerate(base.streams[d]) if x.op is Op.BACKWARD and x.mb == 3)
+    k = next(i for i, x in enumerate(base.streams[d]) if x.op in INPUT_GRADS and x.mb == 3)
     rec = compile_recovery(P, M, d, k)
     p, q = rec.streams[1][rec.resume_at[1]:], rec.streams[3][rec.resume_at[3]:]
     assert sorted(x.mb for x in p if x.op is Op.BACKWARD and x.stage == d) == list(range(M))

