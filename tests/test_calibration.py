@@ -51,6 +51,21 @@ def test_a_pipelines_cost_model_comes_from_its_own_nodes_reports():
     assert cost_model(costs, 0, 3) is None  # a cost model for another depth is not used
 
 
+def test_split_backwards_are_timed_by_their_two_passes():
+    """A stage whose backwards all ran split (schedules/early_grads.py) costs the sum
+    of its two passes' medians; the input pass's share is measured too."""
+    times = OpTimes()
+    times.add(Instr(Op.BACKWARD_INPUT, 1, 0), 0.003)
+    times.add(Instr(Op.BACKWARD_WEIGHT, 1, 0), 0.002)
+    assert times.medians_ms() == {"backward_input/1": 3.0, "backward_weight/1": 2.0}
+    node0 = {"forward/0": 2.0, "backward/0": 4.0}
+    node1 = {"forward/1": 3.0, **times.medians_ms()}
+    model = cost_model(propose({0: _report(node0), 1: _report(node1)}, ((0, 1),)), 0, 2)
+    assert model.backward == (4.0, 5.0) and model.input_share == pytest.approx(0.6)
+    half = {"forward/1": 3.0, "backward_input/1": 3.0}  # a weight pass never timed: no model
+    assert propose({0: _report(node0), 1: _report(half)}, ((0, 1),)) is None
+
+
 @pytest.mark.parametrize("reports", [
     {0: _report({"forward/0": 1.0, "backward/0": 2.0}), 1: _report(None)},             # a node did not report
     {0: _report({"forward/0": 1.0, "backward/0": 2.0}),
@@ -76,7 +91,7 @@ def test_placements_under_measured_costs_recover_from_every_death_point(seed):
     cost = _measured_like(rng, P)
     base = compile_schedule(P, M, (), "eager", cost=cost)
     lazy = simulate(compile_schedule(P, M, (), "lazy", cost=cost))
-    assert simulate(base).makespan == pytest.approx(lazy.makespan, rel=1e-12)  # FRC only in idle time
+    assert simulate(base).makespan <= lazy.makespan * (1 + 1e-12)  # FRC only in idle time
     for d, stream in base.streams.items():
         for k in range(len(stream) + 1):
             simulate(compile_recovery(P, M, d, k, cost=cost))  # raises on any violation

@@ -9,7 +9,7 @@ completed counts as lost (agents/membership.py `_taken`)."""
 import pytest
 
 from schedules.compiler import compile_schedule
-from schedules.ir import Op
+from schedules.ir import INPUT_GRADS, Op
 
 from bamboo.control.assignment import Assignment
 from tests.training import bamboo_train
@@ -44,7 +44,7 @@ def first_backward(node: int) -> int:
     """An instruction after `node`'s late sync (its stream's first) has landed."""
     stream = compile_schedule(P, M, (), "eager", sync="next").streams[node]
     assert stream[0].op is Op.SEND_SYNC
-    return next(i for i, x in enumerate(stream) if x.op is Op.BACKWARD)
+    return next(i for i, x in enumerate(stream) if x.op in INPUT_GRADS)
 
 
 def test_replicas_kept_across_an_epoch_are_refreshed_from_their_owners(tmp_path, reference):

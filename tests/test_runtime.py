@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from schedules.compiler import compile_recovery, compile_schedule
-from schedules.ir import Op
+from schedules.ir import INPUT_GRADS, Op
 
 from tests.training import bamboo_train
 
@@ -177,7 +177,7 @@ def test_random_kill_point(tmp_path, reference):
     (["--stages", "2", "--replica-sync", "next", "--local-nodes", "2"], "with agents needs --checkpoint", 2),
     (["--stages", "2", "--pipelines", "2", "--replica-sync", "next"], "with --pipelines above 1", 2),
     # a run's first iteration owes no sync: node 1's stream is 24 instructions there, 27 after
-    (["--stages", "2", "--replica-sync", "next", "--preempt", "1@0:26"], "node 1 runs 25 instructions", 2),
+    (["--stages", "2", "--replica-sync", "next", "--preempt", "1@0:29"], "node 1 runs 28 instructions", 2),
     (["--stages", "2", "--sync-bucket-mb", "nan", "--redundancy", "off"], "--sync-bucket-mb must be a finite", 2),
     # invalid on their face, refused even where the run would not use them
     (["--lr", "nan"], "--lr must be a finite number (got nan)", 2),
@@ -470,7 +470,7 @@ def test_a_sync_in_the_next_iteration_keeps_the_math_through_a_death_after_it_la
     stage, and the job equals the reference (a replica a step behind would not)."""
     stream = compile_schedule(P, M, (), "eager", sync="next").streams[2]
     assert stream[0].op is Op.SEND_SYNC
-    at = next(i for i, x in enumerate(stream) if x.op is Op.BACKWARD)
+    at = next(i for i, x in enumerate(stream) if x.op in INPUT_GRADS)
     schedule = ["--lr-schedule", "cosine", "--warmup", "3"]  # every iteration its own rate
     _, records, params = train(tmp_path, "late", "--stages", str(P), "--pipelines", "1", "--replica-sync", "next",
                                "--preempt", f"2@5:{at}", *schedule)

@@ -56,9 +56,9 @@ def _schedule_flags(g) -> None:
                    help="a replica takes its owner's gradients at the iteration's end, or in the next iteration, off "
                         "the critical path, with limits for now (next: docs/redundancy.md)")
     g.add_argument("--backward-split", choices=SPLITS, default="last",
-                   help="last: each node's last backward computes its input gradient, sends it, then its weight "
-                        "gradients, so the drain waits for input gradients only (same math; the weight pass "
-                        "traverses the graph again, off the critical path); off: whole backwards (docs/HOTPATH.md)")
+                   help="last: a node's last backwards (as many as the schedule's cost model says shorten the "
+                        "iteration) send their input gradient first and compute their weight gradients one slot "
+                        "later, as zero-bubble pipelines do (same math); off: whole backwards (docs/schedules.md)")
     g.add_argument("--compute-ahead", action="store_true",
                    help="on the CPU, stage 0's owner runs the next iteration's first forward on a thread while the "
                         "iteration boundary agrees (measured no faster on 2 cores, and more memory: docs/HOTPATH.md)")

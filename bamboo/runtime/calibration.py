@@ -26,15 +26,15 @@ from schedules.ir import Instr, Op
 
 CALIBRATION = range(1, 4)  # the iterations of an epoch (0: its first) whose op times are reported
 FRC_MARGIN = 1.25   # an FRC must fit its wait as if it took this much longer
-TIMED = frozenset({Op.LOAD, Op.FORWARD, Op.BACKWARD, Op.SWAP_OUT, Op.SEND_ACT, Op.SEND_GRAD,
-                   Op.OPTIMIZER_STEP, Op.REDUCE_GRADS})
+TIMED = frozenset({Op.LOAD, Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT, Op.SWAP_OUT,
+                   Op.SEND_ACT, Op.SEND_GRAD, Op.OPTIMIZER_STEP, Op.REDUCE_GRADS})
 
 
 def op_key(ins: Instr) -> str | None:
     """The name a timed op's duration is reported under (None: not timed)."""
     if ins.op not in TIMED:
         return None
-    if ins.op in (Op.FORWARD, Op.BACKWARD):
+    if ins.op in (Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT):
         return f"{ins.op.value}{'_r' if ins.redundant else ''}/{ins.stage}"
     if ins.op in (Op.SEND_ACT, Op.SEND_GRAD):
         return "send"
@@ -77,8 +77,10 @@ def _pipeline_cost(times: list[dict[str, float]]) -> dict | None:
     """CostModel keywords for a pipeline whose node s reported `times[s]`. Sends are
     posted, so a message costs its sender the post, and flies about as long."""
     forward = [t.get(f"forward/{s}") for s, t in enumerate(times)]
-    backward = [t.get(f"backward/{s}") for s, t in enumerate(times)]
-    if None in forward or None in backward:
+    split = [(t[f"backward_input/{s}"], t[f"backward_weight/{s}"]) for s, t in enumerate(times)
+             if f"backward_input/{s}" in t and f"backward_weight/{s}" in t]  # split backwards' two passes
+    backward = [t.get(f"backward/{s}", sum(split_of(t, s))) for s, t in enumerate(times)]
+    if None in forward or 0.0 in backward:
         return None
 
     def median_of(key: str, default: float) -> float:
@@ -92,7 +94,13 @@ def _pipeline_cost(times: list[dict[str, float]]) -> dict | None:
     return {"forward": forward, "backward": backward, "transfer": send, "send": send,
             "swap": median_of("swap_out", 0.25 * min(forward)), "load": median_of("load", 0.0),
             "reduce": median_of("reduce_grads", 0.0), "step": median_of("step", 0.0), "sync_transfer": send,
-            "frc_factor": FRC_MARGIN * max(1.0, statistics.median(ratios) if ratios else 1.0)}
+            "frc_factor": FRC_MARGIN * max(1.0, statistics.median(ratios) if ratios else 1.0),
+            "input_share": statistics.median(i / (i + w) for i, w in split) if split else 0.5}
+
+
+def split_of(t: dict[str, float], stage: int) -> tuple[float, float]:
+    """A split backward's two passes on `stage` (zeros where it never ran split)."""
+    return t.get(f"backward_input/{stage}", 0.0), t.get(f"backward_weight/{stage}", 0.0)
 
 
 def cost_model(costs: dict | None, pipeline: int, stages: int) -> CostModel | None:
