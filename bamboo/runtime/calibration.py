@@ -79,8 +79,8 @@ def _pipeline_cost(times: list[dict[str, float]]) -> dict | None:
     forward = [t.get(f"forward/{s}") for s, t in enumerate(times)]
     split = [(t[f"backward_input/{s}"], t[f"backward_weight/{s}"]) for s, t in enumerate(times)
              if f"backward_input/{s}" in t and f"backward_weight/{s}" in t]  # split backwards' two passes
-    backward = [t.get(f"backward/{s}", sum(split_of(t, s))) for s, t in enumerate(times)]
-    if None in forward or 0.0 in backward:
+    backward = [t.get(f"backward/{s}", split_of(t, s)) for s, t in enumerate(times)]
+    if None in forward or None in backward:
         return None
 
     def median_of(key: str, default: float) -> float:
@@ -98,9 +98,10 @@ def _pipeline_cost(times: list[dict[str, float]]) -> dict | None:
             "input_share": statistics.median(i / (i + w) for i, w in split) if split else 0.5}
 
 
-def split_of(t: dict[str, float], stage: int) -> tuple[float, float]:
-    """A split backward's two passes on `stage` (zeros where it never ran split)."""
-    return t.get(f"backward_input/{stage}", 0.0), t.get(f"backward_weight/{stage}", 0.0)
+def split_of(t: dict[str, float], stage: int) -> float | None:
+    """A split backward's two passes on `stage`, together (None unless both were timed)."""
+    both = t.get(f"backward_input/{stage}"), t.get(f"backward_weight/{stage}")
+    return None if None in both else sum(both)
 
 
 def cost_model(costs: dict | None, pipeline: int, stages: int) -> CostModel | None:
