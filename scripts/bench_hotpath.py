@@ -19,7 +19,10 @@ here (the launcher's binary and flags) whose /metrics are read. "off-poll1s" is
 off with the launcher's 50 ms poll stretched to 1 s (time.sleep patched in the
 launcher process only, by a sitecustomize): what that polling costs the workers.
 "off-ahead" is off with --compute-ahead: what running stage 0's next forward during
-the boundary gains (bamboo/runtime/ahead.py).
+the boundary gains (bamboo/runtime/ahead.py). "off-whole" is off with
+--backward-split off: what sending input gradients before weight passes gains
+(schedules/early_grads.py). "torch-zb" is torch's ScheduleInterleavedZeroBubble on
+the same single stage per rank: torch's own split backwards, its best setting here.
 
 --profile DIR then measures, per iteration: every process's CPU and etcd's
 requests (by difference of an N- and a 2N-iteration run), and each main
