@@ -55,7 +55,7 @@ def input_pass(root: torch.Tensor, grad: torch.Tensor | None, inp: torch.Tensor,
     """d root / d inp (with `grad` as root's gradient), and what the weight pass of
     `params` needs; the graph is kept until then."""
     parents = _parents(root.grad_fn)
-    on_path = _ancestors(grad_node(inp), parents)
+    on_path, _ = _up(grad_node(inp), parents)  # the input pass's nodes
     groups = _junction_groups(params, parents, on_path)
     kept: dict[Node, tuple] = {}
     handles = [j.register_prehook(lambda g, j=j: kept.__setitem__(j, g)) for js, _ in groups for j in js]
@@ -83,15 +83,18 @@ def _parents(root: Node) -> dict[Node, list[Node]]:
     return parents
 
 
-def _ancestors(node: Node, parents: dict[Node, list[Node]]) -> set[Node]:
-    """`node` and every node whose backward reaches it: the input pass's nodes."""
-    found, todo = {node}, deque([node])
+def _up(start: Node, parents: dict[Node, list[Node]], stop: set[Node] = frozenset()) -> tuple[set[Node], set[Node]]:
+    """The nodes whose backward reaches `start` (itself included), not going past
+    `stop`; and the `stop` nodes met on the way."""
+    found, met, todo = {start}, set(), deque([start])
     while todo:
         for parent in parents.get(todo.popleft(), ()):
-            if parent not in found:
+            if parent in stop:
+                met.add(parent)
+            elif parent not in found:
                 found.add(parent)
                 todo.append(parent)
-    return found
+    return found, met
 
 
 def _junction_groups(params: list[torch.Tensor], parents: dict[Node, list[Node]],
@@ -104,14 +107,7 @@ def _junction_groups(params: list[torch.Tensor], parents: dict[Node, list[Node]]
         acc = grad_node(p)
         if acc not in parents:
             continue  # not in this graph: no gradient, as in a whole backward
-        junctions, seen, todo = set(), {acc}, deque([acc])
-        while todo:
-            for parent in parents[todo.popleft()]:
-                if parent in on_path:
-                    junctions.add(parent)
-                elif parent not in seen:
-                    seen.add(parent)
-                    todo.append(parent)
+        _, junctions = _up(acc, parents, on_path)
         merged = {group_of[j] for j in junctions if j in group_of}
         target = min(merged) if merged else len(groups)
         if not merged:
