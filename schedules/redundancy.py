@@ -19,6 +19,10 @@ mode's (FRC_MODES):
   bubbles  it is not run before a failure. The wait before the replica's sync
            also counts the time the node would idle after its stream, until the
            iteration's last node ends (nothing waits for the replica's step).
+           The node's first wait gives room first to the replica's step owed
+           from the iteration before, which the runtime takes there, before
+           any FRC (bamboo/runtime/steps.py; not with --replica-sync next, whose
+           step is in the stream).
            FRC is placed in microbatch order, so the first microbatch that finds
            no wait has none, nor has any later one. After the replica's owner
            dies, the recovery recomputes those forwards from the inputs the node
@@ -118,6 +122,9 @@ def _fill(r: int, needs_load: bool, microbatches: int, stream: list[Instr], star
         return run_cost + (cost.load if needs_load and mb not in loaded else 0.0)
 
     duration = cost.duration
+    # bubbles: the step the replica owes from the iteration before (a sync at the end) is
+    # taken in the node's first wait, before any FRC there (bamboo/runtime/steps.py)
+    owed = cost.step if end_slack != math.inf and not late else 0.0
     for i, ins in enumerate(stream):
         op = ins.op
         if op in RECVS and nxt < microbatches and synced:
@@ -126,6 +133,7 @@ def _fill(r: int, needs_load: bool, microbatches: int, stream: list[Instr], star
                     out += frc(nxt)
                     nxt += 1
             gap = starts[i] - (starts[i - 1] + duration(stream[i - 1]) if i else 0.0)
+            gap, owed = gap - owed, 0.0
             if op is Op.RECV_SYNC:
                 gap += end_slack
             while nxt < microbatches and nxt in have_input and frc_cost(nxt) <= gap + 1e-9:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import pstats
 import re
@@ -50,6 +49,8 @@ from collections import Counter
 
 import torch
 import torch.nn as nn
+
+from results import interval  # scripts/results.py, beside this file
 
 from bamboo.model.builtin import Block, Embedding, GPTConfig, Head, token_loss
 
@@ -229,20 +230,6 @@ def report_times(runs: dict, a) -> None:
             "{}/{} {:.3f} [{:.3f}, {:.3f}]".format(x, y, *interval(
                 [period(rx["ends"], a.warm) / period(ry["ends"], a.warm) for rx, ry in zip(runs[x], runs[y])]))
             for x, y in pairs))
-
-
-T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
-
-
-def interval(ratios: list[float]) -> tuple[float, float, float]:
-    """Geometric mean of paired ratios and its 95% confidence interval (t over the
-    logs, df = rounds - 1): whether a ratio's distance from 1 is more than the noise."""
-    logs = [math.log(r) for r in ratios]
-    mean, half = statistics.mean(logs), 0.0
-    if len(logs) > 1:
-        half = T975[min(len(logs) - 2, len(T975) - 1)] * statistics.stdev(logs) / math.sqrt(len(logs))
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
 # -- where the time goes -----------------------------------------------------------------

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from results import at_least, check_target, write_json  # scripts/results.py, beside this file
+from results import at_least, check_target, interval, write_json  # scripts/results.py, beside this file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -267,7 +267,6 @@ def parameters(a) -> dict:
 
 
 def summarise(runs: dict, a, params: dict) -> dict:
-    from bench_hotpath import interval
     rates = {s: [tokens_per_s(r, a) for r in runs[s]] for s in SIDES}
     worst, match = compare_losses(runs, a)
     ratio, low, high = interval([b / r for b, r in zip(rates["bamboo"], rates["bare"])])

@@ -3,7 +3,9 @@ whole or not at all (a temp file beside it, then a rename)."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import tempfile
 
 
@@ -48,3 +50,17 @@ def at_least(ap, bounds) -> None:
     for flag, value, least in bounds:
         if value < least:
             ap.error(f"{flag} must be at least {least} (got {value})")
+
+
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def interval(ratios: list[float]) -> tuple[float, float, float]:
+    """Geometric mean of paired ratios and its 95% confidence interval (t over the
+    logs, df = rounds - 1): whether a ratio's distance from 1 is more than the noise."""
+    logs = [math.log(r) for r in ratios]
+    mean, half = statistics.mean(logs), 0.0
+    if len(logs) > 1:
+        half = T975[min(len(logs) - 2, len(T975) - 1)] * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)

@@ -73,11 +73,15 @@ def test_lazy_brc_swaps_in_then_backward_for_every_microbatch():
 
 
 def test_lazy_brc_recomputes_the_forwards_whose_frc_did_not_fit():
-    sched = compile_schedule(2, 6, split="off")  # node 0's waits hold FRC of stage 1 for two microbatches
-    assert sched.frc_microbatches(0) == [0, 1]
+    # node 0's first wait (2.1) holds the replica's owed step (0.1) and one FRC of stage 1
+    # with its swap (1.05); a second would need 1.05 more
+    sched = compile_schedule(2, 6, split="off")
+    assert sched.frc_microbatches(0) == [0]
     assert [str(x) for x in sched.lazy_brc(0)[:6]] == [
-        "swap_in s1 mb0", "backward s1 mb0 (R)", "swap_in s1 mb1", "backward s1 mb1 (R)",
+        "swap_in s1 mb0", "backward s1 mb0 (R)", "forward s1 mb1 (R)", "backward s1 mb1 (R)",
         "forward s1 mb2 (R)", "backward s1 mb2 (R)"]
+    # without the owed step (a step free of cost) both fit, as before the step was owed
+    assert compile_schedule(2, 6, split="off", cost=CostModel(step=0.0)).frc_microbatches(0) == [0, 1]
 
 
 @pytest.mark.parametrize("P,M,failed", [(4, 6, (2,)), (4, 3, (0,)), (6, 5, (1, 4)), (2, 3, (1,)), (2, 2, (0,))])
