@@ -50,8 +50,6 @@ from collections import Counter
 import torch
 import torch.nn as nn
 
-from results import interval  # scripts/results.py, beside this file
-
 from bamboo.model.builtin import Block, Embedding, GPTConfig, Head, token_loss
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -205,6 +203,7 @@ def compare_losses(runs: dict, check: int, rtol: float) -> None:
 
 
 def report_times(runs: dict, a) -> None:
+    from results import interval  # here: the workers import this module as the model's factory
     t = {s: statistics.median(period(r["ends"], a.warm) for r in runs[s]) for s in runs}
     launcher = statistics.median(statistics.mean(r["launcher"][a.warm:]) for r in runs["off"])
     print(f"\nmedian iteration time over {a.rounds} rounds (iterations {a.warm}..{a.iterations - 1} of each run):")

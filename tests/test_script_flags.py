@@ -12,6 +12,8 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.mark.parametrize("script,args,message", [
     ("bench_runtime.py", ["--rounds", "0"], "--rounds must be at least 1 (got 0)"),
     ("bench_runtime.py", ["--iterations", "4"], "--iterations must be at least 12 (got 4)"),
+    ("bench_split.py", ["--rounds", "0"], "--rounds must be at least 1 (got 0)"),
+    ("bench_split.py", ["--iterations", "6"], "--iterations must be at least 7 (got 6)"),
     ("bench_runtime.py", ["--modes", "eager,lazy"], "--modes 'eager,lazy': expected off and any of"),
     ("bench_runtime.py", ["--modes", "off,bogus"], "--modes 'off,bogus': expected off and any of"),
     ("bench_tokens.py", ["--rounds", "0"], "--rounds must be at least 1 (got 0)"),
