@@ -62,8 +62,9 @@ def main() -> None:
               "--iterations", str(a.iterations), "--batch", str(a.batch)]
     warm = 5  # eager places FRC by measured op times from iteration 4 (bamboo/runtime/calibration.py)
     kill_at = a.iterations // 2
-    # node 0 just before its second activation leaves: a position the measured FRC
-    # placement leaves where the default model counts it (so it is in force then)
+    # node 0 just before its second activation leaves, mid-run: its successor's stage
+    # is then recovered from what eager's FRC (if the measured model placed any) and
+    # lazy's kept inputs give
     kill = ["--preempt", f"0@{kill_at}:5"]
     times: dict[str, list[float]] = {m: [] for m in modes}
     memory: dict[str, list[float]] = {m: [] for m in modes}
