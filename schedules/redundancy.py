@@ -19,10 +19,10 @@ mode's (FRC_MODES):
   bubbles  it is not run before a failure. The wait before the replica's sync
            also counts the time the node would idle after its stream, until the
            iteration's last node ends (nothing waits for the replica's step).
-           The node's first wait gives room first to the replica's step owed
-           from the iteration before, which the runtime takes there, before
-           any FRC (bamboo/runtime/steps.py; not with --replica-sync next, whose
-           step is in the stream).
+           With the sync at the end, the node's first wait gives room first to
+           the replica's step owed from the iteration before, which the runtime
+           takes there, before any FRC (bamboo/runtime/steps.py; with
+           --replica-sync next the step is in the stream).
            FRC is placed in microbatch order, so the first microbatch that finds
            no wait has none, nor has any later one. After the replica's owner
            dies, the recovery recomputes those forwards from the inputs the node
@@ -93,18 +93,22 @@ def insert_frc(layout: Layout, microbatches: int, streams: dict[int, list[Instr]
         # bubbles: a node that ends before the iteration does idles until then, so its
         # replica's sync and step (which nobody waits for) may go that much later
         end_slack = length - ends[node] if mode == "bubbles" else math.inf
+        # bubbles, sync at the end: the runtime takes the replica's step owed from the
+        # iteration before in the node's first wait, before any FRC there (bamboo/runtime/steps.py)
+        owed = cost.step if mode == "bubbles" and sync == "end" else 0.0
         out[node] = stream if r is None else _fill(r, needs_load, microbatches, stream, starts[node], cost,
-                                                   end_slack, late=sync == "next")
+                                                   end_slack, late=sync == "next", owed=owed)
     return out
 
 
 def _fill(r: int, needs_load: bool, microbatches: int, stream: list[Instr], starts: list[float],
-          cost: CostModel, end_slack: float, late: bool = False) -> list[Instr]:
+          cost: CostModel, end_slack: float, late: bool = False, owed: float = 0.0) -> list[Instr]:
     """Insert FRC of stage r, microbatch by microbatch in order, into `stream`'s
     waits. The wait before the replica's sync is longer by `end_slack`; with an
     infinite slack (--frc all) everything left goes there, else what finds no
     wait is left out. `late`: the sync comes from the iteration before, in the
-    stream; no FRC before the replica's step, and `end_slack` is after the stream."""
+    stream; no FRC before the replica's step, and `end_slack` is after the stream.
+    `owed`: what the first wait holds before any FRC (the replica's deferred step)."""
     out: list[Instr] = []
     loaded: set[int] = set()
     have_input: set[int] = set(range(microbatches)) if r == 0 else set()
@@ -122,9 +126,6 @@ def _fill(r: int, needs_load: bool, microbatches: int, stream: list[Instr], star
         return run_cost + (cost.load if needs_load and mb not in loaded else 0.0)
 
     duration = cost.duration
-    # bubbles: the step the replica owes from the iteration before (a sync at the end) is
-    # taken in the node's first wait, before any FRC there (bamboo/runtime/steps.py)
-    owed = cost.step if end_slack != math.inf and not late else 0.0
     for i, ins in enumerate(stream):
         op = ins.op
         if op in RECVS and nxt < microbatches and synced:
