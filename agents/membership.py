@@ -10,7 +10,7 @@ import socket
 import time
 from dataclasses import asdict
 
-from agents.modes import ModeStats, choose, estimates, observe, rollback_cost
+from agents.modes import ModeStats, choose, job_estimates, observe
 from agents.policy import Config, next_config, slot_estimate
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
@@ -249,9 +249,8 @@ class Membership:
         if cfg.redundancy != "auto":
             return cfg.redundancy
         stats = stats or ModeStats()
-        seconds, pause = estimates(stats, epoch.depth, max(1, cfg.microbatches // len(epoch.pipelines)))
-        rollback = rollback_cost(cfg.checkpoint_every, cfg.checkpoint_seconds, seconds, pause) if cfg.checkpoint \
-            else None
+        seconds, pause, rollback = job_estimates(cfg, stats, epoch.depth,
+                                                 max(1, cfg.microbatches // len(epoch.pipelines)))
         if wanted is not None and (wanted.mode != "off" or len(epoch.pipelines) >= 2 or rollback is not None):
             return wanted.mode
         current = epoch.redundancy  # "" for the first epoch: no mode to keep, the best one

@@ -62,31 +62,56 @@ def observe(stats: ModeStats, now: float, nodes: int, dead: int, mode: str, dist
 
 
 @functools.lru_cache(maxsize=64)
-def simulated(stages: int, microbatches: int) -> tuple[dict, dict]:
+def simulated(stages: int, microbatches: int, sync: str = "end") -> tuple[dict, dict]:
     """(iteration time, added time of a death mid-iteration) of each mode, in units
     of the fault-free iteration without redundancy, from the schedule simulator's
-    default cost model (a death halfway through the middle node's stream)."""
+    default cost model (a death halfway through the middle node's stream, after
+    its sync of the iteration before has landed with --replica-sync next)."""
     from schedules.compiler import compile_recovery, compile_schedule, simulate
 
     off = simulate(compile_schedule(stages, microbatches, (), "off")).makespan
     times, pauses = {"off": 1.0}, {"off": REDO_ITERATIONS}
     for mode in ("eager", "lazy"):
-        base = compile_schedule(stages, microbatches, (), mode)
+        base = compile_schedule(stages, microbatches, (), mode, sync=sync)
         d = stages // 2
-        recovered = simulate(compile_recovery(stages, microbatches, d, len(base.streams[d]) // 2, (), mode))
+        recovered = simulate(compile_recovery(stages, microbatches, d, len(base.streams[d]) // 2, (), mode,
+                                              sync=sync))
         times[mode] = simulate(base).makespan / off
         pauses[mode] = max(0.0, recovered.makespan - simulate(base).makespan) / off
     return times, pauses
 
 
-def estimates(stats: ModeStats, stages: int, microbatches: int) -> tuple[dict, dict]:
+@functools.lru_cache(maxsize=64)
+def window_share(stages: int, microbatches: int) -> float:
+    """--replica-sync next on one pipeline: the share of an iteration, mean over the
+    stages, before the owner's sync of the iteration before has landed on its
+    holder; a death of the owner then is not survivable in the iteration (a
+    rollback). Eager's schedule on the default cost model (lazy's lands alike)."""
+    from schedules.compiler import compile_schedule, simulate
+    from schedules.cost import CostModel
+    from schedules.ir import Op
+
+    report, cost = simulate(compile_schedule(stages, microbatches, (), "eager", sync="next")), CostModel()
+    landed = [min(report.makespan, s.end + cost.sync_transfer) for s in report.spans if s.instr.op is Op.SEND_SYNC]
+    return sum(landed) / (len(landed) * report.makespan) if landed else 0.0
+
+
+def estimates(stats: ModeStats, stages: int, microbatches: int, sync: str = "end",
+              rollback=None) -> tuple[dict, dict]:
     """Iteration seconds and seconds per death of every mode: measured where a mode
-    ran, else the simulator's ratio to a measured one (1 s units before any)."""
-    times, pauses = simulated(stages, microbatches)
+    ran, else the simulator's ratio to a measured one (1 s units before any). With
+    --replica-sync next a simulated death of eager or lazy costs, in the window's
+    share of deaths, `rollback(seconds, pause)` (what off's rollback costs; None
+    without checkpoints, when the agents would refuse next)."""
+    times, pauses = simulated(stages, microbatches, sync)
     known = next((m for m in MODES if m in stats.seconds), None)
     unit = stats.seconds[known] / times[known] if known else 1.0  # seconds of an off iteration
     seconds = {m: stats.seconds.get(m, times[m] * unit) for m in MODES}
     pause = {m: stats.pause.get(m, pauses[m] * unit) for m in MODES}
+    lost = rollback(seconds, pause) if sync == "next" and rollback is not None else None
+    if lost is not None:
+        share = window_share(stages, microbatches)
+        pause.update({m: (1 - share) * pause[m] + share * lost for m in ("eager", "lazy") if m not in stats.pause})
     return seconds, pause
 
 
@@ -123,3 +148,13 @@ def choose(current: str, rate: float, nodes: int, pipelines: int, seconds: dict,
     if current in cost and not math.isclose(cost[current], 0.0) and cost[best] >= cost[current] * (1 - MARGIN):
         return current
     return best
+
+
+def job_estimates(cfg, stats: ModeStats, stages: int, microbatches: int) -> tuple[dict, dict, float | None]:
+    """`estimates` for a job's settings (JobConfig `cfg`: its sync, its checkpoints),
+    and what a rollback costs off on one pipeline (None: no checkpoint interval)."""
+    def rollback(seconds: dict, pause: dict) -> float | None:
+        return rollback_cost(cfg.checkpoint_every, cfg.checkpoint_seconds, seconds, pause) if cfg.checkpoint \
+            else None
+    seconds, pause = estimates(stats, stages, microbatches, cfg.replica_sync, rollback)
+    return seconds, pause, rollback(seconds, pause)

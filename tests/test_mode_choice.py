@@ -88,3 +88,23 @@ def test_off_on_one_pipeline_is_weighed_with_the_rollback_its_checkpoints_allow(
     cheap = rollback_cost(4, 0, seconds, pause)
     assert choose("", 0.01, 4, 1, seconds, pause, cheap) == "off"  # rare deaths: the rollback is worth risking
     assert choose("", 50.0, 4, 1, seconds, pause, cheap) != "off"  # frequent ones: a replica pays
+
+
+def test_a_late_sync_charges_a_rollback_to_the_deaths_in_its_window():
+    """With --replica-sync next the simulated iterations are the late-sync schedules',
+    and a simulated death of eager or lazy costs, in the window's share of deaths
+    (before the owner's sync of the iteration before has landed), the rollback; a
+    measured pause stays what was measured."""
+    from agents.modes import window_share
+    late, _ = simulated(4, 8, "next")
+    assert late["eager"] == pytest.approx(
+        simulate(compile_schedule(4, 8, (), "eager", sync="next")).makespan
+        / simulate(compile_schedule(4, 8, (), "off")).makespan)
+    share = window_share(4, 8)
+    assert 0 < share < 1
+    _, plain = estimates(ModeStats(seconds={"off": 2.0}), 4, 8, "next")
+    _, charged = estimates(ModeStats(seconds={"off": 2.0}, pause={"lazy": 1.0}), 4, 8, "next", lambda s, p: 100.0)
+    assert charged["eager"] == pytest.approx((1 - share) * plain["eager"] + share * 100.0)
+    assert charged["lazy"] == 1.0 and charged["off"] == plain["off"]
+    _, at_end = estimates(ModeStats(seconds={"off": 2.0}), 4, 8, "end", lambda s, p: 100.0)
+    assert at_end["eager"] == pytest.approx(estimates(ModeStats(seconds={"off": 2.0}), 4, 8)[1]["eager"])

@@ -70,6 +70,24 @@ def test_auto_starts_without_redundancy_and_switches_live_after_a_death(tmp_path
     assert all(r["replicas_equal"] for r in got)
 
 
+def test_auto_with_the_sync_in_the_next_iteration_keeps_a_replica_and_survives(tmp_path, reference):
+    """--redundancy auto with --replica-sync next (one pipeline, a node in standby):
+    with the sync off the critical path a replica costs off's iteration, so even
+    with no preemption assumed auto runs eager from the start (agents.modes weighs
+    the late-sync schedules, a death in a sync's window as a rollback). Node 1 and
+    then its replacement die mid-iteration, past their syncs of the iteration
+    before: each is taken over inside its iteration, and the losses stay the
+    reference's."""
+    _, got = bamboo_train(tmp_path / "auto.jsonl", *COMMON, "--stages", "2", "--local-nodes", "3",
+                          "--redundancy", "auto", "--replica-sync", "next", "--checkpoint", str(tmp_path / "ck"),
+                          "--checkpoint-every", "2", "--auto-prior-rate", "0", "--auto-prior-hours", "0.00001",
+                          "--preempt", "1@3:5", "--preempt", "2@6:12")
+    assert losses(got) == pytest.approx(losses(reference), rel=1e-9)
+    assert [e for e in got[0]["events"] if e["type"] == "reconfigure"][0]["redundancy"] == "eager"
+    assert "failover" in events(got, 3) and "failover" in events(got, 6)
+    assert not any(e["type"] in ("mode", "redo") for r in got for e in r["events"])
+
+
 @pytest.mark.parametrize("args, named", [
     (["--stages", "2", "--redundancy", "off", "--preempt", "1@1:3"], "no agents"),
     (["--stages", "2", "--redundancy", "off", "--local-nodes", "3"], "2 pipelines"),

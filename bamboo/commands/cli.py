@@ -136,11 +136,11 @@ def standby_note(args) -> str | None:
 
 
 def check_replica_sync(args) -> None:
-    """--replica-sync next runs, for now, with one pipeline, a fixed mode and no
-    fp16 (whose skip the late sync does not carry yet: docs/HOTPATH.md's plan)."""
+    """--replica-sync next runs, for now, with one pipeline and no fp16 (whose skip
+    the late sync does not carry yet: docs/HOTPATH.md's plan)."""
     if not late_sync(args):
         return
-    for bad, why in ((args.redundancy == "auto", "--redundancy auto"), (args.precision == "fp16", "fp16"),
+    for bad, why in ((args.precision == "fp16", "fp16"),
                      (args.compute_ahead, "--compute-ahead"), (args.check_replicas, "--check-replicas"),
                      (args.pipelines > 1, "--pipelines above 1 (a death after the reduce)")):
         if bad:

@@ -167,13 +167,13 @@ def auto_estimates(look, iteration: int | None = None) -> dict | None:
     """What `--redundancy auto` weighed after `iteration` (default: the newest):
     each mode's iteration seconds, seconds per death and expected seconds per
     iteration at the observed death rate, and the mode it chose."""
-    from agents.modes import ModeStats, estimates, expected_seconds
+    from agents.modes import ModeStats, expected_seconds, job_estimates
     if not look.modes:
         return None
     it = max(look.modes) if iteration is None else iteration
     choice, cfg = look.modes[it], look.cfg
     stats = ModeStats(**choice.stats)
-    seconds, pause = estimates(stats, cfg.stages, cfg.microbatches)
+    seconds, pause, _ = job_estimates(cfg, stats, cfg.stages, cfg.microbatches)
     rate = stats.rate(cfg.auto_prior_rate, cfg.auto_prior_hours)
     epoch = max(look.assignments.values(), key=lambda a: a.epoch) if look.assignments else None
     nodes = len(epoch.members) if epoch else cfg.stages
