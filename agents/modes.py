@@ -101,8 +101,8 @@ def estimates(stats: ModeStats, stages: int, microbatches: int, sync: str = "end
     """Iteration seconds and seconds per death of every mode: measured where a mode
     ran, else the simulator's ratio to a measured one (1 s units before any). With
     --replica-sync next a simulated death of eager or lazy costs, in the window's
-    share of deaths, `rollback(seconds, pause)` (what off's rollback costs; None
-    without checkpoints, when the agents would refuse next)."""
+    share of deaths, `rollback(seconds, pause)`: what off's rollback costs (None
+    without a checkpoint interval: then nothing is charged)."""
     times, pauses = simulated(stages, microbatches, sync)
     known = next((m for m in MODES if m in stats.seconds), None)
     unit = stats.seconds[known] / times[known] if known else 1.0  # seconds of an off iteration
