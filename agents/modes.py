@@ -86,7 +86,10 @@ def window_share(stages: int, microbatches: int) -> float:
     """--replica-sync next on one pipeline: the share of an iteration, mean over the
     stages, before the owner's sync of the iteration before has landed on its
     holder; a death of the owner then is not survivable in the iteration (a
-    rollback). Eager's schedule on the default cost model (lazy's lands alike)."""
+    rollback). Eager's schedule on the default cost model (lazy's lands alike),
+    where a sync flies a tenth of a forward: a share of 0.3 to 1.5% at P=2..8, where
+    the calibrated GPU profiles give 5 to 28% (docs/simulator.md); this job's
+    measured costs are not used yet."""
     from schedules.compiler import compile_schedule, simulate
     from schedules.cost import CostModel
     from schedules.ir import Op
@@ -102,7 +105,8 @@ def estimates(stats: ModeStats, stages: int, microbatches: int, sync: str = "end
     ran, else the simulator's ratio to a measured one (1 s units before any). With
     --replica-sync next a simulated death of eager or lazy costs, in the window's
     share of deaths, `rollback(seconds, pause)`: what off's rollback costs (None
-    without a checkpoint interval: then nothing is charged)."""
+    without a checkpoint interval: then nothing is charged). A mode's measured pause
+    is taken as measured (what its iterations with a death took beyond the usual)."""
     times, pauses = simulated(stages, microbatches, sync)
     known = next((m for m in MODES if m in stats.seconds), None)
     unit = stats.seconds[known] / times[known] if known else 1.0  # seconds of an off iteration

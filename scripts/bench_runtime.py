@@ -69,8 +69,8 @@ def main() -> None:
     times: dict[str, list[float]] = {m: [] for m in modes}
     memory: dict[str, list[float]] = {m: [] for m in modes}
     pauses: dict[str, list[float]] = {m: [] for m in modes if m != "off"}
-    for _ in range(a.rounds):
-        for mode in modes:
+    for r in range(a.rounds):
+        for mode in modes if r % 2 == 0 else modes[::-1]:  # no mode always right after the kills
             records = run(common + MODES[mode])
             times[mode].append(statistics.mean(r["seconds"] for r in records[warm:-1]))
             memory[mode].append(max(records[-1]["summary"]["peak_memory_mb"].values()))
@@ -82,18 +82,21 @@ def main() -> None:
 
 
 def report(a, times: dict, memory: dict, pauses: dict, kill: list[str]) -> None:
+    """The medians, each mode's ratios to off (paired over rounds too) and the pauses."""
     modes, redundant = list(times), list(pauses)
     t = {m: statistics.median(times[m]) for m in modes}
     mem = {m: statistics.median(memory[m]) for m in modes}
     print(f"P=2 D=1 M={a.microbatches} batch={a.batch} tiny, {a.rounds} rounds alternating, median of means")
     print("iteration time  " + "   ".join(f"{m} {t[m] * 1e3:8.1f} ms" for m in modes)
           + "   " + "   ".join(f"{m}/off {t[m] / t['off']:.3f}" for m in redundant))
-    if a.rounds >= 2:
+    if a.rounds >= 2 and redundant:
         print("geometric mean of the rounds' own ratios, 95% interval over rounds (Student's t): " + "   ".join(
             "{}/off {:.3f} [{:.3f}, {:.3f}]".format(m, *interval([x / o for x, o in zip(times[m], times["off"])]))
             for m in redundant))
     print("peak RSS        " + "   ".join(f"{m} {mem[m]:8.1f} MB" for m in modes)
           + "   " + "   ".join(f"{m}/off {mem[m] / mem['off']:.3f}" for m in redundant))
+    if not pauses:
+        return
     pause = {m: statistics.median(v) for m, v in pauses.items()}
     print(f"pause after a SIGKILL ({' '.join(kill)}), median of {a.rounds}: "
           + "   ".join(f"{m} {pause[m] * 1e3:.1f} ms ({pause[m] / t[m]:.2f} iterations)" for m in pause)

@@ -35,6 +35,7 @@ def one_run(split: str, a) -> tuple[float, dict[int, float]]:
 
 
 def main() -> None:
+    """Alternate the two settings over the rounds, then print both and their ratios."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=14)
@@ -57,6 +58,8 @@ def main() -> None:
               + "   ".join(f"node {n} peak {statistics.median(p[n] for p in peaks[split]):7.1f} MB" for n in range(P))
               + f"   simulated: iteration {report.makespan:.2f}, most forward states held "
               + str([report.peak_live[n] for n in range(P)]))
+    if a.rounds < 2:
+        return  # no interval from one round
     ratio = interval([x / y for x, y in zip(times["last"], times["off"])])
     print("last / off, geometric mean of the rounds' own ratios, 95% interval (Student's t): iteration time "
           "{:.3f} [{:.3f}, {:.3f}]".format(*ratio) + "".join(

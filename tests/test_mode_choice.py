@@ -96,15 +96,36 @@ def test_a_late_sync_charges_a_rollback_to_the_deaths_in_its_window():
     (before the owner's sync of the iteration before has landed), the rollback; a
     measured pause stays what was measured."""
     from agents.modes import window_share
+    from sim.windows import mean_share, stage_windows
     late, _ = simulated(4, 8, "next")
     assert late["eager"] == pytest.approx(
         simulate(compile_schedule(4, 8, (), "eager", sync="next")).makespan
         / simulate(compile_schedule(4, 8, (), "off")).makespan)
     share = window_share(4, 8)
-    assert 0 < share < 1
+    # the cluster simulator's windows of the same schedule (one pipeline, the default cost model)
+    assert share == pytest.approx(mean_share(stage_windows(Eight(), 4, 1, "eager", "bubbles", "next")), rel=1e-9)
     _, plain = estimates(ModeStats(seconds={"off": 2.0}), 4, 8, "next")
     _, charged = estimates(ModeStats(seconds={"off": 2.0}, pause={"lazy": 1.0}), 4, 8, "next", lambda s, p: 100.0)
     assert charged["eager"] == pytest.approx((1 - share) * plain["eager"] + share * 100.0)
     assert charged["lazy"] == 1.0 and charged["off"] == plain["off"]
     _, at_end = estimates(ModeStats(seconds={"off": 2.0}), 4, 8, "end", lambda s, p: 100.0)
     assert at_end["eager"] == pytest.approx(estimates(ModeStats(seconds={"off": 2.0}), 4, 8)[1]["eager"])
+
+
+class Eight:
+    """A stand-in profile for sim.windows: 8 microbatches on the default cost model."""
+    microbatches = 8
+
+
+def test_a_job_with_the_sync_next_and_checkpoints_gets_its_rollback_charged():
+    from agents.modes import job_estimates, rollback_cost, window_share
+    from bamboo.control.config import JobConfig
+    cfg = JobConfig(stages=4, microbatches=8, replica_sync="next", redundancy="auto", checkpoint="/tmp/ck",
+                    checkpoint_every=4)
+    seconds, pause, rollback = job_estimates(cfg, ModeStats(seconds={"off": 2.0}), 4, 8)
+    _, plain = estimates(ModeStats(seconds={"off": 2.0}), 4, 8, "next")
+    assert rollback == pytest.approx(rollback_cost(4, 0, seconds, plain)) and rollback > plain["eager"]
+    share = window_share(4, 8)
+    assert pause["eager"] == pytest.approx((1 - share) * plain["eager"] + share * rollback)
+    no_interval = JobConfig(stages=4, microbatches=8, replica_sync="next", redundancy="auto", checkpoint="/tmp/ck")
+    assert job_estimates(no_interval, ModeStats(seconds={"off": 2.0}), 4, 8)[1:] == (plain, None)

@@ -82,6 +82,8 @@ def test_lazy_brc_recomputes_the_forwards_whose_frc_did_not_fit():
         "forward s1 mb2 (R)", "backward s1 mb2 (R)"]
     # without the owed step (a step free of cost) both fit, as before the step was owed
     assert compile_schedule(2, 6, split="off", cost=CostModel(step=0.0)).frc_microbatches(0) == [0, 1]
+    # nor is one owed in a run's first iteration with the sync in the next (sync "none")
+    assert compile_schedule(2, 6, split="off", sync="none").frc_microbatches(0) == [0, 1]
 
 
 @pytest.mark.parametrize("P,M,failed", [(4, 6, (2,)), (4, 3, (0,)), (6, 5, (1, 4)), (2, 3, (1,)), (2, 2, (0,))])

@@ -173,9 +173,12 @@ def auto_estimates(look, iteration: int | None = None) -> dict | None:
     it = max(look.modes) if iteration is None else iteration
     choice, cfg = look.modes[it], look.cfg
     stats = ModeStats(**choice.stats)
-    seconds, pause, _ = job_estimates(cfg, stats, cfg.stages, cfg.microbatches)
-    rate = stats.rate(cfg.auto_prior_rate, cfg.auto_prior_hours)
     epoch = max(look.assignments.values(), key=lambda a: a.epoch) if look.assignments else None
+    depth, pipelines = (epoch.depth, len(epoch.pipelines)) if epoch else (cfg.stages, cfg.pipelines)
+    seconds, pause, rollback = job_estimates(cfg, stats, depth, max(1, cfg.microbatches // max(1, pipelines)))
+    if pipelines < 2 and rollback is not None:  # off on one pipeline goes back to its checkpoint (modes.choose)
+        pause["off"] = rollback
+    rate = stats.rate(cfg.auto_prior_rate, cfg.auto_prior_hours)
     nodes = len(epoch.members) if epoch else cfg.stages
     return {"iteration": it, "chosen": choice.mode, "rate_per_node_hour": rate, "deaths": stats.dead,
             "modes": {m: {"seconds": seconds[m], "pause": pause[m],

@@ -87,7 +87,8 @@ class StepPhase:
             self.it.undo[ins.stage] = ([p.detach().clone() for p in params],
                                     [{k: v.clone() if torch.is_tensor(v) else v for k, v in state.get(p, {}).items()}
                                      for p in params])
-        if self.late and not ins.redundant:  # its holder takes them in the next iteration (schedules/syncs.py)
+        if self.late and not ins.redundant and self.it.failover.redundancy != "off":
+            # its holder takes them in the next iteration (schedules/syncs.py); auto's off epochs hold no replica
             self.kept_grads[ins.stage] = recipe.flat_grads(sync_params(self.modules[ins.stage]))
         # a late sync's step is the iteration before's
         rate = recipe.learning_rate(self.cfg, self.it.iteration - (ins.redundant and self.late))
