@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from schedules.bubbles import check_in_bubbles
+from schedules.bubbles import check_in_bubbles, makespan
 from schedules.cost import CostModel
 from schedules.early_grads import SPLITS, split_backwards
 from schedules.evaluation import eval_streams
@@ -114,8 +114,7 @@ def _check_options(microbatches: int, redundancy: str, order: str, frc: str = "b
 def _makespan(streams: dict[int, list[Instr]], cost: CostModel) -> float:
     """When the last node finishes, by the simulator's fast timing pass (no checks:
     the split pass's candidates are valid by construction)."""
-    starts = start_times(streams, cost)
-    return max((s[-1] + cost.duration(streams[n][-1]) for n, s in starts.items() if s), default=0.0)
+    return makespan(streams, start_times(streams, cost), cost)
 
 
 def base_streams(layout: Layout, microbatches: int, order: str, cost: CostModel, sync: str,
