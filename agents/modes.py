@@ -138,6 +138,12 @@ def rollback_cost(every: int, every_seconds: float, seconds: dict, pause: dict) 
     return None
 
 
+def weighed_pauses(pause: dict, pipelines: int, rollback: float | None) -> dict:
+    """Each mode's cost of a death as `choose` weighs it: off on one pipeline goes
+    back to its checkpoint (`rollback`), where with peers it redoes the iteration."""
+    return {**pause, "off": rollback} if pipelines < 2 and rollback is not None else pause
+
+
 def choose(current: str, rate: float, nodes: int, pipelines: int, seconds: dict, pause: dict,
            rollback: float | None = None) -> str:
     """The mode with the fewest expected seconds per iteration, kept unless another
@@ -146,7 +152,7 @@ def choose(current: str, rate: float, nodes: int, pipelines: int, seconds: dict,
     to its last checkpoint, which it may risk only when there is one: `rollback`
     is then what such a death costs (None: no checkpoint, off needs two pipelines)."""
     allowed = [m for m in MODES if m != "off" or pipelines >= 2 or rollback is not None]
-    pause = {**pause, "off": rollback} if pipelines < 2 and rollback is not None else pause
+    pause = weighed_pauses(pause, pipelines, rollback)
     cost = {m: expected_seconds(seconds[m], pause[m], rate, nodes) for m in allowed}
     best = min(allowed, key=lambda m: (cost[m], MODES.index(m)))
     if current in cost and not math.isclose(cost[current], 0.0) and cost[best] >= cost[current] * (1 - MARGIN):

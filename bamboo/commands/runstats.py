@@ -167,7 +167,7 @@ def auto_estimates(look, iteration: int | None = None) -> dict | None:
     """What `--redundancy auto` weighed after `iteration` (default: the newest):
     each mode's iteration seconds, seconds per death and expected seconds per
     iteration at the observed death rate, and the mode it chose."""
-    from agents.modes import ModeStats, expected_seconds, job_estimates
+    from agents.modes import ModeStats, expected_seconds, job_estimates, weighed_pauses
     if not look.modes:
         return None
     it = max(look.modes) if iteration is None else iteration
@@ -176,8 +176,7 @@ def auto_estimates(look, iteration: int | None = None) -> dict | None:
     epoch = max(look.assignments.values(), key=lambda a: a.epoch) if look.assignments else None
     depth, pipelines = (epoch.depth, len(epoch.pipelines)) if epoch else (cfg.stages, cfg.pipelines)
     seconds, pause, rollback = job_estimates(cfg, stats, depth, max(1, cfg.microbatches // max(1, pipelines)))
-    if pipelines < 2 and rollback is not None:  # off on one pipeline goes back to its checkpoint (modes.choose)
-        pause["off"] = rollback
+    pause = weighed_pauses(pause, pipelines, rollback)
     rate = stats.rate(cfg.auto_prior_rate, cfg.auto_prior_hours)
     nodes = len(epoch.members) if epoch else cfg.stages
     return {"iteration": it, "chosen": choice.mode, "rate_per_node_hour": rate, "deaths": stats.dead,
