@@ -77,9 +77,9 @@ def _pipeline_cost(times: list[dict[str, float]]) -> dict | None:
     """CostModel keywords for a pipeline whose node s reported `times[s]`. Sends are
     posted, so a message costs its sender the post, and flies about as long."""
     forward = [t.get(f"forward/{s}") for s, t in enumerate(times)]
-    split = [(t[f"backward_input/{s}"], t[f"backward_weight/{s}"]) for s, t in enumerate(times)
-             if f"backward_input/{s}" in t and f"backward_weight/{s}" in t]  # split backwards' two passes
-    backward = [t.get(f"backward/{s}", split_of(t, s)) for s, t in enumerate(times)]
+    passes = [split_passes(t, s) for s, t in enumerate(times)]  # split backwards' (input, weight) times
+    backward = [t.get(f"backward/{s}", sum(p) if p else None) for (s, t), p in zip(enumerate(times), passes)]
+    split = [p for p in passes if p]
     if None in forward or None in backward:
         return None
 
@@ -98,10 +98,10 @@ def _pipeline_cost(times: list[dict[str, float]]) -> dict | None:
             "input_share": statistics.median(i / (i + w) for i, w in split) if split else 0.5}
 
 
-def split_of(t: dict[str, float], stage: int) -> float | None:
-    """A split backward's two passes on `stage`, together (None unless both were timed)."""
+def split_passes(t: dict[str, float], stage: int) -> tuple[float, float] | None:
+    """A split backward's input and weight pass times on `stage` (None unless both were timed)."""
     both = t.get(f"backward_input/{stage}"), t.get(f"backward_weight/{stage}")
-    return None if None in both else sum(both)
+    return None if None in both else both
 
 
 def cost_model(costs: dict | None, pipeline: int, stages: int) -> CostModel | None:
