@@ -92,11 +92,10 @@ def window_share(stages: int, microbatches: int) -> float:
     measured costs are not used yet."""
     from schedules.compiler import compile_schedule, simulate
     from schedules.cost import CostModel
-    from schedules.ir import Op
+    from schedules.syncs import landed_shares
 
-    report, cost = simulate(compile_schedule(stages, microbatches, (), "eager", sync="next")), CostModel()
-    landed = [min(report.makespan, s.end + cost.sync_transfer) for s in report.spans if s.instr.op is Op.SEND_SYNC]
-    return sum(landed) / (len(landed) * report.makespan) if landed else 0.0
+    report = simulate(compile_schedule(stages, microbatches, (), "eager", sync="next"))
+    return sum(landed_shares(report, CostModel(), stages)) / stages
 
 
 def estimates(stats: ModeStats, stages: int, microbatches: int, sync: str = "end",

@@ -78,3 +78,15 @@ def sync_landed_first(stream: list[Instr], replica: int) -> bool:
         elif ir.is_frc(ins) and ins.stage == replica and not synced:
             return False
     return True
+
+
+def landed_shares(report, cost: CostModel, stages: int) -> list[float]:
+    """Each stage's share of the simulated iteration (`report`) before its owner's
+    sync of the iteration before has landed on the holder (0: none sent): until
+    then the owner's death is not survivable in the iteration (sim/windows.py,
+    agents/modes.py)."""
+    landed = [0.0] * stages
+    for span in report.spans:
+        if span.instr.op is Op.SEND_SYNC:
+            landed[span.instr.stage] = min(1.0, (span.end + cost.sync_transfer) / report.makespan)
+    return landed

@@ -29,6 +29,7 @@ from schedules.compiler import Schedule, compile_schedule
 from schedules.compiler import simulate as simulate_schedule
 from schedules.cost import CostModel
 from schedules.ir import Op
+from schedules.syncs import landed_shares
 
 from sim.profiles import Profile
 
@@ -66,13 +67,11 @@ def stage_windows(profile, depth: int, pipelines: int, redundancy: str, frc: str
         return ()
     schedule, cost = full_pipeline(profile, depth, pipelines, redundancy, frc, sync)
     report = simulate_schedule(schedule)
-    landed, reduced = [0.0] * depth, [report.makespan] * depth
+    reduced = [report.makespan] * depth
     for span in report.spans:
-        if span.instr.op is Op.SEND_SYNC:
-            landed[span.instr.stage] = span.end + cost.sync_transfer
-        elif span.instr.op is Op.REDUCE_GRADS and pipelines > 1:
+        if span.instr.op is Op.REDUCE_GRADS and pipelines > 1:
             reduced[span.instr.stage] = span.end
-    return tuple(Window(min(1.0, a / report.makespan), b / report.makespan) for a, b in zip(landed, reduced))
+    return tuple(Window(a, b / report.makespan) for a, b in zip(landed_shares(report, cost, depth), reduced))
 
 
 def stale(windows: tuple[Window, ...], dead: list[set[int]], phase: float, between: bool = False) -> list[set[int]]:
