@@ -99,7 +99,11 @@ JOB = ["--local-nodes", "4", "--zones", "a,b,c", "--stages", "4", "--max-stages-
 def _watch_workers(proc, seen: dict, stop: threading.Event) -> None:
     """node -> the pids of its worker processes, sampled until the job ends."""
     while not stop.is_set() and proc.poll() is None:
-        for p in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            children = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:  # the job ended between the poll and this read
+            break
+        for p in children:
             try:
                 cmd = p.cmdline()
             except psutil.Error:
