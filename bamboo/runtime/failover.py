@@ -78,7 +78,7 @@ class TooManyDead:
 
 class Completed(NamedTuple):
     """What a node whose own finished mark completed its pipeline read with the mark:
-    every mark (each with its node's report), the reports and the deaths so far."""
+    the pipeline's marks (each with its node's report), the reports and the deaths so far."""
     marks: dict
     reports: dict
     deaths: dict
@@ -310,7 +310,10 @@ class Failover:
             pending = [Local(n) for n in range(self.P) if n not in self.failed and self.node_of(n) not in finished]
             if not pending:
                 done = own and not self.now.recovered
-                self.now.completed = Completed(finished, *self.now.read_with_mark) if done else None
+                # only this pipeline's marks are final: another's node may have finished
+                # while a peer of it still runs, and may yet take that peer over
+                ours = {n: mark for n, mark in finished.items() if n in self.nodes}
+                self.now.completed = Completed(ours, *self.now.read_with_mark) if done else None
                 return None
             event = self.poll() or self._silent_while_waiting(pending)
             if event is not None:
