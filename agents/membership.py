@@ -190,12 +190,9 @@ class Membership:
         self.cluster.create_clearing(ASSIGNMENT(new.epoch), new, clear)
 
     def _policy(self, cfg: JobConfig, live: dict[str, str], previous: Config | None) -> Config:
-        """The policy's next configuration for this job. With --replica-sync next one
-        pipeline at most: with two, a death after a stage's reduce would need a
-        peer's sum, which nothing fetches yet (docs/HOTPATH.md, piece 4)."""
-        most = 1 if cfg.late_sync else cfg.microbatches  # pipelines: each needs a microbatch
-        return next_config(live, previous, cfg.stages, most, cfg.max_stages_per_node, slot_estimate(cfg.microbatches),
-                           hosts=self.hosts())
+        """The policy's next configuration for this job (pipelines: each needs a microbatch)."""
+        return next_config(live, previous, cfg.stages, cfg.microbatches, cfg.max_stages_per_node,
+                           slot_estimate(cfg.microbatches), hosts=self.hosts())
 
     def _taken(self, cfg: JobConfig, previous: Assignment, basis: Assignment | None, it: int,
                redo: bool) -> tuple[int, ...] | None:
@@ -249,13 +246,14 @@ class Membership:
         if cfg.redundancy != "auto":
             return cfg.redundancy
         stats = stats or ModeStats()
-        seconds, pause, rollback = job_estimates(cfg, stats, epoch.depth,
-                                                 max(1, cfg.microbatches // len(epoch.pipelines)))
-        if wanted is not None and (wanted.mode != "off" or len(epoch.pipelines) >= 2 or rollback is not None):
+        pipelines = len(epoch.pipelines)
+        seconds, pause, rollback = job_estimates(cfg, stats, epoch.depth, max(1, cfg.microbatches // pipelines),
+                                                 pipelines)
+        if wanted is not None and (wanted.mode != "off" or pipelines >= 2 or rollback is not None):
             return wanted.mode
         current = epoch.redundancy  # "" for the first epoch: no mode to keep, the best one
         rate = stats.rate(cfg.auto_prior_rate, cfg.auto_prior_hours)
-        return choose(current, rate, len(epoch.members), len(epoch.pipelines), seconds, pause, rollback)
+        return choose(current, rate, len(epoch.members), pipelines, seconds, pause, rollback)
 
     def _restore_point(self, cfg: JobConfig, start: int, holders=()) -> tuple[int, str]:
         """(iteration, restore) to go back to when a stage is lost on every node: the

@@ -82,28 +82,30 @@ def simulated(stages: int, microbatches: int, sync: str = "end") -> tuple[dict, 
 
 
 @functools.lru_cache(maxsize=64)
-def window_share(stages: int, microbatches: int) -> float:
-    """--replica-sync next on one pipeline: the share of an iteration, mean over the
-    stages, before the owner's sync of the iteration before has landed on its
-    holder; a death of the owner then is not survivable in the iteration (a
-    rollback). Eager's schedule on the default cost model (lazy's lands alike),
-    where a sync flies a tenth of a forward: a share of 0.3 to 1.5% at P=2..8, where
-    the calibrated GPU profiles give 5 to 28% (docs/simulator.md); this job's
-    measured costs are not used yet."""
+def window_share(stages: int, microbatches: int, pipelines: int = 1) -> float:
+    """--replica-sync next: the share of an iteration, mean over the stages, in
+    which an owner's death is not survivable in the iteration (schedules/syncs.py
+    `windows`): before its sync of the iteration before has landed on its holder,
+    and with two pipelines or more after its reduce. Eager's schedule on the
+    default cost model (lazy's lands alike), where a sync flies a tenth of a
+    forward: a share of 0.3 to 1.5% at P=2..8 on one pipeline, where the calibrated
+    GPU profiles give 5 to 28% (docs/simulator.md); this job's measured costs are
+    not used yet."""
     from schedules.compiler import compile_schedule, simulate
     from schedules.cost import CostModel
-    from schedules.syncs import landed_shares
+    from schedules.syncs import windows
 
     report = simulate(compile_schedule(stages, microbatches, (), "eager", sync="next"))
-    return sum(landed_shares(report, CostModel(), stages)) / stages
+    return sum(w.share for w in windows(report, CostModel(), stages, pipelines)) / stages
 
 
 def estimates(stats: ModeStats, stages: int, microbatches: int, sync: str = "end",
-              rollback=None) -> tuple[dict, dict]:
+              rollback=None, pipelines: int = 1) -> tuple[dict, dict]:
     """Iteration seconds and seconds per death of every mode: measured where a mode
     ran, else the simulator's ratio to a measured one (1 s units before any). With
     --replica-sync next a simulated death of eager or lazy costs, in the window's
-    share of deaths, `rollback(seconds, pause)`: what off's rollback costs (None
+    share of deaths, what a death costs off: a redo from a peer pipeline with two
+    or more, else `rollback(seconds, pause)`, its rollback to the checkpoint (None
     without a checkpoint interval: then nothing is charged). A mode's measured pause
     is taken as measured (what its iterations with a death took beyond the usual)."""
     times, pauses = simulated(stages, microbatches, sync)
@@ -111,9 +113,13 @@ def estimates(stats: ModeStats, stages: int, microbatches: int, sync: str = "end
     unit = stats.seconds[known] / times[known] if known else 1.0  # seconds of an off iteration
     seconds = {m: stats.seconds.get(m, times[m] * unit) for m in MODES}
     pause = {m: stats.pause.get(m, pauses[m] * unit) for m in MODES}
-    lost = rollback(seconds, pause) if sync == "next" and rollback is not None else None
+    lost = None
+    if sync == "next" and pipelines >= 2:
+        lost = pause["off"]  # a redo from a peer pipeline
+    elif sync == "next" and rollback is not None:
+        lost = rollback(seconds, pause)
     if lost is not None:
-        share = window_share(stages, microbatches)
+        share = window_share(stages, microbatches, pipelines)
         pause.update({m: (1 - share) * pause[m] + share * lost for m in ("eager", "lazy") if m not in stats.pause})
     return seconds, pause
 
@@ -159,11 +165,13 @@ def choose(current: str, rate: float, nodes: int, pipelines: int, seconds: dict,
     return best
 
 
-def job_estimates(cfg, stats: ModeStats, stages: int, microbatches: int) -> tuple[dict, dict, float | None]:
-    """`estimates` for a job's settings (JobConfig `cfg`: its sync, its checkpoints),
-    and what a rollback costs off on one pipeline (None: no checkpoint interval)."""
+def job_estimates(cfg, stats: ModeStats, stages: int, microbatches: int,
+                  pipelines: int = 1) -> tuple[dict, dict, float | None]:
+    """`estimates` for a job's settings (JobConfig `cfg`: its sync, its checkpoints)
+    on `pipelines` pipelines, and what a rollback costs off on one pipeline (None:
+    no checkpoint interval)."""
     def rollback(seconds: dict, pause: dict) -> float | None:
         return rollback_cost(cfg.checkpoint_every, cfg.checkpoint_seconds, seconds, pause) if cfg.checkpoint \
             else None
-    seconds, pause = estimates(stats, stages, microbatches, cfg.replica_sync, rollback)
+    seconds, pause = estimates(stats, stages, microbatches, cfg.replica_sync, rollback, pipelines)
     return seconds, pause, rollback(seconds, pause)

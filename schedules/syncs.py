@@ -17,6 +17,8 @@ death of its owner then is not survivable within the iteration (recovery.py).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from schedules import ir
 from schedules.cost import CostModel
 from schedules.ir import Instr, Op, RECVS
@@ -78,6 +80,33 @@ def sync_landed_first(stream: list[Instr], replica: int) -> bool:
         elif ir.is_frc(ins) and ins.stage == replica and not synced:
             return False
     return True
+
+
+class Window(NamedTuple):
+    """A stage's window, as shares of the iteration: a death of its owner before
+    `landed` or from `reduced` on is not survivable in the iteration."""
+    landed: float   # the owner's sync of the iteration before has landed on the holder
+    reduced: float  # the owner's reduce has ended (1.0 with one pipeline: no reduce to lose)
+
+    def holds(self, phase: float) -> bool:
+        return phase < self.landed or phase >= self.reduced
+
+    @property
+    def share(self) -> float:
+        return min(1.0, self.landed + 1.0 - max(self.reduced, self.landed))
+
+
+def windows(report, cost: CostModel, stages: int, pipelines: int) -> tuple[Window, ...]:
+    """Each stage's window in the simulated fault-free iteration (`report`) of one of
+    `pipelines` pipelines: until its owner's sync of the iteration before has
+    landed, and with more than one pipeline also from the end of its owner's
+    reduce on (its pipeline's share went into the peers' sums). sim/windows.py and
+    agents/modes.py read them."""
+    reduced = [report.makespan] * stages
+    for span in report.spans:
+        if span.instr.op is Op.REDUCE_GRADS and pipelines > 1:
+            reduced[span.instr.stage] = span.end
+    return tuple(Window(a, b / report.makespan) for a, b in zip(landed_shares(report, cost, stages), reduced))
 
 
 def landed_shares(report, cost: CostModel, stages: int) -> list[float]:

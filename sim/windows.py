@@ -23,29 +23,14 @@ from __future__ import annotations
 import math
 import statistics
 from functools import lru_cache
-from typing import NamedTuple
 
+from schedules import syncs
 from schedules.compiler import Schedule, compile_schedule
 from schedules.compiler import simulate as simulate_schedule
 from schedules.cost import CostModel
-from schedules.ir import Op
-from schedules.syncs import landed_shares
+from schedules.syncs import Window
 
 from sim.profiles import Profile
-
-
-class Window(NamedTuple):
-    """A stage's window, as shares of the iteration: a death of its owner before
-    `landed` or from `reduced` on is not survivable in the iteration."""
-    landed: float   # the owner's sync of the iteration before has landed on the holder
-    reduced: float  # the owner's reduce has ended (1.0 with one pipeline: no reduce to lose)
-
-    def holds(self, phase: float) -> bool:
-        return phase < self.landed or phase >= self.reduced
-
-    @property
-    def share(self) -> float:
-        return min(1.0, self.landed + 1.0 - max(self.reduced, self.landed))
 
 
 def full_pipeline(profile, depth: int, pipelines: int, redundancy: str, frc: str,
@@ -66,12 +51,7 @@ def stage_windows(profile, depth: int, pipelines: int, redundancy: str, frc: str
     if sync != "next" or redundancy == "off":
         return ()
     schedule, cost = full_pipeline(profile, depth, pipelines, redundancy, frc, sync)
-    report = simulate_schedule(schedule)
-    reduced = [report.makespan] * depth
-    for span in report.spans:
-        if span.instr.op is Op.REDUCE_GRADS and pipelines > 1:
-            reduced[span.instr.stage] = span.end
-    return tuple(Window(a, b / report.makespan) for a, b in zip(landed_shares(report, cost, depth), reduced))
+    return syncs.windows(simulate_schedule(schedule), cost, depth, pipelines)
 
 
 def stale(windows: tuple[Window, ...], dead: list[set[int]], phase: float, between: bool = False) -> list[set[int]]:

@@ -117,6 +117,22 @@ class Eight:
     microbatches = 8
 
 
+def test_with_two_pipelines_a_death_in_a_window_costs_a_redo_and_the_window_grows_by_the_reduce():
+    """Two pipelines: a stage's window also covers the time after its owner's reduce,
+    as the cluster simulator's does (each pipeline runs 4 of the 8 microbatches), and
+    a death in it costs what off's redo from a peer costs, not the rollback."""
+    from agents.modes import window_share
+    from sim.windows import mean_share, stage_windows
+    share = window_share(4, 4, 2)
+    assert share == pytest.approx(mean_share(stage_windows(Eight(), 4, 2, "eager", "bubbles", "next")), rel=1e-9)
+    assert share > window_share(4, 4, 1)
+    stats = ModeStats(seconds={"off": 2.0})
+    _, plain = estimates(stats, 4, 4, "next")
+    _, charged = estimates(stats, 4, 4, "next", lambda s, p: 100.0, pipelines=2)
+    assert charged["eager"] == pytest.approx((1 - share) * plain["eager"] + share * plain["off"])
+    assert charged["off"] == plain["off"] < 100.0
+
+
 def test_a_job_with_the_sync_next_and_checkpoints_gets_its_rollback_charged():
     from agents.modes import job_estimates, rollback_cost, window_share
     from bamboo.control.config import JobConfig

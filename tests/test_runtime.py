@@ -173,7 +173,6 @@ def test_random_kill_point(tmp_path, reference):
     (["--stages", "2", "--replica-sync", "next", "--compute-ahead"], "--replica-sync next does not run with "
      "--compute-ahead yet", 2),
     (["--stages", "2", "--replica-sync", "next", "--local-nodes", "2"], "with agents needs --checkpoint", 2),
-    (["--stages", "2", "--pipelines", "2", "--replica-sync", "next"], "with --pipelines above 1", 2),
     # a run's first iteration owes no sync: node 1's stream is 24 instructions there, 27 after
     (["--stages", "2", "--replica-sync", "next", "--preempt", "1@0:29"], "node 1 runs 28 instructions", 2),
     (["--stages", "2", "--sync-bucket-mb", "nan", "--redundancy", "off"], "--sync-bucket-mb must be a finite", 2),

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="each machine in its own network namespace, etcd of three members; adds vanish, partition, "
                          "etcd-cut and etcd-member-kill (Linux, root)")
     ap.add_argument("--replica-sync", choices=SYNC_MODES, default=Settings.replica_sync,
-                    help="the job's replica sync (next: in the next iteration; the agents form one pipeline)")
+                    help="the job's replica sync (next: in the next iteration)")
     ap.add_argument("--out", default=None, help="where failed trials keep their logs (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep every trial's logs and metrics, not only failed ones'")
     args = ap.parse_args(argv)

@@ -43,7 +43,7 @@ class Settings:
     per_host: int = 1       # nodes per machine (bamboo-train --local-hosts); 1: each node a machine of its own
     network: bool = False   # each machine in its own network namespace, etcd of three members
     long_pause: float = 120.0  # a pause this long is a wait only a timeout ended: its logs are kept
-    replica_sync: str = "end"  # bamboo-train --replica-sync (next: one pipeline, the rest in standby)
+    replica_sync: str = "end"  # bamboo-train --replica-sync
 
     @property
     def kinds(self) -> tuple[str, ...]:

@@ -122,27 +122,17 @@ def late_sync(args) -> bool:
 
 
 def start_pipelines(args) -> int:
-    """With agents, the pipelines at the start: as many as the nodes make, or one
-    with --replica-sync next (the agents form no more: Membership._policy)."""
-    return 1 if late_sync(args) else max(1, args.local_nodes // max(1, args.stages))
-
-
-def standby_note(args) -> str | None:
-    """A note when --replica-sync next leaves nodes of a local cluster in standby."""
-    if args.local_nodes is None or not late_sync(args) or args.local_nodes <= args.stages:
-        return None
-    return (f"--replica-sync next: the agents form one pipeline, so {args.local_nodes - args.stages} of the "
-            f"{args.local_nodes} nodes wait in standby (two pipelines need a peer's sum after a death: not built)")
+    """With agents, the pipelines at the start: as many as the nodes make."""
+    return max(1, args.local_nodes // max(1, args.stages))
 
 
 def check_replica_sync(args) -> None:
-    """--replica-sync next runs, for now, with one pipeline and no fp16 (whose skip
-    the late sync does not carry yet: docs/HOTPATH.md's plan)."""
+    """--replica-sync next runs, for now, without fp16 (whose skip the late sync
+    does not carry yet: docs/HOTPATH.md's plan)."""
     if not late_sync(args):
         return
     for bad, why in ((args.precision == "fp16", "fp16"),
-                     (args.compute_ahead, "--compute-ahead"), (args.check_replicas, "--check-replicas"),
-                     (args.pipelines > 1, "--pipelines above 1 (a death after the reduce)")):
+                     (args.compute_ahead, "--compute-ahead"), (args.check_replicas, "--check-replicas")):
         if bad:
             raise ValueError(f"--replica-sync next does not run with {why} yet: use --replica-sync end")
     if args.local_nodes is not None and not args.checkpoint:
@@ -363,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         local_hosts(args)
         cfg = config_from_args(args)
         local = local_cluster(args)
-        notes = idle_notes(args) + ([note] if (note := standby_note(args)) else [])
+        notes = idle_notes(args)
         if cfg.stages > 1:  # every worker runs on this host: can each have its device?
             workers = local.nodes + sum(c for c, _ in local.joins) if local else cfg.nodes
             devices.check_flags(args.devices, args.share_gpu, args.transport, workers)
