@@ -101,3 +101,19 @@ def test_after_a_death_in_the_iteration_no_mark_is_taken_for_a_final_report(etcd
     last.finished()
     assert last.linger() is None  # every live node finished ...
     assert last.now.completed is None  # ... but the marks are not taken as final reports
+
+
+def test_a_completed_pipeline_takes_no_mark_of_another_pipeline_for_a_report(etcd):
+    """Node 4 of pipeline (3, 4, 5) has finished, and its predecessor 3 still runs
+    (with --replica-sync next it may die after its reduce, and node 4 must then take
+    stage 0 over). Pipeline (0, 1, 2) completing writes its own three reports, not
+    node 4's: node 4 writes its own once its pipeline is done."""
+    cluster = Cluster(etcd.endpoint, "finish-other")
+    reports = _reports(range(6))
+    _node(cluster, (3, 4, 5), 1, reports[4]).finished()
+    last = _last_of_pipeline(cluster, (0, 1, 2), reports)
+    assert set(last.now.completed.marks) == {0, 1, 2}
+    boundary = _boundary(cluster, 0)
+    boundary.report(IT, reports[0], last.now.completed)
+    boundary.cluster.put_all(boundary.unwritten)  # what a wait for another pipeline writes first
+    assert set(cluster.children(DONE(IT))) == {0, 1, 2}
