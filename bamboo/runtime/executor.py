@@ -65,6 +65,7 @@ class Executor(StepPhase):
         # owner's stepped gradients kept here
         self.late = cfg.late_sync
         self.kept_grads: dict[int, torch.Tensor] = {}
+        self.overflowed_before = False  # fp16: the iteration before's steps were skipped (so are its late syncs')
         # With clipping, ties (the model's, on every node) or fp16's loss scale, steps
         # and syncs wait for the rest of the stream (STEP_PHASE).
         self.step_after_reduces = bool(cfg.grad_clip) or bool(self.tied) or cfg.loss_scaling
@@ -99,6 +100,7 @@ class Executor(StepPhase):
         for s, m in self.modules.items():
             if s not in self.owed:  # an owed step's gradients stay until it is taken
                 m.zero_grad(set_to_none=True)
+        self.overflowed_before = bool(self.it is not None and self.it.overflow)
         self.it = IterationState(iteration, microbatches, comm, failover, loss_scale, base=comm.counts(), times=times)
         sent = {i.stage for i in stream if i.op is Op.SEND_SYNC}  # a stage with no holder now keeps none
         self.kept_grads = {s: g for s, g in self.kept_grads.items() if s in sent}

@@ -5,7 +5,8 @@ gives a replica its owner's gradients (in buckets: bamboo/runtime/sync.py).
 
 `StepPhase` is a base of `Executor`, whose __init__ sets every attribute these
 methods read: cfg, P, me, modules, optimizers, cluster, reducer, tied, owed,
-keep_undo, step_after_reduces, and the iteration under way, it."""
+keep_undo, step_after_reduces, late, kept_grads, overflowed_before, and the
+iteration under way, it."""
 from __future__ import annotations
 
 import time
@@ -76,8 +77,13 @@ class StepPhase:
 
     def optimizer_step(self, ins: Instr) -> None:
         if not ins.redundant and not self._prepare(ins.stage):
+            self._keep_for_late_sync(ins.stage)  # an fp16 overflow: the sync goes, its step is skipped alike
             return
-        if ins.redundant and self.cfg.loss_scaling:
+        if ins.redundant and self.late and self.overflowed_before:
+            # a late sync's step is the iteration before's: skipped where that one overflowed
+            self.modules[ins.stage].zero_grad(set_to_none=True)
+            return
+        if ins.redundant and self.cfg.loss_scaling and not self.late:
             self._tie()  # a replica's synced gradients are tied, unscaled and clipped already
             if self._grad_multiplier() is None:
                 return
@@ -87,9 +93,8 @@ class StepPhase:
             self.it.undo[ins.stage] = ([p.detach().clone() for p in params],
                                     [{k: v.clone() if torch.is_tensor(v) else v for k, v in state.get(p, {}).items()}
                                      for p in params])
-        if self.late and not ins.redundant and self.it.failover.redundancy != "off":
-            # its holder takes them in the next iteration (schedules/syncs.py); auto's off epochs hold no replica
-            self.kept_grads[ins.stage] = recipe.flat_grads(sync_params(self.modules[ins.stage]))
+        if not ins.redundant:
+            self._keep_for_late_sync(ins.stage)
         # a late sync's step is the iteration before's
         rate = recipe.learning_rate(self.cfg, self.it.iteration - (ins.redundant and self.late))
         if ins.redundant and self._defers_replica_steps():
@@ -99,6 +104,15 @@ class StepPhase:
         self.optimizers[ins.stage].step()
         if ins.redundant and self.late:  # the synced gradients are spent: a BRC after it starts from zero
             self.modules[ins.stage].zero_grad(set_to_none=True)
+
+    def _keep_for_late_sync(self, stage: int) -> None:
+        """--replica-sync next: keep an owned stage's gradients as its step takes them,
+        for its holder in the next iteration (schedules/syncs.py); auto's off epochs
+        hold no replica. After an fp16 overflow they go all the same, so that every
+        sync the streams hold is sent, and the holder skips their step (every node
+        knows the iteration overflowed: `overflowed_before`)."""
+        if self.late and self.it.failover.redundancy != "off":
+            self.kept_grads[stage] = recipe.flat_grads(sync_params(self.modules[stage]))
 
     def _defers_replica_steps(self) -> bool:
         """Lazy runs no replica in the fault-free path, and eager only in its FRC, so a
