@@ -185,7 +185,7 @@ class Membership:
         wanted = self.cluster.get(MODE(it - 1))  # what the boundary of `it` compared with (auto)
         mode = self._mode_for(cfg, it, new, ModeStats(**wanted.stats) if wanted else None, wanted)
         new = Assignment(**{**new.__dict__, "redo": redo, "layers_from": basis.epoch, "redundancy": mode,
-                            "taken": tuple(sorted(taken or ()))})
+                            "taken": None if taken is None else tuple(sorted(taken))})
         clear = [(family(start), family(it + 1)) for family in ITERATION_FAMILIES]  # iterations start..it
         self.cluster.create_clearing(ASSIGNMENT(new.epoch), new, clear)
 

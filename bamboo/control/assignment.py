@@ -34,8 +34,9 @@ class Assignment:
     redo: bool = False                          # the epoch starts by running again an abandoned iteration
     layers_from: int = -1                       # the epoch whose layout the nodes' layers follow (-1: none yet)
     redundancy: str = ""                        # the epoch's mode (eager, lazy, off); "": the job's --redundancy
-    taken: tuple[int, ...] = ()                 # of `failed`, those a survivor took over inside an iteration that
-                                                # completed (--replica-sync next: see `holders`)
+    taken: tuple[int, ...] | None = None        # of `failed`, those a survivor took over inside an iteration that
+                                                # completed (--replica-sync next: see `holders`); None: every
+                                                # replica is up to date (an epoch's first iteration owed no sync)
 
     @classmethod
     def static(cls, stages: int, pipelines: int, start: int = 0) -> "Assignment":
@@ -122,11 +123,12 @@ class Assignment:
         return {"epoch": self.epoch, "start": self.start, "pipelines": [list(p) for p in self.pipelines],
                 "standby": list(self.standby), "failed": list(self.failed), "gone": list(self.gone),
                 "restore": self.restore, "redo": self.redo, "layers_from": self.layers_from,
-                "redundancy": self.redundancy, "taken": list(self.taken)}
+                "redundancy": self.redundancy, "taken": None if self.taken is None else list(self.taken)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Assignment":
         return cls(int(d["epoch"]), int(d["start"]), tuple(tuple(int(n) for n in p) for p in d["pipelines"]),
                    tuple(int(n) for n in d.get("standby", ())), tuple(int(n) for n in d.get("failed", ())),
                    tuple(int(n) for n in d.get("gone", ())), d.get("restore", "peers"), bool(d.get("redo")),
-                   int(d.get("layers_from", -1)), d.get("redundancy", ""), tuple(int(n) for n in d.get("taken", ())))
+                   int(d.get("layers_from", -1)), d.get("redundancy", ""),
+                   None if d.get("taken") is None else tuple(int(n) for n in d["taken"]))

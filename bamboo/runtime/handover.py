@@ -100,6 +100,15 @@ def live_layers(holdings):
     return lambda layer: snapshot({layer: holdings.layers[layer]}, holdings.optimizer_of(layer))[layer]
 
 
+def sources(new: Assignment, old: Assignment, mode: str, late: bool) -> dict[int, set[int]]:
+    """node -> the stages it can send for `new`: those it holds up to date after
+    `old` (alive, not gone). With --replica-sync next (`late`) a replica is a
+    source only where `new.taken` says (None: every replica is); the agents judged
+    what is lost from the same (agents/membership.py `lost_everywhere`)."""
+    taken = new.taken if late else None
+    return {n: stages for n, stages in old.holders(new.failed, mode, taken).items() if n not in new.gone}
+
+
 def exchange(cluster: Cluster, node: int, holdings, new: Assignment, old: Assignment | None,
              lease_check, timeout: float, copies=None) -> dict[int, bytes]:
     """This node's part in moving layers to `new`'s members from the live nodes
@@ -110,9 +119,8 @@ def exchange(cluster: Cluster, node: int, holdings, new: Assignment, old: Assign
     checkpoint copies the live nodes keep, and every layer a member needs comes
     from them (its own copy, or a peer's), none from the layers it runs."""
     if copies is None:
-        taken = new.taken if holdings.cfg.late_sync else None  # replicas a step behind: not sources
-        live = old.holders(new.failed, holdings.mode(old), taken).items() if old else ()
-        have = {n: holdings.layers_of(old.depth, stages) for n, stages in live if n not in new.gone}
+        live = sources(new, old, holdings.mode(old), holdings.cfg.late_sync).items() if old else ()
+        have = {n: holdings.layers_of(old.depth, stages) for n, stages in live}
     else:
         have = copies.held(new, old)
     need = {n: holdings.needs(new, n) for n in new.members}
