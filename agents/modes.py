@@ -105,8 +105,9 @@ def estimates(stats: ModeStats, stages: int, microbatches: int, sync: str = "end
     ran, else the simulator's ratio to a measured one (1 s units before any). With
     --replica-sync next a simulated death of eager or lazy costs, in the window's
     share of deaths, what a death costs off: a redo from a peer pipeline with two
-    or more, else `rollback(seconds, pause)`, its rollback to the checkpoint (None
-    without a checkpoint interval: then nothing is charged). A mode's measured pause
+    or more (as if the stage were never lost in every pipeline at once: an
+    approximation), else `rollback(seconds, pause)`, its rollback to the checkpoint
+    (None without a checkpoint interval: then nothing is charged). A mode's measured pause
     is taken as measured (what its iterations with a death took beyond the usual)."""
     times, pauses = simulated(stages, microbatches, sync)
     known = next((m for m in MODES if m in stats.seconds), None)

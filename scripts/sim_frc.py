@@ -8,7 +8,7 @@ the bubbles hold FRC for (mean over the nodes); and bubbles / off again with the
 replica sync's transfer costed 0 (what is left once the sync is off the critical
 path). Then the same bounded eager with the sync in the next iteration
 (`--replica-sync next`, schedules/syncs.py: compiled and simulated; bamboo-train
-runs it with one pipeline): its iteration over off's, the share of microbatches its bubbles
+runs it too): its iteration over off's, the share of microbatches its bubbles
 hold FRC for, and its window: the mean over owners of when their sync has landed,
 over the iteration (a death of an owner before that is not survivable within the
 iteration). Every number of the cost model is the profile's (`Profile.cost`).

@@ -98,7 +98,7 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replica-sync", choices=SYNC_MODES, default=d.replica_sync,
                    help="eager and lazy: each replica's sync at the iteration's end (end), or in the next iteration, "
                         "off the critical path, a death before it landed charged a redo from peers or, with one "
-                        "pipeline, a rollback (next; bamboo-train runs it with one pipeline only)")
+                        "pipeline, a rollback (next; bamboo-train runs it alike)")
     p.add_argument("--rollback", choices=ROLLBACKS, default=d.rollback,
                    help="a stage lost everywhere: survivors stay up and load checkpoint copies held in peers' "
                         "memory (memory), or every process relaunches (relaunch)")

@@ -107,12 +107,21 @@ def test_the_handover_and_the_agents_count_the_same_replicas():
     from agents.membership import lost_everywhere
     from bamboo.runtime.handover import sources
     old = Assignment(1, 16, ((0, 2, 4), (3, 5, 6)))
+
+    def written(dead, taken, gone=None):  # as the agents write the epoch, as the workers read it
+        return Assignment.from_dict(Assignment(2, 16, ((2, 4, 5),), failed=dead, gone=gone or dead,
+                                               taken=taken).to_dict())
+    # seed 13's case by hand: zone a (nodes 0, 3, 6) died in the epoch's first iteration;
+    # stage 0 is left only on node 4's replica, which that iteration had not made stale
+    assert sources(written((0, 3, 6), None), old, "eager", late=True) == {2: {1, 2}, 4: {2, 0}, 5: {1, 2}}
+    assert lost_everywhere(old, (0, 3, 6), "eager", None) == frozenset()
+    assert sources(written((0, 3, 6), ()), old, "eager", late=True) == {2: {1}, 4: {2}, 5: {1}}
+    assert lost_everywhere(old, (0, 3, 6), "eager", ()) == {0}
+    assert 4 not in sources(written((0, 3, 6), None, gone=(0, 3, 6, 4)), old, "eager", late=True)  # dead by now
     for k in range(1, 4):
         for dead in combinations(old.members, k):
             for taken in (None, (), dead[:1]):
-                new = Assignment.from_dict(Assignment(2, 16, ((2, 4, 5),), failed=dead, gone=dead,
-                                                      taken=taken).to_dict())
-                held = set().union(*sources(new, old, "eager", late=True).values())
+                held = set().union(*sources(written(dead, taken), old, "eager", late=True).values())
                 assert held == set(range(3)) - lost_everywhere(old, dead, "eager", taken), (dead, taken)
 
 

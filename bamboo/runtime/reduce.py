@@ -160,8 +160,8 @@ class Reducer:
             done = self.cluster.get(REDUCED(iteration, stage))
             if done is not None and done.members != members:
                 self.failover.unsurvivable(f"a node died after its data-parallel reduce of stage {stage} in "
-                                           f"iteration {iteration} and before syncing its replica: its share "
-                                           "of the sum is lost")
+                                           f"iteration {iteration} and before its replica had the reduced "
+                                           "gradients: its share of the sum is lost")
             key = reduce_store(self.assignment.epoch, stage, members)
             try:
                 work, flat = self._reduce_work(iteration, key, members, module)
