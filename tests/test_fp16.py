@@ -97,6 +97,25 @@ def test_with_the_sync_in_the_next_iteration_a_replica_skips_what_its_owner_skip
     assert [(e["node"], e["by"]) for e in got[6]["events"] if e["type"] == "failover"] == [(2, 1)]
 
 
+@pytest.mark.slow  # make test-slow: the late sync's skip is the test above's; this adds the reduce
+def test_with_the_sync_in_the_next_iteration_two_pipelines_skip_alike(tmp_path, fp16_on_cpu):
+    """--replica-sync next, P=2 and two pipelines: every owner reduces, skips
+    iteration 5's overflowed step, and so do the holders in iteration 6; node 1
+    dies in iteration 6 after its sync landed and node 0 reduces stage 1 with node
+    3 in its place. Scales and skips are the reference's; the losses too, to the
+    two-pipeline tolerance of the agents' test below."""
+    from schedules.compiler import compile_schedule
+    from schedules.ir import INPUT_GRADS
+    _, reference = bamboo_train(tmp_path / "ref.jsonl", *FP16, "--stages", "1", "--iterations", "8")
+    stream = compile_schedule(2, 2, (), "eager", sync="next").streams[1]
+    landed = next(i for i, x in enumerate(stream) if x.op in INPUT_GRADS)
+    _, got = bamboo_train(tmp_path / "next.jsonl", *FP16, "--stages", "2", "--pipelines", "2", "--iterations", "8",
+                          "--replica-sync", "next", "--preempt", f"1@6:{landed}")
+    assert scales(got) == scales(reference)
+    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in reference], rel=1e-4)
+    assert [(e["node"], e["by"]) for e in got[6]["events"] if e["type"] == "failover"] == [(1, 0)]
+
+
 @pytest.mark.slow  # make test-slow: keeps make test under 15 minutes
 def test_a_restart_from_a_checkpoint_keeps_the_scale(tmp_path, fp16_on_cpu):
     """A checkpoint taken after iteration 4 (scale 2^19, one good step) brings the

@@ -78,7 +78,7 @@ def test_deaths_after_a_reduce_or_before_a_sync_landed_are_redone_from_a_peer_pi
     assert_same_losses(records, reference)
 
 
-@pytest.mark.slow  # make test-slow: the takeover beside a peer pipeline is also the static test's below
+@pytest.mark.slow  # make test-slow: keeps make test under 15 minutes
 def test_a_death_after_its_sync_landed_is_taken_over_beside_a_peer_pipeline(tmp_path, reference):
     """Node 0 dies in iteration 2 after its sync landed: node 1 takes stage 0 over
     and reduces it with node 2. Node 4 joins pipeline 0 at the boundary with every
@@ -91,6 +91,7 @@ def test_a_death_after_its_sync_landed_is_taken_over_beside_a_peer_pipeline(tmp_
     assert_same_losses(records, reference)
 
 
+@pytest.mark.slow  # make test-slow: two pipelines with the late sync run in make test with agents (above)
 def test_without_agents_two_pipelines_survive_a_death_after_its_sync_landed(tmp_path, reference):
     """--pipelines 2 without agents: node 1 dies in iteration 2 after its sync
     landed; node 0 runs both stages of pipeline 0 from then on, its stage 1 reduced

@@ -432,6 +432,7 @@ def test_eager_places_frc_by_measured_times_and_keeps_the_math(tmp_path, referen
     assert len(said) == 4 and all("from iteration 4 FRC is placed" in line for line in said), said
 
 
+@pytest.mark.slow  # make test-slow: --compute-ahead is opt-in; keeps make test under 15 minutes
 def test_stage_0_runs_the_next_forward_while_the_boundary_agrees(tmp_path, reference):
     """--compute-ahead (bamboo/runtime/ahead.py), lazy, P=4, D=2: each pipeline's stage-0
     owner begins every iteration after the first with the forward it ran while the
