@@ -310,9 +310,7 @@ class Failover:
             pending = [Local(n) for n in range(self.P) if n not in self.failed and self.node_of(n) not in finished]
             if not pending:
                 done = own and not self.now.recovered
-                # only this pipeline's marks are final: another's node may have finished
-                # while a peer of it still runs, and may yet take that peer over
-                ours = {n: mark for n, mark in finished.items() if n in self.nodes}
+                ours = {n: mark for n, mark in finished.items() if n in self.nodes}  # others' may yet recover
                 self.now.completed = Completed(ours, *self.now.read_with_mark) if done else None
                 return None
             event = self.poll() or self._silent_while_waiting(pending)
