@@ -104,6 +104,8 @@ def test_without_agents_two_pipelines_survive_a_death_after_its_sync_landed(tmp_
 
 @pytest.mark.slow
 def test_without_agents_a_death_before_its_sync_landed_ends_the_job_by_name(tmp_path):
+    """Without agents nobody can redo the iteration: node 3 dying before its sync
+    left ends the job with the reason, in one line."""
     out, _ = bamboo_train(tmp_path / "m.jsonl", *COMMON, "--pipelines", "2", "--preempt", "3@2:0", check=False)
     assert out.returncode == 1
     assert "had not arrived: that replica of its stage is then a step behind (--replica-sync next)" in out.stderr
