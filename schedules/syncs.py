@@ -99,23 +99,13 @@ class Window(NamedTuple):
 def windows(report, cost: CostModel, stages: int, pipelines: int) -> tuple[Window, ...]:
     """Each stage's window in the simulated fault-free iteration (`report`) of one of
     `pipelines` pipelines: until its owner's sync of the iteration before has
-    landed, and with more than one pipeline also from the end of its owner's
-    reduce on (its pipeline's share went into the peers' sums). sim/windows.py and
-    agents/modes.py read them."""
-    reduced = [report.makespan] * stages
-    for span in report.spans:
-        if span.instr.op is Op.REDUCE_GRADS and pipelines > 1:
-            reduced[span.instr.stage] = span.end
-    return tuple(Window(a, b / report.makespan) for a, b in zip(landed_shares(report, cost, stages), reduced))
-
-
-def landed_shares(report, cost: CostModel, stages: int) -> list[float]:
-    """Each stage's share of the simulated iteration (`report`) before its owner's
-    sync of the iteration before has landed on the holder (0: none sent): until
-    then the owner's death is not survivable in the iteration (sim/windows.py,
-    agents/modes.py)."""
-    landed = [0.0] * stages
+    landed on the holder (0: none sent), and with more than one pipeline also from
+    the end of its owner's reduce on (its pipeline's share went into the peers'
+    sums). sim/windows.py and agents/modes.py read them."""
+    landed, reduced = [0.0] * stages, [report.makespan] * stages
     for span in report.spans:
         if span.instr.op is Op.SEND_SYNC:
-            landed[span.instr.stage] = min(1.0, (span.end + cost.sync_transfer) / report.makespan)
-    return landed
+            landed[span.instr.stage] = span.end + cost.sync_transfer
+        elif span.instr.op is Op.REDUCE_GRADS and pipelines > 1:
+            reduced[span.instr.stage] = span.end
+    return tuple(Window(min(1.0, a / report.makespan), b / report.makespan) for a, b in zip(landed, reduced))
