@@ -247,8 +247,7 @@ class Membership:
             return cfg.redundancy
         stats = stats or ModeStats()
         pipelines = len(epoch.pipelines)
-        seconds, pause, rollback = job_estimates(cfg, stats, epoch.depth, max(1, cfg.microbatches // pipelines),
-                                                 pipelines)
+        seconds, pause, rollback = job_estimates(cfg, stats, epoch.depth, pipelines)
         if wanted is not None and (wanted.mode != "off" or pipelines >= 2 or rollback is not None):
             return wanted.mode
         current = epoch.redundancy  # "" for the first epoch: no mode to keep, the best one

@@ -166,13 +166,13 @@ def choose(current: str, rate: float, nodes: int, pipelines: int, seconds: dict,
     return best
 
 
-def job_estimates(cfg, stats: ModeStats, stages: int, microbatches: int,
-                  pipelines: int = 1) -> tuple[dict, dict, float | None]:
-    """`estimates` for a job's settings (JobConfig `cfg`: its sync, its checkpoints)
-    on `pipelines` pipelines, and what a rollback costs off on one pipeline (None:
-    no checkpoint interval)."""
+def job_estimates(cfg, stats: ModeStats, stages: int, pipelines: int = 1) -> tuple[dict, dict, float | None]:
+    """`estimates` for a job's settings (JobConfig `cfg`: its sync, its checkpoints,
+    its global microbatches, split over `pipelines`), and what a rollback costs off
+    on one pipeline (None: no checkpoint interval)."""
     def rollback(seconds: dict, pause: dict) -> float | None:
         return rollback_cost(cfg.checkpoint_every, cfg.checkpoint_seconds, seconds, pause) if cfg.checkpoint \
             else None
+    microbatches = max(1, cfg.microbatches // max(1, pipelines))
     seconds, pause = estimates(stats, stages, microbatches, cfg.replica_sync, rollback, pipelines)
     return seconds, pause, rollback(seconds, pause)

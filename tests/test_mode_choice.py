@@ -138,10 +138,10 @@ def test_a_job_with_the_sync_next_and_checkpoints_gets_its_rollback_charged():
     from bamboo.control.config import JobConfig
     cfg = JobConfig(stages=4, microbatches=8, replica_sync="next", redundancy="auto", checkpoint="/tmp/ck",
                     checkpoint_every=4)
-    seconds, pause, rollback = job_estimates(cfg, ModeStats(seconds={"off": 2.0}), 4, 8)
+    seconds, pause, rollback = job_estimates(cfg, ModeStats(seconds={"off": 2.0}), 4)
     _, plain = estimates(ModeStats(seconds={"off": 2.0}), 4, 8, "next")
     assert rollback == pytest.approx(rollback_cost(4, 0, seconds, plain)) and rollback > plain["eager"]
     share = window_share(4, 8)
     assert pause["eager"] == pytest.approx((1 - share) * plain["eager"] + share * rollback)
     no_interval = JobConfig(stages=4, microbatches=8, replica_sync="next", redundancy="auto", checkpoint="/tmp/ck")
-    assert job_estimates(no_interval, ModeStats(seconds={"off": 2.0}), 4, 8)[1:] == (plain, None)
+    assert job_estimates(no_interval, ModeStats(seconds={"off": 2.0}), 4)[1:] == (plain, None)

@@ -175,8 +175,7 @@ def auto_estimates(look, iteration: int | None = None) -> dict | None:
     stats = ModeStats(**choice.stats)
     epoch = max(look.assignments.values(), key=lambda a: a.epoch) if look.assignments else None
     depth, pipelines = (epoch.depth, len(epoch.pipelines)) if epoch else (cfg.stages, cfg.pipelines)
-    seconds, pause, rollback = job_estimates(cfg, stats, depth, max(1, cfg.microbatches // max(1, pipelines)),
-                                             pipelines)
+    seconds, pause, rollback = job_estimates(cfg, stats, depth, pipelines)
     pause = weighed_pauses(pause, pipelines, rollback)
     rate = stats.rate(cfg.auto_prior_rate, cfg.auto_prior_hours)
     nodes = len(epoch.members) if epoch else cfg.stages
