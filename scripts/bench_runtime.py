@@ -69,8 +69,8 @@ def main() -> None:
     times: dict[str, list[float]] = {m: [] for m in modes}
     memory: dict[str, list[float]] = {m: [] for m in modes}
     pauses: dict[str, list[float]] = {m: [] for m in modes if m != "off"}
-    for r in range(a.rounds):
-        for mode in modes if r % 2 == 0 else modes[::-1]:  # no mode always right after the kills
+    for round_ in range(a.rounds):
+        for mode in modes if round_ % 2 == 0 else modes[::-1]:  # no mode always right after the kills
             records = run(common + MODES[mode])
             times[mode].append(statistics.mean(r["seconds"] for r in records[warm:-1]))
             memory[mode].append(max(records[-1]["summary"]["peak_memory_mb"].values()))
