@@ -229,6 +229,10 @@ class Failover:
         if len(new) > 1 or (self.now.dead is not None and new and new != [self.now.dead]):
             return TooManyDead(f"nodes {[self.node_of(n) for n in new]} of pipeline {self.pipeline} failed in "
                                f"iteration {self.iteration}: one failure per pipeline per iteration is survivable")
+        if new and self.now.recovered:  # the recovery streams are no base for a second plan
+            return TooManyDead(f"node {self.node_of(new[0])} of pipeline {self.pipeline} failed in iteration "
+                               f"{self.iteration} after the pipeline recovered from another death in it: one "
+                               "failure per pipeline per iteration is survivable")
         self.now.dead = new[0] if new else None
         return PeerDead(self.now.dead) if new else None
 
