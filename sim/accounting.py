@@ -10,6 +10,10 @@ import math
 from dataclasses import dataclass, field
 
 
+# How a death of a node in use was survived (docs/faults.md, "Which path a death set takes")
+SURVIVAL = ("in_iteration", "redone_from_peers", "rolled_back_from_memory", "rolled_back_from_storage")
+
+
 @dataclass
 class RunState:
     t: float = 0.0
@@ -30,11 +34,24 @@ class RunState:
     preemptions: int = 0
     idle_seconds: float = 0.0   # node-seconds paid for by nodes in no pipeline
     drained: int = 0            # announced preemptions acted on before they came
+    skipped_checkpoints: int = 0  # scheduled, then dropped: no pipeline was left to write one
+    survived: dict = field(default_factory=lambda: dict.fromkeys(SURVIVAL, 0))  # deaths of nodes in use, by path
     timeline: list = field(default_factory=list)  # (time, nodes, samples/s)
 
     def pause(self, seconds: float) -> None:
         """Stop training for `seconds` more, from now or from the end of a pause under way."""
         self.paused_until = max(self.paused_until, self.t) + seconds
+
+    def skip_checkpoint(self) -> None:
+        """No pipeline is left to write the scheduled checkpoint: drop it (counted);
+        the next is scheduled when training resumes."""
+        if math.isfinite(self.next_checkpoint):
+            self.skipped_checkpoints += 1
+        self.next_checkpoint = math.inf
+
+    def survive(self, path: str, deaths: int) -> None:
+        """Count `deaths` of nodes in use as survived by `path` (one of SURVIVAL)."""
+        self.survived[path] += deaths
 
     def resumes(self) -> float:
         """When training goes on again."""

@@ -122,6 +122,13 @@ class ClusterSimulator:
     def restart_seconds(self) -> float:
         return self.costs.restart_seconds
 
+    def rollback_source(self, lost: frozenset[int], live: dict[str, str]) -> str:
+        """Where a rollback of the `lost` stages reads the checkpoint: "memory" when a
+        live node holds a copy of each (--rollback memory), else "storage"."""
+        if self.opt.rollback == "relaunch" or not isinstance(self.profile, Profile):
+            return "storage"
+        return "memory" if all(self.copies.get(stage, set()) & set(live) for stage in lost) else "storage"
+
     def rollback_seconds(self, lost: frozenset[int], live: dict[str, str]) -> float:
         """A stage lost on every node, with the surviving processes kept up (--rollback
         memory): the failure timeout, a reconfiguration and each lost stage's state from
@@ -130,8 +137,7 @@ class ClusterSimulator:
         if self.opt.rollback == "relaunch" or not isinstance(self.profile, Profile):
             return self.restart_seconds
         from_peer = self.profile.stage_state_bytes(self.P) / self.opt.peer_bandwidth
-        in_memory = all(self.copies.get(stage, set()) & set(live) for stage in lost)
-        load = from_peer if in_memory else self.costs.load_seconds
+        load = from_peer if self.rollback_source(lost, live) == "memory" else self.costs.load_seconds
         return self.opt.failure_timeout + self.opt.reconfigure_seconds + load
 
     def checkpoint_interval(self, used_nodes: int) -> float:
@@ -190,7 +196,10 @@ class ClusterSimulator:
             if batch[0].action == "notice":
                 doomed = {e.node for e in batch if e.node in live}
                 self.noticed.update({n: batch[0].time for n in doomed})
+                was_running = self._running(config)
                 config = self.rules.notice(self, s, config, self._usable(live), doomed)
+                if was_running != self._running(config):
+                    self._rearm(s, config, restarted=True)
                 continue
             for e in batch:
                 if e.action == "add":
@@ -219,7 +228,7 @@ class ClusterSimulator:
         """Schedule the next checkpoint for the nodes `config` uses: a period starts
         again when training (re)starts."""
         if not self._running(config):
-            s.next_checkpoint = math.inf
+            s.skip_checkpoint()
             return
         if restarted:
             s.period_start = s.resumes()
@@ -243,7 +252,9 @@ class ClusterSimulator:
             working = max(0.0, step_to - max(s.t, s.paused_until))
             s.samples += rate * working
             s.t = step_to
-            if s.t >= s.next_checkpoint:
+            if s.t >= s.next_checkpoint and not self._running(config):
+                s.skip_checkpoint()  # rearmed when training resumes
+            elif s.t >= s.next_checkpoint:
                 self.take_checkpoint(s, used, config)
 
     def take_checkpoint(self, s: RunState, used_nodes: int, config: Config | None = None) -> None:
@@ -267,6 +278,7 @@ class ClusterSimulator:
             out["interval_seconds"] = self.opt.checkpoint_seconds
         if s is not None:
             out["checkpoints_taken"] = s.checkpoints
+            out["checkpoints_skipped"] = s.skipped_checkpoints
             out["mean_interval_seconds"] = round(s.interval_sum / s.intervals, 2) if s.intervals else None
         return out
 
@@ -279,6 +291,7 @@ class ClusterSimulator:
         out["goodput"] = round(self.goodput(out["throughput"], mean_nodes), 4)
         out["idle_fraction"] = round(s.idle_seconds / s.node_seconds, 4) if s.node_seconds else 0.0
         out["notices_drained"] = s.drained
+        out["deaths_survived"] = dict(s.survived)
         out.update(self.rules.report(self, s))
         out["checkpointing"] = self.parameters(s)
         return out

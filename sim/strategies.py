@@ -68,6 +68,7 @@ class Simulation(Protocol):
     @property
     def restart_seconds(self) -> float: ...
     def rollback_seconds(self, lost: frozenset[int], live: dict[str, str]) -> float: ...
+    def rollback_source(self, lost: frozenset[int], live: dict[str, str]) -> str: ...
     def replay(self, events: list[Event], horizon: float) -> dict: ...
     def take_checkpoint(self, s: RunState, used_nodes: int, config: Config | None = None) -> None: ...
 
@@ -167,11 +168,14 @@ class Bamboo(PeerRecovery):
                 pause = max(pause, sim.iteration_seconds(pipelines, merged=True) + self._unplaced(sim, config, removed))
             elif redone:  # abandoned: redone from copies elsewhere
                 pause = max(pause, sim.opt.failure_timeout + sim.iteration_seconds(pipelines))
+        killed = sum(nodes_dead(config, removed))
         if lost := lost_everywhere(depth, deaths, behind):
             s.rewind()  # back to the checkpoint
+            rolled_back(sim, s, lost, live, killed)
             return sim.rollback_seconds(lost, live)
         if any(redo):
             s.redos += 1
+        s.survive("redone_from_peers" if any(redo) else "in_iteration", killed)  # one abort redoes every pipeline
         return pause
 
     def _unplaced(self, sim: Simulation, config: Config, removed: set[str]) -> float:
@@ -193,6 +197,12 @@ class Lazy(Bamboo):
         return nxt
 
 
+def rolled_back(sim: Simulation, s: RunState, lost: frozenset[int], live: dict[str, str], deaths: int) -> None:
+    """Count `deaths` as survived by a rollback, from memory or from storage as
+    `rollback_seconds` charges it."""
+    s.survive(f"rolled_back_from_{sim.rollback_source(lost, live)}", deaths)
+
+
 def lazy_forwards_seconds(sim: Simulation, config: Config | None, removed: set[str]) -> float:
     """What lazy adds to eager's failover when a node in use died: its predecessor
     recomputes the dead stage's forwards (a third of the stage's share of the work)."""
@@ -212,11 +222,14 @@ class RedoFromPeers(PeerRecovery):
         deaths = positions_dead(config, removed) if config else []
         if any(deaths):
             s.abandon_iteration(sim.profile.samples_per_iteration())
+            killed = sum(nodes_dead(config, removed))
             if lost := frozenset.intersection(*map(frozenset, deaths)):
                 s.rewind()  # a stage with no copy left: back to the checkpoint
+                rolled_back(sim, s, lost, live, killed)
                 s.pause(sim.rollback_seconds(lost, live))
                 return sim.next_config(live, None)
             s.redos += 1
+            s.survive("redone_from_peers", killed)
             s.pause(sim.opt.failure_timeout)
         nxt = sim.next_config(live, config)
         if config and nxt.depth == sim.P and stages_moved(config, nxt):
@@ -237,6 +250,7 @@ class CheckpointRestart(Spot):
         nxt = sim.next_config(live, None) if live else Config(0, 0)
         used = used_nodes(config)
         if config and used & removed:
+            s.survive("rolled_back_from_storage", len(used & removed))
             noticed = [sim.noticed.get(n) for n in used & removed]
             if all(t is not None and t <= s.t - sim.costs.write_seconds for t in noticed):
                 s.pause(sim.costs.write_seconds)  # a checkpoint on notice, written before the node went
@@ -254,6 +268,8 @@ class CheckpointRestart(Spot):
         """Restart on more nodes when the samples gained until the next failure (which
         restarts on every node anyway) outweigh those a checkpoint and restart cost."""
         now, wider = sim.config_throughput(config), sim.config_throughput(nxt)
+        if wider <= now:  # nothing to gain (nxt may use no node at all)
+            return False
         until_failure = self.mtbf(sim, len(used_nodes(nxt)))
         return (wider - now) * until_failure > wider * (sim.restart_seconds + sim.costs.write_seconds)
 

@@ -218,6 +218,45 @@ def synthetic(hours: float, nodes: int, zones: tuple[str, ...], rate: float, see
             heapq.heappush(refills, (t + delay, len(events), zone))
 
 
+def with_outages(events: list[Event], every: float, length: float) -> list[Event]:
+    """`events` with the whole fleet gone for `length` seconds every `every` seconds
+    (the first outage at `every`): at an outage's start every running node is removed
+    at once; what the trace does meanwhile is held back; at its end the nodes the
+    trace would then run come back together, in one burst."""
+    events = sorted(events, key=lambda e: e.time)
+    if every <= 0 or length <= 0:
+        return events
+    if length >= every:
+        raise ValueError(f"an outage ({length:g} s) must be shorter than the time between outages ({every:g} s)")
+    out: list[Event] = []
+    traced: dict[str, str | None] = {}  # node -> zone: what the trace runs
+    running: set[str] = set()           # what runs here
+    nxt, back = every, None             # the next outage's start; the current one's end
+    for e in events:
+        while True:
+            if back is not None and back <= e.time:
+                out.extend(Event(back, "add", n, traced[n]) for n in sorted(traced))
+                running, back = set(traced), None
+            elif back is None and nxt <= e.time:
+                out.extend(Event(nxt, "remove", n, traced.get(n)) for n in sorted(running))
+                running, back, nxt = set(), nxt + length, nxt + every
+            else:
+                break
+        if e.action == "add":
+            traced[e.node] = e.zone
+        else:
+            traced.pop(e.node, None)
+        if back is not None:
+            continue
+        if e.action == "add":
+            running.add(e.node)
+            out.append(e)
+        elif e.node in running:
+            running.discard(e.node)
+            out.append(e)
+    return out
+
+
 def write_events(events: list[Event], path: str) -> None:
     """The `events` CSV format (with zones), written to a temp file and renamed."""
     directory = os.path.dirname(os.path.abspath(path))

@@ -1,0 +1,142 @@
+"""The cluster simulator on bursty traces: a fleet at zero while a checkpoint is
+due, whole pipelines and whole fleets lost at once, nodes back in a burst, random
+count series fed to every strategy; and how each death was survived."""
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.profiles import profile
+from sim.reconfiguration import memory_copies
+from sim.simulator import STRATEGIES, ClusterSimulator, Options
+from sim.traces import Event, synthetic, with_outages
+
+GPT2 = profile("gpt2", "calibrated")
+SPOT = [s for s in STRATEGIES if s != "on-demand"]
+# The bound runs the same policy as these, losing nothing, at off's iteration time:
+# redo runs off; the others' modes may be a little faster or slower than off's
+FOLLOWS_POLICY = {"redo": 1e-3, "bamboo": 0.05, "lazy": 0.05, "auto": 0.05}
+
+
+def fleet(n: int, t: float = 0.0, zones: str = "ab") -> list[Event]:
+    return [Event(t, "add", f"n{i}", zones[i % len(zones)]) for i in range(n)]
+
+
+def gone(nodes, t: float) -> list[Event]:
+    return [Event(t, "remove", n) for n in nodes]
+
+
+def run(strategy: str, events: list[Event], depth: int = 2, **options) -> dict:
+    return ClusterSimulator(GPT2, depth, strategy, Options(**options)).run(events)
+
+
+def test_every_strategy_survives_a_fleet_at_zero_while_a_checkpoint_is_due():
+    """Four nodes, a checkpoint every 10 minutes; all four go at 25 minutes and
+    come back at 2 h 25: the checkpoints due meanwhile are skipped and counted, and
+    nothing trains while no node runs."""
+    nodes = [f"n{i}" for i in range(4)]
+    events = fleet(4) + gone(nodes, 1500) + [Event(8700, "add", n, "ab"[i % 2]) for i, n in enumerate(nodes)] \
+        + gone(nodes, 9000)
+    for strategy in SPOT:
+        out = run(strategy, events, checkpoint_seconds=600, notice_seconds=30)
+        assert out["checkpointing"]["checkpoints_skipped"] >= 1, strategy
+        assert out["samples"] > 0 and math.isfinite(out["value"]), strategy
+        during = [rate for t, _, rate in out["timeline"] if 1500 <= t < 8700]
+        assert during and max(during) == 0.0, strategy
+    assert run("on-demand", events)["samples"] > 0
+
+
+def test_deaths_are_counted_by_how_they_were_survived():
+    """P=2 on four nodes in two zones: two pipelines. One death is absorbed inside the
+    iteration; both nodes of one pipeline at once are redone from the other; the
+    whole fleet at once has no copy anywhere: a rollback, from storage (no live node
+    holds a copy in memory)."""
+    sim = ClusterSimulator(GPT2, 2, "bamboo", Options())
+    config = sim.next_config({f"n{i}": "ab"[i % 2] for i in range(4)}, None)
+    (a, b), (c, d) = config.pipelines
+    start = fleet(4)
+    one = run("bamboo", start + gone([a], 1800))["deaths_survived"]
+    assert one == {"in_iteration": 1, "redone_from_peers": 0, "rolled_back_from_memory": 0,
+                   "rolled_back_from_storage": 0}
+    pipeline = run("bamboo", start + gone([a, b], 1800))["deaths_survived"]
+    assert pipeline["redone_from_peers"] == 2 and sum(pipeline.values()) == 2
+    everything = run("bamboo", start + gone([a, b, c, d], 1800))["deaths_survived"]
+    assert everything["rolled_back_from_storage"] == 4 and sum(everything.values()) == 4
+    assert run("redo", start + gone([a], 1800))["deaths_survived"]["redone_from_peers"] == 1
+    assert run("checkpoint", start + gone([a], 1800))["deaths_survived"]["rolled_back_from_storage"] == 1
+
+
+def test_a_stage_lost_everywhere_rolls_back_from_a_copy_in_memory_or_else_from_storage():
+    """P=3 on nine nodes in three zones: three pipelines. After a checkpoint, the nodes
+    of stages 0 and 2 die in every pipeline at once: stage 0 has no live copy left, but
+    its checkpoint's copy in memory lives on a stage-1 node of another zone (a rollback
+    from memory). Killing that node too leaves only storage."""
+    sim = ClusterSimulator(GPT2, 3, "bamboo", Options(checkpoint_seconds=600))
+    zones = {f"n{i}": "abc"[i % 3] for i in range(9)}
+    config = sim.next_config(zones, None)
+    victims = [pipe[s] for pipe in config.pipelines for s in (0, 2)]
+    keeper = (memory_copies(config, zones)[0] - set(victims)).pop()  # the copy that survives
+    assert zones[keeper] != zones[config.pipelines[0][0]]  # in another zone than the stage's writer
+    start = fleet(9, zones="abc")
+    memory = run("bamboo", start + gone(victims, 1800), depth=3, checkpoint_seconds=600)["deaths_survived"]
+    assert memory["rolled_back_from_memory"] == 6 and sum(memory.values()) == 6
+    storage = run("bamboo", start + gone([*victims, keeper], 1800), depth=3,
+                  checkpoint_seconds=600)["deaths_survived"]
+    assert storage["rolled_back_from_storage"] == 7 and sum(storage.values()) == 7
+
+
+def test_a_generated_trace_with_hourly_outages_and_zone_bursts_runs_to_the_end():
+    """The bursty trace the docs use, shortened: every strategy at P=6 runs to the end,
+    and its survival counts add up to no more than the deaths it saw."""
+    events = with_outages(synthetic(12, 18, ("a", "b", "c"), 0.3, 1, bulk=0.5), 4 * 3600, 3600)
+    assert min(count_series(events)) == 0
+    for strategy in SPOT:
+        out = run(strategy, events, depth=6)
+        assert out["hours"] > 11, strategy  # the last event is close to 12 h
+        assert sum(out["deaths_survived"].values()) <= out["preemptions"], strategy
+        assert out["checkpointing"]["checkpoints_skipped"] >= 0
+
+
+def count_series(events: list[Event]) -> list[int]:
+    n, out = 0, []
+    for e in sorted(events, key=lambda e: e.time):
+        n += 1 if e.action == "add" else -1
+        out.append(n)
+    return out
+
+
+def events_of(counts: list[tuple[int, int]], zones: str, removal_picks: list[int]) -> list[Event]:
+    """A count series as events: adds of fresh nodes, removals of the picked running
+    nodes (any zone: bursts larger than a zone, counts above any request)."""
+    events, running, t, fresh = [], [], 0.0, 0
+    picks = iter(removal_picks)
+    for gap, size in counts:
+        while len(running) < size:
+            running.append((f"n{fresh}", zones[fresh % len(zones)]))
+            events.append(Event(t, "add", *running[-1]))
+            fresh += 1
+        while len(running) > size:
+            node, zone = running.pop(next(picks, 0) % len(running))
+            events.append(Event(t, "remove", node, zone))
+        t += gap
+    return events
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1, 30, 600, 3600, 7200]), st.integers(0, 14)), min_size=1, max_size=14),
+       st.lists(st.integers(0, 50), max_size=60), st.sampled_from([2, 3, 6]), st.sampled_from([None, 300.0]),
+       st.sampled_from([0.0, 120.0]))
+def test_every_strategy_runs_any_count_series_to_its_end(counts, picks, depth, interval, notice):
+    """Property: whatever the fleet does, every strategy runs to the end; no count is
+    negative or above the deaths seen; a strategy that follows the agents' policy
+    never beats the bound that runs the same policy and loses nothing."""
+    events = events_of(counts, "abc", picks)
+    for strategy in STRATEGIES:
+        out = run(strategy, events, depth=depth, checkpoint_seconds=interval, notice_seconds=notice)
+        assert out["samples"] >= 0 and math.isfinite(out["value"]), strategy
+        if strategy == "on-demand":
+            continue
+        survived = out["deaths_survived"]
+        assert min(survived.values()) >= 0 and sum(survived.values()) <= out["preemptions"], strategy
+        if strategy in FOLLOWS_POLICY:
+            assert out["goodput"] <= out["goodput_bound"] * (1 + FOLLOWS_POLICY[strategy]) + 1e-3, strategy
