@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from bamboo.commands.chaos_bursts import BURST_KINDS, Bursts
 from bamboo.commands.launcher import AGENT
 from bamboo.control.etcd import EtcdError, EtcdServer, connect, die_with_parent, etcd_errors
 from bamboo.control.protocol import DONE, scan
 from bamboo.runtime import WORKER
 
-KINDS = ("kill-node", "kill-worker", "pause", "etcd-restart", "zone-burst", "join")
+KINDS = ("kill-node", "kill-worker", "pause", "etcd-restart", "zone-burst", "join") + BURST_KINDS
 HOST_KINDS = KINDS + ("kill-host",)  # with machines of several nodes
 NETWORK_KINDS = ("vanish", "partition", "etcd-cut", "etcd-member-kill")  # --network: bamboo/commands/chaos_network.py
 RTOL = 1e-9  # float64: the same math gives the same losses to rounding
@@ -106,7 +107,7 @@ def account(records: list[dict], iterations: int, samples: int) -> tuple[int, in
     return samples * (iterations - len(applied)), repeated
 
 
-class Trial:
+class Trial(Bursts):
     def __init__(self, settings: Settings, seed: int, directory: str, ref: list[float], keep: bool = False):
         self.settings, self.seed, self.dir, self.ref, self.keep = settings, seed, directory, ref, keep
         self.rng = random.Random(seed)
@@ -119,6 +120,8 @@ class Trial:
         self.paused: list[tuple[float, psutil.Process]] = []
         self.replace: list[tuple[float, str, int]] = []  # (when, zone, workers) of nodes (machines) to add
         self.t0 = 0.0
+        self.client = None                          # the driver's etcd client, once training runs
+        self._init_bursts()
 
     # -- the trial ---------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -156,7 +159,7 @@ class Trial:
     def _drive(self) -> None:
         """Inject the faults at their times, restore what needs restoring, and wait
         for the job to end (or the trial's time limit)."""
-        client = self._client()
+        client = self.client = self._client()
         while not self._training_started(client):
             self._watch()
             time.sleep(0.05)
@@ -173,6 +176,7 @@ class Trial:
                 injected += 1
                 at = now + self.rng.uniform(1.0, 6.0)
             self._due()
+            self._fire_armed()
             self._watch()
             time.sleep(0.05)
 
@@ -210,8 +214,9 @@ class Trial:
 
     def _kill_host(self) -> str:
         machine = self._pick([p for p in self._job_processes() if self._machine(p)])
-        if machine is None:
-            return "no machine to kill"
+        return "no machine to kill" if machine is None else self._kill_host_process(machine)
+
+    def _kill_host_process(self, machine: psutil.Process) -> str:
         nodes, cmd, zone = [self._node(a) for a in machine.children()], self._cmdline(machine), self._zone_of(machine)
         self._signal(machine, signal.SIGKILL)  # its agents and their workers die with it
         self.replace.append((time.monotonic() + self.rng.uniform(1.0, 5.0), zone, self.settings.per_host))
@@ -276,6 +281,8 @@ class Trial:
     def _kill(self, agent: psutil.Process, with_worker: bool) -> str:
         worker = self._worker_of(agent) if with_worker else None
         node, zone = self._node(agent), self._zone_of(agent)  # read before the process is gone
+        if worker is not None and node.startswith("pid"):  # a joined agent claims its id: its worker names it
+            node = self._node(worker)
         for p in (agent, worker):
             if p is not None:
                 self._signal(p, signal.SIGKILL)

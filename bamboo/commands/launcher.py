@@ -30,8 +30,8 @@ from bamboo.control.etcd import EtcdCluster, EtcdServer, die_with_parent, embedd
 from bamboo.control.events import (Event, FailedOver, ModeSwitched, NoticeSeen, Overflow, Preemption, Reconfigured,
                                    Redone)
 from bamboo.control.exits import FENCED
-from bamboo.control.protocol import (ASSIGNMENT, CONFIG, DONE, ERROR, FAILED, LOSS, NOTICES, PREEMPTED, SCALE, START,
-                                     VAL_LOSS)
+from bamboo.control.protocol import (ASSIGNMENT, CONFIG, DONE, ERROR, FAILED, LOSS, MEMBERS, NOTICES, PREEMPTED, SCALE,
+                                     START, VAL_LOSS)
 from bamboo.runtime import WORKER
 from bamboo.transport.devices import LOCAL_RANK
 
@@ -340,11 +340,18 @@ class Launcher:
             raise KeyboardInterrupt
         if any(p.poll() not in (None, *EXPECTED_EXITS) for p in self.procs.values()):
             raise LaunchError(self._worker_error(cluster))
-        if all(p.poll() is not None for n, p in self.procs.items() if n not in self._joiners):  # (not yet in)
+        if all(p.poll() is not None for n, p in self.procs.items() if n not in self._joiners) \
+                and not self._agents_elsewhere(cluster):  # joiners not yet in, and agents started by others
             raise LaunchError(f"every worker exited while waiting for {what}")
         if time.monotonic() - since > self.cfg.stall_timeout:
             raise LaunchError(f"gave up waiting for {what} after --stall-timeout "
                               f"{self.cfg.stall_timeout:.0f} s (logs: {self.logs})")
+
+    def _agents_elsewhere(self, cluster: Cluster) -> bool:
+        """With agents, whether an agent this launcher did not start (a machine that
+        joined the job) still runs a node: after a burst took every node started here,
+        they restore the job from its checkpoint."""
+        return self.cfg.elastic and bool(cluster.children(MEMBERS()))
 
     def _wait_iteration(self, cluster: Cluster, it: int, since: float) -> tuple[dict, dict, dict] | None:
         """The reports of iteration `it` once every node sent one (or died), with the

@@ -1,0 +1,94 @@
+"""Several deaths at once on real processes: real agents, workers, etcd and SIGKILLs,
+each run compared with the single-process reference on the same samples (float64).
+
+Nine nodes at P=4 in three zones: one full pipeline (nodes 0, 1, 3, 2 on stages 0-3)
+and two short ones. Nodes 1 and 2 (stages 1 and 3 of the full pipeline) die at the
+same instruction of iteration 8. Their stages are not neighbours, so each still has a
+copy in the pipeline; but the compiler plans a recovery from one death per pipeline
+per iteration, so the iteration is abandoned job-wide and redone from the survivors'
+copies, whichever of the two deaths the survivors see first (before, a death seen
+after the pipeline had recovered from the other was planned on the wrong streams,
+and the job failed with 'node ran past its recovery point')."""
+import pytest
+
+from schedules.compiler import compile_schedule
+
+from bamboo.control.cluster import Cluster
+from bamboo.control.protocol import Failure, Local
+from bamboo.runtime.failover import Failover, PeerDead, TooManyDead, Watch
+
+from tests.training import bamboo_train
+
+ITERS, KILLED_IN = 10, 8
+COMMON = ["--model", "tiny", "--microbatches", "8", "--seed", "11", "--stages", "4", "--dtype", "float64",
+          "--iterations", str(ITERS)]
+AGENTS = ["--local-nodes", "9", "--zones", "a,b,c"]
+FULL = [0, 1, 3, 2]  # the full pipeline the policy lays out for these nine nodes
+RTOL = 1e-9
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    _, records = bamboo_train(tmp_path_factory.mktemp("bursts") / "m.jsonl", *COMMON, "--stages", "1")
+    return records
+
+
+def stream_length(mode: str, local: int) -> int:
+    """Instructions of a node of the full pipeline in iteration 8 (4 of the 8
+    microbatches: the short pipelines run 2 each), as the kill positions count them."""
+    return len(compile_schedule(4, 4, (), mode).streams[local])
+
+
+def two_deaths(tmp_path, reference, mode: str, k1: int, k2: int):
+    """Kill nodes 1 and 2 before their instructions k1 and k2 of iteration 8; the run
+    must be the reference's, with iteration 8 redone from the survivors."""
+    _, records = bamboo_train(tmp_path / "m.jsonl", *COMMON, *AGENTS, "--redundancy", mode,
+                              "--preempt", f"1@{KILLED_IN}:{k1}", "--preempt", f"2@{KILLED_IN}:{k2}")
+    first = [e for e in records[0]["events"] if e["type"] == "reconfigure"][0]
+    assert first["pipelines"][0] == FULL and first["microbatches"] == [4, 2, 2]
+    redos = [e for r in records for e in r["events"] if e["type"] == "redo"]
+    assert redos == [{"type": "redo", "abandoned": KILLED_IN, "from": KILLED_IN, "restore": "peers"}], records
+    last = list({r["iteration"]: r for r in records}.values())  # a redone iteration as it last ran
+    assert [r["iteration"] for r in last] == list(range(ITERS))
+    for got, want in zip(last, reference):
+        assert got["loss"] == pytest.approx(want["loss"], rel=RTOL), f"iteration {got['iteration']}"
+
+
+def test_two_deaths_in_the_full_pipeline_beside_short_ones_are_redone_from_the_survivors(tmp_path, reference):
+    two_deaths(tmp_path, reference, "eager", 3, 3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["lazy", "off"])
+def test_the_same_two_deaths_in_the_other_modes(tmp_path, reference, mode):
+    two_deaths(tmp_path, reference, mode, 3, 3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["eager", "lazy", "off"])
+@pytest.mark.parametrize("k", range(40))
+def test_the_two_deaths_at_every_instruction_of_the_iteration(tmp_path, reference, mode, k):
+    """Both at instruction k of their streams (k past a stream's end: after it, at its boundary)."""
+    longest = max(stream_length(mode, FULL.index(1)), stream_length(mode, FULL.index(2)))
+    if k > longest:
+        pytest.skip(f"{mode}: the streams have {longest} instructions")
+    two_deaths(tmp_path, reference, mode, min(k, stream_length(mode, FULL.index(1))),
+               min(k, stream_length(mode, FULL.index(2))))
+
+
+def test_a_death_seen_after_the_pipeline_recovered_from_another_abandons_the_iteration(etcd):
+    """On a real etcd: node 1 recorded dead, then, once the pipeline replanned without
+    it, node 2. The second look must not plan a recovery on the first one's streams."""
+    cluster = Cluster(etcd.endpoint, "second-death")
+    failover = Failover(cluster, tuple(FULL), 0, 0, "eager", 3.0, elastic=True)
+    failover.now = Watch(iteration=KILLED_IN, microbatches=4, failed=(), comm=None, streams={})
+    cluster.record_dead(1, Failure(KILLED_IN, 0, "test"))
+    assert failover.poll() == PeerDead(Local(1))
+    # what resolve() leaves once the recovery stream is running
+    failover.now.failed, failover.now.recovered = (Local(1),), True
+    failover.now.dead, failover.now.event, failover.now.due = None, None, True
+    assert failover.poll() is None
+    cluster.record_dead(2, Failure(KILLED_IN, 3, "test"))
+    failover.now.due = True
+    event = failover.poll()
+    assert isinstance(event, TooManyDead) and "after the pipeline recovered" in event.why
