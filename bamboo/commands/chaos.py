@@ -5,8 +5,11 @@ single-process reference.
 Each trial starts its own etcd and a `bamboo-train --local-nodes` job (agents
 with workers, several zones, standby nodes), then, once training runs, injects
 faults: SIGKILL of an agent with its worker, SIGKILL of a worker alone, SIGSTOP
-of a worker (SIGCONT later), SIGKILL and restart of etcd, a burst of kills in one
-zone, a new node joining; with --workers-per-host N (machines of N nodes, one
+of a worker (SIGCONT later), SIGKILL and restart of etcd, every node of a zone at
+once, a new node joining, and bursts (bamboo/commands/chaos_bursts.py): k nodes
+killed within one second, at a random time or when the job enters a phase (a
+handover, a failover's cut, a redo, a checkpoint, a regroup), sometimes a second
+burst while the first is recovered; with --workers-per-host N (machines of N nodes, one
 `bamboo-agent --workers N` each), SIGKILL of a whole machine too; with --network
 (bamboo/commands/chaos_network.py), machines that vanish, partitions that heal,
 a machine cut off from etcd, the etcd leader killed. Every node killed is

@@ -4,7 +4,8 @@ minutes, often while a recovery is still running.
 `burst` kills k nodes within one second: k drawn from 2 to the nodes of a zone (or,
 with machines of several nodes, whole machines of one zone), topped up from other
 zones when the zone has fewer. Half the time it arms a second burst for when the job
-starts recovering from the first (a failover's cut or a redo's abort in etcd).
+starts recovering from the first (a failover's cut, a redo's abort or the next epoch
+in etcd).
 `phase-burst` arms a burst for when the job next enters a phase, seen in etcd: a
 handover, a failover's cut, a redo, a checkpoint, a regroup. An armed burst whose
 phase does not come within PATIENCE seconds goes off anyway (its detail says so).
@@ -15,11 +16,12 @@ import time
 from dataclasses import dataclass
 
 from bamboo.control.etcd import etcd_errors
-from bamboo.control.protocol import ABORT, CHECKPOINTED, CUT, HANDED, REGROUP, scan
+from bamboo.control.protocol import ABORT, ASSIGNMENT, CHECKPOINTED, CUT, HANDED, REGROUP, scan
 
 BURST_KINDS = ("burst", "phase-burst")
-PHASES = {"handover": HANDED, "cut": CUT, "redo": ABORT, "checkpoint": CHECKPOINTED, "regroup": REGROUP}
-AFTER_FIRST = ("cut", "redo")  # a second burst waits for the first one's recovery
+# a phase: the key families whose new key says the job entered it
+PHASES = {"handover": (HANDED,), "cut": (CUT,), "redo": (ABORT,), "checkpoint": (CHECKPOINTED,),
+          "regroup": (REGROUP,), "recovery": (CUT, ABORT, ASSIGNMENT)}
 SPREAD = 1.0      # seconds: a burst's kills land within this
 PATIENCE = 20.0   # seconds an armed burst waits for its phase
 LOOK_EVERY = 0.1  # seconds between two reads of etcd while a burst is armed
@@ -44,12 +46,12 @@ class Bursts:
     def _burst(self) -> str:
         detail = self._kill_burst()
         if self.rng.random() < 0.5:
-            self._arm(self.rng.choice(AFTER_FIRST), "second burst")
+            self._arm("recovery", "second burst")  # a failover's cut, a redo, or the next epoch
             detail += "; a second armed for its recovery"
         return detail
 
     def _phase_burst(self) -> str:
-        phase = self.rng.choice(sorted(PHASES))
+        phase = self.rng.choice(sorted(set(PHASES) - {"recovery"}))
         self._arm(phase, f"burst on {phase}")
         return f"armed on {phase}"
 
@@ -71,10 +73,10 @@ class Bursts:
                 self.outcome.faults.append((round(now - self.t0, 2), armed.label, self._kill_burst() + why))
 
     def _keys(self, phase: str) -> frozenset | None:
-        """The keys of `phase`'s family in the trial's etcd (None: etcd did not answer)."""
-        family = PHASES[phase]
+        """The keys of `phase`'s families in the trial's etcd (None: etcd did not answer)."""
+        families = PHASES[phase]
         try:
-            return frozenset(parts for _, f, parts in scan(self.client) if f is family)
+            return frozenset((f.name, parts) for _, f, parts in scan(self.client) if f in families)
         except etcd_errors():
             return None
 
