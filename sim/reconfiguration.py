@@ -56,7 +56,8 @@ def memory_copies(config: Config, zones: dict[str, str]) -> dict[int, set[str]]:
     (bamboo/runtime/copies.py): its writer (its owner in the first pipeline) and one
     node that is neither it nor a neighbour's owner there, so that no two neighbours'
     deaths take both: the first along the first pipeline after s + 1, then the other
-    pipelines' nodes, one in another zone than the writer's first."""
+    pipelines' nodes, one in another zone than the writer's first, and in a third
+    zone (neither the writer's nor its replica holder's) when there is one."""
     pipe = config.pipelines[0]
     P = len(pipe)
     others = [n for p in config.pipelines[1:] for n in p]
@@ -66,7 +67,8 @@ def memory_copies(config: Config, zones: dict[str, str]) -> dict[int, set[str]]:
         candidates = list(dict.fromkeys(n for n in [pipe[(s + k) % P] for k in range(2, P)] + others
                                         if n not in near))
         away = [n for n in candidates if zones.get(n) != zones.get(pipe[s])]
-        out[s] = {pipe[s]} | set((away or candidates)[:1])
+        apart = [n for n in away if zones.get(n) != zones.get(pipe[(s - 1) % P])]
+        out[s] = {pipe[s]} | set((apart or away or candidates)[:1])
     return out
 
 

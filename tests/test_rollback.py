@@ -54,6 +54,22 @@ def test_a_holder_in_another_zone_is_preferred():
     assert all(h in (3, 4, 5) for _, _, h in holders(two, (), zones))
 
 
+def test_a_holder_in_a_third_zone_survives_a_burst_of_the_owner_s_and_the_replica_s_zones():
+    """Stage 1's owner (node 1) is in zone b and its replica's holder (node 0) in a: of
+    the other pipeline, node 3 is in a and node 4 in c. The copy goes to c, so a burst
+    of zones a and b leaves it."""
+    a = Assignment(0, 0, ((0, 1, 2), (3, 4, 5)))
+    zones = {0: "a", 1: "b", 2: "c", 3: "a", 4: "c", 5: "b"}
+    kept = holders(a, (), zones)
+    for stage, owner, holder in kept:  # by brute force: a third zone whenever the candidates have one
+        replica = kept[(stage - 1) % 3][1]
+        third = [n for n in (3, 4, 5) if zones[n] not in (zones[owner], zones[replica])]
+        assert zones[holder] not in (zones[owner], zones[replica]) if third else zones[holder] != zones[owner]
+    assert kept[1] == (1, 1, 4)
+    burst = {n for n, z in zones.items() if z in "ab"}
+    assert {1, 4} - burst == {4}
+
+
 def test_the_newest_iteration_the_live_copies_cover():
     records = {0: Copies(6, (0, 1)), 1: Copies(6, (2, 3)), 2: Copies(4, (0, 1, 2)), 3: Copies(4, (3,))}
     assert newest_covered(records, {0, 1, 2, 3}, 4, at_most=9) == 6

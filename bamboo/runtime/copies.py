@@ -1,5 +1,5 @@
 """Checkpoint copies in host memory, so that a rollback needs neither storage nor
-a relaunch (issue 29, item 3).
+a relaunch.
 
 At every checkpoint each owner in pipeline 0 keeps the bytes it writes to storage
 (the write goes on behind) and sends each stage's to one more node, its holder,
@@ -8,8 +8,10 @@ at `protocol.copies_store`). A stage's holder is neither its owner nor either of
 neighbours in pipeline 0 (the owner of s - 1, whose node keeps s's replica, and the
 owner of s + 1), so that two neighbours killed at once, whichever, leave a copy
 of every stage: the first such node along pipeline 0 after s + 1, cyclically, then
-the other pipelines' nodes, one in another zone than the owner's first. A lone
-pipeline of three stages has none: its writers alone keep copies.
+the other pipelines' nodes, one in another zone than the owner's first, and in a
+third zone, neither the owner's nor its replica holder's, when there is one: a
+burst that takes two zones then leaves the copy. A lone pipeline of three stages
+has none: its writers alone keep copies.
 
 Each node records what it keeps under COPIES(node) (iteration, layers), replaced at
 every checkpoint and deleted when its worker starts or parks; a node keeps the
@@ -47,7 +49,8 @@ def holders(assignment: Assignment, failed, zones: dict[int, str]) -> list[tuple
         order = [pipe[(s + k) % P] for k in range(2, P)] + others
         candidates = list(dict.fromkeys(n for n in order if n not in near and n not in dead))
         away = [n for n in candidates if zones.get(n) != zones.get(node_at[s])]
-        out.append((s, node_at[s], (away or candidates or [None])[0]))
+        apart = [n for n in away if zones.get(n) != zones.get(node_at[(s - 1) % P])]  # nor the replica's zone
+        out.append((s, node_at[s], (apart or away or candidates or [None])[0]))
     return out
 
 
