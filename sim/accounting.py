@@ -9,9 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-
-# How a death of a node in use was survived (docs/faults.md, "Which path a death set takes")
-SURVIVAL = ("in_iteration", "redone_from_peers", "rolled_back_from_memory", "rolled_back_from_storage")
+from schedules.deaths import PATHS
 
 
 @dataclass
@@ -35,7 +33,7 @@ class RunState:
     idle_seconds: float = 0.0   # node-seconds paid for by nodes in no pipeline
     drained: int = 0            # announced preemptions acted on before they came
     skipped_checkpoints: int = 0  # scheduled, then dropped: no pipeline was left to write one
-    survived: dict = field(default_factory=lambda: dict.fromkeys(SURVIVAL, 0))  # deaths of nodes in use, by path
+    survived: dict = field(default_factory=lambda: dict.fromkeys(PATHS, 0))  # deaths of nodes in use, by path
     timeline: list = field(default_factory=list)  # (time, nodes, samples/s)
 
     def pause(self, seconds: float) -> None:
@@ -50,7 +48,7 @@ class RunState:
         self.next_checkpoint = math.inf
 
     def survive(self, path: str, deaths: int) -> None:
-        """Count `deaths` of nodes in use as survived by `path` (one of SURVIVAL)."""
+        """Count `deaths` of nodes in use as survived by `path` (schedules/deaths.py's)."""
         self.survived[path] += deaths
 
     def resumes(self) -> float:

@@ -20,6 +20,7 @@ from functools import lru_cache
 
 from schedules.compiler import compile_schedule
 from schedules.compiler import simulate as simulate_schedule
+from schedules.deaths import MEMORY, STORAGE
 from schedules.split import estimated_slots, merged, split_by_speed
 
 from agents.policy import Config, next_config
@@ -122,12 +123,12 @@ class ClusterSimulator:
     def restart_seconds(self) -> float:
         return self.costs.restart_seconds
 
-    def rollback_source(self, lost: frozenset[int], live: dict[str, str]) -> str:
-        """Where a rollback of the `lost` stages reads the checkpoint: "memory" when a
-        live node holds a copy of each (--rollback memory), else "storage"."""
+    def rollback_path(self, lost: frozenset[int], live: dict[str, str]) -> str:
+        """Where a rollback of the `lost` stages reads the checkpoint: from memory when
+        a live node holds a copy of each (--rollback memory), else from storage."""
         if self.opt.rollback == "relaunch" or not isinstance(self.profile, Profile):
-            return "storage"
-        return "memory" if all(self.copies.get(stage, set()) & set(live) for stage in lost) else "storage"
+            return STORAGE
+        return MEMORY if all(self.copies.get(stage, set()) & set(live) for stage in lost) else STORAGE
 
     def rollback_seconds(self, lost: frozenset[int], live: dict[str, str]) -> float:
         """A stage lost on every node, with the surviving processes kept up (--rollback
@@ -137,7 +138,7 @@ class ClusterSimulator:
         if self.opt.rollback == "relaunch" or not isinstance(self.profile, Profile):
             return self.restart_seconds
         from_peer = self.profile.stage_state_bytes(self.P) / self.opt.peer_bandwidth
-        load = from_peer if self.rollback_source(lost, live) == "memory" else self.costs.load_seconds
+        load = from_peer if self.rollback_path(lost, live) == MEMORY else self.costs.load_seconds
         return self.opt.failure_timeout + self.opt.reconfigure_seconds + load
 
     def checkpoint_interval(self, used_nodes: int) -> float:

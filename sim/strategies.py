@@ -33,6 +33,7 @@ import math
 from abc import ABC, abstractmethod
 from typing import Protocol
 
+from schedules.deaths import IN_ITERATION, PEERS, STORAGE
 from schedules.layout import Layout
 
 from agents.policy import Config
@@ -68,7 +69,7 @@ class Simulation(Protocol):
     @property
     def restart_seconds(self) -> float: ...
     def rollback_seconds(self, lost: frozenset[int], live: dict[str, str]) -> float: ...
-    def rollback_source(self, lost: frozenset[int], live: dict[str, str]) -> str: ...
+    def rollback_path(self, lost: frozenset[int], live: dict[str, str]) -> str: ...
     def replay(self, events: list[Event], horizon: float) -> dict: ...
     def take_checkpoint(self, s: RunState, used_nodes: int, config: Config | None = None) -> None: ...
 
@@ -175,7 +176,7 @@ class Bamboo(PeerRecovery):
             return sim.rollback_seconds(lost, live)
         if any(redo):
             s.redos += 1
-        s.survive("redone_from_peers" if any(redo) else "in_iteration", killed)  # one abort redoes every pipeline
+        s.survive(PEERS if any(redo) else IN_ITERATION, killed)  # one abort redoes every pipeline
         return pause
 
     def _unplaced(self, sim: Simulation, config: Config, removed: set[str]) -> float:
@@ -200,7 +201,7 @@ class Lazy(Bamboo):
 def rolled_back(sim: Simulation, s: RunState, lost: frozenset[int], live: dict[str, str], deaths: int) -> None:
     """Count `deaths` as survived by a rollback, from memory or from storage as
     `rollback_seconds` charges it."""
-    s.survive(f"rolled_back_from_{sim.rollback_source(lost, live)}", deaths)
+    s.survive(sim.rollback_path(lost, live), deaths)
 
 
 def lazy_forwards_seconds(sim: Simulation, config: Config | None, removed: set[str]) -> float:
@@ -229,7 +230,7 @@ class RedoFromPeers(PeerRecovery):
                 s.pause(sim.rollback_seconds(lost, live))
                 return sim.next_config(live, None)
             s.redos += 1
-            s.survive("redone_from_peers", killed)
+            s.survive(PEERS, killed)
             s.pause(sim.opt.failure_timeout)
         nxt = sim.next_config(live, config)
         if config and nxt.depth == sim.P and stages_moved(config, nxt):
@@ -250,7 +251,7 @@ class CheckpointRestart(Spot):
         nxt = sim.next_config(live, None) if live else Config(0, 0)
         used = used_nodes(config)
         if config and used & removed:
-            s.survive("rolled_back_from_storage", len(used & removed))
+            s.survive(STORAGE, len(used & removed))
             noticed = [sim.noticed.get(n) for n in used & removed]
             if all(t is not None and t <= s.t - sim.costs.write_seconds for t in noticed):
                 s.pause(sim.costs.write_seconds)  # a checkpoint on notice, written before the node went
