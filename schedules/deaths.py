@@ -10,9 +10,9 @@ on two stages of a short pipeline appears twice). Deaths are node names.
 2. Otherwise the iteration is abandoned job-wide and redone. From the survivors
    (`PEERS`) when every stage still has a live copy somewhere: its owner, its
    replica's holder, or either in another pipeline.
-3. Otherwise back to the newest checkpoint: from the copies survivors keep in memory
-   (`MEMORY`) when every lost stage's copy lives on a survivor, else from storage
-   (`STORAGE`).
+3. Otherwise back to the newest checkpoint, every stage of it (the live stages are
+   newer): from the copies survivors keep in memory (`MEMORY`) when they hold every
+   stage's copy, else from storage (`STORAGE`).
 
 With --replica-sync next a death in its window (before the owner's sync landed, or
 after its reduce with D > 1) also leaves the holder's replica a step behind: that
@@ -74,8 +74,7 @@ def path(pipelines: Sequence[Pipeline], dead: Iterable[Hashable], replicas: bool
     dead = set(dead)
     if all(absorbs(p, dead, replicas) for p in pipelines):
         return IN_ITERATION
-    lost = lost_everywhere(pipelines, dead, replicas)
-    if not lost:
+    if not lost_everywhere(pipelines, dead, replicas):
         return PEERS
     copies = copies or {}
-    return MEMORY if all(copies.get(s, set()) - dead for s in lost) else STORAGE
+    return MEMORY if all(copies.get(s, set()) - dead for s in range(len(pipelines[0]))) else STORAGE

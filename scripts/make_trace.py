@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         if not ok:
             p.error(why)
     events = synthetic(a.hours, a.nodes, zones, a.rate, a.seed, bulk=a.bulk, refill_seconds=a.refill_seconds)
-    events = with_outages(events, a.outage_every * 3600, a.outage_hours * 3600)
+    events = with_outages(events, a.outage_every * 3600, a.outage_hours * 3600, until=a.hours * 3600)
     try:
         write_events(events, a.out)
     except OSError as e:

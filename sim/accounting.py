@@ -32,7 +32,7 @@ class RunState:
     preemptions: int = 0
     idle_seconds: float = 0.0   # node-seconds paid for by nodes in no pipeline
     drained: int = 0            # announced preemptions acted on before they came
-    skipped_checkpoints: int = 0  # scheduled, then dropped: no pipeline was left to write one
+    skipped_checkpoints: int = 0  # fell due while no pipeline could train: nothing to write
     survived: dict = field(default_factory=lambda: dict.fromkeys(PATHS, 0))  # deaths of nodes in use, by path
     timeline: list = field(default_factory=list)  # (time, nodes, samples/s)
 
@@ -41,10 +41,9 @@ class RunState:
         self.paused_until = max(self.paused_until, self.t) + seconds
 
     def skip_checkpoint(self) -> None:
-        """No pipeline is left to write the scheduled checkpoint: drop it (counted);
-        the next is scheduled when training resumes."""
-        if math.isfinite(self.next_checkpoint):
-            self.skipped_checkpoints += 1
+        """A checkpoint fell due while no pipeline could train: nothing to write. Count
+        it; the next is scheduled when training resumes."""
+        self.skipped_checkpoints += 1
         self.next_checkpoint = math.inf
 
     def survive(self, path: str, deaths: int) -> None:

@@ -123,12 +123,13 @@ class ClusterSimulator:
     def restart_seconds(self) -> float:
         return self.costs.restart_seconds
 
-    def rollback_path(self, lost: frozenset[int], live: dict[str, str]) -> str:
-        """Where a rollback of the `lost` stages reads the checkpoint: from memory when
-        a live node holds a copy of each (--rollback memory), else from storage."""
+    def rollback_path(self, live: dict[str, str]) -> str:
+        """Where a rollback reads the checkpoint (every stage goes back to it): from
+        memory when the live nodes hold a copy of every stage (--rollback memory), as
+        the agents require (bamboo/runtime/copies.py `newest_covered`), else from storage."""
         if self.opt.rollback == "relaunch" or not isinstance(self.profile, Profile):
             return STORAGE
-        return MEMORY if all(self.copies.get(stage, set()) & set(live) for stage in lost) else STORAGE
+        return MEMORY if all(self.copies.get(stage, set()) & set(live) for stage in range(self.P)) else STORAGE
 
     def rollback_seconds(self, lost: frozenset[int], live: dict[str, str]) -> float:
         """A stage lost on every node, with the surviving processes kept up (--rollback
@@ -138,7 +139,7 @@ class ClusterSimulator:
         if self.opt.rollback == "relaunch" or not isinstance(self.profile, Profile):
             return self.restart_seconds
         from_peer = self.profile.stage_state_bytes(self.P) / self.opt.peer_bandwidth
-        load = from_peer if self.rollback_path(lost, live) == MEMORY else self.costs.load_seconds
+        load = from_peer if self.rollback_path(live) == MEMORY else self.costs.load_seconds
         return self.opt.failure_timeout + self.opt.reconfigure_seconds + load
 
     def checkpoint_interval(self, used_nodes: int) -> float:
@@ -208,6 +209,7 @@ class ClusterSimulator:
                     live[e.node] = self.zones[e.node]
             removed = {e.node for e in batch if e.action == "remove"}
             s.preemptions += len(removed)
+            self.copies = {stage: held - removed for stage, held in self.copies.items()}  # a node returns empty
             for n in removed:
                 live.pop(n, None)
             fatal, was_running = s.fatal, self._running(config)
@@ -229,8 +231,7 @@ class ClusterSimulator:
         """Schedule the next checkpoint for the nodes `config` uses: a period starts
         again when training (re)starts."""
         if not self._running(config):
-            s.skip_checkpoint()
-            return
+            return  # a checkpoint that falls due meanwhile is skipped (_advance)
         if restarted:
             s.period_start = s.resumes()
         interval = self.checkpoint_interval(len(used_nodes(config)))

@@ -69,7 +69,7 @@ class Simulation(Protocol):
     @property
     def restart_seconds(self) -> float: ...
     def rollback_seconds(self, lost: frozenset[int], live: dict[str, str]) -> float: ...
-    def rollback_path(self, lost: frozenset[int], live: dict[str, str]) -> str: ...
+    def rollback_path(self, live: dict[str, str]) -> str: ...
     def replay(self, events: list[Event], horizon: float) -> dict: ...
     def take_checkpoint(self, s: RunState, used_nodes: int, config: Config | None = None) -> None: ...
 
@@ -155,7 +155,8 @@ class Bamboo(PeerRecovery):
         """Seconds lost to the deaths in `removed`: a merged iteration where one node of a
         pipeline died and its replicas cover it (with eager, plus the dead stage's
         forwards that had no FRC), a redo where they do not (a replica a step behind,
-        with --replica-sync next, included), a rollback where a stage died everywhere."""
+        with --replica-sync next, included), a rollback where a stage died everywhere.
+        The deaths are counted under that path (schedules/deaths.py) while it trains."""
         depth = config.depth  # below P when too few nodes were left: they wait, holding the state
         pipelines = len(config.pipelines)
         deaths = dead_stages(config, removed)
@@ -169,10 +170,10 @@ class Bamboo(PeerRecovery):
                 pause = max(pause, sim.iteration_seconds(pipelines, merged=True) + self._unplaced(sim, config, removed))
             elif redone:  # abandoned: redone from copies elsewhere
                 pause = max(pause, sim.opt.failure_timeout + sim.iteration_seconds(pipelines))
-        killed = sum(nodes_dead(config, removed))
+        killed = sum(nodes_dead(config, removed)) if depth == sim.P else 0  # waiting: no iteration runs
         if lost := lost_everywhere(depth, deaths, behind):
             s.rewind()  # back to the checkpoint
-            rolled_back(sim, s, lost, live, killed)
+            count_rollback(sim, s, live, killed)
             return sim.rollback_seconds(lost, live)
         if any(redo):
             s.redos += 1
@@ -198,10 +199,10 @@ class Lazy(Bamboo):
         return nxt
 
 
-def rolled_back(sim: Simulation, s: RunState, lost: frozenset[int], live: dict[str, str], deaths: int) -> None:
+def count_rollback(sim: Simulation, s: RunState, live: dict[str, str], deaths: int) -> None:
     """Count `deaths` as survived by a rollback, from memory or from storage as
     `rollback_seconds` charges it."""
-    s.survive(sim.rollback_path(lost, live), deaths)
+    s.survive(sim.rollback_path(live), deaths)
 
 
 def lazy_forwards_seconds(sim: Simulation, config: Config | None, removed: set[str]) -> float:
@@ -223,10 +224,10 @@ class RedoFromPeers(PeerRecovery):
         deaths = positions_dead(config, removed) if config else []
         if any(deaths):
             s.abandon_iteration(sim.profile.samples_per_iteration())
-            killed = sum(nodes_dead(config, removed))
+            killed = sum(nodes_dead(config, removed)) if config.depth == sim.P else 0  # waiting: no iteration runs
             if lost := frozenset.intersection(*map(frozenset, deaths)):
                 s.rewind()  # a stage with no copy left: back to the checkpoint
-                rolled_back(sim, s, lost, live, killed)
+                count_rollback(sim, s, live, killed)
                 s.pause(sim.rollback_seconds(lost, live))
                 return sim.next_config(live, None)
             s.redos += 1

@@ -218,11 +218,12 @@ def synthetic(hours: float, nodes: int, zones: tuple[str, ...], rate: float, see
             heapq.heappush(refills, (t + delay, len(events), zone))
 
 
-def with_outages(events: list[Event], every: float, length: float) -> list[Event]:
+def with_outages(events: list[Event], every: float, length: float, until: float | None = None) -> list[Event]:
     """`events` with the whole fleet gone for `length` seconds every `every` seconds
-    (the first outage at `every`): at an outage's start every running node is removed
-    at once; what the trace does meanwhile is held back; at its end the nodes the
-    trace would then run come back together, in one burst."""
+    (the first outage at `every`), up to `until` (default: the last event): at an
+    outage's start every running node is removed at once; what the trace does
+    meanwhile, its end included, is held back; once it is over the nodes the trace
+    then runs come back together, in one burst, under their own names."""
     events = sorted(events, key=lambda e: e.time)
     if every <= 0 or length <= 0:
         return events
@@ -232,16 +233,21 @@ def with_outages(events: list[Event], every: float, length: float) -> list[Event
     traced: dict[str, str | None] = {}  # node -> zone: what the trace runs
     running: set[str] = set()           # what runs here
     nxt, back = every, None             # the next outage's start; the current one's end
-    for e in events:
+
+    def outages_before(t: float, inclusive: bool) -> None:
+        """Open and close the outages that come before `t` (at `t` too: `inclusive`)."""
+        nonlocal running, nxt, back
         while True:
-            if back is not None and back <= e.time:
+            if back is not None and (back < t or inclusive and back <= t):
                 out.extend(Event(back, "add", n, traced[n]) for n in sorted(traced))
                 running, back = set(traced), None
-            elif back is None and nxt <= e.time:
+            elif back is None and nxt <= t:
                 out.extend(Event(nxt, "remove", n, traced.get(n)) for n in sorted(running))
                 running, back, nxt = set(), nxt + length, nxt + every
             else:
-                break
+                return
+    for e in events:
+        outages_before(e.time, inclusive=False)  # an event at an outage's end is held back with it
         if e.action == "add":
             traced[e.node] = e.zone
         else:
@@ -254,6 +260,7 @@ def with_outages(events: list[Event], every: float, length: float) -> list[Event
         elif e.node in running:
             running.discard(e.node)
             out.append(e)
+    outages_before(events[-1].time if until is None and events else until or 0.0, inclusive=True)
     return out
 
 

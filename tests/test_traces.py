@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from sim.traces import Event, TraceError, detect, read, synthetic, write_events
+from sim.traces import Event, TraceError, _checked, detect, read, synthetic, with_outages, write_events
 
 TRACES = os.path.join(os.path.dirname(__file__), "..", "traces")
 
@@ -108,6 +108,29 @@ def test_bulk_preemptions_take_a_whole_zone():
         running_in_zone = sum(1 if e.action == "add" else -1 for e in events
                               if e.time < t and e.zone == at_once[0].zone)
         assert len(at_once) == running_in_zone  # every running node of that zone
+
+
+def test_outages_take_the_whole_fleet_and_bring_back_what_the_trace_then_runs():
+    """Outages of 10 s every 100 s, by hand: what the trace does during one is held
+    back (b's removal at the outage's very end too, so b never comes back), and the
+    nodes it runs afterwards come back together when the outage ends."""
+    E = Event
+    trace = [E(0, "add", "a", "x"), E(0, "add", "b", "y"), E(50, "remove", "a", "x"), E(105, "add", "c", "x"),
+             E(110, "remove", "b", "y"), E(150, "add", "d", "y"), E(205, "remove", "c", "x")]
+    assert with_outages(trace, 100, 10, until=260) == [
+        E(0, "add", "a", "x"), E(0, "add", "b", "y"), E(50, "remove", "a", "x"),
+        E(100, "remove", "b", "y"),                          # the first outage takes b
+        E(110, "add", "c", "x"),                             # c came meanwhile; b left at 110
+        E(150, "add", "d", "y"),
+        E(200, "remove", "c", "x"), E(200, "remove", "d", "y"),
+        E(210, "add", "d", "y")]                             # c left during the second outage
+    assert with_outages(trace, 100, 10)[-1] == E(200, "remove", "d", "y")  # ends inside the outage
+    assert with_outages([], 100, 10) == [] and with_outages(trace, 0, 10) == trace
+    with pytest.raises(ValueError, match="shorter than"):
+        with_outages(trace, 10, 10)
+    events = with_outages(synthetic(hours=10, nodes=6, zones=("a", "b"), rate=0.2, seed=2), 3600, 600, until=36000)
+    read_back = _checked(events, "generated", list(range(len(events))))  # every remove names a running node
+    assert read_back == events and min(concurrent(events)) == 0
 
 
 def test_no_preemptions_without_a_rate():

@@ -30,9 +30,9 @@ LOOK_EVERY = 0.1  # seconds between two reads of etcd while a burst is armed
 @dataclass
 class Armed:
     phase: str
-    seen: frozenset        # the phase's keys when it was armed: a new one is the trigger
+    seen: frozenset | None  # the phase's keys when it was armed (None: etcd did not answer yet)
     deadline: float
-    label: str             # how the fault list names it when it goes off
+    label: str              # how the fault's detail names it when it goes off
 
 
 class Bursts:
@@ -44,9 +44,11 @@ class Bursts:
         self.looked = 0.0
 
     def _burst(self) -> str:
+        second = self.rng.random() < 0.5
+        seen = self._keys("recovery") if second else None  # before the kills: their recovery is the trigger
         detail = self._kill_burst()
-        if self.rng.random() < 0.5:
-            self._arm("recovery", "second burst")  # a failover's cut, a redo, or the next epoch
+        if second:
+            self.armed.append(Armed("recovery", seen, time.monotonic() + PATIENCE, "second burst"))
             detail += "; a second armed for its recovery"
         return detail
 
@@ -56,7 +58,7 @@ class Bursts:
         return f"armed on {phase}"
 
     def _arm(self, phase: str, label: str) -> None:
-        self.armed.append(Armed(phase, self._keys(phase) or frozenset(), time.monotonic() + PATIENCE, label))
+        self.armed.append(Armed(phase, self._keys(phase), time.monotonic() + PATIENCE, label))
 
     def _fire_armed(self) -> None:
         """Set off each armed burst whose phase has come (or whose patience ran out)."""
@@ -66,11 +68,16 @@ class Bursts:
         self.looked = now
         for armed in list(self.armed):
             keys = self._keys(armed.phase)
+            if armed.seen is None:  # the first answer is the baseline
+                armed.seen = keys
+                continue
             came = keys is not None and bool(keys - armed.seen)
             if came or now >= armed.deadline:
                 self.armed.remove(armed)
                 why = "" if came else f" ({armed.phase} not reached in {PATIENCE:.0f} s)"
-                self.outcome.faults.append((round(now - self.t0, 2), armed.label, self._kill_burst() + why))
+                kind = "burst" if armed.label == "second burst" else "phase-burst"  # counted as its kind
+                self.outcome.faults.append((round(now - self.t0, 2), kind,
+                                            f"{armed.label}: {self._kill_burst()}{why}"))
 
     def _keys(self, phase: str) -> frozenset | None:
         """The keys of `phase`'s families in the trial's etcd (None: etcd did not answer)."""
@@ -85,8 +92,8 @@ class Bursts:
         SIGKILLed at its own moment within SPREAD seconds."""
         zone = self.rng.choice(self.settings.zones)
         pool = [p for p in self._burst_pool() if p.is_running()]
-        if len(pool) < 2 and self.settings.per_host == 1:
-            return f"zone {zone}: too few nodes left for a burst"
+        if len(pool) < (2 if self.settings.per_host == 1 else 1):
+            return f"zone {zone}: too few {'nodes' if self.settings.per_host == 1 else 'machines'} left for a burst"
         here = [p for p in pool if self._zone_of(p) == zone]
         least = 1 if self.settings.per_host > 1 else 2
         k = self.rng.randint(least, max(least, len(here)))

@@ -217,7 +217,10 @@ class Trial(Bursts):
         return "no machine to kill" if machine is None else self._kill_host_process(machine)
 
     def _kill_host_process(self, machine: psutil.Process) -> str:
-        nodes, cmd, zone = [self._node(a) for a in machine.children()], self._cmdline(machine), self._zone_of(machine)
+        try:
+            nodes, cmd, zone = [self._node(a) for a in machine.children()], self._cmdline(machine), self._zone_of(machine)
+        except psutil.NoSuchProcess:
+            return f"machine {machine.pid} already gone"
         self._signal(machine, signal.SIGKILL)  # its agents and their workers die with it
         self.replace.append((time.monotonic() + self.rng.uniform(1.0, 5.0), zone, self.settings.per_host))
         return f"{cmd[cmd.index('--host') + 1] if '--host' in cmd else machine.pid}: nodes {', '.join(nodes)}"

@@ -351,7 +351,10 @@ class Launcher:
         """With agents, whether an agent this launcher did not start (a machine that
         joined the job) still runs a node: after a burst took every node started here,
         they restore the job from its checkpoint."""
-        return self.cfg.elastic and bool(cluster.children(MEMBERS()))
+        if not self.cfg.elastic or not self.local:
+            return False
+        own = {n for k in self.procs for n in self.local.nodes_of(k)}
+        return any(n not in own for n in cluster.children(MEMBERS()))
 
     def _wait_iteration(self, cluster: Cluster, it: int, since: float) -> tuple[dict, dict, dict] | None:
         """The reports of iteration `it` once every node sent one (or died), with the
