@@ -10,7 +10,7 @@ owner of s + 1), so that two neighbours killed at once, whichever, leave a copy
 of every stage: the first such node along pipeline 0 after s + 1, cyclically, then
 the other pipelines' nodes, one in another zone than the owner's first, and in a
 third zone, neither the owner's nor its replica holder's, when there is one: a
-burst that takes two zones then leaves the copy. A lone pipeline of three stages
+burst of those two zones then leaves the copy. A lone pipeline of three stages
 has none: its writers alone keep copies.
 
 Each node records what it keeps under COPIES(node) (iteration, layers), replaced at
