@@ -19,7 +19,7 @@ from bamboo.runtime.failover import Failover, PeerDead, TooManyDead, Watch
 
 from tests.training import bamboo_train
 
-ITERS, KILLED_IN = 10, 8
+ITERS, KILLED_IN = 9, 8
 COMMON = ["--model", "tiny", "--microbatches", "8", "--seed", "11", "--stages", "4", "--dtype", "float64",
           "--iterations", str(ITERS)]
 AGENTS = ["--local-nodes", "9", "--zones", "a,b,c"]

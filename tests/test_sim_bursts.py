@@ -141,7 +141,7 @@ def events_of(counts: list[tuple[int, int]], zones: str, removal_picks: list[int
     return events
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([1, 30, 600, 3600, 7200]), st.integers(0, 14)), min_size=1, max_size=14),
        st.lists(st.integers(0, 50), max_size=60), st.sampled_from([2, 3, 6]), st.sampled_from([None, 300.0]),
        st.sampled_from([0.0, 120.0]))
