@@ -63,8 +63,7 @@ def lost_everywhere(pipelines: Sequence[Pipeline], dead: Iterable[Hashable], rep
     dead = set(dead)
     if not pipelines:
         return frozenset()
-    return frozenset.intersection(*(lost_in(p, dead, replicas) if dead & set(p) else frozenset()
-                                    for p in pipelines))
+    return frozenset.intersection(*(lost_in(p, dead, replicas) for p in pipelines))  # none dead in p: none lost
 
 
 def path(pipelines: Sequence[Pipeline], dead: Iterable[Hashable], replicas: bool,
