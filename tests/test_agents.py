@@ -55,6 +55,7 @@ def reconfigurations(records) -> list[tuple[int, dict]]:
     return [(r["iteration"], e) for r in records for e in r["events"] if e["type"] == "reconfigure"]
 
 
+@pytest.mark.slow
 def test_a_killed_node_is_replaced_from_standby(tmp_path, tmp_path_factory):
     """3 nodes, P=2: one pipeline and one node in standby. Node 1 (agent and worker)
     is SIGKILLed mid-iteration: its predecessor takes over, and at the next boundary

@@ -21,6 +21,7 @@ def bench(*args):
                           timeout=300)
 
 
+@pytest.mark.slow
 def test_bench_single_writes_both_sides_and_the_losses_agree(tmp_path):
     out = tmp_path / "single.json"
     run = bench(*TINY, "--model", "hf:llama-tiny", "--json", str(out))

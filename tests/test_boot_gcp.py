@@ -44,6 +44,7 @@ def launch_gcp(gcp, etcd_endpoint, tmp_path, job, iterations, *extra):
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_the_wheel_goes_to_gcs_behind_a_signed_url_and_down_removes_it(gcp, etcd, tmp_path):
     compute, storage = gcp
     up = launch_gcp(gcp, etcd.endpoint, tmp_path, "gcs-a", 3, "--bucket", "wheels/runs")
@@ -63,6 +64,7 @@ def test_the_wheel_goes_to_gcs_behind_a_signed_url_and_down_removes_it(gcp, etcd
     assert not storage.objects and not compute.templates and not compute.groups
 
 
+@pytest.mark.slow
 def test_a_bucket_that_does_not_exist_leaves_nothing(gcp, etcd, tmp_path):
     compute, storage = gcp
     out = launch_gcp(gcp, etcd.endpoint, tmp_path, "gcs-b", 3, "--bucket", "no-such-bucket")

@@ -57,6 +57,7 @@ def two_deaths(tmp_path, reference, mode: str, k1: int, k2: int):
         assert got["loss"] == pytest.approx(want["loss"], rel=RTOL), f"iteration {got['iteration']}"
 
 
+@pytest.mark.slow
 def test_two_deaths_in_the_full_pipeline_beside_short_ones_are_redone_from_the_survivors(tmp_path, reference):
     two_deaths(tmp_path, reference, "eager", 3, 3)
 

@@ -119,6 +119,7 @@ def test_gcs_checkpoints_through_google_cloud_storage(gcs):
         storage.get("ckpt-00000009/layer0.pt")
 
 
+@pytest.mark.slow
 def test_a_run_resumed_from_gcs_continues_exactly(tmp_path, gcs):
     """The first run writes checkpoints to gs:// and is the uninterrupted reference;
     its newest checkpoint removed, the second resumes from the one before iteration 2."""

@@ -246,8 +246,9 @@ DEMO = (["--model", "tiny", "--stages", "4", "--microbatches", "8", "--iteration
          "--zones", "a,b,c", "--preempt", "2@15:10"], 2, False)  # make demo's job: the README's screenshot
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(NO_BROWSER is not None, reason=NO_BROWSER or "")
-@pytest.mark.parametrize("args, victim, from_outside", [SMALL, pytest.param(*DEMO, marks=pytest.mark.slow)],
+@pytest.mark.parametrize("args, victim, from_outside", [SMALL, DEMO],
                          ids=["standby", "demo"])
 def test_a_browser_watches_a_node_die_and_another_take_its_place(tmp_path, args, victim, from_outside):
     """The page is opened once, before the job's first epoch, and never reloaded.

@@ -117,6 +117,7 @@ def _train(tmp_path, name, *args):
     return [r["loss"] for r in records], {f.name: torch.load(f) for f in sorted(params.iterdir())}
 
 
+@pytest.mark.slow
 def test_split_backwards_train_the_same_bits_as_whole_ones(tmp_path):
     """float32, so that any change of summation order would show: the input gradient
     and the weights' come from the same autograd functions in the same order."""
@@ -129,6 +130,7 @@ def test_split_backwards_train_the_same_bits_as_whole_ones(tmp_path):
             assert torch.equal(value, whole_params[name][key]), (name, key)
 
 
+@pytest.mark.slow
 def test_a_sigkill_between_the_input_and_the_weight_pass_keeps_the_math(tmp_path):
     """Node 1 sends its last input gradient and is killed before its weight pass:
     node 0 takes stage 1 over and recomputes its gradients; the training is the

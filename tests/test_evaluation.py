@@ -88,10 +88,12 @@ def test_the_reference_evaluates_without_changing_its_training(tokens):
     assert model.training and all(m.training for m in model.modules()) and torch.equal(rng, torch.get_rng_state())
 
 
+@pytest.mark.slow
 def test_val_loss_on_the_pipeline_equals_the_reference(evaluated, reference):
     assert_same(evaluated, reference)
 
 
+@pytest.mark.slow
 def test_evaluation_leaves_training_bit_equal(tmp_path, tokens, evaluated):
     records, params = train(tmp_path, tokens, "plain", "--stages", "2", "--pipelines", "2")
     assert [r["loss"] for r in records] == [r["loss"] for r in evaluated[0]]
@@ -101,6 +103,7 @@ def test_evaluation_leaves_training_bit_equal(tmp_path, tokens, evaluated):
         assert all(torch.equal(a[k], b[k]) for k in a), f
 
 
+@pytest.mark.slow
 def test_a_node_killed_during_an_evaluation(tmp_path, tokens, val_file):
     """P=4, validating on val.bin: node 2 dies before its 5th evaluation instruction
     after iteration 3. That evaluation is cut short on the pipeline and recorded as

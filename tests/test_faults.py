@@ -68,7 +68,8 @@ def _finish(proc, metrics, reference):
     return records
 
 
-@pytest.mark.parametrize("victim", [4, pytest.param(0, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", [4, 0])
 def test_a_death_during_the_layer_handover_is_survived(tmp_path, reference, victim):
     """Node 2 is preempted in iteration 5; at the boundary a standby node (4) gets
     its stage and layers move. The victim is SIGKILLed (agent and worker) as soon

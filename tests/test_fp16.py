@@ -57,6 +57,7 @@ def test_the_scale_never_drops_below_its_floor():
     assert scale.scale == 2.0
 
 
+@pytest.mark.slow
 def test_pipeline_skips_the_reference_steps_through_a_sigkill(tmp_path, fp16_on_cpu):
     """P=4 with replicas: node 2 is SIGKILLed in the middle of iteration 5, whose
     gradients overflow after the scale doubled. Every iteration runs with the
@@ -73,6 +74,7 @@ def test_pipeline_skips_the_reference_steps_through_a_sigkill(tmp_path, fp16_on_
     assert any(e["type"] == "failover" for e in got[5]["events"])
 
 
+@pytest.mark.slow
 def test_with_the_sync_in_the_next_iteration_a_replica_skips_what_its_owner_skipped(tmp_path, fp16_on_cpu):
     """--replica-sync next: iteration 5's gradients overflow, so every owner skips
     its step, and its sync (sent in iteration 6) is skipped by the holder too. Node

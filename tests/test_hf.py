@@ -131,6 +131,7 @@ def assert_same(got, want, tied: bool, tolerance: tuple[float, float]):
         assert torch.equal(head, torch.load(params / "layer0.pt")["wte.weight"])  # the copies stayed one weight
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, precision, layout, kill", [
     # the head's owner (node 3) mid-stream, with clipping: node 2 takes the head, node 0 keeps the embedding
     # in make test: clipping and ties through a death (the cases below are in make test-slow, for time)

@@ -47,6 +47,7 @@ def first_backward(node: int) -> int:
     return next(i for i, x in enumerate(stream) if x.op in INPUT_GRADS)
 
 
+@pytest.mark.slow
 def test_replicas_kept_across_an_epoch_are_refreshed_from_their_owners(tmp_path, reference):
     """4 nodes, P=3: one pipeline and a spare. Node 1 dies in iteration 3 after its
     sync landed: node 0 takes the stage over, and the spare replaces node 1 in the

@@ -58,6 +58,7 @@ def events(records, kind):
             if e["type"] == kind]
 
 
+@pytest.mark.slow
 def test_deaths_after_a_reduce_or_before_a_sync_landed_are_redone_from_a_peer_pipeline(tmp_path, reference):
     """Pipelines (0, 1) and (2, 3), node 4 spare. Node 2 dies in iteration 2 after
     its reduce of stage 0 and before its step: node 3 (its holder) recomputes stage

@@ -192,6 +192,7 @@ def test_dry_run_prints_the_upload_and_the_etcd_write(tmp_path):
     assert requests[3]["params"]["Body"].endswith("bytes>") and not os.listdir(tmp_path)
 
 
+@pytest.mark.slow
 def test_without_bucket_or_package_the_launch_makes_its_own_bucket_and_down_removes_it(aws, etcd, tmp_path):
     """The issue's contract command names no --bucket: the wheel goes to a bucket
     named after the job and region, made by the launch and removed by down."""

@@ -186,6 +186,7 @@ def test_a_factory_that_cannot_be_built_lazily_is_one_line(tmp_path, factory, me
     assert not (tmp_path / "m.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_no_process_materialises_a_layer_it_does_not_hold(tmp_path, monkeypatch):
     """Each worker materialises its stage and its replica (eager: stage n + 1 mod P),
     the launcher none, and the losses are the single-process run's."""

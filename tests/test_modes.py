@@ -70,6 +70,7 @@ def test_auto_starts_without_redundancy_and_switches_live_after_a_death(tmp_path
     assert all(r["replicas_equal"] for r in got)
 
 
+@pytest.mark.slow
 def test_auto_with_the_sync_in_the_next_iteration_keeps_a_replica_and_survives(tmp_path, reference):
     """--redundancy auto with --replica-sync next (one pipeline, a node in standby):
     with the sync off the critical path a replica costs off's iteration, so even

@@ -44,6 +44,7 @@ def test_gcp_watcher_and_the_background_thread(metadata):
     assert heard == [{"action": "preempted", "source": "gcp"}]
 
 
+@pytest.mark.slow
 def test_a_notice_hands_the_stage_over_before_the_kill(tmp_path, tmp_path_factory, metadata):
     """Three nodes (one standby) watch EC2 notices; node 1 gets one after iteration
     3: it leaves at the next boundary with its stage handed to the standby node, no

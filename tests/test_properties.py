@@ -23,7 +23,7 @@ def layouts(draw):
     return P, M, tuple(sorted(failed))
 
 
-@settings(max_examples=300)
+@settings(max_examples=120)
 @given(layouts(), st.sampled_from(["1f1b", "gpipe"]), st.sampled_from(["eager", "lazy", "off"]))
 def test_compiled_streams_validate(layout, order, redundancy):
     P, M, failed = layout
@@ -32,7 +32,7 @@ def test_compiled_streams_validate(layout, order, redundancy):
     assert set(report.finished) == set(range(P)) - set(failed) and all(report.finished.values())
 
 
-@settings(max_examples=300)
+@settings(max_examples=120)
 @given(layouts(), st.sampled_from(["1f1b", "gpipe"]), costs, st.sampled_from(["eager", "lazy"]), st.data())
 def test_any_mid_iteration_failure_recovers(layout, order, cost, redundancy, data):
     P, M, failed = layout

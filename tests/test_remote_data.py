@@ -29,6 +29,7 @@ def media_gets(fake) -> int:
     return sum(1 for r in fake.requests if r == ("GET", "media"))
 
 
+@pytest.mark.slow
 def test_s3_data_trains_as_the_local_file(tmp_path, s3, tokens):
     path, local = tokens
     s3.create_bucket(Bucket="data")
@@ -41,6 +42,7 @@ def test_s3_data_trains_as_the_local_file(tmp_path, s3, tokens):
     assert open(copy, "rb").read() == path.read_bytes() and not gets
 
 
+@pytest.mark.slow
 def test_gcs_data_trains_as_the_local_file_and_is_downloaded_once(tmp_path, gcs, tokens):
     """A run of a launcher and two workers, then a single-process one (the reference,
     equal to the pipeline within 1e-9 in float64), all reading the data: one download."""

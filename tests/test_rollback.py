@@ -158,6 +158,7 @@ def test_two_neighbours_killed_roll_back_from_peers_memory(tmp_path, reference):
 
 
 # in make test: the one restore from storage there (test_agents' is in make test-slow)
+@pytest.mark.slow
 def test_without_copies_the_rollback_reads_storage(tmp_path, reference):
     redo, workers = _rollback(tmp_path, reference, memory=False)
     assert redo == [{"type": "redo", "abandoned": 5, "from": 4, "restore": "checkpoint"}]

@@ -102,6 +102,7 @@ def test_sigkill_mid_iteration_keeps_the_math(tmp_path, reference, mode, node, p
     assert all(r["replicas_equal"] for r in records)
 
 
+@pytest.mark.slow
 def test_sigkill_with_frc_only_in_the_bubbles_keeps_the_math(tmp_path, reference):
     """Bounded eager (--frc bubbles, the default) on one pipeline of M=8: node 1's
     bubbles hold its FRC of stage 2 for microbatches 0 and 1 only (its split
@@ -130,6 +131,7 @@ def test_sigkill_with_frc_for_every_microbatch_keeps_the_math(tmp_path, referenc
     assert {"preemption", "failover"} == {e["type"] for e in records[5]["events"]}
 
 
+@pytest.mark.slow
 def test_lazy_replica_steps_taken_late_keep_the_math(tmp_path, reference):
     """Without --check-replicas lazy owes a replica's step and takes it in the holder's
     first wait after the gradients came (its linger, the boundary, or the next
@@ -301,6 +303,7 @@ def test_factory_sequential_on_two_stages_survives_losing_one(tmp_path):
     assert [r["nodes"] for r in got] == [2, 2, 1, 1, 1, 1]
 
 
+@pytest.mark.slow
 def test_two_failures_in_one_pipeline_and_iteration_end_with_a_reason(tmp_path):
     out, _, _ = train(tmp_path, "double", "--stages", "4", "--pipelines", "1", "--iterations", "4",
                       "--preempt", "1@2:6", "--preempt", "2@2:6", check=False)
@@ -358,6 +361,7 @@ def test_last_stage_killed_after_its_stream_keeps_every_loss(tmp_path, where):
     assert [r["nodes"] for r in got] == [4, 4, 3, 3, 3]
 
 
+@pytest.mark.slow
 def test_a_paused_node_is_declared_dead_and_fences_itself(tmp_path):
     """SIGSTOP past the lease: the pipeline goes on without the node while it is
     still stopped (its predecessor gives up a send the node will never take); when
@@ -402,6 +406,7 @@ def test_a_paused_node_is_declared_dead_and_fences_itself(tmp_path):
     assert records[-1]["summary"]["failovers"] <= 1 and records[-2]["nodes"] == 3
 
 
+@pytest.mark.slow
 def test_a_survivor_called_away_from_its_reduce_resends_before_it_waits_there_again(tmp_path, reference):
     """P=3, D=2, no agents. Node 1 dies in iteration 2, so from then on node 0 runs
     stages 0 and 1 and reduces stage 0 before stage 1. Node 3 dies in iteration 5
@@ -419,6 +424,7 @@ def test_a_survivor_called_away_from_its_reduce_resends_before_it_waits_there_ag
     assert max(r["seconds"] for r in records) < 55  # a cycle waits out the 60 s hang timeout
 
 
+@pytest.mark.slow
 def test_eager_places_frc_by_measured_times_and_keeps_the_math(tmp_path, reference):
     """A real eager job (P=4, one pipeline): from the epoch's calibration on, the
     streams are the measured model's; a SIGKILL then is recovered from, and every
@@ -446,6 +452,7 @@ def test_stage_0_runs_the_next_forward_while_the_boundary_agrees(tmp_path, refer
     assert len(said) == 2 and all(f"{ITERS - 1} iterations began" in line for line in said.values()), said
 
 
+@pytest.mark.slow
 def test_a_sync_in_buckets_cut_by_its_owners_death_keeps_the_math(tmp_path, reference):
     """Lazy, P=4, one pipeline, buckets of 10 KB (a stage of `tiny` in float64 is
     several): every iteration's syncs go out in buckets during the stages' last
@@ -477,6 +484,7 @@ def test_a_sync_in_the_next_iteration_keeps_the_math_through_a_death_after_it_la
     assert {"preemption", "failover"} == {e["type"] for e in records[5]["events"]}
 
 
+@pytest.mark.slow
 def test_a_late_sync_keeps_clipping_and_tied_weights_through_a_death(tmp_path):
     """--replica-sync next with --grad-clip and a model with tied weights (hf:gpt2-tiny:
     the embedding on stage 0 and the head on stage 3): the late sync carries gradients

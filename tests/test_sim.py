@@ -158,6 +158,7 @@ def test_on_demand_runs_the_mean_cluster_without_preemptions():
     assert r["cost_per_hour"] == pytest.approx(4 * 3.06)
 
 
+@pytest.mark.slow
 def test_ec2_p3_trace_gpt2_p12_all_strategies():
     res = subprocess.run([sys.executable, "-m", "sim.cli", "--trace", P3, "--strategy", "all", "--model", "gpt2",
                           "--stages", "12", "--json"], capture_output=True, text=True, timeout=120)
