@@ -1,5 +1,5 @@
 """The first configuration: how long the first agents wait for each other, and with
-whom they start (issue 30: nodes that die in the first seconds must not hang a job).
+whom they start: nodes that die in the first seconds must not hang a job.
 
 torch elastic's dynamic rendezvous gathers them. It closes at once when every node
 asked for met (`--max-nodes`), or a last-call window (`--last-call`) after enough

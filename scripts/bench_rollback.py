@@ -1,4 +1,4 @@
-"""Measured on real processes (issue 29, item 3): the pause of a rollback from the
+"""Measured on real processes: the pause of a rollback from the
 checkpoint copies peers keep in memory, beside one from storage, for the same job
 and the same kill.
 

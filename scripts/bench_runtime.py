@@ -4,7 +4,7 @@ how long a preemption pauses training in each.
 Runs bamboo-train with P=2, D=1 (one process per core on a 2-core machine, the
 only layout where a bubble is really idle), alternating --redundancy off, eager
 (FRC in the bubbles only, the default), eager with --frc all (FRC for every
-microbatch, the placement before issue 31) and lazy, eager and lazy again with
+microbatch, the placement before FRC was bounded to the bubbles) and lazy, eager and lazy again with
 each replica's sync in the next iteration (--replica-sync next), and prints side-by-side
 ratios: mean iteration time (warm-up iterations dropped) and peak process
 memory; and in every round, per redundant mode, one run with a node SIGKILLed

@@ -1,4 +1,4 @@
-"""Measured on real processes (issue 29): what pipelines shorter than P give, and
+"""Measured on real processes: what pipelines shorter than P give, and
 what a preemption notice saves.
 
 1. `split`: five local nodes at P=3. With --max-stages-per-node 2 (the default)

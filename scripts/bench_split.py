@@ -1,4 +1,4 @@
-"""Split backwards (issue 31): what `--backward-split last` gains in time and costs in
+"""Split backwards: what `--backward-split last` gains in time and costs in
 memory against whole backwards (`off`), side by side.
 
 Runs bamboo-train on the hot path's GPT (scripts/bench_hotpath.py: 3.3M parameters,

@@ -1,4 +1,4 @@
-"""make gpu-check: the CUDA path, correct and measured (issue 15).
+"""make gpu-check: the CUDA path, correct and measured.
 
     python scripts/gpu_check.py [--out out/gpu-check.json] [--quick]
 

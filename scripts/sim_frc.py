@@ -1,4 +1,4 @@
-"""What eager FRC costs a fault-free iteration on the calibrated profiles (issue 31).
+"""What eager FRC costs a fault-free iteration on the calibrated profiles.
 
 For each model and depth P, with D pipelines sharing the profile's 24 global
 microbatches, the schedule simulator's iteration without redundancy (off), with

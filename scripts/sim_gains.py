@@ -1,4 +1,5 @@
-"""What each step of issue 29 gains every strategy, on the repository's traces.
+"""What each step toward every paid node training (shorter pipelines, notices,
+rollbacks from memory) gains every strategy, on the repository's traces.
 
 For each trace and depth, every spot strategy is simulated four times, adding one
 thing at a time, so that the gain is not only ours to claim:

@@ -83,7 +83,7 @@ def test_a_pipeline_dissolves_when_nodes_run_short(tmp_path, tmp_path_factory):
     assert len(second["pipelines"]) == 1 and len(second["standby"]) == 1 and 3 not in second["standby"]
 
 
-@pytest.mark.slow  # make test stays under 15 minutes (issue 30's tests came in); make test-slow runs it
+@pytest.mark.slow  # make test stays under 15 minutes; make test-slow runs it
 def test_joining_nodes_wait_in_standby_then_form_a_pipeline(tmp_path, tmp_path_factory):
     records = train(tmp_path, "--microbatches", "8", "--local-nodes", "3", "--zones", "a,b,c", "--join", "1@1",
                     "--max-stages-per-node", "1")
@@ -98,7 +98,7 @@ def test_joining_nodes_wait_in_standby_then_form_a_pipeline(tmp_path, tmp_path_f
             assert zones[0] != zones[1]
 
 
-@pytest.mark.slow  # make test stays under 15 min on a 2-core machine (issues 31, 32 added tests)
+@pytest.mark.slow  # make test stays under 15 min on a 2-core machine
 def test_a_node_still_to_join_does_not_keep_a_dead_job_waiting(tmp_path):
     """--join starts the joining agents at launch, waiting for their iteration; when
     every node of the job dies before it, the launcher says so at once instead of
@@ -111,7 +111,7 @@ def test_a_node_still_to_join_does_not_keep_a_dead_job_waiting(tmp_path):
 
 @pytest.mark.slow  # make test-slow: keeps make test under 15 min on a 2-core machine
 def test_growth_beyond_the_microbatch_count_leaves_the_extra_nodes_in_standby(tmp_path, tmp_path_factory):
-    """Issue 11, item 4, from outside: two microbatches and six nodes at P=2. A third
+    """From outside: two microbatches and six nodes at P=2. A third
     pipeline would have no microbatch to run (it once crashed the job)."""
     records = train(tmp_path, "--microbatches", "2", "--local-nodes", "2", "--zones", "a,b", "--join", "4@1")
     assert_same_training(records, tmp_path, reference(tmp_path_factory, 2))
@@ -124,7 +124,7 @@ def final(records):
     return list({r["iteration"]: r for r in records}.values())
 
 
-@pytest.mark.slow  # make test stays under 15 minutes (issue 30's tests came in); make test-slow runs it
+@pytest.mark.slow  # make test stays under 15 minutes; make test-slow runs it
 def test_adjacent_failures_recovered_from_the_other_pipeline(tmp_path, tmp_path_factory):
     """Both nodes of pipeline 0 die in one iteration: no copy of their stages is left
     in that pipeline. Every node undoes the iteration's steps, the survivors of
@@ -138,7 +138,7 @@ def test_adjacent_failures_recovered_from_the_other_pipeline(tmp_path, tmp_path_
     assert_same_training(records, tmp_path, reference(tmp_path_factory, 4))
 
 
-@pytest.mark.slow  # make test stays under 15 min on a 2-core machine (issues 31, 32 added tests)
+@pytest.mark.slow  # make test stays under 15 min on a 2-core machine
 def test_a_stage_lost_everywhere_restarts_from_the_checkpoint(tmp_path, tmp_path_factory):
     """One pipeline (P=3) and two spares; two neighbours die in iteration 9: the
     stage they held is gone, so the job goes back to the checkpoint taken before

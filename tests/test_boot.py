@@ -82,7 +82,7 @@ def installed_from_wheel(root) -> bool:
     return bool(found) and json.load(open(found[0]))["url"].startswith(f"file://{root}/opt/bamboo_spot-")
 
 
-@pytest.mark.slow  # make test stays under 15 minutes (issue 30's tests came in); make test-slow runs it
+@pytest.mark.slow  # make test stays under 15 minutes; make test-slow runs it
 def test_a_node_boots_from_the_ec2_user_data_and_trains(aws, etcd, tmp_path):
     """One node from the script, its peer a plain agent (P=2): the booted node
     finds its zone, installs the launched code and trains with the peer."""

@@ -136,7 +136,7 @@ def test_a_run_resumed_from_gcs_continues_exactly(tmp_path, gcs):
     assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in whole[2:]], rel=1e-12)
 
 
-@pytest.mark.slow  # make test stays under 15 minutes (issue 30's tests came in); make test-slow runs it
+@pytest.mark.slow  # make test stays under 15 minutes; make test-slow runs it
 def test_resumed_run_continues_exactly(tmp_path):
     def train(*args):
         metrics = tmp_path / f"m{len(os.listdir(tmp_path))}.jsonl"

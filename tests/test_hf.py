@@ -139,7 +139,7 @@ def assert_same(got, want, tied: bool, tolerance: tuple[float, float]):
     # ties without clipping: node 2 dies after its last backward; node 3 ties only in its step phase,
     # after re-sending what node 1 waits for (it once tied first and node 0 never came to tie)
     pytest.param("hf:gpt2-tiny", "float64", ["--stages", "4"], "2@1:24", marks=pytest.mark.slow),
-    # issue 12's recipe: P=4, D=2, bf16, warm-up + cosine, clipping at 1.0. Pipeline 1's first stage dies
+    # the full recipe: P=4, D=2, bf16, warm-up + cosine, clipping at 1.0. Pipeline 1's first stage dies
     # between its backwards: node 7 holds both tied copies then, and every step waits for all norms
     pytest.param("hf:gpt2-tiny", "bf16", ["--stages", "4", "--pipelines", "2", "--grad-clip", "1.0"], "4@3:12",
                  marks=pytest.mark.slow),

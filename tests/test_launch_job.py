@@ -140,7 +140,7 @@ def test_object_storage_data_and_checkpoints_are_checked_not_downloaded(gcs, s3)
             job_config([*TRAIN, *extra], 3, "j")
 
 
-@pytest.mark.slow  # make test stays under 15 min on a 2-core machine (issues 31, 32 added tests)
+@pytest.mark.slow  # make test stays under 15 min on a 2-core machine
 def test_unreachable_etcd_unwritable_bucket_unknown_type_leave_nothing(aws, etcd, tmp_path):
     endpoint, clients, image = aws
     state = str(tmp_path / "s.json")

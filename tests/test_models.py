@@ -103,7 +103,7 @@ def test_factory_models_and_errors():
         ModelSource("gpt5", seed=0)
 
 
-@pytest.mark.slow  # make test stays under 15 minutes (issue 30's tests came in); make test-slow runs it
+@pytest.mark.slow  # make test stays under 15 minutes; make test-slow runs it
 def test_deepspeed_pipeline_module_gives_the_same_loss():
     """A real PipelineModule (DeepSpeed initialised on a one-process gloo group): its
     own forward and loss against the stages Bamboo builds from its layer specs."""

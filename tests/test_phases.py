@@ -1,4 +1,4 @@
-"""A death from outside at each phase of a real local job (issue 11, part 1): in
+"""A death from outside at each phase of a real local job: in
 the middle of an instruction, several at once across pipelines, during the
 barrier agreement, during a process-group rebuild, at a redo decision, during a
 checkpoint write, while the agents write the next epoch. (A death while a

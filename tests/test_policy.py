@@ -92,7 +92,7 @@ def test_joining_nodes_form_a_new_pipeline_and_too_few_reduce_depth():
 
 
 def test_pipelines_never_outnumber_the_microbatches():
-    """Issue 11, item 4: six nodes at depth 2 could make three pipelines, but with
+    """Six nodes at depth 2 could make three pipelines, but with
     two microbatches a third would have none to run; the rest wait in standby."""
     live = {f"n{i}": "ab"[i % 2] for i in range(6)}
     first = next_config({n: live[n] for n in ("n0", "n1")}, None, 2, max_pipelines=2)

@@ -1,4 +1,4 @@
-"""Rollbacks without relaunch (issue 29, item 3): when a stage is lost on every
+"""Rollbacks without relaunch: when a stage is lost on every
 node, the job goes back to the newest checkpoint from the copies peers keep in
 host memory (bamboo/runtime/copies.py), from storage only when the live nodes'
 copies do not cover every layer. Who keeps which copy, the agents' choice, and two

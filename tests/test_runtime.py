@@ -276,7 +276,7 @@ def test_a_run_that_trained_nothing_leaves_no_metrics_file(tmp_path):
     assert not metrics.exists() and list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.slow  # make test stays under 15 minutes (issue 30's tests came in); make test-slow runs it
+@pytest.mark.slow  # make test stays under 15 minutes; make test-slow runs it
 def test_channels_of_their_own_keep_the_math(tmp_path, reference, monkeypatch):
     """--transport nccl's path (a group per directed channel, the failover aborting
     the dead node's channels), run on the CPU with gloo groups: a SIGKILL mid-iteration."""

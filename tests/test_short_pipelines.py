@@ -1,4 +1,4 @@
-"""Pipelines shorter than P (issue 29), on the runtime's side: five local nodes at
+"""Pipelines shorter than P, on the runtime's side: five local nodes at
 P=3 train as a pipeline of three nodes and one of two, in which one node runs two
 stages; the global microbatches are split by speed (5 and 3 of 8). Real agents,
 real workers, a real etcd, real SIGKILLs (--preempt), compared with the
@@ -87,7 +87,7 @@ def test_a_split_that_cannot_be_run_is_refused(tmp_path, args, named):
     assert not (tmp_path / "m.jsonl").exists()
 
 
-@pytest.mark.slow  # make test stays under 15 minutes (issue 30's tests came in); make test-slow runs it
+@pytest.mark.slow  # make test stays under 15 minutes; make test-slow runs it
 def test_a_death_in_the_short_pipeline_is_redone_from_the_full_one(tmp_path, reference):
     """Node 3 runs stages 0 and 1 of the short pipeline and is SIGKILLed in
     iteration 2: no node of its pipeline holds stage 1, so iteration 2 is abandoned

@@ -1,4 +1,4 @@
-"""Every paid node trains (issue 29) in the cluster simulator, against hand-computed
+"""Every paid node trains in the cluster simulator, against hand-computed
 cases: a preemption notice drained ahead, a checkpoint on notice, a rollback from
 checkpoint copies in peers' memory or from storage, idle nodes, short pipelines
 against the schedule simulator and a brute-force split, and the command's defaults."""

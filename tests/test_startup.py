@@ -1,4 +1,4 @@
-"""Start-up with fewer nodes than asked (issue 30): agents SIGKILLed from outside in the
+"""Start-up with fewer nodes than asked: agents SIGKILLed from outside in the
 first seconds, each kill synchronised on an event (its registration in etcd, or its
 process appearing). With a pipeline's worth alive, the first configuration starts with
 them after the last call, and trains exactly as the single-process reference

@@ -1,4 +1,4 @@
-"""FRC placed by measured per-op times (issue 31): the cost model eager's placement
+"""FRC placed by measured per-op times: the cost model eager's placement
 uses, from what this job's own instructions took.
 
 The compiler fits a redundant forward into a wait only where the cost model says

@@ -1,4 +1,4 @@
-"""A replica's sync, posted in buckets during its stage's last backward (issue 31, part 4).
+"""A replica's sync, posted in buckets during its stage's last backward.
 
 An owner sends its stage's gradients to the holder of the stage's replica once per
 iteration (SEND_SYNC). Sent whole, the message waits for the last backward to end,
