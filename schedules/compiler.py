@@ -23,6 +23,7 @@ from functools import lru_cache
 from schedules.bubbles import check_in_bubbles, makespan
 from schedules.cost import CostModel
 from schedules.early_grads import SPLITS, split_backwards
+from schedules.engine import start_times
 from schedules.evaluation import eval_streams
 from schedules.ir import Instr
 from schedules.layout import Layout, ScheduleError, check_microbatches, keeps_replicas
@@ -30,7 +31,6 @@ from schedules.lower import plain_streams
 from schedules.order import ORDERS
 from schedules.recovery import recover
 from schedules.redundancy import FRC_MODES, frc_microbatches, insert_frc, lazy_brc
-from schedules.simulator import start_times
 from schedules.syncs import COMPILED_SYNCS, SYNC_MODES, defer_syncs
 
 REDUNDANCY = ("eager", "lazy", "off")
@@ -112,7 +112,7 @@ def _check_options(microbatches: int, redundancy: str, order: str, frc: str = "b
 
 
 def _makespan(streams: dict[int, list[Instr]], cost: CostModel) -> float:
-    """When the last node finishes, by the simulator's fast timing pass (no checks:
+    """When the last node finishes, by the engine's fast timing pass (no checks:
     the split pass's candidates are valid by construction)."""
     return makespan(streams, start_times(streams, cost), cost)
 
@@ -182,7 +182,7 @@ def compile_recovery(stages: int, microbatches: int, fail_node: int, fail_before
 
 def _every_frc(redundancy: str, frc: str) -> bool:
     """Whether every replica holder's stream must run FRC for every microbatch (the
-    simulator checks it): eager with --frc all only."""
+    engine's checks see it): eager with --frc all only."""
     return redundancy == "eager" and frc == "all"
 
 
@@ -200,24 +200,24 @@ def compile_eval(stages: int, microbatches: int, failed: tuple[int, ...] = (), r
                  cost: CostModel = CostModel()) -> Schedule:
     """Forward-only streams that compute the loss of `microbatches` evaluation
     microbatches on the pipeline as it stands (`failed` nodes' groups merged), and
-    change no parameter. Validated by the simulator as they are compiled; cached."""
+    change no parameter. Validated by the engine's checks as they are compiled; cached."""
     cached = _compile_eval(stages, microbatches, tuple(failed), redundancy, cost)
     return replace(cached, streams={n: list(s) for n, s in cached.streams.items()})
 
 
 def simulate(schedule: Schedule, cost: CostModel | None = None):
     """Run a compiled schedule (recovery included: the dead node runs its prefix)
-    through the validating simulator, on the cost model it was compiled with unless
+    through the engine and its checks, on the cost model it was compiled with unless
     another is given, and return its Report. A fault-free bounded eager schedule,
     on the cost model its FRC was placed with, must also delay nothing of the same
     streams without FRC (bubbles.py; not checked as it is compiled, which would
     time every stream twice more on the runtime's path)."""
-    from schedules.simulator import Simulator
+    from schedules.engine import Engine
 
     cost = cost or schedule.cost
     streams = dict(schedule.streams)
     if schedule.evaluation:
-        return Simulator(schedule.layout, schedule.microbatches, cost, evaluation=True).run(streams)
+        return Engine(schedule.layout, schedule.microbatches, cost, evaluation=True).run(streams)
     dead = None
     if schedule.fail_node is not None:
         base = compile_schedule(schedule.stages, schedule.microbatches, schedule.failed,
@@ -229,6 +229,6 @@ def simulate(schedule: Schedule, cost: CostModel | None = None):
         plain = base_streams(schedule.layout, schedule.microbatches, schedule.order, cost, schedule.sync,
                              schedule.split)
         check_in_bubbles(plain, streams, cost)
-    return Simulator(schedule.layout, schedule.microbatches, cost, dead,
+    return Engine(schedule.layout, schedule.microbatches, cost, dead,
                      expect_frc=_every_frc(schedule.redundancy, schedule.frc), late_sync=schedule.sync == "next",
                      expect_syncs=schedule.sync != "none").run(streams)

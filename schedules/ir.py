@@ -2,7 +2,7 @@
 
 An instruction is a small immutable tuple. Every pass of the compiler reads and
 writes lists of them; the executor in `bamboo` interprets them on tensors, the
-simulator interprets them on a cost model. Node ids are the original ones: node i
+engine (engine.py) interprets them on a cost model. Node ids are the original ones: node i
 starts as stage i of its pipeline and keeps its id after others fail.
 """
 from __future__ import annotations

@@ -5,16 +5,16 @@ activation of its first stage (or loads the microbatch), runs every stage's
 forward, and sends the last stage's output on; a backward mirrors it. The end of
 the iteration (the tail) reduces each owned stage, steps it, and syncs the replica
 holder. A node that owns two groups (node P-1 after node 0 failed runs stage 0 and
-stage P-1) gets one stream from both by list scheduling in the simulator.
+stage P-1) gets one stream from both by list scheduling in the engine.
 """
 from __future__ import annotations
 
 from schedules import ir
 from schedules.cost import CostModel
+from schedules.engine import Chains, Engine
 from schedules.ir import Instr, Op
 from schedules.layout import Group, Layout
 from schedules.order import ORDERS, Step
-from schedules.simulator import Chains, Simulator
 
 
 def lower_group(layout: Layout, group: Group, order: list[Step]) -> list[Instr]:
@@ -79,7 +79,7 @@ def plain_streams(layout: Layout, microbatches: int, order: str = "1f1b",
     streams = {n: bodies[0] + tail(layout, n, sync) for n, bodies in per_node.items() if len(bodies) == 1}
     multi = {n: Chains([], bodies, tail(layout, n, sync)) for n, bodies in per_node.items() if len(bodies) > 1}
     if multi:
-        report = Simulator(layout, microbatches, cost, expect_frc=False, late_sync=sync == "next",
+        report = Engine(layout, microbatches, cost, expect_frc=False, late_sync=sync == "next",
                            expect_syncs=sync == "end").run(streams, multi)
         streams.update({n: report.streams[n] for n in multi})
     return {n: streams[n] for n in sorted(streams)}

@@ -26,10 +26,10 @@ from typing import Callable
 
 from schedules import ir
 from schedules.cost import CostModel
+from schedules.engine import Chains, Engine, Report
 from schedules.ir import SENDS, Instr, Op
 from schedules.layout import Layout, ScheduleError
 from schedules.lower import is_tail, tail
-from schedules.simulator import Chains, Report, Simulator
 
 
 def _without(ops: list[Instr], done: list[Instr]) -> list[Instr]:
@@ -71,7 +71,7 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
             cost: CostModel | None = None, expect_frc: bool = True,
             sync: str = "end") -> tuple[dict[int, list[Instr]], dict[int, int], Report]:
     """Full streams of the survivors (prefix + recovery), where each recovery starts,
-    and the simulator's report of the whole iteration. p swaps in the FRC results
+    and the engine's report of the whole iteration. p swaps in the FRC results
     of stage d that ran before the cut and recomputes every other forward it needs
     (all of them with lazy). `expect_frc`: the validator checks that every replica
     holder ran FRC for every microbatch (eager with --frc all). `sync` "next": the
@@ -84,7 +84,7 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
         _check_late_syncs(base, d, k, p)
     ends = is_tail if sync == "end" else _late_tail  # the iteration's own reduces and steps
     check = dict(expect_frc=expect_frc, late_sync=late, expect_syncs=synced)
-    cut = Simulator(layout, M, cost, dead=(d, k), **check)
+    cut = Engine(layout, M, cost, dead=(d, k), **check)
     prefix = {n: s for n, s in cut.run(base, allow_stuck=True).streams.items() if n != d}
     dead_ran = base[d][:k]
     # What survivors took in from d counts; a message of d still queued at the cut
@@ -102,7 +102,7 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
         new_tail = _without(tail(after, n, sync), [i for i in pre if ends(i)])
         full[n] = pre + _reroute(n, body, d, p, q) + new_tail
     if stage_done:
-        report = Simulator(layout, M, cost, dead=(d, k), expect_frc=expect_frc).run({**full, d: dead_ran})
+        report = Engine(layout, M, cost, dead=(d, k), expect_frc=expect_frc).run({**full, d: dead_ran})
         return full, {n: len(prefix[n]) for n in prefix}, report
 
     resend = [ir.send_grad(i.stage, i.mb, p) for i in prefix[q] if i.op is Op.SEND_GRAD and i.peer == d]
@@ -117,7 +117,7 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
     p_tail = [i for i in full[p][len(prefix[p]):] if ends(i)]
     recvs, acts, urgent, deferred = chains
     scheduled = {p: Chains(prefix[p] + first, [recvs, acts, own, urgent, deferred], p_tail)}
-    report = Simulator(layout, M, cost, dead=(d, k), **check).run({**full, d: dead_ran}, scheduled)
+    report = Engine(layout, M, cost, dead=(d, k), **check).run({**full, d: dead_ran}, scheduled)
     full[p] = report.streams[p]
     return full, {n: len(prefix[n]) for n in prefix}, report
 

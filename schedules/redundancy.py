@@ -42,9 +42,9 @@ from typing import Collection
 
 from schedules import ir
 from schedules.cost import CostModel
+from schedules.engine import start_times
 from schedules.ir import Instr, Op, RECVS
 from schedules.layout import Layout
-from schedules.simulator import start_times
 
 
 FRC_MODES = ("bubbles", "all")

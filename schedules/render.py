@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import tempfile
 
+from schedules.engine import Report
 from schedules.ir import Instr, Op
-from schedules.simulator import Report
 
 # kind -> (letter for the text view, colour for the PNG, legend label)
 KINDS = {

@@ -21,9 +21,9 @@ from typing import NamedTuple
 
 from schedules import ir
 from schedules.cost import CostModel
+from schedules.engine import start_times
 from schedules.ir import Instr, Op, RECVS
 from schedules.layout import Layout
-from schedules.simulator import start_times
 
 SYNC_MODES = ("end", "next")
 # "none": `next`'s first iteration of a run or an epoch, which owes no sync (the

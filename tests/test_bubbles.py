@@ -7,11 +7,12 @@ the placed FRC one at a time, and the placement the compiler had before
 import pytest
 
 from schedules.bubbles import check_in_bubbles
+from schedules.checks import ValidationError
 from schedules.compiler import base_streams, compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
+from schedules.engine import Engine
 from schedules.ir import Op, is_frc
 from schedules.layout import Layout
-from schedules.simulator import Simulator, ValidationError
 from sim.profiles import profile
 
 UNEVEN = CostModel(forward=(0.5, 2.0, 1.0), backward=(1.0, 4.0, 0.5), transfer=0.7, swap=0.3)
@@ -30,7 +31,7 @@ def _replica_end(ins):
 def _delays(layout, M, streams, cost, without):
     """(node, instruction) pairs that start later in `streams` than in `without`
     (lazy's report), bar the replica's sync and step; and the makespan."""
-    report = Simulator(layout, M, cost, expect_frc=False).run(streams)
+    report = Engine(layout, M, cost, expect_frc=False).run(streams)
     late = [(n, ins) for n in streams for ins, t in _starts(report, n).items()
             if ins in _starts(without, n) and not _replica_end(ins) and t > _starts(without, n)[ins] + 1e-9]
     return late, report.makespan

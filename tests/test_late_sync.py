@@ -7,11 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from schedules.checks import ValidationError
 from schedules.compiler import compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
+from schedules.engine import Engine
 from schedules.ir import Instr, Op
 from schedules.layout import ScheduleError
-from schedules.simulator import Simulator, ValidationError
 from schedules.syncs import sync_landed_first
 
 from tests.test_properties import costs, layouts
@@ -59,7 +60,7 @@ def test_the_validator_refuses_frc_before_the_sync_landed():
     stream[first_frc + 2:first_frc + 2] = sync
     assert not sync_landed_first(stream, sched.layout.replica(node))
     with pytest.raises(ValidationError, match="computed on its replica before it took the sync of the iteration"):
-        Simulator(sched.layout, 4, sched.cost, late_sync=True).run({**sched.streams, node: stream})
+        Engine(sched.layout, 4, sched.cost, late_sync=True).run({**sched.streams, node: stream})
 
 
 @pytest.mark.parametrize("P,M,failed,redundancy", [(2, 3, (), "lazy"), (3, 4, (), "eager"), (4, 5, (), "eager"),
@@ -137,4 +138,4 @@ def test_the_validator_refuses_a_recovery_whose_new_owner_only_steps_the_replica
     assert own_step in rec.streams[p]
     streams = {**rec.streams, p: [x for x in rec.streams[p] if x != own_step], 1: base.streams[1][:5]}
     with pytest.raises(ValidationError, match="stage 1 never stepped on its owner, node 0"):
-        Simulator(rec.layout, 4, rec.cost, dead=(1, 5), expect_frc=False, late_sync=True).run(streams)
+        Engine(rec.layout, 4, rec.cost, dead=(1, 5), expect_frc=False, late_sync=True).run(streams)

@@ -3,9 +3,9 @@ import pytest
 
 from schedules.compiler import base_streams, compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
+from schedules.engine import validate as simulate_streams
 from schedules.ir import INPUT_GRADS, WEIGHT_GRADS, Op, is_frc
 from schedules.layout import Layout
-from schedules.simulator import validate as simulate_streams
 
 
 def _normal_work(stream):

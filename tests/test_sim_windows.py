@@ -7,7 +7,7 @@ import pytest
 
 from schedules.compiler import compile_recovery, compile_schedule, simulate
 from schedules.ir import Op
-from schedules.simulator import ScheduleError
+from schedules.layout import ScheduleError
 
 from agents.policy import Config
 from sim.accounting import RunState

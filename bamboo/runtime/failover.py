@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from schedules.checks import ValidationError
 from schedules.compiler import compile_recovery, compile_schedule
 from schedules.cost import CostModel
 from schedules.ir import RECVS, Instr
 from schedules.layout import ScheduleError
-from schedules.simulator import ValidationError
 
 from bamboo.control.changes import Changes
 from bamboo.control.cluster import Cluster

@@ -1,12 +1,13 @@
-"""The simulator against closed-form pipeline results, and the validator against
+"""The engine against closed-form pipeline results, and its checks against
 deliberately broken streams."""
 import pytest
 
 from schedules import ir
+from schedules.checks import ValidationError
 from schedules.compiler import compile_eval, compile_schedule, simulate
 from schedules.cost import CostModel
+from schedules.engine import Engine, validate
 from schedules.ir import Op
-from schedules.simulator import Simulator, ValidationError, validate
 
 # No latency and free bookkeeping: the textbook pipeline model.
 IDEAL = CostModel(forward=1.0, backward=2.0, transfer=0.0, swap=0.0, step=0.0, sync_transfer=0.0)
@@ -52,6 +53,26 @@ def test_missing_receive_is_caught():
     with pytest.raises(ValidationError) as e:
         validate(layout, M, streams)
     assert e.value.kind == "use-before-produce"
+
+
+def test_a_broken_check_prints_the_timeline_with_the_failing_step_marked():
+    """Node 1's forward of microbatch 2 loses its receive: the error's text is a grid
+    of what every node ran, node 1's column ending at the forward, marked, on the
+    row after the instructions it did run (compared with the valid stream itself)."""
+    layout, M, streams = _streams()
+    k = _index(streams[1], Op.RECV_ACT, mb=2)
+    del streams[1][k]
+    with pytest.raises(ValidationError) as e:
+        validate(layout, M, streams)
+    text = str(e.value)
+    assert text.splitlines()[0].startswith("use-before-produce: node 1: forward s1 mb2")
+    grid = text.splitlines()[1:]
+    assert [c.strip() for c in grid[0].split("|")] == ["step", "node 0", "node 1", "node 2"]
+    rows = {int(line.split("|")[0]): [c.strip() for c in line.split("|")[1:]]
+            for line in grid[2:] if line.split("|")[0].strip().isdigit()}
+    marked = [(r, col) for r, cells in rows.items() for col, c in enumerate(cells) if c.startswith(">>")]
+    assert marked == [(k, 1)] and rows[k][1] == f">> {streams[1][k]} <<"
+    assert all(rows[r][1] == str(streams[1][r]) for r in rows if r < k)  # what node 1 ran before it, in order
 
 
 def test_swapped_receives_are_out_of_order():
@@ -140,7 +161,7 @@ def test_dropped_frc_and_leftover_state_are_caught():
 
 
 def test_fast_timing_pass_agrees_with_the_simulator():
-    from schedules.simulator import start_times
+    from schedules.engine import start_times
     cost = CostModel(forward=(1.0, 0.5, 2.0, 1.5), backward=(2.0, 1.0, 3.0, 2.5), transfer=0.3)
     sched = compile_schedule(4, 6, cost=cost)
     report = simulate(sched)
@@ -172,8 +193,8 @@ def test_evaluation_streams_are_checked_too():
     last = streams[2]
     del last[_index(last, Op.FORWARD, stage=2, mb=1)]
     with pytest.raises(ValidationError, match="exactly-once"):
-        Simulator(sched.layout, 2, evaluation=True).run(streams)
+        Engine(sched.layout, 2, evaluation=True).run(streams)
     streams = {n: list(v) for n, v in sched.streams.items()}
     streams[0].append(ir.forward(0, 0))
     with pytest.raises(ValidationError, match=r"\(stage 0, mb 0\) ran 2 times"):
-        Simulator(sched.layout, 2, evaluation=True).run(streams)
+        Engine(sched.layout, 2, evaluation=True).run(streams)

@@ -1,19 +1,17 @@
-"""A discrete-event simulator that also validates: runs instruction streams on a cost model.
+"""The event engine: runs instruction streams on a cost model, in simulated time.
 
 Each node executes its stream serially. Sends are asynchronous (the message lands
 in a FIFO channel per (sender, receiver) pair after the transfer latency);
 receives block until the next message on their channel arrives, and that message
 must be the one they expect (NCCL and gloo pair point-to-point calls in order).
-Every instruction's inputs must exist on the node when it starts. At the end every
-stage's gradients must hold every microbatch exactly once, every stage is stepped
-on its owner and replica holder, and no message is left unreceived. An
-evaluation (forward-only) run keeps no forward state and checks instead that
-every stage ran every microbatch's forward exactly once, on its owner.
+What else a stream must respect (inputs present, every microbatch once, every
+stage stepped, nothing left behind) is schedules/checks.py's: the engine asks
+its checks before and after each instruction and at the end.
 
 A node may also be *list scheduled*: instead of one fixed stream it has a few
-chains, and whenever it can run the head of more than one chain the simulator
-picks the one that can start first. The compiler uses this to merge instruction
-groups; the result is the order the node actually ran, a plain stream again.
+chains, and whenever it can run the head of more than one chain the engine picks
+the one that can start first. Lowering uses this to merge instruction groups; the
+result is the order the node actually ran, a plain stream again.
 """
 from __future__ import annotations
 
@@ -21,21 +19,13 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from schedules.checks import Checks, ValidationError, timeline
 from schedules.cost import CostModel
 from schedules.ir import RECVS, SENDS, Instr, Op, channel
-from schedules.layout import Layout, ScheduleError
-
-COMPUTE = frozenset({Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT})
+from schedules.layout import Layout
 
 
-class ValidationError(ScheduleError):
-    """A stream that cannot run: `kind` is deadlock, out-of-order, use-before-produce,
-    unmatched, exactly-once, not-stepped, leak, missing-frc, or frc-delay (an FRC
-    that lengthens the fault-free iteration under --frc bubbles: bubbles.py)."""
-
-    def __init__(self, kind: str, message: str):
-        super().__init__(f"{kind}: {message}")
-        self.kind = kind
+WAIT = ("wait", "its message is not sent yet")  # the commonest answer, never shown: not formatted each time
 
 
 class Span(NamedTuple):
@@ -74,7 +64,8 @@ class Report:
 
 
 @dataclass
-class _Node:
+class NodeState:
+    """What one node holds at a point of the simulated iteration."""
     layers: frozenset[int]
     clock: float = 0.0
     busy: float = 0.0
@@ -95,7 +86,10 @@ class _Node:
     done: list = field(default_factory=list)
 
 
-class Simulator:
+class Engine:
+    """One iteration of `layout`'s nodes, `dead` = (node, instructions it ran) if one
+    dies in it. The keyword options choose the checks (schedules/checks.py)."""
+
     def __init__(self, layout: Layout, microbatches: int, cost: CostModel | None = None,
                  dead: tuple[int, int] | None = None, expect_frc: bool = True, evaluation: bool = False,
                  late_sync: bool = False, expect_syncs: bool = True):
@@ -104,11 +98,9 @@ class Simulator:
         self.M = microbatches
         self.cost = cost or CostModel()
         self.dead_node, self.dead_at = dead if dead else (None, None)
-        self.expect_frc = expect_frc  # False for streams before the FRC pass
-        self.evaluation = evaluation  # forward-only streams: no state kept, nothing stepped
-        self.late_sync = late_sync    # each replica's sync is the iteration before's (schedules/syncs.py)
-        self.expect_syncs = expect_syncs  # False for streams before the late syncs are placed
-        self.nodes = {n: _Node(layers=frozenset(layout.owned(n)) | {layout.replica(n)} - {None})
+        self.checks = Checks(self, expect_frc=expect_frc, evaluation=evaluation, late_sync=late_sync,
+                             expect_syncs=expect_syncs)
+        self.nodes = {n: NodeState(layers=frozenset(layout.owned(n)) | {layout.replica(n)} - {None})
                       for n in layout.alive}
         self.channels: dict[tuple, deque] = defaultdict(deque)
         self.normal_forwards: Counter = Counter()
@@ -122,64 +114,24 @@ class Simulator:
     def missing(self, node: int, ins: Instr) -> tuple[str, str] | None:
         """Why `ins` cannot start now on `node`: ("wait", ..) for a message not yet
         sent, ("order" | "data", reason) for a broken stream; None when it can."""
-        st, op, s, mb = self.nodes[node], ins.op, ins.stage, ins.mb
-        if op in RECVS:
+        if ins.op in RECVS:
             return self._not_received(node, ins)
-        if op in SENDS and channel(ins, node) in self.expected:
+        if ins.op in SENDS and channel(ins, node) in self.expected:
             q = self.expected[channel(ins, node)]
-            if not q or q[0] != (SENDS[op], s, mb):
+            if not q or q[0] != (SENDS[ins.op], ins.stage, ins.mb):
                 return ("order", f"node {node} sends {ins} but node {ins.peer} expects "
                         f"{q[0] if q else 'nothing more'} first")
-        need = None
-        if op is Op.LOAD:
-            need = mb in st.loaded and f"microbatch {mb} loaded twice"
-        elif op in COMPUTE and (s in st.reduced or (s, True) in st.stepped and not self.late_sync):
-            need = f"stage {s} computes after its gradients were reduced or its step was taken"
-        elif (op in COMPUTE and self.late_sync and s == self.layout.replica(node)
-              and (s, True) not in st.stepped):
-            need = f"stage {s} computed on its replica before it took the sync of the iteration before"
-        elif op is Op.FORWARD:
-            if s not in st.layers:
-                need = f"does not hold the layers of stage {s}"
-            elif (s == 0 or s == self.P - 1) and mb not in st.loaded:
-                need = f"microbatch {mb} not loaded"
-            elif s > 0 and (s - 1, mb) not in st.acts:
-                need = f"no input activation (stage {s - 1}, mb {mb})"
-            elif (s, mb) in st.states:
-                need = f"forward state (stage {s}, mb {mb}) computed twice"
-        elif op in (Op.BACKWARD, Op.BACKWARD_INPUT):
-            if s not in st.layers:
-                need = f"does not hold the layers of stage {s}"
-            elif st.states.get((s, mb)) is not True:
-                need = f"no resident forward state (stage {s}, mb {mb})"
-            elif s < self.P - 1 and (s + 1, mb) not in st.grads:
-                need = f"no output gradient (stage {s + 1}, mb {mb})"
-        elif op is Op.BACKWARD_WEIGHT:
-            need = st.states.get((s, mb)) != "weights" and f"no input gradient's pass before (stage {s}, mb {mb})"
-        elif op is Op.SEND_ACT:
-            need = (s, mb) not in st.acts and f"no activation (stage {s}, mb {mb}) to send"
-        elif op is Op.SEND_GRAD:
-            need = (s, mb) not in st.grads and f"no gradient (stage {s}, mb {mb}) to send"
-        elif op is Op.SWAP_OUT:
-            need = st.states.get((s, mb)) is not True and f"nothing resident to swap out ({s}, {mb})"
-        elif op is Op.SWAP_IN:
-            need = st.states.get((s, mb)) is not False and f"nothing swapped out to swap in ({s}, {mb})"
-        elif op is Op.REDUCE_GRADS:
-            need = s in st.reduced and f"stage {s} reduced twice"
-        elif op is Op.SEND_SYNC and self.late_sync:
-            need = s in st.reduced and f"stage {s}: the sync of the iteration before sent after this one's reduce"
-        elif op is Op.SEND_SYNC:
-            need = s not in st.reduced and f"stage {s} synced before it was reduced"
-        elif op is Op.OPTIMIZER_STEP:
-            ready = st.synced if ins.redundant else st.reduced
-            need = (s not in ready or (s, ins.redundant) in st.stepped) and f"stage {s} stepped without gradients"
-        return ("data", f"node {node}: {ins}: {need}") if need else None
+        for check in self.checks.by_op.get(ins.op, ()):
+            need = check(node, self.nodes[node], ins)
+            if need:
+                return ("data", f"node {node}: {ins}: {need}")
+        return None
 
     def _not_received(self, node: int, ins: Instr) -> tuple[str, str] | None:
         """`missing` for a receive: its message not sent yet, or another first."""
         q = self.channels.get(channel(ins, node))
         if not q:
-            return ("wait", f"node {node} waits for {ins}")
+            return WAIT
         sent = q[0][0]
         if sent.op is not RECVS[ins.op] or sent.stage != ins.stage or sent.mb != ins.mb:
             return ("order", f"node {node} expects {ins} but node {ins.peer} sent {sent} first")
@@ -190,19 +142,30 @@ class Simulator:
         return max(clock, self.channels[channel(ins, node)][0][1]) if ins.op in RECVS else clock
 
     def execute(self, node: int, ins: Instr) -> None:
-        st, op, key = self.nodes[node], ins.op, (ins.stage, ins.mb)
+        st = self.nodes[node]
         start = self.start_time(node, ins)
         end = start + self.cost.duration(ins)
-        if op in RECVS:
+        if ins.op in RECVS:
             sent, _, sent_at = self.channels[channel(ins, node)].popleft()
             self.messages.append(Message(ins.peer, node, sent, sent_at, end))
-        if op in SENDS:
+        if ins.op in SENDS:
             self.channels[channel(ins, node)].append((ins, end + self.cost.latency(ins), end))
             if channel(ins, node) in self.expected:
                 self.expected[channel(ins, node)].popleft()
+        self.checks.on_execute(node, st, ins)
+        self._apply(node, st, ins)
+        st.peak_live = max(st.peak_live, st.live)
+        st.peak_swapped = max(st.peak_swapped, st.swapped)
+        st.clock, st.busy = end, st.busy + (end - start)
+        st.done.append(ins)
+        self.spans.append(Span(node, start, end, ins))
+
+    def _apply(self, node: int, st: NodeState, ins: Instr) -> None:
+        """What `ins` changes on the node."""
+        op, key = ins.op, (ins.stage, ins.mb)
         if op is Op.LOAD:
             st.loaded.add(ins.mb)
-        elif op is Op.FORWARD and self.evaluation:
+        elif op is Op.FORWARD and self.checks.evaluation:
             st.acts.add(key)
             self.normal_forwards[key] += 1
         elif op is Op.FORWARD:
@@ -236,30 +199,27 @@ class Simulator:
             st.states[key], st.live, st.swapped = True, st.live + 1, st.swapped - 1
             st.acts.add(key)
         elif op is Op.REDUCE_GRADS:
-            self._check_exactly_once(node, ins.stage, st.accum[ins.stage])
             st.reduced.add(ins.stage)
         elif op is Op.OPTIMIZER_STEP:
             st.stepped.add((ins.stage, ins.redundant))
         elif op is Op.RECV_SYNC:
             st.synced.add(ins.stage)
-        st.peak_live = max(st.peak_live, st.live)
-        st.peak_swapped = max(st.peak_swapped, st.swapped)
-        st.clock, st.busy = end, st.busy + (end - start)
-        st.done.append(ins)
-        self.spans.append(Span(node, start, end, ins))
-
-    def _check_exactly_once(self, node: int, stage: int, mbs: list[int]) -> None:
-        counts = Counter(mbs)
-        lost = [mb for mb in range(self.M) if counts[mb] == 0]
-        twice = sorted(mb for mb, c in counts.items() if c > 1)
-        if lost or twice:
-            raise ValidationError("exactly-once", f"node {node} reduces stage {stage} with microbatches "
-                                  f"missing {lost} and counted twice {twice}")
 
     # -- whole streams ---------------------------------------------------------------
     def run(self, streams: dict[int, list[Instr]], scheduled: dict[int, Chains] | None = None,
             allow_stuck: bool = False) -> Report:
-        scheduled = scheduled or {}
+        """Run every node to its end; a ValidationError carries the timeline so far,
+        the instruction that broke a check marked."""
+        fixed, chains = self._queues(streams, scheduled or {})
+        marked: dict[int, Instr] = {}
+        try:
+            self._run(fixed, chains, marked)
+            return self._finish(fixed, chains, allow_stuck, marked)
+        except ValidationError as e:
+            e.timeline = timeline({n: st.done for n, st in self.nodes.items()}, marked)
+            raise
+
+    def _queues(self, streams: dict, scheduled: dict[int, Chains]) -> tuple[dict, dict]:
         fixed = {n: deque(streams.get(n, ())) for n in self.nodes}
         chains = {}
         for n, spec in scheduled.items():
@@ -272,28 +232,36 @@ class Simulator:
                             self.expected.setdefault(channel(i, peer), deque()).append((i.op, i.stage, i.mb))
         if self.dead_node is not None:
             fixed[self.dead_node] = deque(list(fixed[self.dead_node])[:self.dead_at])
+        return fixed, chains
+
+    def _run(self, fixed: dict, chains: dict, marked: dict[int, Instr]) -> None:
         while True:
             progress = False
             for n, todo in fixed.items():
                 while todo:
                     why = self.missing(n, todo[0])
                     if why is None:
-                        self.execute(n, todo.popleft())
+                        self._step(n, todo.popleft(), marked)
                         progress = True
                     elif why[0] == "wait":
                         break
-                    elif why[0] == "order":
-                        raise ValidationError("out-of-order", why[1])
                     else:
-                        raise ValidationError("use-before-produce", why[1])
+                        marked[n] = todo[0]
+                        raise ValidationError("out-of-order" if why[0] == "order" else "use-before-produce", why[1])
                 if not todo and n in chains and not chains[n][0]:
                     fixed[n] = chains.pop(n)[1]
                     progress = True
-            if not progress and not self._schedule_one(fixed, chains):
+            if not progress and not self._schedule_one(fixed, chains, marked):
                 break
-        return self._finish(fixed, chains, allow_stuck)
 
-    def _schedule_one(self, fixed: dict, chains: dict) -> bool:
+    def _step(self, node: int, ins: Instr, marked: dict[int, Instr]) -> None:
+        try:
+            self.execute(node, ins)
+        except ValidationError:
+            marked[node] = ins
+            raise
+
+    def _schedule_one(self, fixed: dict, chains: dict, marked: dict[int, Instr]) -> bool:
         best = None
         for n, (heads, _) in chains.items():
             if fixed[n]:
@@ -306,17 +274,18 @@ class Simulator:
         if best is None:
             return False
         _, n, chain = best
-        self.execute(n, chain.popleft())
+        self._step(n, chain.popleft(), marked)
         chains[n] = ([c for c in chains[n][0] if c], chains[n][1])
         return True
 
-    def _finish(self, fixed: dict, chains: dict, allow_stuck: bool) -> Report:
+    def _finish(self, fixed: dict, chains: dict, allow_stuck: bool, marked: dict[int, Instr]) -> Report:
         live = [n for n in self.nodes if n != self.dead_node]
         stuck = {n: (fixed[n][0] if fixed[n] else "a chain") for n in live if fixed[n] or n in chains}
         if stuck and not allow_stuck:
+            marked.update({n: i for n, i in stuck.items() if isinstance(i, Instr)})
             raise ValidationError("deadlock", "; ".join(f"node {n} blocked at {i}" for n, i in stuck.items()))
         if not allow_stuck:
-            self._check_end(live)
+            self.checks.at_end(live)
         makespan = max((self.nodes[n].clock for n in live), default=0.0)
         return Report(
             makespan=makespan,
@@ -329,58 +298,17 @@ class Simulator:
             streams={n: list(st.done) for n, st in self.nodes.items()},
             finished={n: n not in stuck for n in live})
 
-    def _check_end(self, live: list[int]) -> None:
-        for (src, dst, _), q in self.channels.items():
-            if q and self.dead_node not in (src, dst):
-                raise ValidationError("unmatched", f"node {src} sent {q[0][0]} to node {dst}, never received")
-        if self.evaluation:
-            self._check_forwards()
-            return
-        final = self.layout if self.dead_node is None else self.layout.with_failed(self.dead_node)
-        reducers = Counter(s for n in live for s in self.nodes[n].reduced)
-        for s in range(self.P):
-            if reducers[s] > 1:
-                raise ValidationError("exactly-once", f"stage {s} reduced on {reducers[s]} nodes")
-            owner, holder = final.owner(s), final.holder(s)
-            if self.late_sync:  # the syncs in the streams are to the holders the iteration began with
-                holder = self.layout.holder(s) if self.layout.holder(s) != self.dead_node else None
-            if not self.nodes[owner].stepped & ({(s, False)} if self.late_sync else {(s, False), (s, True)}):
-                raise ValidationError("not-stepped", f"stage {s} never stepped on its owner, node {owner}")
-            if holder is not None and self.expect_syncs and (s, True) not in self.nodes[holder].stepped:
-                raise ValidationError("not-stepped", f"replica of stage {s} on node {holder} never stepped")
-        for n in live:
-            st, r = self.nodes[n], final.replica(n)
-            left = sorted(k for k, resident in st.states.items() if resident)
-            if left:
-                raise ValidationError("leak", f"node {n} ends with forward state {left[0]} still resident")
-            missing = [mb for mb in range(self.M) if self.expect_frc and r is not None and (r, mb) not in st.frc]
-            if missing:
-                raise ValidationError("missing-frc", f"node {n} never ran FRC of stage {r} for microbatch {missing[0]}")
-        twice = sorted(k for k, c in self.normal_forwards.items() if c > 1)
-        if twice:
-            raise ValidationError("exactly-once", f"forward (stage, mb) {twice[0]} computed twice as normal work")
-
-
-    def _check_forwards(self) -> None:
-        """Evaluation: every (stage, mb) forwarded exactly once, by the stage's owner."""
-        for s in range(self.P):
-            owner = self.nodes[self.layout.owner(s)]
-            for mb in range(self.M):
-                if self.normal_forwards[(s, mb)] != 1 or (s, mb) not in owner.acts:
-                    raise ValidationError("exactly-once", f"evaluation forward (stage {s}, mb {mb}) ran "
-                                          f"{self.normal_forwards[(s, mb)]} times or not on its owner")
-
 
 def validate(layout: Layout, microbatches: int, streams: dict[int, list[Instr]],
              cost: CostModel | None = None, dead: tuple[int, int] | None = None,
              expect_frc: bool = True) -> Report:
-    """Simulate `streams`; raise ValidationError on the first problem, else report."""
-    return Simulator(layout, microbatches, cost, dead, expect_frc).run(streams)
+    """Run `streams`; raise ValidationError on the first broken check, else report."""
+    return Engine(layout, microbatches, cost, dead, expect_frc).run(streams)
 
 
 def start_times(streams: dict[int, list[Instr]], cost: CostModel) -> dict[int, list[float]]:
     """Start time of every instruction, assuming the streams are valid. A lean copy of
-    the simulator's timing rule with no checks, fast enough for the compile path."""
+    the engine's timing rule with no checks, fast enough for the compile path."""
     channels: dict[tuple, deque] = defaultdict(deque)
     pcs = {n: 0 for n in streams}
     clocks = {n: 0.0 for n in streams}
