@@ -181,6 +181,20 @@ def sample(action: argparse.Action) -> tuple[object, list[str]]:
     return value, [flag, str(value)]
 
 
+def test_every_flag_has_a_help_line_in_its_group():
+    """What --help prints: each flag under a titled group, with a help text (the
+    file's section is named under the group's title)."""
+    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    parser = cli.build_parser()
+    flags = [a for a in parser._actions if a.option_strings and a.option_strings != ["-h", "--help"]]
+    assert all(a.help and a.help.strip() for a in flags), [a.option_strings for a in flags if not a.help]
+    printed = "".join(out.stdout.split())  # argparse wraps the lines, at hyphens too
+    for flag in flags:
+        assert "".join(flag.help.split()) in printed, flag.option_strings
+    assert sum(f"in a --config file: [{s}]" in out.stdout for s in jobfile.sections(parser)) == 8
+
+
 def test_every_flag_can_be_written_in_the_file(tmp_path):
     """Each flag's section and key lead back to it, and a value written there parses
     as the same value given as the flag."""

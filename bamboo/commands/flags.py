@@ -30,7 +30,8 @@ def _model_flags(g) -> None:
     g.add_argument("--model-config", metavar="FILE.json",
                    help="a Hugging Face GPT-2 or Llama config.json (read offline; random weights from --seed)")
     g.add_argument("--seq", type=int, default=32, help="tokens per sequence for factory and Hugging Face models")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0,
+                   help="every layer's first values and the samples each iteration draws come from it alone")
     g.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                    help="of the weights and optimizer state (float64 for exact tests)")
 
@@ -39,7 +40,7 @@ def _schedule_flags(g) -> None:
     g.add_argument("--stages", type=int, default=2, help="pipeline depth P")
     g.add_argument("--pipelines", type=int, default=1, help="data-parallel pipelines D")
     g.add_argument("--microbatches", type=int, default=4, help="global microbatches per iteration M")
-    g.add_argument("--iterations", type=int, default=10)
+    g.add_argument("--iterations", type=int, default=10, help="optimizer steps to train")
     g.add_argument("--batch", type=int, default=2, help="sequences per microbatch")
     g.add_argument("--redundancy", choices=("eager", "lazy", "off", "auto"), default="eager",
                    help="eager: the next stage's forward in the bubbles (FRC); lazy: its layers kept in sync, "
@@ -77,7 +78,8 @@ def _recipe_flags(g) -> None:
     g.add_argument("--lr-schedule", choices=SCHEDULES, default="constant", help="after the warm-up")
     g.add_argument("--warmup", type=int, default=0, metavar="ITERS", help="iterations of linear warm-up")
     g.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's, on weights of 2 or more dimensions")
-    g.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.999), metavar=("B1", "B2"))
+    g.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.999), metavar=("B1", "B2"),
+                   help="AdamW's moment decay rates")
     g.add_argument("--grad-clip", type=float, default=0.0, metavar="NORM",
                    help="clip the whole model's gradient norm (all stages) to NORM; 0: never")
     g.add_argument("--precision", choices=PRECISIONS, default="fp32",
@@ -123,7 +125,7 @@ def _checkpoint_flags(g) -> None:
                                                  "wall-clock time, with the run's events marked (bamboo-plot)")
     g.add_argument("--tensorboard", metavar="DIR", help="write loss, samples/s, nodes and events there as "
                                                         "iterations finish (tensorboard --logdir DIR)")
-    g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--no-progress", action="store_true", help="draw no progress bar")
 
 
 def _fault_flags(g) -> None:
