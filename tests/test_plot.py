@@ -76,17 +76,19 @@ def assert_whole_png(path):
     assert [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")] == []
 
 
+@pytest.mark.slow
 def test_the_agents_run_had_every_kind_of_event(agents_run):
     kinds = {e["type"] for r in agents_run["records"] for e in r["events"]}
     assert {"preemption", "failover", "reconfigure"} <= kinds
     assert set(expected_marks(agents_run["records"])) == {"preemption", "failover", "reconfigure"}
 
 
-@pytest.mark.parametrize("run", ["agents_run", "single_run"])
+@pytest.mark.parametrize("run", [pytest.param("agents_run", marks=pytest.mark.slow), "single_run"])
 def test_train_plot_writes_a_whole_png(request, run):
     assert_whole_png(request.getfixturevalue(run)["dir"] / "run.png")
 
 
+@pytest.mark.slow
 def test_figure_has_the_panels_and_the_events_where_the_metrics_put_them(agents_run):
     records = agents_run["records"]
     fig = plot.figure(records)
@@ -110,8 +112,8 @@ def test_figure_has_the_panels_and_the_events_where_the_metrics_put_them(agents_
     assert "validation loss" not in [line.get_label() for line in axes[0].get_lines()]
 
 
-def test_bamboo_plot_draws_validation_loss_when_records_have_it(agents_run, tmp_path, capsys):
-    records = [dict(r) for r in agents_run["records"]]
+def test_bamboo_plot_draws_validation_loss_when_records_have_it(single_run, tmp_path, capsys):
+    records = [dict(r) for r in single_run["records"]]
     for r in records[::2]:
         r["val_loss"] = r["loss"] + 0.25
     metrics = tmp_path / "with-val.jsonl"
@@ -122,8 +124,8 @@ def test_bamboo_plot_draws_validation_loss_when_records_have_it(agents_run, tmp_
     assert list(lines["validation loss"].get_ydata()) == [r["loss"] + 0.25 for r in records[::2]]
 
 
-def test_bamboo_plot_command_on_a_real_metrics_file(agents_run, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.plot", str(agents_run["dir"] / "metrics.jsonl"),
+def test_bamboo_plot_command_on_a_real_metrics_file(single_run, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "bamboo.commands.plot", str(single_run["dir"] / "metrics.jsonl"),
                           "-o", str(tmp_path / "figs" / "run.png")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stderr == "", out.stderr
     assert_whole_png(tmp_path / "figs" / "run.png")
@@ -136,7 +138,7 @@ def read_board(directory):
     return board
 
 
-@pytest.mark.parametrize("run", ["agents_run", "single_run"])
+@pytest.mark.parametrize("run", [pytest.param("agents_run", marks=pytest.mark.slow), "single_run"])
 def test_tensorboard_scalars_equal_the_metrics(request, run):
     result = request.getfixturevalue(run)
     records, board = result["records"], read_board(result["dir"] / "tb")
@@ -148,6 +150,7 @@ def test_tensorboard_scalars_equal_the_metrics(request, run):
     assert "val_loss" not in board.Tags()["scalars"]
 
 
+@pytest.mark.slow
 def test_tensorboard_counts_the_events_per_iteration(agents_run):
     records, board = agents_run["records"], read_board(agents_run["dir"] / "tb")
     for kind in ("preemption", "failover", "reconfigure"):
@@ -203,12 +206,12 @@ def test_bad_metrics_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, co
     assert sorted(tmp_path.iterdir()) == before
 
 
-def test_an_unwritable_output_exits_2_with_one_line(agents_run, tmp_path, capsys):
+def test_an_unwritable_output_exits_2_with_one_line(single_run, tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    assert plot.main([str(agents_run["dir"] / "metrics.jsonl"), "-o", str(blocker / "run.png")]) == 2
+    assert plot.main([str(single_run["dir"] / "metrics.jsonl"), "-o", str(blocker / "run.png")]) == 2
     assert "cannot write there" in _one_line(capsys)
-    assert plot.main([str(agents_run["dir"] / "metrics.jsonl"), "-o", str(tmp_path)]) == 2
+    assert plot.main([str(single_run["dir"] / "metrics.jsonl"), "-o", str(tmp_path)]) == 2
     assert "is a directory" in _one_line(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 

@@ -32,7 +32,7 @@ def test_compiled_streams_validate(layout, order, redundancy):
     assert set(report.finished) == set(range(P)) - set(failed) and all(report.finished.values())
 
 
-@settings(max_examples=120)
+@settings(max_examples=80)
 @given(layouts(), st.sampled_from(["1f1b", "gpipe"]), costs, st.sampled_from(["eager", "lazy"]), st.data())
 def test_any_mid_iteration_failure_recovers(layout, order, cost, redundancy, data):
     P, M, failed = layout

@@ -467,6 +467,7 @@ def test_a_sync_in_buckets_cut_by_its_owners_death_keeps_the_math(tmp_path, refe
     assert {"preemption", "failover"} == {e["type"] for e in records[5]["events"]}
 
 
+@pytest.mark.slow
 def test_a_sync_in_the_next_iteration_keeps_the_math_through_a_death_after_it_landed(tmp_path):
     """--replica-sync next (schedules/syncs.py), eager, P=4, one pipeline: each
     replica takes its owner's gradients of iteration i during iteration i+1, and
