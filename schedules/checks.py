@@ -42,18 +42,20 @@ class ValidationError(ScheduleError):
 def timeline(done: dict[int, list[Instr]], marked: dict[int, Instr]) -> str:
     """A grid, a column per node and a row per step: what each node ran, in order,
     then the instruction that broke a check (or that a node blocked at) marked
-    `>> ... <<`. Only the last SHOWN_STEPS rows are shown."""
+    `>> ... <<`. About SHOWN_STEPS rows are shown: those up to the marks, else the last."""
     columns = {n: [str(i) for i in done[n]] + ([f">> {marked[n]} <<"] if n in marked else [])
                for n in sorted(done)}
     rows = max((len(c) for c in columns.values()), default=0)
-    first = max(0, rows - SHOWN_STEPS)
-    width = {n: max([len(f"node {n}"), *(len(x) for x in c[first:])]) for n, c in columns.items()}
+    at = [len(done[n]) for n in marked if n in done]
+    first = max(0, (min(at) if at else rows) - SHOWN_STEPS + (4 if at else 0))
+    last = min(rows, max(at) + 4) if at else rows
+    width = {n: max([len(f"node {n}"), *(len(x) for x in c[first:last])]) for n, c in columns.items()}
     head = "step | " + " | ".join(f"node {n}".ljust(width[n]) for n in columns)
     lines = [head, "-" * len(head)] + ([f" ... {first} steps before"] if first else [])
-    for r in range(first, rows):
+    for r in range(first, last):
         cells = (c[r] if r < len(c) else "" for c in columns.values())
         lines.append(f"{r:>4} | " + " | ".join(x.ljust(width[n]) for n, x in zip(columns, cells)))
-    return "\n".join(line.rstrip() for line in lines)
+    return "\n".join(line.rstrip() for line in lines + ([f" ... {rows - last} steps after"] if last < rows else []))
 
 
 class Checks:

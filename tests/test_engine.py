@@ -3,7 +3,7 @@ deliberately broken streams."""
 import pytest
 
 from schedules import ir
-from schedules.checks import ValidationError
+from schedules.checks import ValidationError, timeline
 from schedules.compiler import compile_eval, compile_schedule, simulate
 from schedules.cost import CostModel
 from schedules.engine import Engine, validate
@@ -73,6 +73,14 @@ def test_a_broken_check_prints_the_timeline_with_the_failing_step_marked():
     marked = [(r, col) for r, cells in rows.items() for col, c in enumerate(cells) if c.startswith(">>")]
     assert marked == [(k, 1)] and rows[k][1] == f">> {streams[1][k]} <<"
     assert all(rows[r][1] == str(streams[1][r]) for r in rows if r < k)  # what node 1 ran before it, in order
+
+
+def test_the_timeline_shows_the_marked_step_however_far_other_nodes_ran():
+    load = [ir.Instr(Op.LOAD, mb=i) for i in range(100)]
+    text = timeline({0: load, 1: load[:3]}, {1: ir.Instr(Op.FORWARD, 0, 3)})
+    rows = [line for line in text.splitlines() if line.split("|")[0].strip().isdigit()]
+    assert len(rows) <= 16 and any(line.split("|")[2].strip() == ">> forward s0 mb3 <<" for line in rows)
+    assert text.splitlines()[-1] == " ... 93 steps after"
 
 
 def test_swapped_receives_are_out_of_order():
