@@ -115,6 +115,7 @@ class Launcher:
         self._changes: Changes | None = None  # set by an etcd watch: a report, death, epoch or error
         self._noticed: set[int] = set()
         self._joiners: dict[int, int] = {}  # node -> the iteration it joins after, until that is recorded
+        self._orphaned_since: float | None = None  # with agents: when every node started here was found gone
         self.server: EtcdServer | EtcdCluster | None = None
         self.etcd_members = etcd_members  # of the embedded etcd (no --etcd): a cluster named after the zones
         self.procs: dict[int, subprocess.Popen] = {}
@@ -340,12 +341,31 @@ class Launcher:
             raise KeyboardInterrupt
         if any(p.poll() not in (None, *EXPECTED_EXITS) for p in self.procs.values()):
             raise LaunchError(self._worker_error(cluster))
-        if all(p.poll() is not None for n, p in self.procs.items() if n not in self._joiners) \
-                and not self._agents_elsewhere(cluster):  # joiners not yet in, and agents started by others
-            raise LaunchError(f"every worker exited while waiting for {what}")
+        if all(p.poll() is not None for n, p in self.procs.items() if n not in self._joiners):
+            self._check_orphaned(cluster, what)  # joiners not yet in, and agents started by others
+        else:
+            self._orphaned_since = None
         if time.monotonic() - since > self.cfg.stall_timeout:
             raise LaunchError(f"gave up waiting for {what} after --stall-timeout "
                               f"{self.cfg.stall_timeout:.0f} s (logs: {self.logs})")
+
+    def _check_orphaned(self, cluster: Cluster, what: str) -> None:
+        """Every process started here is gone. Without agents that ends the job. With
+        agents, a machine started elsewhere (an autoscaler's replacement) may still be
+        starting, unseen until its agent registers: wait REJOIN_GRACE for one."""
+        if self._agents_elsewhere(cluster):
+            self._orphaned_since = None
+            return
+        if not self.cfg.elastic or not self.local:
+            raise LaunchError(f"every worker exited while waiting for {what}")
+        now = time.monotonic()
+        if self._orphaned_since is None:
+            self._orphaned_since = now
+            print(f"every node started here is gone; waiting up to {REJOIN_GRACE:.0f} s for an agent to join "
+                  f"job {self.cfg.job!r}", file=sys.stderr, flush=True)
+        elif now - self._orphaned_since > REJOIN_GRACE:
+            raise LaunchError(f"every worker exited while waiting for {what}, and no agent joined within "
+                              f"{REJOIN_GRACE:.0f} s (logs: {self.logs})")
 
     def _agents_elsewhere(self, cluster: Cluster) -> bool:
         """With agents, whether an agent this launcher did not start (a machine that
@@ -404,4 +424,5 @@ def _last_error(lines: list[str]) -> str:
 
 
 EXPECTED_EXITS = (0, -signal.SIGKILL, FENCED)  # done, preempted, or fenced off by its peers
+REJOIN_GRACE = 60.0  # seconds a job whose every local node is gone waits for an agent started elsewhere
 DEAD_GRACE = 10.0  # seconds the launcher waits, at the end, for the process of a node recorded dead
