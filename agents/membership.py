@@ -19,8 +19,8 @@ from bamboo.control.liveness import Heartbeat, lease_ages
 from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, COPIES, DONE, DRAIN, HANDOVER,
                                      HOST_LOST, IDS, ITERATION_FAMILIES, MEMBERS, MODE, REGROUP, START, ZONES, Failure,
                                      Mark, Member, ModeChoice, Timestamp, Zone)
-from bamboo.runtime.checkpoint import latest, storage_for
-from bamboo.runtime.copies import newest_covered
+from bamboo.data.checkpoint_files import latest, storage_for
+from bamboo.state.copies import newest_covered
 
 
 def to_policy(a: Assignment) -> Config:
@@ -257,7 +257,7 @@ class Membership:
     def _restore_point(self, cfg: JobConfig, start: int, holders=()) -> tuple[int, str]:
         """(iteration, restore) to go back to when a stage is lost on every node: the
         newest checkpoint whose copies in the memory of `holders` (the live nodes
-        that take part) cover every layer ("memory": bamboo/runtime/copies.py),
+        that take part) cover every layer ("memory": bamboo/state/copies.py),
         unless storage holds a newer complete one, which the workers load by name
         ("checkpoint"); or, before the first, the job's first iteration, whose
         layers every node builds again from the seed ("initial"). A job resumed

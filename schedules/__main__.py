@@ -105,13 +105,13 @@ def cmd_render(args) -> None:
     report = simulate(schedule, cost)
     print(text_view(schedule, report, args.width))
     if not args.no_png:
-        from schedules.render import render_png
+        from schedules.timing.render import render_png
         render_png(report, args.out, _title(schedule), _dead_marker(schedule, report))
         print(f"wrote {args.out}")
 
 
 def text_view(schedule, report, width: int = 100) -> str:
-    from schedules.render import text_timeline
+    from schedules.timing.render import text_timeline
     return text_timeline(report, width, _title(schedule))
 
 
@@ -131,7 +131,7 @@ def cmd_demo(args) -> None:
     print(f"iteration time, eager FRC / no redundancy: {r_eager.makespan / r_off.makespan:.3f}")
     print(f"iteration time with node {victim} killed mid-iteration / fault-free eager: "
           f"{r_rec.makespan / r_eager.makespan:.3f}")
-    from schedules.render import render_png
+    from schedules.timing.render import render_png
     os.makedirs(args.out_dir, exist_ok=True)
     for name, sch, rep in (("no-redundancy", off, r_off), ("eager", eager, r_eager), ("recovery", rec, r_rec)):
         path = os.path.join(args.out_dir, f"schedule-{name}.png")

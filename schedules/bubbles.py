@@ -13,9 +13,9 @@ follows start sooner.)
 """
 from __future__ import annotations
 
-from schedules.checks import ValidationError
+from schedules.timing.checks import ValidationError
 from schedules.cost import CostModel
-from schedules.engine import start_times
+from schedules.timing.engine import start_times
 from schedules.ir import Instr, Op
 
 RELATIVE_TOLERANCE = 1e-7  # of the iteration's length: float sums of the gaps, not a real delay

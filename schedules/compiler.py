@@ -23,7 +23,7 @@ from functools import lru_cache
 from schedules.bubbles import check_in_bubbles, makespan
 from schedules.cost import CostModel
 from schedules.early_grads import SPLITS, split_backwards
-from schedules.engine import start_times
+from schedules.timing.engine import start_times
 from schedules.evaluation import eval_streams
 from schedules.ir import Instr
 from schedules.layout import Layout, ScheduleError, check_microbatches, keeps_replicas
@@ -212,7 +212,7 @@ def simulate(schedule: Schedule, cost: CostModel | None = None):
     on the cost model its FRC was placed with, must also delay nothing of the same
     streams without FRC (bubbles.py; not checked as it is compiled, which would
     time every stream twice more on the runtime's path)."""
-    from schedules.engine import Engine
+    from schedules.timing.engine import Engine
 
     cost = cost or schedule.cost
     streams = dict(schedule.streams)

@@ -11,7 +11,7 @@ validates every stream as it runs them.
 from __future__ import annotations
 
 from schedules.cost import CostModel
-from schedules.engine import Chains, Engine
+from schedules.timing.engine import Chains, Engine
 from schedules.layout import Layout
 from schedules.lower import lower_group
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from schedules import ir
 from schedules.cost import CostModel
-from schedules.engine import Chains, Engine
+from schedules.timing.engine import Chains, Engine
 from schedules.ir import Instr, Op
 from schedules.layout import Group, Layout
 from schedules.order import ORDERS, Step

@@ -26,7 +26,7 @@ from typing import Callable
 
 from schedules import ir
 from schedules.cost import CostModel
-from schedules.engine import Chains, Engine, Report
+from schedules.timing.engine import Chains, Engine, Report
 from schedules.ir import SENDS, Instr, Op
 from schedules.layout import Layout, ScheduleError
 from schedules.lower import is_tail, tail

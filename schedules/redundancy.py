@@ -42,7 +42,7 @@ from typing import Collection
 
 from schedules import ir
 from schedules.cost import CostModel
-from schedules.engine import start_times
+from schedules.timing.engine import start_times
 from schedules.ir import Instr, Op, RECVS
 from schedules.layout import Layout
 

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from schedules import ir
 from schedules.cost import CostModel
-from schedules.engine import start_times
+from schedules.timing.engine import start_times
 from schedules.ir import Instr, Op, RECVS
 from schedules.layout import Layout
 

@@ -170,7 +170,7 @@ def run_bamboo(mode: str, a, etcd: str, iterations: int | None = None, env=ENV, 
     from bamboo.control.protocol import DONE
     n, job = iterations or a.iterations, f"hot-{mode}-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory() as d:
-        subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--model", MODEL,
+        subprocess.run([sys.executable, "-m", "commands.train.cli", "--no-progress", "--model", MODEL,
                         "--seq", str(CFG.seq), "--stages", str(P), "--microbatches", str(M), "--batch", str(BATCH),
                         "--iterations", str(n),
                         "--seed", str(a.seed), "--redundancy", mode, "--etcd", etcd, "--job", job,

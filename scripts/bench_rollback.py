@@ -67,7 +67,7 @@ def run(a, memory: bool) -> tuple[list[dict], dict]:
     the times `watch` saw, with the kill's."""
     with tempfile.TemporaryDirectory() as tmp, EtcdServer() as etcd:
         metrics = os.path.join(tmp, "m.jsonl")
-        cmd = [sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--metrics-out", metrics,
+        cmd = [sys.executable, "-m", "commands.train.cli", "--no-progress", "--metrics-out", metrics,
                "--etcd", etcd.endpoint, "--job", "bench",
                "--model", a.model, "--dtype", "float64", "--seed", "3", "--microbatches", str(a.microbatches),
                "--iterations", str(a.iterations), "--local-nodes", "4", "--zones", "a,b,c", "--stages", "4",

@@ -32,7 +32,7 @@ from results import at_least, interval  # scripts/results.py, beside this file
 def run(args: list[str], **popen) -> list[dict]:
     """The metrics records of one bamboo-train run (`popen`: env, cwd)."""
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as f:
-        subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--metrics-out", f.name, *args],
+        subprocess.run([sys.executable, "-m", "commands.train.cli", "--no-progress", "--metrics-out", f.name, *args],
                        check=True, stdout=subprocess.DEVNULL, **popen)
         return [json.loads(line) for line in open(f.name)]
 

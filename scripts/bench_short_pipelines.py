@@ -46,7 +46,7 @@ def train(args: list[str], etcd: EtcdServer | None = None, during=None) -> list[
     """One bamboo-train run; its iteration records (each iteration's last, after a redo)."""
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "m.jsonl")
-        cmd = [sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--metrics-out", metrics, *args]
+        cmd = [sys.executable, "-m", "commands.train.cli", "--no-progress", "--metrics-out", metrics, *args]
         if etcd is not None:
             cmd += ["--etcd", etcd.endpoint]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

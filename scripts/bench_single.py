@@ -1,8 +1,8 @@
 """One device: `bamboo-train --stages 1` against a plain PyTorch training loop of the
 same model, tokens/s and peak memory side by side.
 
-Bamboo runs as users run it: `python -m bamboo.commands.cli --stages 1 ...`, one
-process (bamboo/commands/single.py). The bare loop, another process of this script,
+Bamboo runs as users run it: `python -m commands.train.cli --stages 1 ...`, one
+process (commands/train/single.py). The bare loop, another process of this script,
 builds `transformers`' AutoModelForCausalLM from the same config, copies into it
 the weights Bamboo starts from (layer i from (seed, i)), and trains it with
 the same recipe (bamboo/model/recipe.py: fused AdamW, decay on matrices, the
@@ -118,8 +118,8 @@ def bamboo_args(a, config_file: str) -> list[str]:
 def job_config(ap: Parser, a):
     """The JobConfig bamboo-train makes of those flags, by its own parser: what the
     bare loop builds its model, samples and recipe from."""
-    from bamboo.commands.cli import config_from_args
-    from bamboo.commands.flags import build_parser
+    from commands.train.cli import config_from_args
+    from commands.train.flags import build_parser
     from bamboo.transport import devices
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
         f.write(a.config_text)
@@ -147,7 +147,7 @@ def run_child(cmd: list[str], what: str) -> float:
 
 def run_bamboo(a, config_file: str) -> dict:
     with tempfile.TemporaryDirectory() as d:
-        rss = run_child([sys.executable, "-m", "bamboo.commands.cli", *bamboo_args(a, config_file),
+        rss = run_child([sys.executable, "-m", "commands.train.cli", *bamboo_args(a, config_file),
                          "--metrics-out", f"{d}/m.jsonl"], "bamboo-train")
         records = [json.loads(line) for line in open(f"{d}/m.jsonl")]
     summary, records = records[-1]["summary"], records[:-1]
@@ -252,7 +252,7 @@ def parameters(a) -> dict:
     cfg = a.cfg
     with torch.device("meta"):  # a tied weight counted once
         params = transformers.AutoModelForCausalLM.from_config(load_config(None, a.config_text)).num_parameters()
-    return {"bamboo": "python -m bamboo.commands.cli " + " ".join(bamboo_args(a, "CONFIG.json")),
+    return {"bamboo": "python -m commands.train.cli " + " ".join(bamboo_args(a, "CONFIG.json")),
             "bare": "transformers' AutoModelForCausalLM (sdpa, no cache), the same weights, a plain loop",
             "model": a.model_config or a.model, "config": json.loads(a.config_text), "parameters": params,
             "device": a.device,

@@ -36,7 +36,7 @@ COMMON = ["--microbatches", "8", "--iterations", "6", "--batch", "2", "--seq", "
 
 def train(metrics: str, *args: str, env: dict | None = None) -> tuple[list[dict], dict, str]:
     """Run bamboo-train; its iteration records, its summary and its stderr's tail."""
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--metrics-out", metrics,
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--no-progress", "--metrics-out", metrics,
                           *args], capture_output=True, text=True, timeout=1800, env={**os.environ, **(env or {})})
     lines = [json.loads(x) for x in open(metrics)] if os.path.exists(metrics) and out.returncode == 0 else []
     records = [r for r in lines if "summary" not in r]

@@ -53,7 +53,7 @@ def nodes_dead(config: Config, removed: set[str]) -> list[int]:
 
 def memory_copies(config: Config, zones: dict[str, str]) -> dict[int, set[str]]:
     """Who keeps each stage's checkpoint in memory, as the runtime chooses
-    (bamboo/runtime/copies.py): its writer (its owner in the first pipeline) and one
+    (bamboo/state/copies.py): its writer (its owner in the first pipeline) and one
     node that is neither it nor a neighbour's owner there, so that no two neighbours'
     deaths take both: the first along the first pipeline after s + 1, then the other
     pipelines' nodes, one in another zone than the writer's first, and in a third

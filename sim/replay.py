@@ -22,9 +22,9 @@ import sys
 import time
 from dataclasses import replace
 
-from bamboo.commands.cli import check_writable
-from bamboo.commands.flag_checks import check_finite
-from bamboo.commands.launcher import AGENT, Launcher, LocalCluster
+from commands.train.cli import check_writable
+from commands.train.flag_checks import check_finite
+from commands.train.launcher import AGENT, Launcher, LocalCluster
 from bamboo.control.config import JobConfig
 from bamboo.model.api import ModelSource
 from sim.profiles import MeasuredProfile

@@ -126,7 +126,7 @@ class ClusterSimulator:
     def rollback_path(self, live: dict[str, str]) -> str:
         """Where a rollback reads the checkpoint (every stage goes back to it): from
         memory when the live nodes hold a copy of every stage (--rollback memory), as
-        the agents require (bamboo/runtime/copies.py `newest_covered`), else from storage."""
+        the agents require (bamboo/state/copies.py `newest_covered`), else from storage."""
         if self.opt.rollback == "relaunch" or not isinstance(self.profile, Profile):
             return STORAGE
         return MEMORY if all(self.copies.get(stage, set()) & set(live) for stage in range(self.P)) else STORAGE

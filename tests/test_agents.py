@@ -168,7 +168,7 @@ def test_newcomers_still_starting_join_a_restart_from_the_checkpoint(tmp_path, t
 
 
 def _launch(tmp_path, etcd, *args):
-    return subprocess.Popen([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--etcd", etcd.endpoint,
+    return subprocess.Popen([sys.executable, "-m", "commands.train.cli", "--no-progress", "--etcd", etcd.endpoint,
                              "--metrics-out", str(tmp_path / "m.jsonl"), "--save-dir", str(tmp_path / "params"),
                              *COMMON, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -215,7 +215,7 @@ def test_a_second_launcher_joins_a_running_job(tmp_path, tmp_path_factory):
         first = _launch(tmp_path, etcd, "--microbatches", "8", "--local-nodes", "2", "--zones", "a,b",
                         "--job", "shared")
         _wait_for_iteration(etcd, 1, first)
-        second = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--etcd", etcd.endpoint,
+        second = subprocess.run([sys.executable, "-m", "commands.train.cli", "--no-progress", "--etcd", etcd.endpoint,
                                  "--job", "shared", "--local-nodes", "2", "--zones", "c"],
                                 capture_output=True, text=True, timeout=300)
         assert second.returncode == 0, second.stderr[-2000:]

@@ -120,7 +120,7 @@ def test_calibrated_profile_says_what_was_measured():
 def test_fixed_interval_and_free_writes_stay_reachable(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("time,action,node\n" + "".join(f"0,add,n{i}\n" for i in range(4)) + "1800,remove,n3\n")
-    res = subprocess.run([sys.executable, "-m", "sim.cli", "--trace", str(trace), "--strategy", "checkpoint",
+    res = subprocess.run([sys.executable, "-m", "sim.command", "--trace", str(trace), "--strategy", "checkpoint",
                           "--model", "bert-large", "--stages", "2", "--checkpoint-minutes", "30",
                           "--free-checkpoints", "--restart-seconds", "120"], capture_output=True, text=True,
                          timeout=60)

@@ -7,10 +7,10 @@ the placed FRC one at a time, and the placement the compiler had before
 import pytest
 
 from schedules.bubbles import check_in_bubbles
-from schedules.checks import ValidationError
+from schedules.timing.checks import ValidationError
 from schedules.compiler import base_streams, compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
-from schedules.engine import Engine
+from schedules.timing.engine import Engine
 from schedules.ir import Op, is_frc
 from schedules.layout import Layout
 from sim.profiles import profile

@@ -11,7 +11,8 @@ import torch
 
 from bamboo.model.api import ModelSource
 from bamboo.model.builtin import dropout_seed
-from bamboo.runtime.checkpoint import GcsStorage, LocalStorage, S3Storage, latest, restore, snapshot, write_part
+from bamboo.data.checkpoint_files import GcsStorage, LocalStorage, S3Storage, latest, write_part
+from bamboo.state.checkpoint import restore, snapshot
 from tests.training import bamboo_train
 
 
@@ -69,7 +70,7 @@ def test_write_killed_midway_leaves_the_previous_checkpoint_loadable(tmp_path):
     code = f"""
 import sys, time
 sys.path.insert(0, {os.getcwd()!r})
-from bamboo.runtime.checkpoint import LocalStorage, write_part
+from bamboo.data.checkpoint_files import LocalStorage, write_part
 storage = LocalStorage({str(tmp_path)!r})
 class Slow(LocalStorage):
     def put(self, key, data):
@@ -151,7 +152,7 @@ def test_resumed_run_continues_exactly(tmp_path):
 
 
 def test_resume_without_a_checkpoint_is_one_clear_error(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--stages", "2", "--iterations", "2",
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--stages", "2", "--iterations", "2",
                           "--no-progress", "--checkpoint", str(tmp_path / "none"), "--resume"],
                          capture_output=True, text=True,
                          timeout=300)

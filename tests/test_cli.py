@@ -146,7 +146,7 @@ def test_demo_runs(tmp_path):
 
 
 def test_bamboo_train_help_works():
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--help"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--stages" in out.stdout and "--redundancy" in out.stdout
 
 
@@ -172,8 +172,8 @@ def help_groups(text: str) -> dict[str, tuple[str, list[str]]]:
 
 
 def test_bamboo_train_help_shows_every_flag_once_in_its_group():
-    from bamboo.commands import cli, jobfile
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--help"], capture_output=True, text=True)
+    from commands.train import cli, jobfile
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     groups = help_groups(out.stdout)
     assert list(groups) == ["options", *TRAIN_GROUPS]
@@ -195,7 +195,7 @@ def test_bamboo_train_help_shows_every_flag_once_in_its_group():
 def test_bamboo_train_bad_config_is_one_line_even_with_help(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text("[schedule]\nstages = 3\n[recipe]\nlr = 'fast'\n")
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--config", str(job), "--help"],
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--config", str(job), "--help"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.splitlines() == [f"bamboo-train: error: {job}: [recipe] lr: expected a number, got 'fast'"]

@@ -25,9 +25,9 @@ import urllib.request
 import psutil
 import pytest
 
-from bamboo.commands import dashboard, jobview
-from bamboo.commands.jobview import open_job
-from bamboo.commands.runstats import summary
+from commands.status import dashboard, jobview
+from commands.status.jobview import open_job
+from commands.status.runstats import summary
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster, ReadOnly
 from bamboo.control.config import JobConfig
@@ -167,7 +167,7 @@ def test_a_non_loopback_bind_needs_its_token_and_no_request_writes(etcd, job):
 
 def test_a_bad_etcd_job_or_address_is_one_line_and_status_2(etcd, job):
     cases = {"127.0.0.1:1": ("--serve", "0"), etcd.endpoint: ("--job", "nope", "--serve", "0")}
-    runs = [subprocess.Popen([sys.executable, "-m", "bamboo.commands.status", "--etcd", endpoint, *args],
+    runs = [subprocess.Popen([sys.executable, "-m", "commands.status.status", "--etcd", endpoint, *args],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for endpoint, args in [*cases.items(), (etcd.endpoint, ("--job", "synthetic", "--serve", "host:port"))]]
     for run, needle in zip(runs, ("127.0.0.1:1", "no job 'nope'", "--serve 'host:port'")):
@@ -177,8 +177,8 @@ def test_a_bad_etcd_job_or_address_is_one_line_and_status_2(etcd, job):
 
 
 def test_a_launch_says_how_to_open_its_dashboard_through_a_tunnel():
-    from agents.cloud.manage import dashboard
-    from bamboo.commands.status import parser
+    from cloud.manage import dashboard
+    from commands.status.status import parser
     gcp = dashboard({"provider": "gcp", "project": "proj", "etcd": "10.128.0.2:2379", "job": "gpt",
                      "etcd_instance": "us-central1-a/bamboo-etcd"})
     assert gcp.startswith("gcloud compute ssh bamboo-etcd --project proj --zone us-central1-a -- "
@@ -256,14 +256,14 @@ def test_a_browser_watches_a_node_die_and_another_take_its_place(tmp_path, args,
     (the README's, from the demo's job: `pytest -m slow -k demo`)."""
     metrics = tmp_path / "m.jsonl"
     with EtcdServer() as etcd:
-        job = subprocess.Popen([sys.executable, "-m", "bamboo.commands.cli", *args, "--etcd", etcd.endpoint, "--job",
+        job = subprocess.Popen([sys.executable, "-m", "commands.train.cli", *args, "--etcd", etcd.endpoint, "--job",
                                 "watched", "--no-progress", "--metrics-out", str(metrics)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         cluster = Cluster(etcd.endpoint, "watched", read_only=True)
         server = driver = None
         try:
             until(lambda: cluster.get(CONFIG()), "the job's config", proc=job)
-            server = subprocess.Popen([sys.executable, "-m", "bamboo.commands.status", "--etcd", etcd.endpoint,
+            server = subprocess.Popen([sys.executable, "-m", "commands.status.status", "--etcd", etcd.endpoint,
                                        "--job", "watched", "--serve", "127.0.0.1:0", "--refresh", "0.25",
                                        "--price", "0.9,3.06"], stdout=subprocess.PIPE, text=True)
             driver = browser()  # starts while the nodes start

@@ -138,7 +138,7 @@ def cases(tmp_path):
 
 @pytest.mark.parametrize("index", range(12))
 def test_bad_data_gives_one_line_and_status_2(tmp_path, capsys, index):
-    from bamboo.commands.cli import main
+    from commands.train.cli import main
     args, message = cases(tmp_path)[index]
     handler = signal.getsignal(signal.SIGTERM)
     try:
@@ -153,7 +153,7 @@ def test_bad_data_gives_one_line_and_status_2(tmp_path, capsys, index):
 def test_a_bad_token_file_from_a_real_process_writes_nothing(tmp_path):
     odd, wide = bad_token_files(tmp_path)
     for path, message in ((odd, "not a whole number of uint16 ids"), (wide, "outside model tiny's vocabulary")):
-        out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--stages", "2",
+        out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--no-progress", "--stages", "2",
                               "--data", str(path),
                               "--metrics-out", str(tmp_path / "out" / "m.jsonl"), "--save-dir", str(tmp_path / "p")],
                              capture_output=True, text=True, timeout=120)

@@ -24,7 +24,7 @@ from schedules.layout import ScheduleError
 from schedules.split import merged
 
 from bamboo.control.protocol import Copies
-from bamboo.runtime.copies import holders, newest_covered
+from bamboo.state.copies import holders, newest_covered
 
 from agents.membership import from_policy
 from agents.membership import lost_everywhere as agents_lost

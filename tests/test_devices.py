@@ -59,7 +59,7 @@ def test_the_transport_is_gloo_unless_nccl_is_asked_and_possible():
     (["--transport", "nccl", "--share-gpu"], "--transport nccl cannot share a GPU"),
 ])
 def test_bamboo_train_refuses_device_flags_in_one_line(flags, says):
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--stages", "2", "--iterations", "1", *flags],
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--stages", "2", "--iterations", "1", *flags],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and says in out.stderr
@@ -68,7 +68,7 @@ def test_bamboo_train_refuses_device_flags_in_one_line(flags, says):
 def test_the_launcher_gives_each_local_process_the_lowest_free_index(tmp_path, monkeypatch):
     """LOCAL_RANK reaches every worker (and agent, whose worker inherits it); the
     index of a process that exited goes to the next one started."""
-    from bamboo.commands.launcher import Launcher
+    from commands.train.launcher import Launcher
 
     started = []
 

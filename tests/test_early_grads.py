@@ -6,10 +6,10 @@ SIGKILL between the two passes with the single-process reference's math."""
 import pytest
 import torch
 
-from schedules.checks import ValidationError
+from schedules.timing.checks import ValidationError
 from schedules.compiler import compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
-from schedules.engine import validate
+from schedules.timing.engine import validate
 from schedules.ir import Op, backward_input, backward_weight, send_grad
 from schedules.lower import is_tail
 

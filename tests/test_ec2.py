@@ -11,8 +11,8 @@ import sys
 import boto3
 import pytest
 
-from agents.cloud.common import Install, LaunchError
-from agents.cloud.ec2 import Ec2Provider, Ec2Spec
+from cloud.common import Install, LaunchError
+from cloud.ec2 import Ec2Provider, Ec2Spec
 
 REGION = "us-east-1"
 ZONES = ("us-east-1a", "us-east-1b", "us-east-1c")
@@ -90,7 +90,7 @@ def test_a_refused_group_rolls_the_template_back(aws):
 
 
 def launch(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "agents.cloud.launch", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cloud.launch", *args], capture_output=True, text=True,
                           timeout=120, env=env)
 
 
@@ -157,7 +157,7 @@ def test_etcd_auto_with_three_members_puts_one_in_each_zone(aws, tmp_path):
 ])
 def test_bad_etcd_member_counts_are_one_line(extra, message, tmp_path, capsys):
     """bamboo-launch's own main, in this process: refused before any request."""
-    from agents.cloud import launch as command
+    from cloud import launch as command
     code = command.main(["--state", str(tmp_path / "s.json"), "ec2", "--nodes", "2", "--region", REGION, "--image",
                          "ami-1", "--job", "j", "--package", "https://example.com/b.whl", *extra])
     lines = capsys.readouterr().err.strip().splitlines()

@@ -3,10 +3,10 @@ deliberately broken streams."""
 import pytest
 
 from schedules import ir
-from schedules.checks import ValidationError, timeline
+from schedules.timing.checks import ValidationError, timeline
 from schedules.compiler import compile_eval, compile_schedule, simulate
 from schedules.cost import CostModel
-from schedules.engine import Engine, validate
+from schedules.timing.engine import Engine, validate
 from schedules.ir import Op
 
 # No latency and free bookkeeping: the textbook pipeline model.
@@ -169,7 +169,7 @@ def test_dropped_frc_and_leftover_state_are_caught():
 
 
 def test_fast_timing_pass_agrees_with_the_simulator():
-    from schedules.engine import start_times
+    from schedules.timing.engine import start_times
     cost = CostModel(forward=(1.0, 0.5, 2.0, 1.5), backward=(2.0, 1.0, 3.0, 2.5), transfer=0.3)
     sched = compile_schedule(4, 6, cost=cost)
     report = simulate(sched)

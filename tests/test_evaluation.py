@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from bamboo.commands.reference import train_reference, validation_loss
+from commands.train.reference import train_reference, validation_loss
 from bamboo.control.config import JobConfig
 from tests.training import bamboo_train
 

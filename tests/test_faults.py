@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from bamboo.commands.chaos import Outcome, account
+from commands.chaos.chaos import Outcome, account
 from bamboo.control.cluster import Cluster
 from bamboo.control.etcd import EtcdServer, connect
 from bamboo.control.protocol import DONE, FAILED, STRAGGLER, handover_store, job_root, scan
@@ -24,13 +24,13 @@ RTOL = 1e-9
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     path = tmp_path_factory.mktemp("ref") / "m.jsonl"
-    subprocess.run([sys.executable, "-m", "bamboo.commands.cli", *ARGS, "--stages", "1", "--no-progress",
+    subprocess.run([sys.executable, "-m", "commands.train.cli", *ARGS, "--stages", "1", "--no-progress",
                     "--metrics-out", str(path)], check=True, capture_output=True)
     return [r["loss"] for r in map(json.loads, open(path)) if "summary" not in r]
 
 
 def _start(etcd, metrics, *args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bamboo.commands.cli", *ARGS, "--etcd", etcd.endpoint,
+    return subprocess.Popen([sys.executable, "-m", "commands.train.cli", *ARGS, "--etcd", etcd.endpoint,
                              "--job", "faults", "--no-progress", "--metrics-out", str(metrics), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -177,7 +177,7 @@ def test_a_chaos_trial_keeps_its_logs_when_it_failed_or_paused_as_long_as_a_time
     (["--out", __file__], "is a file, not a directory"),
 ])
 def test_bamboo_chaos_names_the_flag_it_refuses(capsys, args, message):
-    from bamboo.commands.chaos import main
+    from commands.chaos.chaos import main
     assert main(args) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
@@ -186,7 +186,7 @@ def test_bamboo_chaos_names_the_flag_it_refuses(capsys, args, message):
 @pytest.mark.slow  # make test stays under 15 minutes; `make chaos` runs 50 trials
 def test_one_chaos_trial_from_outside(tmp_path):
     """`bamboo-chaos` smoke run: one trial with two faults on five nodes, all checks passing."""
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.chaos", "--trials", "1", "--seed", "7",
+    out = subprocess.run([sys.executable, "-m", "commands.chaos.chaos", "--trials", "1", "--seed", "7",
                           "--faults", "2", "--nodes", "5", "--iterations", "16", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]

@@ -9,7 +9,7 @@ from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.protocol import ALIVE, DONE, LOSS, REGROUP, Alive, Local, Loss, Regroup, Report
 from bamboo.runtime.boundary import Boundary
-from bamboo.runtime.checkpoint import Checkpoints
+from bamboo.state.checkpoint import Checkpoints
 from bamboo.runtime.failover import Failover, Watch
 
 IT = 4

@@ -152,7 +152,7 @@ def test_agents_hand_the_scale_to_a_standby_node(tmp_path, fp16_on_cpu):
 
 def test_fp16_without_cuda_is_one_clear_error(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != FP16_ON_CPU}
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--precision", "fp16", "--no-progress",
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--precision", "fp16", "--no-progress",
                           "--metrics-out", str(tmp_path / "m.jsonl")], capture_output=True, text=True, env=env,
                          timeout=120)
     assert out.returncode == 2
@@ -166,6 +166,6 @@ def test_fp16_without_cuda_is_one_clear_error(tmp_path):
     (["--precision", "fp16", "--dtype", "float64"], "float32 master weights"),
 ])
 def test_bad_loss_scale_settings_are_one_line(tmp_path, fp16_on_cpu, flags, named):
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", *flags], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--no-progress", *flags], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and named in out.stderr, out.stderr

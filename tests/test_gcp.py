@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from agents.cloud.common import Install, LaunchError
-from agents.cloud.gcp import GcpProvider, GcpSpec
+from cloud.common import Install, LaunchError
+from cloud.gcp import GcpProvider, GcpSpec
 from tests.fake_gcp import FakeCompute
 
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
@@ -71,7 +71,7 @@ def test_refused_group_rolls_the_template_back(compute):
 
 
 def launch(*args, env=None, cwd=None):
-    return subprocess.run([sys.executable, "-m", "agents.cloud.launch", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cloud.launch", *args], capture_output=True, text=True,
                           timeout=120, env=env, cwd=cwd)
 
 

@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 
 from bamboo.control.assignment import Assignment
-from bamboo.runtime import handover
-from bamboo.runtime.checkpoint import restore, snapshot
+from bamboo.state import handover
+from bamboo.state.checkpoint import restore, snapshot
 from bamboo.transport.groups import interruptible
 
 

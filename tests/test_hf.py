@@ -72,7 +72,7 @@ def test_named_sizes_have_their_parameter_counts():
 def test_a_config_that_cannot_be_used_is_one_line(tmp_path, config, message):
     path = tmp_path / "config.json"
     path.write_text(config)
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--model-config", str(path), "--metrics-out",
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--model-config", str(path), "--metrics-out",
                           str(tmp_path / "m.jsonl")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "m.jsonl").exists()

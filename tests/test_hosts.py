@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from agents.host import agent_argv
-from bamboo.commands import cli
+from commands.train import cli
 from bamboo.control.cluster import Cluster
 from bamboo.control.etcd import EtcdServer, connect
 from bamboo.control.protocol import ASSIGNMENT, DONE, FAILED, HOST_LOST, ZONES, scan
@@ -65,7 +65,7 @@ def test_a_whole_machine_killed_is_one_event(tmp_path):
     _, ref = bamboo_train(tmp_path / "ref.jsonl", *COMMON, "--stages", "1")
     with EtcdServer() as etcd:
         client = connect(etcd.endpoint)
-        proc = subprocess.Popen([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--etcd", etcd.endpoint,
+        proc = subprocess.Popen([sys.executable, "-m", "commands.train.cli", "--no-progress", "--etcd", etcd.endpoint,
                                  "--metrics-out", str(tmp_path / "m.jsonl"), *COMMON, "--local-hosts", "3",
                                  "--workers-per-host", "2", "--zones", "a,b,c", "--job", "hosts"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

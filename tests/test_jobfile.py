@@ -1,4 +1,4 @@
-"""`--config FILE.toml` (bamboo/commands/jobfile.py), checked against flags written
+"""`--config FILE.toml` (commands/train/jobfile.py), checked against flags written
 out by hand: a file and the same flags give the same namespace and JobConfig, the
 command line wins, every flag can be written in the file, each mistake in the file
 is one line and status 2, bamboo-launch takes the same file (and its [launch]
@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from agents.cloud import launch
-from agents.cloud.common import BadInput
-from agents.cloud.job import job_config
-from bamboo.commands import cli, jobfile
+from cloud import launch
+from cloud.common import BadInput
+from cloud.job import job_config
+from commands.train import cli, jobfile
 from bamboo.control.protocol import CONFIG, job_root
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -184,7 +184,7 @@ def sample(action: argparse.Action) -> tuple[object, list[str]]:
 def test_every_flag_has_a_help_line_in_its_group():
     """What --help prints: each flag under a titled group, with a help text (the
     file's section is named under the group's title)."""
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--help"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0
     parser = cli.build_parser()
     flags = [a for a in parser._actions if a.option_strings and a.option_strings != ["-h", "--help"]]

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedules.checks import ValidationError
+from schedules.timing.checks import ValidationError
 from schedules.compiler import compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
-from schedules.engine import Engine
+from schedules.timing.engine import Engine
 from schedules.ir import Instr, Op
 from schedules.layout import ScheduleError
 from schedules.syncs import sync_landed_first

@@ -3,7 +3,7 @@ and SIGKILLs, each run compared with the single-process reference on the same
 samples (float64, a cosine schedule with warm-up: every iteration its own rate).
 
 At a boundary a replica is a step behind its owner (the last sync is owed), so a
-new epoch takes every replica from its owner (bamboo/runtime/handover.py), and a
+new epoch takes every replica from its owner (bamboo/state/handover.py), and a
 stage whose owner died without a survivor taking it over inside an iteration that
 completed counts as lost (agents/membership.py `_taken`)."""
 import pytest
@@ -106,7 +106,7 @@ def test_the_handover_and_the_agents_count_the_same_replicas():
     from itertools import combinations
 
     from agents.membership import lost_everywhere
-    from bamboo.runtime.handover import sources
+    from bamboo.state.handover import sources
     old = Assignment(1, 16, ((0, 2, 4), (3, 5, 6)))
 
     def written(dead, taken, gone=None):  # as the agents write the epoch, as the workers read it
@@ -149,7 +149,7 @@ def test_a_local_cluster_starts_as_many_pipelines_and_needs_a_checkpoint(tmp_pat
     """bamboo-train --local-nodes 7 --stages 3 starts two pipelines whatever the
     sync; with it in the next iteration and agents, --checkpoint is required (a
     death in a window with one pipeline left goes back to it)."""
-    from bamboo.commands import cli
+    from commands.train import cli
     for sync in ("end", "next"):
         args = cli.build_parser().parse_args(["--stages", "3", "--microbatches", "6", "--local-nodes", "7",
                                               "--replica-sync", sync, "--checkpoint", str(tmp_path / "c")])

@@ -123,8 +123,8 @@ def test_a_launch_record_that_is_not_one_is_one_line(record, why, tmp_path):
 
 def test_object_storage_data_and_checkpoints_are_checked_not_downloaded(gcs, s3):
     """The launch checks each object exists (metadata, a listing), the nodes fetch it."""
-    from agents.cloud.common import BadInput
-    from agents.cloud.job import job_config
+    from cloud.common import BadInput
+    from cloud.job import job_config
     gcs.put("data", "tokens.bin", bytes(4000))
     s3.create_bucket(Bucket="ckpts")
     s3.put_object(Bucket="ckpts", Key="val.bin", Body=bytes(400))

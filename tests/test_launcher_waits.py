@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from bamboo.commands import launcher as launcher_module
-from bamboo.commands.launcher import LaunchError, Launcher, LocalCluster
+from commands.train import launcher as launcher_module
+from commands.train.launcher import LaunchError, Launcher, LocalCluster
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 from bamboo.control.protocol import MEMBERS, Member

@@ -179,7 +179,7 @@ def test_a_factory_model_is_called_on_meta_and_layers_are_seeded_alone():
 def test_a_factory_that_cannot_be_built_lazily_is_one_line(tmp_path, factory, message):
     with pytest.raises(ModelError, match=message.replace("(", r"\(").replace(")", r"\)")):
         ModelSource(f"tests.sample_models:{factory}", seed=0)
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--model", f"tests.sample_models:{factory}",
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--model", f"tests.sample_models:{factory}",
                           "--metrics-out", str(tmp_path / "m.jsonl")], capture_output=True, text=True, timeout=120,
                          cwd=os.path.dirname(os.path.dirname(__file__)))
     assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1

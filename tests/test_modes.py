@@ -96,7 +96,7 @@ def test_auto_with_the_sync_in_the_next_iteration_keeps_a_replica_and_survives(t
     (["--stages", "2", "--redundancy", "auto", "--local-nodes", "4", "--auto-prior-hours", "0"], "--auto-prior-hours"),
 ])
 def test_off_where_a_death_cannot_be_survived_is_refused(tmp_path, args, named):
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--metrics-out",
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--no-progress", "--metrics-out",
                           str(tmp_path / "m.jsonl"), *args], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and named in out.stderr, out.stderr
     assert not (tmp_path / "m.jsonl").exists()

@@ -1,4 +1,4 @@
-"""The network lab itself (bamboo/commands/netlab.py): machines on one bridge reach
+"""The network lab itself (commands/chaos/netlab.py): machines on one bridge reach
 each other; a cut machine reaches nobody and nobody hears of it (a connection
 attempt times out, it is not refused); a healed one is reachable again; a block
 drops only the traffic between its two machines."""
@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from bamboo.commands.netlab import NetLab, unavailable
+from commands.chaos.netlab import NetLab, unavailable
 
 WHY_NOT = unavailable()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"no network namespaces here: {WHY_NOT}")

@@ -1,6 +1,6 @@
 """Machines that vanish, not processes that die: every node of a real job (agent
 and worker) in its own network namespace on a bridge, etcd in another
-(bamboo/commands/netlab.py). A vanished node's processes are frozen and its link
+(commands/chaos/netlab.py). A vanished node's processes are frozen and its link
 cut at once, so no peer ever sees its sockets close; a partition cuts the link
 and heals it. Each run is compared with the single-process reference (float64).
 """
@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from bamboo.commands.netlab import NetLab, unavailable
+from commands.chaos.netlab import NetLab, unavailable
 from bamboo.control.cluster import Cluster
 from bamboo.control.etcd import EtcdServer
 from bamboo.control.protocol import DONE, FAILED, IDS, MEMBERS
@@ -52,7 +52,7 @@ class LabJob:
         prefix = " ".join(lab.command("n0")).replace(lab.machines["n0"].netns, f"{lab.bridge}-n{{node}}")
         self.log = open(tmp_path / "launcher.log", "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bamboo.commands.cli", "--no-progress", *COMMON, "--etcd", self.etcd.endpoint,
+            [sys.executable, "-m", "commands.train.cli", "--no-progress", *COMMON, "--etcd", self.etcd.endpoint,
              "--job", self.job, "--local-nodes", str(nodes), "--zones", "a,b,c", "--local-prefix", prefix,
              "--lease-ttl", str(TTL), "--failure-timeout", str(TIMEOUT), "--metrics-out", str(self.metrics),
              "--log-dir", str(self.logs), *args], stdout=self.log, stderr=subprocess.STDOUT)

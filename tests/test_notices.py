@@ -50,7 +50,7 @@ def test_a_notice_hands_the_stage_over_before_the_kill(tmp_path, tmp_path_factor
     3: it leaves at the next boundary with its stage handed to the standby node, no
     failover, no failure recorded, and the same losses as the reference."""
     with EtcdServer() as etcd:
-        proc = subprocess.Popen([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--etcd", etcd.endpoint,
+        proc = subprocess.Popen([sys.executable, "-m", "commands.train.cli", "--no-progress", "--etcd", etcd.endpoint,
                                  "--metrics-out", str(tmp_path / "m.jsonl"), "--save-dir", str(tmp_path / "params"),
                                  *COMMON, "--microbatches", "4", "--local-nodes", "3", "--zones", "a,b",
                                  "--max-stages-per-node", "1",

@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from bamboo.commands.chaos import account
+from commands.chaos.chaos import account
 from bamboo.control.cluster import Cluster
 from bamboo.control.etcd import EtcdServer
 from bamboo.control.protocol import ABORT, ASSIGNMENT, CHECKPOINTED, DONE, LOSS, REGROUP, world_store

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from bamboo.commands import plot
+from commands.train import plot
 from tests.training import bamboo_train
 
 WIDTH, HEIGHT = 1000, 800  # plot.FIGSIZE at plot.DPI
@@ -125,7 +125,7 @@ def test_bamboo_plot_draws_validation_loss_when_records_have_it(single_run, tmp_
 
 
 def test_bamboo_plot_command_on_a_real_metrics_file(single_run, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.plot", str(single_run["dir"] / "metrics.jsonl"),
+    out = subprocess.run([sys.executable, "-m", "commands.train.plot", str(single_run["dir"] / "metrics.jsonl"),
                           "-o", str(tmp_path / "figs" / "run.png")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stderr == "", out.stderr
     assert_whole_png(tmp_path / "figs" / "run.png")
@@ -161,7 +161,7 @@ def test_tensorboard_counts_the_events_per_iteration(agents_run):
 
 def test_tensorboard_shows_an_iteration_before_the_run_ends(tmp_path):
     """Live: each record is on disk once written, with the writer still open."""
-    from bamboo.commands.board import Board
+    from commands.train.board import Board
     board = Board(str(tmp_path / "tb"))
     record = {"iteration": 0, "loss": 2.5, "samples": 8, "seconds": 0.5, "nodes": 2, "val_loss": 2.75,
               "events": [{"type": "preemption", "node": 1, "pause_seconds": 0.1}]}
@@ -217,7 +217,7 @@ def test_an_unwritable_output_exits_2_with_one_line(single_run, tmp_path, capsys
 
 
 def test_a_bad_input_from_the_command_has_no_traceback(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.plot", str(tmp_path / "absent.jsonl")],
+    out = subprocess.run([sys.executable, "-m", "commands.train.plot", str(tmp_path / "absent.jsonl")],
                          capture_output=True, text=True, timeout=120)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and "absent.jsonl: cannot read it" in lines[0], out.stderr
@@ -232,7 +232,7 @@ def test_a_bad_input_from_the_command_has_no_traceback(tmp_path):
 def test_train_checks_plot_and_tensorboard_paths_before_it_starts(tmp_path, capsys, flag, target, message):
     import signal
 
-    from bamboo.commands.cli import main
+    from commands.train.cli import main
     (tmp_path / "a-file").write_text("")
     handler = signal.getsignal(signal.SIGTERM)
     try:

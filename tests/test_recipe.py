@@ -70,7 +70,7 @@ def test_weight_decay_applies_to_matrices_only():
     (["--lr-schedule", "step"], "invalid choice"),
 ])
 def test_bad_recipe_flags_are_one_line(tmp_path, args, message):
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", *args,
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", *args,
                           "--metrics-out", str(tmp_path / "m.jsonl")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1

@@ -3,7 +3,7 @@ import pytest
 
 from schedules.compiler import base_streams, compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
-from schedules.engine import validate as simulate_streams
+from schedules.timing.engine import validate as simulate_streams
 from schedules.ir import INPUT_GRADS, WEIGHT_GRADS, Op, is_frc
 from schedules.layout import Layout
 

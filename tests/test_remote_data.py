@@ -125,7 +125,7 @@ def bad_cases(tmp_path):
 
 @pytest.mark.parametrize("index", range(9))
 def test_bad_uris_give_one_line_and_status_2(tmp_path, gcs, s3, capsys, index):
-    from bamboo.commands.cli import main
+    from commands.train.cli import main
     s3.create_bucket(Bucket="data")
     gcs.put("data", "odd.bin", b"\x01\x02\x03")
     args, message = bad_cases(tmp_path)[index]
@@ -140,7 +140,7 @@ def test_bad_uris_give_one_line_and_status_2(tmp_path, gcs, s3, capsys, index):
 
 
 def test_an_unreachable_endpoint_is_one_line(tmp_path, s3, monkeypatch, capsys):
-    from bamboo.commands.cli import main
+    from commands.train.cli import main
     monkeypatch.setenv("BAMBOO_S3_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     handler = signal.getsignal(signal.SIGTERM)

@@ -1,6 +1,6 @@
 """Rollbacks without relaunch: when a stage is lost on every
 node, the job goes back to the newest checkpoint from the copies peers keep in
-host memory (bamboo/runtime/copies.py), from storage only when the live nodes'
+host memory (bamboo/state/copies.py), from storage only when the live nodes'
 copies do not cover every layer. Who keeps which copy, the agents' choice, and two
 real jobs (real processes, real etcd, real SIGKILL) whose only pipeline loses two
 neighbours at once: the survivors' workers stay up and the losses are the
@@ -17,8 +17,8 @@ from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 from bamboo.control.etcd import EtcdServer
 from bamboo.control.protocol import ASSIGNMENT, COPIES, HANDOVER, PREEMPTED, START, Copies, Start
-from bamboo.runtime.checkpoint import LocalStorage, write_part
-from bamboo.runtime.copies import holders, newest_covered
+from bamboo.data.checkpoint_files import LocalStorage, write_part
+from bamboo.state.copies import holders, newest_covered
 from tests.test_faults import _finish, _node_processes, _start, _until, reference  # noqa: F401 (a fixture)
 
 

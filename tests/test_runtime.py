@@ -199,7 +199,7 @@ def test_bad_input_gives_one_line(capsys, args, message, code):
     status and the one line; an exception escaping main fails the test."""
     import signal
 
-    from bamboo.commands.cli import main
+    from commands.train.cli import main
     handler = signal.getsignal(signal.SIGTERM)
     try:
         status = main(["--no-progress", "--iterations", "1", *args])
@@ -213,7 +213,7 @@ def test_bad_input_gives_one_line(capsys, args, message, code):
 def test_a_sync_bucket_size_that_does_nothing_says_so(capsys):
     """--sync-bucket-mb with two pipelines: the sync follows the reduce, whole. The
     run goes on (to fail here only at an etcd that is not there)."""
-    from bamboo.commands.cli import main
+    from commands.train.cli import main
     status = main(["--no-progress", "--iterations", "1", "--pipelines", "2", "--stages", "2", "--sync-bucket-mb", "1",
                    "--etcd", "127.0.0.1:1"])
     err = capsys.readouterr().err
@@ -224,7 +224,7 @@ def test_flags_a_run_does_not_use_are_named_in_a_note(capsys):
     """--stages 1 runs one process: its redundancy and liveness flags do nothing, and a
     constant schedule never reaches --min-lr; each reason is one note line, and the run
     itself goes on (one iteration of the single-process reference)."""
-    from bamboo.commands.cli import main
+    from commands.train.cli import main
     status = main(["--no-progress", "--iterations", "1", "--stages", "1", "--redundancy", "lazy", "--hang-timeout",
                    "60", "--min-lr", "0.0001", "--seed", "1", "--seq", "64", "--token-dtype", "uint32"])
     notes = [line for line in capsys.readouterr().err.splitlines() if "note:" in line]
@@ -240,7 +240,7 @@ def test_share_gpu_without_a_gpu_to_share_says_so(capsys, monkeypatch):
     without one (this machine, or --devices cpu), or with a GPU for each worker, it
     says it does nothing. The GPU count is the host's own, asked of torch (faked as 4
     here for the second case)."""
-    from bamboo.commands.cli import main
+    from commands.train.cli import main
     from bamboo.transport import devices
     base = ["--no-progress", "--iterations", "1", "--stages", "2", "--share-gpu", "--etcd", "127.0.0.1:1"]
     monkeypatch.setattr(devices, "host_gpus", lambda: 0)
@@ -254,7 +254,7 @@ def test_share_gpu_without_a_gpu_to_share_says_so(capsys, monkeypatch):
 
 
 def test_flags_a_run_uses_give_no_note(capsys):
-    from bamboo.commands.cli import main
+    from commands.train.cli import main
     status = main(["--no-progress", "--iterations", "1", "--stages", "2", "--redundancy", "lazy", "--hang-timeout",
                    "60", "--lr-schedule", "cosine", "--min-lr", "0.0001", "--etcd", "127.0.0.1:1"])
     err = capsys.readouterr().err
@@ -262,7 +262,7 @@ def test_flags_a_run_uses_give_no_note(capsys):
 
 
 def test_bad_input_from_a_real_process_is_one_line():
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--iterations", "1",
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--no-progress", "--iterations", "1",
                           "--model", "math:sqrt"], capture_output=True, text=True, timeout=120)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and "the factory failed" in lines[0], out.stderr
@@ -270,7 +270,7 @@ def test_bad_input_from_a_real_process_is_one_line():
 
 def test_a_run_that_trained_nothing_leaves_no_metrics_file(tmp_path):
     metrics = tmp_path / "m.jsonl"
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--stages", "2", "--etcd",
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--no-progress", "--stages", "2", "--etcd",
                           "127.0.0.1:1", "--metrics-out", str(metrics)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "unreachable" in out.stderr
     assert not metrics.exists() and list(tmp_path.iterdir()) == []
@@ -320,7 +320,7 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path):
 
     import psutil
     checkpoints = tmp_path / "ckpt"  # its first files say that training is under way
-    proc = subprocess.Popen([sys.executable, "-m", "bamboo.commands.cli", "--stages", "2", "--iterations", "100000",
+    proc = subprocess.Popen([sys.executable, "-m", "commands.train.cli", "--stages", "2", "--iterations", "100000",
                              "--no-progress", "--metrics-out", str(tmp_path / "m.jsonl"), "--checkpoint",
                              str(checkpoints), "--checkpoint-every", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -378,7 +378,7 @@ def test_a_paused_node_is_declared_dead_and_fences_itself(tmp_path):
     def finished(client, it):
         return any(family is DONE and parts[0] == it for _, family, parts in scan(client))
     with EtcdServer() as etcd:
-        proc = subprocess.Popen([sys.executable, "-m", "bamboo.commands.cli", "--stages", "4", "--microbatches", "6",
+        proc = subprocess.Popen([sys.executable, "-m", "commands.train.cli", "--stages", "4", "--microbatches", "6",
                                  "--iterations", "40", "--no-progress", "--failure-timeout", "2",
                                  "--etcd", etcd.endpoint, "--metrics-out", str(metrics)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

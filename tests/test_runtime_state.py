@@ -14,10 +14,11 @@ from schedules.compiler import compile_eval
 from schedules.ir import Op
 
 from agents import agent, membership
-from bamboo.commands import launcher
+from commands.train import launcher
 from bamboo.control.events import (EvalSkipped, Event, FailedOver, ModeSwitched, NoticeSeen, Overflow, Preemption,
                                    Reconfigured, Redone)
-from bamboo.runtime import ahead, boundary, epochs, evaluator, executor, failover, holdings, reduce, steps, sync, worker
+from bamboo.runtime import ahead, boundary, evaluator, executor, failover, reduce, steps, sync, worker
+from bamboo.state import epochs, holdings
 
 
 def test_every_op_has_its_method_in_the_executors_map():

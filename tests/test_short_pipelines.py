@@ -81,7 +81,7 @@ def test_an_assignment_with_a_short_pipeline():
     (["--stages", "3", "--local-nodes", "2", "--max-stages-per-node", "1"], "3 stages cannot fit on 2 nodes"),
 ])
 def test_a_split_that_cannot_be_run_is_refused(tmp_path, args, named):
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--metrics-out",
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--no-progress", "--metrics-out",
                           str(tmp_path / "m.jsonl"), *args], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and named in out.stderr, out.stderr
     assert not (tmp_path / "m.jsonl").exists()

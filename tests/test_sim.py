@@ -12,7 +12,7 @@ from schedules.compiler import compile_schedule, simulate
 from agents.policy import Config, next_config
 from sim.accounting import RunState
 from sim.auto import Auto
-from sim.cli import SWEEP_RATES, main
+from sim.command import SWEEP_RATES, main
 from sim.profiles import NETWORK, PROFILES, profile
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
 from sim.strategies import Bamboo, CheckpointRestart, Lazy, OnDemand, RedoFromPeers
@@ -160,7 +160,7 @@ def test_on_demand_runs_the_mean_cluster_without_preemptions():
 
 @pytest.mark.slow
 def test_ec2_p3_trace_gpt2_p12_all_strategies():
-    res = subprocess.run([sys.executable, "-m", "sim.cli", "--trace", P3, "--strategy", "all", "--model", "gpt2",
+    res = subprocess.run([sys.executable, "-m", "sim.command", "--trace", P3, "--strategy", "all", "--model", "gpt2",
                           "--stages", "12", "--json"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     top = json.loads(res.stdout)
@@ -214,7 +214,7 @@ def test_ec2_g4dn_trace_auto_within_2_percent_of_the_best_fixed_mode(stages, cap
 
 
 def test_sweep_writes_the_value_plot(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "sim.cli", "--sweep-rates", "--model", "bert-large", "--stages", "4",
+    res = subprocess.run([sys.executable, "-m", "sim.command", "--sweep-rates", "--model", "bert-large", "--stages", "4",
                           "--seeds", "1", "--plot", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
@@ -265,7 +265,7 @@ def test_the_simulator_page_s_sweep_table_has_the_sweep_s_rates():
     (["--trace", P3, "--model", "bert-large", "--stages", "25"], "more than model bert-large's 24 layers"),
 ])
 def test_bad_input_is_one_line(args, needle):
-    res = subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, timeout=60)
+    res = subprocess.run([sys.executable, "-m", "sim.command", *args], capture_output=True, text=True, timeout=60)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and needle in lines[0], res.stderr
 
@@ -322,7 +322,7 @@ def test_flags_the_run_does_not_read_are_named_in_a_note(capsys):
     assert lines[0] == "bamboo-sim: note: --seeds does nothing in this run: they are for --sweep-rates"
     assert lines[1].startswith("bamboo-sim: note: --frc does nothing in this run: it places eager Bamboo's FRC")
     assert lines[2].startswith("bamboo-sim: error: --trace PATH is required") and len(lines) == 3
-    from sim.cli import build_parser, idle_notes
+    from sim.command import build_parser, idle_notes
     parser = build_parser()
     sweep = parser.parse_args(["--sweep-rates", "--trace", P3, "--hours", "2", "--frc", "all"])
     assert idle_notes(parser, sweep) == ["--trace, --hours do nothing in this run: --sweep-rates runs every strategy "

@@ -11,7 +11,7 @@ import pytest
 from schedules.compiler import compile_schedule, simulate
 
 from agents.policy import Config, lay_out, next_config
-from sim.cli import main
+from sim.command import main
 from sim.profiles import PROFILES, STATE_BYTES_PER_PARAM
 from sim.reconfiguration import memory_copies
 from sim.simulator import ClusterSimulator, Options

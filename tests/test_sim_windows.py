@@ -11,7 +11,7 @@ from schedules.layout import ScheduleError
 
 from agents.policy import Config
 from sim.accounting import RunState
-from sim.cli import main
+from sim.command import main
 from sim.profiles import PROFILES, profile
 from sim.simulator import ClusterSimulator, Options
 from sim.windows import Window, stale, stage_windows

@@ -9,7 +9,7 @@ import pytest
 
 from schedules.compiler import compile_schedule
 
-from bamboo.commands.reference import train_reference
+from commands.train.reference import train_reference
 from bamboo.control.config import JobConfig
 
 P, M, ITERS = 4, 4, 3
@@ -29,7 +29,7 @@ def reference_losses():
 @pytest.mark.parametrize("mode,node,k", POINTS)
 def test_kill_point(tmp_path, reference_losses, mode, node, k):
     metrics = tmp_path / "m.jsonl"
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--stages", str(P), "--microbatches", str(M),
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--stages", str(P), "--microbatches", str(M),
                           "--iterations", str(ITERS), "--dtype", "float64", "--no-progress", "--redundancy", mode,
                           "--preempt", f"{node}@1:{k}", "--metrics-out", str(metrics)],
                          capture_output=True, text=True, timeout=300)

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 import agents.agent
-from bamboo.commands import cli
+from commands.train import cli
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 from bamboo.control.etcd import EtcdServer, connect
@@ -27,7 +27,7 @@ COMMON = ["--model", "tiny", "--stages", "2", "--microbatches", "4", "--iteratio
 
 
 def _launch(tmp_path, etcd, *args):
-    return subprocess.Popen([sys.executable, "-m", "bamboo.commands.cli", "--no-progress", "--etcd", etcd.endpoint,
+    return subprocess.Popen([sys.executable, "-m", "commands.train.cli", "--no-progress", "--etcd", etcd.endpoint,
                              "--metrics-out", str(tmp_path / "m.jsonl"), *COMMON, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -13,14 +13,14 @@ def test_status_of_a_finished_job_with_a_preemption(tmp_path):
     with EtcdServer() as etcd:
         bamboo_train(tmp_path / "m.jsonl", "--stages", "2", "--microbatches", "4", "--iterations", "4",
                      "--preempt", "1@1:3", "--etcd", etcd.endpoint)
-        out = subprocess.run([sys.executable, "-m", "bamboo.commands.status", "--etcd", etcd.endpoint, "--json"],
+        out = subprocess.run([sys.executable, "-m", "commands.status.status", "--etcd", etcd.endpoint, "--json"],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         (status,) = [json.loads(line) for line in out.stdout.splitlines()]
         assert (status["model"], status["stages"], status["pipelines"]) == ("tiny", 2, 1)
         assert status["last_iteration"] == 3 and status["iterations_per_second"] > 0
         assert list(status["failed"]) == ["1"] and status["failed"]["1"]["iteration"] == 1
-        text = subprocess.run([sys.executable, "-m", "bamboo.commands.status", "--etcd", etcd.endpoint],
+        text = subprocess.run([sys.executable, "-m", "commands.status.status", "--etcd", etcd.endpoint],
                               capture_output=True, text=True, timeout=60).stdout
         assert "iteration 3 of 4" in text and "failed: node 1 in iteration 1" in text
 
@@ -30,19 +30,19 @@ def test_status_of_a_local_cluster_shows_zones_assignment_and_standby(tmp_path):
     with EtcdServer() as etcd:
         bamboo_train(tmp_path / "m.jsonl", "--stages", "2", "--microbatches", "4", "--iterations", "3",
                      "--local-nodes", "3", "--zones", "a,b", "--etcd", etcd.endpoint, "--max-stages-per-node", "1")
-        out = subprocess.run([sys.executable, "-m", "bamboo.commands.status", "--etcd", etcd.endpoint, "--json"],
+        out = subprocess.run([sys.executable, "-m", "commands.status.status", "--etcd", etcd.endpoint, "--json"],
                              capture_output=True, text=True, timeout=60)
         (status,) = [json.loads(line) for line in out.stdout.splitlines()]
         assert status["zones"] == {"0": "a", "1": "b", "2": "a"}
         assert status["assignment"] == [[0, 1]] and status["standby"] == [2] and status["epoch"] == 0
         assert status["last_iteration"] == 2 and status["pipelines"] == 1
-        text = subprocess.run([sys.executable, "-m", "bamboo.commands.status", "--etcd", etcd.endpoint],
+        text = subprocess.run([sys.executable, "-m", "commands.status.status", "--etcd", etcd.endpoint],
                               capture_output=True, text=True, timeout=60).stdout
         assert "pipeline 0: stage 0: node 0" in text and "standby: 2" in text and "(eager redundancy)" in text
 
 
 def test_status_of_an_unreachable_etcd_is_one_line():
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.status", "--etcd", "127.0.0.1:1"],
+    out = subprocess.run([sys.executable, "-m", "commands.status.status", "--etcd", "127.0.0.1:1"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1 and "unreachable" in out.stderr
 
@@ -58,7 +58,7 @@ def test_status_of_an_unreachable_etcd_is_one_line():
 def test_bad_input_is_refused_before_etcd_is_asked(capsys, command, args, message):
     """The etcd is unreachable: a refusal that waited for it would say so instead."""
     from agents import agent
-    from bamboo.commands import status
+    from commands.status import status
     with pytest.raises(SystemExit) as exited:
         {"status": status.main, "agent": agent.main}[command](["--etcd", "127.0.0.1:1", *args])
     lines = capsys.readouterr().err.strip().splitlines()

@@ -7,7 +7,7 @@ import sys
 def bamboo_train(metrics, *args, check=True, timeout=600):
     """Run `bamboo-train ARGS --metrics-out METRICS`; return (process, iteration
     records without the summary line)."""
-    out = subprocess.run([sys.executable, "-m", "bamboo.commands.cli", "--no-progress",
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--no-progress",
                           "--metrics-out", str(metrics), *args],
                          capture_output=True, text=True, timeout=timeout)
     if check:

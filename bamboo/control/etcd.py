@@ -145,7 +145,7 @@ class EtcdServer:
     """One `etcd` member on free ports (loopback unless `host` says otherwise) with
     a temporary data dir; stop() removes both. Alone by default; EtcdCluster
     gives it its peers (`peers`: the initial cluster, NAME=URL,...). `prefix`
-    starts it under that command (a network namespace of bamboo/commands/netlab.py)."""
+    starts it under that command (a network namespace of commands/chaos/netlab.py)."""
 
     def __init__(self, data_dir: str | None = None, name: str = "bamboo", host: str = "127.0.0.1",
                  peers: str | None = None, token: str = "bamboo", election_ms: int = 1000,

@@ -220,7 +220,7 @@ class Outcome(Record):
 
 @dataclass(frozen=True)
 class Copies(Record):
-    """The checkpoint layers a node keeps in host memory (bamboo/runtime/copies.py)."""
+    """The checkpoint layers a node keeps in host memory (bamboo/state/copies.py)."""
     iteration: int                 # the checkpoint taken before this iteration
     layers: tuple[int, ...]        # the layer indexes it holds of it
     loss_scale: dict | None = None  # fp16: the loss scale record stored with the checkpoint

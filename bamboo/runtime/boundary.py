@@ -23,7 +23,7 @@ from bamboo.control.exits import Fenced
 from bamboo.control.protocol import (CHECKPOINTED, DONE, DRAIN, FAILED, MEMBERS, MODE, REGROUP, STRAGGLER, Failure,
                                      NodeId, Regroup, Report, Timestamp)
 from bamboo.runtime.calibration import propose
-from bamboo.runtime.checkpoint import Checkpoints
+from bamboo.state.checkpoint import Checkpoints
 from bamboo.runtime.failover import LEASE_WAIT, LINGER_WAKE, Completed
 
 

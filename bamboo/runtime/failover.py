@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from schedules.checks import ValidationError
+from schedules.timing.checks import ValidationError
 from schedules.compiler import compile_recovery, compile_schedule
 from schedules.cost import CostModel
 from schedules.ir import RECVS, Instr

@@ -8,8 +8,8 @@ Its lifecycle, in the manner of torch elastic's agent, is the list of public
 methods of `Worker`, in order: join (wait for a stage), enter an epoch, run an
 iteration, evaluate it (the validation loss, when due, bamboo/runtime/evaluator.py),
 end it at the boundary (bamboo/runtime/boundary.py), reconfigure when the agents wrote
-a new epoch (layers move, bamboo/runtime/handover.py; the moves between epochs are
-`EpochMoves`, bamboo/runtime/epochs.py), leave. Fencing,
+a new epoch (layers move, bamboo/state/handover.py; the moves between epochs are
+`EpochMoves`, bamboo/state/epochs.py), leave. Fencing,
 parking and release are exceptions (bamboo/control/exits.py) that reach `main`, which
 maps them to exit statuses.
 """
@@ -41,13 +41,13 @@ from bamboo.model.api import ModelSource
 from bamboo.model.builtin import fp16_allowed
 from bamboo.runtime import calibration
 from bamboo.runtime.boundary import Boundary
-from bamboo.runtime.checkpoint import Checkpoints
-from bamboo.runtime.copies import MemoryCopies
-from bamboo.runtime.epochs import EpochMoves
+from bamboo.state.checkpoint import Checkpoints
+from bamboo.state.copies import MemoryCopies
+from bamboo.state.epochs import EpochMoves
 from bamboo.runtime.evaluator import Evaluator
 from bamboo.runtime.executor import Executor
 from bamboo.runtime.failover import Aborted, Failover
-from bamboo.runtime.holdings import Holdings
+from bamboo.state.holdings import Holdings
 from bamboo.runtime.reduce import Reducer
 from bamboo.transport import devices
 from bamboo.transport.channels import for_worker, nccl_groups
@@ -212,7 +212,7 @@ class Worker(EpochMoves):
         """After iteration `it`, pipeline 0's owners snapshot their layers now and
         write them in the background (the next iteration does not wait); they keep
         the bytes, and each stage's go to one more node's memory too
-        (bamboo/runtime/copies.py: every node of the epoch takes part or forgets its copies)."""
+        (bamboo/state/copies.py: every node of the epoch takes part or forgets its copies)."""
         self.cluster.hang_deadline(self.cfg.hang_timeout)  # waits for the last write: not an iteration's pace
         blobs = scale = None
         if self.pipeline == 0:

@@ -1,0 +1,113 @@
+"""Checkpoints of a worker: per layer (so a resume may use another depth), atomic,
+written in the background. The files, their storage and when one is complete are
+bamboo/data/checkpoint_files.py's.
+"""
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import torch
+
+from bamboo.data.checkpoint_files import CheckpointError, latest, load, stored_extra, storage_for, write_part
+
+
+def snapshot(layers: dict[int, torch.nn.Module], optimizer: torch.optim.Optimizer) -> dict[int, bytes]:
+    """Serialise layers (index -> module) with their AdamW state, now, into memory."""
+    out = {}
+    for index, layer in layers.items():
+        optim = {name: {k: (v.detach().cpu().clone() if torch.is_tensor(v) else v)
+                        for k, v in optimizer.state.get(p, {}).items()}
+                 for name, p in layer.named_parameters()}
+        buf = io.BytesIO()
+        torch.save({"params": {k: v.detach().cpu().clone() for k, v in layer.state_dict().items()},
+                    "optim": optim}, buf)
+        out[index] = buf.getvalue()
+    return out
+
+
+class Writer:
+    """Writes snapshots in a background thread, one at a time, so training never
+    waits for storage. `wait()` blocks until the queue is written."""
+
+    def __init__(self, storage, node: int):
+        self.storage, self.node = storage, node
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def write(self, iteration: int, blobs: dict[int, bytes], extra: dict | None = None) -> None:
+        self.wait()
+
+        def run():
+            try:
+                write_part(self.storage, iteration, self.node, blobs, extra)
+            except BaseException as e:  # reported by the next wait()
+                self.error = e
+        self._thread = threading.Thread(target=run, daemon=True, name="checkpoint")
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread:
+            self._thread.join()
+            self._thread = None
+        if self.error:
+            error, self.error = self.error, None
+            raise CheckpointError(f"checkpoint write failed: {error}") from error
+
+
+class Checkpoints:
+    """A worker's checkpoint duties: when one is due (every K iterations, or T
+    seconds after the last), writing its layers in the background, and loading the
+    newest (--resume) or the one the agents chose (a stage lost on every node)."""
+
+    def __init__(self, location: str | None, node: int, layers: int, every: int = 0, seconds: float = 0):
+        self.location, self.layers, self.every, self.seconds = location, layers, every, seconds
+        self.storage = storage_for(location) if location else None
+        self.writer = Writer(self.storage, node) if self.storage else None
+        self.began = time.time()
+
+    def due(self, iteration: int, last: float | None) -> bool:
+        """Whether to checkpoint after `iteration`; `last`: when the last was decided."""
+        if not self.writer:
+            return False
+        if self.every and (iteration + 1) % self.every == 0:
+            return True
+        return bool(self.seconds) and time.time() - (last or self.began) >= self.seconds
+
+    def write(self, iteration: int, blobs: dict[int, bytes], loss_scale=None) -> None:
+        """The checkpoint taken before `iteration`, written in the background; with
+        fp16, the loss scale record of the iteration before it (protocol.LossScale)."""
+        self.writer.write(iteration, blobs, {"loss_scale": loss_scale.to_dict()} if loss_scale else None)
+
+    def wait(self) -> None:
+        if self.writer:
+            self.writer.wait()
+
+    def newest(self) -> tuple[int, dict[int, bytes]]:
+        found = latest(self.storage, self.layers) if self.storage else None
+        if found is None:
+            raise CheckpointError(f"--resume: no complete checkpoint in {self.location}")
+        return found
+
+    def loss_scale(self, iteration: int) -> dict | None:
+        """The loss scale record stored with the checkpoint taken before `iteration`."""
+        return stored_extra(self.storage, iteration, "loss_scale")
+
+    def taken_before(self, iteration: int) -> dict[int, bytes]:
+        """Every layer of the checkpoint taken before `iteration` (the agents' choice)."""
+        found = load(self.storage, iteration, self.layers) if self.storage else None
+        if found is None:
+            raise CheckpointError("a stage was lost on every node and there is no complete checkpoint")
+        return found
+
+
+def restore(blob: bytes, layer: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load one layer's parameters and AdamW state from a snapshot."""
+    state = torch.load(io.BytesIO(blob), weights_only=False)
+    layer.load_state_dict(state["params"])
+    for name, p in layer.named_parameters():
+        saved = state["optim"].get(name)
+        if saved:
+            optimizer.state[p] = {k: (v.to(p.device) if torch.is_tensor(v) and v.dim() else v)
+                                  for k, v in saved.items()}

@@ -1,0 +1,198 @@
+"""`bamboo-launch`: one command from this machine to a training job on spot nodes.
+
+    bamboo-launch ec2 --nodes N --zones Z1,Z2,.. --region R --image AMI --etcd HOST:PORT,..|auto --job NAME
+                      (--bucket BUCKET[/PREFIX] | --package REQUIREMENT) [--instance-type T ..] [--key-name K]
+                      [--security-group SG ..] [--iam-profile P] [--dry-run] [bamboo-train options]
+    bamboo-launch gcp --nodes N --zones Z1,Z2,.. --project P --region R --image IMAGE --etcd HOST:PORT|auto
+                      --job NAME (--bucket BUCKET[/PREFIX] | --package REQUIREMENT) [--machine-type T]
+                      [--accelerator TYPE[:COUNT]|none] [--dry-run] [bamboo-train options]
+    bamboo-launch status | scale N | down       (the launch recorded in --state)
+
+The bamboo-train options (--model, --stages, --microbatches, --iterations, the
+recipe, --data and --checkpoint as s3:// or gs:// URIs, ...) are checked by
+bamboo-train's own code before any request, and the job's configuration is
+written to its etcd before the nodes boot. The nodes install a wheel of this
+project, uploaded to --bucket and fetched through a presigned (S3) or signed
+(GCS) URL, or --package, a direct reference. `--etcd auto` starts a small
+on-demand instance running etcd, which writes the configuration itself
+(`--etcd-members 3`: three, one in each of the first three zones, and the
+nodes' agents get all three endpoints). What was
+launched is recorded in --state (default .bamboo-launch.json, written atomically)
+for status, scale and down. `--dry-run` prints every request (cloud, storage,
+etcd), one JSON line each, and sends none. Errors are one line on stderr, exit
+status 1 (2 for bad arguments); a launch that fails removes what it created. A
+launch ends by printing, on stderr, the command that opens the job's dashboard
+through an SSH tunnel to its etcd (`status` shows it too).
+`--config FILE.toml` (docs/job-file.md) gives the options from a job file: its
+[launch] section these, its other sections bamboo-train's; the command line wins.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+from cloud.common import BadInput, LaunchError
+from commands.train import jobfile
+
+CLOUDS = ("ec2", "gcp")
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, allow_abbrev=False, **kw)  # never take a bamboo-train flag for one of ours
+
+    def error(self, message: str) -> None:
+        print(f"bamboo-launch: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _cloud_parser(sub, cloud: str) -> argparse.ArgumentParser:
+    c = sub.add_parser(cloud, help=f"launch a job on {cloud.upper()} spot nodes (and any bamboo-train option)")
+    _launch_flags(jobfile.add_section(c, jobfile.LAUNCH, "launch"), cloud)
+    return c
+
+
+def _launch_flags(c, cloud: str) -> None:
+    c.add_argument("--nodes", type=int, required=True)
+    c.add_argument("--zones", required=True, help="zones, comma-separated")
+    c.add_argument("--region", required=True)
+    c.add_argument("--image", required=True)
+    c.add_argument("--etcd", required=True, help="HOST:PORT[,HOST:PORT...], or 'auto' to launch etcd instances")
+    c.add_argument("--etcd-members", type=int, default=1, metavar="N",
+                   help="with --etcd auto: N on-demand etcd instances (1, 3, 5 or 7), one per zone of --zones")
+    c.add_argument("--job", required=True)
+    c.add_argument("--name", default="bamboo", help="name of the template and the group")
+    c.add_argument("--bucket", metavar="BUCKET[/PREFIX]", help="where the project's wheel is uploaded")
+    c.add_argument("--package", help="what the nodes pip-install instead: a URL, NAME @ URL or git+URL")
+    c.add_argument("--endpoint-url", help="the API endpoint (tests point it at a local server)")
+    c.add_argument("--dry-run", action="store_true")
+    c.add_argument("--state", default=argparse.SUPPRESS)
+    if cloud == "ec2":
+        c.add_argument("--instance-type", action="append", metavar="T",
+                       help="repeatable; default: several one-GPU types (cloud/ec2.py GPU_TYPES)")
+        c.add_argument("--key-name")
+        c.add_argument("--security-group", action="append", default=[])
+        c.add_argument("--iam-profile")
+    else:
+        c.add_argument("--project", required=True)
+        c.add_argument("--machine-type", default="n1-standard-8")
+        c.add_argument("--accelerator", default="nvidia-tesla-t4:1", metavar="TYPE[:COUNT]|none")
+        c.add_argument("--storage-endpoint-url", help="the GCS endpoint (tests)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="bamboo-launch", description=__doc__.splitlines()[0])
+    p.add_argument("--state", default=".bamboo-launch.json", help="where the launch is recorded")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for cloud in CLOUDS:
+        _cloud_parser(sub, cloud)
+    for name in ("status", "down"):
+        s = sub.add_parser(name)
+        s.add_argument("--state", default=argparse.SUPPRESS)
+    s = sub.add_parser("scale")
+    s.add_argument("nodes", type=int)
+    s.add_argument("--state", default=argparse.SUPPRESS)
+    return p
+
+
+def _command_at(argv: list[str]) -> int:
+    """Where the command word is: after the top-level options, of which only
+    --state takes a value."""
+    at = 0
+    while at < len(argv) and argv[at].startswith("-"):
+        at += 2 if argv[at] == "--state" else 1
+    return at
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None):
+    """The launch's own options and bamboo-train's, left over. --config is
+    bamboo-train's flag (job_config reads the file's training sections); its
+    [launch] section goes right after the command word, before the command line's
+    options, so that these win."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    at = _command_at(argv)
+    path = jobfile.config_path(argv[at + 1:]) if at < len(argv) and argv[at] in CLOUDS else None
+    file = jobfile.FileArgs([], {})
+    if path is not None:
+        cloud = _cloud_parser(_Parser(prog="bamboo-launch").add_subparsers(parser_class=_Parser), argv[at])
+        launch = dict(jobfile.load(cloud, path).get(jobfile.LAUNCH, {}))
+        if any(a == "--state" or a.startswith("--state=") for a in argv[:at]):
+            launch.pop("state", None)  # given before the command word: the command line still wins
+        file = jobfile.to_argv(cloud, path, {jobfile.LAUNCH: launch} if launch else {})
+    args, train_argv = parser.parse_known_args([*argv[:at + 1], *file.argv, *argv[at + 1:]])
+    return jobfile.command_line_wins(args, file), train_argv
+
+
+def write_state(path: str, state: dict) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(state, f, indent=1)
+    os.replace(tmp, path)
+
+
+# what `status`, `scale` and `down` read of a launch record, by provider
+RECORD_KEYS = {"ec2": ("region", "job", "etcd", "wheel"), "gcp": ("project", "region", "job", "etcd", "wheel")}
+
+
+def read_state(path: str) -> dict:
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except FileNotFoundError:
+        raise LaunchError(f"no launch recorded in {path} (run bamboo-launch ec2|gcp first, or pass --state)") from None
+    except (ValueError, OSError) as e:
+        raise LaunchError(f"{path} is not a launch record ({type(e).__name__})") from None
+    keys = RECORD_KEYS.get(state.get("provider")) if isinstance(state, dict) else None
+    if keys is None:
+        raise LaunchError(f"{path} is not a launch record (no provider ec2 or gcp in it)")
+    if missing := [k for k in keys if k not in state]:
+        raise LaunchError(f"{path} is not a complete launch record (no {', '.join(missing)})")
+    return state
+
+
+def launch(args, train_argv: list[str]) -> dict:
+    from cloud.bringup import launch_ec2, launch_gcp
+    from cloud.job import job_config
+    cfg = job_config(train_argv, args.nodes, args.job)  # bamboo-train's checks, before any request
+    return (launch_ec2 if args.command == "ec2" else launch_gcp)(args, cfg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, train_argv = parse(parser, argv)
+    if train_argv and args.command not in CLOUDS:
+        parser.error(f"unrecognized arguments: {' '.join(train_argv)}")
+    try:
+        if args.command in CLOUDS:
+            made = launch(args, train_argv)
+            if not args.dry_run:
+                from cloud.manage import dashboard
+                write_state(args.state, made)
+                print(json.dumps(made))
+                print(f"bamboo-launch: watch the job: {dashboard(made)}", file=sys.stderr)
+            return 0
+        from cloud.manage import down, scale, status
+        state = read_state(args.state)
+        if args.command == "status":
+            print(json.dumps(status(state)))
+        elif args.command == "scale":
+            scale(state, args.nodes)
+            write_state(args.state, {**state, "nodes": args.nodes})
+        else:
+            down(state)
+            os.unlink(args.state)
+    except BadInput as e:
+        print(f"bamboo-launch: error: {e}", file=sys.stderr)
+        return 2
+    except LaunchError as e:
+        print(f"bamboo-launch: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

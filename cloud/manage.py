@@ -1,0 +1,92 @@
+"""What `bamboo-launch status|scale|down` do with a recorded launch: the
+instances beside the job's progress in its etcd (and the command that opens its
+dashboard); the group resized; everything the launch created removed (group,
+template, --etcd auto instance, the uploaded wheel, the job's etcd keys), the
+part that is already gone skipped."""
+from __future__ import annotations
+
+import shlex
+
+from cloud.common import LaunchError
+
+TUNNEL_PORT = 23790    # this machine's end of the SSH tunnel to the job's etcd
+DASHBOARD_PORT = 8080  # where bamboo-status --serve listens, on this machine's loopback
+
+
+def provider_for(state: dict, dry_run: bool = False):
+    if state["provider"] == "ec2":
+        from cloud.ec2 import Ec2Provider
+        return Ec2Provider(state["region"], state.get("endpoint_url"), dry_run)
+    from cloud.gcp import GcpProvider
+    return GcpProvider(state["project"], state["region"], state.get("endpoint_url"), dry_run)
+
+
+def shipper_for(state: dict):
+    if state["provider"] == "ec2":
+        from cloud.storage import S3Shipper
+        return S3Shipper(state["wheel"], state["region"], state.get("endpoint_url"), False)
+    from cloud.storage import GcsShipper
+    return GcsShipper(state["wheel"], state["project"], state.get("storage_endpoint_url"), False)
+
+
+def job_progress(state: dict) -> dict:
+    """bamboo-status's view of the job, or why it cannot be read from here."""
+    from commands.status.status import job_status
+    from bamboo.control.etcd import EtcdError
+    try:
+        return job_status(state["etcd"], state["job"])
+    except EtcdError as e:
+        return {"job": state["job"], "error": str(e)}
+
+
+def dashboard(state: dict) -> str:
+    """The command that opens the launched job's dashboard from this machine: an
+    SSH tunnel to the job's etcd (the nodes' address of its first member), then
+    `bamboo-status --serve` on loopback. Neither etcd nor the page is exposed."""
+    host, _, port = state["etcd"].split(",")[0].rpartition(":")
+    zone, _, instance = (state.get("etcd_instance") or "").rpartition("/")
+    if state["provider"] == "gcp" and instance:  # gcloud knows the user and the key
+        tunnel = (f"gcloud compute ssh {shlex.quote(instance)} --project {shlex.quote(state['project'])} "
+                  f"--zone {shlex.quote(zone)} -- -N -f -L {TUNNEL_PORT}:127.0.0.1:{port}")
+        where = ""
+    else:
+        tunnel = f"ssh -N -f -L {TUNNEL_PORT}:{host}:{port} USER@HOST"
+        via = f"the etcd instance {instance}, or a node" if instance else "a node, say"
+        where = f" (USER@HOST: a machine you can ssh to that reaches {host}:{port}: {via})"
+    return (f"{tunnel} && bamboo-status --etcd 127.0.0.1:{TUNNEL_PORT} --job {shlex.quote(state['job'])} "
+            f"--serve {DASHBOARD_PORT}, then open http://127.0.0.1:{DASHBOARD_PORT}/{where}")
+
+
+def status(state: dict) -> dict:
+    return {**state, "instances": provider_for(state).describe(state["name"]), "progress": job_progress(state),
+            "dashboard": dashboard(state)}
+
+
+def scale(state: dict, nodes: int) -> None:
+    if nodes < 0:
+        raise LaunchError(f"scale to {nodes} nodes: expected 0 or more")
+    provider_for(state).scale(state["name"], nodes)
+
+
+def down(state: dict) -> None:
+    provider = provider_for(state)
+    provider.down(state["name"])
+    for instance in state.get("etcd_instances") or ([state["etcd_instance"]] if state.get("etcd_instance") else []):
+        if state["provider"] == "ec2":
+            provider.remove_instance(instance)
+        else:
+            zone, _, name = instance.partition("/")
+            provider.remove_instance(zone, name)
+    if state.get("wheel"):
+        shipper = shipper_for(state)
+        shipper.delete(state["wheel"])
+        if state.get("wheel_bucket_created"):
+            shipper.delete_bucket()  # the launch's own bucket (no --bucket was given)
+    if state.get("job") and not state.get("etcd_instance"):
+        from cloud.job import JobStore
+        try:
+            store = JobStore(state["etcd"], state["job"])
+        except LaunchError:
+            return  # unreachable from here: its keys stay (and do no harm)
+        store.remove()
+        store.close()

@@ -1,0 +1,241 @@
+"""What a look at a job's etcd (commands/status/jobview.py) says about the run, as
+plain JSON-able dicts: the pipelines x stages grid of each epoch with each node's
+state, the per-iteration series, the events with the pause each cost, the cost
+and the goodput, and `auto`'s estimates. Pure functions: the dashboard renders
+them and serves them as JSON.
+
+Times come from the workers' reports: an iteration lasted from the previous
+one's last report to its own last report (the first iteration's start is not in
+etcd, so it has no time). An event's pause is how much longer than the median
+undisturbed iteration its iteration took.
+"""
+from __future__ import annotations
+
+import statistics
+
+from bamboo.control.protocol import STRAGGLER
+
+# A node recorded dead without being seen to die (found silent, or slow) may still
+# run: etcd refuses its writes, and a machine that comes back registers as a new node.
+# known alive, cut off; a silent node (lease expired, host lost) is dead as far as anyone sees
+FENCED_HOW = (STRAGGLER,)
+
+
+def node_state(look, node: int) -> str:
+    """training, standby, draining, dead, fenced, or left (it holds no place now)."""
+    if node in look.failed:
+        return "fenced" if look.failed[node].how in FENCED_HOW else "dead"
+    if node in look.drains:
+        return "draining"
+    newest = look.assignments[max(look.assignments)] if look.assignments else None
+    if newest and node in newest.members:
+        return "training"
+    if newest and node in newest.standby:
+        return "standby"
+    return "left"
+
+
+def _place(look, node: int) -> dict:
+    zone = look.zones.get(node)
+    member = look.members.get(node)
+    return {"node": node, "state": node_state(look, node), "zone": zone.zone if zone else "?",
+            "host": (zone.host if zone else "") or (member.host if member else "") or "own machine"}
+
+
+def grid(look, epoch: int) -> dict:
+    """Epoch `epoch` as pipelines x stages: each cell the node, its state now, zone,
+    host, what it holds beyond the stage it runs, and who held the place before."""
+    a = look.assignments[epoch]
+    mode = a.mode(look.cfg.redundancy)
+    before = look.assignments.get(max((e for e in look.assignments if e < epoch), default=-1))
+    rows = []
+    for j, pipe in enumerate(a.pipelines):
+        row = []
+        for s, node in enumerate(pipe):
+            cell = _place(look, node)
+            runs = [t for t, n in enumerate(pipe) if n == node]
+            extra = [t for t in a.stages_of(node, mode) if t not in runs]
+            cell["holds"] = (f"stages {runs[0]}-{runs[-1]}, no replica" if len(runs) > 1 else
+                             f"replica of stage {extra[0]}" if extra else "no replica")
+            if s != runs[0]:
+                cell["holds"] = f"its second stage (with stage {runs[0]})"
+            old = before.pipelines[j][s] if before and j < len(before.pipelines) and s < before.depth else None
+            if old is not None and old != node:
+                cell["replaces"] = {"node": old, "state": node_state(look, old)}
+            row.append(cell)
+        rows.append(row)
+    return {"epoch": epoch, "start": a.start, "mode": mode, "restore": a.restore, "redo": a.redo,
+            "pipelines": rows, "standby": [_place(look, n) for n in a.standby]}
+
+
+def iterations(look) -> list[dict]:
+    """One dict per complete iteration: its time (None for the first seen), loss,
+    validation loss, samples/s and live nodes."""
+    cfg, out, prev = look.cfg, [], None
+    samples = cfg.microbatches * cfg.batch
+    for f in look.done:
+        seconds = f.end - prev.end if prev is not None and prev.iteration == f.iteration - 1 else None
+        out.append({"iteration": f.iteration, "end": f.end, "seconds": seconds, "loss": f.loss,
+                    "val_loss": f.val_loss, "samples": samples, "live": f.live, "epoch": f.epoch,
+                    "samples_per_second": samples / seconds if seconds else None})
+        prev = f
+    return out
+
+
+def _undisturbed(look, series: list[dict]) -> list[tuple[dict, object]]:
+    """(series row, Finished) of the timed iterations that had no failover and
+    start no epoch; every timed one when none is so calm."""
+    starts = {a.start for a in look.assignments.values()}
+    timed = [(r, f) for r, f in zip(series, look.done) if r["seconds"]]
+    return [(r, f) for r, f in timed if not f.events and f.iteration not in starts] or timed
+
+
+def typical_seconds(look, series: list[dict]) -> float | None:
+    """The median time of an undisturbed iteration."""
+    calm = _undisturbed(look, series)
+    return statistics.median(r["seconds"] for r, _ in calm) if calm else None
+
+
+def pauses(series: list[dict], typical: float | None) -> dict[int, float]:
+    """iteration -> seconds beyond the typical iteration."""
+    if typical is None:
+        return {}
+    return {r["iteration"]: round(max(0.0, r["seconds"] - typical), 4) for r in series if r["seconds"]}
+
+
+def events(look, series: list[dict], paused: dict[int, float]) -> list[dict]:
+    """The timeline, in order: deaths, failovers, epochs (reconfigure, redo,
+    rollback, mode switch), notices and drains, each with its iteration's pause."""
+    ends = {r["iteration"]: r["end"] for r in series}
+    out = []
+
+    def add(kind: str, it: int | None, text: str, **more) -> None:
+        out.append({"type": kind, "iteration": it, "time": more.pop("time", ends.get(it)),
+                    "pause": paused.get(it) if it is not None else None, "text": text, **more})
+    for node, f in sorted(look.failed.items()):
+        kind = "fenced" if f.how in FENCED_HOW else "preemption"
+        how = "injected (--preempt)" if node in look.preempted else f.how or "?"
+        add(kind, f.iteration, f"node {node} recorded dead by node {f.by}: {how}", node=node)
+    for f in look.done:
+        for e in f.events:
+            if e.get("type") == "failover":
+                add("failover", f.iteration, f"node {e['by']} took node {e['node']}'s stage over (agreed in "
+                    f"{e['agree_seconds']:.3f} s)", node=e["node"], by=e["by"])
+    _epoch_events(look, add)
+    for node, n in sorted(look.notices.items()):
+        add("notice", _iteration_at(series, n.time), f"{n.source} preemption notice for node {node}"
+            + (f": {n.action}" if n.action else ""), node=node, time=n.time)
+    for node, d in sorted(look.drains.items()):
+        add("drain", _iteration_at(series, d.time), f"node {node} asked to leave", node=node, time=d.time)
+    return sorted(out, key=lambda e: (e["iteration"] if e["iteration"] is not None else 1 << 60,
+                                      EVENT_ORDER.index(e["type"])))
+
+
+EVENT_ORDER = ("start", "notice", "drain", "preemption", "fenced", "failover", "redo", "rollback", "reconfigure",
+               "mode")
+
+
+def _epoch_events(look, add) -> None:
+    """One event per epoch: start, reconfigure, redo (from peers) or rollback (to a
+    checkpoint or its copies); and a mode switch with what `auto` estimated."""
+    previous = None
+    for epoch, a in sorted(look.assignments.items()):
+        mode = a.mode(look.cfg.redundancy)
+        shape = f"{len(a.pipelines)} pipeline(s) {[list(p) for p in a.pipelines]}, standby {list(a.standby)}"
+        if previous is None:
+            add("start", a.start, f"epoch {epoch}: {shape}, {mode}", epoch=epoch)
+        elif a.redo:
+            kind = "redo" if a.restore == "peers" else "rollback"
+            add(kind, a.start, f"epoch {epoch} runs iteration {a.start} again, layers from {a.restore}: {shape}",
+                epoch=epoch)
+        else:
+            add("reconfigure", a.start, f"epoch {epoch}: {shape}", epoch=epoch)
+        if previous is not None and mode != previous:
+            choice = max((it for it, m in look.modes.items() if it < a.start and m.mode == mode), default=None)
+            add("mode", a.start, f"redundancy {previous} -> {mode}" + (f" (auto's choice after iteration {choice})"
+                                                                      if choice is not None else ""),
+                epoch=epoch, estimates=auto_estimates(look, choice) if choice is not None else None)
+        previous = mode
+
+
+def _iteration_at(series: list[dict], when: float) -> int | None:
+    """The first iteration that ended at or after `when`."""
+    return next((r["iteration"] for r in series if r["end"] >= when), None)
+
+
+def auto_estimates(look, iteration: int | None = None) -> dict | None:
+    """What `--redundancy auto` weighed after `iteration` (default: the newest):
+    each mode's iteration seconds, seconds per death and expected seconds per
+    iteration at the observed death rate, and the mode it chose."""
+    from agents.modes import ModeStats, expected_seconds, job_estimates, weighed_pauses
+    if not look.modes:
+        return None
+    it = max(look.modes) if iteration is None else iteration
+    choice, cfg = look.modes[it], look.cfg
+    stats = ModeStats(**choice.stats)
+    epoch = max(look.assignments.values(), key=lambda a: a.epoch) if look.assignments else None
+    depth, pipelines = (epoch.depth, len(epoch.pipelines)) if epoch else (cfg.stages, cfg.pipelines)
+    seconds, pause, rollback = job_estimates(cfg, stats, depth, pipelines)
+    pause = weighed_pauses(pause, pipelines, rollback)
+    rate = stats.rate(cfg.auto_prior_rate, cfg.auto_prior_hours)
+    nodes = len(epoch.members) if epoch else cfg.stages
+    return {"iteration": it, "chosen": choice.mode, "rate_per_node_hour": rate, "deaths": stats.dead,
+            "modes": {m: {"seconds": seconds[m], "pause": pause[m],
+                          "expected": expected_seconds(seconds[m], pause[m], rate, nodes)} for m in seconds}}
+
+
+def cost(look, series: list[dict], price: tuple[float | None, float | None]) -> dict:
+    """Paid node-hours (every node of the epoch, standby included, until it died),
+    goodput, and with prices the cost so far, per million samples, projected to
+    the job's end, and what the same samples would cost on on-demand nodes."""
+    node_seconds = samples = 0.0
+    for r, f in zip(series, look.done):
+        if r["seconds"]:
+            a = look.assignments[f.epoch]
+            paid = [n for n in (*a.members, *a.standby)
+                    if n not in look.failed or look.failed[n].iteration >= r["iteration"]]
+            node_seconds += r["seconds"] * len(paid)
+            samples += r["samples"]
+    per_node = _fault_free_per_node(look, series)
+    out = {"node_hours": node_seconds / 3600, "samples": samples, "fault_free_per_node": per_node,
+           "goodput": samples / node_seconds / per_node if node_seconds and per_node else None,
+           "spot_price": price[0], "on_demand_price": price[1]}
+    total = look.cfg.iterations * look.cfg.microbatches * look.cfg.batch  # the whole job's samples
+    if price[0] is not None and samples:
+        out["spot"] = out["node_hours"] * price[0]
+        out["spot_per_million"] = out["spot"] / samples * 1e6
+        out["spot_projected"] = out["spot"] / samples * total
+    if price[1] is not None and per_node:
+        out["on_demand"] = samples / per_node / 3600 * price[1]
+        out["on_demand_per_million"] = price[1] / per_node / 3600 * 1e6
+        out["on_demand_projected"] = total / per_node / 3600 * price[1]
+    return out
+
+
+def _fault_free_per_node(look, series: list[dict]) -> float | None:
+    """Samples per second per training node in an undisturbed iteration (the median)."""
+    calm = _undisturbed(look, series)
+    return statistics.median(r["samples"] / r["seconds"] / len(look.assignments[f.epoch].members)
+                             for r, f in calm) if calm else None
+
+
+def summary(look, price: tuple[float | None, float | None] = (None, None), epochs: int = 4) -> dict:
+    """Everything the dashboard shows, from one look."""
+    cfg = look.cfg
+    series = iterations(look)
+    typical = typical_seconds(look, series)
+    paused = pauses(series, typical)
+    timeline = events(look, series, paused)
+    last = series[-1]["iteration"] if series else None
+    shown = sorted(look.assignments)[-epochs:]
+    known = sorted(set(look.zones) | {n for a in look.assignments.values() for n in (*a.members, *a.standby)})
+    return {"job": look.job, "at": look.at, "model": cfg.model, "stages": cfg.stages,
+            "microbatches": cfg.microbatches, "batch": cfg.batch, "iterations": cfg.iterations,
+            "state": "finished" if last is not None and last >= cfg.iterations - 1 else
+                     "running" if look.assignments else "configured",
+            "last_iteration": last, "typical_seconds": typical,
+            "counts": {k: sum(e["type"] == k for e in timeline) for k in EVENT_ORDER if k != "start"},
+            "epochs": [grid(look, e) for e in shown],
+            "nodes": [_place(look, n) for n in known],
+            "series": series, "events": timeline, "cost": cost(look, series, price),
+            "auto": auto_estimates(look)}

@@ -1,0 +1,146 @@
+"""`bamboo-status --etcd HOST:PORT[,...] [--job NAME] [--json]`: what the jobs in an etcd
+are doing, read from their keys: the current assignment (which node runs which
+stage, in which zone), the standby queue, live, draining and failed nodes, the
+last finished iteration and the recent iteration rate.
+
+`--serve [HOST:]PORT` serves one job's live dashboard instead
+(commands/status/dashboard.py), with --token, --price and --refresh."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from bamboo.control.cluster import Cluster
+from bamboo.control.etcd import EtcdError, connect
+from bamboo.control.protocol import CONFIG, DONE, DRAIN, LOSS, ZONES, scan
+
+
+def jobs(endpoint: str) -> list[str]:
+    client = connect(endpoint)
+    names = {job for job, _, _ in scan(client)}
+    client.close()
+    return sorted(names)
+
+
+def job_status(endpoint: str, job: str) -> dict:
+    cluster = Cluster(endpoint, job)
+    cfg = cluster.get(CONFIG())
+    done: dict[int, dict] = {}
+    for (it, node), report in cluster.children(DONE()).items():
+        done.setdefault(it, {})[node] = report
+    failed = cluster.failed()
+    assignments = list(cluster.assignments().values())
+    current = max(assignments, key=lambda a: a.epoch, default=None)
+
+    def members(it: int) -> tuple[int, ...]:
+        return max((a for a in assignments if a.start <= it), key=lambda a: a.epoch).members
+    complete = [it for it, reports in done.items() if all(n in reports or n in failed for n in members(it))]
+    last = max(complete, default=None)
+    times = sorted(max(r.time for r in done[it].values()) for it in complete)[-11:]
+    rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None
+    losses = [r.value for r in cluster.children(LOSS(last)).values()] if last is not None else []
+    status = {"job": job, "state": job_state(cfg, last, assignments), "model": cfg and cfg.model,
+              "stages": cfg and cfg.stages, "pipelines": cfg and cfg.pipelines,
+              "microbatches": cfg and cfg.microbatches,
+              "iterations": cfg and cfg.iterations, "last_iteration": last,
+              "loss": sum(losses) / len(losses) if losses else None,
+              "iterations_per_second": round(rate, 3) if rate else None,
+              "samples_per_second": round(rate * cfg.microbatches * cfg.batch, 2) if rate and cfg else None,
+              "alive": sorted(cluster.alive()),
+              "failed": {n: failed[n].to_dict() for n in sorted(failed)},
+              "zones": {n: z.zone for n, z in sorted(cluster.children(ZONES()).items())},
+              "draining": sorted(cluster.children(DRAIN())),
+              "epoch": current.epoch if current else None,
+              "assignment": [list(p) for p in current.pipelines] if current else [],
+              "standby": list(current.standby) if current else [],
+              "redundancy": current.mode(cfg.redundancy) if current and cfg else cfg and cfg.redundancy}
+    if current:
+        status["pipelines"] = len(current.pipelines)
+    cluster.close()
+    return status
+
+
+def job_state(cfg, last: int | None, assignments: list) -> str:
+    """unknown (no config), configured (no node has met yet), running or finished."""
+    if cfg is None:
+        return "unknown"
+    if last is not None and last >= cfg.iterations - 1:
+        return "finished"
+    return "running" if assignments else "configured"
+
+
+def render(status: dict) -> str:
+    lines = [f"job {status['job']} ({status['state']}): {status['model']}, P={status['stages']} x "
+             f"D={status['pipelines']}, iteration {status['last_iteration']} of {status['iterations']}"
+             + (f", loss {status['loss']:.4f}" if status["loss"] is not None else "")
+             + (f", {status['iterations_per_second']} it/s, {status['samples_per_second']} samples/s"
+                if status["iterations_per_second"] else "")]
+    def zone(n: int) -> str:
+        return f"{n}({status['zones'][n]})" if n in status["zones"] else str(n)
+    for j, pipe in enumerate(status["assignment"]):
+        lines.append(f"  pipeline {j}: " + " -> ".join(f"stage {s}: node {zone(n)}" for s, n in enumerate(pipe)))
+    if status["epoch"] is not None:
+        lines.append(f"  epoch {status['epoch']} ({status['redundancy']} redundancy), "
+                     f"standby: {' '.join(map(zone, status['standby'])) or '-'}"
+                     + (f", draining: {' '.join(map(str, status['draining']))}" if status["draining"] else ""))
+    lines.append(f"  alive:  {' '.join(map(str, status['alive'])) or '-'}")
+    for n, f in status["failed"].items():
+        lines.append(f"  failed: node {n} in iteration {f.get('iteration')} ({f.get('how', '?')[:60]})")
+    return "\n".join(lines)
+
+
+def prices(text: str) -> tuple[float, float | None]:
+    """--price SPOT[,ONDEMAND]: dollars per node-hour."""
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not 1 <= len(values) <= 2 or any(v < 0 or not math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected SPOT[,ONDEMAND], dollars per node-hour")
+    return values[0], values[1] if len(values) == 2 else None
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="bamboo-status", description=__doc__.splitlines()[0])
+    ap.add_argument("--etcd", required=True, metavar="HOST:PORT[,HOST:PORT...]")
+    ap.add_argument("--job", help="one job (default: every job in this etcd; with --serve, the only one)")
+    ap.add_argument("--json", action="store_true", help="one JSON object per job")
+    web = ap.add_argument_group("the live dashboard")
+    web.add_argument("--serve", metavar="[HOST:]PORT",
+                     help="serve the job's dashboard at http://HOST:PORT/ (host 127.0.0.1 unless given)")
+    web.add_argument("--token", help="the token every request needs (default: none on 127.0.0.1, "
+                                     "else one made up and printed with the URL)")
+    web.add_argument("--price", type=prices, metavar="SPOT[,ONDEMAND]",
+                     help="dollars per node-hour of a spot node (and an on-demand one), for the cost panel")
+    web.add_argument("--refresh", type=float, default=2.0, metavar="SECONDS",
+                     help="how often the page fetches its panels again (default 2)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.serve is None and (args.token or args.price or args.refresh != 2.0):
+        ap.error("--token, --price and --refresh go with --serve")
+    if args.serve is not None:
+        from commands.status.dashboard import serve
+        if not 0 < args.refresh < math.inf:
+            ap.error(f"--refresh {args.refresh}: expected a finite number of seconds above 0")
+        return serve(args.etcd, args.job, args.serve, args.token, args.price or (None, None), args.refresh)
+    try:
+        names = [args.job] if args.job else jobs(args.etcd)
+        for name in names:
+            status = job_status(args.etcd, name)
+            print(json.dumps(status) if args.json else render(status))
+        if not names:
+            print("no jobs", file=sys.stderr)
+    except EtcdError as e:
+        print(f"bamboo-status: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""bamboo-train's flags checked on their face, and the ones a run leaves unused.
+
+A value no run could use (NaN or infinity, a negative seed, an empty zone or job
+name, a file where a directory goes, a --preempt that is not a spec) is refused
+whatever the rest of the command line says: `check_on_face`, the first check of
+cli.config_from_args (its `check_finite` serves bamboo-sim and bamboo-replay too).
+A flag set away from its default that this run does not use gets one note line
+(`idle_notes`, printed by bamboo-train), so that nobody believes it took effect."""
+from __future__ import annotations
+
+import math
+import os
+
+
+SEED_MAX = 2**48  # layer i's weights come from torch.manual_seed(seed * 7919 + i): it must stay in 64 bits
+
+# Flags a --stages 1 run (one process, the single-process reference) does not read.
+SINGLE_IGNORES = ("redundancy", "frc", "replica_sync", "backward_split", "sync_bucket_mb", "compute_ahead", "auto_prior_rate",
+                  "auto_prior_hours", "max_stages_per_node", "preempt", "failure_timeout", "lease_ttl", "hang_timeout",
+                  "straggler_factor", "straggler_slack", "stall_timeout", "check_replicas", "no_memory_copies",
+                  "etcd", "etcd_members", "job", "local_nodes", "local_hosts", "workers_per_host", "zones", "notice",
+                  "metadata_url", "last_call", "log_dir", "transport", "share_gpu")
+AGENT_ONLY = ("zones", "notice", "metadata_url", "last_call", "max_stages_per_node")
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def check_not_a_file(path: str | None, flag: str) -> None:
+    """Raise ValueError if `path`, where a directory goes, is a file already."""
+    if path and os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{flag} {path!r} is a file, not a directory")
+
+
+def check_finite(parser, args) -> None:
+    """Raise ValueError naming the first float flag of `parser` given NaN or infinity,
+    which the range checks after it (`x <= 0`: False for NaN) would let through."""
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if action.type is float and value is not None:
+            for v in value if isinstance(value, (list, tuple)) else (value,):
+                if not math.isfinite(v):
+                    raise ValueError(f"{action.option_strings[0]} must be a finite number (got {v})")
+
+
+def check_on_face(args) -> None:
+    """Raise ValueError naming the first flag whose value no run could use."""
+    for name in ("stages", "pipelines", "microbatches", "iterations", "batch"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be at least 1 (got {getattr(args, name)})")
+    from commands.train.flags import build_parser  # torch: not for check_finite's other callers (bamboo-sim)
+    check_finite(build_parser(), args)
+    if not 0 <= args.seed <= SEED_MAX:
+        raise ValueError(f"--seed must be a whole number from 0 to {SEED_MAX} (got {args.seed})")
+    if args.seq < 1:
+        raise ValueError(f"--seq must be at least 1 token (got {args.seq})")
+    if args.stall_timeout <= 0:
+        raise ValueError(f"--stall-timeout must be a positive number of seconds (got {args.stall_timeout})")
+    if args.min_loss_scale > args.initial_loss_scale:
+        raise ValueError(f"--min-loss-scale {args.min_loss_scale} is above --initial-loss-scale "
+                         f"{args.initial_loss_scale}: the scale's floor must not exceed where it starts")
+    if args.job is not None and not args.job.strip():
+        raise ValueError("--job must not be empty")
+    if not all(z.strip() for z in args.zones.split(",")):
+        raise ValueError(f"--zones {args.zones!r}: expected names separated by commas")
+    local_checkpoint = args.checkpoint if args.checkpoint and "://" not in args.checkpoint else None
+    for flag, path in (("--save-dir", args.save_dir), ("--log-dir", args.log_dir), ("--checkpoint", local_checkpoint)):
+        check_not_a_file(path, flag)
+    from commands.train.preempts import parse_spec
+    for spec in args.preempt:
+        if spec != "random":
+            parse_spec(spec)
+
+
+def idle_notes(args) -> list[str]:
+    """One line per reason, naming the flags set away from their defaults that this
+    run does not use."""
+    from commands.train.flags import build_parser
+    from bamboo.data.corpus import is_token_file
+    from bamboo.model.builtin import MODELS
+    changed = changed_flags(build_parser(), args)
+    builtin = args.model in MODELS and not args.model_config
+    token_files = any(is_token_file(f) for f in (*args.data, *args.val_data))
+    rules = (
+        (args.stages == 1, SINGLE_IGNORES, "--stages 1 runs one process: no pipeline, redundancy, agents or etcd"),
+        (args.local_nodes is None, AGENT_ONLY, "they are for the agents of --local-nodes or --local-hosts"),
+        (args.redundancy != "auto", ("auto_prior_rate", "auto_prior_hours"), "they are for --redundancy auto"),
+        (args.redundancy == "off", ("replica_sync",), "--redundancy off keeps no replica to sync"),
+        (args.precision != "fp16", ("initial_loss_scale", "loss_scale_window", "min_loss_scale"),
+         "the loss scale is --precision fp16's"),
+        (args.lr_schedule == "constant", ("min_lr",), "a constant --lr-schedule never leaves --lr"),
+        (not args.eval_every, ("eval_batches",), "--eval-every 0 never evaluates"),
+        (not args.straggler_factor, ("straggler_slack",), "--straggler-factor 0 fences no straggler"),
+        (builtin, ("seq",), f"the built-in model {args.model} has its own sequence length"),
+        (not token_files, ("token_dtype",), "the data are text (bytes), not a token file"),
+        (args.redundancy == "off" or args.pipelines > 1 or bool(args.grad_clip) or args.precision == "fp16"
+         or args.replica_sync == "next", ("sync_bucket_mb",), "the replica sync is posted whole with --redundancy "
+                                                               "off, --pipelines above 1, --grad-clip, fp16 or "
+                                                               "--replica-sync next"),
+    )
+    return said_idle(changed, rules)
+
+
+def changed_flags(parser, args) -> set[str]:
+    """The dests of `parser`'s flags that `args` sets away from their defaults."""
+    return {a.dest for a in parser._actions if a.dest != "help" and getattr(args, a.dest, a.default) != a.default}
+
+
+def said_idle(changed: set[str], rules) -> list[str]:
+    """For each (applies, dests, why) rule that applies, one line naming the `changed`
+    dests it makes idle (each named once, by its first rule)."""
+    notes, said = [], set()
+    for applies, dests, why in rules:
+        idle = [d for d in dests if d in changed and d not in said] if applies else []
+        if idle:
+            said |= set(idle)
+            verb = "does" if len(idle) == 1 else "do"
+            notes.append(f"{', '.join(map(_flag, idle))} {verb} nothing in this run: {why}")
+    return notes

@@ -1,0 +1,307 @@
+"""`bamboo-sim`: samples per second per dollar of a training job over a preemption
+trace, for Bamboo's redundant computation, redo from data-parallel peers,
+checkpoint-restart and on-demand nodes.
+
+    bamboo-sim --trace PATH [--trace-format ec2|gcp|events|auto] \\
+               --strategy bamboo|lazy|redo|checkpoint|on-demand|auto|all [--redundancy eager|lazy|off|auto] \\
+               --model gpt2|bert-large [--profile calibrated|arithmetic] --stages P [--hours H] [--json] [--plot DIR]
+               [--frc bubbles|all] [--replica-sync end|next]
+    bamboo-sim --sweep-rates --model gpt2 --stages P [--plot DIR]
+
+Checkpoints are taken at Young's or Daly's optimal interval unless --checkpoint-minutes
+fixes one; every cost parameter below appears in the JSON output.
+Bad input ends with one line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from dataclasses import replace
+
+from schedules.redundancy import FRC_MODES
+from schedules.syncs import SYNC_MODES
+
+from commands.train.flag_checks import changed_flags, check_finite, check_not_a_file, said_idle
+
+from sim.checkpointing import FORMULAS
+from sim.options import NOTICE_SECONDS, ROLLBACKS
+from sim.profiles import PROFILES, SOURCES, Profile, profile
+from sim.simulator import STRATEGIES, ClusterSimulator, Options
+from sim.traces import TraceError, detect, read, synthetic
+
+SWEEP_RATES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)  # preemptions per node-hour
+# --strategy bamboo --redundancy MODE: the strategy that runs Bamboo in that mode
+REDUNDANCY = {"eager": "bamboo", "lazy": "lazy", "off": "redo", "auto": "auto"}
+GB = 1e9
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        print(f"bamboo-sim: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="bamboo-sim", description=__doc__.splitlines()[0])
+    p.add_argument("--trace", help="trace file")
+    p.add_argument("--trace-format", choices=("ec2", "gcp", "events", "auto"), default="auto")
+    p.add_argument("--strategy", choices=(*STRATEGIES, "all"), default="bamboo")
+    p.add_argument("--redundancy", choices=tuple(REDUNDANCY),
+                   help="with --strategy bamboo: eager (default), lazy, off (redo from peers) or auto")
+    p.add_argument("--model", choices=sorted(PROFILES), default="gpt2")
+    p.add_argument("--profile", choices=SOURCES, default="calibrated",
+                   help="per-op times measured on this machine and scaled, or transformer arithmetic")
+    p.add_argument("--stages", type=int, default=12, help="pipeline depth P")
+    p.add_argument("--microbatches", type=int,
+                   help="global microbatches per iteration (default: the model profile's, 24)")
+    p.add_argument("--hours", type=float, help="simulate only the first H hours of the trace")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the default output too)")
+    p.add_argument("--sweep-rates", action="store_true",
+                   help="synthetic traces over a range of preemption rates: value per strategy")
+    p.add_argument("--nodes", type=int, help="cluster size of the synthetic traces (default 3 x P)")
+    p.add_argument("--seeds", type=int, default=3, help="synthetic traces per rate")
+    p.add_argument("--plot", metavar="DIR", help="write PNGs: nodes and throughput over time, value vs rate")
+    _cost_arguments(p)
+    return p
+
+
+def _cost_arguments(p: argparse.ArgumentParser) -> None:
+    d = Options()
+    p.add_argument("--spot-price", type=float, default=d.spot_price, help="USD per node-hour")
+    p.add_argument("--on-demand-price", type=float, default=d.on_demand_price, help="USD per node-hour")
+    p.add_argument("--checkpoint-minutes", type=float, help="a fixed checkpoint interval (default: the formula's)")
+    p.add_argument("--checkpoint-formula", choices=FORMULAS, default=d.checkpoint_formula)
+    p.add_argument("--bytes-per-param", type=float, default=d.checkpoint_bytes_per_param,
+                   help="checkpointed bytes per parameter (fp32 weights + AdamW moments: 12)")
+    p.add_argument("--storage-bandwidth", type=float, default=d.storage_bandwidth / GB,
+                   help="GB/s per node to and from checkpoint storage")
+    p.add_argument("--snapshot-bandwidth", type=float, default=d.snapshot_bandwidth / GB,
+                   help="GB/s accelerator to host (the snapshot stall)")
+    p.add_argument("--peer-bandwidth", type=float, default=d.peer_bandwidth / GB,
+                   help="GB/s of a stage reloaded from a peer pipeline")
+    p.add_argument("--free-checkpoints", action="store_true", help="writes cost nothing (the old baseline)")
+    p.add_argument("--relaunch-seconds", type=float, default=d.relaunch_seconds)
+    p.add_argument("--warmup-seconds", type=float, default=d.warmup_seconds)
+    p.add_argument("--restart-seconds", type=float, help="a fixed restart cost instead of relaunch + load + warm-up")
+    p.add_argument("--max-stages-per-node", type=int, default=d.max_stages,
+                   help="stages one node may hold (2: spare nodes may form pipelines shorter than P; "
+                        "1: whole pipelines only)")
+    p.add_argument("--notice-seconds", type=float,
+                   help="preemptions are announced this long ahead (default by trace format: ec2 120, gcp 30, "
+                        "events and --sweep-rates 0)")
+    p.add_argument("--frc", choices=FRC_MODES, default=d.frc,
+                   help="eager: FRC only where the schedule's cost model says it fits the bubbles, the rest "
+                        "recomputed after a death (bubbles); or for every microbatch, in a longer iteration (all)")
+    p.add_argument("--replica-sync", choices=SYNC_MODES, default=d.replica_sync,
+                   help="eager and lazy: each replica's sync at the iteration's end (end), or in the next iteration, "
+                        "off the critical path, a death before it landed charged a redo from peers or, with one "
+                        "pipeline, a rollback (next; bamboo-train runs it alike)")
+    p.add_argument("--rollback", choices=ROLLBACKS, default=d.rollback,
+                   help="a stage lost everywhere: survivors stay up and load checkpoint copies held in peers' "
+                        "memory (memory), or every process relaunches (relaunch)")
+
+
+def options_from(args) -> Options:
+    for name in ("checkpoint_minutes", "storage_bandwidth", "snapshot_bandwidth", "peer_bandwidth"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive (got {value})")
+    options = Options(
+        spot_price=args.spot_price, on_demand_price=args.on_demand_price,
+        checkpoint_seconds=args.checkpoint_minutes * 60 if args.checkpoint_minutes else None,
+        checkpoint_formula=args.checkpoint_formula, checkpoint_bytes_per_param=args.bytes_per_param,
+        storage_bandwidth=args.storage_bandwidth * GB, snapshot_bandwidth=args.snapshot_bandwidth * GB,
+        peer_bandwidth=args.peer_bandwidth * GB, free_checkpoints=args.free_checkpoints,
+        relaunch_seconds=args.relaunch_seconds, warmup_seconds=args.warmup_seconds,
+        restart_seconds=args.restart_seconds, max_stages=args.max_stages_per_node,
+        notice_seconds=args.notice_seconds or 0.0, rollback=args.rollback, frc=args.frc,
+        replica_sync=args.replica_sync)
+    try:
+        options.check()
+    except ValueError as e:
+        raise ValueError(str(e).replace("--checkpoint-bytes-per-param", "--bytes-per-param")) from None
+    return options
+
+
+def model_profile(args) -> Profile:
+    """The model's profile, with --microbatches when given."""
+    base = profile(args.model, args.profile)
+    if args.microbatches is None:
+        return base
+    if args.microbatches < 1:
+        raise ValueError(f"--microbatches must be at least 1 (got {args.microbatches})")
+    return replace(base, microbatches=args.microbatches)
+
+
+def sweep(prof: Profile, stages: int, nodes: int, seeds: int, options: Options,
+          hours: float = 12.0) -> list[dict]:
+    """Value per strategy, averaged over `seeds` synthetic traces per rate."""
+    rows = []
+    for rate in SWEEP_RATES:
+        row = {"rate": rate}
+        traces = [synthetic(hours, nodes, options.zones, rate, seed, bulk=0.1) for seed in range(seeds)]
+        for strategy in STRATEGIES:
+            sim = ClusterSimulator(prof, stages, strategy, options)
+            runs = [sim.run(trace, hours) for trace in traces]
+            row[strategy] = round(sum(r["value"] for r in runs) / seeds, 5)
+            row[f"{strategy}_fatal"] = sum(r["fatal_failures"] for r in runs) / seeds
+        rows.append(row)
+    return rows
+
+
+def _save(fig, path: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".png")
+    os.close(fd)
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def plot_run(results: dict[str, dict], directory: str) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(directory, exist_ok=True)
+    written = []
+    for name, index, label in (("nodes", 1, "nodes"), ("throughput", 2, "samples/s")):
+        fig, ax = plt.subplots(figsize=(8, 3))
+        for strategy, r in results.items():
+            times = [t / 3600 for t, _, _ in r["timeline"]] + [r["hours"]]
+            values = [row[index] for row in r["timeline"]]
+            ax.step(times, values + values[-1:], where="post", label=strategy)
+            if name == "nodes":
+                break  # the same nodes for every spot strategy
+        ax.set_xlabel("hours")
+        ax.set_ylabel(label)
+        ax.legend()
+        path = os.path.join(directory, f"{name}.png")
+        _save(fig, path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def plot_sweep(rows: list[dict], directory: str, title: str) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(directory, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for strategy in STRATEGIES:
+        ax.plot([r["rate"] for r in rows], [r[strategy] for r in rows], marker="o", label=strategy)
+    ax.set_xscale("log")
+    ax.minorticks_off()
+    ax.set_xticks([r["rate"] for r in rows], [f"{r['rate']:g}" for r in rows])
+    ax.set_xlabel("preemptions per node-hour")
+    ax.set_ylabel("value: samples/s per $/h")
+    ax.set_title(title)
+    ax.legend()
+    path = os.path.join(directory, "value-vs-rate.png")
+    _save(fig, path)
+    plt.close(fig)
+    return path
+
+
+def simulate(args, options: Options) -> dict:
+    """One trace: one strategy's summary, or with `all` every strategy's under "strategies"."""
+    if not args.trace:
+        raise ValueError("--trace PATH is required (or --sweep-rates)")
+    if args.hours is not None and args.hours <= 0:
+        raise ValueError("--hours must be positive")
+    events = read(args.trace, args.trace_format)
+    if args.notice_seconds is None:  # what the trace's cloud announces
+        fmt = detect(args.trace) if args.trace_format == "auto" else args.trace_format
+        options = replace(options, notice_seconds=NOTICE_SECONDS[fmt])
+    name = strategy_name(args)
+    chosen = list(STRATEGIES) if name == "all" else [name]
+    results, stats = {}, None
+    for strategy in chosen:
+        sim = ClusterSimulator(model_profile(args), args.stages, strategy, options)
+        results[strategy] = sim.run(events, args.hours)
+        stats = sim.trace.describe()
+    if args.plot:
+        plots = plot_run(results, args.plot)
+        for r in results.values():
+            r["plots"] = plots
+    for r in results.values():
+        r.pop("timeline")
+    context = {"trace": {"path": args.trace, **stats}, "model": args.model, "stages": args.stages,
+               "prices": {"spot": options.spot_price, "on_demand": options.on_demand_price},
+               "notice_seconds": options.notice_seconds, "max_stages_per_node": options.max_stages,
+               "rollback": options.rollback, "frc": options.frc, "replica_sync": options.replica_sync,
+               "microbatches": model_profile(args).microbatches, "profile": profile(args.model, args.profile).sources()}
+    if name == "all":
+        return {**context, "strategies": results}
+    return {**results[name], **context}
+
+
+def strategy_name(args) -> str:
+    """The simulator's strategy for --strategy and --redundancy (only bamboo has modes)."""
+    if args.redundancy is None:
+        return args.strategy
+    if args.strategy != "bamboo":
+        raise ValueError(f"--redundancy goes with --strategy bamboo only (got --strategy {args.strategy})")
+    return REDUNDANCY[args.redundancy]
+
+
+def idle_notes(parser: argparse.ArgumentParser, args) -> list[str]:
+    """One line per reason, naming the flags set away from their defaults that this
+    run does not read."""
+    eager_free = not args.sweep_rates and strategy_name(args) not in ("bamboo", "auto", "all")
+    replica_free = not args.sweep_rates and strategy_name(args) not in ("bamboo", "lazy", "auto", "all")
+    rules = ((not args.sweep_rates, ("nodes", "seeds"), "they are for --sweep-rates"),
+             (args.sweep_rates, ("trace", "trace_format", "hours", "strategy"),
+              "--sweep-rates runs every strategy on synthetic traces of its own"),
+             (eager_free, ("frc",), "it places eager Bamboo's FRC (--strategy bamboo, auto or all)"),
+             (replica_free, ("replica_sync",), "only Bamboo's replicas are synced (--strategy bamboo, lazy, auto "
+                                               "or all)"))
+    return said_idle(changed_flags(parser, args), rules)
+
+
+def check_depth(prof: Profile, stages: int) -> None:
+    if stages < 2:
+        raise ValueError(f"--stages must be at least 2 (got {stages})")
+    if stages > prof.layers:
+        raise ValueError(f"--stages {stages} is more than model {prof.name}'s {prof.layers} layers: "
+                         "a stage holds one layer at least")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_finite(parser, args)
+        check_not_a_file(args.plot, "--plot")
+        options = options_from(args)
+        check_depth(model_profile(args), args.stages)
+        if args.seeds < 1 or (args.nodes is not None and args.nodes < args.stages):
+            raise ValueError("--seeds must be at least 1 and --nodes at least --stages")
+        if args.sweep_rates and args.redundancy is not None:
+            raise ValueError("--sweep-rates runs every strategy and mode: leave out --redundancy")
+        for note in idle_notes(parser, args):
+            print(f"bamboo-sim: note: {note}", file=sys.stderr)
+        if args.sweep_rates:
+            nodes = args.nodes or 3 * args.stages
+            rows = sweep(model_profile(args), args.stages, nodes, args.seeds, options)
+            out = {"model": args.model, "stages": args.stages, "nodes": nodes, "sweep": rows,
+                   "notice_seconds": options.notice_seconds, "max_stages_per_node": options.max_stages,
+                   "rollback": options.rollback, "frc": options.frc, "replica_sync": options.replica_sync,
+                   "profile": profile(args.model, args.profile).sources()}
+            if args.plot:
+                out["plots"] = [plot_sweep(rows, args.plot, f"{args.model}, P={args.stages}, {nodes} spot nodes")]
+            print(json.dumps(out))
+            return 0
+        print(json.dumps(simulate(args, options)))
+    except (TraceError, ValueError) as e:
+        print(f"bamboo-sim: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
