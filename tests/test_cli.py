@@ -151,7 +151,7 @@ def test_bamboo_train_help_works():
 
 
 TRAIN_GROUPS = ("model", "schedule and redundancy", "recipe", "data", "checkpoints and outputs",
-                "faults and liveness", "devices", "cluster")
+                "faults and liveness", "devices", "cluster", "testing and diagnostics")
 
 
 def help_groups(text: str) -> dict[str, tuple[str, list[str]]]:
@@ -183,7 +183,8 @@ def test_bamboo_train_help_shows_every_flag_once_in_its_group():
     assert groups["options"][1] == ["-h", "--help", "--config"]
     for title, flag in (("model", "--model"), ("schedule and redundancy", "--redundancy"), ("recipe", "--lr"),
                         ("data", "--val-data"), ("checkpoints and outputs", "--checkpoint"),
-                        ("faults and liveness", "--preempt"), ("devices", "--devices"), ("cluster", "--local-nodes")):
+                        ("faults and liveness", "--hang-timeout"), ("devices", "--devices"),
+                        ("cluster", "--local-nodes"), ("testing and diagnostics", "--preempt")):
         assert flag in groups[title][1]
     sections = jobfile.sections(cli.build_parser())  # each group is the job file's section its help names
     for title in TRAIN_GROUPS:

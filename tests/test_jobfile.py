@@ -192,7 +192,29 @@ def test_every_flag_has_a_help_line_in_its_group():
     printed = "".join(out.stdout.split())  # argparse wraps the lines, at hyphens too
     for flag in flags:
         assert "".join(flag.help.split()) in printed, flag.option_strings
-    assert sum(f"in a --config file: [{s}]" in out.stdout for s in jobfile.sections(parser)) == 8
+    assert sum(f"in a --config file: [{s}]" in out.stdout for s in jobfile.sections(parser)) == 9
+    groups = re.findall(r"^(\S[^\n]*):\n  in a --config file", out.stdout, re.M)
+    assert groups[-1] == "testing and diagnostics", groups  # the test knobs come last
+    testing = out.stdout[out.stdout.index("testing and diagnostics:"):]
+    assert all(f in testing for f in ("--preempt", "--check-replicas", "--compute-ahead", "--local-prefix"))
+
+
+def test_a_file_written_before_the_testing_group_still_reads_the_same(tmp_path):
+    """The test knobs moved to [testing]; a file that gives them where they were
+    declared before parses to the same values, and a key given in both is refused."""
+    old = write(tmp_path, '[faults]\npreempt = ["1@3"]\ncheck_replicas = true\n[schedule]\ncompute_ahead = true\n'
+                          '[cluster]\nlocal_prefix = "ns {node}"\n')
+    new = write(tmp_path, '[testing]\npreempt = ["1@3"]\ncheck_replicas = true\ncompute_ahead = true\n'
+                          'local_prefix = "ns {node}"\n', "new.toml")
+    flagged = parse(["--preempt", "1@3", "--check-replicas", "--compute-ahead", "--local-prefix", "ns {node}"])
+    for path in (old, new):
+        got = parse(["--config", path])
+        assert [getattr(got, d) for d in ("preempt", "check_replicas", "compute_ahead", "local_prefix")] == \
+            [getattr(flagged, d) for d in ("preempt", "check_replicas", "compute_ahead", "local_prefix")]
+    both = write(tmp_path, '[faults]\npreempt = ["1@3"]\n[testing]\npreempt = ["2@3"]\n', "both.toml")
+    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--config", both], capture_output=True,
+                         text=True)
+    assert out.returncode == 2 and "[testing] preempt: given twice" in out.stderr, out.stderr
 
 
 def test_every_flag_can_be_written_in_the_file(tmp_path):
@@ -204,7 +226,7 @@ def test_every_flag_can_be_written_in_the_file(tmp_path):
     flagged = [a for a in parser._actions if a.option_strings not in (["-h", "--help"], ["--config"])]
     assert sorted(map(id, everywhere)) == sorted(map(id, flagged)) and len(flagged) == 71
     assert sorted(found) == sorted(["model", "schedule", "recipe", "data", "checkpoints", "faults", "devices",
-                                    "cluster"])
+                                    "cluster", "testing"])
     for section, keys in found.items():
         for key, action in keys.items():
             assert f"--{key.replace('_', '-')}" in action.option_strings
@@ -219,6 +241,7 @@ ERRORS = [
     ("[schedule]\nstages = 4.0\n", "[schedule] stages: expected an integer, got 4.0"),
     ("[schedule]\nstages = true\n", "[schedule] stages: expected an integer, got True"),
     ("[model]\nlr = 0.1\n", "[model] lr: not a key of [model] (it belongs in [recipe])"),
+    ('[model]\npreempt = ["1@3"]\n', "[model] preempt: not a key of [model] (it belongs in [testing])"),
     ("[recipe]\nlearning_rate = 0.1\n", "[recipe] learning_rate: not a key of [recipe]"),
     ("[optimizer]\nlr = 0.1\n", "unknown section [optimizer] (expected one of [model], [schedule],"),
     ("stages = 4\n", "stages: a key outside any section (it belongs in [schedule])"),

@@ -61,9 +61,6 @@ def _schedule_flags(g) -> None:
                    help="last: a node's last backwards (as many as the schedule's cost model says shorten the "
                         "iteration) send their input gradient first and compute their weight gradients one slot "
                         "later, as zero-bubble pipelines do (same math); off: whole backwards (docs/schedules.md)")
-    g.add_argument("--compute-ahead", action="store_true",
-                   help="on the CPU, stage 0's owner runs the next iteration's first forward on a thread while the "
-                        "iteration boundary agrees (measured no faster on 2 cores, and more memory: docs/HOTPATH.md)")
     g.add_argument("--auto-prior-rate", type=float, default=0.05, metavar="R",
                    help="--redundancy auto: preemptions per node-hour to assume before any are seen")
     g.add_argument("--auto-prior-hours", type=float, default=2.0, metavar="H",
@@ -130,9 +127,6 @@ def _checkpoint_flags(g) -> None:
 
 
 def _fault_flags(g) -> None:
-    g.add_argument("--preempt", action="append", default=[], metavar="NODE@ITER[:INSTR]",
-                   help="SIGKILL that worker just before that instruction (repeatable; INSTR evalK: before "
-                        "instruction K of its evaluation stream after the step), or 'random'")
     g.add_argument("--failure-timeout", type=float, default=3.0,
                    help="seconds without a lease refresh after which a node counts as dead")
     g.add_argument("--lease-ttl", type=float, default=15.0,
@@ -146,8 +140,6 @@ def _fault_flags(g) -> None:
                    help="seconds a straggler's compute must exceed its peers' median by, too")
     g.add_argument("--stall-timeout", type=float, default=1800.0,
                    help="give up when no iteration finishes for this many seconds")
-    g.add_argument("--check-replicas", action="store_true",
-                   help="compare digests of every copy of every stage after each step")
 
 
 def _cluster_flags(g) -> None:
@@ -178,6 +170,17 @@ def _cluster_flags(g) -> None:
                    help="with --local-nodes: COUNT more nodes join after iteration ITER (repeatable)")
     g.add_argument("--log-dir", metavar="DIR", help="keep every agent's and worker's log in DIR (default: a temp "
                                                      "dir, removed after a clean run)")
+
+
+def _testing_flags(g) -> None:
+    g.add_argument("--preempt", action="append", default=[], metavar="NODE@ITER[:INSTR]",
+                   help="SIGKILL that worker just before that instruction (repeatable; INSTR evalK: before "
+                        "instruction K of its evaluation stream after the step), or 'random'")
+    g.add_argument("--check-replicas", action="store_true",
+                   help="compare digests of every copy of every stage after each step")
+    g.add_argument("--compute-ahead", action="store_true",
+                   help="on the CPU, stage 0's owner runs the next iteration's first forward on a thread while the "
+                        "iteration boundary agrees (measured no faster on 2 cores, and more memory: docs/HOTPATH.md)")
     g.add_argument("--local-prefix", default="", metavar="CMD",
                    help="with --local-nodes: run each agent under this command, {node} replaced by its id "
                         "(the network namespaces of bamboo-chaos --network)")
@@ -191,7 +194,12 @@ GROUPS = (("model", "model", _model_flags),
           ("checkpoints", "checkpoints and outputs", _checkpoint_flags),
           ("faults", "faults and liveness", _fault_flags),
           ("devices", "devices", devices.add_flags),
-          ("cluster", "cluster", _cluster_flags))
+          ("cluster", "cluster", _cluster_flags),
+          ("testing", "testing and diagnostics", _testing_flags))
+# Job files written before a group existed keep working: its keys are still read
+# in the sections they were first declared in (section -> key -> former section).
+FORMERLY = {"testing": {"preempt": "faults", "check_replicas": "faults", "compute_ahead": "schedule",
+                        "local_prefix": "cluster"}}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -203,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read the flags from this TOML job file first, a section per group below and a key per "
                         "flag (docs/job-file.md); flags given here override it")
     for section, title, add in GROUPS:
-        add(jobfile.add_section(p, section, title))
+        add(jobfile.add_section(p, section, title, FORMERLY.get(section)))
     return p
 
 

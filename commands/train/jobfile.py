@@ -32,11 +32,12 @@ class FileArgs(NamedTuple):
     appended: dict[str, int]
 
 
-def add_section(parser: argparse.ArgumentParser, section: str, title: str):
+def add_section(parser: argparse.ArgumentParser, section: str, title: str, formerly: dict | None = None):
     """An argument group whose flags a job file gives under [section]: the help's
-    grouping and the file's sections are one declaration."""
+    grouping and the file's sections are one declaration. `formerly`: key -> the
+    section an older file may still give it in."""
     group = parser.add_argument_group(title, f"in a --config file: [{section}]")
-    group.section = section
+    group.section, group.formerly = section, formerly or {}
     return group
 
 
@@ -49,6 +50,15 @@ def sections(parser: argparse.ArgumentParser) -> dict[str, dict[str, argparse.Ac
     """Each section's keys and the flag each names, read off the parser's groups."""
     return {group.section: {key_of(a): a for a in group._group_actions}
             for group in parser._action_groups if getattr(group, "section", None)}
+
+
+def accepted(parser: argparse.ArgumentParser) -> dict[str, dict[str, argparse.Action]]:
+    """sections(), with each key also where an older file may give it."""
+    known = sections(parser)
+    for group in parser._action_groups:
+        for key, old in getattr(group, "formerly", {}).items():
+            known[old] = {**known[old], key: known[group.section][key]}
+    return known
 
 
 def where(parser: argparse.ArgumentParser) -> dict[str, str]:
@@ -95,16 +105,16 @@ def load(parser: argparse.ArgumentParser, path: str) -> dict:
 def to_argv(parser: argparse.ArgumentParser, path: str, doc: dict) -> FileArgs:
     """Every section and key of `doc` as the parser's tokens, each type checked;
     anything the parser has no flag for is refused, naming where it is."""
-    known = sections(parser)
+    known = accepted(parser)
     argv, appended, seen = [], {}, set()
     for section, table in doc.items():
         if not isinstance(table, dict):
-            _misplaced(parser, path, known, None, section)
+            _misplaced(parser, path, None, section)
         if section not in known:
             parser.error(f"{path}: unknown section [{section}] (expected one of "
                          f"{', '.join(f'[{s}]' for s in known)})")
         for key, value in table.items():
-            action = known[section].get(key.replace("-", "_")) or _misplaced(parser, path, known, section, key)
+            action = known[section].get(key.replace("-", "_")) or _misplaced(parser, path, section, key)
             if action.dest in seen:
                 parser.error(f"{path}: [{section}] {key}: given twice")
             seen.add(action.dest)
@@ -117,10 +127,10 @@ def to_argv(parser: argparse.ArgumentParser, path: str, doc: dict) -> FileArgs:
     return FileArgs(argv, appended)
 
 
-def _misplaced(parser, path: str, known: dict, section: str | None, key: str):
+def _misplaced(parser, path: str, section: str | None, key: str):
     """An unknown key's error (`section` None: a key above every section), naming
     the section it belongs in when it is a flag of another one."""
-    home = [s for s, keys in known.items() if key.replace("-", "_") in keys]
+    home = [s for s, keys in sections(parser).items() if key.replace("-", "_") in keys]
     where = f" (it belongs in [{home[0]}])" if home else ""
     if section is None:
         parser.error(f"{path}: {key}: a key outside any section{where}")
