@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from schedules.options import ScheduleOptions
 
 MODES = ("eager", "lazy", "off")
 MARGIN = 0.05            # a switch must save this share of an iteration: it costs a reconfiguration
@@ -69,13 +70,13 @@ def simulated(stages: int, microbatches: int, sync: str = "end") -> tuple[dict, 
     its sync of the iteration before has landed with --replica-sync next)."""
     from schedules.compiler import compile_recovery, compile_schedule, simulate
 
-    off = simulate(compile_schedule(stages, microbatches, (), "off")).makespan
+    off = simulate(compile_schedule(stages, microbatches, (), ScheduleOptions(redundancy="off"))).makespan
     times, pauses = {"off": 1.0}, {"off": REDO_ITERATIONS}
     for mode in ("eager", "lazy"):
-        base = compile_schedule(stages, microbatches, (), mode, sync=sync)
+        options = ScheduleOptions(redundancy=mode, sync=sync)
+        base = compile_schedule(stages, microbatches, (), options)
         d = stages // 2
-        recovered = simulate(compile_recovery(stages, microbatches, d, len(base.streams[d]) // 2, (), mode,
-                                              sync=sync))
+        recovered = simulate(compile_recovery(stages, microbatches, d, len(base.streams[d]) // 2, (), options))
         times[mode] = simulate(base).makespan / off
         pauses[mode] = max(0.0, recovered.makespan - simulate(base).makespan) / off
     return times, pauses
@@ -95,7 +96,7 @@ def window_share(stages: int, microbatches: int, pipelines: int = 1) -> float:
     from schedules.cost import CostModel
     from schedules.syncs import windows
 
-    report = simulate(compile_schedule(stages, microbatches, (), "eager", sync="next"))
+    report = simulate(compile_schedule(stages, microbatches, (), ScheduleOptions(redundancy="eager", sync="next")))
     return sum(w.share for w in windows(report, CostModel(), stages, pipelines)) / stages
 
 

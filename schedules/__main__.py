@@ -16,6 +16,7 @@ from schedules.layout import ScheduleError
 from schedules.order import ORDERS
 from schedules.redundancy import FRC_MODES
 from schedules.syncs import SYNC_MODES
+from schedules.options import ScheduleOptions
 
 
 class _Parser(argparse.ArgumentParser):
@@ -57,11 +58,13 @@ def _build(args):
         if args.fail_node is not None:
             raise ScheduleError("--eval streams have no mid-iteration failure: leave out --fail-node")
         return compile_eval(args.stages, args.microbatches, tuple(args.failed), args.redundancy, cost), cost
-    common = dict(failed=tuple(args.failed), redundancy=args.redundancy, order=args.order, cost=cost, frc=args.frc,
-                  sync=args.replica_sync, split=args.backward_split)
+    options = ScheduleOptions(redundancy=args.redundancy, order=args.order, frc=args.frc, sync=args.replica_sync,
+                              split=args.backward_split)
+    failed = tuple(args.failed)
     if args.fail_node is None:
-        return compile_schedule(args.stages, args.microbatches, **common), cost
-    return compile_recovery(args.stages, args.microbatches, args.fail_node, args.fail_before, **common), cost
+        return compile_schedule(args.stages, args.microbatches, failed, options, cost), cost
+    return compile_recovery(args.stages, args.microbatches, args.fail_node, args.fail_before, failed, options,
+                            cost), cost
 
 
 def _title(schedule) -> str:
@@ -118,7 +121,7 @@ def text_view(schedule, report, width: int = 100) -> str:
 def cmd_demo(args) -> None:
     P, M = args.stages, args.microbatches
     cost = CostModel()
-    off = compile_schedule(P, M, redundancy="off", cost=cost)
+    off = compile_schedule(P, M, options=ScheduleOptions(redundancy="off"), cost=cost)
     eager = compile_schedule(P, M, cost=cost)
     r_off, r_eager = simulate(off, cost), simulate(eager, cost)
     print(text_view(off, r_off), "\n")

@@ -20,20 +20,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from schedules.bubbles import check_in_bubbles, makespan
+from schedules.timing.bubbles import check_in_bubbles, makespan
 from schedules.cost import CostModel
-from schedules.early_grads import SPLITS, split_backwards
-from schedules.timing.engine import start_times
+from schedules.early_grads import split_backwards
 from schedules.evaluation import eval_streams
 from schedules.ir import Instr
-from schedules.layout import Layout, ScheduleError, check_microbatches, keeps_replicas
+from schedules.layout import Layout, ScheduleError, check_microbatches
 from schedules.lower import plain_streams
-from schedules.order import ORDERS
+from schedules.options import BackwardSplit, Frc, Redundancy, ReplicaSync, ScheduleOptions
 from schedules.recovery import recover
-from schedules.redundancy import FRC_MODES, frc_microbatches, insert_frc, lazy_brc
-from schedules.syncs import COMPILED_SYNCS, SYNC_MODES, defer_syncs
+from schedules.redundancy import frc_microbatches, insert_frc, lazy_brc
+from schedules.syncs import defer_syncs
+from schedules.timing.engine import start_times
 
-REDUNDANCY = ("eager", "lazy", "off")
+REDUNDANCY = Redundancy.values()
+DEFAULT = ScheduleOptions()
 
 
 @dataclass(frozen=True)
@@ -41,21 +42,24 @@ class Schedule:
     stages: int
     microbatches: int
     failed: tuple[int, ...]
-    redundancy: str
-    order: str
     streams: dict[int, list[Instr]]
+    options: ScheduleOptions = DEFAULT
     fail_node: int | None = None
     fail_before: int | None = None
     resume_at: dict[int, int] = field(default_factory=dict)
     evaluation: bool = False  # forward-only streams of the validation loss (compile_eval)
-    frc: str = "bubbles"      # eager: FRC only where it fits the node's waits, or for every microbatch (all)
-    sync: str = "end"         # the replica sync at the iteration's end, in the next iteration, or none owed (syncs.py)
-    split: str = "last"       # each node's last backward sends its input gradient first, or none does (early_grads.py)
     cost: CostModel = field(default_factory=CostModel, compare=False, repr=False)
+
+    # The options, as the schedule's readers ask for them.
+    redundancy = property(lambda self: self.options.redundancy)
+    order = property(lambda self: self.options.order)
+    frc = property(lambda self: self.options.frc)      # eager: FRC only where it fits the node's waits, or all
+    sync = property(lambda self: self.options.sync)    # at the iteration's end, in the next, or none owed (syncs.py)
+    split = property(lambda self: self.options.split)  # last backwards split, or none (early_grads.py)
 
     @property
     def layout(self) -> Layout:
-        return Layout(self.stages, frozenset(self.failed), keeps_replicas(self.redundancy))
+        return Layout(self.stages, frozenset(self.failed), self.options.keeps_replicas)
 
     def frc_microbatches(self, node: int) -> list[int]:
         """The microbatches whose FRC `node` runs for its replica (read from its stream)."""
@@ -64,19 +68,19 @@ class Schedule:
 
     def lazy_brc(self, node: int) -> list[Instr]:
         """What `node` would run for its replica if the replica's owner died."""
-        if self.redundancy == "off" or self.fail_node is not None or self.evaluation:
+        if self.redundancy is Redundancy.OFF or self.fail_node is not None or self.evaluation:
             return []
         return lazy_brc(self.layout, node, self.microbatches, frc_ran=self.frc_microbatches(node))
 
     def to_json(self) -> dict:
         out = {"stages": self.stages, "microbatches": self.microbatches, "failed": list(self.failed),
-               "redundancy": self.redundancy, "order": self.order}
-        if self.redundancy == "eager":
-            out["frc"] = self.frc
-        if self.sync != "end":
-            out["replica_sync"] = self.sync
-        if self.split != "last":
-            out["backward_split"] = self.split
+               "redundancy": self.redundancy.value, "order": self.order.value}
+        if self.redundancy is Redundancy.EAGER:
+            out["frc"] = self.frc.value
+        if self.sync is not ReplicaSync.END:
+            out["replica_sync"] = self.sync.value
+        if self.split is not BackwardSplit.LAST:
+            out["backward_split"] = self.split.value
         if self.fail_node is not None:
             out.update(fail_node=self.fail_node, fail_before=self.fail_before)
         if self.evaluation:
@@ -84,7 +88,7 @@ class Schedule:
         streams = []
         for node, stream in self.streams.items():
             entry = {"node": node, "instructions": [i.to_dict() for i in stream]}
-            if self.redundancy == "eager" and self.fail_node is None and not self.evaluation:
+            if self.redundancy is Redundancy.EAGER and self.fail_node is None and not self.evaluation:
                 entry["frc"] = self.frc_microbatches(node)
             brc = self.lazy_brc(node)
             if brc:
@@ -96,104 +100,76 @@ class Schedule:
         return out
 
 
-def _check_options(microbatches: int, redundancy: str, order: str, frc: str = "bubbles", sync: str = "end",
-                   split: str = "last") -> None:
-    check_microbatches(microbatches)
-    if redundancy not in REDUNDANCY:
-        raise ScheduleError(f"--redundancy must be one of {', '.join(REDUNDANCY)} (got {redundancy!r})")
-    if order not in ORDERS:
-        raise ScheduleError(f"--order must be one of {', '.join(ORDERS)} (got {order!r})")
-    if frc not in FRC_MODES:
-        raise ScheduleError(f"--frc must be one of {', '.join(FRC_MODES)} (got {frc!r})")
-    if sync not in COMPILED_SYNCS:
-        raise ScheduleError(f"--replica-sync must be one of {', '.join(SYNC_MODES)} (got {sync!r})")
-    if split not in SPLITS:
-        raise ScheduleError(f"--backward-split must be one of {', '.join(SPLITS)} (got {split!r})")
-
-
 def _makespan(streams: dict[int, list[Instr]], cost: CostModel) -> float:
     """When the last node finishes, by the engine's fast timing pass (no checks:
     the split pass's candidates are valid by construction)."""
     return makespan(streams, start_times(streams, cost), cost)
 
 
-def base_streams(layout: Layout, microbatches: int, order: str, cost: CostModel, sync: str,
-                 split: str = "last") -> dict:
-    """The streams before FRC: plain, last backwards split as `split` says, with the
-    replica sync where `sync` says."""
-    streams = plain_streams(layout, microbatches, order, cost, sync)
-    if split == "last":
+def base_streams(layout: Layout, microbatches: int, options: ScheduleOptions, cost: CostModel) -> dict:
+    """The streams before FRC: plain, last backwards split as the options say, with
+    the replica sync where they say."""
+    streams = plain_streams(layout, microbatches, options.order, cost, options.sync)
+    if options.split is BackwardSplit.LAST:
         streams = split_backwards(streams, lambda s: _makespan(s, cost))
-    return defer_syncs(layout, streams, cost) if sync == "next" else streams
+    return defer_syncs(layout, streams, cost) if options.sync is ReplicaSync.NEXT else streams
 
 
 @lru_cache(maxsize=64)
-def _compile(stages: int, microbatches: int, failed: tuple[int, ...], redundancy: str, order: str,
-             cost: CostModel, frc: str, sync: str, split: str) -> Schedule:
-    _check_options(microbatches, redundancy, order, frc, sync, split)
-    layout = Layout(stages, frozenset(failed), keeps_replicas(redundancy))
+def _compile(stages: int, microbatches: int, failed: tuple[int, ...], options: ScheduleOptions,
+             cost: CostModel) -> Schedule:
+    check_microbatches(microbatches)
+    layout = Layout(stages, frozenset(failed), options.keeps_replicas)
     cost.check_stages(stages)
-    streams = base_streams(layout, microbatches, order, cost, sync, split)
-    if redundancy == "eager":
-        streams = insert_frc(layout, microbatches, streams, cost, frc, sync)
-    return Schedule(stages, microbatches, tuple(sorted(set(failed))), redundancy, order, streams, cost=cost, frc=frc,
-                    sync=sync, split=split)
+    streams = base_streams(layout, microbatches, options, cost)
+    if options.redundancy is Redundancy.EAGER:
+        streams = insert_frc(layout, microbatches, streams, cost, options.frc, options.sync)
+    return Schedule(stages, microbatches, tuple(sorted(set(failed))), streams, options, cost=cost)
 
 
 def compile_schedule(stages: int, microbatches: int, failed: tuple[int, ...] = (),
-                     redundancy: str = "eager", order: str = "1f1b",
-                     cost: CostModel = CostModel(), frc: str = "bubbles", sync: str = "end",
-                     split: str = "last") -> Schedule:
+                     options: ScheduleOptions = DEFAULT, cost: CostModel = CostModel()) -> Schedule:
     """One iteration for every live node, with `failed` nodes' groups merged into
-    their predecessors' (a failure handled at an iteration boundary). `frc`: with
-    eager, FRC only in the waits it fits (bubbles), or for every microbatch (all).
-    `sync`: each replica's sync at the iteration's end, or in the next one (syncs.py).
-    `split`: each node's last backward sends its input gradient first (early_grads.py).
-    Compiled schedules are cached; each call gets its own copy of the streams."""
-    cached = _compile(stages, microbatches, tuple(failed), redundancy, order, cost, frc, sync, split)
+    their predecessors' (a failure handled at an iteration boundary), compiled as
+    the options say (schedules/options.py). Compiled schedules are cached; each call
+    gets its own copy of the streams."""
+    cached = _compile(stages, microbatches, tuple(failed), options, cost)
     return replace(cached, streams={n: list(s) for n, s in cached.streams.items()})
 
 
-def compile_stage(stages: int, microbatches: int, node: int, **options) -> list[Instr]:
+def compile_stage(stages: int, microbatches: int, node: int, **given) -> list[Instr]:
     """The stream of one node (node i starts as stage i)."""
-    schedule = compile_schedule(stages, microbatches, **options)
+    schedule = compile_schedule(stages, microbatches, **given)
     if node not in schedule.streams:
         raise ScheduleError(f"node {node} is not a live node of this schedule")
     return schedule.streams[node]
 
 
 def compile_recovery(stages: int, microbatches: int, fail_node: int, fail_before: int,
-                     failed: tuple[int, ...] = (), redundancy: str = "eager", order: str = "1f1b",
-                     cost: CostModel = CostModel(), frc: str = "bubbles", sync: str = "end",
-                     split: str = "last") -> Schedule:
+                     failed: tuple[int, ...] = (), options: ScheduleOptions = DEFAULT,
+                     cost: CostModel = CostModel()) -> Schedule:
     """The survivors' streams for an iteration in which `fail_node` dies before its
     instruction `fail_before`: what they ran up to the cut, then the recovery. The
     dead stage's microbatches whose FRC ran are swapped in, the rest recomputed."""
-    base = compile_schedule(stages, microbatches, failed, redundancy, order, cost, frc, sync, split)
-    if redundancy == "off":
+    base = compile_schedule(stages, microbatches, failed, options, cost)
+    if options.redundancy is Redundancy.OFF:
         raise ScheduleError(f"node {fail_node} failing mid-iteration is not survivable with "
                             "--redundancy off: no other node holds its layers")
     streams, resume_at, _ = recover(base.layout, microbatches, base.streams, fail_node, fail_before, cost,
-                                    expect_frc=_every_frc(redundancy, frc), sync=sync)
-    return Schedule(stages, microbatches, base.failed, redundancy, order, dict(sorted(streams.items())),
-                    fail_node=fail_node, fail_before=fail_before, resume_at=resume_at, cost=cost, frc=frc,
-                    sync=sync, split=split)
-
-
-def _every_frc(redundancy: str, frc: str) -> bool:
-    """Whether every replica holder's stream must run FRC for every microbatch (the
-    engine's checks see it): eager with --frc all only."""
-    return redundancy == "eager" and frc == "all"
+                                    expect_frc=options.every_frc, sync=options.sync)
+    return Schedule(stages, microbatches, base.failed, dict(sorted(streams.items())), options,
+                    fail_node=fail_node, fail_before=fail_before, resume_at=resume_at, cost=cost)
 
 
 @lru_cache(maxsize=64)
-def _compile_eval(stages: int, microbatches: int, failed: tuple[int, ...], redundancy: str,
+def _compile_eval(stages: int, microbatches: int, failed: tuple[int, ...], redundancy: Redundancy,
                   cost: CostModel) -> Schedule:
-    _check_options(microbatches, redundancy, "1f1b")
-    layout = Layout(stages, frozenset(failed), keeps_replicas(redundancy))
+    check_microbatches(microbatches)
+    options = ScheduleOptions(redundancy=redundancy)
+    layout = Layout(stages, frozenset(failed), options.keeps_replicas)
     cost.check_stages(stages)
-    return Schedule(stages, microbatches, tuple(sorted(set(failed))), redundancy, "1f1b",
-                    eval_streams(layout, microbatches, cost), evaluation=True, cost=cost)
+    return Schedule(stages, microbatches, tuple(sorted(set(failed))), eval_streams(layout, microbatches, cost),
+                    options, evaluation=True, cost=cost)
 
 
 def compile_eval(stages: int, microbatches: int, failed: tuple[int, ...] = (), redundancy: str = "eager",
@@ -201,7 +177,8 @@ def compile_eval(stages: int, microbatches: int, failed: tuple[int, ...] = (), r
     """Forward-only streams that compute the loss of `microbatches` evaluation
     microbatches on the pipeline as it stands (`failed` nodes' groups merged), and
     change no parameter. Validated by the engine's checks as they are compiled; cached."""
-    cached = _compile_eval(stages, microbatches, tuple(failed), redundancy, cost)
+    mode = ScheduleOptions(redundancy=redundancy).redundancy  # a ScheduleError names a bad one
+    cached = _compile_eval(stages, microbatches, tuple(failed), mode, cost)
     return replace(cached, streams={n: list(s) for n, s in cached.streams.items()})
 
 
@@ -220,15 +197,13 @@ def simulate(schedule: Schedule, cost: CostModel | None = None):
         return Engine(schedule.layout, schedule.microbatches, cost, evaluation=True).run(streams)
     dead = None
     if schedule.fail_node is not None:
-        base = compile_schedule(schedule.stages, schedule.microbatches, schedule.failed,
-                                schedule.redundancy, schedule.order, schedule.cost, schedule.frc, schedule.sync,
-                                schedule.split)
+        base = compile_schedule(schedule.stages, schedule.microbatches, schedule.failed, schedule.options,
+                                schedule.cost)
         streams[schedule.fail_node] = base.streams[schedule.fail_node]
         dead = (schedule.fail_node, schedule.fail_before)
-    elif schedule.redundancy == "eager" and schedule.frc == "bubbles" and cost == schedule.cost:
-        plain = base_streams(schedule.layout, schedule.microbatches, schedule.order, cost, schedule.sync,
-                             schedule.split)
+    elif schedule.redundancy is Redundancy.EAGER and schedule.frc is Frc.BUBBLES and cost == schedule.cost:
+        plain = base_streams(schedule.layout, schedule.microbatches, schedule.options, cost)
         check_in_bubbles(plain, streams, cost)
     return Engine(schedule.layout, schedule.microbatches, cost, dead,
-                     expect_frc=_every_frc(schedule.redundancy, schedule.frc), late_sync=schedule.sync == "next",
-                     expect_syncs=schedule.sync != "none").run(streams)
+                  expect_frc=schedule.options.every_frc, late_sync=schedule.sync is ReplicaSync.NEXT,
+                  expect_syncs=schedule.sync is not ReplicaSync.NONE).run(streams)

@@ -25,8 +25,9 @@ from typing import Callable
 from schedules import ir
 from schedules.ir import Instr, Op
 from schedules.lower import is_tail
+from schedules.options import BackwardSplit
 
-SPLITS = ("last", "off")  # --backward-split: each node's last backwards split (depth by the cost model), or none
+SPLITS = BackwardSplit.values()  # --backward-split: each node's last backwards split (depth by the cost model), or none
 
 
 def split_backwards(streams: dict[int, list[Instr]], makespan: Callable[[dict], float]) -> dict[int, list[Instr]]:

@@ -38,16 +38,17 @@ Which microbatches have FRC is visible from the stream (`frc_microbatches`).
 from __future__ import annotations
 
 import math
-from typing import Collection
+from typing import Collection, NamedTuple
 
 from schedules import ir
 from schedules.cost import CostModel
 from schedules.timing.engine import start_times
 from schedules.ir import Instr, Op, RECVS
 from schedules.layout import Layout
+from schedules.options import Frc
 
 
-FRC_MODES = ("bubbles", "all")
+FRC_MODES = Frc.values()
 
 
 def frc_ops(replica: int, mb: int, load: bool) -> list[Instr]:
@@ -96,19 +97,27 @@ def insert_frc(layout: Layout, microbatches: int, streams: dict[int, list[Instr]
         # bubbles, sync at the end: the runtime takes the replica's step owed from the
         # iteration before in the node's first wait, before any FRC there (bamboo/runtime/steps.py)
         owed = cost.step if mode == "bubbles" and sync == "end" else 0.0
-        out[node] = stream if r is None else _fill(r, needs_load, microbatches, stream, starts[node], cost,
-                                                   end_slack, late=sync == "next", owed=owed)
+        room = Room(end_slack, late=sync == "next", owed=owed)
+        out[node] = stream if r is None else _fill(r, needs_load, microbatches, stream, starts[node], cost, room)
     return out
 
 
+class Room(NamedTuple):
+    """What a node's waits can hold beyond their gaps. The wait before the replica's
+    sync is longer by `end_slack`; with an infinite slack (--frc all) everything left
+    goes there. `late`: the sync comes from the iteration before, in the stream; no
+    FRC before the replica's step, and `end_slack` is after the stream. `owed`: what
+    the first wait holds before any FRC (the replica's deferred step)."""
+    end_slack: float
+    late: bool = False
+    owed: float = 0.0
+
+
 def _fill(r: int, needs_load: bool, microbatches: int, stream: list[Instr], starts: list[float],
-          cost: CostModel, end_slack: float, late: bool = False, owed: float = 0.0) -> list[Instr]:
+          cost: CostModel, room: Room) -> list[Instr]:
     """Insert FRC of stage r, microbatch by microbatch in order, into `stream`'s
-    waits. The wait before the replica's sync is longer by `end_slack`; with an
-    infinite slack (--frc all) everything left goes there, else what finds no
-    wait is left out. `late`: the sync comes from the iteration before, in the
-    stream; no FRC before the replica's step, and `end_slack` is after the stream.
-    `owed`: what the first wait holds before any FRC (the replica's deferred step)."""
+    waits as `room` says; what finds no wait is left out."""
+    end_slack, late, owed = room
     out: list[Instr] = []
     loaded: set[int] = set()
     have_input: set[int] = set(range(microbatches)) if r == 0 else set()

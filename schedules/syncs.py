@@ -24,11 +24,13 @@ from schedules.cost import CostModel
 from schedules.timing.engine import start_times
 from schedules.ir import Instr, Op, RECVS
 from schedules.layout import Layout
+from schedules.options import ReplicaSync
 
-SYNC_MODES = ("end", "next")
+
+SYNC_MODES = (ReplicaSync.END.value, ReplicaSync.NEXT.value)
 # "none": `next`'s first iteration of a run or an epoch, which owes no sync (the
 # replicas came whole), so its streams carry none: a runtime compiles it so.
-COMPILED_SYNCS = SYNC_MODES + ("none",)
+COMPILED_SYNCS = ReplicaSync.values()
 
 
 def late_sends(layout: Layout, node: int) -> list[Instr]:

@@ -20,6 +20,7 @@ import time
 
 from schedules.compiler import compile_schedule, simulate
 from schedules.cost import CostModel
+from schedules.options import ScheduleOptions
 
 
 def lower_bound(off_report, eager_report) -> float:
@@ -33,7 +34,7 @@ def compile_speed(frc: str, repeats: int = 15) -> list[float]:
     for i in range(repeats):
         cost = CostModel(transfer=0.05 + i * 1e-9)  # a new cache key: really compile
         t0 = time.perf_counter()
-        compile_schedule(32, 128, cost=cost, frc=frc)
+        compile_schedule(32, 128, options=ScheduleOptions(frc=frc), cost=cost)
         times.append(time.perf_counter() - t0)
     return times
 
@@ -57,10 +58,10 @@ def main() -> None:
           f"{'all/bound':>10} {'FRC held':>9} {'peak live off':>14} {'all':>4} {'swapped':>8}")
     for P in (4, 8):
         for M in (8, 16, 32):
-            off = simulate(compile_schedule(P, M, redundancy="off", cost=cost), cost)
+            off = simulate(compile_schedule(P, M, options=ScheduleOptions(redundancy="off"), cost=cost), cost)
             bounded = compile_schedule(P, M, cost=cost)
             r_bounded = simulate(bounded, cost)
-            r_all = simulate(compile_schedule(P, M, cost=cost, frc="all"), cost)
+            r_all = simulate(compile_schedule(P, M, options=ScheduleOptions(frc="all"), cost=cost), cost)
             held = statistics.mean(len(bounded.frc_microbatches(n)) / M for n in bounded.streams)
             print(f"{P:>3} {M:>4} {off.makespan:>8.2f} {r_bounded.makespan:>8.2f} {r_all.makespan:>8.2f} "
                   f"{r_bounded.makespan / off.makespan:>12.3f} {r_all.makespan / off.makespan:>8.3f} "

@@ -21,6 +21,7 @@ from bench_runtime import run
 from results import at_least, interval  # scripts/results.py, beside this file
 
 from schedules.compiler import compile_schedule, simulate
+from schedules.options import ScheduleOptions
 
 SPLITS = ("last", "off")
 
@@ -52,7 +53,7 @@ def main() -> None:
     print(f"GPT {MODEL} (dim {CFG.dim}, {CFG.layers} blocks, seq {CFG.seq}), P={P}, D=1, M={M}, batch={BATCH}, "
           f"--redundancy off, {a.iterations} iterations ({a.warm} dropped), {a.rounds} rounds alternating")
     for split in SPLITS:
-        sched = compile_schedule(P, M, redundancy="off", split=split)
+        sched = compile_schedule(P, M, options=ScheduleOptions(redundancy="off", split=split))
         report = simulate(sched)
         print(f"--backward-split {split:4}: iteration {statistics.median(times[split]) * 1e3:8.1f} ms (median)   "
               + "   ".join(f"node {n} peak {statistics.median(p[n] for p in peaks[split]):7.1f} MB" for n in range(P))

@@ -27,6 +27,7 @@ from schedules.compiler import compile_schedule, simulate
 from sim.profiles import PROFILES, profile
 
 from results import check_target, whole_numbers, write_json  # scripts/results.py, beside this file
+from schedules.options import ScheduleOptions
 
 
 def row(model: str, depth: int, pipelines: int) -> dict:
@@ -35,12 +36,12 @@ def row(model: str, depth: int, pipelines: int) -> dict:
     cost = prof.cost(depth, pipelines)
 
     def makespan(mode: str, frc: str = "bubbles", c=cost) -> float:
-        return simulate(compile_schedule(depth, microbatches, (), mode, cost=c, frc=frc)).makespan
+        return simulate(compile_schedule(depth, microbatches, (), ScheduleOptions(redundancy=mode, frc=frc), c)).makespan
 
-    bounded = compile_schedule(depth, microbatches, (), "eager", cost=cost)
+    bounded = compile_schedule(depth, microbatches, (), ScheduleOptions(redundancy="eager"), cost)
     hidden = dataclasses.replace(cost, sync_transfer=0.0)
     off, lazy, bubbles, every = makespan("off"), makespan("lazy"), makespan("eager"), makespan("eager", "all")
-    late = compile_schedule(depth, microbatches, (), "eager", cost=cost, sync="next")
+    late = compile_schedule(depth, microbatches, (), ScheduleOptions(redundancy="eager", sync="next"), cost)
     report = simulate(late)
     landed = [s.end + cost.sync_transfer for s in report.spans if s.instr.op.value == "send_sync"]
     return {"model": model, "stages": depth, "pipelines": pipelines, "microbatches": microbatches,

@@ -92,9 +92,11 @@ class RunState:
         self.iteration_start = self.samples
 
 
-def summary(strategy, preemptions, fatal, mean_nodes, samples, horizon, cost_per_hour, hours, timeline) -> dict:
-    """The result of a run; value is samples per second per dollar per hour."""
+def summary(strategy, preemptions, fatal, mean_nodes, samples, horizon, cost_per_hour, timeline) -> dict:
+    """The result of a run over `horizon` seconds; value is samples per second per
+    dollar per hour."""
     throughput = samples / horizon if horizon else 0.0
+    hours = horizon / 3600 if horizon else 0.0
     return {"strategy": strategy, "hours": round(hours, 3), "preemptions": preemptions, "fatal_failures": fatal,
             "mean_nodes": round(mean_nodes, 3), "throughput": round(throughput, 4),
             "cost_per_hour": round(cost_per_hour, 3),

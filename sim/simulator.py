@@ -34,6 +34,7 @@ from sim.strategies import Spot
 from sim.reconfiguration import memory_copies, shape, used_nodes
 from sim.traces import Event
 from sim.windows import Window, full_pipeline, stage_windows
+from schedules.options import ScheduleOptions
 
 __all__ = ["STRATEGIES", "ClusterSimulator", "Options"]
 
@@ -285,11 +286,10 @@ class ClusterSimulator:
         return out
 
     def _result(self, s: RunState, horizon: float) -> dict:
-        hours = horizon / 3600 if horizon else 0.0
         mean_nodes = s.node_seconds / horizon if horizon else 0.0
         cost_per_hour = mean_nodes * self.opt.spot_price
         out = summary(self.strategy, s.preemptions, s.fatal, mean_nodes, s.samples, horizon, cost_per_hour,
-                      hours, s.timeline)
+                      s.timeline)
         out["goodput"] = round(self.goodput(out["throughput"], mean_nodes), 4)
         out["idle_fraction"] = round(s.idle_seconds / s.node_seconds, 4) if s.node_seconds else 0.0
         out["notices_drained"] = s.drained
@@ -362,8 +362,8 @@ def _config_ms(profile, depth: int, shapes: tuple[tuple[int, ...], ...], redunda
 def _pipeline_ms(profile, depth: int, pipelines: int, merged_stages: tuple[int, ...], microbatches: int,
                  redundancy: str, frc: str, sync: str) -> float:
     """One pipeline's iteration under the cost model of `pipelines` pipelines."""
-    schedule = compile_schedule(depth, microbatches, merged_stages, redundancy, cost=profile.cost(depth, pipelines),
-                                frc=frc, sync=sync)
+    options = ScheduleOptions(redundancy=redundancy, frc=frc, sync=sync)
+    schedule = compile_schedule(depth, microbatches, merged_stages, options, profile.cost(depth, pipelines))
     return simulate_schedule(schedule).makespan
 
 
@@ -375,8 +375,8 @@ def _iteration_ms(profile, depth: int, pipelines: int, redundancy: str, merged: 
     microbatches = math.ceil(profile.microbatches / pipelines)
     cost = profile.cost(depth, pipelines)
     failed = (1,) if merged else ()
-    schedule = compile_schedule(depth, microbatches, failed, redundancy if not merged else "eager", cost=cost,
-                                frc=frc, sync=sync)
+    options = ScheduleOptions(redundancy=redundancy if not merged else "eager", frc=frc, sync=sync)
+    schedule = compile_schedule(depth, microbatches, failed, options, cost)
     return simulate_schedule(schedule).makespan
 
 

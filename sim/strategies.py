@@ -296,7 +296,7 @@ class OnDemand:
         nodes = pipelines * sim.P
         rate = sim.throughput(pipelines)
         return summary(sim.strategy, 0, 0, float(nodes), rate * horizon, horizon,
-                       nodes * sim.opt.on_demand_price, horizon / 3600, [(0.0, nodes, rate)])
+                       nodes * sim.opt.on_demand_price, [(0.0, nodes, rate)])
 
 
 STRATEGIES = {"bamboo": Bamboo, "lazy": Lazy, "redo": RedoFromPeers, "checkpoint": CheckpointRestart,

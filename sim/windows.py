@@ -31,6 +31,7 @@ from schedules.cost import CostModel
 from schedules.syncs import Window
 
 from sim.profiles import Profile
+from schedules.options import ScheduleOptions
 
 
 def full_pipeline(profile, depth: int, pipelines: int, redundancy: str, frc: str,
@@ -40,7 +41,8 @@ def full_pipeline(profile, depth: int, pipelines: int, redundancy: str, frc: str
     profile: the compiler's default)."""
     total = getattr(profile, "microbatches", None) or 4 * pipelines
     cost = profile.cost(depth, pipelines) if isinstance(profile, Profile) else CostModel()
-    return compile_schedule(depth, math.ceil(total / pipelines), (), redundancy, cost=cost, frc=frc, sync=sync), cost
+    options = ScheduleOptions(redundancy=redundancy, frc=frc, sync=sync)
+    return compile_schedule(depth, math.ceil(total / pipelines), (), options, cost), cost
 
 
 @lru_cache(maxsize=None)

@@ -16,6 +16,9 @@ from bamboo.model.partition import partition
 from bamboo.runtime.ahead import Ahead, prefix_ahead
 from bamboo.runtime.executor import OPS, Executor
 from bamboo.runtime.iteration import IterationState
+from schedules.options import ScheduleOptions
+from bamboo.state.holdings import Stages
+from bamboo.transport.staging import Stager
 
 CFG = JobConfig(model="tiny", dtype="float64", microbatches=4, iterations=3, seed=3)
 MBS = range(4, 8)  # pipeline 1's share of 8 global microbatches
@@ -26,7 +29,8 @@ def executor():
     source = ModelSource(CFG.model, CFG.seed, CFG.torch_dtype, CFG.seq, CFG.model_config)
     first = partition(source.costs(), 2)[0]
     stage = Stage([source.layer(i) for i in first], None, first.start)
-    return Executor(CFG, (2, 3), 0, {0: stage}, {}, corpus_of(CFG, source.seq), torch.device("cpu"), None, None)
+    return Executor(CFG, (2, 3), 0, Stages({0: stage}, {}), corpus_of(CFG, source.seq), None, None,
+                    Stager(torch.device("cpu")))
 
 
 def on_main_thread(executor, iteration: int, stream: list[Instr]) -> IterationState:
@@ -39,15 +43,15 @@ def on_main_thread(executor, iteration: int, stream: list[Instr]) -> IterationSt
 
 @pytest.mark.parametrize("mode", ["off", "lazy", "eager"])
 def test_only_a_stream_that_begins_at_stage_0_has_work_to_run_ahead(mode):
-    streams = compile_schedule(4, 8, (), mode).streams
+    streams = compile_schedule(4, 8, (), options=ScheduleOptions(redundancy=mode)).streams
     assert prefix_ahead(streams[0]) == [ir.load(0), Instr(Op.FORWARD, 0, 0)]
     assert all(prefix_ahead(streams[n]) == [] for n in (1, 2, 3))
-    merged = compile_schedule(4, 8, (1,), mode).streams[0]  # node 0 runs stages 0 and 1
+    merged = compile_schedule(4, 8, (1,), options=ScheduleOptions(redundancy=mode)).streams[0]  # node 0 runs stages 0 and 1
     assert prefix_ahead(merged) == [ir.load(0), Instr(Op.FORWARD, 0, 0), Instr(Op.FORWARD, 1, 0)]
 
 
 def test_the_forward_run_ahead_equals_the_main_threads_bit_for_bit(executor):
-    stream = compile_schedule(2, 4, (), "off").streams[0]
+    stream = compile_schedule(2, 4, (), options=ScheduleOptions(redundancy="off")).streams[0]
     want = on_main_thread(executor, 2, stream)
     ahead = Ahead(executor, OPS, 2, stream, prefix_ahead(stream), MBS)
     got = IterationState(2, MBS, None, None)
@@ -61,7 +65,7 @@ def test_the_forward_run_ahead_equals_the_main_threads_bit_for_bit(executor):
 
 @pytest.mark.parametrize("change", ["iteration", "samples", "stream"])
 def test_work_for_another_iteration_or_stream_is_dropped(executor, change):
-    stream = compile_schedule(2, 4, (), "off").streams[0]
+    stream = compile_schedule(2, 4, (), options=ScheduleOptions(redundancy="off")).streams[0]
     ahead = Ahead(executor, OPS, 2, stream, prefix_ahead(stream), MBS)
     iteration, mbs, runs = 2, MBS, stream
     if change == "iteration":
@@ -78,7 +82,7 @@ def test_work_for_another_iteration_or_stream_is_dropped(executor, change):
 def test_an_error_on_the_thread_is_raised_where_the_results_are_taken(executor):
     def broken(_executor, _ins):
         raise ValueError("broken forward")
-    stream = compile_schedule(2, 4, (), "off").streams[0]
+    stream = compile_schedule(2, 4, (), options=ScheduleOptions(redundancy="off")).streams[0]
     ahead = Ahead(executor, {**OPS, Op.FORWARD: broken}, 2, stream, prefix_ahead(stream), MBS)
     with pytest.raises(ValueError, match="broken forward"):
         ahead.take(IterationState(2, MBS, None, None), stream)
@@ -87,6 +91,6 @@ def test_an_error_on_the_thread_is_raised_where_the_results_are_taken(executor):
 def test_an_error_in_work_that_is_dropped_is_not_raised(executor):
     def broken(_executor, _ins):
         raise ValueError("broken forward")
-    stream = compile_schedule(2, 4, (), "off").streams[0]
+    stream = compile_schedule(2, 4, (), options=ScheduleOptions(redundancy="off")).streams[0]
     ahead = Ahead(executor, {**OPS, Op.FORWARD: broken}, 2, stream, prefix_ahead(stream), MBS)
     assert ahead.take(IterationState(3, MBS, None, None), stream) == 0  # another iteration: not wanted

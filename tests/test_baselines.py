@@ -14,6 +14,7 @@ from sim.checkpointing import daly_interval, optimal_interval, trace_stats, youn
 from sim.profiles import PROFILES, STATE_BYTES_PER_PARAM, profile
 from sim.simulator import ClusterSimulator, Options
 from sim.traces import Event, synthetic
+from schedules.options import ScheduleOptions
 
 BERT = PROFILES["bert-large"]
 
@@ -21,7 +22,7 @@ BERT = PROFILES["bert-large"]
 def rate(pipelines):
     """Samples/s of D healthy pipelines without redundancy, from the schedule simulator."""
     m = -(-BERT.microbatches // pipelines)
-    makespan = simulate(compile_schedule(2, m, (), "off", cost=BERT.cost(2, pipelines))).makespan
+    makespan = simulate(compile_schedule(2, m, (), options=ScheduleOptions(redundancy="off"), cost=BERT.cost(2, pipelines))).makespan
     return BERT.samples_per_iteration() / (makespan / 1000)
 
 

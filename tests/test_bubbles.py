@@ -6,7 +6,7 @@ the placed FRC one at a time, and the placement the compiler had before
 (--frc all, pinned from that code)."""
 import pytest
 
-from schedules.bubbles import check_in_bubbles
+from schedules.timing.bubbles import check_in_bubbles
 from schedules.timing.checks import ValidationError
 from schedules.compiler import base_streams, compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
@@ -14,6 +14,7 @@ from schedules.timing.engine import Engine
 from schedules.ir import Op, is_frc
 from schedules.layout import Layout
 from sim.profiles import profile
+from schedules.options import ScheduleOptions
 
 UNEVEN = CostModel(forward=(0.5, 2.0, 1.0), backward=(1.0, 4.0, 0.5), transfer=0.7, swap=0.3)
 # GPT-2 XL's calibrated costs at P=12, one pipeline: a swap-out takes three forwards
@@ -41,8 +42,8 @@ def _delays(layout, M, streams, cost, without):
     (2, 6, (), CostModel()), (4, 8, (), CostModel()), (4, 32, (), CostModel()), (8, 16, (), CostModel()),
     (6, 12, (2,), CostModel()), (3, 9, (), UNEVEN), (12, 24, (), GPT2), (12, 12, (5,), GPT2)])
 def test_bounded_frc_leaves_the_iteration_as_long_as_without_it(P, M, failed, cost):
-    eager = compile_schedule(P, M, failed, "eager", cost=cost)
-    lazy = simulate(compile_schedule(P, M, failed, "lazy", cost=cost))
+    eager = compile_schedule(P, M, failed, options=ScheduleOptions(redundancy="eager"), cost=cost)
+    lazy = simulate(compile_schedule(P, M, failed, options=ScheduleOptions(redundancy="lazy"), cost=cost))
     late, makespan = _delays(eager.layout, M, eager.streams, cost, lazy)
     assert late == [] and makespan == pytest.approx(lazy.makespan, rel=1e-12)
     assert simulate(eager).makespan == pytest.approx(lazy.makespan, rel=1e-12)  # the validator agrees
@@ -58,7 +59,7 @@ def test_no_frc_placed_lengthens_the_critical_path_brute_force(P, cost):
     instruction and leaves the makespan; so do all of them together."""
     for M in range(1, 7):
         eager = compile_schedule(P, M, cost=cost)
-        lazy = simulate(compile_schedule(P, M, redundancy="lazy", cost=cost))
+        lazy = simulate(compile_schedule(P, M, options=ScheduleOptions(redundancy="lazy"), cost=cost))
         placed = [(n, i) for n, s in eager.streams.items() for i, x in enumerate(s) if is_frc(x)]
         for node, at in placed + [(None, None)]:
             streams = {n: [x for i, x in enumerate(s) if (n, i) == (node, at) or node is None
@@ -71,12 +72,12 @@ def test_no_frc_placed_lengthens_the_critical_path_brute_force(P, cost):
 
 def test_the_brute_force_finds_the_frc_that_frc_all_puts_where_it_does_not_fit():
     """The check above is not vacuous: --frc all's leftover FRC lengthens the iteration."""
-    eager = compile_schedule(4, 16, frc="all")
-    lazy = simulate(compile_schedule(4, 16, redundancy="lazy"))
+    eager = compile_schedule(4, 16, options=ScheduleOptions(frc="all"))
+    lazy = simulate(compile_schedule(4, 16, options=ScheduleOptions(redundancy="lazy")))
     late, makespan = _delays(eager.layout, 16, eager.streams, CostModel(), lazy)
     assert makespan > lazy.makespan + 1
     with pytest.raises(ValidationError) as e:
-        check_in_bubbles(base_streams(eager.layout, 16, "1f1b", CostModel(), "end"), eager.streams, CostModel())
+        check_in_bubbles(base_streams(eager.layout, 16, ScheduleOptions(), CostModel()), eager.streams, CostModel())
     assert e.value.kind == "frc-delay" and "lengthens" in str(e.value)
 
 
@@ -90,7 +91,7 @@ def test_an_frc_moved_into_a_wait_too_short_is_refused():
     after = next(i for i, x in enumerate(s) if x.op is Op.SEND_ACT and x.mb == 0) + 1
     s[after:after] = frc  # right after node 1 sent mb 0 on: it has its next activation to work on
     with pytest.raises(ValidationError) as e:
-        check_in_bubbles(base_streams(eager.layout, 8, "1f1b", CostModel(), "end"), streams, CostModel())
+        check_in_bubbles(base_streams(eager.layout, 8, ScheduleOptions(), CostModel()), streams, CostModel())
     assert e.value.kind == "frc-delay" and "node 1" in str(e.value)
 
 
@@ -102,7 +103,7 @@ OLD_FRC = {(4, 8, "default"): {0: [12, 14, 16, 18, 44, 48, 55, 57], 1: [9, 11, 1
 
 @pytest.mark.parametrize("P,M,name", list(OLD_FRC))
 def test_frc_all_is_the_placement_of_before(P, M, name):
-    sched = compile_schedule(P, M, cost={"default": CostModel(), "uneven": UNEVEN}[name], frc="all", split="off")
+    sched = compile_schedule(P, M, options=ScheduleOptions(frc="all", split="off"), cost={"default": CostModel(), "uneven": UNEVEN}[name])
     assert {n: [i for i, x in enumerate(s) if is_frc(x)] for n, s in sched.streams.items()} == OLD_FRC[(P, M, name)]
     simulate(sched)
 
@@ -115,11 +116,11 @@ def test_a_death_uses_the_frc_that_ran_and_recomputes_the_rest(split, held):
     what ran before the cut, and recomputes every other forward (among them those
     no bubble held) exactly once."""
     P, M, d, p = 4, 8, 2, 1
-    base = compile_schedule(P, M, split=split)
+    base = compile_schedule(P, M, options=ScheduleOptions(split=split))
     assert base.frc_microbatches(p) == list(range(held))
     mixed = 0
     for k in range(len(base.streams[d]) + 1):
-        rec = compile_recovery(P, M, d, k, split=split)
+        rec = compile_recovery(P, M, d, k, options=ScheduleOptions(split=split))
         assert all(simulate(rec).finished.values())
         prefix, part = rec.streams[p][:rec.resume_at[p]], rec.streams[p][rec.resume_at[p]:]
         if not any(x.op is Op.BACKWARD and x.stage == d for x in part):
@@ -139,10 +140,10 @@ def test_the_replica_step_may_take_the_idle_end_of_a_node():
     as without FRC, and the node covers more microbatches than its waits hold.
     (Whole backwards: split ones take those waits, tests/test_early_grads.py.)"""
     layout = Layout(8)
-    eager = compile_schedule(8, 8, split="off")
+    eager = compile_schedule(8, 8, options=ScheduleOptions(split="off"))
     late_tail = [n for n, s in eager.streams.items()
                  if any(is_frc(x) for x in s[next(i for i, x in enumerate(s) if x.op is Op.REDUCE_GRADS):])]
     assert late_tail and all(eager.frc_microbatches(n) == list(range(8)) for n in eager.streams)
-    length, with_frc = check_in_bubbles(base_streams(layout, 8, "1f1b", CostModel(), "end", "off"), eager.streams,
+    length, with_frc = check_in_bubbles(base_streams(layout, 8, ScheduleOptions(split="off"), CostModel()), eager.streams,
                                         CostModel())
     assert with_frc == pytest.approx(length)

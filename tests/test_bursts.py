@@ -18,6 +18,8 @@ from bamboo.control.protocol import Failure, Local
 from bamboo.runtime.failover import Failover, PeerDead, TooManyDead, Watch
 
 from tests.training import bamboo_train
+from schedules.options import ScheduleOptions
+from bamboo.control.config import JobConfig
 
 ITERS, KILLED_IN = 9, 8
 COMMON = ["--model", "tiny", "--microbatches", "8", "--seed", "11", "--stages", "4", "--dtype", "float64",
@@ -38,7 +40,7 @@ def reference(tmp_path_factory):
 def stream_length(mode: str, local: int) -> int:
     """Instructions of a node of the full pipeline in iteration 8 (4 of the 8
     microbatches: the short pipelines run 2 each), as the kill positions count them."""
-    return len(compile_schedule(4, 4, (), mode).streams[local])
+    return len(compile_schedule(4, 4, (), options=ScheduleOptions(redundancy=mode)).streams[local])
 
 
 def two_deaths(tmp_path, reference, mode: str, k1: int, k2: int):
@@ -84,7 +86,7 @@ def test_a_death_seen_after_the_pipeline_recovered_from_another_abandons_the_ite
     """On a real etcd: node 1 recorded dead, then, once the pipeline replanned without
     it, node 2. The second look must not plan a recovery on the first one's streams."""
     cluster = Cluster(etcd.endpoint, "second-death")
-    failover = Failover(cluster, tuple(FULL), 0, 0, "eager", 3.0, elastic=True)
+    failover = Failover(cluster, tuple(FULL), 0, 0, ScheduleOptions(redundancy="eager"), JobConfig(elastic=True))
     failover.now = Watch(iteration=KILLED_IN, microbatches=4, failed=(), comm=None, streams={})
     cluster.record_dead(1, Failure(KILLED_IN, 0, "test"))
     assert failover.poll() == PeerDead(Local(1))

@@ -14,6 +14,7 @@ from bamboo.runtime.calibration import FRC_MARGIN, OpTimes, cost_model, propose
 from schedules.compiler import compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
 from schedules.ir import Instr, Op
+from schedules.options import ScheduleOptions
 
 
 def _report(op_ms, events=()):
@@ -89,8 +90,8 @@ def test_placements_under_measured_costs_recover_from_every_death_point(seed):
     rng = random.Random(seed)
     P, M = rng.choice([2, 3, 4]), rng.choice([3, 4, 6])
     cost = _measured_like(rng, P)
-    base = compile_schedule(P, M, (), "eager", cost=cost)
-    lazy = simulate(compile_schedule(P, M, (), "lazy", cost=cost))
+    base = compile_schedule(P, M, (), options=ScheduleOptions(redundancy="eager"), cost=cost)
+    lazy = simulate(compile_schedule(P, M, (), options=ScheduleOptions(redundancy="lazy"), cost=cost))
     assert simulate(base).makespan <= lazy.makespan * (1 + 1e-12)  # FRC only in idle time
     for d, stream in base.streams.items():
         for k in range(len(stream) + 1):

@@ -33,6 +33,7 @@ from sim.profiles import profile
 from sim.reconfiguration import memory_copies
 from sim.simulator import ClusterSimulator, Options
 from sim.traces import Event
+from schedules.options import ScheduleOptions
 
 LAYOUTS = [(9, 4, 8), (7, 3, 6)]  # nodes, P, global M
 # where the simulator's cost model lays out a short pipeline (1,024 death sets at 10 nodes: slow)
@@ -62,13 +63,13 @@ def test_the_compiler_plans_a_recovery_exactly_where_the_rule_says_a_pipeline_ab
         for j, pipe in enumerate(config.pipelines):
             m = len(shares(microbatches, j))
             folded = tuple(sorted(merged(pipe)))
-            base = compile_schedule(depth, m, folded, mode).streams
+            base = compile_schedule(depth, m, folded, options=ScheduleOptions(redundancy=mode)).streams
             for node in sorted(set(pipe)):
                 first = pipe.index(node)
                 ok = absorbs(pipe, {node}, replicas=True)
                 for k in sorted({0, len(base[first]) // 2, len(base[first])}):
                     try:
-                        simulate(compile_recovery(depth, m, first, k, folded, mode))
+                        simulate(compile_recovery(depth, m, first, k, folded, options=ScheduleOptions(redundancy=mode)))
                         planned = True
                     except ScheduleError:
                         planned = False

@@ -14,6 +14,7 @@ from schedules.ir import Op, backward_input, backward_weight, send_grad
 from schedules.lower import is_tail
 
 from tests.training import bamboo_train
+from schedules.options import ScheduleOptions
 
 IDEAL = CostModel(forward=1.0, backward=2.0, transfer=0.0, step=0.0)
 
@@ -25,7 +26,7 @@ def test_each_node_sends_its_input_gradients_a_weight_pass_before_its_whole_back
     all): each input pass followed by its send; each weight pass after the next
     split one's send, the last after the last send; after it only the tail (with
     eager, FRC that fits the node's end too)."""
-    sched = compile_schedule(P, M, redundancy=mode)
+    sched = compile_schedule(P, M, options=ScheduleOptions(redundancy=mode))
     depths = set()
     for node, stream in sched.streams.items():
         inputs = [i for i, x in enumerate(stream) if x.op is Op.BACKWARD_INPUT]
@@ -51,8 +52,8 @@ def test_two_stages_reach_the_last_stages_own_work(M):
     Split, stage 1 sends each gradient a weight pass earlier and stage 0 never
     waits on it: the iteration is the lower bound of stage 1's own work after the
     first activation reaches it, f + M(f+b) (every backward split)."""
-    whole = simulate(compile_schedule(2, M, redundancy="off", cost=IDEAL, split="off"), IDEAL).makespan
-    sched = compile_schedule(2, M, redundancy="off", cost=IDEAL)
+    whole = simulate(compile_schedule(2, M, options=ScheduleOptions(redundancy="off", split="off"), cost=IDEAL), IDEAL).makespan
+    sched = compile_schedule(2, M, options=ScheduleOptions(redundancy="off"), cost=IDEAL)
     split = simulate(sched, IDEAL).makespan
     assert whole == pytest.approx((M + 1) * 3.0)
     assert split == pytest.approx(1.0 + M * 3.0)
@@ -64,8 +65,8 @@ def test_two_stages_reach_the_last_stages_own_work(M):
 def test_deeper_pipelines_are_never_slower(mode, P):
     cost = CostModel(forward=[1.0 + 0.1 * s for s in range(P)], backward=[2.0 + 0.3 * s for s in range(P)])
     for M in (P, 2 * P, 4 * P):
-        whole = simulate(compile_schedule(P, M, redundancy=mode, cost=cost, split="off")).makespan
-        split = simulate(compile_schedule(P, M, redundancy=mode, cost=cost)).makespan
+        whole = simulate(compile_schedule(P, M, options=ScheduleOptions(redundancy=mode, split="off"), cost=cost)).makespan
+        split = simulate(compile_schedule(P, M, options=ScheduleOptions(redundancy=mode), cost=cost)).makespan
         assert split < whole, (M, split, whole)
 
 
@@ -73,14 +74,14 @@ def test_a_node_with_work_after_its_last_send_keeps_whole_backwards():
     """Node 3 runs stages 3 and 0 after node 0 died: its last compute is stage 0's
     backward, which sends nothing; splitting its stage 3 backward would put the
     weight pass before that."""
-    sched = compile_schedule(4, 8, failed=(0,), redundancy="lazy")
+    sched = compile_schedule(4, 8, failed=(0,), options=ScheduleOptions(redundancy="lazy"))
     assert not any(x.op is Op.BACKWARD_INPUT for x in sched.streams[3])
     assert any(x.op is Op.BACKWARD_INPUT for x in sched.streams[1])
     simulate(sched)
 
 
 def test_the_validator_refuses_a_weight_pass_out_of_place():
-    sched = compile_schedule(2, 4, redundancy="off", cost=IDEAL)
+    sched = compile_schedule(2, 4, options=ScheduleOptions(redundancy="off"), cost=IDEAL)
     s = list(sched.streams[1])
     at, before = s.index(backward_weight(1, 3)), s.index(backward_input(1, 3))
     early = {**sched.streams, 1: s[:before] + [s[at]] + s[before:at] + s[at + 1:]}  # before its input pass
@@ -98,10 +99,10 @@ def test_a_death_at_any_point_of_a_split_backward_is_recovered(mode, P, M, d):
     """Every cut of node d, the ones between its input and weight passes among them:
     the recovery validates, and its holder recomputes the dead stage's backward of
     every microbatch (the dead node's weight gradients died with it)."""
-    base = compile_schedule(P, M, redundancy=mode)
+    base = compile_schedule(P, M, options=ScheduleOptions(redundancy=mode))
     at = base.streams[d].index(backward_weight(d, M - 1))
     for k in range(len(base.streams[d]) + 1):
-        rec = compile_recovery(P, M, d, k, redundancy=mode)
+        rec = compile_recovery(P, M, d, k, options=ScheduleOptions(redundancy=mode))
         assert all(simulate(rec).finished.values()), k
         part = rec.streams[(d - 1) % P][rec.resume_at[(d - 1) % P]:]
         if k == at:  # sent its last gradient, died before its weights
@@ -136,7 +137,7 @@ def test_a_sigkill_between_the_input_and_the_weight_pass_keeps_the_math(tmp_path
     """Node 1 sends its last input gradient and is killed before its weight pass:
     node 0 takes stage 1 over and recomputes its gradients; the training is the
     single-process reference's (float64: order noise far below the tolerance)."""
-    stream = compile_schedule(2, 4, redundancy="lazy").streams[1]
+    stream = compile_schedule(2, 4, options=ScheduleOptions(redundancy="lazy")).streams[1]
     point = f"1@2:{stream.index(backward_weight(1, 3))}"
     losses, params = _train(tmp_path, "kill", "--redundancy", "lazy", "--dtype", "float64", "--preempt", point)
     ref_losses, ref_params = _train(tmp_path, "ref", "--dtype", "float64", "--stages", "1")

@@ -8,6 +8,7 @@ from schedules.compiler import compile_eval, compile_schedule, simulate
 from schedules.cost import CostModel
 from schedules.timing.engine import Engine, validate
 from schedules.ir import Op
+from schedules.options import ScheduleOptions
 
 # No latency and free bookkeeping: the textbook pipeline model.
 IDEAL = CostModel(forward=1.0, backward=2.0, transfer=0.0, swap=0.0, step=0.0, sync_transfer=0.0)
@@ -16,7 +17,7 @@ IDEAL = CostModel(forward=1.0, backward=2.0, transfer=0.0, swap=0.0, step=0.0, s
 @pytest.mark.parametrize("order", ["1f1b", "gpipe"])
 @pytest.mark.parametrize("P,M", [(2, 1), (4, 8), (8, 3), (6, 16)])
 def test_makespan_and_bubble_match_the_closed_form(order, P, M):
-    r = simulate(compile_schedule(P, M, redundancy="off", order=order, cost=IDEAL, split="off"), IDEAL)
+    r = simulate(compile_schedule(P, M, options=ScheduleOptions(redundancy="off", order=order, split="off"), cost=IDEAL), IDEAL)
     f, b = 1.0, 2.0
     assert r.makespan == pytest.approx((M + P - 1) * (f + b))
     for node in range(P):
@@ -25,8 +26,8 @@ def test_makespan_and_bubble_match_the_closed_form(order, P, M):
 
 @pytest.mark.parametrize("P,M", [(4, 8), (5, 3)])
 def test_peak_live_activations(P, M):
-    one = simulate(compile_schedule(P, M, redundancy="off", cost=IDEAL, split="off"), IDEAL)
-    gp = simulate(compile_schedule(P, M, redundancy="off", order="gpipe", cost=IDEAL, split="off"), IDEAL)
+    one = simulate(compile_schedule(P, M, options=ScheduleOptions(redundancy="off", split="off"), cost=IDEAL), IDEAL)
+    gp = simulate(compile_schedule(P, M, options=ScheduleOptions(redundancy="off", order="gpipe", split="off"), cost=IDEAL), IDEAL)
     for s in range(P):
         assert one.peak_live[s] == min(P - s, M)
         assert gp.peak_live[s] == M
@@ -34,7 +35,7 @@ def test_peak_live_activations(P, M):
 
 def _streams(P=3, M=4, redundancy="off", frc="bubbles"):
     """(Whole backwards; the split ones' checks are in tests/test_early_grads.py.)"""
-    s = compile_schedule(P, M, redundancy=redundancy, frc=frc, split="off")
+    s = compile_schedule(P, M, options=ScheduleOptions(redundancy=redundancy, frc=frc, split="off"))
     return s.layout, M, {n: list(v) for n, v in s.streams.items()}
 
 

@@ -14,6 +14,7 @@ from bamboo.control.etcd import EtcdCluster, EtcdError, EtcdServer, connect
 from bamboo.control.protocol import ALIVE, FAILED, Failure
 from bamboo.control.store import EtcdStore
 from bamboo.runtime.failover import Unsurvivable, died_before
+from schedules.options import ScheduleOptions
 
 
 def test_store_semantics(etcd):
@@ -106,7 +107,7 @@ def _failover(P=4, M=4):
     from schedules.compiler import compile_schedule
 
     from bamboo.runtime.failover import Failover, Watch
-    f = Failover(None, tuple(range(P)), 0, 0, "eager", 3.0)
+    f = Failover(None, tuple(range(P)), 0, 0, ScheduleOptions(redundancy="eager"), JobConfig())
     f.now = Watch(iteration=5, microbatches=M, failed=(), comm=None, streams=compile_schedule(P, M).streams)
     return f
 

@@ -11,12 +11,14 @@ from bamboo.control.protocol import ALIVE, DONE, LOSS, REGROUP, Alive, Local, Lo
 from bamboo.runtime.boundary import Boundary
 from bamboo.state.checkpoint import Checkpoints
 from bamboo.runtime.failover import Failover, Watch
+from bamboo.control.config import JobConfig
+from schedules.options import ScheduleOptions
 
 IT = 4
 
 
 def _node(cluster: Cluster, nodes: tuple[int, ...], me: int, report: Report) -> Failover:
-    f = Failover(cluster, nodes, 0, me, "off", 3.0, report_of=lambda: report)
+    f = Failover(cluster, nodes, 0, me, ScheduleOptions(redundancy="off"), JobConfig(), report_of=lambda: report)
     f.now = Watch(iteration=IT, microbatches=3, failed=(), comm=None, streams={})
     return f
 

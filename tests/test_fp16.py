@@ -14,6 +14,7 @@ import torch
 from bamboo.control.protocol import LossScale
 from bamboo.model.builtin import FP16_ON_CPU
 from tests.training import bamboo_train
+from schedules.options import ScheduleOptions
 
 # 2^20 on the tiny model: two overflows (2^20, 2^19), two good steps, a doubling
 # to 2^19, an overflow again, then good steps: every transition of the rule.
@@ -84,7 +85,7 @@ def test_with_the_sync_in_the_next_iteration_a_replica_skips_what_its_owner_skip
     from schedules.compiler import compile_schedule
     from schedules.ir import INPUT_GRADS
     _, reference = bamboo_train(tmp_path / "ref.jsonl", *FP16, "--stages", "1", "--iterations", "8")
-    stream = compile_schedule(4, 4, (), "eager", sync="next").streams[2]
+    stream = compile_schedule(4, 4, (), options=ScheduleOptions(redundancy="eager", sync="next")).streams[2]
     landed = next(i for i, x in enumerate(stream) if x.op in INPUT_GRADS)  # its sync (its first send) is in
     _, got = bamboo_train(tmp_path / "next.jsonl", *FP16, "--stages", "4", "--iterations", "8",
                           "--replica-sync", "next", "--preempt", f"2@6:{landed}")
@@ -109,7 +110,7 @@ def test_with_the_sync_in_the_next_iteration_two_pipelines_skip_alike(tmp_path, 
     from schedules.compiler import compile_schedule
     from schedules.ir import INPUT_GRADS
     _, reference = bamboo_train(tmp_path / "ref.jsonl", *FP16, "--stages", "1", "--iterations", "8")
-    stream = compile_schedule(2, 2, (), "eager", sync="next").streams[1]
+    stream = compile_schedule(2, 2, (), options=ScheduleOptions(redundancy="eager", sync="next")).streams[1]
     landed = next(i for i, x in enumerate(stream) if x.op in INPUT_GRADS)
     _, got = bamboo_train(tmp_path / "next.jsonl", *FP16, "--stages", "2", "--pipelines", "2", "--iterations", "8",
                           "--replica-sync", "next", "--preempt", f"1@6:{landed}")

@@ -16,6 +16,7 @@ from schedules.layout import ScheduleError
 from schedules.syncs import sync_landed_first
 
 from tests.test_properties import costs, layouts
+from schedules.options import ScheduleOptions
 
 
 @pytest.mark.parametrize("redundancy", ["lazy", "eager"])
@@ -27,18 +28,18 @@ def test_a_long_sync_leaves_the_critical_path(redundancy, P):
     one without redundancy, to the float (with whole backwards; with the last ones
     split, node P-1's weight pass can leave its replica step at the very end)."""
     cost = CostModel(sync_transfer=20.0)
-    off = simulate(compile_schedule(P, 8, (), "off", cost=cost, split="off")).makespan
-    end = simulate(compile_schedule(P, 8, (), redundancy, cost=cost, split="off")).makespan
-    late = simulate(compile_schedule(P, 8, (), redundancy, cost=cost, sync="next", split="off")).makespan
+    off = simulate(compile_schedule(P, 8, (), options=ScheduleOptions(redundancy="off", split="off"), cost=cost)).makespan
+    end = simulate(compile_schedule(P, 8, (), options=ScheduleOptions(redundancy=redundancy, split="off"), cost=cost)).makespan
+    late = simulate(compile_schedule(P, 8, (), options=ScheduleOptions(redundancy=redundancy, sync="next", split="off"), cost=cost)).makespan
     assert end >= off + 20.0
     assert late == pytest.approx(off, rel=1e-12)
-    off_split = simulate(compile_schedule(P, 8, (), "off", cost=cost)).makespan
-    late_split = simulate(compile_schedule(P, 8, (), redundancy, cost=cost, sync="next")).makespan
+    off_split = simulate(compile_schedule(P, 8, (), options=ScheduleOptions(redundancy="off"), cost=cost)).makespan
+    late_split = simulate(compile_schedule(P, 8, (), options=ScheduleOptions(redundancy=redundancy, sync="next"), cost=cost)).makespan
     assert late_split <= off_split + cost.step + 1e-9 and late_split < off
 
 
 def test_each_owner_sends_first_and_each_holder_steps_its_replica_before_its_frc():
-    sched = compile_schedule(4, 8, (), "eager", cost=CostModel(sync_transfer=3.0), sync="next")
+    sched = compile_schedule(4, 8, (), options=ScheduleOptions(redundancy="eager", sync="next"), cost=CostModel(sync_transfer=3.0))
     for node, stream in sched.streams.items():
         replica = sched.layout.replica(node)
         assert stream[0] == Instr(Op.SEND_SYNC, node, peer=sched.layout.holder(node))
@@ -50,7 +51,7 @@ def test_each_owner_sends_first_and_each_holder_steps_its_replica_before_its_frc
 
 def test_the_validator_refuses_frc_before_the_sync_landed():
     """The same stream with the replica's sync and step moved after its first FRC."""
-    sched = compile_schedule(3, 4, (), "eager", sync="next")
+    sched = compile_schedule(3, 4, (), options=ScheduleOptions(redundancy="eager", sync="next"))
     node = next(n for n in sched.streams if sched.frc_microbatches(n))
     stream = list(sched.streams[node])
     recv = next(i for i, x in enumerate(stream) if x.op is Op.RECV_SYNC)
@@ -70,7 +71,7 @@ def test_every_failure_point_recovers_or_is_refused_for_a_sync_in_flight(P, M, f
     refused (its holder's replica is a step behind); every other cut recovers and
     validates, each survivor's stream beginning with what it was told to run."""
     cost = CostModel(sync_transfer=2.0)
-    base = compile_schedule(P, M, failed, redundancy, cost=cost, sync="next")
+    base = compile_schedule(P, M, failed, options=ScheduleOptions(redundancy=redundancy, sync="next"), cost=cost)
     for d, stream in base.streams.items():
         if (d - 1) % P in failed or (d + 1) % P in failed:
             continue
@@ -78,9 +79,9 @@ def test_every_failure_point_recovers_or_is_refused_for_a_sync_in_flight(P, M, f
         for k in range(len(stream) + 1):
             if k <= sync_at:
                 with pytest.raises(ScheduleError, match="a step behind"):
-                    compile_recovery(P, M, d, k, failed, redundancy, cost=cost, sync="next")
+                    compile_recovery(P, M, d, k, failed, options=ScheduleOptions(redundancy=redundancy, sync="next"), cost=cost)
                 continue
-            rec = compile_recovery(P, M, d, k, failed, redundancy, cost=cost, sync="next")
+            rec = compile_recovery(P, M, d, k, failed, options=ScheduleOptions(redundancy=redundancy, sync="next"), cost=cost)
             report = simulate(rec)
             assert all(report.finished.values())
             p = base.layout.holder(d)
@@ -99,8 +100,8 @@ def test_any_layout_and_cost_compiles_validates_and_recovers(layout, order, cost
     """The property test of test_properties.py, with the sync in the next iteration:
     never longer than the sync at the end, and every cut recovers or is refused."""
     P, M, failed = layout
-    late = compile_schedule(P, M, failed, redundancy, order=order, cost=cost, sync="next")
-    end = compile_schedule(P, M, failed, redundancy, order=order, cost=cost)
+    late = compile_schedule(P, M, failed, options=ScheduleOptions(redundancy=redundancy, order=order, sync="next"), cost=cost)
+    end = compile_schedule(P, M, failed, options=ScheduleOptions(redundancy=redundancy, order=order), cost=cost)
     assert simulate(late).makespan <= simulate(end).makespan * (1 + 1e-9) + 1e-9
     candidates = [d for d in late.streams if (d - 1) % P not in failed and (d + 1) % P not in failed]
     if not candidates:
@@ -108,7 +109,7 @@ def test_any_layout_and_cost_compiles_validates_and_recovers(layout, order, cost
     d = data.draw(st.sampled_from(candidates))
     k = data.draw(st.integers(0, len(late.streams[d])))
     try:
-        rec = compile_recovery(P, M, d, k, failed, redundancy, order=order, cost=cost, sync="next")
+        rec = compile_recovery(P, M, d, k, failed, options=ScheduleOptions(redundancy=redundancy, order=order, sync="next"), cost=cost)
     except ScheduleError as e:
         assert "a step behind" in str(e)
         return
@@ -119,20 +120,20 @@ def test_any_layout_and_cost_compiles_validates_and_recovers(layout, order, cost
 def test_a_first_iteration_owes_no_sync_and_every_cut_recovers(redundancy):
     """The first iteration of a run (or an epoch) with late syncs: none in the
     streams, the replicas whole, so every death is survivable as at the end."""
-    sched = compile_schedule(4, 4, (), redundancy, sync="none")
+    sched = compile_schedule(4, 4, (), options=ScheduleOptions(redundancy=redundancy, sync="none"))
     assert not any(i.op in (Op.SEND_SYNC, Op.RECV_SYNC) for s in sched.streams.values() for i in s)
-    assert simulate(sched).makespan == pytest.approx(simulate(compile_schedule(4, 4, (), "off")).makespan)
+    assert simulate(sched).makespan == pytest.approx(simulate(compile_schedule(4, 4, (), options=ScheduleOptions(redundancy="off"))).makespan)
     for d, stream in sched.streams.items():
         for k in range(len(stream) + 1):
-            assert all(simulate(compile_recovery(4, 4, d, k, (), redundancy, sync="none")).finished.values())
+            assert all(simulate(compile_recovery(4, 4, d, k, (), options=ScheduleOptions(redundancy=redundancy, sync="none"))).finished.values())
 
 
 def test_the_validator_refuses_a_recovery_whose_new_owner_only_steps_the_replica():
     """With late syncs the holder's replica step is the iteration before's: the stage
     taken over must still be reduced and stepped as its own (with `end`, a replica
     synced and stepped in the iteration stands for it)."""
-    base = compile_schedule(3, 4, (), "lazy", sync="next")
-    rec = compile_recovery(3, 4, 1, 5, (), "lazy", sync="next")
+    base = compile_schedule(3, 4, (), options=ScheduleOptions(redundancy="lazy", sync="next"))
+    rec = compile_recovery(3, 4, 1, 5, (), options=ScheduleOptions(redundancy="lazy", sync="next"))
     p = 0
     own_step = Instr(Op.OPTIMIZER_STEP, 1)
     assert own_step in rec.streams[p]

@@ -13,6 +13,7 @@ from schedules.ir import INPUT_GRADS, Op
 
 from bamboo.control.assignment import Assignment
 from tests.training import bamboo_train
+from schedules.options import ScheduleOptions
 
 P, M, ITERS = 3, 6, 12
 COMMON = ["--model", "tiny", "--stages", str(P), "--microbatches", str(M), "--iterations", str(ITERS),
@@ -42,7 +43,7 @@ def assert_same_losses(records, reference):
 
 def first_backward(node: int) -> int:
     """An instruction after `node`'s late sync (its stream's first) has landed."""
-    stream = compile_schedule(P, M, (), "eager", sync="next").streams[node]
+    stream = compile_schedule(P, M, (), options=ScheduleOptions(redundancy="eager", sync="next")).streams[node]
     assert stream[0].op is Op.SEND_SYNC
     return next(i for i, x in enumerate(stream) if x.op in INPUT_GRADS)
 

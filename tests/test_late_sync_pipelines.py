@@ -15,6 +15,7 @@ from schedules.compiler import compile_schedule
 from schedules.ir import INPUT_GRADS, Op
 
 from tests.training import bamboo_train
+from schedules.options import ScheduleOptions
 
 P, M, ITERS = 2, 4, 8
 COMMON = ["--model", "tiny", "--stages", str(P), "--microbatches", str(M), "--iterations", str(ITERS),
@@ -31,7 +32,7 @@ def reference(tmp_path_factory):
 
 def stream(stage: int):
     """A stage's stream with two pipelines: each runs M / 2 microbatches."""
-    return compile_schedule(P, M // 2, (), "eager", sync="next").streams[stage]
+    return compile_schedule(P, M // 2, (), options=ScheduleOptions(redundancy="eager", sync="next")).streams[stage]
 
 
 def after_reduce(stage: int) -> int:

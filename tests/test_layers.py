@@ -202,3 +202,17 @@ def test_no_function_is_over_sixty_lines():
                 if lines > 60:
                     long.append(f"{module}.{node.name}: {lines} lines")
     assert long == []
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    """A longer list is a value waiting to be named (ScheduleOptions, Stages, Watches)."""
+    wide = []
+    for module, path in module_files().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                names = [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if p]
+                count = len([n for n in names if n not in ("self", "cls")])
+                if count > 8:
+                    wide.append(f"{module}.{node.name}: {count} parameters")
+    assert wide == []

@@ -9,6 +9,7 @@ import pytest
 from schedules.compiler import compile_schedule, simulate
 
 from agents.modes import MARGIN, MODES, ModeStats, choose, estimates, observe, simulated
+from schedules.options import ScheduleOptions
 
 
 def brute_force(current, rate, nodes, pipelines, seconds, pause, rollback=None):
@@ -68,9 +69,9 @@ def test_observe_weighs_deaths_per_node_hour_and_separates_times_from_pauses():
 @pytest.mark.parametrize("stages, microbatches", [(2, 4), (4, 8)])
 def test_priors_are_the_simulated_schedules(stages, microbatches):
     times, pauses = simulated(stages, microbatches)
-    off = simulate(compile_schedule(stages, microbatches, (), "off")).makespan
+    off = simulate(compile_schedule(stages, microbatches, (), options=ScheduleOptions(redundancy="off"))).makespan
     for mode in ("eager", "lazy"):
-        assert times[mode] == pytest.approx(simulate(compile_schedule(stages, microbatches, (), mode)).makespan / off)
+        assert times[mode] == pytest.approx(simulate(compile_schedule(stages, microbatches, (), options=ScheduleOptions(redundancy=mode))).makespan / off)
     assert times["off"] == 1.0 and all(p >= 0 for p in pauses.values())
     seconds, pause = estimates(ModeStats(seconds={"lazy": 3.0}), stages, microbatches)
     assert seconds["lazy"] == 3.0 and seconds["eager"] == pytest.approx(3.0 * times["eager"] / times["lazy"])
@@ -99,8 +100,8 @@ def test_a_late_sync_charges_a_rollback_to_the_deaths_in_its_window():
     from sim.windows import mean_share, stage_windows
     late, _ = simulated(4, 8, "next")
     assert late["eager"] == pytest.approx(
-        simulate(compile_schedule(4, 8, (), "eager", sync="next")).makespan
-        / simulate(compile_schedule(4, 8, (), "off")).makespan)
+        simulate(compile_schedule(4, 8, (), options=ScheduleOptions(redundancy="eager", sync="next"))).makespan
+        / simulate(compile_schedule(4, 8, (), options=ScheduleOptions(redundancy="off"))).makespan)
     share = window_share(4, 8)
     # the cluster simulator's windows of the same schedule (one pipeline, the default cost model)
     assert share == pytest.approx(mean_share(stage_windows(Eight(), 4, 1, "eager", "bubbles", "next")), rel=1e-9)

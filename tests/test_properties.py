@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from schedules.compiler import compile_eval, compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
 from schedules.ir import Op
+from schedules.options import ScheduleOptions
 
 costs = st.builds(CostModel, forward=st.floats(0, 4), backward=st.floats(0, 4), transfer=st.floats(0, 3),
                   swap=st.floats(0, 1), step=st.floats(0, 1), sync_transfer=st.floats(0, 1))
@@ -27,7 +28,7 @@ def layouts(draw):
 @given(layouts(), st.sampled_from(["1f1b", "gpipe"]), st.sampled_from(["eager", "lazy", "off"]))
 def test_compiled_streams_validate(layout, order, redundancy):
     P, M, failed = layout
-    sched = compile_schedule(P, M, failed, redundancy, order)
+    sched = compile_schedule(P, M, failed, options=ScheduleOptions(redundancy=redundancy, order=order))
     report = simulate(sched)
     assert set(report.finished) == set(range(P)) - set(failed) and all(report.finished.values())
 
@@ -36,13 +37,13 @@ def test_compiled_streams_validate(layout, order, redundancy):
 @given(layouts(), st.sampled_from(["1f1b", "gpipe"]), costs, st.sampled_from(["eager", "lazy"]), st.data())
 def test_any_mid_iteration_failure_recovers(layout, order, cost, redundancy, data):
     P, M, failed = layout
-    base = compile_schedule(P, M, failed, redundancy, order=order, cost=cost)
+    base = compile_schedule(P, M, failed, options=ScheduleOptions(redundancy=redundancy, order=order), cost=cost)
     candidates = [d for d in base.streams if (d - 1) % P not in failed and (d + 1) % P not in failed]
     if not candidates:
         return
     d = data.draw(st.sampled_from(candidates))
     k = data.draw(st.integers(0, len(base.streams[d])))
-    rec = compile_recovery(P, M, d, k, failed, redundancy, order=order, cost=cost)
+    rec = compile_recovery(P, M, d, k, failed, options=ScheduleOptions(redundancy=redundancy, order=order), cost=cost)
     report = simulate(rec)
     assert all(report.finished.values())
 

@@ -6,10 +6,11 @@ from schedules.compiler import compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
 from schedules.ir import INPUT_GRADS, Op
 from schedules.layout import ScheduleError
+from schedules.options import ScheduleOptions
 
 
-def _points(P, M, failed=(), **options):
-    base = compile_schedule(P, M, failed=failed, **options)
+def _points(P, M, failed=(), options=ScheduleOptions(), cost=CostModel()):
+    base = compile_schedule(P, M, failed, options, cost)
     for d in base.streams:
         if (d - 1) % P in failed or (d + 1) % P in failed:
             continue
@@ -64,7 +65,7 @@ def test_recovery_is_deterministic():
     (dict(fail_node=2, fail_before=3, failed=(1,)), "adjacent"),
     (dict(fail_node=1, fail_before=3, failed=(1,)), "not a live node"),
     (dict(fail_node=1, fail_before=999), "out of range"),
-    (dict(fail_node=1, fail_before=2, redundancy="off"), "not survivable"),
+    (dict(fail_node=1, fail_before=2, options=ScheduleOptions(redundancy="off")), "not survivable"),
 ])
 def test_unsurvivable_or_bad_failures_are_refused(kwargs, message):
     with pytest.raises(ScheduleError, match=message):
@@ -87,5 +88,5 @@ def test_recovery_when_a_sent_activation_was_not_yet_taken_in(P, M, failed, d, k
 def test_every_failure_point_recovers_under_uneven_costs(order):
     cost = CostModel(forward=(0.5, 2.0, 1.0), backward=(1.0, 4.0, 0.5), transfer=0.7, swap=0.3)
     for frc in ("bubbles", "all"):
-        for base, d, k in _points(3, 4, (), order=order, cost=cost, frc=frc):
-            simulate(compile_recovery(3, 4, d, k, order=order, cost=cost, frc=frc))
+        for base, d, k in _points(3, 4, (), ScheduleOptions(order=order, frc=frc), cost):
+            simulate(compile_recovery(3, 4, d, k, options=ScheduleOptions(order=order, frc=frc), cost=cost))

@@ -17,6 +17,8 @@ from schedules.compiler import compile_recovery, compile_schedule
 from schedules.ir import INPUT_GRADS, Op
 
 from tests.training import bamboo_train
+from schedules.options import ScheduleOptions
+from bamboo.control.config import JobConfig
 
 P, D, M, ITERS = 4, 2, 8, 10
 COMMON = ["--model", "tiny", "--microbatches", str(M), "--iterations", str(ITERS), "--seed", "3",
@@ -53,7 +55,7 @@ def assert_same_training(records, params, reference):
 
 def kill_point(node: int, pick, mode: str = "eager") -> str:
     """NODE@5:INSTR with INSTR chosen by `pick` from the node's iteration-5 stream."""
-    stream = compile_schedule(P, M // D, (), mode).streams[node % P]
+    stream = compile_schedule(P, M // D, (), options=ScheduleOptions(redundancy=mode)).streams[node % P]
     return f"{node}@5:{pick(stream)}"
 
 
@@ -124,7 +126,7 @@ def test_sigkill_with_frc_only_in_the_bubbles_keeps_the_math(tmp_path, reference
 
 @pytest.mark.slow  # make test-slow: the placement before bounded eager
 def test_sigkill_with_frc_for_every_microbatch_keeps_the_math(tmp_path, reference):
-    stream = compile_schedule(P, M // D, (), "eager", frc="all").streams[3]
+    stream = compile_schedule(P, M // D, (), options=ScheduleOptions(redundancy="eager", frc="all")).streams[3]
     _, records, params = train(tmp_path, "all", "--stages", str(P), "--pipelines", str(D), "--frc", "all",
                                "--preempt", f"3@5:{_mid_stream(stream)}", "--check-replicas")
     assert_same_training(records, params, reference)
@@ -415,7 +417,7 @@ def test_a_survivor_called_away_from_its_reduce_resends_before_it_waits_there_ag
     stage 0's reduce for node 5. Node 4 must re-send before it waits there again
     (the 300 s pause of bamboo-chaos --network seed 20 was this cycle); the job
     ends well inside its hang timeout and equals the reference."""
-    streams = compile_schedule(3, M // 2, (), "eager").streams
+    streams = compile_schedule(3, M // 2, (), options=ScheduleOptions(redundancy="eager")).streams
     before_reduce = {n: next(i for i, x in enumerate(streams[n]) if x.op is Op.REDUCE_GRADS) for n in (0, 1)}
     _, records, params = train(tmp_path, "cycle", "--stages", "3", "--pipelines", "2", "--hang-timeout", "60",
                                "--preempt", f"1@2:{before_reduce[1]}", "--preempt", f"3@5:{before_reduce[0]}")
@@ -459,7 +461,7 @@ def test_a_sync_in_buckets_cut_by_its_owners_death_keeps_the_math(tmp_path, refe
     backwards (bamboo/runtime/sync.py). Node 2 dies just before its SEND_SYNC in
     iteration 5, its buckets but the last with node 1: the holder drops the parts,
     recomputes the stage as if it had no sync, and the job equals the reference."""
-    stream = compile_schedule(P, M, (), "lazy").streams[2]
+    stream = compile_schedule(P, M, (), options=ScheduleOptions(redundancy="lazy")).streams[2]
     at = next(i for i, x in enumerate(stream) if x.op is Op.SEND_SYNC)
     _, records, params = train(tmp_path, "buckets", "--stages", str(P), "--pipelines", "1", "--redundancy", "lazy",
                                "--sync-bucket-mb", "0.01", "--preempt", f"2@5:{at}")
@@ -474,7 +476,7 @@ def test_a_sync_in_the_next_iteration_keeps_the_math_through_a_death_after_it_la
     steps with i's rate. Node 2 dies in iteration 5 at its first backward, after its
     sync of iteration 4 reached node 1: node 1 takes that sync first, then the
     stage, and the job equals the reference (a replica a step behind would not)."""
-    stream = compile_schedule(P, M, (), "eager", sync="next").streams[2]
+    stream = compile_schedule(P, M, (), options=ScheduleOptions(redundancy="eager", sync="next")).streams[2]
     assert stream[0].op is Op.SEND_SYNC
     at = next(i for i, x in enumerate(stream) if x.op in INPUT_GRADS)
     schedule = ["--lr-schedule", "cosine", "--warmup", "3"]  # every iteration its own rate
@@ -492,7 +494,7 @@ def test_a_late_sync_keeps_clipping_and_tied_weights_through_a_death(tmp_path):
     tied and clipped at the owner's step, and is not held back to this iteration's
     step phase. Node 0, owner of a tied copy, dies in iteration 5 after its sync
     landed: the job equals the single-process reference, whose clipping bites."""
-    stream = compile_schedule(P, M, (), "eager", sync="next").streams[0]
+    stream = compile_schedule(P, M, (), options=ScheduleOptions(redundancy="eager", sync="next")).streams[0]
     at = next(i for i, x in enumerate(stream) if x.op is Op.BACKWARD)
     model = ["--model", "hf:gpt2-tiny", "--lr-schedule", "cosine", "--warmup", "3"]
     _, records, params = train(tmp_path, "late-clip", "--stages", str(P), "--pipelines", "1", *model,
@@ -523,7 +525,7 @@ def test_a_death_between_iterations_with_a_sync_owed_is_unsurvivable():
     """A node recorded dead at a boundary, not in the iteration before: it took its
     sync of that iteration with it (bamboo/runtime/failover.py _check_owed)."""
     from bamboo.runtime.failover import Failover, Unsurvivable, Watch
-    failover = Failover(None, (10, 11, 12, 13), 0, 0, "lazy", 3.0, sync="next")
+    failover = Failover(None, (10, 11, 12, 13), 0, 0, ScheduleOptions(redundancy="lazy", sync="next"), JobConfig())
     failover.now = Watch(4, 8, (), None, {})
     failover._check_owed(5, (), owed=True)  # nobody new: nothing said
     failover._check_owed(5, (2,), owed=False)  # a first iteration owes nothing
@@ -538,7 +540,8 @@ def test_replica_sync_next_with_redundancy_off_is_the_sync_at_the_end():
     """--redundancy off keeps no replica: --replica-sync next (said to do nothing)
     must not make a death between iterations unsurvivable, which agents redo."""
     from bamboo.runtime.failover import Failover, Watch
-    failover = Failover(None, (10, 11, 12, 13), 0, 0, "off", 3.0, elastic=True, sync="next")
+    failover = Failover(None, (10, 11, 12, 13), 0, 0, ScheduleOptions(redundancy="off", sync="next"),
+                        JobConfig(elastic=True))
     failover.now = Watch(4, 8, (), None, {})
     failover._check_owed(5, (2,), owed=True)
     assert failover.sync == "end"

@@ -17,6 +17,7 @@ from sim.profiles import NETWORK, PROFILES, profile
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
 from sim.strategies import Bamboo, CheckpointRestart, Lazy, OnDemand, RedoFromPeers
 from sim.traces import Event
+from schedules.options import ScheduleOptions
 
 P3 = os.path.join(os.path.dirname(__file__), "..", "traces", "ec2-p3-trace.csv")
 BERT = PROFILES["bert-large"]
@@ -28,7 +29,7 @@ WHOLE = {"max_stages": 1, "rollback": "relaunch"}
 def rate(pipelines, redundancy, frc="bubbles"):
     """Samples/s of D healthy pipelines, straight from the schedule simulator."""
     m = -(-BERT.microbatches // pipelines)
-    makespan = simulate(compile_schedule(2, m, (), redundancy, cost=BERT.cost(2, pipelines), frc=frc)).makespan
+    makespan = simulate(compile_schedule(2, m, (), options=ScheduleOptions(redundancy=redundancy, frc=frc), cost=BERT.cost(2, pipelines))).makespan
     return BERT.samples_per_iteration() / (makespan / 1000)
 
 
@@ -59,7 +60,7 @@ def test_bamboo_pauses_one_merged_iteration_and_loses_nothing(frc):
     opt = Options(free_checkpoints=True, frc=frc, **WHOLE)  # only the failover counts here
     sim = ClusterSimulator(BERT, 2, "bamboo", opt)
     r = sim.run(four_nodes_one_preempted(), hours=1.0)
-    sched = compile_schedule(2, 12, (), "eager", cost=BERT.cost(2, 2), frc=frc)
+    sched = compile_schedule(2, 12, (), options=ScheduleOptions(redundancy="eager", frc=frc), cost=BERT.cost(2, 2))
     unplaced = 1 - sum(len(sched.frc_microbatches(n)) for n in (0, 1)) / 24
     assert 0 < unplaced < 1 if frc == "bubbles" else unplaced == 0
     forwards = sim.iteration_seconds(2, mode="off") / (3 * 2)  # a third of one stage's share of the work

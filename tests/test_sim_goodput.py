@@ -16,6 +16,7 @@ from sim.profiles import PROFILES, STATE_BYTES_PER_PARAM
 from sim.reconfiguration import memory_copies
 from sim.simulator import ClusterSimulator, Options
 from sim.traces import Event
+from schedules.options import ScheduleOptions
 
 BERT = PROFILES["bert-large"]
 P3 = os.path.join(os.path.dirname(__file__), "..", "traces", "ec2-p3-trace.csv")
@@ -23,7 +24,7 @@ P3 = os.path.join(os.path.dirname(__file__), "..", "traces", "ec2-p3-trace.csv")
 
 def rate(pipelines, redundancy="off"):
     m = -(-BERT.microbatches // pipelines)
-    makespan = simulate(compile_schedule(2, m, (), redundancy, cost=BERT.cost(2, pipelines))).makespan
+    makespan = simulate(compile_schedule(2, m, (), options=ScheduleOptions(redundancy=redundancy), cost=BERT.cost(2, pipelines))).makespan
     return BERT.samples_per_iteration() / (makespan / 1000)
 
 
@@ -123,7 +124,7 @@ def best_split_ms(depth, lengths, total, cost):
     merged = [tuple(s for s in range(1, depth) if p[s] == p[s - 1]) for p in pipes]
 
     def ms(j, m):
-        return simulate(compile_schedule(depth, m, merged[j], "off", cost=cost)).makespan
+        return simulate(compile_schedule(depth, m, merged[j], options=ScheduleOptions(redundancy="off"), cost=cost)).makespan
     best = None
     for counts in itertools.product(range(1, total), repeat=len(lengths)):
         if sum(counts) == total:

@@ -15,6 +15,7 @@ from sim.command import main
 from sim.profiles import PROFILES, profile
 from sim.simulator import ClusterSimulator, Options
 from sim.windows import Window, stale, stage_windows
+from schedules.options import ScheduleOptions
 
 BERT = PROFILES["bert-large"]
 WHOLE = {"max_stages": 1, "rollback": "relaunch"}
@@ -23,7 +24,7 @@ P3 = "traces/ec2-p3-trace.csv"
 
 def off_schedule(pipelines):
     cost = BERT.cost(2, pipelines)
-    return cost, simulate(compile_schedule(2, -(-BERT.microbatches // pipelines), (), "off", cost=cost))
+    return cost, simulate(compile_schedule(2, -(-BERT.microbatches // pipelines), (), options=ScheduleOptions(redundancy="off"), cost=cost))
 
 
 @pytest.mark.parametrize("pipelines", [1, 2])
@@ -46,8 +47,8 @@ def test_the_recovery_compiler_refuses_the_cut_the_window_starts_with():
     cost = BERT.cost(4, 1)
     for node in range(4):
         with pytest.raises(ScheduleError, match="a step behind"):
-            compile_recovery(4, 6, node, 0, redundancy="eager", cost=cost, sync="next")
-        compile_recovery(4, 6, node, 1, redundancy="eager", cost=cost, sync="next")
+            compile_recovery(4, 6, node, 0, options=ScheduleOptions(redundancy="eager", sync="next"), cost=cost)
+        compile_recovery(4, 6, node, 1, options=ScheduleOptions(redundancy="eager", sync="next"), cost=cost)
     assert all(w.landed > 0 for w in stage_windows(BERT, 4, 1, "eager", "bubbles", "next"))
 
 

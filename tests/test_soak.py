@@ -14,7 +14,7 @@ from bamboo.control.config import JobConfig
 
 P, M, ITERS = 4, 4, 3
 POINTS = [(mode, n, k) for mode in ("eager", "lazy")
-          for n, stream in compile_schedule(P, M, (), mode).streams.items() for k in range(0, len(stream), 3)]
+          for n, stream in compile_schedule(P, M, (), options=ScheduleOptions(redundancy=mode)).streams.items() for k in range(0, len(stream), 3)]
 
 
 @pytest.fixture(scope="module")

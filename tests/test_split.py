@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from schedules.split import estimated_slots, merged, split_by_speed
 
 from agents.policy import lay_out
+from schedules.options import ScheduleOptions
 
 
 def brute_force(total, pipelines, duration):
@@ -61,11 +62,11 @@ def test_every_short_pipeline_compiles_to_valid_merged_streams():
             failed = tuple(sorted(merged(short)))
             for mode in ("eager", "lazy", "off"):
                 for m in (1, 2, 5):
-                    base = compile_schedule(depth, m, failed, mode)
+                    base = compile_schedule(depth, m, failed, options=ScheduleOptions(redundancy=mode))
                     simulate(base)  # raises ValidationError on a bad stream
                     for dead in (s for s in range(depth) if s not in failed and mode != "off"):
                         try:
                             Layout(depth, frozenset(failed) | {dead})
                         except ScheduleError:
                             continue  # no copy left in the pipeline: a redo, not a recovery
-                        simulate(compile_recovery(depth, m, dead, len(base.streams[dead]) // 2, failed, mode))
+                        simulate(compile_recovery(depth, m, dead, len(base.streams[dead]) // 2, failed, options=ScheduleOptions(redundancy=mode)))

@@ -23,6 +23,7 @@ from collections import defaultdict
 from schedules.compiler import compile_schedule
 from schedules.cost import CostModel
 from schedules.ir import Instr, Op
+from schedules.options import ScheduleOptions
 
 CALIBRATION = range(1, 4)  # the iterations of an epoch (0: its first) whose op times are reported
 FRC_MARGIN = 1.25   # an FRC must fit its wait as if it took this much longer
@@ -112,10 +113,8 @@ def cost_model(costs: dict | None, pipeline: int, stages: int) -> CostModel | No
     return CostModel(**found)
 
 
-def describe(cost: CostModel, microbatches: int, failed: tuple[int, ...], frc: str, me: int,
-             sync: str = "end", split: str = "last") -> str:
-    """A log line: what the measured model places on node `me` of its pipeline."""
-    placed = compile_schedule(len(cost.forward), microbatches, failed, "eager", cost=cost, frc=frc, sync=sync,
-                              split=split)
+def describe(cost: CostModel, microbatches: int, failed: tuple[int, ...], options: ScheduleOptions, me: int) -> str:
+    """A log line: what the measured model places on node `me` of its pipeline (eager)."""
+    placed = compile_schedule(len(cost.forward), microbatches, failed, options, cost)
     return (f"FRC is placed by measured op times: microbatches {placed.frc_microbatches(me)} "
             f"(forward ms {[round(f, 2) for f in cost.forward]}, FRC costed x{cost.frc_factor:.2f})")

@@ -34,6 +34,7 @@ from bamboo.runtime.failover import Failover, PeersSilent, TooManyDead
 from bamboo.runtime.iteration import IterationState
 from bamboo.runtime.steps import StepPhase
 from bamboo.runtime.two_pass import input_pass
+from bamboo.state.holdings import Stages
 from bamboo.transport.comm import Comm, Interrupted, PeerFailure
 from bamboo.transport.staging import Copy, Stager
 from bamboo.transport.swap import SavedTensors
@@ -49,17 +50,17 @@ STEP_PHASE = frozenset({Op.OPTIMIZER_STEP, Op.SEND_SYNC, Op.RECV_SYNC})
 
 
 class Executor(StepPhase):
-    def __init__(self, cfg: JobConfig, nodes: tuple[int, ...], me: int, modules: dict, optimizers: dict,
-                 corpus, device: torch.device, reducer, cluster, undo: bool = False, tied=(),
-                 stager: Stager | None = None):
+    def __init__(self, cfg: JobConfig, nodes: tuple[int, ...], me: int, stages: Stages, corpus, reducer, cluster,
+                 stager: Stager):
+        """`stager` moves swaps and kept outputs to host memory and back, on its device."""
         self.cfg, self.nodes, self.me = cfg, nodes, me
         self.P = len(nodes)
-        self.modules, self.optimizers = modules, optimizers
-        self.corpus, self.device, self.reducer, self.cluster = corpus, device, reducer, cluster
-        self.params = {s: {p.data_ptr() for p in m.parameters()} for s, m in modules.items()}
-        self.stager = stager or Stager(device)  # swaps and kept outputs to host memory and back
-        self.keep_undo = undo
-        self.tied = list(tied)            # per tied weight: its stages, stage -> this node's copy
+        self.modules, self.optimizers = stages.modules, stages.optimizers
+        self.corpus, self.device, self.reducer, self.cluster = corpus, stager.device, reducer, cluster
+        self.params = {s: {p.data_ptr() for p in m.parameters()} for s, m in self.modules.items()}
+        self.stager = stager
+        self.keep_undo = cfg.elastic  # with agents every step can be undone, for a redo
+        self.tied = list(stages.tied)     # per tied weight: its stages, stage -> this node's copy
         self.owed: dict[int, float] = {}  # replica stage -> the rate of the step it owes (settle)
         # --replica-sync next: each replica's sync goes in the next iteration, of the
         # owner's stepped gradients kept here

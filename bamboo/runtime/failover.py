@@ -19,9 +19,11 @@ from schedules.compiler import compile_recovery, compile_schedule
 from schedules.cost import CostModel
 from schedules.ir import RECVS, Instr
 from schedules.layout import ScheduleError
+from schedules.options import Redundancy, ReplicaSync, ScheduleOptions
 
 from bamboo.control.changes import Changes
 from bamboo.control.cluster import Cluster
+from bamboo.control.config import JobConfig
 from bamboo.control.events import FailedOver
 from bamboo.control.exits import Fenced
 from bamboo.control.protocol import (ABORT, CUT, DONE, FAILED, FINISHED, LEASE_EXPIRED, Abort, Cut, Failure, Finished,
@@ -108,28 +110,38 @@ class Watch:
     waited: float = 0.0                # ... and when it last asked
 
 
+class Watches(NamedTuple):
+    """The etcd watches a failover wakes on (without them it reads etcd every 20 ms)."""
+    failures: Changes  # raised by a watch on failed/ and abort/
+    finishes: Changes  # raised by a watch on finished/, failed/ and abort/ (wakes linger)
+
+
 class Failover:
-    def __init__(self, cluster: Cluster, nodes: tuple[int, ...], pipeline: int, me: int, redundancy: str,
-                 timeout: float, elastic: bool = False, failures: Changes | None = None,
-                 finishes: Changes | None = None, frc: str = "bubbles", sync: str = "end", report_of=None,
-                 split: str = "last"):
+    def __init__(self, cluster: Cluster, nodes: tuple[int, ...], pipeline: int, me: int,
+                 options: ScheduleOptions, cfg: JobConfig, watches: Watches | None = None, report_of=None):
+        """`options`: how this epoch's streams are compiled (its mode may be auto's
+        choice); `cfg`: the job's --failure-timeout, and whether agents run it."""
         self.cluster, self.nodes, self.pipeline, self.me = cluster, nodes, pipeline, me
         self.P = len(nodes)
-        self.redundancy, self.timeout = redundancy, timeout
-        self.frc = frc  # eager: FRC only in the bubbles (the rest recomputed after a death), or for all
+        self.options = options
+        self.timeout = cfg.failure_timeout
         # each replica's sync at the iteration's end, or in the next (schedules/syncs.py); off keeps none
-        self.sync = sync if redundancy != "off" else "end"
-        self.compiled_sync = sync  # the iteration's: "none" for a first one of --replica-sync next
-        self.split = split  # each node's last backward sends its input gradient first (schedules/early_grads.py)
+        self.sync = options.sync if options.redundancy is not Redundancy.OFF else ReplicaSync.END
+        self.compiled_sync = options.sync  # the iteration's: "none" for a first one of --replica-sync next
         self.cost: CostModel | None = None  # measured, agreed at a boundary (runtime/calibration.py); None: default
-        self.elastic = elastic  # agents can redo the iteration: abort instead of failing the job
-        self.failures = failures  # raised by a watch on failed/ and abort/ (None: read every 20 ms)
-        self.finishes = finishes  # raised by a watch on finished/, failed/ and abort/ (wakes linger)
+        self.elastic = cfg.elastic  # agents can redo the iteration: abort instead of failing the job
+        self.failures = watches.failures if watches else None
+        self.finishes = watches.finishes if watches else None
         self.report_of = report_of  # () -> this node's Report as it stands, for its finished mark (None: none)
         self.events: list[FailedOver] = []  # this node's, until its next report
         self.now: Watch | None = None       # the iteration under way (begin)
         self._recorded: set[NodeId] = set()  # recorded dead, as of the last look
         self._looked = False  # a look happened: _recorded stands until the watch says failed/ changed
+
+    # The options, as the runtime's readers ask for them.
+    redundancy = property(lambda self: self.options.redundancy)
+    frc = property(lambda self: self.options.frc)      # eager: FRC only in the bubbles, or for all
+    split = property(lambda self: self.options.split)  # last backwards split (schedules/early_grads.py)
 
     @property
     def iteration(self) -> int:
@@ -166,7 +178,7 @@ class Failover:
         would move one, the default model places FRC in this iteration. `owed`: the
         iteration before ran here (--replica-sync next: its syncs are due)."""
         self._check_owed(iteration, failed, owed)
-        self.compiled_sync = self.sync if self.sync == "end" or owed else "none"
+        self.compiled_sync = self.sync if self.sync is ReplicaSync.END or owed else ReplicaSync.NONE
         cost = self._placement(microbatches, failed, kills)
         streams = self._compile(microbatches, failed, cost)
         # etcd is read at the next poll whatever the watch says, unless the last look
@@ -179,7 +191,8 @@ class Failover:
     def _check_owed(self, iteration: int, failed: tuple[Local, ...], owed: bool) -> None:
         """--replica-sync next: a node dead since the last iteration took its sync of
         it along: its holder's replica is a step behind (agents count the stage lost)."""
-        for dead in sorted(set(failed) - set(self.now.failed)) if self.sync == "next" and owed and self.now else ():
+        behind = self.sync is ReplicaSync.NEXT and owed and self.now
+        for dead in sorted(set(failed) - set(self.now.failed)) if behind else ():
             raise Unsurvivable(f"node {self.node_of(dead)} died between iterations before its sync of iteration "
                                f"{iteration - 1} reached node {self.node_of(Local((dead - 1) % self.P))}, whose "
                                "replica of its stage is then a step behind (--replica-sync next)")
@@ -195,8 +208,11 @@ class Failover:
         return CostModel() if moved else self.cost
 
     def _compile(self, microbatches: int, failed: tuple[Local, ...], cost: CostModel) -> dict[int, list[Instr]]:
-        return compile_schedule(self.P, microbatches, failed, self.redundancy, cost=cost, frc=self.frc,
-                                sync=self.compiled_sync, split=self.split).streams
+        return compile_schedule(self.P, microbatches, failed, self._compiled(), cost).streams
+
+    def _compiled(self) -> ScheduleOptions:
+        """The options this iteration's streams are compiled with (its sync may be none)."""
+        return self.options.with_(sync=self.compiled_sync)
 
     def detected(self, node: NodeId, how: str) -> None:
         self.cluster.record_dead(node, Failure(self.iteration, self.node_of(self.me), how))
@@ -391,9 +407,9 @@ class Failover:
         other error is a bug of ours and is raised as one, with what triggered it."""
         k = None
         try:
-            k = died_before(self.now.streams[dead], received, late=self.compiled_sync == "next")
-            return k, compile_recovery(self.P, self.now.microbatches, dead, k, self.failed, self.redundancy,
-                                       cost=self.now.cost, frc=self.frc, sync=self.compiled_sync, split=self.split)
+            k = died_before(self.now.streams[dead], received, late=self.compiled_sync is ReplicaSync.NEXT)
+            return k, compile_recovery(self.P, self.now.microbatches, dead, k, self.failed, self._compiled(),
+                                       self.now.cost)
         except Unsurvivable as e:
             self.unsurvivable(str(e))
         except ScheduleError as e:

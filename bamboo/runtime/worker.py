@@ -27,6 +27,7 @@ import time
 import torch
 
 from schedules.layout import Layout
+from schedules.options import ScheduleOptions
 
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
@@ -46,7 +47,7 @@ from bamboo.state.copies import MemoryCopies
 from bamboo.state.epochs import EpochMoves
 from bamboo.runtime.evaluator import Evaluator
 from bamboo.runtime.executor import Executor
-from bamboo.runtime.failover import Aborted, Failover
+from bamboo.runtime.failover import Aborted, Failover, Watches
 from bamboo.state.holdings import Holdings
 from bamboo.runtime.reduce import Reducer
 from bamboo.transport import devices
@@ -142,10 +143,10 @@ class Worker(EpochMoves):
         self.holdings.build(assignment, self.node, received)
         nodes = assignment.pipelines[self.pipeline]
         self.mbs = assignment.microbatches(self.cfg.microbatches, self.pipeline)  # by speed: short ones run fewer
-        self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, self.holdings.mode(assignment),
-                                 self.cfg.failure_timeout, self.cfg.elastic, self.failures, self.finishes,
-                                 frc=self.cfg.frc, sync=self.cfg.replica_sync, split=self.cfg.backward_split,
-                                 report_of=lambda: self._report(digests=False))
+        options = ScheduleOptions(redundancy=self.holdings.mode(assignment), frc=self.cfg.frc,
+                                  sync=self.cfg.replica_sync, split=self.cfg.backward_split)
+        self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, options, self.cfg,
+                                 Watches(self.failures, self.finishes), report_of=lambda: self._report(digests=False))
         if self.executor is not None:
             self.executor.reducer.close()  # the last epoch's groups (NCCL: their GPU memory)
         groups = nccl_groups(self.cfg.hang_timeout) if self.transport == "nccl" else None  # the reduce's
@@ -153,9 +154,8 @@ class Worker(EpochMoves):
                           self.cfg.hang_timeout, groups)
         # With agents, each step can be undone, so that an iteration no pipeline can
         # finish is redone from the copies the survivors hold.
-        self.executor = Executor(self.cfg, nodes, self.me, self.holdings.modules, self.holdings.optimizers,
-                                 self.corpus, self.device, reducer, self.cluster, undo=self.cfg.elastic,
-                                 tied=self.holdings.tied(), stager=self.stager)
+        self.executor = Executor(self.cfg, nodes, self.me, self.holdings.stages(), self.corpus, reducer,
+                                 self.cluster, self.stager)
         self.evaluator = Evaluator(self.cfg, nodes, self.me, self.holdings.modules, self.corpus, self.device,
                                    self.cluster)
 
@@ -204,8 +204,8 @@ class Worker(EpochMoves):
         if cost is not None:
             self.failover.cost = cost  # FRC placed by measured times from the next iteration on
             print(f"bamboo.runtime.worker: node {self.node}: from iteration {it + 1} "
-                  + calibration.describe(cost, len(self.mbs), self.local_failed(), self.cfg.frc, self.me,
-                                         self.cfg.replica_sync, self.cfg.backward_split), flush=True)
+                  + calibration.describe(cost, len(self.mbs), self.local_failed(), self.failover.options, self.me),
+                  flush=True)
         return agreed
 
     def checkpoint(self, it: int) -> None:

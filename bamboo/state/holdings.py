@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from typing import NamedTuple
 
 import torch
 
@@ -21,6 +22,14 @@ from bamboo.model.api import ModelSource
 from bamboo.model.builtin import Stage
 from bamboo.model.partition import partition
 from bamboo.state.checkpoint import restore, snapshot
+
+
+class Stages(NamedTuple):
+    """What an executor runs: the stages a node holds (stage -> module), their
+    optimizers, and per tied weight its stages and this node's copies."""
+    modules: dict
+    optimizers: dict
+    tied: list = []
 
 
 class Holdings:
@@ -73,6 +82,9 @@ class Holdings:
                     opt.state[p] = old_state[p]
         for i, blob in received.items():
             restore(blob, layers[i], self.optimizer_of(i))
+
+    def stages(self) -> Stages:
+        return Stages(self.modules, self.optimizers, self.tied())
 
     def tied(self) -> list[tuple[tuple[int, ...], dict[int, torch.nn.Parameter]]]:
         """For each tied weight of the model: the stages with a copy, and stage ->

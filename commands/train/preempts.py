@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 from bamboo.control.config import Preempt, evaluated
+from schedules.options import ScheduleOptions
 
 
 def stream_mode(args) -> str:
@@ -23,8 +24,8 @@ def fault_free_stream(args, node: int, first: bool = False) -> list:
 
     m = len(split_microbatches(args.microbatches, args.pipelines)[node // args.stages])
     sync = "none" if first and args.replica_sync == "next" else args.replica_sync
-    return compile_schedule(args.stages, m, (), stream_mode(args), frc=args.frc, sync=sync,
-                            split=args.backward_split).streams[node % args.stages]
+    options = ScheduleOptions(redundancy=stream_mode(args), frc=args.frc, sync=sync, split=args.backward_split)
+    return compile_schedule(args.stages, m, (), options).streams[node % args.stages]
 
 
 def random_preempt(args, rng: random.Random) -> Preempt:

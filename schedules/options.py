@@ -1,0 +1,103 @@
+"""The choices a schedule is compiled with, as one value.
+
+Each choice is a `Choice`: a str enum, so a value read from a flag, a job file or
+etcd ("eager") and the member (Redundancy.EAGER) compare, hash, print and serialise
+alike. `ScheduleOptions` holds one of each, checked once where it is made, and goes
+whole to the compiler, the recovery compiler, the runtime and the simulators.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from enum import Enum
+
+from schedules.layout import ScheduleError
+
+
+class Choice(str, Enum):
+    """One of a flag's values. It is its value wherever a str is: in comparisons,
+    as a dict key, in messages and in JSON."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @classmethod
+    def values(cls) -> tuple[str, ...]:
+        return tuple(member.value for member in cls)
+
+
+class Redundancy(Choice):
+    """--redundancy: eager runs the successor's forward (FRC) in the bubbles; lazy
+    keeps the replica and computes only after a death; off keeps no replica."""
+    EAGER = "eager"
+    LAZY = "lazy"
+    OFF = "off"
+
+
+class Order(Choice):
+    """The compute order of one virtual stage."""
+    ONE_F_ONE_B = "1f1b"
+    GPIPE = "gpipe"
+
+
+class Frc(Choice):
+    """--frc, with eager: FRC only in the waits it fits, or for every microbatch."""
+    BUBBLES = "bubbles"
+    ALL = "all"
+
+
+class ReplicaSync(Choice):
+    """--replica-sync: a replica's sync at the iteration's end or in the next one.
+    NONE is compiled only: the first iteration of `next` owes no sync."""
+    END = "end"
+    NEXT = "next"
+    NONE = "none"
+
+
+class BackwardSplit(Choice):
+    """--backward-split: each node's last backwards split (input gradients first),
+    as deep as the cost model says, or none."""
+    LAST = "last"
+    OFF = "off"
+
+
+FLAGS = {"redundancy": "--redundancy", "order": "--order", "frc": "--frc", "sync": "--replica-sync",
+         "split": "--backward-split"}
+
+
+@dataclass(frozen=True)
+class ScheduleOptions:
+    """How every stream of a job is compiled. Strings are accepted and made members;
+    a value no member has is a ScheduleError naming the flag."""
+    redundancy: Redundancy = Redundancy.EAGER
+    order: Order = Order.ONE_F_ONE_B
+    frc: Frc = Frc.BUBBLES
+    sync: ReplicaSync = ReplicaSync.END
+    split: BackwardSplit = BackwardSplit.LAST
+
+    def __post_init__(self):
+        for f in fields(self):
+            kind, value = _KINDS[f.name], getattr(self, f.name)
+            try:
+                object.__setattr__(self, f.name, kind(value))
+            except ValueError:
+                shown = kind.values() if kind is not ReplicaSync else ("end", "next")
+                raise ScheduleError(f"{FLAGS[f.name]} must be one of {', '.join(shown)} (got {value!r})") from None
+
+    def with_(self, **changes) -> ScheduleOptions:
+        return replace(self, **changes)
+
+    @property
+    def keeps_replicas(self) -> bool:
+        """Eager and lazy keep their successor's layers; off keeps none."""
+        return self.redundancy is not Redundancy.OFF
+
+    @property
+    def every_frc(self) -> bool:
+        """Whether every replica holder runs FRC for every microbatch (eager, --frc all)."""
+        return self.redundancy is Redundancy.EAGER and self.frc is Frc.ALL
+
+
+_KINDS = {"redundancy": Redundancy, "order": Order, "frc": Frc, "sync": ReplicaSync, "split": BackwardSplit}
