@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from schedules.compiler import compile_schedule
+from schedules.options import ScheduleOptions
 
 from commands.train.reference import train_reference
 from bamboo.control.config import JobConfig
