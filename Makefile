@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BROWSER := $(VENV)/.browser
 
-.PHONY: demo test test-slow bench chaos chaos-network gpu-check clean
+.PHONY: demo test test-unit test-slow bench chaos chaos-network gpu-check clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The fast part while working: no processes, no etcd (the conftest.py of both refuses them).
+test-unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit tests/architecture
 
 test-slow: $(STAMP) $(BROWSER)
 	$(PY) -m pytest -q -m slow

@@ -114,7 +114,7 @@ def _failover(P=4, M=4):
 
 def test_a_failure_the_schedules_cannot_absorb_is_unsurvivable_by_its_reason():
     f = _failover()
-    f.redundancy = "off"  # no node holds a replica of node 3's layers
+    f.options = f.options.with_(redundancy="off")  # no node holds a replica of node 3's layers
     with pytest.raises(Unsurvivable, match="not survivable with --redundancy off"):
         f._recovery(3, {})
 
