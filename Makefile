@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
-# The dashboard's browser test (tests/test_dashboard.py, make test-slow) drives
+# The dashboard's browser test (tests/integration/test_dashboard.py, make test-slow) drives
 # Debian's chromium and chromium-driver. They are installed where the machine
 # allows (root with apt-get); elsewhere that test skips with one line.
 $(BROWSER): $(STAMP)

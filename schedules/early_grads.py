@@ -16,7 +16,7 @@ iteration among 1, 2, 4, ... up to all of them, the smallest among equals. Each
 split backward holds its microbatch's graph one slot longer. A node whose last
 backward does not end in a send, or is followed by more than the tail, keeps
 whole backwards. The math is unchanged: the same gradients from the same
-autograd functions (bamboo/runtime/two_pass.py, tests/test_early_grads.py).
+autograd functions (bamboo/runtime/two_pass.py, tests/integration/test_early_grads.py).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Both clouds' preemption-notice metadata on loopback: EC2's IMDSv2 (a session
 token, then spot/instance-action) and GCP's instance/preempted (with its
 Metadata-Flavor header), one tree per node under /<node>/ (or at /). A node's
-notice is pending once its prefix is in `noticed`. Used by tests/test_notices.py
+notice is pending once its prefix is in `noticed`. Used by tests/integration/test_notices.py
 and scripts/bench_short_pipelines.py."""
 import http.server
 import threading

@@ -377,7 +377,7 @@ class Executor(StepPhase):
             self.it.deferred.pop(0)
 
 
-# The instruction set and the method that runs each op: checked against Op (tests/test_runtime_state.py).
+# The instruction set and the method that runs each op: checked against Op (tests/architecture/test_runtime_state.py).
 OPS: dict[Op, Callable[[Executor, Instr], None]] = {
     Op.LOAD: Executor.load,
     Op.FORWARD: Executor.forward,

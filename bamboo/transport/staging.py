@@ -94,7 +94,7 @@ class Stager:
 
     def __init__(self, device: torch.device, cuda=torch.cuda, streams: bool | None = None):
         """`cuda` and `streams` let the tests run the GPU path on the CPU against a
-        recording fake of torch.cuda (tests/test_staging.py)."""
+        recording fake of torch.cuda (tests/unit/transport/test_staging.py)."""
         self.device, self.cuda = device, cuda
         self.on_gpu = device.type == "cuda" if streams is None else streams  # copies on a side stream
         self.pool = HostPool(pinned=device.type == "cuda")
