@@ -21,6 +21,7 @@ from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, COPIES,
                                      Mark, Member, ModeChoice, Timestamp, Zone)
 from bamboo.data.checkpoint_files import latest, storage_for
 from bamboo.state.copies import newest_covered
+from schedules.options import JobRedundancy, Redundancy
 
 
 def to_policy(a: Assignment) -> Config:
@@ -216,7 +217,7 @@ class Membership:
         """--redundancy auto: fold every iteration whose boundary was reached into the
         job's observations and record the mode wanted after it (MODE, first writer
         wins; every agent computes the same from the same keys)."""
-        if cfg.redundancy != "auto":
+        if cfg.redundancy != JobRedundancy.AUTO:
             return
         if self._observed is None:
             first = self.cluster.get(START())
@@ -243,12 +244,12 @@ class Membership:
                   wanted: ModeChoice | None = None) -> str:
         """The job's mode, or with auto the one `choose` picks for `epoch` from
         `stats` (`wanted`: already picked after the iteration before `it`)."""
-        if cfg.redundancy != "auto":
+        if cfg.redundancy != JobRedundancy.AUTO:
             return cfg.redundancy
         stats = stats or ModeStats()
         pipelines = len(epoch.pipelines)
         seconds, pause, rollback = job_estimates(cfg, stats, epoch.depth, pipelines)
-        if wanted is not None and (wanted.mode != "off" or pipelines >= 2 or rollback is not None):
+        if wanted is not None and (wanted.mode != Redundancy.OFF or pipelines >= 2 or rollback is not None):
             return wanted.mode
         current = epoch.redundancy  # "" for the first epoch: no mode to keep, the best one
         rate = stats.rate(cfg.auto_prior_rate, cfg.auto_prior_hours)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from schedules.options import ScheduleOptions
+from schedules.options import Redundancy, ReplicaSync, ScheduleOptions
 
 MODES = ("eager", "lazy", "off")
 MARGIN = 0.05            # a switch must save this share of an iteration: it costs a reconfiguration
@@ -72,7 +72,7 @@ def simulated(stages: int, microbatches: int, sync: str = "end") -> tuple[dict, 
 
     off = simulate(compile_schedule(stages, microbatches, (), ScheduleOptions(redundancy="off"))).makespan
     times, pauses = {"off": 1.0}, {"off": REDO_ITERATIONS}
-    for mode in ("eager", "lazy"):
+    for mode in (Redundancy.EAGER, Redundancy.LAZY):
         options = ScheduleOptions(redundancy=mode, sync=sync)
         base = compile_schedule(stages, microbatches, (), options)
         d = stages // 2
@@ -116,9 +116,9 @@ def estimates(stats: ModeStats, stages: int, microbatches: int, sync: str = "end
     seconds = {m: stats.seconds.get(m, times[m] * unit) for m in MODES}
     pause = {m: stats.pause.get(m, pauses[m] * unit) for m in MODES}
     lost = None
-    if sync == "next" and pipelines >= 2:
+    if sync == ReplicaSync.NEXT and pipelines >= 2:
         lost = pause["off"]  # a redo from a peer pipeline
-    elif sync == "next" and rollback is not None:
+    elif sync == ReplicaSync.NEXT and rollback is not None:
         lost = rollback(seconds, pause)
     if lost is not None:
         share = window_share(stages, microbatches, pipelines)

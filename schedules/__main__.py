@@ -16,7 +16,7 @@ from schedules.layout import ScheduleError
 from schedules.order import ORDERS
 from schedules.redundancy import FRC_MODES
 from schedules.syncs import SYNC_MODES
-from schedules.options import ScheduleOptions
+from schedules.options import Redundancy, ReplicaSync, ScheduleOptions
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,9 +69,9 @@ def _build(args):
 
 def _title(schedule) -> str:
     what = f"P={schedule.stages} M={schedule.microbatches} {schedule.order} redundancy={schedule.redundancy}"
-    if schedule.redundancy == "eager":
+    if schedule.redundancy == Redundancy.EAGER:
         what += f" frc={schedule.frc}"
-    if schedule.sync != "end":
+    if schedule.sync != ReplicaSync.END:
         what += f" replica-sync={schedule.sync}"
     if schedule.evaluation:
         what = f"evaluation (forward only) P={schedule.stages} M={schedule.microbatches}"

@@ -21,12 +21,6 @@ class Group(NamedTuple):
     stages: tuple[int, ...]
 
 
-def keeps_replicas(redundancy: str) -> bool:
-    """Eager and lazy redundancy both hold and sync the next stage's layers; only
-    eager runs its forward (FRC) before a failure."""
-    return redundancy != "off"
-
-
 def check_microbatches(microbatches: int) -> None:
     if microbatches < 1:
         raise ScheduleError(f"--microbatches must be at least 1 (got {microbatches})")

@@ -15,6 +15,7 @@ from schedules.timing.engine import Chains, Engine
 from schedules.ir import Instr, Op
 from schedules.layout import Group, Layout
 from schedules.order import ORDERS, Step
+from schedules.options import ReplicaSync
 
 
 def lower_group(layout: Layout, group: Group, order: list[Step]) -> list[Instr]:
@@ -54,11 +55,11 @@ def tail(layout: Layout, node: int, sync: str = "end") -> list[Instr]:
     for s in layout.owned(node):
         out.append(ir.reduce_grads(s))
         holder = layout.holder(s)
-        if holder is not None and holder != node and sync == "end":
+        if holder is not None and holder != node and sync == ReplicaSync.END:
             out.append(ir.send_sync(s, holder))
         out.append(ir.optimizer_step(s))
     r = layout.replica(node)
-    if r is not None and sync == "end":
+    if r is not None and sync == ReplicaSync.END:
         out += [ir.recv_sync(r, layout.owner(r)), ir.optimizer_step(r, redundant=True)]
     return out
 
@@ -79,7 +80,7 @@ def plain_streams(layout: Layout, microbatches: int, order: str = "1f1b",
     streams = {n: bodies[0] + tail(layout, n, sync) for n, bodies in per_node.items() if len(bodies) == 1}
     multi = {n: Chains([], bodies, tail(layout, n, sync)) for n, bodies in per_node.items() if len(bodies) > 1}
     if multi:
-        report = Engine(layout, microbatches, cost, expect_frc=False, late_sync=sync == "next",
-                           expect_syncs=sync == "end").run(streams, multi)
+        report = Engine(layout, microbatches, cost, expect_frc=False, late_sync=sync == ReplicaSync.NEXT,
+                           expect_syncs=sync == ReplicaSync.END).run(streams, multi)
         streams.update({n: report.streams[n] for n in multi})
     return {n: streams[n] for n in sorted(streams)}

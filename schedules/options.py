@@ -36,6 +36,15 @@ class Redundancy(Choice):
     OFF = "off"
 
 
+class JobRedundancy(Choice):
+    """--redundancy of a job: a schedule's mode, or auto (the agents pick one from
+    the measured preemption rate, epoch by epoch)."""
+    EAGER = "eager"
+    LAZY = "lazy"
+    OFF = "off"
+    AUTO = "auto"
+
+
 class Order(Choice):
     """The compute order of one virtual stage."""
     ONE_F_ONE_B = "1f1b"
@@ -61,6 +70,12 @@ class BackwardSplit(Choice):
     as deep as the cost model says, or none."""
     LAST = "last"
     OFF = "off"
+
+
+def keeps_replicas(redundancy: str) -> bool:
+    """Eager and lazy redundancy both hold and sync the next stage's layers; only
+    eager runs its forward (FRC) before a failure."""
+    return redundancy != Redundancy.OFF
 
 
 FLAGS = {"redundancy": "--redundancy", "order": "--order", "frc": "--frc", "sync": "--replica-sync",
@@ -91,8 +106,7 @@ class ScheduleOptions:
 
     @property
     def keeps_replicas(self) -> bool:
-        """Eager and lazy keep their successor's layers; off keeps none."""
-        return self.redundancy is not Redundancy.OFF
+        return keeps_replicas(self.redundancy)
 
     @property
     def every_frc(self) -> bool:

@@ -30,6 +30,7 @@ from schedules.timing.engine import Chains, Engine, Report
 from schedules.ir import SENDS, Instr, Op
 from schedules.layout import Layout, ScheduleError
 from schedules.lower import is_tail, tail
+from schedules.options import ReplicaSync
 
 
 def _without(ops: list[Instr], done: list[Instr]) -> list[Instr]:
@@ -79,10 +80,10 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
     P, M = layout.stages, microbatches
     after = check_failure(layout, base, d, k)
     p, q = (d - 1) % P, (d + 1) % P
-    late, synced = sync == "next", sync != "none"  # "none": no sync in the streams (syncs.py)
+    late, synced = sync == ReplicaSync.NEXT, sync != ReplicaSync.NONE  # "none": no sync in the streams (syncs.py)
     if late:
         _check_late_syncs(base, d, k, p)
-    ends = is_tail if sync == "end" else _late_tail  # the iteration's own reduces and steps
+    ends = is_tail if sync == ReplicaSync.END else _late_tail  # the iteration's own reduces and steps
     check = dict(expect_frc=expect_frc, late_sync=late, expect_syncs=synced)
     cut = Engine(layout, M, cost, dead=(d, k), **check)
     prefix = {n: s for n, s in cut.run(base, allow_stuck=True).streams.items() if n != d}
@@ -90,7 +91,8 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
     # What survivors took in from d counts; a message of d still queued at the cut
     # (its receiver waits on something else first) is dropped and sent again by p.
     # (With late syncs, the one in the streams says nothing of this iteration's.)
-    stage_done = sync == "end" and any(i.op is Op.RECV_SYNC and i.peer == d for i in prefix[p])  # d stepped, synced
+    # d stepped, synced
+    stage_done = sync == ReplicaSync.END and any(i.op is Op.RECV_SYNC and i.peer == d for i in prefix[p])
 
     full: dict[int, list[Instr]] = {}
     for n, pre in prefix.items():

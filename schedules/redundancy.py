@@ -45,7 +45,7 @@ from schedules.cost import CostModel
 from schedules.timing.engine import start_times
 from schedules.ir import Instr, Op, RECVS
 from schedules.layout import Layout
-from schedules.options import Frc
+from schedules.options import Frc, ReplicaSync
 
 
 FRC_MODES = Frc.values()
@@ -93,11 +93,11 @@ def insert_frc(layout: Layout, microbatches: int, streams: dict[int, list[Instr]
         needs_load = r in (0, layout.stages - 1)  # stage 0 reads inputs, stage P-1 labels
         # bubbles: a node that ends before the iteration does idles until then, so its
         # replica's sync and step (which nobody waits for) may go that much later
-        end_slack = length - ends[node] if mode == "bubbles" else math.inf
+        end_slack = length - ends[node] if mode == Frc.BUBBLES else math.inf
         # bubbles, sync at the end: the runtime takes the replica's step owed from the
         # iteration before in the node's first wait, before any FRC there (bamboo/runtime/steps.py)
-        owed = cost.step if mode == "bubbles" and sync == "end" else 0.0
-        room = Room(end_slack, late=sync == "next", owed=owed)
+        owed = cost.step if mode == Frc.BUBBLES and sync == ReplicaSync.END else 0.0
+        room = Room(end_slack, late=sync == ReplicaSync.NEXT, owed=owed)
         out[node] = stream if r is None else _fill(r, needs_load, microbatches, stream, starts[node], cost, room)
     return out
 

@@ -29,6 +29,7 @@ from sim.checkpointing import optimal_interval
 from sim.reconfiguration import dead_stages, handover_seconds, lost_everywhere, stages_moved, used_nodes
 from sim.strategies import Bamboo, RedoFromPeers, Simulation, lazy_forwards_seconds, peer_reload_seconds
 from sim.windows import mean_share
+from schedules.options import Redundancy
 
 PRIOR_RATE, PRIOR_HOURS = 0.05, 2.0  # the runtime's defaults (--auto-prior-rate, --auto-prior-hours)
 
@@ -55,10 +56,10 @@ class Auto(Bamboo):
         self.fatal = self.fatal * decay + fatal
         self.redone = self.redone * decay + (not fatal and any(len(dead) > 1 for dead in deaths))
         self.last = s.t
-        rules = RedoFromPeers if self.redundancy == "off" else Bamboo
+        rules = RedoFromPeers if self.redundancy == Redundancy.OFF else Bamboo
         fatal_before = s.fatal
         nxt = rules.react(self, sim, s, config, live, removed)
-        if self.redundancy == "lazy":
+        if self.redundancy == Redundancy.LAZY:
             s.pause(lazy_forwards_seconds(sim, config, removed))
         if nxt and nxt.depth == sim.P and nxt.pipelines:
             # a restart from the checkpoint is a reconfiguration too
@@ -91,7 +92,7 @@ class Auto(Bamboo):
                       rollback)
         if mode != self.redundancy or not self.switches:
             if self.switches:  # the new mode rides a reconfiguration under way, or needs one
-                build = handover_seconds(sim.profile, sim.P) if self.redundancy == "off" else 0.0
+                build = handover_seconds(sim.profile, sim.P) if self.redundancy == Redundancy.OFF else 0.0
                 s.pause((0.0 if reconfigured else sim.opt.reconfigure_seconds) + build)
             self.redundancy = mode
             self.switches.append((s.t, mode))

@@ -34,7 +34,7 @@ from sim.strategies import Spot
 from sim.reconfiguration import memory_copies, shape, used_nodes
 from sim.traces import Event
 from sim.windows import Window, full_pipeline, stage_windows
-from schedules.options import ScheduleOptions
+from schedules.options import Frc, Redundancy, ReplicaSync, ScheduleOptions
 
 __all__ = ["STRATEGIES", "ClusterSimulator", "Options"]
 
@@ -89,7 +89,7 @@ class ClusterSimulator:
 
     def _sync(self, mode: str) -> str:
         """The replica sync the schedules of `mode` compile with (off has none)."""
-        return "end" if mode == "off" else self.opt.replica_sync
+        return ReplicaSync.END if mode == Redundancy.OFF else self.opt.replica_sync
 
     def config_throughput(self, config: Config | None, mode: str | None = None) -> float:
         """Samples per second of `config` while nothing fails (0 while it cannot train)."""
@@ -384,7 +384,7 @@ def _iteration_ms(profile, depth: int, pipelines: int, redundancy: str, merged: 
 def _uncovered(profile, depth: int, pipelines: int, frc: str, sync: str) -> float:
     """The mean share of microbatches without FRC over the nodes of a full pipeline
     (a measured profile: placed on the compiler's default cost model)."""
-    if frc == "all":
+    if frc == Frc.ALL:
         return 0.0
     schedule, _ = full_pipeline(profile, depth, pipelines, "eager", frc, sync)
     covered = [len(schedule.frc_microbatches(n)) for n in schedule.streams]

@@ -45,6 +45,7 @@ from sim.reconfiguration import (dead_stages, handover_seconds, lost_everywhere,
                                  stages_moved, used_nodes)
 from sim.traces import Event
 from sim.windows import Window, stale
+from schedules.options import Redundancy
 
 
 class Simulation(Protocol):
@@ -183,7 +184,7 @@ class Bamboo(PeerRecovery):
     def _unplaced(self, sim: Simulation, config: Config, removed: set[str]) -> float:
         """Eager: the dead stage's forwards that no bubble held (no FRC ran), which
         its holder recomputes as lazy does (none with --frc all)."""
-        forwards = lazy_forwards_seconds(sim, config, removed) if self.redundancy == "eager" else 0.0
+        forwards = lazy_forwards_seconds(sim, config, removed) if self.redundancy == Redundancy.EAGER else 0.0
         return forwards * sim.uncovered(len(config.pipelines)) if forwards else 0.0  # lazy: all, in its react
 
 

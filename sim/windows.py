@@ -31,7 +31,7 @@ from schedules.cost import CostModel
 from schedules.syncs import Window
 
 from sim.profiles import Profile
-from schedules.options import ScheduleOptions
+from schedules.options import Redundancy, ReplicaSync, ScheduleOptions
 
 
 def full_pipeline(profile, depth: int, pipelines: int, redundancy: str, frc: str,
@@ -50,7 +50,7 @@ def stage_windows(profile, depth: int, pipelines: int, redundancy: str, frc: str
                   sync: str) -> tuple[Window, ...]:
     """Each stage's window in a fault-free iteration of one of `pipelines` full
     pipelines; none (empty) with the sync at the end or without replicas."""
-    if sync != "next" or redundancy == "off":
+    if sync != ReplicaSync.NEXT or redundancy == Redundancy.OFF:
         return ()
     schedule, cost = full_pipeline(profile, depth, pipelines, redundancy, frc, sync)
     return syncs.windows(simulate_schedule(schedule), cost, depth, pipelines)

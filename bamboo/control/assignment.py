@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schedules.layout import Layout, keeps_replicas
+from schedules.layout import Layout
+from schedules.options import keeps_replicas
 from schedules.split import merged, split_by_speed
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 import torch
+from schedules.options import Redundancy, ReplicaSync
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -93,7 +94,7 @@ class JobConfig:
     def late_sync(self) -> bool:
         """--replica-sync next with replicas to sync (not --redundancy off): the one
         test the executor, the handover and the agents read."""
-        return self.replica_sync == "next" and self.redundancy != "off"
+        return self.replica_sync == ReplicaSync.NEXT and self.redundancy != Redundancy.OFF
 
     @property
     def loss_scaling(self) -> bool:

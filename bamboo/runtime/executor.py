@@ -38,6 +38,7 @@ from bamboo.state.holdings import Stages
 from bamboo.transport.comm import Comm, Interrupted, PeerFailure
 from bamboo.transport.staging import Copy, Stager
 from bamboo.transport.swap import SavedTensors
+from schedules.options import Redundancy
 
 # Ops whose wall time is this node's own work (the straggler check). Timed on the
 # CPU only: CUDA kernels run after their launch returns (see Executor.busy).
@@ -328,7 +329,7 @@ class Executor(StepPhase):
         key = (ins.stage, ins.mb)
         # lazy on CUDA: the replica's input, should its owner die, is kept in host memory,
         # not on the GPU; on gloo the copy the message is sent from is that copy
-        keep = self.it.failover.redundancy == "lazy" and self.device.type == "cuda"
+        keep = self.it.failover.redundancy == Redundancy.LAZY and self.device.type == "cuda"
         host = self._send(ins, Op.SEND_ACT, self._act(key), keep=keep)
         if keep:
             act = self.it.acts.pop(key)

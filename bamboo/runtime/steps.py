@@ -19,6 +19,7 @@ from bamboo.control.protocol import NORM, Loss
 from bamboo.model import recipe
 from bamboo.runtime.sync import EarlySync, receive, sync_params
 from bamboo.transport.comm import Interrupted
+from schedules.options import Redundancy
 
 
 class StepPhase:
@@ -111,7 +112,7 @@ class StepPhase:
         hold no replica. After an fp16 overflow they go all the same, so that every
         sync the streams hold is sent, and the holder skips their step (every node
         knows the iteration overflowed: `overflowed_before`)."""
-        if self.late and self.it.failover.redundancy != "off":
+        if self.late and self.it.failover.redundancy != Redundancy.OFF:
             self.kept_grads[stage] = recipe.flat_grads(sync_params(self.modules[stage]))
 
     def _defers_replica_steps(self) -> bool:
@@ -121,8 +122,8 @@ class StepPhase:
         iteration's tail: unless
         the step phase is shared (clipping, ties, fp16), steps may be undone (agents),
         or the replicas are compared after every step (--check-replicas)."""
-        return (self.it.failover.redundancy in ("lazy", "eager") and not self.step_after_reduces and not self.keep_undo
-                and not self.cfg.check_replicas)
+        return (self.it.failover.redundancy in (Redundancy.LAZY, Redundancy.EAGER) and not self.step_after_reduces
+                and not self.keep_undo and not self.cfg.check_replicas)
 
     def settle_replicas(self) -> None:
         """Take the replica steps owed (each with its iteration's rate and synced

@@ -27,7 +27,7 @@ import time
 import torch
 
 from schedules.layout import Layout
-from schedules.options import ScheduleOptions
+from schedules.options import JobRedundancy, Redundancy, ScheduleOptions
 
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
@@ -73,7 +73,7 @@ class Worker(EpochMoves):
         self.failures = cluster.changes(FAILED(), ABORT())
         self.finishes = cluster.changes(FINISHED(), FAILED(), ABORT())
         self.boundary = Boundary(cluster, node, cfg.elastic, self.checkpoints, cfg.straggler_factor,
-                                 cfg.straggler_slack, auto=cfg.redundancy == "auto",
+                                 cfg.straggler_slack, auto=cfg.redundancy == JobRedundancy.AUTO,
                                  changes=cluster.changes(DONE(), FAILED(), ABORT()))
         self.assignment: Assignment | None = None  # the epoch this node runs in
         self.failed: tuple[int, ...] = ()          # nodes dead job-wide, as the last boundary agreed
@@ -285,7 +285,7 @@ class Worker(EpochMoves):
     def _timed(self, index: int) -> bool:
         """Whether the epoch's iteration `index` (from 0) is one of eager's timed
         calibration iterations (bamboo/runtime/calibration.py)."""
-        return self.failover.redundancy == "eager" and index in calibration.CALIBRATION
+        return self.failover.redundancy == Redundancy.EAGER and index in calibration.CALIBRATION
 
     def _compute_ahead(self, it: int) -> None:
         """--compute-ahead: start iteration `it`'s first forward while the boundary agrees
@@ -299,7 +299,7 @@ class Worker(EpochMoves):
     def _op_ms(self) -> dict | None:
         """Eager, at the last of the epoch's calibration iterations: the median time
         of each op this node ran in them (none on CUDA: nothing was timed)."""
-        if self.failover.redundancy != "eager" or self.epoch_iterations != calibration.CALIBRATION.stop:
+        if self.failover.redundancy != Redundancy.EAGER or self.epoch_iterations != calibration.CALIBRATION.stop:
             return None
         return self.op_times.medians_ms() or None
 

@@ -38,6 +38,7 @@ from schedules.syncs import SYNC_MODES
 from commands.chaos.trial import Outcome, Settings, Trial, account  # noqa: F401 - account: the tests'
 from commands.train.flag_checks import check_not_a_file
 from commands.chaos.netlab import unavailable
+from schedules.options import ReplicaSync
 
 
 def reference(settings: Settings, directory: str) -> list[float]:
@@ -72,7 +73,7 @@ def table(outcomes: list[Outcome], settings: Settings, seed: int) -> str:
             f"{settings.faults} faults per trial, checkpoint every {settings.checkpoint_every}, tiny float64"
             + (f", machines of {settings.per_host} nodes" if settings.per_host > 1 else "")
             + (", each machine in its own network namespace, etcd of 3 members" if settings.network else "")
-            + (f", --replica-sync {settings.replica_sync}" if settings.replica_sync != "end" else ""))
+            + (f", --replica-sync {settings.replica_sync}" if settings.replica_sync != ReplicaSync.END else ""))
     width = max(len(k) for k, _ in rows)
     return "\n".join([head, *(f"  {k:<{width}}  {v}" for k, v in rows)])
 

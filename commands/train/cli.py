@@ -31,6 +31,7 @@ from bamboo.model.api import ModelSource
 from bamboo.model.builtin import fp16_allowed
 from bamboo.model.recipe import check as check_recipe
 from bamboo.transport import devices
+from schedules.options import Frc, JobRedundancy, Redundancy, ReplicaSync
 
 
 def local_cluster(args):
@@ -118,7 +119,7 @@ def metric_sinks(args) -> tuple:
 
 def late_sync(args) -> bool:
     """Whether replicas take their syncs in the next iteration (there are replicas)."""
-    return args.replica_sync == "next" and args.stages > 1 and args.redundancy != "off"
+    return args.replica_sync == ReplicaSync.NEXT and args.stages > 1 and args.redundancy != Redundancy.OFF
 
 
 def start_pipelines(args) -> int:
@@ -142,9 +143,9 @@ def check_replica_sync(args) -> None:
 def check_redundancy(args) -> None:
     """--redundancy off survives a death only by redoing the iteration from a peer
     pipeline's copy of the lost stage, which needs agents and two pipelines."""
-    if args.redundancy == "auto" and args.local_nodes is None and args.stages > 1:
+    if args.redundancy == JobRedundancy.AUTO and args.local_nodes is None and args.stages > 1:
         raise ValueError("--redundancy auto needs agents (--local-nodes N): they choose the mode between iterations")
-    if args.frc == "all" and args.redundancy in ("lazy", "off"):
+    if args.frc == Frc.ALL and args.redundancy in (Redundancy.LAZY, Redundancy.OFF):
         raise ValueError(f"--frc all with --redundancy {args.redundancy}: only eager runs FRC before a failure "
                          "(use --redundancy eager or auto, or leave --frc out)")
     if args.sync_bucket_mb <= 0:
@@ -152,7 +153,7 @@ def check_redundancy(args) -> None:
     if args.auto_prior_rate < 0 or args.auto_prior_hours <= 0:
         raise ValueError(f"--auto-prior-rate must not be negative and --auto-prior-hours must be positive "
                          f"(got {args.auto_prior_rate} and {args.auto_prior_hours})")
-    if args.redundancy != "off" or args.stages == 1:
+    if args.redundancy != Redundancy.OFF or args.stages == 1:
         return
     if args.preempt and args.local_nodes is None:
         raise ValueError("--preempt with --redundancy off and no agents: no node holds the killed node's layers, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from schedules.options import JobRedundancy, Redundancy, ReplicaSync
 
 
 SEED_MAX = 2**48  # layer i's weights come from torch.manual_seed(seed * 7919 + i): it must stay in 64 bits
@@ -85,8 +86,9 @@ def idle_notes(args) -> list[str]:
     rules = (
         (args.stages == 1, SINGLE_IGNORES, "--stages 1 runs one process: no pipeline, redundancy, agents or etcd"),
         (args.local_nodes is None, AGENT_ONLY, "they are for the agents of --local-nodes or --local-hosts"),
-        (args.redundancy != "auto", ("auto_prior_rate", "auto_prior_hours"), "they are for --redundancy auto"),
-        (args.redundancy == "off", ("replica_sync",), "--redundancy off keeps no replica to sync"),
+        (args.redundancy != JobRedundancy.AUTO, ("auto_prior_rate", "auto_prior_hours"),
+         "they are for --redundancy auto"),
+        (args.redundancy == Redundancy.OFF, ("replica_sync",), "--redundancy off keeps no replica to sync"),
         (args.precision != "fp16", ("initial_loss_scale", "loss_scale_window", "min_loss_scale"),
          "the loss scale is --precision fp16's"),
         (args.lr_schedule == "constant", ("min_lr",), "a constant --lr-schedule never leaves --lr"),
@@ -94,10 +96,10 @@ def idle_notes(args) -> list[str]:
         (not args.straggler_factor, ("straggler_slack",), "--straggler-factor 0 fences no straggler"),
         (builtin, ("seq",), f"the built-in model {args.model} has its own sequence length"),
         (not token_files, ("token_dtype",), "the data are text (bytes), not a token file"),
-        (args.redundancy == "off" or args.pipelines > 1 or bool(args.grad_clip) or args.precision == "fp16"
-         or args.replica_sync == "next", ("sync_bucket_mb",), "the replica sync is posted whole with --redundancy "
-                                                               "off, --pipelines above 1, --grad-clip, fp16 or "
-                                                               "--replica-sync next"),
+        (args.redundancy == Redundancy.OFF or args.pipelines > 1 or bool(args.grad_clip) or args.precision == "fp16"
+         or args.replica_sync == ReplicaSync.NEXT, ("sync_bucket_mb",),
+         "the replica sync is posted whole with --redundancy off, --pipelines above 1, --grad-clip, fp16 or "
+         "--replica-sync next"),
     )
     return said_idle(changed, rules)
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import random
 
 from bamboo.control.config import Preempt, evaluated
-from schedules.options import ScheduleOptions
+from schedules.options import JobRedundancy, Redundancy, ReplicaSync, ScheduleOptions
 
 
 def stream_mode(args) -> str:
     """The mode whose streams --preempt positions count in: with auto, eager's (the
     longest; the mode running at that iteration may be another)."""
-    return "eager" if args.redundancy == "auto" else args.redundancy
+    return Redundancy.EAGER if args.redundancy == JobRedundancy.AUTO else args.redundancy
 
 
 def fault_free_stream(args, node: int, first: bool = False) -> list:
@@ -23,7 +23,7 @@ def fault_free_stream(args, node: int, first: bool = False) -> list:
     from bamboo.data.corpus import split_microbatches
 
     m = len(split_microbatches(args.microbatches, args.pipelines)[node // args.stages])
-    sync = "none" if first and args.replica_sync == "next" else args.replica_sync
+    sync = ReplicaSync.NONE if first and args.replica_sync == ReplicaSync.NEXT else args.replica_sync
     options = ScheduleOptions(redundancy=stream_mode(args), frc=args.frc, sync=sync, split=args.backward_split)
     return compile_schedule(args.stages, m, (), options).streams[node % args.stages]
 
@@ -35,7 +35,7 @@ def random_preempt(args, rng: random.Random) -> Preempt:
     node = rng.randrange(args.stages * args.pipelines)
     stream = fault_free_stream(args, node)
     reduce_at = next(i for i, ins in enumerate(stream) if ins.op.value == "reduce_grads")
-    first = 1 if args.replica_sync == "next" else 0
+    first = 1 if args.replica_sync == ReplicaSync.NEXT else 0
     return Preempt(node, rng.randrange(1, max(2, args.iterations)), rng.randrange(first, reduce_at))
 
 

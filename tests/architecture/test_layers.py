@@ -216,3 +216,38 @@ def test_no_function_takes_more_than_eight_parameters():
                 if count > 8:
                     wide.append(f"{module}.{node.name}: {count} parameters")
     assert wide == []
+
+
+CHOICES = {"eager", "lazy", "off", "auto", "bubbles", "all", "end", "next", "none", "last", "1f1b", "gpipe"}
+CHOICE_NAMES = {"redundancy", "mode", "sync", "replica_sync", "compiled_sync", "frc", "split", "backward_split",
+                "order"}
+
+
+def _choice_name(node) -> str | None:
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+    return name if name in CHOICE_NAMES else None
+
+
+def bare_choices(source: str) -> list[int]:
+    """Lines where a choice (a mode, a sync, ...) is compared with a string literal."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            literals = [s.value for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, str)]
+            literals += [e.value for s in sides if isinstance(s, (ast.Tuple, ast.List, ast.Set))
+                         for e in s.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            if any(_choice_name(s) for s in sides) and CHOICES & set(literals):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_choice_is_compared_as_a_bare_string():
+    """Modes, syncs and the like are compared with their enum's members
+    (schedules/options.py), so a misspelt value cannot pass silently."""
+    found = {m: lines for m, path in module_files().items() if m != "schedules.options"
+             if (lines := bare_choices(path.read_text()))}
+    assert found == {}
+    assert bare_choices('if cfg.redundancy == "off":\n    pass\n') == [1]  # the check sees one
+    assert bare_choices('if sync in ("end", "next"):\n    pass\n') == [1]
+    assert bare_choices('if cfg.redundancy == Redundancy.OFF:\n    pass\n') == []
