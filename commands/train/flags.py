@@ -8,6 +8,7 @@ import functools
 import sys
 
 from schedules.early_grads import SPLITS
+from schedules.options import JobRedundancy
 from schedules.redundancy import FRC_MODES
 from schedules.syncs import SYNC_MODES
 
@@ -43,7 +44,7 @@ def _schedule_flags(g) -> None:
     g.add_argument("--microbatches", type=int, default=4, help="global microbatches per iteration M")
     g.add_argument("--iterations", type=int, default=10, help="optimizer steps to train")
     g.add_argument("--batch", type=int, default=2, help="sequences per microbatch")
-    g.add_argument("--redundancy", choices=("eager", "lazy", "off", "auto"), default="eager",
+    g.add_argument("--redundancy", choices=JobRedundancy.values(), default="eager",
                    help="eager: the next stage's forward in the bubbles (FRC); lazy: its layers kept in sync, "
                         "FRC and BRC only after a failure; off: no replica; auto (with --local-nodes): the agents "
                         "switch between them from the preemption rate they observe")
