@@ -26,7 +26,6 @@ from schedules.ir import Instr, Op, RECVS
 from schedules.layout import Layout
 from schedules.options import ReplicaSync
 
-
 SYNC_MODES = (ReplicaSync.END.value, ReplicaSync.NEXT.value)
 # "none": `next`'s first iteration of a run or an epoch, which owes no sync (the
 # replicas came whole), so its streams carry none: a runtime compiles it so.

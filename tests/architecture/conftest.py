@@ -1,6 +1,7 @@
-"""Architecture tests, like unit tests, run in this process alone: a test that starts a process (a worker,
-etcd, a server) or asks for one (the etcd and object-store fixtures) belongs in
-tests/integration/. Enforced here, so that `make test-unit` stays fast."""
+"""Architecture tests, like unit tests, run in this process alone: a test that
+starts a process (a worker, etcd, a server) or asks for one (the etcd and
+object-store fixtures) belongs in tests/integration/. Enforced here, so that
+`make test-unit` stays fast."""
 import multiprocessing.process
 import subprocess
 
