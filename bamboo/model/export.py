@@ -40,7 +40,7 @@ def consolidated(layer_dir: str, source: ModelSource) -> dict[str, torch.Tensor]
     tied_away = {(second, name) for _, _, second, name in source.ties}  # as transformers saves a tied head
     state = {}
     for index in range(source.count):
-        for name, value in torch.load(os.path.join(layer_dir, f"layer{index}.pt")).items():
+        for name, value in torch.load(os.path.join(layer_dir, f"layer{index}.pt"), weights_only=True).items():
             if (index, name) in tied_away:
                 continue
             key = source.hf.hf_key(index, name) if source.hf is not None else f"layers.{index}.{name}"

@@ -104,7 +104,7 @@ class Checkpoints:
 
 def restore(blob: bytes, layer: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Load one layer's parameters and AdamW state from a snapshot."""
-    state = torch.load(io.BytesIO(blob), weights_only=False)
+    state = torch.load(io.BytesIO(blob), weights_only=True)
     layer.load_state_dict(state["params"])
     for name, p in layer.named_parameters():
         saved = state["optim"].get(name)
