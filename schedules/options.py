@@ -65,6 +65,9 @@ class ReplicaSync(Choice):
     NONE = "none"
 
 
+SYNC_CHOICES = (ReplicaSync.END.value, ReplicaSync.NEXT.value)  # a user's; NONE is compiled only
+
+
 class BackwardSplit(Choice):
     """--backward-split: each node's last backwards split (input gradients first),
     as deep as the cost model says, or none."""
@@ -98,7 +101,7 @@ class ScheduleOptions:
             try:
                 object.__setattr__(self, f.name, kind(value))
             except ValueError:
-                shown = kind.values() if kind is not ReplicaSync else ("end", "next")
+                shown = kind.values() if kind is not ReplicaSync else SYNC_CHOICES
                 raise ScheduleError(f"{FLAGS[f.name]} must be one of {', '.join(shown)} (got {value!r})") from None
 
     def with_(self, **changes) -> ScheduleOptions:

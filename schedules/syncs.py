@@ -24,9 +24,9 @@ from schedules.cost import CostModel
 from schedules.timing.engine import start_times
 from schedules.ir import Instr, Op, RECVS
 from schedules.layout import Layout
-from schedules.options import ReplicaSync
+from schedules.options import SYNC_CHOICES, ReplicaSync
 
-SYNC_MODES = (ReplicaSync.END.value, ReplicaSync.NEXT.value)
+SYNC_MODES = SYNC_CHOICES
 # "none": `next`'s first iteration of a run or an epoch, which owes no sync (the
 # replicas came whole), so its streams carry none: a runtime compiles it so.
 COMPILED_SYNCS = ReplicaSync.values()
