@@ -209,6 +209,31 @@ def _brc_chains(layout: Layout, M: int, d: int, p: int, q: int, p_ran: list[Inst
     return [recvs, acts, urgent, deferred], chain_loads
 
 
+def tails_last(rest: list[Instr], late: bool = False) -> list[Instr]:
+    """`rest` of a recovery stream with its tail (reduces, syncs and steps; with
+    `late` syncs only the iteration's own reduces and steps) moved behind all
+    other work, stage by stage in ascending order, as every unbroken stream has it.
+    The executor applies it at a replan. A node's reduces are collectives across
+    pipelines, and a node that takes stage 0 over from the last stage may already
+    have its own stage's reduce in the prefix it ran: it would wait there for the
+    owner of that stage in a pipeline that recovered earlier, which waits in stage
+    0's reduce for it, in ascending order (bamboo-chaos --network seed 10). With
+    every tail at the end and in one order, a node waits in a reduce only once its
+    compute is done, and only for stages no lower than any it still owes. Non-tail
+    work never waits on a tail, so no wait inside the pipeline grows a cycle."""
+    ends = _late_tail if late else is_tail
+    body = [i for i in rest if not ends(i)]
+    return body + sorted((i for i in rest if ends(i)), key=_tail_rank)
+
+
+def _tail_rank(ins: Instr) -> tuple[bool, int, int]:
+    """Where a tail instruction goes: the owned stages' (reduce, sync, step) by
+    stage, then the replica's (its sync, its step), as schedules/lower.py's tail."""
+    replica = ins.op is Op.RECV_SYNC or (ins.op is Op.OPTIMIZER_STEP and ins.redundant)
+    order = (Op.RECV_SYNC, Op.OPTIMIZER_STEP) if replica else (Op.REDUCE_GRADS, Op.SEND_SYNC, Op.OPTIMIZER_STEP)
+    return replica, ins.stage, order.index(ins.op)
+
+
 def sends_first(rest: list[Instr], ready: Callable[[Instr], bool]) -> list[Instr]:
     """`rest` of a recovery stream with the activation and gradient sends whose
     tensors are `ready` moved to its front, each channel's in their order (a send

@@ -21,7 +21,7 @@ import torch
 
 from schedules.ir import RECVS, SENDS, Instr, Op
 from schedules.layout import Layout
-from schedules.recovery import sends_first
+from schedules.recovery import sends_first, tails_last
 
 from bamboo.control.config import JobConfig, dropout_seed_for
 from bamboo.control.exits import preempt_if_due
@@ -38,7 +38,7 @@ from bamboo.state.holdings import Stages
 from bamboo.transport.comm import Comm, Interrupted, PeerFailure
 from bamboo.transport.staging import Copy, Stager
 from bamboo.transport.swap import SavedTensors
-from schedules.options import Redundancy
+from schedules.options import Redundancy, ReplicaSync
 
 # Ops whose wall time is this node's own work (the straggler check). Timed on the
 # CPU only: CUDA kernels run after their launch returns (see Executor.busy).
@@ -190,7 +190,8 @@ class Executor(StepPhase):
         stream, resume_at = failover.resolve()
         if pc > resume_at and old[resume_at:pc] != stream[resume_at:pc]:
             raise RuntimeError(f"node ran past its recovery point ({pc} > {resume_at}) and off the plan")
-        stream = stream[:pc] + sends_first(stream[pc:], self._can_send)
+        late = failover.compiled_sync is not ReplicaSync.END
+        stream = stream[:pc] + sends_first(tails_last(stream[pc:], late), self._can_send)
         self._expect(stream)
         return stream
 

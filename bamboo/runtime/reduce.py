@@ -28,7 +28,7 @@ from bamboo.control.protocol import REDUCED, TIED, Reduced, reduce_store, tie_st
 from bamboo.model import recipe
 from bamboo.runtime.failover import Aborted
 from bamboo.transport.comm import Interrupted
-from bamboo.transport.groups import GroupMaker, lease_check, open_group
+from bamboo.transport.groups import GroupMaker, Opening, lease_check, start_group
 
 
 class Reducer:
@@ -41,6 +41,7 @@ class Reducer:
         self.P, self.D = assignment.depth, len(assignment.pipelines)
         self.pipeline = assignment.slot(me)[0]
         self._groups: dict[str, tuple] = {}  # store key -> the group (kept for the epoch)
+        self._opening: dict[str, Opening] = {}  # store key -> a group's opening a wait was called away from
         self._left: dict[tuple[int, str], tuple] = {}  # (iteration, key) -> (work, its buffer) left pending
 
     def members(self, stage: int) -> tuple[int, ...]:
@@ -70,14 +71,27 @@ class Reducer:
             self.failover.unsurvivable(f"pipeline {self.pipeline}: {e}")
 
     def _group(self, iteration: int, key: str, members: tuple[int, ...]):
+        """The group at `key`, opened (a rendezvous every member must come to) on a
+        thread: a node called away from the wait (Interrupted, as from a reduce)
+        waits on the same opening when it comes back. A member opening a group for
+        the stage it reduces first may wait for this node, which must then be free
+        to take a dead peer's stage over and come to that group."""
         if key not in self._groups:
             silent = lease_check(self.cluster, members, iteration, self.me)
 
             def why_not():  # a member that aborted the iteration will never come: Aborted
                 self.failover.check_abort()
                 return silent()
-            self._groups[key] = open_group(self.cluster, key, members, self.me, why_not, self.hang_timeout,
-                                           self.make_group)
+
+            def give_up():
+                if self.failover.poll() is not None:
+                    raise Interrupted(f"called away from opening group {key}")
+                return why_not()
+            if key not in self._opening:
+                self._opening[key] = start_group(self.cluster, key, members, self.me, why_not, self.hang_timeout,
+                                                 self.make_group)
+            self._groups[key] = self._opening[key].wait(give_up)
+            del self._opening[key]
         return self._groups[key][0]
 
     def close(self) -> None:
@@ -85,11 +99,12 @@ class Reducer:
         left pending would never end (and its communicator holds GPU memory)."""
         for key in list(self._groups):
             self._drop(key)
-        self._left = {}
+        self._left, self._opening = {}, {}
 
     def _drop(self, key: str) -> None:
         """Forget a group whose collective failed (a member died); an NCCL one is
         aborted, as its pending collective would otherwise never end."""
+        self._opening.pop(key, None)
         entry = self._groups.pop(key, None)
         if entry is not None and self.make_group is not None:
             entry[0].abort()

@@ -46,42 +46,67 @@ def open_group(cluster: Cluster, store_key: str, members, me: int, why_not, time
     and the store it keeps using. Its rendezvous and each of its operations give up
     after `timeout` seconds (--hang-timeout). The group lives as long as the process
     (see _KEPT)."""
+    return start_group(cluster, store_key, members, me, why_not, timeout, make_group).wait(why_not)
+
+
+def start_group(cluster: Cluster, store_key: str, members, me: int, why_not, timeout: float,
+                make_group: GroupMaker | None = None) -> "Opening":
+    """open_group's work on a thread of its own: an Opening whose wait gives what
+    open_group gives. A caller called away meanwhile waits on the same Opening
+    later: a second rendezvous at `store_key` would never meet the first."""
     store = store_at(cluster, store_key, why_not, timeout)
-    if make_group is not None:  # NCCL meets its peers at the first operation, not here
+    if make_group is not None:  # NCCL meets its peers at the first operation, not here (on this thread's device)
         rank_of = {n: i for i, n in enumerate(members)}
         pg = make_group(store, rank_of[me], len(members))
         _KEPT.append((pg, store))
+        return Opening(result=(pg, rank_of, store))
+
+    def open_() -> tuple[dist.ProcessGroup, dict[int, int], EtcdStore]:
+        # gloo's connection step waits inside the constructor, until the whole op timeout
+        pg, rank_of = new_group(store, list(members), me, timeout)
+        _KEPT.append((pg, store))
         return pg, rank_of, store
-    # gloo's connection step waits inside the constructor, for a member that died
-    # after the rendezvous, until the whole op timeout: it is given up sooner.
-    pg, rank_of = interruptible(lambda: new_group(store, list(members), me, timeout), why_not)
-    _KEPT.append((pg, store))
-    return pg, rank_of, store
+    return Opening(open_)
+
+
+class Opening:
+    """A call running on a thread of its own, whose outcome can be waited for, given
+    up on, and waited for again. A thread given up on stays blocked until gloo's
+    own timeout (the groups are kept)."""
+
+    def __init__(self, call=None, result=None):
+        """Runs `call` on its thread; without one, the outcome is `result`."""
+        self._done: queue.Queue = queue.Queue(maxsize=1)
+        self._outcome: tuple | None = None if call is not None else (result, None)
+        if call is not None:
+            threading.Thread(target=self._run, args=(call,), daemon=True, name="opening").start()
+
+    def _run(self, call) -> None:
+        try:
+            self._done.put((call(), None))
+        except BaseException as e:  # noqa: BLE001 - not swallowed: raised again in the waiter's thread
+            self._done.put((None, e))
+
+    def wait(self, give_up, every: float = 0.5):
+        """The call's result, waited for while asking `give_up()` every `every`
+        seconds: RendezvousAborted once it names a reason (`give_up` may also raise)."""
+        while self._outcome is None:
+            try:
+                self._outcome = self._done.get(timeout=every)
+            except queue.Empty:
+                reason = give_up()
+                if reason:
+                    raise RendezvousAborted(reason) from None
+        result, error = self._outcome
+        if error is not None:
+            raise error
+        return result
 
 
 def interruptible(call, give_up, every: float = 0.5):
     """call()'s result, waited for while asking `give_up()` every `every` seconds;
-    RendezvousAborted once it names a reason. The call runs in a thread of its own,
-    which, given up, stays blocked until gloo's own timeout (the groups are kept)."""
-    done: queue.Queue = queue.Queue(maxsize=1)
-
-    def run() -> None:
-        try:
-            done.put((call(), None))
-        except BaseException as e:  # noqa: BLE001 - not swallowed: raised again in the caller's thread
-            done.put((None, e))
-    threading.Thread(target=run, daemon=True, name="interruptible").start()
-    while True:
-        try:
-            result, error = done.get(timeout=every)
-            break
-        except queue.Empty:
-            reason = give_up()
-            if reason:
-                raise RendezvousAborted(reason) from None
-    if error is not None:
-        raise error
-    return result
+    RendezvousAborted once it names a reason (see Opening)."""
+    return Opening(call).wait(give_up, every)
 
 
 def new_group(store: dist.Store, members: list[int], me: int, timeout: float) -> tuple[dist.ProcessGroup, dict]:
