@@ -84,9 +84,10 @@ class Reducer:
                 return silent()
 
             def give_up():
-                if self.failover.poll() is not None:
+                reason = why_not()
+                if not reason and self.failover.poll() is not None:
                     raise Interrupted(f"called away from opening group {key}")
-                return why_not()
+                return reason
             if key not in self._opening:
                 self._opening[key] = start_group(self.cluster, key, members, self.me, why_not, self.hang_timeout,
                                                  self.make_group)
