@@ -128,6 +128,9 @@ class Assignment:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Assignment":
+        for name in ("restore", "redundancy"):  # shown and compared as text
+            if not isinstance(d.get(name, ""), str):
+                raise ValueError(f"an assignment's {name} is {type(d[name]).__name__}, not a string")
         return cls(int(d["epoch"]), int(d["start"]), tuple(tuple(int(n) for n in p) for p in d["pipelines"]),
                    tuple(int(n) for n in d.get("standby", ())), tuple(int(n) for n in d.get("failed", ())),
                    tuple(int(n) for n in d.get("gone", ())), d.get("restore", "peers"), bool(d.get("redo")),

@@ -14,6 +14,7 @@ from bamboo.control.etcd import EtcdError, EtcdLost, connect, retry
 from bamboo.control.exits import Fenced
 from bamboo.control.liveness import Heartbeat, lease_ages
 from bamboo.control.protocol import ALIVE, ASSIGNMENT, FAILED, LEASE_EXPIRED, MEMBERS, Alive, Failure, Key, job_root
+from bamboo.control.records import BadRecord
 
 
 def _encode(key: Key, record) -> str:
@@ -24,11 +25,25 @@ def _encode(key: Key, record) -> str:
     return json.dumps(record.to_dict())
 
 
-def _records(prefix: Key, raw: str, kvs) -> dict:
-    """{the parts below `prefix` (its raw etcd key `raw`): record} of a range read."""
-    family = prefix.family
-    return {family.parse(meta.key.decode()[len(raw):]): family.record.from_dict(json.loads(value))
-            for value, meta in kvs}
+def decode(family, value: bytes):
+    """The record of `family` stored as `value`; BadRecord when it is not one."""
+    try:
+        return family.record.from_dict(json.loads(value))
+    except (ValueError, TypeError) as e:  # not JSON, not UTF-8, a field of the wrong type or name
+        raise e if isinstance(e, BadRecord) else BadRecord(f"a {family.name} value: {e}") from None
+
+
+def _records(prefix: Key, raw: str, kvs, skip: bool = False) -> dict:
+    """{the parts below `prefix` (its raw etcd key `raw`): record} of a range read.
+    `skip`: a malformed key or value is left out (a watcher's read) rather than raised."""
+    family, out = prefix.family, {}
+    for value, meta in kvs:
+        try:
+            out[family.parse(meta.key.decode()[len(raw):])] = decode(family, value)
+        except (BadRecord, ValueError, UnicodeDecodeError):
+            if not skip:
+                raise
+    return out
 
 
 class ReadOnly(RuntimeError):
@@ -57,7 +72,8 @@ class Cluster:
         """`wait`: etcd may be restarting as this process starts (a worker or agent
         started mid-job): try to connect for up to `patience` seconds, not once.
         `read_only`: every write raises ReadOnly (a watcher of the job, such as the
-        dashboard, must never change what the job agrees on)."""
+        dashboard, must never change what the job agrees on), and a malformed
+        record reads as absent (a watcher shows what it can)."""
         self.endpoint = endpoint
         self.read_only = read_only
         self.client = self._connect(endpoint, patience if wait else 0.0)
@@ -149,12 +165,19 @@ class Cluster:
     def get(self, key: Key):
         """The record at `key`, or None."""
         value, _ = self.call(lambda: self.client.get(self.key(key)))
-        return None if value is None else key.family.record.from_dict(json.loads(value))
+        if value is None:
+            return None
+        try:
+            return decode(key.family, value)
+        except BadRecord:
+            if not self.read_only:
+                raise
+            return None  # a watcher reads a malformed record as none
 
     def children(self, prefix: Key) -> dict:
         """{the parts below the prefix (an int, or a tuple): record} for every key under it."""
         raw = self.key(prefix) + "/"
-        return _records(prefix, raw, self.call(lambda: list(self.client.get_prefix(raw))))
+        return _records(prefix, raw, self.call(lambda: list(self.client.get_prefix(raw))), self.read_only)
 
     def put_and_read(self, key: Key, record, *prefixes: Key, also: dict | None = None) -> list[dict]:
         """put(key, record) and every {key: record} of `also`, then children(prefix)
@@ -193,7 +216,8 @@ class Cluster:
         gets = [tx.get(start, end) for _, _, start, end in ranges]
         _, responses = self._write([], puts + gets) if puts else \
             self.call(lambda: self.client.transaction(compare=[], success=gets, failure=[]))
-        return [_records(prefix, raw, kvs) for (prefix, raw, _, _), kvs in zip(ranges, responses[len(puts):])]
+        return [_records(prefix, raw, kvs, self.read_only)
+                for (prefix, raw, _, _), kvs in zip(ranges, responses[len(puts):])]
 
     def create_or_get(self, key: Key, record, also: dict | None = None) -> tuple[object, bool]:
         """create(key, record), or else read what is there, in one transaction: the
@@ -209,7 +233,7 @@ class Cluster:
         if also:
             self.put_all(also)
         (stored, _), = responses[0]
-        return key.family.record.from_dict(json.loads(stored)), False
+        return decode(key.family, stored), False
 
     def wait_for(self, predicate, timeout: float, what: str, poll: float = 0.02):
         """Poll until predicate() returns something truthy; TimeoutError naming `what`."""
@@ -237,7 +261,7 @@ class Cluster:
 
     @staticmethod
     def _death(node: int, stored: bytes) -> str:
-        failure = FAILED.record.from_dict(json.loads(stored))
+        failure = decode(FAILED, stored)
         return f"node {node} was recorded dead in iteration {failure.iteration} by node {failure.by} ({failure.how})"
 
     def progress(self) -> None:

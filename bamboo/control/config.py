@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 from schedules.options import Redundancy, ReplicaSync
+from bamboo.control.records import checked
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -110,7 +111,8 @@ class JobConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "JobConfig":
-        d = dict(d, preempt=tuple(Preempt(**p) for p in d["preempt"]), data_files=tuple(d["data_files"]),
+        """The config stored as `d`, each field's type checked (BadRecord)."""
+        d = dict(checked(cls, d), preempt=tuple(Preempt(**p) for p in d["preempt"]), data_files=tuple(d["data_files"]),
                  val_files=tuple(d.get("val_files", ())),
                  devices=tuple(d.get("devices", ())),
                  betas=tuple(d["betas"]))

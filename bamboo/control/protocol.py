@@ -38,11 +38,12 @@ The agents' half:
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import NewType
 
 from bamboo.control.assignment import Assignment
 from bamboo.control.config import JobConfig
+from bamboo.control.records import checked
 
 # A node's id in the job (members/, alive/, failed/, an assignment's pipelines), and
 # its place in its own pipeline (0..P-1: the schedules' `peer`). Both are ints at run
@@ -62,7 +63,8 @@ class Record:
 
     @classmethod
     def from_dict(cls, d: dict):
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+        """The record stored as `d`, each field's type checked (BadRecord)."""
+        return cls(**checked(cls, d))
 
 
 PART_DIGITS = 8  # of each number in a key (iterations, nodes, epochs, tries)

@@ -66,7 +66,7 @@ def _marks(frame: Frame, marks: list[tuple[int, str]]) -> str:
             continue
         x = frame.x(it)
         out.append(f'<line class="mark mark-{kind}" x1="{x}" x2="{x}" y1="{TOP}" y2="{HEIGHT - BOTTOM}" '
-                   f'stroke="{COLOURS.get(kind, "#999")}"><title>{escape(kind)} at iteration {it}</title></line>')
+                   f'stroke="{COLOURS.get(kind, "#999")}"><title>{kind} at iteration {it}</title></line>')
     return "".join(out)
 
 

@@ -7,9 +7,10 @@ whole summary as JSON (commands/status/runstats.py), for scripts.
 
 It binds 127.0.0.1 unless told otherwise. On any other address every request
 needs the token (`?token=T`, or `Authorization: Bearer T`): --token, or one made
-up and printed with the URL; without it the answer is 403. On loopback without a
-token, a request must name a loopback host (a web page elsewhere cannot reach
-the dashboard through a DNS name that resolves to 127.0.0.1).
+up and printed with the URL; without it the answer is 403. A token is at least
+MIN_TOKEN characters. On loopback, token or not, a request must name a loopback
+host (a web page elsewhere cannot reach the dashboard through a DNS name that
+resolves to 127.0.0.1).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import json
 import secrets
 import socket
 import sys
+import threading
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -28,6 +30,8 @@ from commands.status.jobview import JobView, UnknownJob, open_job
 from bamboo.control.etcd import EtcdError, EtcdLost
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+MIN_TOKEN = 16  # characters of a --token: a shorter one is guessed
+MAX_CONNECTIONS = 32  # served at once
 
 
 class BadAddress(ValueError):
@@ -55,8 +59,9 @@ def is_loopback(host: str) -> bool:
 class Dashboard:
     """What every request shares: the job's view, the prices, the token."""
 
-    def __init__(self, view: JobView, price: tuple, refresh: float, token: str | None):
+    def __init__(self, view: JobView, price: tuple, refresh: float, token: str | None, host_guard: bool = True):
         self.view, self.price, self.refresh, self.token = view, price, refresh, token
+        self.host_guard = host_guard  # bound to loopback: a request must name a loopback host, token or not
 
     def summary(self) -> dict:
         return runstats.summary(self.view.look(), self.price)
@@ -67,6 +72,7 @@ class Handler(BaseHTTPRequestHandler):
     half a second is shared between requests)."""
     dashboard: Dashboard  # set on the subclass `start` makes
     server_version = "bamboo-dashboard"
+    timeout = 20  # seconds a connection may stay silent (socket timeout)
 
     def do_GET(self) -> None:
         url = urlsplit(self.path)
@@ -87,8 +93,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def _allowed(self, url) -> bool:
         token = self.dashboard.token
+        if self.dashboard.host_guard and _host_of(self.headers.get("Host", "")) not in LOOPBACK_NAMES:
+            return False  # a page elsewhere, through a name rebound to loopback
         if token is None:
-            return _host_of(self.headers.get("Host", "")) in LOOPBACK_NAMES
+            return True
         given = parse_qs(url.query).get("token", [""])[0]
         bearer = self.headers.get("Authorization", "")
         if bearer.startswith("Bearer "):
@@ -96,8 +104,10 @@ class Handler(BaseHTTPRequestHandler):
         return hmac.compare_digest(given.encode(), token.encode())
 
     def _page(self) -> None:
-        self._send(200, "text/html; charset=utf-8", dashboard_page.page(self.dashboard.summary(),
-                                                                          self.dashboard.refresh))
+        nonce = secrets.token_urlsafe(16)
+        self._send(200, "text/html; charset=utf-8",
+                   dashboard_page.page(self.dashboard.summary(), self.dashboard.refresh, nonce),
+                   {"Content-Security-Policy": dashboard_page.policy(nonce)})
 
     def _panels(self) -> None:
         self._send(200, "application/json", json.dumps(dashboard_page.update(self.dashboard.summary())))
@@ -105,9 +115,11 @@ class Handler(BaseHTTPRequestHandler):
     def _job(self) -> None:
         self._send(200, "application/json", json.dumps(self.dashboard.summary()))
 
-    def _send(self, status: int, kind: str, body: str) -> None:
+    def _send(self, status: int, kind: str, body: str, headers: dict | None = None) -> None:
         data = body.encode()
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Cache-Control", "no-store")
@@ -121,9 +133,32 @@ class Handler(BaseHTTPRequestHandler):
 
 class Server(ThreadingHTTPServer):
     """One thread per request (a page's polls and a script's reads at once), none
-    of them keeping the process alive; `view` is the job's."""
+    of them keeping the process alive; `view` is the job's. At most MAX_CONNECTIONS
+    at once (a connection over it is closed at once), each given up after
+    Handler.timeout seconds of silence: idle connections cannot pile up threads."""
     daemon_threads = True
+    request_queue_size = 64
     view: JobView
+
+    def __init__(self, *args, **kwargs):
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class Server6(Server):
@@ -138,6 +173,8 @@ def start(endpoint: str, job: str | None, address: str, token: str | None = None
           price: tuple = (None, None), refresh: float = 2.0) -> tuple[Server, str]:
     """A server of the job's dashboard, bound and not yet serving, and its URL
     (with the token, when it needs one). CannotServe says what is wrong."""
+    if token is not None and len(token) < MIN_TOKEN:
+        raise CannotServe(f"--token: {len(token)} characters; a token needs at least {MIN_TOKEN}")
     try:
         host, port = parse_address(address)
         view = open_job(endpoint, job)
@@ -145,7 +182,8 @@ def start(endpoint: str, job: str | None, address: str, token: str | None = None
         raise CannotServe(str(e)) from None
     if token is None and not is_loopback(host):
         token = secrets.token_urlsafe(16)
-    handler = type("JobHandler", (Handler,), {"dashboard": Dashboard(view, price, refresh, token)})
+    dashboard = Dashboard(view, price, refresh, token, host_guard=is_loopback(host))
+    handler = type("JobHandler", (Handler,), {"dashboard": dashboard})
     try:
         server = (Server6 if ":" in host else Server)((host, port), handler)
     except OSError as e:

@@ -30,11 +30,11 @@ def _num(v, fmt: str = ".4g", none: str = "-") -> str:
 def head(s: dict) -> str:
     counts = s["counts"]
     recoveries = counts["failover"] + counts["redo"] + counts["rollback"]
-    badges = "".join(f'<span class="count" data-kind="{k}">{escape(k)} <b>{n}</b></span>'
+    badges = "".join(f'<span class="count" data-kind="{k}">{k} <b>{n}</b></span>'
                      for k, n in counts.items() if n)
     done = "-" if s["last_iteration"] is None else s["last_iteration"] + 1
-    return (f'<h1>{escape(s["job"])} <span class="state state-{s["state"]}">{s["state"]}</span></h1>'
-            f'<p class="facts">{escape(str(s["model"]))}, P={s["stages"]}, M={s["microbatches"]} x batch '
+    return (f'<h1>{s["job"]} <span class="state state-{s["state"]}">{s["state"]}</span></h1>'
+            f'<p class="facts">{s["model"]}, P={s["stages"]}, M={s["microbatches"]} x batch '
             f'{s["batch"]}; <b id="done">{done}</b> of {s["iterations"]} iterations done; '
             f'<span class="count" data-kind="recoveries">recoveries <b>{recoveries}</b></span> {badges}</p>'
             f'<p class="facts">read from etcd at {_clock(s["at"])}</p>')
@@ -49,8 +49,8 @@ def _cell(cell: dict, j: int, s: int) -> str:
     return (f'<td class="cell state-{cell["state"]}" data-node="{cell["node"]}" data-state="{cell["state"]}" '
             f'data-pipeline="{j}" data-stage="{s}"><div class="node">node {cell["node"]} '
             f'<span class="badge">{cell["state"]}</span></div>'
-            f'<div class="where">zone {escape(cell["zone"])}, {escape(cell["host"])}</div>'
-            f'<div class="holds">{escape(cell["holds"])}</div>{replaced}</td>')
+            f'<div class="where">zone {cell["zone"]}, {cell["host"]}</div>'
+            f'<div class="holds">{cell["holds"]}</div>{replaced}</td>')
 
 
 def grid(epoch: dict, current: bool) -> str:
@@ -59,7 +59,7 @@ def grid(epoch: dict, current: bool) -> str:
     rows = "".join(f'<tr><th>pipeline {j}</th>{"".join(_cell(c, j, s) for s, c in enumerate(pipe))}</tr>'
                    for j, pipe in enumerate(epoch["pipelines"]))
     standby = "".join(f'<span class="standby state-{n["state"]}" data-node="{n["node"]}" '
-                      f'data-state="{n["state"]}">node {n["node"]} ({escape(n["zone"])}, {n["state"]})</span>'
+                      f'data-state="{n["state"]}">node {n["node"]} ({n["zone"]}, {n["state"]})</span>'
                       for n in epoch["standby"]) or "none"
     how = f', layers from {epoch["restore"]}' if epoch["redo"] else ""
     table = (f'<table class="grid{" grid-current" if current else " grid-old"}" data-epoch="{epoch["epoch"]}"'
@@ -76,7 +76,7 @@ def cluster(s: dict) -> str:
     newest, *older = reversed(s["epochs"])
     gone = [n for n in s["nodes"] if n["state"] in ("dead", "fenced", "left", "draining")]
     left = "".join(f'<li class="gone state-{n["state"]}" data-node="{n["node"]}" data-state="{n["state"]}">'
-                   f'node {n["node"]} ({escape(n["zone"])}, {escape(n["host"])}): {n["state"]}</li>' for n in gone)
+                   f'node {n["node"]} ({n["zone"]}, {n["host"]}): {n["state"]}</li>' for n in gone)
     return ("<h2>Cluster</h2>" + grid(newest, True) + "".join(grid(e, False) for e in older)
             + (f'<h3>Nodes out of the grid</h3><ul class="gone-list">{left}</ul>' if left else ""))
 
@@ -114,7 +114,7 @@ def timeline(s: dict) -> str:
                     f'data-pause="{"" if e["pause"] is None else e["pause"]}">'
                     f'<td>{"-" if e["iteration"] is None else e["iteration"]}</td><td>{_clock(e["time"])}</td>'
                     f'<td><span class="kind" style="border-color:{charts.COLOURS.get(e["type"], "#999")}">'
-                    f'{e["type"]}</span></td><td>{escape(e["text"])}{extra}</td><td class="pause">{pause}</td></tr>')
+                    f'{e["type"]}</span></td><td>{e["text"]}{extra}</td><td class="pause">{pause}</td></tr>')
     return ('<h2>Timeline</h2><table class="timeline"><tr><th>iteration</th><th>time</th><th>event</th>'
             '<th>what</th><th>pause</th></tr>' + "".join(rows) + "</table>"
             + (("<h3>auto's estimates now</h3>" + _estimates(s["auto"])) if s["auto"] else ""))
@@ -153,8 +153,33 @@ def _usd(v) -> str:
     return "-" if v is None else f"${v:,.4g}" if v < 100 else f"${v:,.2f}"
 
 
+PANELS = {"head": head, "cluster": cluster, "run": run, "timeline": timeline, "cost": cost}
+
+
+def shown(value):
+    """`value` (a summary, from records anyone with etcd access may have written)
+    with every string in it, keys too, escaped for HTML: the one place the page
+    escapes, so no interpolation below can forget to."""
+    if isinstance(value, str):
+        return escape(value)
+    if isinstance(value, dict):
+        return {shown(k): shown(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [shown(v) for v in value]
+    return value
+
+
 def panels(s: dict) -> dict[str, str]:
-    return {"head": head(s), "cluster": cluster(s), "run": run(s), "timeline": timeline(s), "cost": cost(s)}
+    """Each panel's HTML from the escaped summary. A panel that a malformed record
+    breaks (a string where a number belongs) shows "?" and the rest of the page stands."""
+    s = shown(s)
+    out = {}
+    for name, render in PANELS.items():
+        try:
+            out[name] = render(s)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+            out[name] = f'<p class="unreadable" title="{escape(type(e).__name__)}">?</p>'
+    return out
 
 
 def fingerprint(html: str) -> str:
@@ -166,19 +191,29 @@ def update(s: dict) -> dict:
     """The body of GET /panels: each panel's HTML and fingerprint, and the newest iteration done."""
     shown = panels(s)
     return {"panels": shown, "hashes": {k: fingerprint(v) for k, v in shown.items()},
-            "iteration": s["last_iteration"] if s["last_iteration"] is not None else -1}
+            "iteration": s["last_iteration"] if isinstance(s["last_iteration"], int) else -1}
 
 
-def page(s: dict, refresh: float) -> str:
-    """The whole page: every panel as of `s`, and the script that keeps them fresh."""
+def policy(nonce: str) -> str:
+    """The Content-Security-Policy of a page served with `nonce`: only its own
+    style and script run, it fetches only from where it came, and nothing frames it."""
+    return (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; "
+            "style-src-attr 'unsafe-inline'; img-src data:; connect-src 'self'; base-uri 'none'; "
+            "form-action 'none'; frame-ancestors 'none'")
+
+
+def page(s: dict, refresh: float, nonce: str) -> str:
+    """The whole page: every panel as of `s`, and the script that keeps them fresh
+    (its style and script carry `nonce`, which the response's policy names)."""
     body = "".join(f'<section class="panel" id="panel-{name}" data-html="{fingerprint(html)}">{html}</section>'
                    for name, html in panels(s).items())
-    done = s["last_iteration"] if s["last_iteration"] is not None else -1
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(s["job"])}: bamboo</title>'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>'
+    done = s["last_iteration"] if isinstance(s["last_iteration"], int) else -1
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(str(s["job"]))}: '
+            f'bamboo</title><meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<style nonce="{nonce}">{CSS}</style></head>'
             f'<body data-polls="0" data-iteration="{done}"><div id="live" class="live">as loaded</div>'
-            f'<main>{body}</main><script>const REFRESH = {json.dumps(refresh * 1000)};{SCRIPT}</script>'
-            f'</body></html>')
+            f'<main>{body}</main><script nonce="{nonce}">const REFRESH = {json.dumps(refresh * 1000)};{SCRIPT}'
+            '</script></body></html>')
 
 
 CSS = """

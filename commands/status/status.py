@@ -12,6 +12,7 @@ import json
 import math
 import sys
 
+from bamboo.control.parser import OneLineParser
 from bamboo.control.cluster import Cluster
 from bamboo.control.etcd import EtcdError, connect
 from bamboo.control.protocol import CONFIG, DONE, DRAIN, LOSS, ZONES, scan
@@ -103,15 +104,15 @@ def prices(text: str) -> tuple[float, float | None]:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="bamboo-status", description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="bamboo-status", description=__doc__.splitlines()[0])
     ap.add_argument("--etcd", required=True, metavar="HOST:PORT[,HOST:PORT...]")
     ap.add_argument("--job", help="one job (default: every job in this etcd; with --serve, the only one)")
     ap.add_argument("--json", action="store_true", help="one JSON object per job")
     web = ap.add_argument_group("the live dashboard")
     web.add_argument("--serve", metavar="[HOST:]PORT",
                      help="serve the job's dashboard at http://HOST:PORT/ (host 127.0.0.1 unless given)")
-    web.add_argument("--token", help="the token every request needs (default: none on 127.0.0.1, "
-                                     "else one made up and printed with the URL)")
+    web.add_argument("--token", help="the token every request needs, 16 characters or more (default: none "
+                                     "on 127.0.0.1, else one made up and printed with the URL)")
     web.add_argument("--price", type=prices, metavar="SPOT[,ONDEMAND]",
                      help="dollars per node-hour of a spot node (and an on-demand one), for the cost panel")
     web.add_argument("--refresh", type=float, default=2.0, metavar="SECONDS",
@@ -122,12 +123,17 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
+    from commands.status.dashboard import MIN_TOKEN
+    if args.token is not None and len(args.token) < MIN_TOKEN:  # "" would turn the token off
+        ap.error(f"--token: {len(args.token)} characters; a token needs at least {MIN_TOKEN} "
+                 "(leave it out to have one made up)")
     if args.serve is None and (args.token or args.price or args.refresh != 2.0):
         ap.error("--token, --price and --refresh go with --serve")
     if args.serve is not None:
         from commands.status.dashboard import serve
         if not 0 < args.refresh < math.inf:
             ap.error(f"--refresh {args.refresh}: expected a finite number of seconds above 0")
+
         return serve(args.etcd, args.job, args.serve, args.token, args.price or (None, None), args.refresh)
     try:
         names = [args.job] if args.job else jobs(args.etcd)

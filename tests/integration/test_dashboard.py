@@ -21,6 +21,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from html import escape as html_escape
 
 import psutil
 import pytest
@@ -162,6 +163,15 @@ def test_a_non_loopback_bind_needs_its_token_and_no_request_writes(etcd, job):
     finally:
         local.shutdown()
         dashboard.stop(local)
+    token = "t" * dashboard.MIN_TOKEN
+    local, url = serving(etcd.endpoint, "synthetic", "127.0.0.1:0", token=token)
+    try:  # a token on loopback keeps the Host guard: a rebound name with a leaked token is still refused
+        assert url.endswith(f"?token={token}") and get(url)[0] == 200
+        assert get(url, {"Host": "attacker.example"})[0] == 403
+        assert get(url.split("?")[0])[0] == 403
+    finally:
+        local.shutdown()
+        dashboard.stop(local)
     assert revision(etcd.endpoint) == before
 
 
@@ -174,6 +184,78 @@ def test_a_bad_etcd_job_or_address_is_one_line_and_status_2(etcd, job):
         out, err = run.communicate(timeout=120)
         assert run.returncode == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
         assert err.startswith("bamboo-status: error: ") and needle in err, err
+
+
+PAYLOADS = {"zone": '<img src=x onerror="alert(1)">', "host": "<script>alert(2)</script>",
+            "how": "<svg onload=alert(3)>", "redundancy": '"><script>alert(4)</script>', "restore": "<b>5</b>",
+            "model": "<iframe src=//x>"}
+
+
+def test_html_written_into_records_shows_as_text_under_a_policy(etcd, job):
+    """Text from every record the page shows is escaped (a job's etcd may be written
+    by anyone who reaches it); a record of the wrong shape leaves the page up; the
+    page's own style and script carry the nonce its Content-Security-Policy names."""
+    job.put(CONFIG(), JobConfig(model=PAYLOADS["model"], stages=2, microbatches=2, iterations=8, elastic=True,
+                                job="synthetic"))
+    job.put(ZONES(2), Zone(PAYLOADS["zone"], PAYLOADS["host"]))
+    job.put(FAILED(1), Failure(2, 0, PAYLOADS["how"]))
+    job.put(ASSIGNMENT(1), Assignment(1, 3, ((0, 2),), failed=(1,), redundancy=PAYLOADS["redundancy"],
+                                      restore=PAYLOADS["restore"], redo=True))
+    client = connect(etcd.endpoint)
+    client.put(job.key(LOSS(4, 0)), json.dumps({"value": "<b>not a number</b>"}))  # malformed: left out
+    client.close()
+    server, url = serving(etcd.endpoint, "synthetic", "127.0.0.1:0")
+    try:
+        with urllib.request.urlopen(url, timeout=30) as reply:
+            page, policy = reply.read().decode(), reply.headers["Content-Security-Policy"]
+        status, body = get(url.rstrip("/") + "/panels")
+    finally:
+        server.shutdown()
+        dashboard.stop(server)
+    assert status == 200
+    nonce = policy.split("'nonce-")[1].split("'")[0]
+    assert len(nonce) >= 16 and "script-src 'nonce-" in policy and "default-src 'none'" in policy
+    assert page.count(f'nonce="{nonce}"') == 2  # the style and the script, nothing else
+    panels = "".join(json.loads(body)["panels"].values())
+    for name, payload in PAYLOADS.items():
+        for html in (page, panels):
+            assert payload not in html, name
+        assert html_escape(payload) in page, name  # shown, as text
+    assert "not a number" not in page and 'id="panel-run"' in page
+
+
+def test_idle_connections_are_capped_and_timed_out(etcd, job, monkeypatch):
+    """Connections that never send a request hold no more than MAX_CONNECTIONS
+    threads, and each is dropped after Handler.timeout: the page answers again."""
+    import socket
+    monkeypatch.setattr(dashboard.Handler, "timeout", 2)
+    server, url = serving(etcd.endpoint, "synthetic", "127.0.0.1:0")
+    before = threading.active_count()
+    idle = [socket.create_connection(server.server_address, timeout=10) for _ in range(dashboard.MAX_CONNECTIONS + 8)]
+    try:
+        over = idle[-1].recv(1)  # over the cap: closed at once (b""), not held
+        assert over == b""
+        assert threading.active_count() <= before + dashboard.MAX_CONNECTIONS
+        for s in idle[:dashboard.MAX_CONNECTIONS]:
+            assert s.recv(1) == b""  # given up after the timeout
+        assert get(url)[0] == 200
+    finally:
+        for s in idle:
+            s.close()
+        server.shutdown()
+        dashboard.stop(server)
+
+
+def test_a_short_or_empty_token_is_refused_in_one_line(etcd, job):
+    """An empty --token would turn the token off; a short one is guessed."""
+    for token in ("", "abc", "x" * (dashboard.MIN_TOKEN - 1)):
+        run = subprocess.run([sys.executable, "-m", "commands.status.status", "--etcd", etcd.endpoint,
+                              "--job", "synthetic", "--serve", "0", "--token", token],
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+        assert f"--token: {len(token)} characters" in run.stderr.splitlines()[-1], run.stderr
+    with pytest.raises(dashboard.CannotServe, match="needs at least 16"):
+        dashboard.start(etcd.endpoint, "synthetic", "127.0.0.1:0", token="abc")
 
 
 def test_a_launch_says_how_to_open_its_dashboard_through_a_tunnel():
@@ -349,3 +431,28 @@ def check_page(driver, records: list[dict], victim: int, place: tuple[int, int],
     validated = driver.execute_script("""return [...document.querySelectorAll("#chart-loss rect.extra")].map(
         c => [Number(c.dataset.it), Number(c.dataset.v)]);""")
     assert validated == [[r["iteration"], r["val_loss"]] for r in records if "val_loss" in r]
+
+
+@pytest.mark.skipif(NO_BROWSER is not None, reason=NO_BROWSER or "")
+def test_a_browser_shows_html_from_records_as_text_and_its_script_runs_under_the_policy(etcd, job):
+    """The synthetic job with HTML in every text field, in headless Chromium: the page's
+    own script runs (it polls the panels) under its Content-Security-Policy, no
+    payload became an element, and each shows as the text it is."""
+    job.put(ZONES(2), Zone(PAYLOADS["zone"], PAYLOADS["host"]))
+    job.put(FAILED(1), Failure(2, 0, PAYLOADS["how"]))
+    server, url = serving(etcd.endpoint, "synthetic", "127.0.0.1:0", refresh=0.2)
+    driver = browser()
+    try:
+        driver.get(url)
+        until(lambda: int(driver.execute_script("return document.body.dataset.polls")) >= 2,
+              "two polls of the panels by the page's script", timeout=60)
+        made = driver.execute_script("return document.querySelectorAll('main img, main script, main svg[onload],"
+                                     " main iframe').length")
+        assert made == 0
+        text = driver.execute_script("return document.querySelector('main').innerText")
+        for name in ("zone", "host", "how"):
+            assert PAYLOADS[name] in text, name
+    finally:
+        driver.quit()
+        server.shutdown()
+        dashboard.stop(server)
