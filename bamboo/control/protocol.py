@@ -38,6 +38,7 @@ The agents' half:
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import NewType
 
@@ -319,6 +320,17 @@ FAMILIES = (CONFIG, START, ASSIGNMENT, ALIVE, FAILED, CUT, FINISHED, LOSS, VAL_L
 
 # One attempt at an iteration: cleared when the iteration (or a checkpoint's span) runs again.
 ITERATION_FAMILIES = (DONE, LOSS, VAL_LOSS, FINISHED, CUT, REDUCED, TIED, NORM, SCALE, REGROUP, ABORT, ABORTED)
+
+
+JOB_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # one rule for etcd prefixes, buckets and cloud labels
+
+
+def check_job_name(job: str) -> None:
+    """ValueError unless `job` is a job name: a job's keys, bucket prefix and cloud
+    labels all carry it, and `/` in it would reach into another job's keys."""
+    if not JOB_NAME.fullmatch(job):
+        raise ValueError(f"--job {job!r}: a job name is 1 to 63 of a-z, 0-9 and '-', starting with a letter "
+                         "or digit (it names etcd keys, bucket prefixes and cloud labels)")
 
 
 def job_root(job: str) -> str:

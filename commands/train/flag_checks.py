@@ -12,6 +12,8 @@ import math
 import os
 from schedules.options import JobRedundancy, Redundancy, ReplicaSync
 
+from bamboo.control.protocol import check_job_name
+
 
 SEED_MAX = 2**48  # layer i's weights come from torch.manual_seed(seed * 7919 + i): it must stay in 64 bits
 
@@ -63,6 +65,8 @@ def check_on_face(args) -> None:
                          f"{args.initial_loss_scale}: the scale's floor must not exceed where it starts")
     if args.job is not None and not args.job.strip():
         raise ValueError("--job must not be empty")
+    if args.job is not None:
+        check_job_name(args.job)
     if not all(z.strip() for z in args.zones.split(",")):
         raise ValueError(f"--zones {args.zones!r}: expected names separated by commas")
     local_checkpoint = args.checkpoint if args.checkpoint and "://" not in args.checkpoint else None

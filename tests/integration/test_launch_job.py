@@ -103,6 +103,17 @@ def test_bad_input_is_refused_before_any_request(extra, why, tmp_path):
     assert not os.listdir(tmp_path)
 
 
+def test_a_job_name_outside_the_one_rule_is_refused_before_any_request(tmp_path):
+    """A job's name prefixes its etcd keys and names its bucket prefix and labels: `/`
+    would reach into another job's keys, capitals break cloud labels."""
+    for job in ("team/a", "Gpt"):
+        args = launch_args("http://127.0.0.1:9", "ami-1", "127.0.0.1:9", job, "bamboo-n", str(tmp_path / "s.json"),
+                           "--bucket", "b", "--model", "tiny")
+        out = run("bamboo-launch", *args)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and f"--job {job!r}: a job name is" in lines[0], out.stderr
+
+
 @pytest.mark.parametrize("record, why", [
     (None, "is not a launch record (IsADirectoryError)"),
     ("[]", "no provider ec2 or gcp in it"),
