@@ -21,9 +21,12 @@ class Group(NamedTuple):
     stages: tuple[int, ...]
 
 
+MICROBATCHES_MAX = 100_000  # per iteration: every node's stream is a few instructions per microbatch
+
+
 def check_microbatches(microbatches: int) -> None:
-    if microbatches < 1:
-        raise ScheduleError(f"--microbatches must be at least 1 (got {microbatches})")
+    if not 1 <= microbatches <= MICROBATCHES_MAX:
+        raise ScheduleError(f"--microbatches must be from 1 to {MICROBATCHES_MAX} (got {microbatches})")
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import sys
 import tempfile
 from dataclasses import replace
 
+from schedules.layout import MICROBATCHES_MAX
 from schedules.redundancy import FRC_MODES
 from schedules.syncs import SYNC_MODES
 
@@ -131,8 +132,8 @@ def model_profile(args) -> Profile:
     base = profile(args.model, args.profile)
     if args.microbatches is None:
         return base
-    if args.microbatches < 1:
-        raise ValueError(f"--microbatches must be at least 1 (got {args.microbatches})")
+    if not 1 <= args.microbatches <= MICROBATCHES_MAX:
+        raise ValueError(f"--microbatches must be from 1 to {MICROBATCHES_MAX} (got {args.microbatches})")
     return replace(base, microbatches=args.microbatches)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from schedules.layout import MICROBATCHES_MAX
 from schedules.options import JobRedundancy, Redundancy, ReplicaSync
 
 from bamboo.control.protocol import check_job_name
@@ -46,12 +47,19 @@ def check_finite(parser, args) -> None:
                 if not math.isfinite(v):
                     raise ValueError(f"{action.option_strings[0]} must be a finite number (got {v})")
 
+LOCAL_NODES_MAX = 256  # agents and workers of one machine's local job (twice as many processes)
+
 
 def check_on_face(args) -> None:
     """Raise ValueError naming the first flag whose value no run could use."""
     for name in ("stages", "pipelines", "microbatches", "iterations", "batch"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1 (got {getattr(args, name)})")
+    if args.microbatches > MICROBATCHES_MAX:
+        raise ValueError(f"--microbatches must be at most {MICROBATCHES_MAX} (got {args.microbatches})")
+    if args.local_nodes is not None and not 1 <= args.local_nodes <= LOCAL_NODES_MAX:
+        raise ValueError(f"--local-nodes must be from 1 to {LOCAL_NODES_MAX}, processes on this machine "
+                         f"(got {args.local_nodes})")
     from commands.train.flags import build_parser  # torch: not for check_finite's other callers (bamboo-sim)
     check_finite(build_parser(), args)
     if not 0 <= args.seed <= SEED_MAX:

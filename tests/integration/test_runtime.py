@@ -191,6 +191,8 @@ def test_random_kill_point(tmp_path, reference):
     (["--stall-timeout", "0"], "--stall-timeout must be a positive number", 2),
     (["--min-loss-scale", "4", "--initial-loss-scale", "2"], "is above --initial-loss-scale", 2),
     (["--stages", "2", "--job", " "], "--job must not be empty", 2),
+    (["--stages", "2", "--local-nodes", "100000"], "--local-nodes must be from 1 to 256", 2),
+    (["--stages", "2", "--microbatches", "1000000"], "--microbatches must be at most 100000", 2),
     (["--stages", "2", "--job", "a/b"], "--job 'a/b': a job name is 1 to 63 of a-z", 2),
     (["--stages", "2", "--job", "Big_Job"], "--job 'Big_Job': a job name", 2),
     (["--stages", "2", "--job", "x" * 64], "a job name is 1 to 63", 2),
