@@ -9,6 +9,8 @@ rest for the weights.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -46,8 +48,8 @@ class CostModel:
         for name in ("forward", "backward", "transfer", "send", "swap", "load", "reduce", "step",
                      "sync_transfer", "frc_factor", "brc_factor", "input_share"):
             value = getattr(self, name)
-            if any(v < 0 for v in (value if isinstance(value, tuple) else (value,))):
-                raise ScheduleError(f"cost model: {name} must not be negative (got {value})")
+            if not all(0 <= v < math.inf for v in (value if isinstance(value, tuple) else (value,))):
+                raise ScheduleError(f"cost model: {name} must be a finite number, not negative (got {value})")
 
     def check_stages(self, stages: int) -> None:
         for name in ("forward", "backward"):

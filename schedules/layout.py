@@ -25,8 +25,10 @@ MICROBATCHES_MAX = 100_000  # per iteration: every node's stream is a few instru
 
 
 def check_microbatches(microbatches: int) -> None:
-    if not 1 <= microbatches <= MICROBATCHES_MAX:
-        raise ScheduleError(f"--microbatches must be from 1 to {MICROBATCHES_MAX} (got {microbatches})")
+    if microbatches < 1:
+        raise ScheduleError(f"--microbatches must be at least 1 (got {microbatches})")
+    if microbatches > MICROBATCHES_MAX:
+        raise ScheduleError(f"--microbatches must be at most {MICROBATCHES_MAX} (got {microbatches})")
 
 
 @dataclass(frozen=True)

@@ -132,8 +132,10 @@ def model_profile(args) -> Profile:
     base = profile(args.model, args.profile)
     if args.microbatches is None:
         return base
-    if not 1 <= args.microbatches <= MICROBATCHES_MAX:
-        raise ValueError(f"--microbatches must be from 1 to {MICROBATCHES_MAX} (got {args.microbatches})")
+    if args.microbatches < 1:
+        raise ValueError(f"--microbatches must be at least 1 (got {args.microbatches})")
+    if args.microbatches > MICROBATCHES_MAX:
+        raise ValueError(f"--microbatches must be at most {MICROBATCHES_MAX} (got {args.microbatches})")
     return replace(base, microbatches=args.microbatches)
 
 

@@ -107,6 +107,8 @@ def test_dump_evaluation_streams_forward_only():
     (["--redundancy", "auto"], "invalid choice"),
     (["--frc", "some"], "invalid choice"),
     (["--eval", "--fail-node", "1", "--fail-before", "2"], "no mid-iteration failure"),
+    (["--forward", "nan"], "forward must be a finite number"),  # once printed as JSON no parser reads
+    (["--transfer", "inf"], "transfer must be a finite number"),
 ])
 def test_bad_arguments_give_one_line_and_exit_2(args, message):
     out = run("dump", *args)
