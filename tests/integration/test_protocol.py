@@ -18,7 +18,7 @@ EXAMPLES = {
     p.ASSIGNMENT: Assignment(2, 5, ((0, 1), (2, 3)), (4,), (5,), (5, 6), "peers", True, 1, "lazy"),
     p.ALIVE: p.Alive(1, 7), p.FAILED: p.Failure(4, 2, "lease expired"), p.CUT: p.Cut({"send_act": 3}),
     p.FINISHED: p.Finished(p.Report(280.0, 1.25, 2, busy=0.5).to_dict()), p.LOSS: p.Loss(5.5), p.VAL_LOSS: p.Loss(4.5),
-    p.DONE: p.Report(300.5, 1.5, 2, [{"type": "failover"}], {"0": "ab"}),
+    p.DONE: p.Report(300.5, 1.5, 2, [{"type": "failover"}], digests={"0": "ab"}),
     p.ABORT: p.Abort("two died", 3), p.ABORTED: p.Mark(), p.REGROUP: p.Regroup((1, 5), True, False),
     p.HANDED: p.Mark(), p.HANDOVER: p.Outcome(False, "node 3 died"), p.REDUCED: p.Reduced((0, 4)),
     p.TIED: p.Reduced((0, 3)), p.NORM: p.Loss(2.5),

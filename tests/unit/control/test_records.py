@@ -10,7 +10,7 @@ from bamboo.control import protocol
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import _records, decode
 from bamboo.control.config import JobConfig
-from bamboo.control.protocol import DONE, FAILED, Failure, Loss, Reduced, Report
+from bamboo.control.protocol import DONE, FAILED, Failure, Loss, Reduced, Report, job_root
 from bamboo.control.records import BadRecord, fits
 
 # (value, annotation, fits?) written out by hand: the reference the checker must agree with
@@ -69,7 +69,7 @@ class Meta:
 
 
 def test_a_watchers_read_leaves_a_malformed_record_out_and_a_workers_raises():
-    raw = "/bamboo/j/done/00000003/"
+    raw = job_root("j") + DONE(3).path + "/"  # as Cluster.children reads it
     good = json.dumps(Report(1.0, 2.0, 0).to_dict()).encode()
     kvs = [(good, Meta(raw + "00000001")), (b'{"rss_mb": "<b>", "time": 1, "epoch": 0}', Meta(raw + "00000002")),
            (good, Meta(raw + "not-a-number"))]
