@@ -36,9 +36,10 @@ from agents.host import supervise
 from agents.membership import Membership
 from agents.notices import WATCHERS, watch
 from agents.rendezvous import rendezvous_handler
-from agents.startup import Parser, StartFailed, add_flags, meet, rendezvous_options
+from agents.startup import StartFailed, add_flags, meet, rendezvous_options
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
+from bamboo.control.parser import OneLineParser
 from bamboo.control.etcd import EtcdError, EtcdLost, die_with_parent
 from bamboo.control.exits import FENCED, PARKED, Fenced
 from bamboo.control.protocol import CONFIG, DONE, FAILED, NOTICES, REGROUP, Notice
@@ -225,7 +226,7 @@ def _check_args(ap, args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = Parser(prog="bamboo-agent", description=__doc__.splitlines()[0],
+    ap = OneLineParser(prog="bamboo-agent", description=__doc__.splitlines()[0],
                 allow_abbrev=False)  # agents/host.py strips its flags by their full names
     ap.add_argument("--etcd", required=True, metavar="HOST:PORT[,HOST:PORT...]")
     ap.add_argument("--job", required=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 
 from torch.distributed.elastic.rendezvous.api import (RendezvousClosedError, RendezvousGracefulExitError,
                                                       RendezvousTimeoutError)
@@ -30,14 +29,6 @@ from bamboo.control.protocol import DRAIN, MEMBERS
 
 class StartFailed(RuntimeError):
     """No first configuration can be made: fewer than one pipeline of nodes came (one line)."""
-
-
-class Parser(argparse.ArgumentParser):
-    """bamboo-agent's parser: a bad flag is one line and status 2, as in bamboo-train."""
-
-    def error(self, message: str) -> None:
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
 
 
 def seconds(text: str) -> float:

@@ -40,7 +40,7 @@ def _records(prefix: Key, raw: str, kvs, skip: bool = False) -> dict:
     for value, meta in kvs:
         try:
             out[family.parse(meta.key.decode()[len(raw):])] = decode(family, value)
-        except (BadRecord, ValueError, UnicodeDecodeError):
+        except ValueError:  # BadRecord, a key part that is no number, bytes that are no UTF-8
             if not skip:
                 raise
     return out

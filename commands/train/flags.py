@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 
 from schedules.early_grads import SPLITS
 from schedules.options import JobRedundancy
@@ -15,15 +14,10 @@ from schedules.syncs import SYNC_MODES
 from commands.train import jobfile
 from bamboo.control.config import DTYPES
 from bamboo.data.corpus import TOKEN_DTYPES
+from bamboo.control.parser import OneLineParser  # bamboo-launch parses these options too
 from bamboo.model.builtin import MODELS, PRECISIONS
 from bamboo.model.recipe import SCHEDULES
 from bamboo.transport import devices
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        print(f"{self.prog}: error: {message}", file=sys.stderr)  # bamboo-launch parses these options too
-        raise SystemExit(2)
 
 
 def _model_flags(g) -> None:
@@ -206,7 +200,7 @@ FORMERLY = {"testing": {"preempt": "faults", "check_replicas": "faults", "comput
 def build_parser() -> argparse.ArgumentParser:
     """bamboo-train's flags, grouped as --help shows them and a --config file's
     sections name them."""
-    p = _Parser(prog="bamboo-train", description="`bamboo-train`: train a model with pipeline parallelism that "
+    p = OneLineParser(prog="bamboo-train", description="`bamboo-train`: train a model with pipeline parallelism that "
                                                   "survives preemptions.")
     p.add_argument("--config", metavar="FILE.toml",
                    help="read the flags from this TOML job file first, a section per group below and a key per "
