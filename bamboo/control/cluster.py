@@ -10,7 +10,7 @@ from pyetcd.utils import prefix_range_end
 
 from bamboo.control.assignment import Assignment
 from bamboo.control.changes import Changes
-from bamboo.control.etcd import EtcdError, EtcdLost, connect, retry
+from bamboo.control.etcd import FROM_ENV, EtcdError, EtcdLost, connect, retry
 from bamboo.control.exits import Fenced
 from bamboo.control.liveness import Heartbeat, lease_ages
 from bamboo.control.protocol import ALIVE, ASSIGNMENT, FAILED, LEASE_EXPIRED, MEMBERS, Alive, Failure, Key, job_root
@@ -68,15 +68,15 @@ class Cluster:
     HOST:PORT, or several comma-separated, the members of one etcd cluster."""
 
     def __init__(self, endpoint: str, job: str, patience: float = 20.0, wait: bool = False,
-                 read_only: bool = False):
+                 read_only: bool = False, tls=FROM_ENV):
         """`wait`: etcd may be restarting as this process starts (a worker or agent
         started mid-job): try to connect for up to `patience` seconds, not once.
         `read_only`: every write raises ReadOnly (a watcher of the job, such as the
         dashboard, must never change what the job agrees on), and a malformed
-        record reads as absent (a watcher shows what it can)."""
+        record reads as absent (a watcher shows what it can). `tls`: as connect's."""
         self.endpoint = endpoint
         self.read_only = read_only
-        self.client = self._connect(endpoint, patience if wait else 0.0)
+        self.client = self._connect(endpoint, patience if wait else 0.0, tls)
         self.root = job_root(job)
         self.patience = patience
         self.heartbeat: Heartbeat | None = None      # once this process registers
@@ -84,11 +84,11 @@ class Cluster:
         self._aged: dict[int, tuple[float, float]] = {}  # lease -> (when asked, its age)
 
     @staticmethod
-    def _connect(endpoint: str, patience: float):
+    def _connect(endpoint: str, patience: float, tls):
         deadline = time.monotonic() + patience
         while True:
             try:
-                return connect(endpoint)
+                return connect(endpoint, tls=tls)
             except EtcdError:
                 if time.monotonic() > deadline:
                     raise

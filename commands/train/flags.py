@@ -140,6 +140,9 @@ def _fault_flags(g) -> None:
 def _cluster_flags(g) -> None:
     g.add_argument("--etcd", metavar="HOST:PORT[,HOST:PORT...]",
                    help="use this etcd instead of starting one (several: the members of one etcd cluster)")
+    g.add_argument("--etcd-tls", metavar="DIR",
+                   help="with --etcd: ca.pem, client.pem and client-key.pem for it (default: $BAMBOO_ETCD_TLS); "
+                        "without them that etcd is used in the clear. The embedded etcd always has its own")
     g.add_argument("--etcd-members", type=int, default=1, metavar="N",
                    help="without --etcd: start an etcd cluster of N members (1, 3, 5 or 7), named after --zones; "
                         "a job then survives losing a minority of them")

@@ -26,7 +26,9 @@ from bamboo.control.assignment import Assignment
 from bamboo.control.changes import Changes
 from bamboo.control.cluster import Cluster, in_force, latest
 from bamboo.control.config import JobConfig
-from bamboo.control.etcd import EtcdCluster, EtcdServer, die_with_parent, embedded
+from bamboo.control.access import enable_auth
+from bamboo.control.credentials import ENV as TLS_ENV, ClientFiles, make_job_credentials
+from bamboo.control.etcd import EtcdCluster, EtcdServer, connect, die_with_parent, embedded
 from bamboo.control.events import (Event, FailedOver, ModeSwitched, NoticeSeen, Overflow, Preemption, Reconfigured,
                                    Redone)
 from bamboo.control.exits import FENCED
@@ -104,7 +106,7 @@ class Rewind(Exception):
 class Launcher:
     def __init__(self, cfg: JobConfig, etcd: str | None = None, metrics_out: str | None = None,
                  progress: bool = True, cluster: LocalCluster | None = None, named: bool = False,
-                 sinks: tuple = (), etcd_members: int = 1):
+                 sinks: tuple = (), etcd_members: int = 1, etcd_tls: str | None = None):
         # A job is named by the user (`--job`: a second launcher may join it) or made unique.
         self.cfg = cfg if named else JobConfig(**{**cfg.__dict__, "job": f"{cfg.job}-{uuid.uuid4().hex[:8]}"})
         self.named = named
@@ -118,6 +120,8 @@ class Launcher:
         self._orphaned_since: float | None = None  # with agents: when every node started here was found gone
         self.server: EtcdServer | EtcdCluster | None = None
         self.etcd_members = etcd_members  # of the embedded etcd (no --etcd): a cluster named after the zones
+        self.etcd_tls = etcd_tls  # the credentials every process of the job presents to etcd (None: plain)
+        self._own_tls = False     # made here for the embedded etcd: removed with it
         self.procs: dict[int, subprocess.Popen] = {}
         self.slots: dict[int, int] = {}  # node -> its LOCAL_RANK, the device it takes (bamboo/transport/devices.py)
         self.on_tick = None    # called while waiting for iterations (a trace replay adds and kills nodes)
@@ -146,13 +150,16 @@ class Launcher:
         self.stop_processes()
         if self.server:
             self.server.stop()
+        if self._own_tls:
+            shutil.rmtree(self.etcd_tls, ignore_errors=True)
         if self.logs and not self.keep_logs:
             shutil.rmtree(self.logs, ignore_errors=True)
 
     def _run(self) -> dict:
         if self.etcd is None:
-            self.server = embedded(self.etcd_members, self.local.zones if self.local else ("a",)).start()
-        cluster = Cluster(self.etcd or self.server.endpoint, self.cfg.job)
+            self._start_etcd()
+        tls = ClientFiles.in_dir(self.etcd_tls) if self.etcd_tls else None
+        cluster = Cluster(self.etcd or self.server.endpoint, self.cfg.job, tls=tls)
         if self.logs:  # the user's: kept
             os.makedirs(self.logs, exist_ok=True)
             self.keep_logs = True
@@ -290,7 +297,21 @@ class Launcher:
             self.procs[node] = subprocess.Popen(
                 [*prefix, sys.executable, "-m", module, "--etcd", cluster.endpoint, "--job", self.cfg.job,
                  *(["--node", str(node)] if named else []), *args], stdout=log, stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent, env={**os.environ, LOCAL_RANK: str(self.slots[node])})
+                preexec_fn=die_with_parent, env={**os.environ, LOCAL_RANK: str(self.slots[node]),
+                                                 **({TLS_ENV: self.etcd_tls} if self.etcd_tls else {})})
+
+    def _start_etcd(self) -> None:
+        """The embedded etcd, secured for this job alone: a CA of its own, TLS with
+        client certificates, and a role limited to the job's keys."""
+        self.etcd_tls, self._own_tls = tempfile.mkdtemp(prefix="bamboo-tls-"), True
+        make_job_credentials(self.etcd_tls, self.cfg.job)
+        self.server = embedded(self.etcd_members, self.local.zones if self.local else ("a",),
+                               tls_dir=self.etcd_tls).start()
+        admin = connect(self.server.endpoint, tls=self.server.admin)
+        try:
+            enable_auth(admin, self.cfg.job)
+        finally:
+            admin.close()
 
     def _join(self, cluster: Cluster) -> dict:
         """The job runs already: add this machine's nodes to it, as agents that wait

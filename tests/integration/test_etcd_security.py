@@ -1,0 +1,107 @@
+"""A job's etcd admits only the job: checked from outside while a local job runs
+(plain gRPC, plain HTTP, HTTPS without a certificate, another job's CA, a web
+page's cross-origin request), and etcd's roles keep one job's user out of
+another job's keys when two jobs share one etcd."""
+import http.client
+import ssl
+
+import pytest
+
+from bamboo.control.access import enable_auth, grant_job
+from bamboo.control.credentials import ClientFiles, make_job_credentials
+from bamboo.control.etcd import EtcdError, EtcdRefused, EtcdServer, connect, retry
+from bamboo.control.protocol import CONFIG
+from commands.train.cli import config_from_args
+from commands.train.flags import build_parser
+from commands.train.launcher import Launcher
+
+CROSS_ORIGIN = {"Origin": "http://attacker.example", "Content-Type": "text/plain"}
+PUT = '{"key": "L2JhbWJvby9wd25lZA==", "value": "MQ=="}'  # /bamboo/pwned = 1
+
+
+def _http(endpoint: str, context: ssl.SSLContext | None, headers=CROSS_ORIGIN) -> http.client.HTTPResponse:
+    host, port = endpoint.rsplit(":", 1)
+    conn = (http.client.HTTPSConnection(host, int(port), context=context, timeout=5) if context
+            else http.client.HTTPConnection(host, int(port), timeout=5))
+    conn.request("POST", "/v3/kv/put", body=PUT, headers=headers)
+    return conn.getresponse()
+
+
+def _context(ca: str, files: ClientFiles | None = None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=ca)
+    if files:
+        context.load_cert_chain(files.cert, files.key)
+    return context
+
+
+def _outsider_checks(endpoint: str, tls_dir: str, other: str) -> dict:
+    """What each kind of outsider gets from the running job's etcd."""
+    job_files = ClientFiles.in_dir(tls_dir)
+    seen = {}
+    for name, tls in (("plain grpc", None), ("another job's CA", ClientFiles.in_dir(other))):
+        try:
+            connect(endpoint, timeout=2.0, tls=tls).get("/bamboo/")
+            seen[name] = "answered"
+        except EtcdError:
+            seen[name] = "refused"
+    for name, context in (("plain http", None), ("https without a certificate", _context(job_files.ca))):
+        try:
+            seen[name] = f"answered {_http(endpoint, context).status}"
+        except (OSError, http.client.HTTPException):  # reset, TLS alert, empty reply
+            seen[name] = "refused"
+    reply = _http(endpoint, _context(job_files.ca, job_files))  # even the job's certificate, from a page
+    seen["cross-origin header"] = reply.getheader("Access-Control-Allow-Origin")
+    return seen
+
+
+def test_a_local_jobs_etcd_refuses_everyone_but_the_job(tmp_path):
+    other = make_job_credentials(str(tmp_path / "other"), "other")
+    args = build_parser().parse_args(["--model", "tiny", "--stages", "2", "--microbatches", "2",
+                                      "--iterations", "3", "--job", "guarded", "--no-progress"])
+    launcher = Launcher(config_from_args(args), progress=False, named=True)
+    seen, inside = {}, {}
+
+    def look(launcher, cluster):
+        if not seen:
+            seen.update(_outsider_checks(launcher.server.endpoint, launcher.etcd_tls, other))
+            inside["config"] = cluster.get(CONFIG()).job  # the job itself reads through the same etcd
+            client = connect(launcher.server.endpoint, tls=ClientFiles.in_dir(launcher.etcd_tls))
+            try:
+                retry(lambda: client.put("/bamboo/other-job/x", "1"), 5.0, launcher.server.endpoint)
+            except EtcdRefused:
+                inside["outside its prefix"] = "refused"
+    launcher.on_tick = look
+    summary = launcher.run()
+    assert summary["iterations"] == 3
+    assert inside == {"config": "guarded", "outside its prefix": "refused"}
+    assert seen == {"plain grpc": "refused", "another job's CA": "refused", "plain http": "refused",
+                    "https without a certificate": "refused", "cross-origin header": None}
+
+
+def test_two_jobs_sharing_an_etcd_cannot_read_each_other(tmp_path):
+    """One CA, two jobs' users: each reads and writes its own prefixes only."""
+    tls = make_job_credentials(str(tmp_path / "tls"), "a", also=("b",))
+    with EtcdServer(tls_dir=tls) as server:
+        root = connect(server.endpoint, tls=server.admin)
+        enable_auth(root, "a")
+        grant_job(root, "b")
+        a = connect(server.endpoint, tls=ClientFiles.in_dir(tls))
+        b = connect(server.endpoint, tls=ClientFiles.in_dir(tls, "client-b"))
+        a.put("/bamboo/a/config", "secret of a")
+        b.put("/bamboo/b/config", "b's")
+        b.put("/bamboo-rdzv/b/state", "b's rendezvous")
+        assert b.get("/bamboo/b/config")[0] == b"b's"
+        for request in (lambda: b.get("/bamboo/a/config"), lambda: b.put("/bamboo/a/config", "x"),
+                        lambda: list(b.get_prefix("/bamboo/")), lambda: b.delete("/bamboo-rdzv/a/state")):
+            with pytest.raises(EtcdRefused):
+                retry(request, 5.0, server.endpoint)
+        assert a.get("/bamboo/a/config")[0] == b"secret of a"
+
+
+def test_the_plain_etcd_answers_no_cross_origin_page(etcd):
+    """Tests' plain etcd too: etcd's gateway answers any origin by default."""
+    reply = _http(etcd.endpoint, None)
+    assert reply.status == 200  # the write is made (no TLS here) but a page may not read the answer
+    assert reply.getheader("Access-Control-Allow-Origin") is None
+    reply = _http(etcd.endpoint, None, headers={**CROSS_ORIGIN, "Host": "attacker.example"})
+    assert reply.status >= 400  # a rebound name: refused by the Host check
