@@ -9,7 +9,6 @@ import shlex
 
 from cloud.common import LaunchError
 
-TUNNEL_PORT = 23790    # this machine's end of the SSH tunnel to the job's etcd
 DASHBOARD_PORT = 8080  # where bamboo-status --serve listens, on this machine's loopback
 
 
@@ -42,18 +41,21 @@ def job_progress(state: dict) -> dict:
 def dashboard(state: dict) -> str:
     """The command that opens the launched job's dashboard from this machine: an
     SSH tunnel to the job's etcd (the nodes' address of its first member), then
-    `bamboo-status --serve` on loopback. Neither etcd nor the page is exposed."""
+    `bamboo-status --serve` on loopback. The tunnel's local end is a port free
+    now and different each time: a web page cannot guess where to send requests."""
+    from bamboo.control.etcd import free_port
+    tunnel_port = free_port()
     host, _, port = state["etcd"].split(",")[0].rpartition(":")
     zone, _, instance = (state.get("etcd_instance") or "").rpartition("/")
     if state["provider"] == "gcp" and instance:  # gcloud knows the user and the key
         tunnel = (f"gcloud compute ssh {shlex.quote(instance)} --project {shlex.quote(state['project'])} "
-                  f"--zone {shlex.quote(zone)} -- -N -f -L {TUNNEL_PORT}:127.0.0.1:{port}")
+                  f"--zone {shlex.quote(zone)} -- -N -f -L {tunnel_port}:127.0.0.1:{port}")
         where = ""
     else:
-        tunnel = f"ssh -N -f -L {TUNNEL_PORT}:{host}:{port} USER@HOST"
+        tunnel = f"ssh -N -f -L {tunnel_port}:{host}:{port} USER@HOST"
         via = f"the etcd instance {instance}, or a node" if instance else "a node, say"
         where = f" (USER@HOST: a machine you can ssh to that reaches {host}:{port}: {via})"
-    return (f"{tunnel} && bamboo-status --etcd 127.0.0.1:{TUNNEL_PORT} --job {shlex.quote(state['job'])} "
+    return (f"{tunnel} && bamboo-status --etcd 127.0.0.1:{tunnel_port} --job {shlex.quote(state['job'])} "
             f"--serve {DASHBOARD_PORT}, then open http://127.0.0.1:{DASHBOARD_PORT}/{where}")
 
 

@@ -398,7 +398,7 @@ class Launcher:
         return any(n not in own for n in cluster.children(MEMBERS()))
 
     def _wait_iteration(self, cluster: Cluster, it: int, since: float) -> tuple[dict, dict, dict] | None:
-        """The reports of iteration `it` once every node sent one (or died), with the
+        """The reports of iteration `it` once every node sent one (or died, and one did), with the
         deaths and the epochs read with them (one etcd read each time it looks); None
         if on_tick stopped the run; Rewind if the agents abandoned it meanwhile."""
         changed = self._changes or cluster.changes(DONE(), FAILED(), ASSIGNMENT(), ERROR())
@@ -410,7 +410,10 @@ class Launcher:
             if newest.redo and newest.start <= it and newest.epoch > self._redone:
                 self._redone = newest.epoch
                 raise Rewind(newest)
-            if all(n in done or n in failed for n in in_force(assignments, it).members):
+            members = in_force(assignments, it).members
+            # Every member dead and none reported is no finished iteration: the agents
+            # must write a redo epoch (a Rewind above), maybe once a replacement joins.
+            if any(n in done for n in members) and all(n in done or n in failed for n in members):
                 return done, failed, assignments
             self._check_workers(cluster, since, f"iteration {it} to finish")
             if self.on_tick:

@@ -13,6 +13,7 @@ is one line and status 2.
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -263,16 +264,20 @@ def test_a_launch_says_how_to_open_its_dashboard_through_a_tunnel():
     from commands.status.status import parser
     gcp = dashboard({"provider": "gcp", "project": "proj", "etcd": "10.128.0.2:2379", "job": "gpt",
                      "etcd_instance": "us-central1-a/bamboo-etcd"})
-    assert gcp.startswith("gcloud compute ssh bamboo-etcd --project proj --zone us-central1-a -- "
-                          "-N -f -L 23790:127.0.0.1:2379 && bamboo-status ")
+    assert re.match(r"gcloud compute ssh bamboo-etcd --project proj --zone us-central1-a -- "
+                    r"-N -f -L (\d+):127.0.0.1:2379 && bamboo-status ", gcp)
     ec2 = dashboard({"provider": "ec2", "etcd": "10.0.1.5:2379,10.0.2.5:2379", "etcd_instance": "i-0abc",
                      "job": "gpt"})
-    assert ec2.startswith("ssh -N -f -L 23790:10.0.1.5:2379 USER@HOST && bamboo-status ") and "i-0abc" in ec2
+    assert re.match(r"ssh -N -f -L (\d+):10.0.1.5:2379 USER@HOST && bamboo-status ", ec2) and "i-0abc" in ec2
+    ports = set()
     for command in (gcp, ec2):
+        local = re.search(r"-L (\d+):", command).group(1)
         words = command.split(" && ")[1].split(",")[0].split()
         args = parser().parse_args(words[1:])
-        assert (args.etcd, args.job, args.serve) == ("127.0.0.1:23790", "gpt", "8080")
+        assert (args.etcd, args.job, args.serve) == (f"127.0.0.1:{local}", "gpt", "8080")
         assert "open http://127.0.0.1:8080/" in command
+        ports.add(local)
+    assert len(ports) == 2  # a fresh local port each time: no page can guess it
 
 
 # -- a real job in a real browser ------------------------------------------------------

@@ -2,6 +2,7 @@
 credentials) against a fake Compute Engine endpoint on loopback."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -94,8 +95,10 @@ def test_launch_status_down_and_dry_run_through_the_command(compute, tmp_path):
     assert "put /bamboo/gpt/config" in etcd_node["metadata"]["items"][0]["value"]
     assert 'bamboo-agent" --etcd 10.128.0.2:2379' in compute.templates["bamboo"]["properties"]["metadata"]["items"][0][
         "value"]
-    tunnel = "gcloud compute ssh bamboo-etcd --project proj --zone us-central1-a -- -N -f -L 23790:127.0.0.1:2379"
-    assert f"bamboo-launch: watch the job: {tunnel} && bamboo-status --etcd 127.0.0.1:23790 --job gpt" in up.stderr
+    tunnel = r"gcloud compute ssh bamboo-etcd --project proj --zone us-central1-a -- -N -f -L (\d+):127.0.0.1:2379"
+    watch = re.search(rf"bamboo-launch: watch the job: {tunnel} && bamboo-status --etcd 127.0.0.1:(\d+) --job gpt",
+                      up.stderr)
+    assert watch and watch.group(1) == watch.group(2), up.stderr
     status = json.loads(launch("--state", state, "status").stdout)
     assert status["provider"] == "gcp" and len(status["instances"]) == 2
     assert "unreachable" in status["progress"]["error"]
