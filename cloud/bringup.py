@@ -148,6 +148,9 @@ def launch_ec2(args, cfg, log=print) -> dict:
         spec = Ec2Spec(name=args.name, region=args.region, zones=zones, nodes=args.nodes, image=args.image,
                        etcd=args.etcd, job=cfg.job, install=install, instance_types=types, key_name=args.key_name,
                        security_groups=tuple(args.security_group), iam_profile=args.iam_profile)
+        group = provider.job_group(spec, subnets)
+        undo.push(lambda: provider.remove_group(group))  # after the instances in it are gone (last in, first out)
+        spec = Ec2Spec(**{**spec.__dict__, "security_groups": (group, *spec.security_groups)})
 
         def start_etcd(member: int, script: str) -> tuple[str, str]:
             instance, endpoint = provider.etcd_node(spec, zones[member], subnets[zones[member]], script)
@@ -157,7 +160,7 @@ def launch_ec2(args, cfg, log=print) -> dict:
         made = provider.up(Ec2Spec(**{**spec.__dict__, "etcd": etcd}), subnets)
     except BaseException as e:
         raise _undone(e, undo) from None
-    return {**made, "job": cfg.job, "etcd": etcd, **_instances(etcd_instances), "wheel": wheel,
+    return {**made, "job": cfg.job, "etcd": etcd, **_instances(etcd_instances), "security_group": group, "wheel": wheel,
             "wheel_bucket_created": bool(shipper and shipper.created), "endpoint_url": args.endpoint_url}
 
 

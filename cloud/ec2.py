@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from dataclasses import dataclass, field
 
 from cloud.common import Install, LaunchError, boot_script
@@ -168,12 +169,43 @@ class Ec2Provider:
         self._call("autoscaling", "delete_auto_scaling_group", AutoScalingGroupName=name, ForceDelete=True)
         self._call("ec2", "delete_launch_template", LaunchTemplateName=name)
 
+    # -- the job's own security group ---------------------------------------------------
+    def job_group(self, spec: Ec2Spec, subnets: dict[str, str]) -> str:
+        """A security group admitting, on every port (etcd's, gloo's and NCCL's,
+        which are ephemeral), only instances that carry it: the job's nodes and its
+        etcd instances. Nothing else comes in (SSH needs a --security-group of the user's)."""
+        vpcs = ["<the subnets' vpc>"] if self.dry_run else sorted(
+            {s["VpcId"] for s in self._call("ec2", "describe_subnets", SubnetIds=list(subnets.values()))["Subnets"]})
+        if len(vpcs) != 1:
+            raise LaunchError(f"the subnets of {', '.join(spec.zones)} lie in {len(vpcs)} VPCs "
+                              f"({', '.join(vpcs)}): a job's nodes must share one")
+        group = self._call("ec2", "create_security_group", GroupName=f"bamboo-{spec.job}", VpcId=vpcs[0],
+                           Description=f"bamboo job {spec.job}: its nodes and etcd reach each other, no one else",
+                           TagSpecifications=[{"ResourceType": "security-group", "Tags": _tags(spec)}])
+        group_id = group.get("GroupId", "<job security group>")
+        self._call("ec2", "authorize_security_group_ingress", GroupId=group_id, IpPermissions=[
+            {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id, "Description": "the job's own"}]}])
+        return group_id
+
+    def remove_group(self, group_id: str, patience: float = 300.0) -> None:
+        """Delete the job's group once no instance holds it (terminating ones still do)."""
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                self._call("ec2", "delete_security_group", GroupId=group_id)
+                return
+            except LaunchError as e:
+                if "DependencyViolation" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(5)
+
     # -- --etcd auto ----------------------------------------------------------------------
     def etcd_node(self, spec: Ec2Spec, zone: str, subnet: str, script: str) -> tuple[str, str]:
         """A small on-demand instance running etcd (and writing the job's config
-        into it: `script`); its id and endpoint."""
+        into it: `script`), in the job's security groups; its id and endpoint."""
+        groups = {"SecurityGroupIds": list(spec.security_groups)} if spec.security_groups else {}
         reply = self._call("ec2", "run_instances", ImageId=spec.image, InstanceType="t3.small", MinCount=1,
-                           MaxCount=1, SubnetId=subnet, UserData=script,  # boto3 base64-encodes it
+                           MaxCount=1, SubnetId=subnet, UserData=script, **groups,  # boto3 base64-encodes it
                            TagSpecifications=[{"ResourceType": "instance",
                                                "Tags": _tags(spec) + [{"Key": "bamboo-role", "Value": "etcd"}]}])
         instance = reply["Instances"][0]

@@ -103,9 +103,10 @@ def test_dry_run_prints_every_request_and_sends_none(aws, tmp_path):
     assert out.returncode == 0, out.stderr
     requests = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["operation"] for r in requests] == ["describe_availability_zones", "describe_subnets",
-                                                  "describe_instance_type_offerings", "put_if_not_exists",
+                                                  "describe_instance_type_offerings", "create_security_group",
+                                                  "authorize_security_group_ingress", "put_if_not_exists",
                                                   "create_launch_template", "create_auto_scaling_group"]
-    assert requests[5]["params"]["DesiredCapacity"] == 4
+    assert requests[7]["params"]["DesiredCapacity"] == 4
     assert "bamboo-dry" not in {t["LaunchTemplateName"] for t in ec2.describe_launch_templates()["LaunchTemplates"]}
     assert not (tmp_path / "state.json").exists()
 
@@ -144,10 +145,17 @@ def test_etcd_auto_with_three_members_puts_one_in_each_zone(aws, tmp_path):
     template = ec2.describe_launch_template_versions(LaunchTemplateName="bamboo-trio")["LaunchTemplateVersions"][0]
     boot = base64.b64decode(template["LaunchTemplateData"]["UserData"]).decode()
     assert f"--etcd {made['etcd']} " in boot
+    group = made["security_group"]  # the job's: its nodes and etcd instances reach each other, no one else
+    rules = ec2.describe_security_groups(GroupIds=[group])["SecurityGroups"][0]["IpPermissions"]
+    assert [(r["IpProtocol"], [p["GroupId"] for p in r["UserIdGroupPairs"]], r.get("IpRanges"))
+            for r in rules] == [("-1", [group], [])]
+    assert template["LaunchTemplateData"]["SecurityGroupIds"] == [group]
+    assert all([g["GroupId"] for g in found[i]["SecurityGroups"]] == [group] for i in ids)
     assert launch("--state", str(state), "down").returncode == 0
     reservations = ec2.describe_instances(InstanceIds=ids)["Reservations"]
     states = {i["State"]["Name"] for r in reservations for i in r["Instances"]}
     assert states <= {"shutting-down", "terminated"}
+    assert group not in {g["GroupId"] for g in ec2.describe_security_groups()["SecurityGroups"]}
 
 
 @pytest.mark.parametrize("extra,message", [
