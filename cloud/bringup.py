@@ -181,7 +181,10 @@ def launch_gcp(args, cfg, log=print) -> dict:
         install, wheel = installable(args, shipper, cfg.job, undo)
         spec = GcpSpec(name=args.name, project=args.project, region=args.region, zones=zones, nodes=args.nodes,
                        image=args.image, etcd=args.etcd, job=cfg.job, install=install,
-                       machine_type=args.machine_type, accelerator=args.accelerator)
+                       machine_type=args.machine_type, accelerator=args.accelerator,
+                       service_account=args.service_account)
+        firewalls = provider.job_firewall(spec)
+        undo.push(lambda: provider.remove_firewalls(firewalls))
 
         def start_etcd(member: int, script: str) -> tuple[str, str]:
             zone = zones[member]
@@ -193,6 +196,7 @@ def launch_gcp(args, cfg, log=print) -> dict:
     except BaseException as e:
         raise _undone(e, undo) from None
     return {**made, "project": args.project, "job": cfg.job, "etcd": etcd, **_instances(etcd_instances),
+            "firewalls": firewalls,
             "wheel": wheel, "endpoint_url": args.endpoint_url, "storage_endpoint_url": args.storage_endpoint_url}
 
 

@@ -4,9 +4,10 @@ onHostMaintenance=TERMINATE) and an external IP (egress for the installs; or
 leave it to Cloud NAT, see docs/cloud.md), and a regional managed instance group
 spread over the chosen zones. Every instance boots into `bamboo-agent` (startup
 script) with the job's etcd endpoint, its zone from the metadata server and
-preemption watching, and the default service account with read-write Cloud
-Storage scope (gs:// data and checkpoints). `--etcd auto` starts one more
-instance running etcd.
+preemption watching, and a service account (the default, or --service-account)
+with read-write Cloud Storage scope (gs:// data and checkpoints). `--etcd auto`
+starts one more instance running etcd. The job's instances carry a network tag
+whose firewall rules admit only each other (SSH aside).
 
 Requests go through `_call` (printed instead of sent with `dry_run`). Credentials
 come from Google's default chain (never printed); with an endpoint given (tests,
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from cloud.common import BadInput, Install, LaunchError, boot_script
 
 METADATA = "http://metadata.google.internal"
+NETWORK = "global/networks/default"
 # the nodes' credentials (the project's default service account, from the metadata
 # server) may read and write Cloud Storage: gs:// data and checkpoints
 STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
@@ -66,6 +68,12 @@ class GcpSpec:
     install: Install
     machine_type: str = "n1-standard-8"
     accelerator: str = "nvidia-tesla-t4:1"
+    service_account: str = "default"   # the nodes' identity: a dedicated one reaches only the job's buckets
+
+    @property
+    def tag(self) -> str:
+        """The network tag of the job's instances, which its firewall rules name."""
+        return f"bamboo-{self.job}"
 
     def startup_script(self) -> str:
         return boot_script(self.install, self.etcd, self.job, "gcp", METADATA, ZONE_LOOKUP,
@@ -99,6 +107,9 @@ class GcpProvider:
         self.machine_types = compute_v1.MachineTypesClient(**kw)
         self.accelerator_types = compute_v1.AcceleratorTypesClient(**kw)
         self.instances = compute_v1.InstancesClient(**kw)
+        self.firewalls = compute_v1.FirewallsClient(**kw)
+        self.firewalls._transport._extended_operations_services["global_operations"] = \
+            compute_v1.GlobalOperationsClient(**kw)
         self.instances._transport._extended_operations_services["zone_operations"] = \
             compute_v1.ZoneOperationsClient(**kw)
         # Operation polling builds its own clients: build them here, on our endpoint.
@@ -149,8 +160,8 @@ class GcpProvider:
             scheduling=c.Scheduling(provisioning_model="SPOT", instance_termination_action="DELETE",
                                     on_host_maintenance="TERMINATE", automatic_restart=False),
             metadata=c.Metadata(items=[c.Items(key="startup-script", value=spec.startup_script())]),
-            service_accounts=[c.ServiceAccount(email="default", scopes=[STORAGE_SCOPE])],
-            labels={"bamboo-job": spec.job}))
+            service_accounts=[c.ServiceAccount(email=spec.service_account, scopes=[STORAGE_SCOPE])],
+            tags=c.Tags(items=[spec.tag]), labels={"bamboo-job": spec.job}))
         self._call("templates", "insert", project=self.project, instance_template_resource=template)
         group = c.InstanceGroupManager(
             name=spec.name, base_instance_name=spec.name, target_size=spec.nodes,
@@ -184,6 +195,36 @@ class GcpProvider:
         self._call("groups", "delete", project=self.project, region=self.region, instance_group_manager=name)
         self._call("templates", "delete", project=self.project, instance_template=name)
 
+    # -- the job's firewall ----------------------------------------------------------------
+    def job_firewall(self, spec: GcpSpec) -> list[str]:
+        """Two rules on the job's network tag: its instances reach each other on
+        every port (etcd, gloo, NCCL); every other source is denied all but SSH,
+        above the network's own rules (default-allow-internal admits the whole
+        VPC). Their names, in the order to delete them."""
+        from google.cloud import compute_v1 as c
+        allow, deny = f"{spec.name}-fw-job", f"{spec.name}-fw-deny"
+        rules = [c.Firewall(name=allow, network=NETWORK, direction="INGRESS", priority=900,
+                            source_tags=[spec.tag], target_tags=[spec.tag], allowed=[c.Allowed(I_p_protocol="all")],
+                            description=f"bamboo job {spec.job}: its own instances reach each other"),
+                 c.Firewall(name=deny, network=NETWORK, direction="INGRESS", priority=1000,
+                            source_ranges=["0.0.0.0/0"], target_tags=[spec.tag],
+                            denied=[c.Denied(I_p_protocol="tcp", ports=["0-21", "23-65535"]),
+                                    c.Denied(I_p_protocol="udp")],
+                            description=f"bamboo job {spec.job}: no one else, but SSH as the network allows")]
+        made = []
+        try:
+            for rule in rules:
+                self._call("firewalls", "insert", project=self.project, firewall_resource=rule)
+                made.append(rule.name)
+        except LaunchError:
+            self.remove_firewalls(made)
+            raise
+        return made[::-1]
+
+    def remove_firewalls(self, names: list[str]) -> None:
+        for name in names:
+            self._call("firewalls", "delete", project=self.project, firewall=name)
+
     # -- --etcd auto ----------------------------------------------------------------------
     def etcd_node(self, spec: GcpSpec, zone: str, script: str, member: int = 0) -> tuple[str, str]:
         """A small standard (not spot) instance running etcd member `member` (the
@@ -195,7 +236,7 @@ class GcpProvider:
             disks=[c.AttachedDisk(boot=True, auto_delete=True,
                                   initialize_params=c.AttachedDiskInitializeParams(source_image=spec.image))],
             metadata=c.Metadata(items=[c.Items(key="startup-script", value=script)]),
-            labels={"bamboo-job": spec.job, "bamboo-role": "etcd"})
+            tags=c.Tags(items=[spec.tag]), labels={"bamboo-job": spec.job, "bamboo-role": "etcd"})
         self._call("instances", "insert", project=self.project, zone=zone, instance_resource=instance)
         if self.dry_run:
             return name, "<etcd internal ip>:2379"
@@ -209,5 +250,5 @@ class GcpProvider:
 def _interface():
     """The default network, with an external IP: egress for pip and curl."""
     from google.cloud import compute_v1 as c
-    return c.NetworkInterface(network="global/networks/default",
+    return c.NetworkInterface(network=NETWORK,
                               access_configs=[c.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")])

@@ -74,13 +74,18 @@ def _launch_flags(c, cloud: str) -> None:
         c.add_argument("--instance-type", action="append", metavar="T",
                        help="repeatable; default: several one-GPU types (cloud/ec2.py GPU_TYPES)")
         c.add_argument("--key-name")
-        c.add_argument("--security-group", action="append", default=[])
+        c.add_argument("--security-group", action="append", default=[],
+                       help="repeatable; added to the job's own group (which admits only the job's instances): "
+                            "one that admits your SSH, say")
         c.add_argument("--iam-profile")
     else:
         c.add_argument("--project", required=True)
         c.add_argument("--machine-type", default="n1-standard-8")
         c.add_argument("--accelerator", default="nvidia-tesla-t4:1", metavar="TYPE[:COUNT]|none")
         c.add_argument("--storage-endpoint-url", help="the GCS endpoint (tests)")
+        c.add_argument("--service-account", default="default", metavar="EMAIL",
+                       help="the nodes' identity (default: the project's default compute account); give one "
+                            "with access to the job's buckets only")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -81,6 +81,8 @@ def down(state: dict) -> None:
             provider.remove_instance(zone, name)
     if state.get("security_group"):  # once its instances are gone (EC2 refuses a group in use)
         provider.remove_group(state["security_group"])
+    if state.get("firewalls"):
+        provider.remove_firewalls(state["firewalls"])
     if state.get("wheel"):
         shipper = shipper_for(state)
         shipper.delete(state["wheel"])

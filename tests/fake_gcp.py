@@ -1,6 +1,7 @@
 """A small fake of the Compute Engine REST API on loopback: instance templates,
 regional managed instance groups (insert, resize, listManagedInstances, delete),
-regions, machine and accelerator types, single instances (the --etcd auto node)
+regions, machine and accelerator types, single instances (the --etcd auto node),
+firewall rules
 and long-running operations (RUNNING when returned, DONE once polled), so
 the real google-cloud-compute client can be tested offline."""
 import http.server
@@ -20,6 +21,7 @@ class FakeCompute(http.server.ThreadingHTTPServer):
         self.templates: dict[str, dict] = {}
         self.groups: dict[str, dict] = {}
         self.instances: dict[str, dict] = {}   # name -> the inserted body (plus networkInterfaces' IP)
+        self.firewalls: dict[str, dict] = {}
         self.machine_types = {"n1-standard-8", "n1-standard-4", "e2-small"}
         self.accelerator_types = {"nvidia-tesla-t4", "nvidia-l4"}
         self.operations: dict[str, dict] = {}
@@ -83,6 +85,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             ("POST", zone_base + "/instances$", self._insert_instance),
             ("GET", zone_base + "/instances/(?P<name>[^/]+)$", self._get_instance),
             ("DELETE", zone_base + "/instances/(?P<name>[^/]+)$", self._delete_instance),
+            ("POST", BASE + "/global/firewalls$", self._insert_firewall),
+            ("DELETE", BASE + "/global/firewalls/(?P<name>[^/]+)$", self._delete_firewall),
         ]
         for verb, pattern, handler in routes:
             m = re.match(pattern, path)
@@ -179,3 +183,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _delete_instance(self, project, zone, name, query):
         self.server.instances.pop(name, None)
         self._reply(200, self.server.operation("delete", name, None, zone))
+
+    def _insert_firewall(self, project, query):
+        if self._refused("insert-firewall"):
+            return
+        body = self._body()
+        self.server.firewalls[body["name"]] = body
+        self._reply(200, self.server.operation("insert", body["name"], None))
+
+    def _delete_firewall(self, project, name, query):
+        self.server.firewalls.pop(name, None)
+        self._reply(200, self.server.operation("delete", name, None))

@@ -86,12 +86,18 @@ def test_launch_status_down_and_dry_run_through_the_command(compute, tmp_path):
     assert dry.returncode == 0, dry.stderr
     requests = [json.loads(line) for line in dry.stdout.splitlines()]
     assert [(r["service"], r.get("method") or r["operation"]) for r in requests] == [
-        ("etcd", "put_if_not_exists"), ("instances", "insert"), ("templates", "insert"), ("groups", "insert")]
+        ("firewalls", "insert"), ("firewalls", "insert"), ("etcd", "put_if_not_exists"), ("instances", "insert"),
+        ("templates", "insert"), ("groups", "insert")]
     assert not compute.templates and not os.path.exists(state)
 
-    up = launch("--state", state, "gcp", *common)
+    up = launch("--state", state, "gcp", *common, "--service-account", "gpt-nodes@proj.iam.gserviceaccount.com")
     assert up.returncode == 0, up.stderr and compute.groups
     etcd_node = compute.instances["bamboo-etcd"]
+    _admits_only_the_job(compute, "bamboo-gpt", ["bamboo-fw-job", "bamboo-fw-deny"])
+    assert etcd_node["tags"]["items"] == ["bamboo-gpt"]
+    properties = compute.templates["bamboo"]["properties"]
+    assert properties["tags"]["items"] == ["bamboo-gpt"]
+    assert [a["email"] for a in properties["serviceAccounts"]] == ["gpt-nodes@proj.iam.gserviceaccount.com"]
     assert "put /bamboo/gpt/config" in etcd_node["metadata"]["items"][0]["value"]
     assert 'bamboo-agent" --etcd 10.128.0.2:2379' in compute.templates["bamboo"]["properties"]["metadata"]["items"][0][
         "value"]
@@ -102,9 +108,20 @@ def test_launch_status_down_and_dry_run_through_the_command(compute, tmp_path):
     status = json.loads(launch("--state", state, "status").stdout)
     assert status["provider"] == "gcp" and len(status["instances"]) == 2
     assert "unreachable" in status["progress"]["error"]
-    assert status["dashboard"].startswith(tunnel)
+    assert re.match(tunnel, status["dashboard"])
     assert launch("--state", state, "down").returncode == 0
     assert not compute.groups and not compute.instances and not os.path.exists(state)
+    assert not compute.firewalls
+
+
+def _admits_only_the_job(compute, tag: str, names: list[str]) -> None:
+    """The job's instances reach each other on every port; every other source is
+    denied all but SSH, ahead of the network's default-allow-internal (65534)."""
+    allow, deny = (compute.firewalls[n] for n in names)
+    assert (allow["sourceTags"], allow["targetTags"], allow["allowed"]) == ([tag], [tag], [{"IPProtocol": "all"}])
+    assert (deny["sourceRanges"], deny["targetTags"]) == (["0.0.0.0/0"], [tag])
+    assert deny["denied"] == [{"IPProtocol": "tcp", "ports": ["0-21", "23-65535"]}, {"IPProtocol": "udp"}]
+    assert allow["priority"] < deny["priority"] < 65534 and allow["direction"] == deny["direction"] == "INGRESS"
 
 
 def test_missing_google_credentials_is_one_line(tmp_path):
