@@ -280,14 +280,11 @@ def check_etcd(args) -> None:
 
 
 def etcd_notes(args) -> list[str]:
-    """What the user should know about the etcd a run uses (and the TLS dir it reads)."""
+    """--etcd-tls (else $BAMBOO_ETCD_TLS) goes with --etcd; without it, a note.
+    (An etcd used in the clear is named by the launcher, once it answered.)"""
     args.etcd_tls = args.etcd_tls or (os.environ.get(TLS_ENV) if args.etcd is not None else None)
-    if args.etcd is None:
-        return ["--etcd-tls does nothing in this run: the embedded etcd makes its own credentials"] \
-            if args.etcd_tls else []
-    if args.etcd_tls is None:
-        return [f"etcd at {args.etcd} is used in the clear (no --etcd-tls): anyone who reaches it can read "
-                "and rewrite this job"]
+    if args.etcd is None and args.etcd_tls:
+        return ["--etcd-tls does nothing in this run: the embedded etcd makes its own credentials"]
     return []
 
 

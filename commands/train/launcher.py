@@ -160,6 +160,9 @@ class Launcher:
             self._start_etcd()
         tls = ClientFiles.in_dir(self.etcd_tls) if self.etcd_tls else None
         cluster = Cluster(self.etcd or self.server.endpoint, self.cfg.job, tls=tls)
+        if tls is None:
+            print(f"bamboo-train: note: etcd at {self.etcd} is used in the clear (no --etcd-tls): anyone who "
+                  "reaches it can read and rewrite this job", file=sys.stderr)
         if self.logs:  # the user's: kept
             os.makedirs(self.logs, exist_ok=True)
             self.keep_logs = True

@@ -197,6 +197,8 @@ def test_random_kill_point(tmp_path, reference):
     (["--stages", "2", "--job", "Big_Job"], "--job 'Big_Job': a job name", 2),
     (["--stages", "2", "--job", "x" * 64], "a job name is 1 to 63", 2),
     (["--stages", "2", "--zones", ",,"], "--zones ',,': expected names", 2),
+    (["--stages", "2", "--etcd", "127.0.0.1:1", "--etcd-tls", "/nonexistent"],
+     "etcd credentials in '/nonexistent': ca.pem is missing", 2),
     (["--stages", "2", "--save-dir", os.path.abspath(__file__)], "is a file, not a directory", 2),
     (["--stages", "1", "--preempt", "garbage"], "--preempt 'garbage': expected NODE@ITERATION", 2),
     (["--data", os.path.join(os.path.dirname(__file__), "__init__.py")], "--data: ", 2),  # an empty file
@@ -225,6 +227,31 @@ def test_a_sync_bucket_size_that_does_nothing_says_so(capsys):
                    "--etcd", "127.0.0.1:1"])
     err = capsys.readouterr().err
     assert status == 1 and "note: --sync-bucket-mb does nothing in this run" in err and "unreachable" in err
+
+
+def test_an_etcd_in_the_clear_is_named_and_credentials_are_presented(etcd, capsys, tmp_path):
+    """A user's etcd without --etcd-tls: a note that it is used in the clear, once
+    it answered; with credentials, they are presented (and an etcd that cannot
+    check them refuses); --etcd-tls without --etcd does nothing and says so."""
+    from bamboo.control.cluster import Cluster
+    from bamboo.control.config import JobConfig
+    from bamboo.control.credentials import make_job_credentials
+    from bamboo.control.protocol import CONFIG
+    from commands.train.cli import main
+    Cluster(etcd.endpoint, "taken").put(CONFIG(), JobConfig(job="taken"))
+    common = ["--no-progress", "--iterations", "1", "--stages", "2"]
+    assert main([*common, "--etcd", etcd.endpoint, "--job", "taken"]) == 1  # exists: joined only by --local-nodes
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (f"bamboo-train: note: etcd at {etcd.endpoint} is used in the clear (no --etcd-tls): anyone "
+                      "who reaches it can read and rewrite this job") and "already exists" in err[1]
+    tls = make_job_credentials(str(tmp_path / "tls"), "job")
+    assert main([*common, "--etcd", "127.0.0.1:1", "--etcd-tls", tls]) == 1
+    err = capsys.readouterr().err
+    assert "in the clear" not in err and "unreachable or refused these credentials" in err
+    from commands.train.cli import etcd_notes
+    from commands.train.flags import build_parser
+    notes = etcd_notes(build_parser().parse_args(["--stages", "2", "--etcd-tls", tls]))
+    assert notes == ["--etcd-tls does nothing in this run: the embedded etcd makes its own credentials"]
 
 
 def test_flags_a_run_does_not_use_are_named_in_a_note(capsys):
