@@ -29,6 +29,13 @@ class TraceError(ValueError):
     """A trace that cannot be read; the message names the file and line."""
 
 
+# Bounds on what a trace may ask for: a span of ten years and a fleet of 100000
+# nodes at once are far beyond any cloud log, and a file that asks for more (a
+# running count of 10^12 would be as many events) is refused before it is built.
+SPAN_MAX = 10 * 366 * 86400.0
+NODES_MAX = 100_000
+
+
 @dataclass(frozen=True, order=True)
 class Event:
     time: float          # seconds from the start of the trace
@@ -48,9 +55,13 @@ def _checked(events: list[Event], path: str, lines: list[int]) -> list[Event]:
     out = []
     for i in order:
         e = events[i]
+        if e.time > SPAN_MAX:
+            raise _bad(path, lines[i], f"time {e.time:g} s is beyond {SPAN_MAX:g} s (ten years)")
         if e.action == "add":
             if e.node in present:
                 raise _bad(path, lines[i], f"node {e.node} added twice")
+            if len(present) == NODES_MAX:
+                raise _bad(path, lines[i], f"more than {NODES_MAX} nodes at once")
             present.add(e.node)
         else:
             if e.node not in present:
@@ -96,10 +107,14 @@ def read_gcp(path: str) -> list[Event]:
                     raise ValueError
             except ValueError:
                 raise _bad(path, n, f"expected YYYY-MM-DD, HH:MM:SS, running_count (got {raw.strip()!r})") from None
+            if size > NODES_MAX:
+                raise _bad(path, n, f"running_count {size} is more than {NODES_MAX} nodes")
             samples.append((when, n, size))
     if not samples:
         raise TraceError(f"{path}: no samples")
     samples.sort(key=lambda s: s[0])
+    if (samples[-1][0] - samples[0][0]).total_seconds() > SPAN_MAX:
+        raise TraceError(f"{path}: the samples span more than ten years")
     by_time: dict[datetime, int] = {}
     for when, _, size in samples:
         by_time[when] = size  # a repeated timestamp: the last sample wins

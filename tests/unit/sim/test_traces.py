@@ -67,6 +67,11 @@ def test_generic_events_csv_and_json_with_zones(tmp_path):
     ("gcp", "2024-03-01, 10:00:00, 3\n2024-03-01, 25:00:00, 2\n", ":2:"),
     ("gcp", "2024-03-01, 10:00:00, -1\n", ":1:"),
     ("events", "time,action,node\n0,add,x\n1,remove\n", ":3:"),
+    ("gcp", "2024-03-01, 10:00:00, 3\n2024-03-01, 10:05:00, 1000000000000\n", ":2: running_count 1000000000000 is "
+            "more than 100000 nodes"),
+    ("ec2", "0,add,node1\n999999999999999,remove,node1\n", ":2: time 1e+12 s is beyond"),
+    ("events", "time,action,node\n0,add,x\nnan,remove,x\n", ":3:"),
+    ("events", "".join(f"0,add,n{i}\n" for i in range(100_001)), ":100001: more than 100000 nodes at once"),
 ])
 def test_malformed_lines_are_named(tmp_path, fmt, text, where):
     path = tmp_path / f"bad.{fmt}"
