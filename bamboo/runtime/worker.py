@@ -68,7 +68,7 @@ class Worker(EpochMoves):
         self.holdings = Holdings(self.source, cfg, self.device)
         self.checkpoints = Checkpoints(cfg.checkpoint, node, self.source.count, cfg.checkpoint_every,
                                        cfg.checkpoint_seconds)
-        self.copies = MemoryCopies(cluster, node, cfg.hang_timeout)  # checkpoints kept in memory too
+        self.copies = MemoryCopies(cluster, node, cfg.hang_timeout, self.holdings.blob_bound)  # checkpoints kept in memory too
         # Watches the failover and the boundary read instead of polling etcd (docs/HOTPATH.md)
         self.failures = cluster.changes(FAILED(), ABORT())
         self.finishes = cluster.changes(FINISHED(), FAILED(), ABORT())

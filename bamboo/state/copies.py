@@ -79,8 +79,9 @@ def newest_covered(records: dict, nodes, layers: int, at_most: int) -> int | Non
 class MemoryCopies:
     """The checkpoint copies one worker keeps, and its part in moving them."""
 
-    def __init__(self, cluster: Cluster, node: int, timeout: float):
-        self.cluster, self.node, self.timeout = cluster, node, timeout
+    def __init__(self, cluster: Cluster, node: int, timeout: float, max_bytes=None):
+        """`max_bytes(layer)`: the most a copy received from a peer may announce."""
+        self.cluster, self.node, self.timeout, self.max_bytes = cluster, node, timeout, max_bytes
         self.iteration: int | None = None
         self.blobs: dict[int, bytes] = {}          # layer -> snapshot bytes, of checkpoint `iteration`
         self.seconds = 0.0                         # the last exchange took
@@ -124,7 +125,7 @@ class MemoryCopies:
                 pg, rank_of, _ = open_group(self.cluster, key, members, self.node, give_up, self.timeout)
                 self._group = (key, pg, rank_of)
             _, pg, rank_of = self._group
-            return execute(pg, rank_of, self.node, moves, own.__getitem__, give_up)
+            return execute(pg, rank_of, self.node, moves, own.__getitem__, give_up, self.max_bytes)
         except (RuntimeError, TimeoutError) as e:  # gloo's error for a dead peer, or a wait given up
             print(f"bamboo.state.copies: node {self.node}: checkpoint copies not exchanged: "
                   f"{str(e).splitlines()[0][:200]}", file=sys.stderr, flush=True)

@@ -68,12 +68,17 @@ def plan(have: dict[int, set[int]], need: dict[int, set[int]]) -> list[tuple[int
     return out
 
 
+class OversizedLayer(ValueError):
+    """A peer announced more bytes for a layer than its snapshot can take."""
+
+
 def execute(pg, rank_of: dict[int, int], me: int, moves: list[tuple[int, int, int]],
-            blob_of, give_up=lambda: None) -> dict[int, bytes]:
+            blob_of, give_up=lambda: None, max_bytes=None) -> dict[int, bytes]:
     """Run this node's part of `moves`: send what it holds (`blob_of(layer)`: the
     layer's snapshot bytes, parameters and optimizer state), return what it
     received (layer -> snapshot bytes). Each wait ends early with RendezvousAborted
-    when `give_up()` names a reason (a paused peer never closes its socket)."""
+    when `give_up()` names a reason (a paused peer never closes its socket).
+    `max_bytes(layer)`: the most a received layer may announce (OversizedLayer)."""
     works, keep = [], []
     for layer, src, dst in moves:
         if src == me:
@@ -87,6 +92,10 @@ def execute(pg, rank_of: dict[int, int], me: int, moves: list[tuple[int, int, in
         if dst == me:
             size = torch.zeros(1, dtype=torch.int64)
             interruptible(pg.recv([size], rank_of[src], _TAG + layer).wait, give_up)
+            limit = max_bytes(layer) if max_bytes else None
+            if not 0 < int(size) <= (limit or int(size)):
+                raise OversizedLayer(f"node {src} announced {int(size)} bytes for layer {layer} "
+                                     f"(a snapshot of it takes at most {limit})")
             data = torch.empty(int(size), dtype=torch.uint8)
             interruptible(pg.recv([data], rank_of[src], _TAG + layer).wait, give_up)
             received[layer] = data.numpy().tobytes()
@@ -143,7 +152,7 @@ def exchange(cluster: Cluster, node: int, holdings, new: Assignment, old: Assign
     try:
         pg, rank_of, _ = open_group(cluster, handover_store(new.epoch), members, node, give_up, timeout)
         received = execute(pg, rank_of, node, moves, copies.blobs.__getitem__ if copies else live_layers(holdings),
-                           give_up)
+                           give_up, holdings.blob_bound)
         interruptible(pg.barrier().wait, give_up)  # every layer arrived before a sender may leave
         cluster.put(HANDED(new.epoch, node), Mark())
     except (RuntimeError, TimeoutError) as e:  # gloo's error for a dead peer, or a wait given up

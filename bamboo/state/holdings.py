@@ -40,6 +40,18 @@ class Holdings:
         self.optimizers: dict[int, torch.optim.Optimizer] = {}
         self.ranges: list[range] = []                     # stage -> its layer indexes, at the current depth
         self._partitions: dict[int, list[range]] = {}     # depth -> stage ranges (a partition is not free)
+        self._bounds: dict[int, int] = {}                 # layer index -> the most bytes its snapshot may take
+
+    def blob_bound(self, layer: int) -> int:
+        """The most bytes a snapshot of `layer` may take: 20 a parameter (its value,
+        an fp32 master copy and the optimizer's two fp32 moments take at most 14)
+        and a MiB for the rest. A peer that announces more is refused before
+        anything is allocated. Sized on the meta device: nothing is built."""
+        if layer not in self._bounds:
+            with torch.device("meta"):
+                module = self.source.layer(layer)
+            self._bounds[layer] = 20 * sum(p.numel() for p in module.parameters()) + (1 << 20)
+        return self._bounds[layer]
 
     def mode(self, assignment: Assignment) -> str:
         """The redundancy mode of `assignment` (it may change between epochs)."""

@@ -386,9 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from commands.train.launcher import Launcher
             launcher = Launcher(cfg, args.etcd, args.metrics_out, progress=not args.no_progress, cluster=local,
-                                named=args.job is not None, sinks=metric_sinks(args), etcd_members=args.etcd_members,
-                                etcd_tls=args.etcd_tls)
-            launcher.logs = args.log_dir
+                                named=args.job is not None, sinks=metric_sinks(args), etcd_members=args.etcd_members)
+            launcher.logs, launcher.etcd_tls = args.log_dir, args.etcd_tls
             summary = launcher.run()
             print(json.dumps(summary))
         if args.export:

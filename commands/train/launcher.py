@@ -106,7 +106,7 @@ class Rewind(Exception):
 class Launcher:
     def __init__(self, cfg: JobConfig, etcd: str | None = None, metrics_out: str | None = None,
                  progress: bool = True, cluster: LocalCluster | None = None, named: bool = False,
-                 sinks: tuple = (), etcd_members: int = 1, etcd_tls: str | None = None):
+                 sinks: tuple = (), etcd_members: int = 1):
         # A job is named by the user (`--job`: a second launcher may join it) or made unique.
         self.cfg = cfg if named else JobConfig(**{**cfg.__dict__, "job": f"{cfg.job}-{uuid.uuid4().hex[:8]}"})
         self.named = named
@@ -120,7 +120,7 @@ class Launcher:
         self._orphaned_since: float | None = None  # with agents: when every node started here was found gone
         self.server: EtcdServer | EtcdCluster | None = None
         self.etcd_members = etcd_members  # of the embedded etcd (no --etcd): a cluster named after the zones
-        self.etcd_tls = etcd_tls  # the credentials every process of the job presents to etcd (None: plain)
+        self.etcd_tls: str | None = None  # with --etcd: the credentials every process of the job presents
         self._own_tls = False     # made here for the embedded etcd: removed with it
         self.procs: dict[int, subprocess.Popen] = {}
         self.slots: dict[int, int] = {}  # node -> its LOCAL_RANK, the device it takes (bamboo/transport/devices.py)

@@ -60,3 +60,43 @@ def test_a_snapshot_of_the_wrong_shape_is_refused_and_an_honest_one_loads():
     restore(honest, fresh, fresh_optimizer)  # the reference: what snapshot wrote comes back equal
     assert all(torch.equal(a, b) for a, b in zip(layer.parameters(), fresh.parameters()))
     assert torch.equal(fresh_optimizer.state[fresh.weight]["exp_avg"], optimizer.state[layer.weight]["exp_avg"])
+
+
+def test_a_peer_announcing_more_than_a_layer_can_take_is_refused_before_allocating():
+    """A peer's size comes first over gloo: 2^40 bytes for a layer whose snapshot
+    is a few hundred kB is refused (nothing allocated), an honest size is not."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from bamboo.control.config import JobConfig
+    from bamboo.model.api import ModelSource
+    from bamboo.state import handover
+    from bamboo.state.holdings import Holdings
+    holdings = Holdings(ModelSource("tiny", 0), JobConfig(), torch.device("cpu"))
+    layer = ModelSource("tiny", 0).layer(1)
+    optimizer = torch.optim.AdamW(layer.parameters())
+    sum(p.sum() for p in layer.parameters()).backward()
+    optimizer.step()
+    honest = len(snapshot({1: layer}, optimizer)[1])
+    assert honest < holdings.blob_bound(1) < 40 * honest  # room for fp16 with fp32 masters, not for an attack
+    store, outcome = dist.HashStore(), {}
+
+    def liar():
+        pg = dist.ProcessGroupGloo(store, 0, 2, timedelta(seconds=30))
+        pg.send([torch.tensor([1 << 40], dtype=torch.int64)], 1, handover._TAG + 1).wait()
+
+    def receiver():
+        pg = dist.ProcessGroupGloo(store, 1, 2, timedelta(seconds=30))
+        try:
+            handover.execute(pg, {10: 0, 20: 1}, 20, [(1, 10, 20)], None, max_bytes=holdings.blob_bound)
+        except handover.OversizedLayer as e:
+            outcome["refused"] = str(e)
+    threads = [threading.Thread(target=liar), threading.Thread(target=receiver)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert outcome["refused"].startswith(f"node 10 announced {1 << 40} bytes for layer 1 (a snapshot of it takes "
+                                         f"at most {holdings.blob_bound(1)})")
