@@ -17,7 +17,7 @@ from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 from bamboo.control.liveness import Heartbeat, lease_ages
 from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, COPIES, DONE, DRAIN, HANDOVER,
-                                     HOST_LOST, IDS, ITERATION_FAMILIES, MEMBERS, MODE, REGROUP, START, ZONES, Failure,
+                                     HOST_LOST, IDS, ITERATION_FAMILIES, MEMBERS, MODE, REGROUP, START, ZONES, ALIVE, Failure,
                                      Mark, Member, ModeChoice, Timestamp, Zone)
 from bamboo.data.checkpoint_files import latest, storage_for
 from bamboo.state.copies import newest_covered
@@ -118,6 +118,7 @@ class Membership:
         while True:
             tries = self.cluster.children(REGROUP(self._next))
             if not tries:
+                self._orphaned(cfg, latest, self._next)
                 return
             asked = [r for r in tries.values() if r.reconfigure]
             if asked and self._next + 1 < cfg.iterations:
@@ -129,8 +130,25 @@ class Membership:
                         return  # a node of a dead one's host may be gone too: wait until that is known
                     self._next_epoch(cfg, previous, self._next, failed, gone, redo=False)
             if not self.cluster.children(REGROUP(self._next + 1)):
+                self._orphaned(cfg, self.cluster.latest_assignment(), self._next + 1)
                 return  # this iteration may still get another try
             self._next += 1
+
+    def _orphaned(self, cfg: JobConfig, latest: Assignment, it: int) -> None:
+        """Every member of the epoch in force gone in iteration `it` before any
+        wrote an abort or a regroup (only its workers write those: a burst took
+        them all at once): record them dead and redo `it` over the nodes left, from
+        copies or a checkpoint, rather than wait for no one."""
+        if it >= cfg.iterations or latest.start > it:
+            return
+        workers = self.cluster.children(ALIVE())
+        if any(n in workers for n in latest.members) or self.cluster.children(DONE(it)):
+            return  # a worker of the epoch runs (it reports or aborts), or one finished the iteration
+        failed = self.cluster.failed()
+        left = [n for n in latest.members if n not in failed]
+        if left and self.cluster.record_silent(left, it, self.node, starting=left) != sorted(left):
+            return  # an agent whose worker is still starting: not gone
+        self._redo(cfg, latest, it)
 
     def _redo(self, cfg: JobConfig, previous: Assignment, it: int) -> None:
         """Iteration `it` was abandoned. Once every live node has undone its steps,

@@ -167,6 +167,22 @@ def test_newcomers_still_starting_join_a_restart_from_the_checkpoint(tmp_path, t
     assert_same_training(final(records), tmp_path, reference(tmp_path_factory, 4))
 
 
+@pytest.mark.slow  # make test-slow: four agents, a checkpoint and a restart (chaos seed 34 found it)
+def test_every_member_gone_at_once_is_redone_by_the_standbys(tmp_path, tmp_path_factory):
+    """One pipeline (P=2) and two standbys that joined after iteration 5; both
+    members die at the start of iteration 6, before either could abort or
+    regroup (only workers write those). The standbys' agents record them dead and
+    redo from the checkpoint before iteration 4 (chaos seed 34 waited out its
+    600 s stall timeout here)."""
+    records = train(tmp_path, "--stages", "2", "--microbatches", "4", "--local-nodes", "2", "--join", "2@5",
+                    "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "4",
+                    "--preempt", "0@6:0", "--preempt", "1@6:0")
+    redo = [e for r in records for e in r["events"] if e["type"] == "redo"]
+    assert redo == [{"type": "redo", "abandoned": 6, "from": 4, "restore": "checkpoint"}]
+    assert sorted(reconfigurations(records)[-1][1]["pipelines"][0]) == [2, 3]
+    assert_same_training(final(records), tmp_path, reference(tmp_path_factory, 4))
+
+
 def _launch(tmp_path, etcd, *args):
     return subprocess.Popen([sys.executable, "-m", "commands.train.cli", "--no-progress", "--etcd", etcd.endpoint,
                              "--metrics-out", str(tmp_path / "m.jsonl"), "--save-dir", str(tmp_path / "params"),
