@@ -16,8 +16,8 @@ from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 from bamboo.control.liveness import Heartbeat, lease_ages
-from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, CONFIG, COPIES, DONE, DRAIN, HANDOVER,
-                                     HOST_LOST, IDS, ITERATION_FAMILIES, MEMBERS, MODE, REGROUP, START, ZONES, ALIVE, Failure,
+from bamboo.control.protocol import (ABORT, ABORTED, ALIVE, ASSIGNMENT, CONFIG, COPIES, DONE, DRAIN, HANDOVER,
+                                     HOST_LOST, IDS, ITERATION_FAMILIES, MEMBERS, MODE, REGROUP, START, ZONES, Failure,
                                      Mark, Member, ModeChoice, Timestamp, Zone)
 from bamboo.data.checkpoint_files import latest, storage_for
 from bamboo.state.copies import newest_covered

@@ -414,10 +414,7 @@ class EtcdCluster:
         self.stop()
 
 
-def embedded(members: int = 1, zones: tuple[str, ...] = ("a",), tls_dir: str | None = None,
-             hosts: list[str] | None = None) -> EtcdServer | EtcdCluster:
+def embedded(members: int = 1, zones: tuple[str, ...] = ("a",), tls_dir: str | None = None) -> EtcdServer | EtcdCluster:
     """The store bamboo-train starts when no --etcd is given: one member, or a
-    cluster of `members` named after the zones."""
-    if members == 1:
-        return EtcdServer(tls_dir=tls_dir, **({"host": hosts[0]} if hosts else {}))
-    return EtcdCluster.in_zones(members, zones, hosts, tls_dir=tls_dir)
+    cluster of `members` named after the zones; `tls_dir`: the job's credentials."""
+    return EtcdServer(tls_dir=tls_dir) if members == 1 else EtcdCluster.in_zones(members, zones, tls_dir=tls_dir)

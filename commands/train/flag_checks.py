@@ -22,8 +22,8 @@ SEED_MAX = 2**48  # layer i's weights come from torch.manual_seed(seed * 7919 + 
 SINGLE_IGNORES = ("redundancy", "frc", "replica_sync", "backward_split", "sync_bucket_mb", "compute_ahead", "auto_prior_rate",
                   "auto_prior_hours", "max_stages_per_node", "preempt", "failure_timeout", "lease_ttl", "hang_timeout",
                   "straggler_factor", "straggler_slack", "stall_timeout", "check_replicas", "no_memory_copies",
-                  "etcd", "etcd_tls", "etcd_members", "job", "local_nodes", "local_hosts", "workers_per_host", "zones", "notice",
-                  "metadata_url", "last_call", "log_dir", "transport", "share_gpu")
+                  "etcd", "etcd_tls", "etcd_members", "job", "local_nodes", "local_hosts", "workers_per_host",
+                  "zones", "notice", "metadata_url", "last_call", "log_dir", "transport", "share_gpu")
 AGENT_ONLY = ("zones", "notice", "metadata_url", "last_call", "max_stages_per_node")
 
 
