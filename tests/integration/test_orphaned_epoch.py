@@ -1,0 +1,55 @@
+"""The agents' decision when every member of the epoch in force is gone before
+any could write an abort or a regroup (keys only workers write): on a real etcd,
+two standby agents record the members dead and write the redo epoch over
+themselves (chaos seeds 27 and 34 waited out their 600 s here); while a member's
+worker runs, or an agent of a member still starts its worker, they do nothing."""
+import dataclasses
+
+from bamboo.control.assignment import Assignment
+from bamboo.control.cluster import Cluster
+from bamboo.control.config import JobConfig
+from bamboo.control.protocol import ALIVE, ASSIGNMENT, CONFIG, MEMBERS, Alive, Member
+from agents.membership import Membership
+
+CFG = JobConfig(job="orphaned", model="tiny", stages=2, microbatches=2, iterations=10, elastic=True,
+                failure_timeout=1.0, lease_ttl=5.0)
+
+
+def _job(etcd, job: str):
+    """Epoch 0: nodes 0 and 1, neither registered any more; agents 7 and 8 in standby."""
+    cfg = dataclasses.replace(CFG, job=job)
+    cluster = Cluster(etcd.endpoint, job)
+    cluster.put(CONFIG(), cfg)
+    cluster.put(ASSIGNMENT(0), Assignment(epoch=0, start=0, pipelines=((0, 1),)))
+    standbys = [Membership(Cluster(etcd.endpoint, job), zone, node, cfg) for zone, node in (("a", 7), ("b", 8))]
+    return cluster, standbys
+
+
+def test_standby_agents_redo_an_iteration_whose_every_member_is_gone(etcd):
+    cluster, standbys = _job(etcd, "orphaned")
+    try:
+        standbys[0].decide(CFG)
+        assert sorted(cluster.failed()) == [0, 1]
+        redo = cluster.get(ASSIGNMENT(1))
+        assert redo is not None and redo.redo and redo.start == 0 and redo.restore == "initial"
+        assert sorted(redo.members) == [7, 8]
+        standbys[1].decide(CFG)  # the other agent finds it decided
+        assert cluster.get(ASSIGNMENT(2)) is None
+    finally:
+        for m in standbys:
+            m.leave()
+
+
+def test_a_running_worker_or_a_starting_one_keeps_the_epoch(etcd):
+    cluster, standbys = _job(etcd, "kept")
+    try:
+        cluster.put(ALIVE(0), Alive(0))  # node 0's worker runs: it reports or aborts itself
+        standbys[0].decide(CFG)
+        cluster.delete(ALIVE(0))
+        cluster.put(MEMBERS(1), Member("b", "h"))  # node 1's agent runs; its worker is still starting
+        cluster.put(MEMBERS(0), Member("a", "h"))
+        standbys[0].decide(CFG)
+        assert cluster.failed() == {} and cluster.get(ASSIGNMENT(1)) is None
+    finally:
+        for m in standbys:
+            m.leave()
