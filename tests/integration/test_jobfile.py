@@ -224,7 +224,7 @@ def test_every_flag_can_be_written_in_the_file(tmp_path):
     found = {s: keys for s, keys in jobfile.sections(parser).items()}
     everywhere = [a for keys in found.values() for a in keys.values()]
     flagged = [a for a in parser._actions if a.option_strings not in (["-h", "--help"], ["--config"])]
-    assert sorted(map(id, everywhere)) == sorted(map(id, flagged)) and len(flagged) == 71
+    assert sorted(map(id, everywhere)) == sorted(map(id, flagged)) and len(flagged) == 72
     assert sorted(found) == sorted(["model", "schedule", "recipe", "data", "checkpoints", "faults", "devices",
                                     "cluster", "testing"])
     for section, keys in found.items():
