@@ -195,9 +195,10 @@ def test_dry_run_prints_the_upload_and_the_etcd_write(tmp_path):
     requests = [json.loads(line) for line in out.stdout.splitlines()]
     ops = [r["operation"] for r in requests]
     assert ops == ["describe_availability_zones", "describe_subnets", "describe_instance_type_offerings",
-                   "put_object", "generate_presigned_url", "put_if_not_exists", "create_launch_template",
+                   "put_object", "generate_presigned_url", "create_security_group",
+                   "authorize_security_group_ingress", "put_if_not_exists", "create_launch_template",
                    "create_auto_scaling_group"]
-    write = requests[5]
+    write = requests[7]
     assert write["key"] == job_root("dry") + CONFIG().path
     assert write["value"]["stages"] == 3 and write["value"]["elastic"]
     assert requests[3]["params"]["Body"].endswith("bytes>") and not os.listdir(tmp_path)
