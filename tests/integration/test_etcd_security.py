@@ -10,13 +10,13 @@ import pytest
 from bamboo.control.access import enable_auth, grant_job
 from bamboo.control.credentials import ClientFiles, make_job_credentials
 from bamboo.control.etcd import EtcdError, EtcdRefused, EtcdServer, connect, retry
-from bamboo.control.protocol import CONFIG
+from bamboo.control.protocol import CONFIG, ROOT, job_root, rendezvous_prefix
 from commands.train.cli import config_from_args
 from commands.train.flags import build_parser
 from commands.train.launcher import Launcher
 
 CROSS_ORIGIN = {"Origin": "http://attacker.example", "Content-Type": "text/plain"}
-PUT = '{"key": "L2JhbWJvby9wd25lZA==", "value": "MQ=="}'  # /bamboo/pwned = 1
+PUT = '{"key": "L2JhbWJvby9wd25lZA==", "value": "MQ=="}'  # a key of no job, base64
 
 
 def _http(endpoint: str, context: ssl.SSLContext | None, headers=CROSS_ORIGIN) -> http.client.HTTPResponse:
@@ -40,7 +40,7 @@ def _outsider_checks(endpoint: str, tls_dir: str, other: str) -> dict:
     seen = {}
     for name, tls in (("plain grpc", None), ("another job's CA", ClientFiles.in_dir(other))):
         try:
-            connect(endpoint, timeout=2.0, tls=tls).get("/bamboo/")
+            connect(endpoint, timeout=2.0, tls=tls).get(ROOT)
             seen[name] = "answered"
         except EtcdError:
             seen[name] = "refused"
@@ -67,7 +67,7 @@ def test_a_local_jobs_etcd_refuses_everyone_but_the_job(tmp_path):
             inside["config"] = cluster.get(CONFIG()).job  # the job itself reads through the same etcd
             client = connect(launcher.server.endpoint, tls=ClientFiles.in_dir(launcher.etcd_tls))
             try:
-                retry(lambda: client.put("/bamboo/other-job/x", "1"), 5.0, launcher.server.endpoint)
+                retry(lambda: client.put(job_root("other-job") + CONFIG().path, "1"), 5.0, launcher.server.endpoint)
             except EtcdRefused:
                 inside["outside its prefix"] = "refused"
     launcher.on_tick = look
@@ -87,15 +87,16 @@ def test_two_jobs_sharing_an_etcd_cannot_read_each_other(tmp_path):
         grant_job(root, "b")
         a = connect(server.endpoint, tls=ClientFiles.in_dir(tls))
         b = connect(server.endpoint, tls=ClientFiles.in_dir(tls, "client-b"))
-        a.put("/bamboo/a/config", "secret of a")
-        b.put("/bamboo/b/config", "b's")
-        b.put("/bamboo-rdzv/b/state", "b's rendezvous")
-        assert b.get("/bamboo/b/config")[0] == b"b's"
-        for request in (lambda: b.get("/bamboo/a/config"), lambda: b.put("/bamboo/a/config", "x"),
-                        lambda: list(b.get_prefix("/bamboo/")), lambda: b.delete("/bamboo-rdzv/a/state")):
+        config_a, config_b = job_root("a") + CONFIG().path, job_root("b") + CONFIG().path
+        a.put(config_a, "secret of a")
+        b.put(config_b, "b's")
+        b.put(rendezvous_prefix("b") + "state", "b's rendezvous")
+        assert b.get(config_b)[0] == b"b's"
+        for request in (lambda: b.get(config_a), lambda: b.put(config_a, "x"), lambda: list(b.get_prefix(ROOT)),
+                        lambda: b.delete(rendezvous_prefix("a") + "state")):
             with pytest.raises(EtcdRefused):
                 retry(request, 5.0, server.endpoint)
-        assert a.get("/bamboo/a/config")[0] == b"secret of a"
+        assert a.get(config_a)[0] == b"secret of a"
 
 
 def test_the_plain_etcd_answers_no_cross_origin_page(etcd):
