@@ -51,6 +51,7 @@ def objects(clients, bucket):
     return [o["Key"] for o in clients["s3"].list_objects_v2(Bucket=bucket).get("Contents", [])]
 
 
+@pytest.mark.slow  # make test-slow: a whole launch, status and down (the dry run and the undo stay in make test)
 def test_launch_configures_the_job_status_shows_it_and_down_removes_it(aws, etcd, tmp_path):
     endpoint, clients, image = aws
     clients["s3"].create_bucket(Bucket="wheels-1")

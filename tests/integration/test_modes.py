@@ -26,7 +26,7 @@ def events(records, it):
     return {e["type"] for e in records[it]["events"]}
 
 
-@pytest.mark.slow  # make test-slow; the auto test below redoes an iteration with off in make test
+@pytest.mark.slow  # make test-slow (with the other runs of this file: make test keeps the refusals below)
 def test_off_with_agents_redoes_the_iteration_from_a_peer_pipeline(tmp_path, reference):
     """Two pipelines of 2 and a standby, no replicas: node 1 dies in iteration 2;
     the iteration is abandoned everywhere, redone with the standby holding stage 1
@@ -53,6 +53,7 @@ def test_lazy_with_agents_recovers_inside_the_iteration(tmp_path, reference):
     assert all(r["replicas_equal"] for r in got)
 
 
+@pytest.mark.slow  # make test-slow: 80 s here; the mode choice itself is tests/unit/agents/test_mode_choice.py
 def test_auto_starts_without_redundancy_and_switches_live_after_a_death(tmp_path, reference):
     """--redundancy auto assuming no preemptions: the agents start with off (two
     pipelines). Node 1's death costs a redo; the agents see a preemption rate at

@@ -151,6 +151,7 @@ def _rollback(tmp_path, reference, memory: bool):
     return [e for r in records for e in r["events"] if e["type"] == "redo"], seen
 
 
+@pytest.mark.slow  # make test-slow: 45 s here (make test keeps the quicker rollback cases)
 def test_two_neighbours_killed_roll_back_from_peers_memory(tmp_path, reference):
     redo, workers = _rollback(tmp_path, reference, memory=True)
     assert redo == [{"type": "redo", "abandoned": 5, "from": 4, "restore": "memory"}]

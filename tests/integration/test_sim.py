@@ -214,6 +214,7 @@ def test_ec2_g4dn_trace_auto_within_2_percent_of_the_best_fixed_mode(stages, cap
     assert out["auto"]["value"] >= 0.98 * best_fixed(out)
 
 
+@pytest.mark.slow  # make test-slow: a sweep of runs (the value itself is tested above)
 def test_sweep_writes_the_value_plot(tmp_path):
     res = subprocess.run([sys.executable, "-m", "sim.command", "--sweep-rates", "--model", "bert-large", "--stages", "4",
                           "--seeds", "1", "--plot", str(tmp_path)], capture_output=True, text=True, timeout=300)

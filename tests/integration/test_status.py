@@ -9,6 +9,7 @@ from bamboo.control.etcd import EtcdServer
 from tests.training import bamboo_train
 
 
+@pytest.mark.slow  # make test-slow: a whole job first (bamboo-status on a live job is test_dashboard.py)
 def test_status_of_a_finished_job_with_a_preemption(tmp_path):
     with EtcdServer() as etcd:
         bamboo_train(tmp_path / "m.jsonl", "--stages", "2", "--microbatches", "4", "--iterations", "4",

@@ -42,6 +42,7 @@ def recovered_in_iteration(tmp_path, reference, iteration: int, late: int):
         assert got["loss"] == pytest.approx(want["loss"], rel=RTOL), f"iteration {got['iteration']}"
 
 
+@pytest.mark.slow  # make test-slow: 60 s here; the order itself is tests/unit/schedules/test_tails_last.py
 def test_two_takers_reduce_their_two_stages_in_one_order_in_the_first_iteration_of_an_epoch(tmp_path, reference):
     """Iteration 0: the reduce groups of stages 0 and 2 over nodes 2 and 3 are opened
     during the recovery (node 3 may be called away from opening stage 2's)."""
