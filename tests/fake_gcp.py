@@ -122,16 +122,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return True
         return False
 
-    def _insert_template(self, project, query):
-        if self._refused("insert-template"):
+    def _insert_global(self, kind: str, store: dict) -> None:
+        """A global resource (template, firewall rule): kept by name, or refused."""
+        if self._refused(f"insert-{kind}"):
             return
         body = self._body()
-        self.server.templates[body["name"]] = body
+        store[body["name"]] = body
         self._reply(200, self.server.operation("insert", body["name"], None))
 
-    def _delete_template(self, project, name, query):
-        self.server.templates.pop(name, None)
+    def _delete_global(self, store: dict, name: str) -> None:
+        store.pop(name, None)
         self._reply(200, self.server.operation("delete", name, None))
+
+    def _insert_template(self, project, query):
+        self._insert_global("template", self.server.templates)
+
+    def _delete_template(self, project, name, query):
+        self._delete_global(self.server.templates, name)
 
     def _insert_group(self, project, region, query):
         if self._refused("insert-group"):
@@ -185,12 +192,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._reply(200, self.server.operation("delete", name, None, zone))
 
     def _insert_firewall(self, project, query):
-        if self._refused("insert-firewall"):
-            return
-        body = self._body()
-        self.server.firewalls[body["name"]] = body
-        self._reply(200, self.server.operation("insert", body["name"], None))
+        self._insert_global("firewall", self.server.firewalls)
 
     def _delete_firewall(self, project, name, query):
-        self.server.firewalls.pop(name, None)
-        self._reply(200, self.server.operation("delete", name, None))
+        self._delete_global(self.server.firewalls, name)
