@@ -6,10 +6,14 @@ only then is anything created."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 
 from cloud.common import BadInput, Install, LaunchError, etcd_script
+from cloud.etcd_tls import JobCertificates, member_folder
 from cloud.job import JobStore, config_key, config_request
+from cloud.storage import certificates_location
 from cloud.package import build_wheel, check_package
 
 
@@ -83,10 +87,12 @@ def installable(args, shipper, job: str, undo: Undo) -> tuple[Install, str | Non
     return install, uri
 
 
-def configure(args, cfg, log, undo: Undo, start_etcd) -> tuple[str, list[str]]:
+def configure(args, cfg, log, undo: Undo, start_etcd, certs=None) -> tuple[str, list[str]]:
     """The job's config in its etcd: written here, or (--etcd auto) by the first
     etcd instance; `start_etcd(member, script)` creates member `member` in zone
-    `member` (each later one joins those before it). The endpoints and those instances."""
+    `member` (each later one joins those before it); `certs` (JobCertificates):
+    each member's are shipped once the cloud has given it its address. The
+    endpoints and those instances."""
     if args.etcd != "auto":
         store = JobStore(args.etcd, cfg.job, args.dry_run, log)
         store.write(cfg)
@@ -98,8 +104,12 @@ def configure(args, cfg, log, undo: Undo, start_etcd) -> tuple[str, list[str]]:
     endpoints, instances = [], []
     for member in range(args.etcd_members):
         name = "bamboo" if args.etcd_members == 1 else f"bamboo-{zones_of(args)[member]}"
-        script = etcd_script(config_key(cfg.job), json.dumps(cfg.to_dict()), name, ",".join(endpoints))
+        folder = certs.folder(member_folder(member)) if certs else ""
+        script = etcd_script(config_key(cfg.job), json.dumps(cfg.to_dict()), name, ",".join(endpoints), folder,
+                             cfg.job, certs.install if certs else None)
         instance, endpoint = start_etcd(member, script)
+        if certs:
+            certs.member(member, endpoint.rpartition(":")[0])
         endpoints.append(endpoint)
         instances.append(instance)
     return ",".join(endpoints), instances
@@ -120,6 +130,39 @@ def check_members(args, zones: tuple[str, ...]) -> None:
                        f"--zones names only {len(zones)}")
 
 
+def secured(args) -> bool:
+    """Whether the launch's own etcd serves TLS with the job's certificates (the
+    default of --etcd auto); --etcd-plain without --etcd auto is said to do nothing."""
+    if args.etcd != "auto":
+        if args.etcd_plain:
+            print("bamboo-launch: note: --etcd-plain does nothing without --etcd auto (your etcd is as you run it)",
+                  file=sys.stderr)
+        return False
+    if args.etcd_plain:
+        print("bamboo-launch: warning: --etcd-plain: the job's etcd runs without TLS or auth; only its security "
+              "group or firewall keeps others out", file=sys.stderr)
+    return not args.etcd_plain
+
+
+def job_certificates(args, tls: bool, shipper, install: Install, job: str, undo: Undo) -> JobCertificates | None:
+    """The job's CA and where its certificates go (None: `tls` off); what is
+    shipped is removed again if the launch fails."""
+    if not tls:
+        return None
+    if getattr(shipper, "create", False) and not shipper.created:  # --package: no wheel made the bucket
+        shipper.ensure_bucket()
+        if shipper.created:
+            undo.push(shipper.delete_bucket)
+    certs = JobCertificates(job, certificates_location(shipper, job), shipper.put, install, args.dry_run)
+    undo.push(lambda: [shipper.delete(uri) for uri in certs.shipped])
+    return certs
+
+
+def local_certificates(args, job: str) -> str:
+    """Where the operator's copy of the job's client certificate goes: beside the launch record."""
+    return os.path.join(os.path.dirname(os.path.abspath(args.state)), f".bamboo-etcd-tls-{job}")
+
+
 def check_etcd(args, job: str, log) -> None:
     """An etcd given by the user answers and holds no job of this name."""
     if args.etcd != "auto":
@@ -135,16 +178,22 @@ def launch_ec2(args, cfg, log=print) -> dict:
     check_names(args, "ec2")
     check_members(args, zones)
     check_install(args, default_bucket=True)
+    tls = secured(args)
+    if tls and not args.iam_profile:
+        raise BadInput("--etcd auto: the nodes and etcd instances read the job's etcd certificates from its bucket "
+                       "with their role: give --iam-profile (a profile whose role may read the bucket), or "
+                       "--etcd-plain")
     check_etcd(args, cfg.job, log)
     provider = Ec2Provider(args.region, args.endpoint_url, args.dry_run, log)
     subnets = provider.subnets(zones)
     provider.check_types(types, zones)
     undo = Undo()
     try:
-        shipper = None if args.package else S3Shipper(args.bucket or default_bucket(cfg.job, args.region),
-                                                      args.region, args.endpoint_url, args.dry_run, log,
-                                                      create=not args.bucket)
+        shipper = None if args.package and not tls else S3Shipper(
+            args.bucket or default_bucket(cfg.job, args.region), args.region, args.endpoint_url, args.dry_run, log,
+            create=not args.bucket)
         install, wheel = installable(args, shipper, cfg.job, undo)
+        certs = job_certificates(args, tls, shipper, install, cfg.job, undo)
         spec = Ec2Spec(name=args.name, region=args.region, zones=zones, nodes=args.nodes, image=args.image,
                        etcd=args.etcd, job=cfg.job, install=install, instance_types=types, key_name=args.key_name,
                        security_groups=tuple(args.security_group), iam_profile=args.iam_profile)
@@ -156,12 +205,14 @@ def launch_ec2(args, cfg, log=print) -> dict:
             instance, endpoint = provider.etcd_node(spec, zones[member], subnets[zones[member]], script)
             undo.push(lambda: provider.remove_instance(instance))
             return instance, endpoint
-        etcd, etcd_instances = configure(args, cfg, log, undo, start_etcd)
-        made = provider.up(Ec2Spec(**{**spec.__dict__, "etcd": etcd}), subnets)
+        etcd, etcd_instances = configure(args, cfg, log, undo, start_etcd, certs)
+        nodes = certs.nodes(local_certificates(args, cfg.job)) if certs else ""
+        made = provider.up(Ec2Spec(**{**spec.__dict__, "etcd": etcd, "certs": nodes}), subnets)
     except BaseException as e:
         raise _undone(e, undo) from None
     return {**made, "job": cfg.job, "etcd": etcd, **_instances(etcd_instances), "security_group": group, "wheel": wheel,
-            "wheel_bucket_created": bool(shipper and shipper.created), "endpoint_url": args.endpoint_url}
+            "wheel_bucket_created": bool(shipper and shipper.created), "endpoint_url": args.endpoint_url,
+            **_certificates(args, certs)}
 
 
 def launch_gcp(args, cfg, log=print) -> dict:
@@ -171,14 +222,19 @@ def launch_gcp(args, cfg, log=print) -> dict:
     check_names(args, "gcp")
     check_members(args, zones)
     check_install(args)
+    tls = secured(args)
+    if tls and not args.bucket:
+        raise BadInput("--etcd auto keeps the job's etcd certificates in its bucket, where the nodes and etcd "
+                       "instances read them with their service account: give --bucket, or --etcd-plain")
     check_etcd(args, cfg.job, log)
     provider = GcpProvider(args.project, args.region, args.endpoint_url, args.dry_run, log)
     provider.check(zones, args.machine_type, args.accelerator)
     undo = Undo()
     try:
-        shipper = None if args.package else GcsShipper(args.bucket, args.project, args.storage_endpoint_url,
-                                                       args.dry_run, log)
+        shipper = None if args.package and not tls else GcsShipper(
+            args.bucket, args.project, args.storage_endpoint_url, args.dry_run, log)
         install, wheel = installable(args, shipper, cfg.job, undo)
+        certs = job_certificates(args, tls, shipper, install, cfg.job, undo)
         spec = GcpSpec(name=args.name, project=args.project, region=args.region, zones=zones, nodes=args.nodes,
                        image=args.image, etcd=args.etcd, job=cfg.job, install=install,
                        machine_type=args.machine_type, accelerator=args.accelerator,
@@ -191,13 +247,22 @@ def launch_gcp(args, cfg, log=print) -> dict:
             instance, endpoint = provider.etcd_node(spec, zone, script, member)
             undo.push(lambda: provider.remove_instance(zone, instance))
             return f"{zone}/{instance}", endpoint
-        etcd, etcd_instances = configure(args, cfg, log, undo, start_etcd)
-        made = provider.up(GcpSpec(**{**spec.__dict__, "etcd": etcd}))
+        etcd, etcd_instances = configure(args, cfg, log, undo, start_etcd, certs)
+        nodes = certs.nodes(local_certificates(args, cfg.job)) if certs else ""
+        made = provider.up(GcpSpec(**{**spec.__dict__, "etcd": etcd, "certs": nodes}))
     except BaseException as e:
         raise _undone(e, undo) from None
     return {**made, "project": args.project, "job": cfg.job, "etcd": etcd, **_instances(etcd_instances),
-            "firewalls": firewalls,
-            "wheel": wheel, "endpoint_url": args.endpoint_url, "storage_endpoint_url": args.storage_endpoint_url}
+            "firewalls": firewalls, "wheel": wheel, "endpoint_url": args.endpoint_url,
+            "storage_endpoint_url": args.storage_endpoint_url, **_certificates(args, certs)}
+
+
+def _certificates(args, certs: JobCertificates | None) -> dict:
+    """The launch record's certificates: the objects shipped (down removes them)
+    and the operator's client certificate folder (bamboo-status --etcd-tls)."""
+    if not certs:
+        return {"certificates": [], "etcd_tls": None}
+    return {"certificates": certs.shipped, "etcd_tls": local_certificates(args, certs.job)}
 
 
 def _instances(etcd_instances: list[str]) -> dict:

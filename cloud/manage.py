@@ -6,6 +6,7 @@ part that is already gone skipped."""
 from __future__ import annotations
 
 import shlex
+import shutil
 
 from cloud.common import LaunchError
 
@@ -20,20 +21,25 @@ def provider_for(state: dict, dry_run: bool = False):
     return GcpProvider(state["project"], state["region"], state.get("endpoint_url"), dry_run)
 
 
-def shipper_for(state: dict):
+def shipper_for(state: dict, location: str):
+    """The storage client of the launch's bucket that holds `location`."""
     if state["provider"] == "ec2":
         from cloud.storage import S3Shipper
-        return S3Shipper(state["wheel"], state["region"], state.get("endpoint_url"), False)
+        return S3Shipper(location, state["region"], state.get("endpoint_url"), False)
     from cloud.storage import GcsShipper
-    return GcsShipper(state["wheel"], state["project"], state.get("storage_endpoint_url"), False)
+    return GcsShipper(location, state["project"], state.get("storage_endpoint_url"), False)
 
 
 def job_progress(state: dict) -> dict:
     """bamboo-status's view of the job, or why it cannot be read from here."""
     from commands.status.status import job_status
-    from bamboo.control.etcd import EtcdError
+    from bamboo.control.credentials import ClientFiles, CredentialError
+    from bamboo.control.etcd import FROM_ENV, EtcdError
     try:
-        return job_status(state["etcd"], state["job"])
+        tls = ClientFiles.in_dir(state["etcd_tls"]) if state.get("etcd_tls") else FROM_ENV
+        return job_status(state["etcd"], state["job"], tls)
+    except CredentialError as e:
+        return {"job": state["job"], "error": str(e)}
     except EtcdError as e:
         return {"job": state["job"], "error": str(e)}
 
@@ -55,7 +61,8 @@ def dashboard(state: dict) -> str:
         tunnel = f"ssh -N -f -L {tunnel_port}:{host}:{port} USER@HOST"
         via = f"the etcd instance {instance}, or a node" if instance else "a node, say"
         where = f" (USER@HOST: a machine you can ssh to that reaches {host}:{port}: {via})"
-    return (f"{tunnel} && bamboo-status --etcd 127.0.0.1:{tunnel_port} --job {shlex.quote(state['job'])} "
+    tls = f"--etcd-tls {shlex.quote(state['etcd_tls'])} " if state.get("etcd_tls") else ""
+    return (f"{tunnel} && bamboo-status --etcd 127.0.0.1:{tunnel_port} {tls}--job {shlex.quote(state['job'])} "
             f"--serve {DASHBOARD_PORT}, then open http://127.0.0.1:{DASHBOARD_PORT}/{where}")
 
 
@@ -83,11 +90,13 @@ def down(state: dict) -> None:
         provider.remove_group(state["security_group"])
     if state.get("firewalls"):
         provider.remove_firewalls(state["firewalls"])
-    if state.get("wheel"):
-        shipper = shipper_for(state)
-        shipper.delete(state["wheel"])
-        if state.get("wheel_bucket_created"):
-            shipper.delete_bucket()  # the launch's own bucket (no --bucket was given)
+    stored = [*(state.get("certificates") or []), *([state["wheel"]] if state.get("wheel") else [])]
+    for uri in stored:
+        shipper_for(state, uri).delete(uri)
+    if stored and state.get("wheel_bucket_created"):
+        shipper_for(state, stored[0]).delete_bucket()  # the launch's own bucket (no --bucket was given)
+    if state.get("etcd_tls"):
+        shutil.rmtree(state["etcd_tls"], ignore_errors=True)
     if state.get("job") and not state.get("etcd_instance"):
         from cloud.job import JobStore
         try:

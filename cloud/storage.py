@@ -35,6 +35,11 @@ def object_key(prefix: str, job: str, wheel: str) -> str:
     return "/".join(p for p in (prefix, "bamboo-launch", job, os.path.basename(wheel)) if p)
 
 
+def certificates_location(shipper, job: str) -> str:
+    """Where a launch puts its etcd certificates (cloud/etcd_tls.py): beside its wheel."""
+    return f"{shipper.scheme}{shipper.bucket}/{object_key(shipper.prefix, job, 'etcd-tls')}"
+
+
 class S3Shipper:
     scheme = "s3://"
 
@@ -51,7 +56,8 @@ class S3Shipper:
     def _call(self, operation: str, **params):
         if self.dry_run:
             shown = {k: (f"<{os.path.basename(v.name)}, {os.fstat(v.fileno()).st_size} bytes>"
-                         if hasattr(v, "read") else v) for k, v in params.items()}
+                         if hasattr(v, "read") else f"<{len(v)} bytes>" if isinstance(v, bytes) else v)
+                     for k, v in params.items()}
             self.log(json.dumps({"service": "s3", "operation": operation, "params": shown}))
             return f"https://{self.bucket}.s3.amazonaws.com/<presigned>" if operation == "generate_presigned_url" \
                 else {}
@@ -71,7 +77,7 @@ class S3Shipper:
         """Upload `wheel`; what nodes install, and the object's URI (for down)."""
         key = object_key(self.prefix, job, wheel)
         if self.create:
-            self._ensure_bucket()
+            self.ensure_bucket()
         with open(wheel, "rb") as body:
             self._call("put_object", Bucket=self.bucket, Key=key, Body=body)
         url = self._call("generate_presigned_url", ClientMethod="get_object",
@@ -79,7 +85,7 @@ class S3Shipper:
         name = os.path.basename(wheel)
         return Install(name, url, name), f"s3://{self.bucket}/{key}"
 
-    def _ensure_bucket(self) -> None:
+    def ensure_bucket(self) -> None:
         if not self.dry_run:
             from botocore.exceptions import ClientError
             try:
@@ -91,6 +97,11 @@ class S3Shipper:
             "CreateBucketConfiguration": {"LocationConstraint": self.region}}
         self._call("create_bucket", Bucket=self.bucket, **where)
         self.created = True
+
+    def put(self, uri: str, data: bytes) -> None:
+        """A private object (the job's etcd certificates): readable with the bucket's permissions only."""
+        bucket, _, key = uri[len(self.scheme):].partition("/")
+        self._call("put_object", Bucket=bucket, Key=key, Body=data)
 
     def delete(self, uri: str) -> None:
         bucket, _, key = uri[len(self.scheme):].partition("/")
@@ -141,6 +152,10 @@ class GcsShipper:
             **({"api_access_endpoint": self.endpoint_url} if self.endpoint_url else {})))
         name = os.path.basename(wheel)
         return Install(name, url, name), f"gs://{self.bucket}/{key}"
+
+    def put(self, uri: str, data: bytes) -> None:
+        key = uri[len(self.scheme):].partition("/")[2]
+        self._call("upload", key, lambda blob: blob.upload_from_string(data))
 
     def delete(self, uri: str) -> None:
         key = uri[len(self.scheme):].partition("/")[2]

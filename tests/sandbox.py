@@ -74,9 +74,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._reply(200, found) if found is not None else self._reply(404)
 
 
-def prepare_root(root) -> None:
+def prepare_root(root, venv_name: str = "bamboo") -> None:
     """The node's disk: a venv whose .pth reaches this venv's dependencies."""
-    venv = os.path.join(root, "opt", "bamboo")
+    venv = os.path.join(root, "opt", venv_name)
     subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", venv], check=True)
     site = os.path.join(venv, "lib", f"python{sys.version_info.major}.{sys.version_info.minor}", "site-packages")
     with open(os.path.join(site, "image-dependencies.pth"), "w") as f:
@@ -85,16 +85,21 @@ def prepare_root(root) -> None:
 
 def boot(script: str, root, metadata: FakeMetadata, wheelhouse) -> subprocess.Popen:
     """Run `script` as the node's boot: bash, the sandbox's root and metadata."""
-    prepare_root(root)
+    return run_script(script, root, wheelhouse, {"BAMBOO_METADATA": metadata.url})
+
+
+def run_script(script: str, root, wheelhouse, env: dict, venv_name: str = "bamboo") -> subprocess.Popen:
+    """Run a generated boot script under bash in the sandbox's root, with `env` added."""
+    prepare_root(root, venv_name)
     path = os.path.join(root, "boot.sh")
     with open(path, "w") as f:
         f.write(script)
     shims = os.path.join(root, "shims")  # python3 is the interpreter this venv was made from
     os.makedirs(shims, exist_ok=True)
     os.symlink(sys._base_executable, os.path.join(shims, "python3"))
-    env = {"PATH": f"{shims}:/usr/bin:/bin", "HOME": str(root), "BAMBOO_ROOT": str(root),
-           "BAMBOO_METADATA": metadata.url, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheelhouse),
-           "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env = {"PATH": f"{shims}:/usr/bin:/bin", "HOME": str(root), "BAMBOO_ROOT": str(root), "PIP_NO_INDEX": "1",
+           "PIP_FIND_LINKS": str(wheelhouse), "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           **env}
     log = open(os.path.join(root, "boot.log"), "w")
     return subprocess.Popen(["bash", path], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

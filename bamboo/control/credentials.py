@@ -106,6 +106,45 @@ def _alt_name(host: str):
         return x509.DNSName(host)
 
 
+class Authority:
+    """A job's CA, held in this process only: what it signs is written or shipped,
+    its key never is (once the process ends, no one can sign for this etcd)."""
+
+    def __init__(self, job: str):
+        from cryptography.hazmat.primitives import serialization
+        self.job, self.name = job, f"bamboo-ca-{job}"
+        self._key = _key()
+        cert = _certificate(self.name, self._key, self.name, self._key, ca=True)
+        self.ca_pem = cert.public_bytes(serialization.Encoding.PEM)
+
+    def issue(self, name: str, common: str, hosts: tuple[str, ...] = ()) -> dict[str, bytes]:
+        """NAME.pem and NAME-key.pem for `common` (with `hosts`: a server's too)."""
+        from cryptography.hazmat.primitives import serialization
+        key = _key()
+        cert = _certificate(common, key, self.name, self._key, hosts=hosts)
+        return {f"{name}.pem": cert.public_bytes(serialization.Encoding.PEM), f"{name}-key.pem": _pem_key(key)}
+
+    def server(self, hosts: tuple[str, ...]) -> dict[str, bytes]:
+        """An etcd member's certificate (also its peer one) for `hosts`, loopback added."""
+        return self.issue("server", f"bamboo-etcd-{self.job}", tuple(dict.fromkeys((*hosts, "127.0.0.1", "localhost"))))
+
+    def client(self, job: str | None = None, name: str = "client") -> dict[str, bytes]:
+        """The client certificate of job `job`'s etcd user (default: this job's)."""
+        return self.issue(name, job_user(job or self.job))
+
+    def root(self) -> dict[str, bytes]:
+        return self.issue("root", ROOT_USER)
+
+
+def write_files(directory: str, files: dict[str, bytes]) -> str:
+    """`files` in `directory` (made owner-only), each whole or not at all."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)
+    for name, data in files.items():
+        _write(os.path.join(directory, name), data)
+    return directory
+
+
 def make_job_credentials(directory: str, job: str, hosts: tuple[str, ...] = ("127.0.0.1",),
                          also: tuple[str, ...] = ()) -> str:
     """A fresh CA in `directory` (made owner-only) and, signed by it: server.pem
@@ -113,18 +152,8 @@ def make_job_credentials(directory: str, job: str, hosts: tuple[str, ...] = ("12
     job's user, root.pem for etcd's root and client-JOB.pem for each job of `also`
     (other jobs that share this etcd). The CA's key is never written: no one can
     sign another certificate for this etcd. Returns `directory`."""
-    from cryptography.hazmat.primitives import serialization
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    os.chmod(directory, 0o700)
-    ca_key = _key()
-    ca_name = f"bamboo-ca-{job}"
-    ca_cert = _certificate(ca_name, ca_key, ca_name, ca_key, ca=True)
-    _write(os.path.join(directory, "ca.pem"), ca_cert.public_bytes(serialization.Encoding.PEM))
-    names = tuple(dict.fromkeys((*hosts, "127.0.0.1", "localhost")))
-    for name, common, alt in (("server", f"bamboo-etcd-{job}", names), ("client", job_user(job), ()),
-                              ("root", ROOT_USER, ()), *((f"client-{j}", job_user(j), ()) for j in also)):
-        key = _key()
-        cert = _certificate(common, key, ca_name, ca_key, hosts=alt)
-        _write(os.path.join(directory, f"{name}-key.pem"), _pem_key(key))
-        _write(os.path.join(directory, f"{name}.pem"), cert.public_bytes(serialization.Encoding.PEM))
-    return directory
+    ca = Authority(job)
+    files = {"ca.pem": ca.ca_pem, **ca.server(hosts), **ca.client(), **ca.root()}
+    for other in also:
+        files.update(ca.client(other, f"client-{other}"))
+    return write_files(directory, files)

@@ -16,7 +16,7 @@ import sys
 from bamboo.control.parser import OneLineParser
 from bamboo.control.cluster import Cluster
 from bamboo.control.credentials import ENV as TLS_ENV, ClientFiles, CredentialError
-from bamboo.control.etcd import EtcdError, EtcdRefused, connect, etcd_errors, refused
+from bamboo.control.etcd import FROM_ENV, EtcdError, EtcdRefused, connect, etcd_errors, refused
 from bamboo.control.protocol import CONFIG, DONE, DRAIN, LOSS, ZONES, scan
 
 
@@ -33,8 +33,9 @@ def jobs(endpoint: str) -> list[str]:
     return sorted(names)
 
 
-def job_status(endpoint: str, job: str) -> dict:
-    cluster = Cluster(endpoint, job)
+def job_status(endpoint: str, job: str, tls=FROM_ENV) -> dict:
+    """`tls`: the client credentials to present (default: BAMBOO_ETCD_TLS's)."""
+    cluster = Cluster(endpoint, job, tls=tls)
     cfg = cluster.get(CONFIG())
     done: dict[int, dict] = {}
     for (it, node), report in cluster.children(DONE()).items():

@@ -5,6 +5,7 @@ and the dry run. (moto places every instance in one zone: the tests check the
 zones the requests ask for.)"""
 import base64
 import json
+import os
 import subprocess
 import sys
 
@@ -114,7 +115,7 @@ def test_dry_run_prints_every_request_and_sends_none(aws, tmp_path):
 def test_missing_credentials_is_one_line(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true"}
     out = launch("ec2", "--nodes", "2", "--zones", "us-east-1a", "--region", REGION, "--image", "ami-1",
-                 "--etcd", "auto", "--job", "j", "--package", "https://example.com/b.whl",
+                 "--etcd", "auto", "--job", "j", "--package", "https://example.com/b.whl", "--iam-profile", "p",
                  "--state", str(tmp_path / "s.json"), env=env)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1 and "no AWS credentials" in lines[0], out.stderr
@@ -123,12 +124,17 @@ def test_missing_credentials_is_one_line(tmp_path):
 @pytest.mark.slow
 def test_etcd_auto_with_three_members_puts_one_in_each_zone(aws, tmp_path):
     """--etcd auto --etcd-members 3: three on-demand etcd instances, one per zone,
-    each later one told the members before it; the nodes' agents get all three."""
+    each later one told the members before it; the nodes' agents get all three.
+    Each member's certificate, for the address the cloud gave it, waits in the
+    job's own bucket (made for them: --package ships no wheel), as does the nodes'."""
     endpoint, ec2, image = aws
+    boto3.client("iam", region_name=REGION, endpoint_url=endpoint).create_instance_profile(
+        InstanceProfileName="bamboo-node")
     state = tmp_path / "state.json"
     out = launch("--state", str(state), "ec2", "--nodes", "3", "--zones", ",".join(ZONES), "--region", REGION,
                  "--image", image, "--etcd", "auto", "--etcd-members", "3", "--job", "trio", "--name", "bamboo-trio",
-                 "--endpoint-url", endpoint, "--package", "https://example.com/bamboo_spot-0.1.0-py3-none-any.whl")
+                 "--endpoint-url", endpoint, "--package", "https://example.com/bamboo_spot-0.1.0-py3-none-any.whl",
+                 "--iam-profile", "bamboo-node")
     assert out.returncode == 0, out.stderr
     made = json.loads(state.read_text())
     ids = made["etcd_instances"]
@@ -151,17 +157,41 @@ def test_etcd_auto_with_three_members_puts_one_in_each_zone(aws, tmp_path):
             for r in rules] == [("-1", [group], [])]
     assert template["LaunchTemplateData"]["SecurityGroupIds"] == [group]
     assert all([g["GroupId"] for g in found[i]["SecurityGroups"]] == [group] for i in ids)
+    _certificates_shipped(made, scripts, boot, [e.split(":")[0] for e in endpoints], endpoint)
     assert launch("--state", str(state), "down").returncode == 0
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=endpoint)
+    assert made["wheel_bucket_created"]  # for the certificates (--package ships no wheel); down removed it
+    assert "bamboo-trio-us-east-1" not in {b["Name"] for b in s3.list_buckets()["Buckets"]}
+    assert not os.path.exists(made["etcd_tls"])
     reservations = ec2.describe_instances(InstanceIds=ids)["Reservations"]
     states = {i["State"]["Name"] for r in reservations for i in r["Instances"]}
     assert states <= {"shutting-down", "terminated"}
     assert group not in {g["GroupId"] for g in ec2.describe_security_groups()["SecurityGroups"]}
 
 
+def _certificates_shipped(made: dict, scripts: list[str], boot: str, hosts: list[str], endpoint: str) -> None:
+    """Member i fetches folder etcd-i, whose certificate names the address the
+    cloud gave it; the nodes fetch theirs; no secret is in any script."""
+    from cryptography import x509
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=endpoint)
+    folders = [s.split("\nCERTS=")[1].split("\n")[0] for s in scripts]
+    assert [f.rsplit("/", 2)[-2] for f in folders] == ["etcd-0", "etcd-1", "etcd-2"]
+    for folder, host in zip(folders, hosts):
+        bucket, _, key = folder[len("s3://"):].partition("/")
+        pem = s3.get_object(Bucket=bucket, Key=key + "server.pem")["Body"].read()
+        names = x509.load_pem_x509_certificate(pem).extensions.get_extension_for_class(x509.SubjectAlternativeName)
+        assert host in [str(ip) for ip in names.value.get_values_for_type(x509.IPAddress)]
+    assert "-m cloud.etcd_tls fetch s3://" in boot and "--role node" in boot
+    assert all("PRIVATE KEY" not in text for text in (*scripts, boot))
+    assert sorted(os.listdir(made["etcd_tls"])) == ["ca.pem", "client-key.pem", "client.pem"]
+    assert len(made["certificates"]) == 3 * 5 + 3
+
+
 @pytest.mark.parametrize("extra,message", [
     (["--zones", "us-east-1a,us-east-1b", "--etcd", "auto", "--etcd-members", "3"], "--zones names only 2"),
     (["--zones", ",".join(ZONES), "--etcd", "10.0.0.5:2379", "--etcd-members", "3"], "it needs --etcd auto"),
     (["--zones", ",".join(ZONES), "--etcd", "auto", "--etcd-members", "2"], "--etcd-members must be 1, 3, 5 or 7"),
+    (["--zones", ",".join(ZONES), "--etcd", "auto"], "give --iam-profile"),
 ])
 def test_bad_etcd_member_counts_are_one_line(extra, message, tmp_path, capsys):
     """bamboo-launch's own main, in this process: refused before any request."""

@@ -77,17 +77,18 @@ def launch(*args, env=None, cwd=None):
 
 
 @pytest.mark.slow
-def test_launch_status_down_and_dry_run_through_the_command(compute, tmp_path):
+def test_launch_status_down_and_dry_run_through_the_command(compute, gcs, tmp_path):
     common = ["--nodes", "2", "--zones", ",".join(ZONES), "--region", "us-central1", "--project", "proj",
               "--image", "img", "--etcd", "auto", "--job", "gpt", "--endpoint-url", compute.url,
-              "--package", "https://example.com/bamboo_spot-0.1.0-py3-none-any.whl"]
+              "--package", "https://example.com/bamboo_spot-0.1.0-py3-none-any.whl", "--bucket", "ckpts/launches",
+              "--storage-endpoint-url", gcs.url]
     state = str(tmp_path / "state.json")
     dry = launch("--state", state, "gcp", "--dry-run", *common)
     assert dry.returncode == 0, dry.stderr
     requests = [json.loads(line) for line in dry.stdout.splitlines()]
     assert [(r["service"], r.get("method") or r["operation"]) for r in requests] == [
         ("firewalls", "insert"), ("firewalls", "insert"), ("etcd", "put_if_not_exists"), ("instances", "insert"),
-        ("templates", "insert"), ("groups", "insert")]
+        *[("storage", "upload")] * (5 + 3), ("templates", "insert"), ("groups", "insert")]  # 5 member, 3 node files
     assert not compute.templates and not os.path.exists(state)
 
     up = launch("--state", state, "gcp", *common, "--service-account", "gpt-nodes@proj.iam.gserviceaccount.com")
@@ -99,11 +100,16 @@ def test_launch_status_down_and_dry_run_through_the_command(compute, tmp_path):
     assert properties["tags"]["items"] == ["bamboo-gpt"]
     assert [a["email"] for a in properties["serviceAccounts"]] == ["gpt-nodes@proj.iam.gserviceaccount.com"]
     assert "put /bamboo/gpt/config" in etcd_node["metadata"]["items"][0]["value"]
+    assert etcd_node["serviceAccounts"][0]["scopes"] == ["https://www.googleapis.com/auth/devstorage.read_only"]
+    made = json.loads(open(state).read())
+    shipped = {name for bucket, name in gcs.objects if bucket == "ckpts"}
+    assert shipped == {u[len("gs://ckpts/"):] for u in made["certificates"]} and len(shipped) == 8
+    assert all(name.startswith("launches/bamboo-launch/gpt/etcd-tls/") for name in shipped)
     assert 'bamboo-agent" --etcd 10.128.0.2:2379' in compute.templates["bamboo"]["properties"]["metadata"]["items"][0][
         "value"]
     tunnel = r"gcloud compute ssh bamboo-etcd --project proj --zone us-central1-a -- -N -f -L (\d+):127.0.0.1:2379"
-    watch = re.search(rf"bamboo-launch: watch the job: {tunnel} && bamboo-status --etcd 127.0.0.1:(\d+) --job gpt",
-                      up.stderr)
+    watch = re.search(rf"bamboo-launch: watch the job: {tunnel} && bamboo-status --etcd 127.0.0.1:(\d+) "
+                      rf"--etcd-tls {re.escape(made['etcd_tls'])} --job gpt", up.stderr)
     assert watch and watch.group(1) == watch.group(2), up.stderr
     status = json.loads(launch("--state", state, "status").stdout)
     assert status["provider"] == "gcp" and len(status["instances"]) == 2
@@ -111,7 +117,7 @@ def test_launch_status_down_and_dry_run_through_the_command(compute, tmp_path):
     assert re.match(tunnel, status["dashboard"])
     assert launch("--state", state, "down").returncode == 0
     assert not compute.groups and not compute.instances and not os.path.exists(state)
-    assert not compute.firewalls
+    assert not compute.firewalls and not any(bucket == "ckpts" for bucket, _ in gcs.objects)
 
 
 def _admits_only_the_job(compute, tag: str, names: list[str]) -> None:
@@ -128,9 +134,17 @@ def test_missing_google_credentials_is_one_line(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "NO_GCE_CHECK": "True"}
     out = launch("--state", str(tmp_path / "s.json"), "gcp", "--nodes", "2", "--zones", "us-central1-a",
                  "--region", "us-central1", "--project", "p", "--image", "i", "--etcd", "auto", "--job", "j",
-                 "--package", "https://example.com/b.whl", env=env)
+                 "--package", "https://example.com/b.whl", "--bucket", "b", env=env)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1 and "no Google credentials" in lines[0], out.stderr
+
+
+def test_etcd_auto_without_a_bucket_for_its_certificates_is_one_line(tmp_path):
+    out = launch("--state", str(tmp_path / "s.json"), "gcp", "--nodes", "2", "--zones", "us-central1-a",
+                 "--region", "us-central1", "--project", "p", "--image", "i", "--etcd", "auto", "--job", "j",
+                 "--package", "https://example.com/b.whl")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "give --bucket, or --etcd-plain" in lines[0], out.stderr
 
 
 @pytest.mark.parametrize("extra, why", [
@@ -152,9 +166,12 @@ def test_etcd_auto_with_three_members_puts_one_in_each_zone(compute, tmp_path):
     state = str(tmp_path / "state.json")
     up = launch("--state", state, "gcp", "--nodes", "2", "--zones", ",".join(ZONES), "--region", "us-central1",
                 "--project", "proj", "--image", "img", "--etcd", "auto", "--etcd-members", "3", "--job", "trio",
-                "--endpoint-url", compute.url, "--package", "https://example.com/bamboo_spot-0.1.0-py3-none-any.whl")
+                "--endpoint-url", compute.url, "--package", "https://example.com/bamboo_spot-0.1.0-py3-none-any.whl",
+                "--etcd-plain")
     assert up.returncode == 0, up.stderr
+    assert "--etcd-plain: the job's etcd runs without TLS or auth" in up.stderr
     made = json.loads(open(state).read())
+    assert made["certificates"] == [] and made["etcd_tls"] is None
     assert [i.split("/")[0] for i in made["etcd_instances"]] == list(ZONES)
     assert set(compute.instances) == {"bamboo-etcd", "bamboo-etcd-1", "bamboo-etcd-2"}
     assert len(made["etcd"].split(",")) == 3
