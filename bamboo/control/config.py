@@ -73,6 +73,8 @@ class JobConfig:
     checkpoint: str | None = None  # a directory or s3://bucket/prefix
     checkpoint_every: int = 0      # iterations between checkpoints (0: never)
     checkpoint_seconds: float = 0  # seconds between checkpoints (0: never)
+    checkpoint_keep: int = 0       # committed checkpoints kept in storage, the newest (0: every one)
+    run: str = "run"               # this run's name in its checkpoints' folders (a resume is another run)
     resume: bool = False           # start from the newest complete checkpoint
     memory_copies: bool = True     # checkpoints kept in peers' memory too: a rollback reads no storage
     check_replicas: bool = False  # digest owners and replicas after every step

@@ -3,15 +3,21 @@ live in (a local directory, `s3://bucket/prefix` through boto3 or `gs://bucket/p
 through google-cloud-storage). Bytes only, no torch: the agents read it to find where
 a redo can restart, and bamboo/state/checkpoint.py writes and loads through it.
 
-Layout under the root, for a checkpoint taken before iteration i:
+Each attempt at the checkpoint taken before iteration i has a folder of its own,
+named after the run and the epoch that wrote it (two runs, or a redo that takes the
+same checkpoint again, never write into one folder):
 
-    ckpt-<i>/layer<k>.pt        parameters and AdamW state of layer k
-    ckpt-<i>/part-<node>.json   written last by each writer: its layers and their sha256
+    ckpt-<i>-<attempt>/layer<k>.pt        parameters and AdamW state of layer k
+    ckpt-<i>-<attempt>/part-<node>.json   written by each writer after its layers: their sha256
+    ckpt-<i>-<attempt>/commit.json        written once the parts name every layer: all hashes
 
-A checkpoint is complete when its parts name every layer and each file matches
-its hash; a write cut short (a SIGKILL) leaves at most files no part names, and
-loading falls back to the newest complete checkpoint. Local files are written to
-a temp name and renamed; an S3 or GCS PUT is atomic on its own.
+Only a committed attempt whose files match the commit's hashes is read; a write
+cut short (a SIGKILL) leaves an attempt without a commit, and loading falls back
+to the newest committed one. The writer whose part completes an attempt commits
+it (two that finish together write the same record) and, with `keep`, removes
+the committed checkpoints older than the newest `keep` and the uncommitted
+attempts older than the oldest kept. Local files are written to a temp name and
+renamed; an S3 or GCS PUT is atomic on its own.
 """
 from __future__ import annotations
 
@@ -20,6 +26,28 @@ import json
 import os
 import re
 import tempfile
+from dataclasses import dataclass
+
+COMMIT = "commit.json"
+_KEY = re.compile(r"ckpt-(\d{8})-([a-z0-9][a-z0-9-]{0,63})/(.+)")
+ATTEMPT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt at the checkpoint taken before `iteration`: `name` is the run's
+    and the epoch's (bamboo/state/checkpoint.py)."""
+    iteration: int
+    name: str
+
+    def __post_init__(self):
+        if not ATTEMPT_NAME.fullmatch(self.name):
+            raise ValueError(f"checkpoint attempt name {self.name!r}: expected [a-z0-9][a-z0-9-]{{0,63}}")
+
+    @property
+    def folder(self) -> str:
+        return f"ckpt-{self.iteration:08d}-{self.name}"
+
 
 class CheckpointError(RuntimeError):
     """No usable checkpoint, or one that cannot be written."""
@@ -47,6 +75,15 @@ class LocalStorage:
     def get(self, key: str) -> bytes:
         with open(os.path.join(self.root, key), "rb") as f:
             return f.read()
+
+    def delete(self, key: str) -> None:
+        """Remove `key` (gone already: nothing to do) and its folder once empty."""
+        path = os.path.join(self.root, key)
+        try:
+            os.remove(path)
+            os.rmdir(os.path.dirname(path))
+        except OSError:
+            pass  # missing, or the folder still holds files
 
     def list(self) -> list[str]:
         out = []
@@ -76,6 +113,9 @@ class ObjectStorage:
     def get(self, key: str) -> bytes:
         return self.bucket.get(self._key(key))  # KeyError when missing, as a missing local file is an OSError
 
+    def delete(self, key: str) -> None:
+        self.bucket.delete(self._key(key))
+
     def list(self) -> list[str]:
         start = f"{self.prefix}/" if self.prefix else ""
         return [key[len(start):] for key in self.bucket.list(start)]
@@ -89,14 +129,78 @@ def storage_for(location: str, client=None):
     return ObjectStorage(location, client) if is_remote(location) else LocalStorage(location)
 
 
-def write_part(storage, iteration: int, node: int, blobs: dict[int, bytes], extra: dict | None = None) -> None:
+def write_part(storage, attempt: Attempt, node: int, blobs: dict[int, bytes], extra: dict | None = None,
+               layers: int | None = None, keep: int = 0) -> bool:
     """A node's layers, then its part file naming them (with their hashes, and any
-    `extra` state of the job): a part is only read once its layers are written."""
+    `extra` state of the job): a part is only read once its layers are written.
+    With `layers` (the model's count), commit the attempt if the parts now name
+    every layer, then keep the newest `keep` checkpoints (0: all). Whether it committed."""
     hashes = {}
     for index, data in sorted(blobs.items()):
-        storage.put(f"ckpt-{iteration:08d}/layer{index}.pt", data)
+        storage.put(f"{attempt.folder}/layer{index}.pt", data)
         hashes[str(index)] = hashlib.sha256(data).hexdigest()
-    storage.put(f"ckpt-{iteration:08d}/part-{node}.json", json.dumps({"layers": hashes, **(extra or {})}).encode())
+    storage.put(f"{attempt.folder}/part-{node}.json", json.dumps({"layers": hashes, **(extra or {})}).encode())
+    if layers is None or not _commit(storage, attempt, layers):
+        return False
+    if keep:
+        prune(storage, keep)
+    return True
+
+
+def _commit(storage, attempt: Attempt, layers: int) -> bool:
+    """Write the attempt's commit record if its parts name every layer."""
+    hashes, extra = {}, {}
+    for key in storage.list():
+        m = _KEY.fullmatch(key)
+        if m and key.startswith(attempt.folder + "/part-"):
+            part = _json(storage, key)
+            if part is None:
+                return False
+            hashes.update(part.pop("layers", {}))
+            extra.update(part)
+    if sorted(int(i) for i in hashes) != list(range(layers)):
+        return False
+    storage.put(f"{attempt.folder}/{COMMIT}", json.dumps({"layers": hashes, **extra}, sort_keys=True).encode())
+    return True
+
+
+def _json(storage, key: str) -> dict | None:
+    try:
+        found = json.loads(storage.get(key))
+    except (OSError, KeyError, ValueError):
+        return None
+    return found if isinstance(found, dict) and isinstance(found.get("layers", {}), dict) else None
+
+
+def _attempts(keys: list[str]) -> tuple[list[Attempt], list[Attempt]]:
+    """(committed, every) attempt found in `keys`, newest iteration first."""
+    committed, every = set(), set()
+    for key in keys:
+        m = _KEY.fullmatch(key)
+        if m:
+            attempt = Attempt(int(m.group(1)), m.group(2))
+            every.add(attempt)
+            if m.group(3) == COMMIT:
+                committed.add(attempt)
+    order = (lambda a: (a.iteration, a.name))
+    return sorted(committed, key=order, reverse=True), sorted(every, key=order, reverse=True)
+
+
+def prune(storage, keep: int) -> list[Attempt]:
+    """Remove every committed checkpoint but the newest `keep`, and the uncommitted
+    attempts older than the oldest kept; what was removed."""
+    keys = storage.list()
+    committed, every = _attempts(keys)
+    if len(committed) <= keep:
+        return []
+    kept = committed[:keep]
+    oldest = min(a.iteration for a in kept)
+    gone = [a for a in every if a not in kept and (a in committed or a.iteration < oldest)]
+    folders = {a.folder for a in gone}
+    for key in sorted(keys, key=lambda k: k.endswith(COMMIT), reverse=True):  # the commit first: never half-read
+        if key.split("/", 1)[0] in folders:
+            storage.delete(key)
+    return gone
 
 
 def latest(storage, num_layers: int, at_most: int | None = None,
@@ -104,39 +208,36 @@ def latest(storage, num_layers: int, at_most: int | None = None,
     """(iteration, layer index -> bytes) of the newest complete checkpoint (taken
     before iteration `at_most` or earlier, and after `above`, if given), or None.
     Only the checkpoints in that range are read."""
-    keys = storage.list()
-    iterations = sorted({int(m.group(1)) for k in keys if (m := re.match(r"ckpt-(\d+)/part-", k))},
-                        reverse=True)
-    iterations = [it for it in iterations if (at_most is None or it <= at_most) and (above is None or it > above)]
-    for it in iterations:
-        blobs = _complete(storage, keys, it, num_layers)
-        if blobs is not None:
-            return it, blobs
+    committed, _ = _attempts(storage.list())
+    for attempt in committed:
+        if (at_most is None or attempt.iteration <= at_most) and (above is None or attempt.iteration > above):
+            blobs = _complete(storage, attempt, num_layers)
+            if blobs is not None:
+                return attempt.iteration, blobs
     return None
 
 
 def load(storage, iteration: int, num_layers: int) -> dict[int, bytes] | None:
-    """The checkpoint taken before `iteration`, if it is complete."""
-    return _complete(storage, storage.list(), iteration, num_layers)
+    """The checkpoint taken before `iteration`, if an attempt at it is complete."""
+    found = latest(storage, num_layers, at_most=iteration, above=iteration - 1)
+    return found[1] if found else None
 
 
-def _complete(storage, keys: list[str], it: int, num_layers: int) -> dict[int, bytes] | None:
-    """Layer index -> bytes of checkpoint `it` if its parts name every layer and
-    every file matches its hash, else None."""
-    hashes: dict[int, str] = {}
-    for k in keys:
-        if k.startswith(f"ckpt-{it:08d}/part-"):
-            try:
-                hashes.update({int(i): h for i, h in json.loads(storage.get(k))["layers"].items()})
-            except (ValueError, KeyError):
-                continue
+def _complete(storage, attempt: Attempt, num_layers: int) -> dict[int, bytes] | None:
+    """Layer index -> bytes of `attempt` if its commit names every layer and every
+    file matches its hash, else None."""
+    commit = _json(storage, f"{attempt.folder}/{COMMIT}")
+    try:
+        hashes = {int(i): str(h) for i, h in (commit or {}).get("layers", {}).items()}
+    except ValueError:
+        return None
     if sorted(hashes) != list(range(num_layers)):
         return None
     blobs = {}
     for index, h in hashes.items():
         try:
-            data = storage.get(f"ckpt-{it:08d}/layer{index}.pt")
-        except (OSError, KeyError):  # listed, then gone (deleted, or a write that never finished)
+            data = storage.get(f"{attempt.folder}/layer{index}.pt")
+        except (OSError, KeyError):  # listed, then gone (pruned, or a write that never finished)
             return None
         if hashlib.sha256(data).hexdigest() != h:
             return None
@@ -144,12 +245,27 @@ def _complete(storage, keys: list[str], it: int, num_layers: int) -> dict[int, b
     return blobs
 
 
+def layer_hashes(storage, iteration: int) -> dict[int, str]:
+    """layer -> sha256 in the newest commit of the checkpoint taken before
+    `iteration` (empty: none committed): what copies from peers must match."""
+    committed, _ = _attempts(storage.list())
+    for attempt in committed:
+        if attempt.iteration == iteration:
+            commit = _json(storage, f"{attempt.folder}/{COMMIT}") or {}
+            try:
+                return {int(i): str(h) for i, h in commit.get("layers", {}).items()}
+            except ValueError:
+                return {}
+    return {}
+
+
 def stored_extra(storage, iteration: int, name: str):
-    """The job state `name` a part of the checkpoint taken before `iteration` holds
-    beside its layers (the fp16 loss scale), or None."""
-    for key in storage.list():
-        if key.startswith(f"ckpt-{iteration:08d}/part-"):
-            found = json.loads(storage.get(key)).get(name)
+    """The job state `name` the newest commit of the checkpoint taken before
+    `iteration` holds beside its layers (the fp16 loss scale), or None."""
+    committed, _ = _attempts(storage.list())
+    for attempt in committed:
+        if attempt.iteration == iteration:
+            found = (_json(storage, f"{attempt.folder}/{COMMIT}") or {}).get(name)
             if found is not None:
                 return found
     return None

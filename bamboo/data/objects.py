@@ -1,5 +1,5 @@
 """Objects in S3 and Cloud Storage, behind one small interface (stat, get, put,
-list, download) so checkpoints and data need not know which cloud holds them.
+delete, list, download) so checkpoints and data need not know which cloud holds them.
 
 Clients come from each cloud's standard credential chain; the endpoints can be
 moved (tests, S3-compatible stores) with BAMBOO_S3_ENDPOINT and
@@ -84,6 +84,10 @@ class S3Bucket:
     def put(self, key: str, data: bytes) -> None:
         self._call("write", key, lambda: self.client.put_object(Bucket=self.bucket, Key=key, Body=data))
 
+    def delete(self, key: str) -> None:
+        """Remove `key` (S3 answers a missing one as removed)."""
+        self._call("delete", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=key))
+
     def list(self, prefix: str) -> list[str]:
         paginator = self.client.get_paginator("list_objects_v2")
         pages = self._call("list", prefix, lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=prefix)))
@@ -129,6 +133,13 @@ class GcsBucket:
 
     def put(self, key: str, data: bytes) -> None:
         self._call("write", key, lambda: self.bucket.blob(key).upload_from_string(data, retry=_retry()))
+
+    def delete(self, key: str) -> None:
+        """Remove `key` (gone already: nothing to do)."""
+        try:
+            self._call("delete", key, lambda: self.bucket.blob(key).delete(retry=_retry()))
+        except KeyError:
+            pass
 
     def list(self, prefix: str) -> list[str]:
         return self._call("list", prefix, lambda: [b.name for b in self.client.list_blobs(

@@ -66,8 +66,7 @@ class Worker(EpochMoves):
         self.source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq, cfg.model_config)
         self.corpus = corpus_of(cfg, self.source.seq)
         self.holdings = Holdings(self.source, cfg, self.device)
-        self.checkpoints = Checkpoints(cfg.checkpoint, node, self.source.count, cfg.checkpoint_every,
-                                       cfg.checkpoint_seconds)
+        self.checkpoints = Checkpoints(cfg, node, self.source.count)
         self.copies = MemoryCopies(cluster, node, cfg.hang_timeout, self.holdings.blob_bound)  # checkpoints kept in memory too
         # Watches the failover and the boundary read instead of polling etcd (docs/HOTPATH.md)
         self.failures = cluster.changes(FAILED(), ABORT())
@@ -219,7 +218,7 @@ class Worker(EpochMoves):
             self.executor.settle_replicas()  # a stage owned since this boundary may owe its step
             blobs = self.holdings.snapshot(self._owned())
             scale = self.cluster.get(SCALE(it)) if self.cfg.loss_scaling else None
-            self.checkpoints.write(it + 1, blobs, scale)
+            self.checkpoints.write(it + 1, self.assignment.epoch, blobs, scale)
         if self.cfg.memory_copies and self.cfg.elastic:  # without agents, nobody rolls back from them
             self.copies.take(it + 1, self.assignment, self.failed, blobs,
                              lambda stage: self.holdings.layers_of(self.assignment.depth, [stage]), scale,

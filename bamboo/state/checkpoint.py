@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 import threading
 import time
 
 import torch
 
-from bamboo.data.checkpoint_files import CheckpointError, latest, load, stored_extra, storage_for, write_part
+from bamboo.data.checkpoint_files import (Attempt, CheckpointError, latest, layer_hashes, load, stored_extra,
+                                          storage_for, write_part)
 
 
 def snapshot(layers: dict[int, torch.nn.Module], optimizer: torch.optim.Optimizer) -> dict[int, bytes]:
@@ -30,19 +32,20 @@ def snapshot(layers: dict[int, torch.nn.Module], optimizer: torch.optim.Optimize
 
 class Writer:
     """Writes snapshots in a background thread, one at a time, so training never
-    waits for storage. `wait()` blocks until the queue is written."""
+    waits for storage. `wait()` blocks until the queue is written. The writer whose
+    part completes an attempt commits it and prunes to the newest `keep`."""
 
-    def __init__(self, storage, node: int):
-        self.storage, self.node = storage, node
+    def __init__(self, storage, node: int, layers: int, keep: int = 0):
+        self.storage, self.node, self.layers, self.keep = storage, node, layers, keep
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
-    def write(self, iteration: int, blobs: dict[int, bytes], extra: dict | None = None) -> None:
+    def write(self, attempt: Attempt, blobs: dict[int, bytes], extra: dict | None = None) -> None:
         self.wait()
 
         def run():
             try:
-                write_part(self.storage, iteration, self.node, blobs, extra)
+                write_part(self.storage, attempt, self.node, blobs, extra, self.layers, self.keep)
             except BaseException as e:  # reported by the next wait()
                 self.error = e
         self._thread = threading.Thread(target=run, daemon=True, name="checkpoint")
@@ -62,10 +65,12 @@ class Checkpoints:
     seconds after the last), writing its layers in the background, and loading the
     newest (--resume) or the one the agents chose (a stage lost on every node)."""
 
-    def __init__(self, location: str | None, node: int, layers: int, every: int = 0, seconds: float = 0):
-        self.location, self.layers, self.every, self.seconds = location, layers, every, seconds
-        self.storage = storage_for(location) if location else None
-        self.writer = Writer(self.storage, node) if self.storage else None
+    def __init__(self, cfg, node: int, layers: int):
+        """`cfg` (JobConfig): where, how often, how many to keep, and the run's name."""
+        self.location, self.layers, self.run = cfg.checkpoint, layers, cfg.run
+        self.every, self.seconds = cfg.checkpoint_every, cfg.checkpoint_seconds
+        self.storage = storage_for(cfg.checkpoint) if cfg.checkpoint else None
+        self.writer = Writer(self.storage, node, layers, cfg.checkpoint_keep) if self.storage else None
         self.began = time.time()
 
     def due(self, iteration: int, last: float | None) -> bool:
@@ -76,10 +81,22 @@ class Checkpoints:
             return True
         return bool(self.seconds) and time.time() - (last or self.began) >= self.seconds
 
-    def write(self, iteration: int, blobs: dict[int, bytes], loss_scale=None) -> None:
-        """The checkpoint taken before `iteration`, written in the background; with
-        fp16, the loss scale record of the iteration before it (protocol.LossScale)."""
-        self.writer.write(iteration, blobs, {"loss_scale": loss_scale.to_dict()} if loss_scale else None)
+    def write(self, iteration: int, epoch: int, blobs: dict[int, bytes], loss_scale=None) -> None:
+        """The checkpoint taken before `iteration` by epoch `epoch`'s members (an
+        attempt of its own), written in the background; with fp16, the loss scale
+        record of the iteration before it (protocol.LossScale)."""
+        self.writer.write(Attempt(iteration, f"{self.run}-e{epoch:06d}"), blobs,
+                          {"loss_scale": loss_scale.to_dict()} if loss_scale else None)
+
+    def hashes(self, iteration: int) -> dict[int, str]:
+        """layer -> sha256 of the committed checkpoint taken before `iteration` (empty:
+        none, or storage unreachable: a rollback from memory must not need it)."""
+        try:
+            return layer_hashes(self.storage, iteration) if self.storage else {}
+        except (OSError, ValueError) as e:  # ValueError: objects.ObjectError
+            print(f"bamboo.state.checkpoint: the copies are not checked: {str(e).splitlines()[0][:200]}",
+                  file=sys.stderr, flush=True)
+            return {}
 
     def wait(self) -> None:
         if self.writer:

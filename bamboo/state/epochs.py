@@ -8,6 +8,7 @@ methods read or set: cluster, cfg, node, holdings, checkpoints, copies, assignme
 failed, comm; `enter`, `_world` and `_lease_check` are the worker's."""
 from __future__ import annotations
 
+import hashlib
 import sys
 
 from bamboo.control.assignment import Assignment
@@ -89,12 +90,27 @@ class EpochMoves:
                                          lambda members, starting: self._lease_check(members, new.start, starting),
                                          self.cfg.hang_timeout, self.copies if new.restore == "memory" else None)
             if new.restore == "memory" and self.node in new.members:
+                received = self._checked_copies(new.start, received)
                 self._restore_loss_scale(new.start, self.copies.loss_scale(new.start))
         if self.node not in new.members:
             self.checkpoints.wait()
             self.copies.drop()  # the worker leaves: its copies with it
             raise Parked(f"node {self.node} has no stage in epoch {new.epoch}")  # back to standby
         self.enter(new, received)
+
+    def _checked_copies(self, start: int, received: dict[int, bytes]) -> dict[int, bytes]:
+        """Copies from peers' memory (over gloo, unauthenticated) checked against the
+        hashes of the committed checkpoint they copy, where it is committed already:
+        a layer that differs is read from storage instead."""
+        hashes = self.checkpoints.hashes(start)
+        bad = sorted(i for i, data in received.items()
+                     if i in hashes and hashlib.sha256(data).hexdigest() != hashes[i])
+        if not bad:
+            return received
+        print(f"bamboo.runtime.worker: node {self.node}: the copies of layers {bad} differ from the checkpoint "
+              f"taken before iteration {start}: read from storage instead", file=sys.stderr, flush=True)
+        stored = self.checkpoints.taken_before(start)
+        return {**received, **{i: stored[i] for i in bad}}
 
     def _restore_loss_scale(self, start: int, kept: dict | None = None) -> None:
         """A restart from the checkpoint taken before `start`: the loss scale record

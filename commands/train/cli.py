@@ -11,10 +11,12 @@ import dataclasses
 import json
 import math
 import os
+import secrets
 import shutil
 import signal
 import sys
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -248,6 +250,16 @@ def check_checkpoint(location: str | None) -> None:
         bucket.list(prefix.strip("/") + "/" if prefix.strip("/") else "")
 
 
+def check_checkpoint_flags(args) -> None:
+    """How often and how many: not negative, and only with a place to write them."""
+    if (args.checkpoint_every or args.checkpoint_seconds or args.checkpoint_keep or args.resume) \
+            and not args.checkpoint:
+        raise ValueError("--checkpoint-every, --checkpoint-seconds, --checkpoint-keep and --resume need --checkpoint "
+                         "DIR|s3://BUCKET/PREFIX|gs://BUCKET/PREFIX")
+    if args.checkpoint_every < 0 or args.checkpoint_seconds < 0 or args.checkpoint_keep < 0:
+        raise ValueError("--checkpoint-every, --checkpoint-seconds and --checkpoint-keep must not be negative")
+
+
 def check_liveness(args) -> None:
     """The timeouts that decide when a node counts as dead or a straggler."""
     for flag in ("failure_timeout", "lease_ttl", "hang_timeout"):
@@ -288,6 +300,12 @@ def etcd_notes(args) -> list[str]:
     return []
 
 
+def run_name() -> str:
+    """This run's name in its checkpoints' folders: the start time in hex, then a
+    random part, so that a later run's sort after an earlier one's."""
+    return f"{int(time.time()):08x}{secrets.token_hex(2)}"
+
+
 def config_from_args(args, fetch_data: bool = True) -> JobConfig:
     if args.local_nodes is not None:
         args.pipelines = start_pipelines(args)
@@ -307,13 +325,9 @@ def config_from_args(args, fetch_data: bool = True) -> JobConfig:
     check_fit(args)
     if args.microbatches < args.pipelines:
         raise ValueError(f"--microbatches {args.microbatches} is fewer than --pipelines {args.pipelines}")
-    if (args.checkpoint_every or args.checkpoint_seconds or args.resume) and not args.checkpoint:
-        raise ValueError("--checkpoint-every, --checkpoint-seconds and --resume need --checkpoint "
-                         "DIR|s3://BUCKET/PREFIX|gs://BUCKET/PREFIX")
+    check_checkpoint_flags(args)
     check_liveness(args)
     check_etcd(args)
-    if args.checkpoint_every < 0 or args.checkpoint_seconds < 0:
-        raise ValueError("--checkpoint-every and --checkpoint-seconds must not be negative")
     if args.resume and args.local_nodes is not None:
         raise ValueError("--resume with --local-nodes: agents restore from the checkpoint by themselves when a "
                          "stage is lost; to restart a job from a checkpoint, run it without --local-nodes")
@@ -344,7 +358,8 @@ def config_from_args(args, fetch_data: bool = True) -> JobConfig:
                      val_fraction=args.val_fraction, val_files=tuple(args.val_data), eval_every=args.eval_every,
                      eval_batches=args.eval_batches, save_dir=args.save_dir, check_replicas=args.check_replicas,
                      checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
-                     checkpoint_seconds=args.checkpoint_seconds, resume=args.resume,
+                     checkpoint_seconds=args.checkpoint_seconds, checkpoint_keep=args.checkpoint_keep,
+                     run=run_name(), resume=args.resume,
                      memory_copies=not args.no_memory_copies, devices=parsed_devices,
                      share_gpu=args.share_gpu, transport=args.transport,
                      elastic=args.local_nodes is not None, layers=layers, job=args.job or "job")

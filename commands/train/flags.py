@@ -106,6 +106,8 @@ def _checkpoint_flags(g) -> None:
     g.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="checkpoint every K iterations")
     g.add_argument("--checkpoint-seconds", type=float, default=0, metavar="T",
                    help="checkpoint once T seconds passed since the last one")
+    g.add_argument("--checkpoint-keep", type=int, default=0, metavar="N",
+                   help="remove all but the newest N committed checkpoints (default 0: keep every one)")
     g.add_argument("--resume", action="store_true", help="start from the newest complete checkpoint")
     g.add_argument("--no-memory-copies", action="store_true",
                    help="keep checkpoints in storage only (by default each is kept in its writer's memory and "

@@ -11,7 +11,7 @@ import torch
 
 from bamboo.model.api import ModelSource
 from bamboo.model.builtin import dropout_seed
-from bamboo.data.checkpoint_files import GcsStorage, LocalStorage, S3Storage, latest, write_part
+from bamboo.data.checkpoint_files import Attempt, GcsStorage, LocalStorage, S3Storage, latest, prune, write_part
 from bamboo.state.checkpoint import restore, snapshot
 from tests.training import bamboo_train
 
@@ -42,9 +42,11 @@ def test_round_trip_restores_parameters_and_optimizer_state(tmp_path):
     layers, opt = _layers_and_optimizer()
     storage = LocalStorage(str(tmp_path))
     blobs = snapshot(layers, opt)
-    write_part(storage, 5, node=0, blobs={k: v for k, v in blobs.items() if k < 4})
-    assert latest(storage, len(layers)) is None  # half the layers: not complete
-    write_part(storage, 5, node=1, blobs={k: v for k, v in blobs.items() if k >= 4})
+    five = Attempt(5, "run-e000001")
+    assert not write_part(storage, five, 0, {k: v for k, v in blobs.items() if k < 4}, layers=len(layers))
+    assert latest(storage, len(layers)) is None  # half the layers: not committed
+    assert write_part(storage, five, 1, {k: v for k, v in blobs.items() if k >= 4}, layers=len(layers))
+    assert (tmp_path / "ckpt-00000005-run-e000001" / "commit.json").exists()
     it, found = latest(storage, len(layers))
     fresh, fresh_opt = _layers_and_optimizer(seed=9)
     fresh_opt.state.clear()
@@ -57,20 +59,51 @@ def test_round_trip_restores_parameters_and_optimizer_state(tmp_path):
 def test_corrupted_newer_checkpoint_falls_back_to_the_older_one(tmp_path):
     layers, opt = _layers_and_optimizer()
     storage = LocalStorage(str(tmp_path))
-    write_part(storage, 3, 0, snapshot(layers, opt))
-    write_part(storage, 6, 0, snapshot(layers, opt))
-    (tmp_path / "ckpt-00000006" / "layer2.pt").write_bytes(b"torn")
+    write_part(storage, Attempt(3, "run-e000000"), 0, snapshot(layers, opt), layers=len(layers))
+    write_part(storage, Attempt(6, "run-e000000"), 0, snapshot(layers, opt), layers=len(layers))
+    (tmp_path / "ckpt-00000006-run-e000000" / "layer2.pt").write_bytes(b"torn")
     assert latest(storage, len(layers))[0] == 3
+
+
+def test_two_attempts_at_one_checkpoint_never_mix(tmp_path):
+    """A redo (epoch 2) takes checkpoint 6 again after epoch 1's writers wrote half
+    of it and died: each attempt has its folder, and neither half is taken for a
+    whole. The redo's attempt, once complete, is the one read."""
+    storage = LocalStorage(str(tmp_path))
+    first = {i: b"first %d" % i for i in range(4)}
+    redo = {i: b"redo %d" % i for i in range(4)}
+    write_part(storage, Attempt(6, "run-e000001"), 0, {0: first[0], 1: first[1]}, layers=4)
+    write_part(storage, Attempt(6, "run-e000002"), 1, {2: redo[2], 3: redo[3]}, layers=4)
+    assert latest(storage, 4) is None  # the two halves together would name every layer
+    write_part(storage, Attempt(6, "run-e000002"), 0, {0: redo[0], 1: redo[1]}, layers=4)
+    assert latest(storage, 4) == (6, redo)
+
+
+def test_keep_removes_all_but_the_newest_committed_checkpoints(tmp_path):
+    """--checkpoint-keep 2: after each commit, the newest two committed checkpoints
+    stay; an attempt that never committed goes once it is older than both; one
+    being written (newer) stays."""
+    storage = LocalStorage(str(tmp_path))
+    write_part(storage, Attempt(1, "run-e000000"), 0, {0: b"a"}, layers=2)  # never completed
+    for it in (2, 4, 6):
+        write_part(storage, Attempt(it, "run-e000000"), 0, {i: b"%d-%d" % (it, i) for i in range(2)}, layers=2,
+                   keep=2)
+    write_part(storage, Attempt(8, "run-e000000"), 0, {0: b"b"}, layers=2, keep=2)  # in progress
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000004-run-e000000", "ckpt-00000006-run-e000000",
+                                            "ckpt-00000008-run-e000000"]
+    assert latest(storage, 2) == (6, {0: b"6-0", 1: b"6-1"})
+    assert prune(storage, 1) == [Attempt(4, "run-e000000")]
+    assert latest(storage, 2, at_most=5) is None
 
 
 def test_write_killed_midway_leaves_the_previous_checkpoint_loadable(tmp_path):
     layers, opt = _layers_and_optimizer()
     storage = LocalStorage(str(tmp_path))
-    write_part(storage, 3, 0, snapshot(layers, opt))
+    write_part(storage, Attempt(3, "run-e000000"), 0, snapshot(layers, opt), layers=len(layers))
     code = f"""
 import sys, time
 sys.path.insert(0, {os.getcwd()!r})
-from bamboo.data.checkpoint_files import LocalStorage, write_part
+from bamboo.data.checkpoint_files import Attempt, LocalStorage, write_part
 storage = LocalStorage({str(tmp_path)!r})
 class Slow(LocalStorage):
     def put(self, key, data):
@@ -78,15 +111,15 @@ class Slow(LocalStorage):
         print("wrote", key, flush=True)
         time.sleep(0.3)
 blobs = {{i: bytes(1000) * (i + 1) for i in range(8)}}
-write_part(Slow({str(tmp_path)!r}), 6, 0, blobs)
+write_part(Slow({str(tmp_path)!r}), Attempt(6, "run-e000000"), 0, blobs, layers=8)
 """
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     for _ in range(3):
         proc.stdout.readline()
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert (tmp_path / "ckpt-00000006" / "layer0.pt").exists()
-    assert not (tmp_path / "ckpt-00000006" / "part-0.json").exists()
+    assert (tmp_path / "ckpt-00000006-run-e000000" / "layer0.pt").exists()
+    assert not (tmp_path / "ckpt-00000006-run-e000000" / "commit.json").exists()
     it, blobs = latest(storage, len(layers))
     assert it == 3 and len(blobs) == len(layers)
 
@@ -100,9 +133,10 @@ def test_s3_checkpoints_through_boto3(moto_endpoint, monkeypatch):
     client.create_bucket(Bucket="ckpts")
     storage = S3Storage("s3://ckpts/job1", client)
     layers, opt = _layers_and_optimizer()
-    write_part(storage, 4, 0, snapshot(layers, opt))
+    for it in (2, 4):
+        write_part(storage, Attempt(it, "run-e000000"), 0, snapshot(layers, opt), layers=len(layers), keep=1)
     keys = {o["Key"] for o in client.list_objects_v2(Bucket="ckpts")["Contents"]}
-    assert "job1/ckpt-00000004/part-0.json" in keys and len(keys) == len(layers) + 1
+    assert "job1/ckpt-00000004-run-e000000/commit.json" in keys and len(keys) == len(layers) + 2  # 2: removed
     it, blobs = latest(storage, len(layers))
     assert it == 4 and set(blobs) == set(layers)
 
@@ -111,13 +145,14 @@ def test_gcs_checkpoints_through_google_cloud_storage(gcs):
     gcs.page_size = 3  # listings come in pages: every key must still be found
     storage = GcsStorage("gs://ckpts/job1")
     layers, opt = _layers_and_optimizer()
-    write_part(storage, 4, 0, snapshot(layers, opt))
+    for it in (2, 4):
+        write_part(storage, Attempt(it, "run-e000000"), 0, snapshot(layers, opt), layers=len(layers), keep=1)
     names = {name for bucket, name in gcs.objects if bucket == "ckpts"}
-    assert "job1/ckpt-00000004/part-0.json" in names and len(names) == len(layers) + 1
+    assert "job1/ckpt-00000004-run-e000000/commit.json" in names and len(names) == len(layers) + 2  # 2: removed
     it, blobs = latest(storage, len(layers))
     assert it == 4 and set(blobs) == set(layers)
     with pytest.raises(KeyError):
-        storage.get("ckpt-00000009/layer0.pt")
+        storage.get("ckpt-00000009-run-e000000/layer0.pt")
 
 
 @pytest.mark.slow
@@ -129,8 +164,9 @@ def test_a_run_resumed_from_gcs_continues_exactly(tmp_path, gcs):
                             "--checkpoint", "gs://ckpts/run", *args)[1]
 
     whole = train("whole.jsonl", "--iterations", "4", "--checkpoint-every", "2")
-    assert ("ckpts", "run/ckpt-00000002/part-0.json") in gcs.objects
-    for key in [k for k in gcs.objects if k[0] == "ckpts" and not k[1].startswith("run/ckpt-00000002/")]:
+    two = [k for k in gcs.objects if k[0] == "ckpts" and k[1].startswith("run/ckpt-00000002-")]
+    assert any(k[1].endswith("/commit.json") for k in two)
+    for key in [k for k in gcs.objects if k[0] == "ckpts" and k not in two]:
         del gcs.objects[key]
     resumed = train("resumed.jsonl", "--iterations", "4", "--resume")
     assert [r["iteration"] for r in resumed] == [2, 3]

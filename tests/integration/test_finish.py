@@ -28,7 +28,7 @@ def _reports(nodes) -> dict[int, Report]:
 
 
 def _boundary(cluster: Cluster, node: int) -> Boundary:
-    return Boundary(cluster, node, False, Checkpoints(None, node, 6))
+    return Boundary(cluster, node, False, Checkpoints(JobConfig(), node, 6))
 
 
 def _agree(boundary: Boundary, pipelines: int, failover: Failover) -> Regroup:

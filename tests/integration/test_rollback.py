@@ -17,7 +17,7 @@ from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 from bamboo.control.etcd import EtcdServer
 from bamboo.control.protocol import ASSIGNMENT, COPIES, HANDOVER, PREEMPTED, START, Copies, Start
-from bamboo.data.checkpoint_files import LocalStorage, write_part
+from bamboo.data.checkpoint_files import Attempt, LocalStorage, write_part
 from bamboo.state.copies import holders, newest_covered
 from tests.integration.test_faults import _finish, _node_processes, _start, _until, reference  # noqa: F401 (a fixture)
 
@@ -94,13 +94,13 @@ def test_the_agents_prefer_memory_unless_storage_is_newer(etcd, tmp_path):
     def point(start, live):
         return Membership._restore_point(_Agent(cluster), cfg, start, live)
     assert point(9, {0, 1}) == (0, "initial")
-    write_part(storage, 4, 0, {i: b"x%d" % i for i in range(4)})
+    write_part(storage, Attempt(4, "run-e000000"), 0, {i: b"x%d" % i for i in range(4)}, layers=4)
     assert point(9, {0, 1}) == (4, "checkpoint")
     cluster.put(COPIES(0), Copies(4, (0, 1)))
     cluster.put(COPIES(1), Copies(4, (2, 3)))
     assert point(9, {0, 1}) == (4, "memory")
     assert point(9, {0}) == (4, "checkpoint")  # node 1 died: its copies with it
-    write_part(storage, 6, 0, {i: b"y%d" % i for i in range(4)})
+    write_part(storage, Attempt(6, "run-e000000"), 0, {i: b"y%d" % i for i in range(4)}, layers=4)
     assert point(9, {0, 1}) == (6, "checkpoint")  # storage has a newer one (a copy exchange failed, say)
     assert point(5, {0, 1}) == (4, "memory")
 
@@ -138,7 +138,7 @@ def _rollback(tmp_path, reference, memory: bool):
         watcher = threading.Thread(target=_watch_workers, args=(proc, seen, stop), daemon=True)
         watcher.start()
         cluster = Cluster(etcd.endpoint, "faults")
-        _until(proc, lambda: len(list((ckpt / "ckpt-00000004").glob("part-*.json"))) == 4, "checkpoint 4")
+        _until(proc, lambda: list(ckpt.glob("ckpt-00000004-*/commit.json")), "checkpoint 4")
         assert cluster.get(ASSIGNMENT(0)).pipelines == ((0, 1, 3, 2),)
         if memory:  # storage loses it: only the copies in memory can bring it back
             ckpt.rename(tmp_path / "moved")

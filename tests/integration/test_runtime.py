@@ -197,6 +197,8 @@ def test_random_kill_point(tmp_path, reference):
     (["--stages", "2", "--job", "Big_Job"], "--job 'Big_Job': a job name", 2),
     (["--stages", "2", "--job", "x" * 64], "a job name is 1 to 63", 2),
     (["--stages", "2", "--zones", ",,"], "--zones ',,': expected names", 2),
+    (["--stages", "2", "--checkpoint-keep", "2"], "--checkpoint-keep and --resume need --checkpoint", 2),
+    (["--stages", "2", "--checkpoint", "/tmp/c", "--checkpoint-keep", "-1"], "--checkpoint-keep must not be", 2),
     (["--stages", "2", "--etcd", "127.0.0.1:1", "--etcd-tls", "/nonexistent"],
      "etcd credentials in '/nonexistent': ca.pem is missing", 2),
     (["--stages", "2", "--save-dir", os.path.abspath(__file__)], "is a file, not a directory", 2),
