@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import secrets
 import shutil
@@ -22,7 +21,8 @@ import numpy as np
 import torch
 
 from commands.train import jobfile
-from commands.train.flag_checks import check_not_a_file, check_on_face, idle_notes
+from commands.train.flag_checks import (check_checkpoint, check_checkpoint_flags, check_liveness, check_not_a_file,
+                                        check_on_face, idle_notes)
 from commands.train.flags import build_parser
 from commands.train.plot import check_output
 from commands.train.preempts import parse_preempts
@@ -239,39 +239,6 @@ def check_objects(args) -> None:
             if is_token_file(uri) and size % itemsize:
                 raise ValueError(f"token file {uri} has {size} bytes, not a whole number of {args.token_dtype} ids "
                                  f"({itemsize} bytes each): is --token-dtype right?")
-
-
-def check_checkpoint(location: str | None) -> None:
-    """An object-storage checkpoint's bucket answers a listing now, not at the
-    first checkpoint (or resume) of the run."""
-    if location and is_remote(location):
-        from bamboo.data.objects import bucket_of
-        bucket, prefix = bucket_of(location)
-        bucket.list(prefix.strip("/") + "/" if prefix.strip("/") else "")
-
-
-def check_checkpoint_flags(args) -> None:
-    """How often and how many: not negative, and only with a place to write them."""
-    if (args.checkpoint_every or args.checkpoint_seconds or args.checkpoint_keep or args.resume) \
-            and not args.checkpoint:
-        raise ValueError("--checkpoint-every, --checkpoint-seconds, --checkpoint-keep and --resume need --checkpoint "
-                         "DIR|s3://BUCKET/PREFIX|gs://BUCKET/PREFIX")
-    if args.checkpoint_every < 0 or args.checkpoint_seconds < 0 or args.checkpoint_keep < 0:
-        raise ValueError("--checkpoint-every, --checkpoint-seconds and --checkpoint-keep must not be negative")
-
-
-def check_liveness(args) -> None:
-    """The timeouts that decide when a node counts as dead or a straggler."""
-    for flag in ("failure_timeout", "lease_ttl", "hang_timeout"):
-        if getattr(args, flag) <= 0:
-            raise ValueError(f"--{flag.replace('_', '-')} must be positive (got {getattr(args, flag)})")
-    if args.straggler_factor < 0 or (args.straggler_factor and args.straggler_factor <= 1) or args.straggler_slack < 0:
-        raise ValueError("--straggler-factor must be 0 (off) or above 1, and --straggler-slack not negative "
-                         f"(got {args.straggler_factor} and {args.straggler_slack})")
-    if not math.isfinite(args.last_call) or args.last_call < 0:
-        raise ValueError(f"--last-call must be a finite number of seconds, not negative (got {args.last_call})")
-    if args.lease_ttl <= args.failure_timeout:
-        raise ValueError(f"--lease-ttl {args.lease_ttl} must exceed --failure-timeout {args.failure_timeout}")
 
 
 def check_etcd(args) -> None:

@@ -5,16 +5,18 @@ name, a file where a directory goes, a --preempt that is not a spec) is refused
 whatever the rest of the command line says: `check_on_face`, the first check of
 cli.config_from_args (its `check_finite` serves bamboo-sim and bamboo-replay too).
 A flag set away from its default that this run does not use gets one note line
-(`idle_notes`, printed by bamboo-train), so that nobody believes it took effect."""
+(`idle_notes`, printed by bamboo-train), so that nobody believes it took effect.
+The checkpoint and liveness flags' own rules are here too."""
 from __future__ import annotations
 
 import math
 import os
+
 from schedules.layout import MICROBATCHES_MAX
 from schedules.options import JobRedundancy, Redundancy, ReplicaSync
 
 from bamboo.control.protocol import check_job_name
-
+from bamboo.data.objects import is_remote
 
 SEED_MAX = 2**48  # layer i's weights come from torch.manual_seed(seed * 7919 + i): it must stay in 64 bits
 
@@ -132,3 +134,36 @@ def said_idle(changed: set[str], rules) -> list[str]:
             verb = "does" if len(idle) == 1 else "do"
             notes.append(f"{', '.join(map(_flag, idle))} {verb} nothing in this run: {why}")
     return notes
+
+
+def check_checkpoint(location: str | None) -> None:
+    """An object-storage checkpoint's bucket answers a listing now, not at the
+    first checkpoint (or resume) of the run."""
+    if location and is_remote(location):
+        from bamboo.data.objects import bucket_of
+        bucket, prefix = bucket_of(location)
+        bucket.list(prefix.strip("/") + "/" if prefix.strip("/") else "")
+
+
+def check_checkpoint_flags(args) -> None:
+    """How often and how many: not negative, and only with a place to write them."""
+    if (args.checkpoint_every or args.checkpoint_seconds or args.checkpoint_keep or args.resume) \
+            and not args.checkpoint:
+        raise ValueError("--checkpoint-every, --checkpoint-seconds, --checkpoint-keep and --resume need --checkpoint "
+                         "DIR|s3://BUCKET/PREFIX|gs://BUCKET/PREFIX")
+    if args.checkpoint_every < 0 or args.checkpoint_seconds < 0 or args.checkpoint_keep < 0:
+        raise ValueError("--checkpoint-every, --checkpoint-seconds and --checkpoint-keep must not be negative")
+
+
+def check_liveness(args) -> None:
+    """The timeouts that decide when a node counts as dead or a straggler."""
+    for flag in ("failure_timeout", "lease_ttl", "hang_timeout"):
+        if getattr(args, flag) <= 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be positive (got {getattr(args, flag)})")
+    if args.straggler_factor < 0 or (args.straggler_factor and args.straggler_factor <= 1) or args.straggler_slack < 0:
+        raise ValueError("--straggler-factor must be 0 (off) or above 1, and --straggler-slack not negative "
+                         f"(got {args.straggler_factor} and {args.straggler_slack})")
+    if not math.isfinite(args.last_call) or args.last_call < 0:
+        raise ValueError(f"--last-call must be a finite number of seconds, not negative (got {args.last_call})")
+    if args.lease_ttl <= args.failure_timeout:
+        raise ValueError(f"--lease-ttl {args.lease_ttl} must exceed --failure-timeout {args.failure_timeout}")
