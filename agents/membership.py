@@ -137,13 +137,16 @@ class Membership:
     def _orphaned(self, cfg: JobConfig, latest: Assignment, it: int) -> None:
         """Every member of the epoch in force gone in iteration `it` before any
         wrote an abort or a regroup (only its workers write those: a burst took
-        them all at once): record them dead and redo `it` over the nodes left, from
-        copies or a checkpoint, rather than wait for no one."""
+        them all at once, even after some reported the iteration done): record
+        them dead and redo `it` over the nodes left, from copies or a checkpoint,
+        rather than wait for no one."""
         if it >= cfg.iterations or latest.start > it:
             return
         workers = self.cluster.children(ALIVE())
-        if any(n in workers for n in latest.members) or self.cluster.children(DONE(it)):
-            return  # a worker of the epoch runs (it reports or aborts), or one finished the iteration
+        if any(n in workers for n in latest.members):
+            return  # a worker of the epoch runs: it reports or aborts
+        if it == cfg.iterations - 1 and self.cluster.children(DONE(it)):
+            return  # the job's last iteration reported: its workers are finishing, not gone
         failed = self.cluster.failed()
         left = [n for n in latest.members if n not in failed]
         if left and self.cluster.record_silent(left, it, self.node, starting=left) != sorted(left):

@@ -8,7 +8,7 @@ import dataclasses
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
-from bamboo.control.protocol import ALIVE, ASSIGNMENT, CONFIG, MEMBERS, Alive, Member
+from bamboo.control.protocol import ALIVE, ASSIGNMENT, CONFIG, DONE, MEMBERS, REGROUP, Alive, Member, Regroup, Report
 from agents.membership import Membership
 
 CFG = JobConfig(job="orphaned", model="tiny", stages=2, microbatches=2, iterations=10, elastic=True,
@@ -35,6 +35,36 @@ def test_standby_agents_redo_an_iteration_whose_every_member_is_gone(etcd):
         assert sorted(redo.members) == [7, 8]
         standbys[1].decide(CFG)  # the other agent finds it decided
         assert cluster.get(ASSIGNMENT(2)) is None
+    finally:
+        for m in standbys:
+            m.leave()
+
+
+def test_members_gone_after_reporting_the_iteration_are_redone_too(etcd):
+    """Both members reported iteration 3 and died before either wrote its regroup:
+    no worker will ever write it, so iteration 3 is redone; the job's last
+    iteration reported is the job finishing, and nothing is redone."""
+    cluster, standbys = _job(etcd, "reported")
+    try:
+        for it in range(3):
+            cluster.put(REGROUP(it, 0), Regroup((), False, False))
+        for node in (0, 1):
+            cluster.put(DONE(3, node), Report(1.0, 0.0, 0))
+        standbys[0].decide(CFG)
+        redo = cluster.get(ASSIGNMENT(1))
+        assert redo is not None and redo.redo and redo.start == 0 and redo.restore == "initial"
+        assert sorted(cluster.failed()) == [0, 1]
+    finally:
+        for m in standbys:
+            m.leave()
+    cluster, standbys = _job(etcd, "finished")
+    try:
+        for it in range(CFG.iterations - 1):
+            cluster.put(REGROUP(it, 0), Regroup((), False, False))
+        for node in (0, 1):
+            cluster.put(DONE(CFG.iterations - 1, node), Report(1.0, 0.0, 0))
+        standbys[0].decide(CFG)
+        assert cluster.failed() == {} and cluster.get(ASSIGNMENT(1)) is None
     finally:
         for m in standbys:
             m.leave()
