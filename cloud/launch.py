@@ -2,7 +2,7 @@
 
     bamboo-launch ec2 --nodes N --zones Z1,Z2,.. --region R --image AMI --etcd HOST:PORT,..|auto --job NAME
                       (--bucket BUCKET[/PREFIX] | --package REQUIREMENT) [--instance-type T ..] [--key-name K]
-                      [--security-group SG ..] [--iam-profile P] [--dry-run] [bamboo-train options]
+                      [--security-group SG ..] [--iam-profile P] [--etcd-plain] [--dry-run] [bamboo-train options]
     bamboo-launch gcp --nodes N --zones Z1,Z2,.. --project P --region R --image IMAGE --etcd HOST:PORT|auto
                       --job NAME (--bucket BUCKET[/PREFIX] | --package REQUIREMENT) [--machine-type T]
                       [--accelerator TYPE[:COUNT]|none] [--dry-run] [bamboo-train options]
@@ -16,7 +16,9 @@ project, uploaded to --bucket and fetched through a presigned (S3) or signed
 (GCS) URL, or --package, a direct reference. `--etcd auto` starts a small
 on-demand instance running etcd, which writes the configuration itself
 (`--etcd-members 3`: three, one in each of the first three zones, and the
-nodes' agents get all three endpoints). What was
+nodes' agents get all three endpoints); it serves TLS only, with etcd auth, and
+every instance fetches its certificates of the job's own CA from the bucket with
+its own identity (cloud/etcd_tls.py; `--etcd-plain`: none of that). What was
 launched is recorded in --state (default .bamboo-launch.json, written atomically)
 for status, scale and down. `--dry-run` prints every request (cloud, storage,
 etcd), one JSON line each, and sends none. Errors are one line on stderr, exit

@@ -1,8 +1,8 @@
 """What `bamboo-launch status|scale|down` do with a recorded launch: the
 instances beside the job's progress in its etcd (and the command that opens its
 dashboard); the group resized; everything the launch created removed (group,
-template, --etcd auto instance, the uploaded wheel, the job's etcd keys), the
-part that is already gone skipped."""
+template, --etcd auto instance, the uploaded wheel and etcd certificates, the
+job's etcd keys), the part that is already gone skipped."""
 from __future__ import annotations
 
 import shlex
@@ -91,10 +91,11 @@ def down(state: dict) -> None:
     if state.get("firewalls"):
         provider.remove_firewalls(state["firewalls"])
     stored = [*(state.get("certificates") or []), *([state["wheel"]] if state.get("wheel") else [])]
+    shipper = shipper_for(state, stored[0]) if stored else None  # all in the launch's one bucket
     for uri in stored:
-        shipper_for(state, uri).delete(uri)
-    if stored and state.get("wheel_bucket_created"):
-        shipper_for(state, stored[0]).delete_bucket()  # the launch's own bucket (no --bucket was given)
+        shipper.delete(uri)
+    if shipper and state.get("wheel_bucket_created"):
+        shipper.delete_bucket()  # the launch's own bucket (no --bucket was given)
     if state.get("etcd_tls"):
         shutil.rmtree(state["etcd_tls"], ignore_errors=True)
     if state.get("job") and not state.get("etcd_instance"):
