@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 from agents.modes import ModeStats, choose, job_estimates, observe
 from agents.policy import Config, next_config, slot_estimate
-from bamboo.control.assignment import Assignment
+from bamboo.control.assignment import Assignment, Restore
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 from bamboo.control.liveness import Heartbeat, lease_ages
@@ -29,7 +29,7 @@ def to_policy(a: Assignment) -> Config:
                   tuple(str(n) for n in a.standby))
 
 
-def from_policy(c: Config, start: int, failed, gone=None, restore: str = "peers") -> Assignment:
+def from_policy(c: Config, start: int, failed, gone=None, restore: Restore = Restore.PEERS) -> Assignment:
     failed = tuple(sorted(int(n) for n in failed))
     return Assignment(c.epoch, start, tuple(tuple(int(n) for n in p) for p in c.pipelines),
                       tuple(int(n) for n in c.standby), failed,
@@ -181,7 +181,7 @@ class Membership:
     def _entered(self, epoch: Assignment) -> bool:
         """Whether the nodes entered `epoch` (hold their layers as it lays them out):
         its layers came from no handover, or its handover completed."""
-        if epoch.layers_from < 0 or epoch.restore not in ("peers", "memory"):
+        if epoch.layers_from < 0 or epoch.restore not in (Restore.PEERS, Restore.MEMORY):
             return True
         outcome = self.cluster.get(HANDOVER(epoch.epoch))
         return outcome is not None and outcome.complete
@@ -199,7 +199,7 @@ class Membership:
         config = self._policy(cfg, self.live(failed), to_policy(previous))
         if config.depth < 2:
             return  # a pipeline needs two nodes: wait for more (the workers wait for this epoch)
-        start, restore = (it if redo else it + 1), "peers"
+        start, restore = (it if redo else it + 1), Restore.PEERS
         if lost_everywhere(basis, set(before) | set(failed), basis.mode(cfg.redundancy), taken):
             holders = (set(basis.members) | {int(n) for p in config.pipelines for n in p}) - set(failed) - set(before)
             (start, restore), redo = self._restore_point(cfg, start, holders), True
@@ -276,7 +276,7 @@ class Membership:
         rate = stats.rate(cfg.auto_prior_rate, cfg.auto_prior_hours)
         return choose(current, rate, len(epoch.members), pipelines, seconds, pause, rollback)
 
-    def _restore_point(self, cfg: JobConfig, start: int, holders=()) -> tuple[int, str]:
+    def _restore_point(self, cfg: JobConfig, start: int, holders=()) -> tuple[int, Restore]:
         """(iteration, restore) to go back to when a stage is lost on every node: the
         newest checkpoint whose copies in the memory of `holders` (the live nodes
         that take part) cover every layer ("memory": bamboo/state/copies.py),
@@ -291,13 +291,13 @@ class Membership:
         storage = storage_for(cfg.checkpoint) if cfg.checkpoint else None
         found = latest(storage, cfg.layers, at_most=start, above=kept) if storage else None  # only newer ones read
         if kept is not None and found is None:
-            return kept, "memory"
+            return kept, Restore.MEMORY
         if found:
-            return found[0], "checkpoint"
+            return found[0], Restore.CHECKPOINT
         first = self.cluster.get(START())
         if not cfg.resume and (first is None or first.iteration == 0):
-            return 0, "initial"
-        return start, "checkpoint"
+            return 0, Restore.INITIAL
+        return start, Restore.CHECKPOINT
 
     def _host_losses(self, failed, it: int) -> set[int] | None:
         """`failed` and the nodes of their hosts that died with them (recorded

@@ -16,10 +16,22 @@ pipeline cannot finish the iteration, which is redone from the other pipelines.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from schedules.layout import Layout
 from schedules.options import keeps_replicas
 from schedules.split import merged, split_by_speed
+
+
+class Restore(str, Enum):
+    """Where an epoch's layers come from."""
+    PEERS = "peers"            # the live nodes' layers and replicas, moved in a handover
+    MEMORY = "memory"          # the checkpoint copies the live nodes keep (bamboo/state/copies.py)
+    CHECKPOINT = "checkpoint"  # the checkpoint in storage
+    INITIAL = "initial"        # built again from the seed: the job's first iteration
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -30,14 +42,16 @@ class Assignment:
     standby: tuple[int, ...] = ()
     failed: tuple[int, ...] = ()                # the failures the previous epoch's nodes hold layers after
     gone: tuple[int, ...] = ()                  # dead by now: they send nothing (after an abort, more than failed)
-    restore: str = "peers"                      # where layers come from: "peers", "memory" (checkpoint
-                                                # copies peers keep), "checkpoint" (storage) or "initial"
+    restore: Restore = Restore.PEERS            # where layers come from
     redo: bool = False                          # the epoch starts by running again an abandoned iteration
     layers_from: int = -1                       # the epoch whose layout the nodes' layers follow (-1: none yet)
     redundancy: str = ""                        # the epoch's mode (eager, lazy, off); "": the job's --redundancy
     taken: tuple[int, ...] | None = None        # of `failed`, those a survivor took over inside an iteration that
                                                 # completed (--replica-sync next: see `holders`); None: every
                                                 # replica is up to date (an epoch's first iteration owed no sync)
+
+    def __post_init__(self):
+        object.__setattr__(self, "restore", Restore(self.restore))  # given as text: checked here
 
     @classmethod
     def static(cls, stages: int, pipelines: int, start: int = 0) -> "Assignment":
@@ -123,7 +137,7 @@ class Assignment:
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "start": self.start, "pipelines": [list(p) for p in self.pipelines],
                 "standby": list(self.standby), "failed": list(self.failed), "gone": list(self.gone),
-                "restore": self.restore, "redo": self.redo, "layers_from": self.layers_from,
+                "restore": self.restore.value, "redo": self.redo, "layers_from": self.layers_from,
                 "redundancy": self.redundancy, "taken": None if self.taken is None else list(self.taken)}
 
     @classmethod
@@ -133,6 +147,6 @@ class Assignment:
                 raise ValueError(f"an assignment's {name} is {type(d[name]).__name__}, not a string")
         return cls(int(d["epoch"]), int(d["start"]), tuple(tuple(int(n) for n in p) for p in d["pipelines"]),
                    tuple(int(n) for n in d.get("standby", ())), tuple(int(n) for n in d.get("failed", ())),
-                   tuple(int(n) for n in d.get("gone", ())), d.get("restore", "peers"), bool(d.get("redo")),
+                   tuple(int(n) for n in d.get("gone", ())), Restore(d.get("restore", "peers")), bool(d.get("redo")),
                    int(d.get("layers_from", -1)), d.get("redundancy", ""),
                    None if d.get("taken") is None else tuple(int(n) for n in d["taken"]))

@@ -29,7 +29,7 @@ import torch
 from schedules.layout import Layout
 from schedules.options import JobRedundancy, Redundancy, ScheduleOptions
 
-from bamboo.control.assignment import Assignment
+from bamboo.control.assignment import Assignment, Restore
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 from bamboo.control.exits import FENCED, WorkerExit
@@ -114,7 +114,7 @@ class Worker(EpochMoves):
         iteration this node starts with: a new job's first (or --resume's
         checkpoint's), or a running job's next epoch, joined by a handover."""
         assignment = self.cluster.wait_for(self._assigned, timeout=24 * 3600, what="a stage", poll=0.05)
-        if assignment.epoch > 0 or assignment.restore != "peers":
+        if assignment.epoch > 0 or assignment.restore != Restore.PEERS:
             return self._move_to(assignment)  # joining a running job, or restarting from a checkpoint
         self.failed = assignment.gone
         start, received = assignment.start, {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import sys
 
-from bamboo.control.assignment import Assignment
+from bamboo.control.assignment import Assignment, Restore
 from bamboo.control.exits import Parked, Released
 from bamboo.control.protocol import ABORT, ABORTED, ASSIGNMENT, DONE, DRAIN, SCALE, Abort, LossScale, Mark, world_store
 from bamboo.control.store import RendezvousAborted
@@ -77,9 +77,9 @@ class EpochMoves:
         """Get the layers this node needs in `new` (from their live holders, or from
         the checkpoint the agents chose), then take its place in `new`, or leave if
         it has none."""
-        if new.restore in ("checkpoint", "initial"):
+        if new.restore in (Restore.CHECKPOINT, Restore.INITIAL):
             received = {}
-            if new.restore == "initial":
+            if new.restore == Restore.INITIAL:
                 self.holdings.drop()  # built again from the seed, as at the job's start
             elif self.node in new.members:
                 blobs = self.checkpoints.taken_before(new.start)
@@ -88,8 +88,8 @@ class EpochMoves:
         else:  # from the live nodes' layers, or ("memory") from the checkpoint copies they keep
             received = handover.exchange(self.cluster, self.node, self.holdings, new, old,
                                          lambda members, starting: self._lease_check(members, new.start, starting),
-                                         self.cfg.hang_timeout, self.copies if new.restore == "memory" else None)
-            if new.restore == "memory" and self.node in new.members:
+                                         self.cfg.hang_timeout, self.copies if new.restore == Restore.MEMORY else None)
+            if new.restore == Restore.MEMORY and self.node in new.members:
                 received = self._checked_copies(new.start, received)
                 self._restore_loss_scale(new.start, self.copies.loss_scale(new.start))
         if self.node not in new.members:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 
+from bamboo.control.assignment import Restore
 from bamboo.control.protocol import STRAGGLER
 
 # A node recorded dead without being seen to die (found silent, or slow) may still
@@ -145,7 +146,7 @@ def _epoch_events(look, add) -> None:
         if previous is None:
             add("start", a.start, f"epoch {epoch}: {shape}, {mode}", epoch=epoch)
         elif a.redo:
-            kind = "redo" if a.restore == "peers" else "rollback"
+            kind = "redo" if a.restore == Restore.PEERS else "rollback"
             add(kind, a.start, f"epoch {epoch} runs iteration {a.start} again, layers from {a.restore}: {shape}",
                 epoch=epoch)
         else:

@@ -188,8 +188,7 @@ def test_a_bad_etcd_job_or_address_is_one_line_and_status_2(etcd, job):
 
 
 PAYLOADS = {"zone": '<img src=x onerror="alert(1)">', "host": "<script>alert(2)</script>",
-            "how": "<svg onload=alert(3)>", "redundancy": '"><script>alert(4)</script>', "restore": "<b>5</b>",
-            "model": "<iframe src=//x>"}
+            "how": "<svg onload=alert(3)>", "redundancy": '"><script>alert(4)</script>', "model": "<iframe src=//x>"}
 
 
 def test_html_written_into_records_shows_as_text_under_a_policy(etcd, job):
@@ -201,9 +200,11 @@ def test_html_written_into_records_shows_as_text_under_a_policy(etcd, job):
     job.put(ZONES(2), Zone(PAYLOADS["zone"], PAYLOADS["host"]))
     job.put(FAILED(1), Failure(2, 0, PAYLOADS["how"]))
     job.put(ASSIGNMENT(1), Assignment(1, 3, ((0, 2),), failed=(1,), redundancy=PAYLOADS["redundancy"],
-                                      restore=PAYLOADS["restore"], redo=True))
+                                      restore="memory", redo=True))
     client = connect(etcd.endpoint)
     client.put(job.key(LOSS(4, 0)), json.dumps({"value": "<b>not a number</b>"}))  # malformed: left out
+    bad = {**Assignment(2, 4, ((0, 2),)).to_dict(), "restore": "<b>5</b>"}  # not a restore source: left out
+    client.put(job.key(ASSIGNMENT(2)), json.dumps(bad))
     client.close()
     server, url = serving(etcd.endpoint, "synthetic", "127.0.0.1:0")
     try:
@@ -222,7 +223,8 @@ def test_html_written_into_records_shows_as_text_under_a_policy(etcd, job):
         for html in (page, panels):
             assert payload not in html, name
         assert html_escape(payload) in page, name  # shown, as text
-    assert "not a number" not in page and 'id="panel-run"' in page
+    assert "not a number" not in page and "&lt;b&gt;5" not in page and "<b>5" not in page
+    assert 'id="panel-run"' in page
 
 
 def test_idle_connections_are_capped_and_timed_out(etcd, job, monkeypatch):

@@ -7,10 +7,10 @@ from dataclasses import fields
 import pytest
 
 from bamboo.control import protocol
-from bamboo.control.assignment import Assignment
+from bamboo.control.assignment import Assignment, Restore
 from bamboo.control.cluster import _records, decode
 from bamboo.control.config import JobConfig
-from bamboo.control.protocol import DONE, FAILED, Failure, Loss, Reduced, Report, job_root
+from bamboo.control.protocol import ASSIGNMENT, DONE, FAILED, Failure, Loss, Reduced, Report, job_root
 from bamboo.control.records import BadRecord, fits
 
 # (value, annotation, fits?) written out by hand: the reference the checker must agree with
@@ -61,6 +61,10 @@ def test_no_json_object_is_a_bad_record_and_an_unknown_field_is_ignored():
     assert decode(FAILED, json.dumps({"iteration": 1, "by": 2, "later": 3}).encode()) == Failure(1, 2)  # newer fields
     with pytest.raises(ValueError, match="assignment's restore is dict"):
         Assignment.from_dict({"epoch": 0, "start": 0, "pipelines": [[0]], "restore": {"x": 1}})
+    with pytest.raises(BadRecord, match="'<b>somewhere</b>' is not a valid Restore"):
+        decode(ASSIGNMENT, json.dumps({"epoch": 0, "start": 0, "pipelines": [[0]], "restore": "<b>somewhere</b>"}))
+    assert decode(ASSIGNMENT, json.dumps(Assignment(0, 0, ((0,),), restore="memory").to_dict())).restore == \
+        Restore.MEMORY
 
 
 class Meta:
