@@ -145,9 +145,10 @@ class Membership:
         workers = self.cluster.children(ALIVE())
         if any(n in workers for n in latest.members):
             return  # a worker of the epoch runs: it reports or aborts
-        if it == cfg.iterations - 1 and self.cluster.children(DONE(it)):
-            return  # the job's last iteration reported: its workers are finishing, not gone
         failed = self.cluster.failed()
+        done = self.cluster.children(DONE(it))
+        if it == cfg.iterations - 1 and done and all(n in done or n in failed for n in latest.members):
+            return  # the job's last iteration finished: its workers are leaving, not gone
         left = [n for n in latest.members if n not in failed]
         if left and self.cluster.record_silent(left, it, self.node, starting=left) != sorted(left):
             return  # an agent whose worker is still starting: not gone

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 
 from cloud.common import BadInput, Install, LaunchError, etcd_script
@@ -106,7 +107,7 @@ def configure(args, cfg, log, undo: Undo, start_etcd, certs=None) -> tuple[str, 
         name = "bamboo" if args.etcd_members == 1 else f"bamboo-{zones_of(args)[member]}"
         folder = certs.folder(member_folder(member)) if certs else ""
         script = etcd_script(config_key(cfg.job), json.dumps(cfg.to_dict()), name, ",".join(endpoints), folder,
-                             cfg.job, certs.install if certs else None)
+                             cfg.job, certs.install if certs else None, args.etcd_members)
         instance, endpoint = start_etcd(member, script)
         if certs:
             certs.member(member, endpoint.rpartition(":")[0])
@@ -158,9 +159,18 @@ def job_certificates(args, tls: bool, shipper, install: Install, job: str, undo:
     return certs
 
 
-def local_certificates(args, job: str) -> str:
-    """Where the operator's copy of the job's client certificate goes: beside the launch record."""
-    return os.path.join(os.path.dirname(os.path.abspath(args.state)), f".bamboo-etcd-tls-{job}")
+def local_certificates(args) -> str:
+    """Where the operator's copy of the job's client certificate goes: beside the
+    launch record, named after it (two launches from one directory keep theirs apart)."""
+    return f"{os.path.splitext(os.path.abspath(args.state))[0]}-etcd-tls"
+
+
+def ship_nodes(args, certs: JobCertificates | None, undo: Undo) -> str:
+    """The nodes' folder of certificates (none without `certs`), and the operator's copy."""
+    if not certs:
+        return ""
+    undo.push(lambda: shutil.rmtree(local_certificates(args), ignore_errors=True))
+    return certs.nodes(local_certificates(args))
 
 
 def check_etcd(args, job: str, log) -> None:
@@ -206,7 +216,7 @@ def launch_ec2(args, cfg, log=print) -> dict:
             undo.push(lambda: provider.remove_instance(instance))
             return instance, endpoint
         etcd, etcd_instances = configure(args, cfg, log, undo, start_etcd, certs)
-        nodes = certs.nodes(local_certificates(args, cfg.job)) if certs else ""
+        nodes = ship_nodes(args, certs, undo)
         made = provider.up(Ec2Spec(**{**spec.__dict__, "etcd": etcd, "certs": nodes}), subnets)
     except BaseException as e:
         raise _undone(e, undo) from None
@@ -248,7 +258,7 @@ def launch_gcp(args, cfg, log=print) -> dict:
             undo.push(lambda: provider.remove_instance(zone, instance))
             return f"{zone}/{instance}", endpoint
         etcd, etcd_instances = configure(args, cfg, log, undo, start_etcd, certs)
-        nodes = certs.nodes(local_certificates(args, cfg.job)) if certs else ""
+        nodes = ship_nodes(args, certs, undo)
         made = provider.up(GcpSpec(**{**spec.__dict__, "etcd": etcd, "certs": nodes}))
     except BaseException as e:
         raise _undone(e, undo) from None
@@ -262,7 +272,7 @@ def _certificates(args, certs: JobCertificates | None) -> dict:
     and the operator's client certificate folder (bamboo-status --etcd-tls)."""
     if not certs:
         return {"certificates": [], "etcd_tls": None}
-    return {"certificates": certs.shipped, "etcd_tls": local_certificates(args, certs.job)}
+    return {"certificates": certs.shipped, "etcd_tls": local_certificates(args)}
 
 
 def _instances(etcd_instances: list[str]) -> dict:

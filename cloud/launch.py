@@ -5,7 +5,8 @@
                       [--security-group SG ..] [--iam-profile P] [--etcd-plain] [--dry-run] [bamboo-train options]
     bamboo-launch gcp --nodes N --zones Z1,Z2,.. --project P --region R --image IMAGE --etcd HOST:PORT|auto
                       --job NAME (--bucket BUCKET[/PREFIX] | --package REQUIREMENT) [--machine-type T]
-                      [--accelerator TYPE[:COUNT]|none] [--dry-run] [bamboo-train options]
+                      [--accelerator TYPE[:COUNT]|none] [--service-account EMAIL] [--etcd-plain] [--dry-run]
+                      [bamboo-train options]
     bamboo-launch status | scale N | down       (the launch recorded in --state)
 
 The bamboo-train options (--model, --stages, --microbatches, --iterations, the

@@ -158,5 +158,13 @@ class GcsShipper:
         self._call("upload", key, lambda blob: blob.upload_from_string(data))
 
     def delete(self, uri: str) -> None:
+        """Remove the object (gone already, as after an interrupted down: nothing to do)."""
+        from google.api_core.exceptions import NotFound
         key = uri[len(self.scheme):].partition("/")[2]
-        self._call("delete", key, lambda blob: blob.delete())
+
+        def remove(blob):
+            try:
+                blob.delete()
+            except NotFound:
+                pass
+        self._call("delete", key, remove)

@@ -15,8 +15,9 @@ Only a committed attempt whose files match the commit's hashes is read; a write
 cut short (a SIGKILL) leaves an attempt without a commit, and loading falls back
 to the newest committed one. The writer whose part completes an attempt commits
 it (two that finish together write the same record) and, with `keep`, removes
-the committed checkpoints older than the newest `keep` and the uncommitted
-attempts older than the oldest kept. Local files are written to a temp name and
+its run's committed checkpoints but the newest `keep` iterations (the one just
+committed always among them) and the run's uncommitted attempts older than the
+oldest kept; a removal that fails is a note, not a failed checkpoint. Local files are written to a temp name and
 renamed; an S3 or GCS PUT is atomic on its own.
 """
 from __future__ import annotations
@@ -25,11 +26,12 @@ import hashlib
 import json
 import os
 import re
+import sys
 import tempfile
 from dataclasses import dataclass
 
 COMMIT = "commit.json"
-_KEY = re.compile(r"ckpt-(\d{8})-([a-z0-9][a-z0-9-]{0,63})/(.+)")
+_KEY = re.compile(r"ckpt-(\d{8,})-([a-z0-9][a-z0-9-]{0,63})/(.+)")
 ATTEMPT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 
 
@@ -85,9 +87,10 @@ class LocalStorage:
         except OSError:
             pass  # missing, or the folder still holds files
 
-    def list(self) -> list[str]:
+    def list(self, under: str = "") -> list[str]:
+        """Every key (below the folder `under`, ending in "/", if given)."""
         out = []
-        for dirpath, _, files in os.walk(self.root):
+        for dirpath, _, files in os.walk(os.path.join(self.root, under)):
             rel = os.path.relpath(dirpath, self.root)
             out += [os.path.normpath(os.path.join(rel, f)) for f in files if not f.endswith(".tmp")]
         return out
@@ -116,9 +119,9 @@ class ObjectStorage:
     def delete(self, key: str) -> None:
         self.bucket.delete(self._key(key))
 
-    def list(self) -> list[str]:
+    def list(self, under: str = "") -> list[str]:
         start = f"{self.prefix}/" if self.prefix else ""
-        return [key[len(start):] for key in self.bucket.list(start)]
+        return [key[len(start):] for key in self.bucket.list(start + under)]
 
 
 S3Storage = GcsStorage = ObjectStorage  # the scheme picks the cloud
@@ -143,16 +146,19 @@ def write_part(storage, attempt: Attempt, node: int, blobs: dict[int, bytes], ex
     if layers is None or not _commit(storage, attempt, layers):
         return False
     if keep:
-        prune(storage, keep)
+        try:
+            prune(storage, attempt, keep)
+        except (OSError, ValueError, KeyError) as e:  # ValueError: objects.ObjectError; the commit stands
+            print(f"bamboo.data.checkpoint_files: older checkpoints not removed: {str(e).splitlines()[0][:200]}",
+                  file=sys.stderr, flush=True)
     return True
 
 
 def _commit(storage, attempt: Attempt, layers: int) -> bool:
     """Write the attempt's commit record if its parts name every layer."""
     hashes, extra = {}, {}
-    for key in storage.list():
-        m = _KEY.fullmatch(key)
-        if m and key.startswith(attempt.folder + "/part-"):
+    for key in storage.list(attempt.folder + "/"):
+        if _KEY.fullmatch(key) and key.startswith(attempt.folder + "/part-"):
             part = _json(storage, key)
             if part is None:
                 return False
@@ -186,16 +192,22 @@ def _attempts(keys: list[str]) -> tuple[list[Attempt], list[Attempt]]:
     return sorted(committed, key=order, reverse=True), sorted(every, key=order, reverse=True)
 
 
-def prune(storage, keep: int) -> list[Attempt]:
-    """Remove every committed checkpoint but the newest `keep`, and the uncommitted
-    attempts older than the oldest kept; what was removed."""
+def run_of(attempt: Attempt) -> str:
+    return attempt.name.rsplit("-e", 1)[0]
+
+
+def prune(storage, newest: Attempt, keep: int) -> list[Attempt]:
+    """After `newest` committed: keep it and its run's checkpoints of the `keep - 1`
+    newest other iterations; remove the run's other committed attempts, and its
+    uncommitted ones older than the oldest kept. Another run's files are never
+    touched (a resumed run leaves the one it resumed from as it was). What was removed."""
     keys = storage.list()
     committed, every = _attempts(keys)
-    if len(committed) <= keep:
-        return []
-    kept = committed[:keep]
-    oldest = min(a.iteration for a in kept)
-    gone = [a for a in every if a not in kept and (a in committed or a.iteration < oldest)]
+    mine = [a for a in committed if run_of(a) == run_of(newest)]
+    others = sorted({a.iteration for a in mine} - {newest.iteration}, reverse=True)
+    kept = {newest.iteration, *others[:keep - 1]}
+    gone = [a for a in every if run_of(a) == run_of(newest) and a.iteration not in kept
+            and (a in mine or a.iteration < min(kept))]
     folders = {a.folder for a in gone}
     for key in sorted(keys, key=lambda k: k.endswith(COMMIT), reverse=True):  # the commit first: never half-read
         if key.split("/", 1)[0] in folders:
@@ -203,17 +215,30 @@ def prune(storage, keep: int) -> list[Attempt]:
     return gone
 
 
+class _Gone(Exception):
+    """A listed file that is not there any more (pruned meanwhile)."""
+
+
 def latest(storage, num_layers: int, at_most: int | None = None,
            above: int | None = None) -> tuple[int, dict[int, bytes]] | None:
     """(iteration, layer index -> bytes) of the newest complete checkpoint (taken
     before iteration `at_most` or earlier, and after `above`, if given), or None.
-    Only the checkpoints in that range are read."""
-    committed, _ = _attempts(storage.list())
-    for attempt in committed:
-        if (at_most is None or attempt.iteration <= at_most) and (above is None or attempt.iteration > above):
-            blobs = _complete(storage, attempt, num_layers)
-            if blobs is not None:
-                return attempt.iteration, blobs
+    Only the checkpoints in that range are read; one removed while it was read (a
+    newer commit pruned it) sends the search round again."""
+    for _ in range(3):
+        gone = False
+        committed, _ = _attempts(storage.list())
+        for attempt in committed:
+            if (at_most is None or attempt.iteration <= at_most) and (above is None or attempt.iteration > above):
+                try:
+                    blobs = _complete(storage, attempt, num_layers)
+                except _Gone:
+                    gone = True
+                    continue
+                if blobs is not None:
+                    return attempt.iteration, blobs
+        if not gone:
+            return None
     return None
 
 
@@ -225,11 +250,16 @@ def load(storage, iteration: int, num_layers: int) -> dict[int, bytes] | None:
 
 def _complete(storage, attempt: Attempt, num_layers: int) -> dict[int, bytes] | None:
     """Layer index -> bytes of `attempt` if its commit names every layer and every
-    file matches its hash, else None."""
-    commit = _json(storage, f"{attempt.folder}/{COMMIT}")
+    file matches its hash, else None; _Gone if a file went meanwhile."""
     try:
-        hashes = {int(i): str(h) for i, h in (commit or {}).get("layers", {}).items()}
+        commit = json.loads(storage.get(f"{attempt.folder}/{COMMIT}"))
+    except (OSError, KeyError):
+        raise _Gone() from None
     except ValueError:
+        return None
+    try:
+        hashes = {int(i): str(h) for i, h in commit.get("layers", {}).items()}
+    except (AttributeError, ValueError):
         return None
     if sorted(hashes) != list(range(num_layers)):
         return None
@@ -237,8 +267,8 @@ def _complete(storage, attempt: Attempt, num_layers: int) -> dict[int, bytes] | 
     for index, h in hashes.items():
         try:
             data = storage.get(f"{attempt.folder}/layer{index}.pt")
-        except (OSError, KeyError):  # listed, then gone (pruned, or a write that never finished)
-            return None
+        except (OSError, KeyError):
+            raise _Gone() from None
         if hashlib.sha256(data).hexdigest() != h:
             return None
         blobs[index] = data

@@ -136,10 +136,14 @@ class GcsBucket:
 
     def delete(self, key: str) -> None:
         """Remove `key` (gone already: nothing to do)."""
-        try:
-            self._call("delete", key, lambda: self.bucket.blob(key).delete(retry=_retry()))
-        except KeyError:
-            pass
+        from google.api_core.exceptions import NotFound
+
+        def remove():
+            try:
+                self.bucket.blob(key).delete(retry=_retry())
+            except NotFound:
+                pass
+        self._call("delete", key, remove)
 
     def list(self, prefix: str) -> list[str]:
         return self._call("list", prefix, lambda: [b.name for b in self.client.list_blobs(

@@ -92,8 +92,23 @@ def test_keep_removes_all_but_the_newest_committed_checkpoints(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ckpt-00000004-run-e000000", "ckpt-00000006-run-e000000",
                                             "ckpt-00000008-run-e000000"]
     assert latest(storage, 2) == (6, {0: b"6-0", 1: b"6-1"})
-    assert prune(storage, 1) == [Attempt(4, "run-e000000")]
+    assert prune(storage, Attempt(6, "run-e000000"), 1) == [Attempt(4, "run-e000000")]
     assert latest(storage, 2, at_most=5) is None
+
+
+def test_keep_never_removes_what_it_just_wrote_nor_another_runs(tmp_path):
+    """A new run in a place an earlier run used (its checkpoints at higher
+    iterations), and a rollback below the run's own newest: the commit just made
+    stays, the earlier run's files stay, and the run keeps `keep` iterations."""
+    storage = LocalStorage(str(tmp_path))
+    for it in (100, 200):
+        write_part(storage, Attempt(it, "0a0b0c0d1111-e000003"), 0, {0: b"old"}, layers=1)
+    write_part(storage, Attempt(10, "0a0b0c0e2222-e000000"), 0, {0: b"new 10"}, layers=1, keep=1)
+    assert latest(storage, 1, at_most=10) == (10, {0: b"new 10"})
+    write_part(storage, Attempt(20, "0a0b0c0e2222-e000000"), 0, {0: b"new 20"}, layers=1, keep=2)
+    write_part(storage, Attempt(12, "0a0b0c0e2222-e000004"), 0, {0: b"redo 12"}, layers=1, keep=2)  # rolled back
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000012-0a0b0c0e2222-e000004", "ckpt-00000020-0a0b0c0e2222-e000000",
+                                            "ckpt-00000100-0a0b0c0d1111-e000003", "ckpt-00000200-0a0b0c0d1111-e000003"]
 
 
 def test_write_killed_midway_leaves_the_previous_checkpoint_loadable(tmp_path):

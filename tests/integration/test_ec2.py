@@ -184,7 +184,8 @@ def _certificates_shipped(made: dict, scripts: list[str], boot: str, hosts: list
     assert "-m cloud.etcd_tls fetch s3://" in boot and "--role node" in boot
     assert all("PRIVATE KEY" not in text for text in (*scripts, boot))
     assert sorted(os.listdir(made["etcd_tls"])) == ["ca.pem", "client-key.pem", "client.pem"]
-    assert len(made["certificates"]) == 3 * 5 + 3
+    assert len(made["certificates"]) == 3 * 4 + 3
+    assert not [u for u in made["certificates"] if "root" in u]  # root's certificate is made for no one
 
 
 @pytest.mark.parametrize("extra,message", [

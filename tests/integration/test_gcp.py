@@ -88,7 +88,7 @@ def test_launch_status_down_and_dry_run_through_the_command(compute, gcs, tmp_pa
     requests = [json.loads(line) for line in dry.stdout.splitlines()]
     assert [(r["service"], r.get("method") or r["operation"]) for r in requests] == [
         ("firewalls", "insert"), ("firewalls", "insert"), ("etcd", "put_if_not_exists"), ("instances", "insert"),
-        *[("storage", "upload")] * (5 + 3), ("templates", "insert"), ("groups", "insert")]  # 5 member, 3 node files
+        *[("storage", "upload")] * (4 + 3), ("templates", "insert"), ("groups", "insert")]  # 4 member, 3 node files
     assert not compute.templates and not os.path.exists(state)
 
     up = launch("--state", state, "gcp", *common, "--service-account", "gpt-nodes@proj.iam.gserviceaccount.com")
@@ -103,7 +103,7 @@ def test_launch_status_down_and_dry_run_through_the_command(compute, gcs, tmp_pa
     assert etcd_node["serviceAccounts"][0]["scopes"] == ["https://www.googleapis.com/auth/devstorage.read_only"]
     made = json.loads(open(state).read())
     shipped = {name for bucket, name in gcs.objects if bucket == "ckpts"}
-    assert shipped == {u[len("gs://ckpts/"):] for u in made["certificates"]} and len(shipped) == 8
+    assert shipped == {u[len("gs://ckpts/"):] for u in made["certificates"]} and len(shipped) == 7
     assert all(name.startswith("launches/bamboo-launch/gpt/etcd-tls/") for name in shipped)
     assert 'bamboo-agent" --etcd 10.128.0.2:2379' in compute.templates["bamboo"]["properties"]["metadata"]["items"][0][
         "value"]

@@ -42,8 +42,9 @@ def test_standby_agents_redo_an_iteration_whose_every_member_is_gone(etcd):
 
 def test_members_gone_after_reporting_the_iteration_are_redone_too(etcd):
     """Both members reported iteration 3 and died before either wrote its regroup:
-    no worker will ever write it, so iteration 3 is redone; the job's last
-    iteration reported is the job finishing, and nothing is redone."""
+    no worker will ever write it, so iteration 3 is redone; so is the job's last
+    iteration reported by one member only; reported by all, it is the job
+    finishing, and nothing is redone."""
     cluster, standbys = _job(etcd, "reported")
     try:
         for it in range(3):
@@ -54,6 +55,16 @@ def test_members_gone_after_reporting_the_iteration_are_redone_too(etcd):
         redo = cluster.get(ASSIGNMENT(1))
         assert redo is not None and redo.redo and redo.start == 0 and redo.restore == "initial"
         assert sorted(cluster.failed()) == [0, 1]
+    finally:
+        for m in standbys:
+            m.leave()
+    cluster, standbys = _job(etcd, "last-partly")
+    try:
+        for it in range(CFG.iterations - 1):
+            cluster.put(REGROUP(it, 0), Regroup((), False, False))
+        cluster.put(DONE(CFG.iterations - 1, 0), Report(1.0, 0.0, 0))
+        standbys[0].decide(CFG)  # one report of the last iteration: node 1 died before its own
+        assert sorted(cluster.failed()) == [0, 1] and cluster.get(ASSIGNMENT(1)).start == 0
     finally:
         for m in standbys:
             m.leave()
