@@ -107,7 +107,7 @@ def _checkpoint_flags(g) -> None:
     g.add_argument("--checkpoint-seconds", type=float, default=0, metavar="T",
                    help="checkpoint once T seconds passed since the last one")
     g.add_argument("--checkpoint-keep", type=int, default=0, metavar="N",
-                   help="remove all but the newest N committed checkpoints (default 0: keep every one)")
+                   help="remove this run's committed checkpoints but the newest N (default 0: keep every one)")
     g.add_argument("--resume", action="store_true", help="start from the newest complete checkpoint")
     g.add_argument("--no-memory-copies", action="store_true",
                    help="keep checkpoints in storage only (by default each is kept in its writer's memory and "
