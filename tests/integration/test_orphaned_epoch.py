@@ -8,7 +8,7 @@ import dataclasses
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
-from bamboo.control.protocol import ALIVE, ASSIGNMENT, CONFIG, DONE, MEMBERS, REGROUP, Alive, Member, Regroup, Report
+from bamboo.control.protocol import ALIVE, ASSIGNMENT, CONFIG, DONE, MEMBERS, REGROUP, Alive, Failure, Member, Regroup, Report
 from agents.membership import Membership
 
 CFG = JobConfig(job="orphaned", model="tiny", stages=2, microbatches=2, iterations=10, elastic=True,
@@ -76,6 +76,33 @@ def test_members_gone_after_reporting_the_iteration_are_redone_too(etcd):
             cluster.put(DONE(CFG.iterations - 1, node), Report(1.0, 0.0, 0))
         standbys[0].decide(CFG)
         assert cluster.failed() == {} and cluster.get(ASSIGNMENT(1)) is None
+    finally:
+        for m in standbys:
+            m.leave()
+
+
+def test_chaos_seed_39_two_reports_then_every_member_gone(etcd):
+    """bamboo-chaos --trials 50 --seed 1, trial 39 (at 043f0bc): three pipelines,
+    node 0 dead in iteration 2 and taken over, nodes 3 and 4 reported iteration 2,
+    then bursts took every member before any wrote its regroup; the replacements
+    waited out the 600 s limit. The standbys redo iteration 2 (from the start:
+    no checkpoint yet, no copy)."""
+    cfg = dataclasses.replace(CFG, job="seed-39", stages=3, microbatches=6, iterations=30)
+    cluster = Cluster(etcd.endpoint, cfg.job)
+    cluster.put(CONFIG(), cfg)
+    cluster.put(ASSIGNMENT(0), Assignment(epoch=0, start=0, pipelines=((0, 2, 1), (3, 3, 4), (6, 6, 5))))
+    standbys = [Membership(Cluster(etcd.endpoint, cfg.job), zone, node, cfg) for zone, node in (("a", 7), ("b", 8))]
+    try:
+        for it in (0, 1):
+            cluster.put(REGROUP(it, 0), Regroup((), False, False))
+        cluster.record_dead(0, Failure(2, 1, "gloo: Connection closed by peer"))
+        for node in (3, 4):
+            cluster.put(DONE(2, node), Report(1.0, 0.0, 0))
+        standbys[0].decide(cfg)
+        assert sorted(cluster.failed()) == list(range(7))
+        redo = cluster.get(ASSIGNMENT(1))
+        assert redo is not None and redo.redo and redo.start == 0 and redo.restore == "initial"
+        assert sorted(redo.members) == [7, 8]
     finally:
         for m in standbys:
             m.leave()
