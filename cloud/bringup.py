@@ -14,8 +14,8 @@ import sys
 from cloud.common import BadInput, Install, LaunchError, etcd_script
 from cloud.etcd_tls import JobCertificates, member_folder
 from cloud.job import JobStore, config_key, config_request
-from cloud.storage import certificates_location
 from cloud.package import build_wheel, check_package
+from cloud.storage import certificates_location
 
 
 class Undo:
