@@ -171,12 +171,15 @@ def test_unreachable_etcd_unwritable_bucket_unknown_type_leave_nothing(aws, etcd
 
 def test_a_launch_failing_half_way_removes_the_etcd_instance_and_the_wheel(aws, tmp_path):
     """The template's name is taken (a real refusal from the API) after the etcd
-    instance was started and the wheel uploaded; the template that was there stays."""
+    instance was started, and the wheel and the etcd certificates uploaded; the
+    template that was there stays, the certificates and the wheel go."""
     endpoint, clients, image = aws
     clients["s3"].create_bucket(Bucket="wheels-h")
     clients["ec2"].create_launch_template(LaunchTemplateName="bamboo-taken", LaunchTemplateData={"ImageId": image})
+    boto3.client("iam", region_name=REGION, endpoint_url=endpoint).create_instance_profile(
+        InstanceProfileName="bamboo-half")
     out = run("bamboo-launch", *launch_args(endpoint, image, "auto", "half", "bamboo-taken", str(tmp_path / "s.json"),
-                                            "--bucket", "wheels-h", *TRAIN))
+                                            "--bucket", "wheels-h", "--iam-profile", "bamboo-half", *TRAIN))
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1 and "AlreadyExists" in lines[0], out.stderr
     tagged = clients["ec2"].describe_instances(Filters=[{"Name": "tag:bamboo-job", "Values": ["half"]}])
@@ -184,9 +187,11 @@ def test_a_launch_failing_half_way_removes_the_etcd_instance_and_the_wheel(aws, 
     assert len(etcd_nodes) == 1 and etcd_nodes[0]["State"]["Name"] in ("shutting-down", "terminated")
     script = base64.b64decode(clients["ec2"].describe_instance_attribute(
         InstanceId=etcd_nodes[0]["InstanceId"], Attribute="userData")["UserData"]["Value"]).decode()
-    assert "etcdctl --endpoints 127.0.0.1:2379 put /bamboo/half/config" in script.replace('"$BIN/etcdctl"', "etcdctl")
+    assert 'put /bamboo/half/config < "$ROOT/var/lib/bamboo-config.json"' in script
+    assert "CERTS=s3://wheels-h/bamboo-launch/half/etcd-tls/etcd-0/" in script
     templates, groups = names(clients)
     assert "bamboo-taken" in templates and "bamboo-taken" not in groups and not objects(clients, "wheels-h")
+    assert not (tmp_path / "s-etcd-tls").exists()  # the operator's copy of the client certificate went too
 
 
 def test_dry_run_prints_the_upload_and_the_etcd_write(tmp_path):
