@@ -252,16 +252,12 @@ def _complete(storage, attempt: Attempt, num_layers: int) -> dict[int, bytes] | 
     """Layer index -> bytes of `attempt` if its commit names every layer and every
     file matches its hash, else None; _Gone if a file went meanwhile."""
     try:
-        commit = json.loads(storage.get(f"{attempt.folder}/{COMMIT}"))
+        hashes = _hashes(json.loads(storage.get(f"{attempt.folder}/{COMMIT}")))
     except (OSError, KeyError):
         raise _Gone() from None
     except ValueError:
         return None
-    try:
-        hashes = {int(i): str(h) for i, h in commit.get("layers", {}).items()}
-    except (AttributeError, ValueError):
-        return None
-    if sorted(hashes) != list(range(num_layers)):
+    if hashes is None or sorted(hashes) != list(range(num_layers)):
         return None
     blobs = {}
     for index, h in hashes.items():
@@ -275,27 +271,29 @@ def _complete(storage, attempt: Attempt, num_layers: int) -> dict[int, bytes] | 
     return blobs
 
 
-def layer_hashes(storage, iteration: int) -> dict[int, str]:
-    """layer -> sha256 in the newest commit of the checkpoint taken before
-    `iteration` (empty: none committed): what copies from peers must match."""
+def _hashes(commit) -> dict[int, str] | None:
+    """layer -> sha256 of a commit record, None if it is not one."""
+    try:
+        return {int(i): str(h) for i, h in commit.get("layers", {}).items()}
+    except (AttributeError, ValueError):
+        return None
+
+
+def _commits_at(storage, iteration: int):
+    """The commit records of the checkpoint taken before `iteration`, newest attempt first."""
     committed, _ = _attempts(storage.list())
     for attempt in committed:
         if attempt.iteration == iteration:
-            commit = _json(storage, f"{attempt.folder}/{COMMIT}") or {}
-            try:
-                return {int(i): str(h) for i, h in commit.get("layers", {}).items()}
-            except ValueError:
-                return {}
-    return {}
+            yield _json(storage, f"{attempt.folder}/{COMMIT}") or {}
+
+
+def layer_hashes(storage, iteration: int) -> dict[int, str]:
+    """layer -> sha256 in the newest commit of the checkpoint taken before
+    `iteration` (empty: none committed): what copies from peers must match."""
+    return next((_hashes(commit) or {} for commit in _commits_at(storage, iteration)), {})
 
 
 def stored_extra(storage, iteration: int, name: str):
     """The job state `name` the newest commit of the checkpoint taken before
     `iteration` holds beside its layers (the fp16 loss scale), or None."""
-    committed, _ = _attempts(storage.list())
-    for attempt in committed:
-        if attempt.iteration == iteration:
-            found = (_json(storage, f"{attempt.folder}/{COMMIT}") or {}).get(name)
-            if found is not None:
-                return found
-    return None
+    return next((commit[name] for commit in _commits_at(storage, iteration) if commit.get(name) is not None), None)
