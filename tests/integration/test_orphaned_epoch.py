@@ -3,6 +3,7 @@ any could write an abort or a regroup (keys only workers write): on a real etcd,
 two standby agents record the members dead and write the redo epoch over
 themselves (chaos seeds 27 and 34 waited out their 600 s here); while a member's
 worker runs, or an agent of a member still starts its worker, they do nothing."""
+import contextlib
 import dataclasses
 
 from bamboo.control.assignment import Assignment
@@ -15,19 +16,35 @@ CFG = JobConfig(job="orphaned", model="tiny", stages=2, microbatches=2, iteratio
                 failure_timeout=1.0, lease_ttl=5.0)
 
 
-def _job(etcd, job: str):
-    """Epoch 0: nodes 0 and 1, neither registered any more; agents 7 and 8 in standby."""
-    cfg = dataclasses.replace(CFG, job=job)
+@contextlib.contextmanager
+def _job(etcd, job: str, cfg: JobConfig = CFG, pipelines=((0, 1),)):
+    """Epoch 0 over `pipelines`, whose nodes registered no more; agents 7 and 8 in
+    standby (they leave at the end)."""
+    cfg = dataclasses.replace(cfg, job=job)
     cluster = Cluster(etcd.endpoint, job)
     cluster.put(CONFIG(), cfg)
-    cluster.put(ASSIGNMENT(0), Assignment(epoch=0, start=0, pipelines=((0, 1),)))
+    cluster.put(ASSIGNMENT(0), Assignment(epoch=0, start=0, pipelines=pipelines))
     standbys = [Membership(Cluster(etcd.endpoint, job), zone, node, cfg) for zone, node in (("a", 7), ("b", 8))]
-    return cluster, standbys
+    try:
+        yield cluster, standbys
+    finally:
+        for m in standbys:
+            m.leave()
+
+
+def _settled(cluster: Cluster, iterations: int) -> None:
+    """The boundaries of iterations 0 .. iterations - 1 agreed, as their workers write them."""
+    for it in range(iterations):
+        cluster.put(REGROUP(it, 0), Regroup((), False, False))
+
+
+def _reported(cluster: Cluster, it: int, nodes) -> None:
+    for node in nodes:
+        cluster.put(DONE(it, node), Report(1.0, 0.0, 0))
 
 
 def test_standby_agents_redo_an_iteration_whose_every_member_is_gone(etcd):
-    cluster, standbys = _job(etcd, "orphaned")
-    try:
+    with _job(etcd, "orphaned") as (cluster, standbys):
         standbys[0].decide(CFG)
         assert sorted(cluster.failed()) == [0, 1]
         redo = cluster.get(ASSIGNMENT(1))
@@ -35,9 +52,6 @@ def test_standby_agents_redo_an_iteration_whose_every_member_is_gone(etcd):
         assert sorted(redo.members) == [7, 8]
         standbys[1].decide(CFG)  # the other agent finds it decided
         assert cluster.get(ASSIGNMENT(2)) is None
-    finally:
-        for m in standbys:
-            m.leave()
 
 
 def test_members_gone_after_reporting_the_iteration_are_redone_too(etcd):
@@ -45,40 +59,24 @@ def test_members_gone_after_reporting_the_iteration_are_redone_too(etcd):
     no worker will ever write it, so iteration 3 is redone; so is the job's last
     iteration reported by one member only; reported by all, it is the job
     finishing, and nothing is redone."""
-    cluster, standbys = _job(etcd, "reported")
-    try:
-        for it in range(3):
-            cluster.put(REGROUP(it, 0), Regroup((), False, False))
-        for node in (0, 1):
-            cluster.put(DONE(3, node), Report(1.0, 0.0, 0))
+    last = CFG.iterations - 1
+    with _job(etcd, "reported") as (cluster, standbys):
+        _settled(cluster, 3)
+        _reported(cluster, 3, (0, 1))
         standbys[0].decide(CFG)
         redo = cluster.get(ASSIGNMENT(1))
         assert redo is not None and redo.redo and redo.start == 0 and redo.restore == "initial"
         assert sorted(cluster.failed()) == [0, 1]
-    finally:
-        for m in standbys:
-            m.leave()
-    cluster, standbys = _job(etcd, "last-partly")
-    try:
-        for it in range(CFG.iterations - 1):
-            cluster.put(REGROUP(it, 0), Regroup((), False, False))
-        cluster.put(DONE(CFG.iterations - 1, 0), Report(1.0, 0.0, 0))
+    with _job(etcd, "last-partly") as (cluster, standbys):
+        _settled(cluster, last)
+        _reported(cluster, last, (0,))
         standbys[0].decide(CFG)  # one report of the last iteration: node 1 died before its own
         assert sorted(cluster.failed()) == [0, 1] and cluster.get(ASSIGNMENT(1)).start == 0
-    finally:
-        for m in standbys:
-            m.leave()
-    cluster, standbys = _job(etcd, "finished")
-    try:
-        for it in range(CFG.iterations - 1):
-            cluster.put(REGROUP(it, 0), Regroup((), False, False))
-        for node in (0, 1):
-            cluster.put(DONE(CFG.iterations - 1, node), Report(1.0, 0.0, 0))
+    with _job(etcd, "finished") as (cluster, standbys):
+        _settled(cluster, last)
+        _reported(cluster, last, (0, 1))
         standbys[0].decide(CFG)
         assert cluster.failed() == {} and cluster.get(ASSIGNMENT(1)) is None
-    finally:
-        for m in standbys:
-            m.leave()
 
 
 def test_chaos_seed_39_two_reports_then_every_member_gone(etcd):
@@ -88,29 +86,19 @@ def test_chaos_seed_39_two_reports_then_every_member_gone(etcd):
     waited out the 600 s limit. The standbys redo iteration 2 (from the start:
     no checkpoint yet, no copy)."""
     cfg = dataclasses.replace(CFG, job="seed-39", stages=3, microbatches=6, iterations=30)
-    cluster = Cluster(etcd.endpoint, cfg.job)
-    cluster.put(CONFIG(), cfg)
-    cluster.put(ASSIGNMENT(0), Assignment(epoch=0, start=0, pipelines=((0, 2, 1), (3, 3, 4), (6, 6, 5))))
-    standbys = [Membership(Cluster(etcd.endpoint, cfg.job), zone, node, cfg) for zone, node in (("a", 7), ("b", 8))]
-    try:
-        for it in (0, 1):
-            cluster.put(REGROUP(it, 0), Regroup((), False, False))
+    with _job(etcd, "seed-39", cfg, ((0, 2, 1), (3, 3, 4), (6, 6, 5))) as (cluster, standbys):
+        _settled(cluster, 2)
         cluster.record_dead(0, Failure(2, 1, "gloo: Connection closed by peer"))
-        for node in (3, 4):
-            cluster.put(DONE(2, node), Report(1.0, 0.0, 0))
+        _reported(cluster, 2, (3, 4))
         standbys[0].decide(cfg)
         assert sorted(cluster.failed()) == list(range(7))
         redo = cluster.get(ASSIGNMENT(1))
         assert redo is not None and redo.redo and redo.start == 0 and redo.restore == "initial"
         assert sorted(redo.members) == [7, 8]
-    finally:
-        for m in standbys:
-            m.leave()
 
 
 def test_a_running_worker_or_a_starting_one_keeps_the_epoch(etcd):
-    cluster, standbys = _job(etcd, "kept")
-    try:
+    with _job(etcd, "kept") as (cluster, standbys):
         cluster.put(ALIVE(0), Alive(0))  # node 0's worker runs: it reports or aborts itself
         standbys[0].decide(CFG)
         cluster.delete(ALIVE(0))
@@ -118,6 +106,3 @@ def test_a_running_worker_or_a_starting_one_keeps_the_epoch(etcd):
         cluster.put(MEMBERS(0), Member("a", "h"))
         standbys[0].decide(CFG)
         assert cluster.failed() == {} and cluster.get(ASSIGNMENT(1)) is None
-    finally:
-        for m in standbys:
-            m.leave()
