@@ -71,7 +71,7 @@ class BambooAgent(SimpleElasticAgent):
         worker_group.workers = [Worker(local_rank=0, global_rank=self.node, role_rank=rank, world_size=world,
                                        role_world_size=world)]
         worker_group.group_rank, worker_group.group_world_size = rank, world
-        self.cluster.wait_for(self.cluster.assignments, timeout=self.cfg.stall_timeout,
+        self.cluster.wait_for(self.cluster.assignments, timeout=self.cfg.faults.stall_timeout,
                               what="the first assignment")
 
     def _start_workers(self, worker_group) -> dict[int, int]:
@@ -205,7 +205,7 @@ def wait_for_iteration(cluster: Cluster, iteration: int, cfg: JobConfig) -> bool
     try:
         while True:
             agreed.take()  # lowered before the read: a record after it wakes the wait
-            if cluster.children(DONE(cfg.iterations - 1)):
+            if cluster.children(DONE(cfg.schedule.iterations - 1)):
                 return False
             if cluster.children(REGROUP(iteration)):
                 return True

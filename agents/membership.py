@@ -58,11 +58,11 @@ class Membership:
         cluster.put(ZONES(self.node), Zone(zone, host or ""))
         host = self.host = host or socket.gethostname()
         self.fenced_why: str | None = None  # set by the heartbeat's thread: this node was recorded dead
-        self.heartbeat = Heartbeat(cluster, MEMBERS(self.node), lambda lease: Member(zone, host, lease), cfg.lease_ttl,
-                                   cfg.failure_timeout, fenced=lambda: cluster.death_of(self.node),
-                                   on_fenced=self._fenced)
+        self.heartbeat = Heartbeat(cluster, MEMBERS(self.node), lambda lease: Member(zone, host, lease),
+                                   cfg.faults.lease_ttl, cfg.faults.failure_timeout,
+                                   fenced=lambda: cluster.death_of(self.node), on_fenced=self._fenced)
         cluster.heartbeat = self.heartbeat  # the agent judges peers' silence by lease age, as workers do
-        self.failure_timeout = cfg.failure_timeout
+        self.failure_timeout = cfg.faults.failure_timeout
         self._dead_seen: dict[int, float] = {}  # node -> when this agent first read it dead (host mates' judge)
         self._drained = False
         self._epoch: int | None = None  # the newest assignment seen
@@ -121,7 +121,7 @@ class Membership:
                 self._orphaned(cfg, latest, self._next)
                 return
             asked = [r for r in tries.values() if r.reconfigure]
-            if asked and self._next + 1 < cfg.iterations:
+            if asked and self._next + 1 < cfg.schedule.iterations:
                 previous = self.cluster.latest_assignment()
                 if previous.start <= self._next:
                     failed = asked[0].failed
@@ -140,14 +140,14 @@ class Membership:
         them all at once, even after some reported the iteration done): record
         them dead and redo `it` over the nodes left, from copies or a checkpoint,
         rather than wait for no one."""
-        if it >= cfg.iterations or latest.start > it:
+        if it >= cfg.schedule.iterations or latest.start > it:
             return
         workers = self.cluster.children(ALIVE())
         if any(n in workers for n in latest.members):
             return  # a worker of the epoch runs: it reports or aborts
         failed = self.cluster.failed()
         done = self.cluster.children(DONE(it))
-        if it == cfg.iterations - 1 and done and all(n in done or n in failed for n in latest.members):
+        if it == cfg.schedule.iterations - 1 and done and all(n in done or n in failed for n in latest.members):
             return  # the job's last iteration finished: its workers are leaving, not gone
         left = [n for n in latest.members if n not in failed]
         if left and self.cluster.record_silent(left, it, self.node, starting=left) != sorted(left):
@@ -201,7 +201,7 @@ class Membership:
         if config.depth < 2:
             return  # a pipeline needs two nodes: wait for more (the workers wait for this epoch)
         start, restore = (it if redo else it + 1), Restore.PEERS
-        if lost_everywhere(basis, set(before) | set(failed), basis.mode(cfg.redundancy), taken):
+        if lost_everywhere(basis, set(before) | set(failed), basis.mode(cfg.schedule.redundancy), taken):
             holders = (set(basis.members) | {int(n) for p in config.pipelines for n in p}) - set(failed) - set(before)
             (start, restore), redo = self._restore_point(cfg, start, holders), True
         new = from_policy(config, start, before, failed, restore)
@@ -214,8 +214,9 @@ class Membership:
 
     def _policy(self, cfg: JobConfig, live: dict[str, str], previous: Config | None) -> Config:
         """The policy's next configuration for this job (pipelines: each needs a microbatch)."""
-        return next_config(live, previous, cfg.stages, cfg.microbatches, cfg.max_stages_per_node,
-                           slot_estimate(cfg.microbatches), hosts=self.hosts())
+        s = cfg.schedule
+        return next_config(live, previous, s.stages, s.microbatches, s.max_stages_per_node,
+                           slot_estimate(s.microbatches), hosts=self.hosts())
 
     def _taken(self, cfg: JobConfig, previous: Assignment, basis: Assignment | None, it: int,
                redo: bool) -> tuple[int, ...] | None:
@@ -225,7 +226,7 @@ class Membership:
         other death (in a sync's window, or between iterations) took the stage's
         newest weights along. None where every replica counts: with the sync at the
         end, and after an epoch's first iteration was undone (nothing was owed)."""
-        if not cfg.late_sync:
+        if not cfg.schedule.late_sync:
             return None
         if basis is not None and basis is not previous:  # nobody entered `previous`: its basis's holds
             return previous.taken
@@ -239,7 +240,7 @@ class Membership:
         """--redundancy auto: fold every iteration whose boundary was reached into the
         job's observations and record the mode wanted after it (MODE, first writer
         wins; every agent computes the same from the same keys)."""
-        if cfg.redundancy != JobRedundancy.AUTO:
+        if cfg.schedule.redundancy != JobRedundancy.AUTO:
             return
         if self._observed is None:
             first = self.cluster.get(START())
@@ -256,7 +257,7 @@ class Membership:
         reports = self.cluster.children(DONE(it))
         epoch = self.cluster.assignment_at(it)
         before = self.cluster.get(MODE(it - 1))
-        mode = epoch.mode(cfg.redundancy)
+        mode = epoch.mode(cfg.schedule.redundancy)
         disturbed = epoch.start == it or any(r.events for r in reports.values())  # a new epoch: its handover
         stats = observe(ModeStats(**before.stats) if before else ModeStats(), max(r.time for r in reports.values()),
                         len(reports), len(self.cluster.failed()), mode, disturbed)
@@ -266,15 +267,15 @@ class Membership:
                   wanted: ModeChoice | None = None) -> str:
         """The job's mode, or with auto the one `choose` picks for `epoch` from
         `stats` (`wanted`: already picked after the iteration before `it`)."""
-        if cfg.redundancy != JobRedundancy.AUTO:
-            return cfg.redundancy
+        if cfg.schedule.redundancy != JobRedundancy.AUTO:
+            return cfg.schedule.redundancy
         stats = stats or ModeStats()
         pipelines = len(epoch.pipelines)
         seconds, pause, rollback = job_estimates(cfg, stats, epoch.depth, pipelines)
         if wanted is not None and (wanted.mode != Redundancy.OFF or pipelines >= 2 or rollback is not None):
             return wanted.mode
         current = epoch.redundancy  # "" for the first epoch: no mode to keep, the best one
-        rate = stats.rate(cfg.auto_prior_rate, cfg.auto_prior_hours)
+        rate = stats.rate(cfg.schedule.auto_prior_rate, cfg.schedule.auto_prior_hours)
         return choose(current, rate, len(epoch.members), pipelines, seconds, pause, rollback)
 
     def _restore_point(self, cfg: JobConfig, start: int, holders=()) -> tuple[int, Restore]:
@@ -288,15 +289,15 @@ class Membership:
         that error."""
         # taken before `start` at the latest: a newer one is from an earlier run of
         # these iterations (before the job went back to its start, say)
-        kept = newest_covered(self.cluster.children(COPIES()), holders, cfg.layers, at_most=start)
-        storage = storage_for(cfg.checkpoint) if cfg.checkpoint else None
-        found = latest(storage, cfg.layers, at_most=start, above=kept) if storage else None  # only newer ones read
+        kept = newest_covered(self.cluster.children(COPIES()), holders, cfg.model.layers, at_most=start)
+        storage = storage_for(cfg.checkpoints.checkpoint) if cfg.checkpoints.checkpoint else None
+        found = latest(storage, cfg.model.layers, at_most=start, above=kept) if storage else None  # only newer ones
         if kept is not None and found is None:
             return kept, Restore.MEMORY
         if found:
             return found[0], Restore.CHECKPOINT
         first = self.cluster.get(START())
-        if not cfg.resume and (first is None or first.iteration == 0):
+        if not cfg.checkpoints.resume and (first is None or first.iteration == 0):
             return 0, Restore.INITIAL
         return start, Restore.CHECKPOINT
 
@@ -337,7 +338,7 @@ class Membership:
 
     def job_finished(self) -> bool:
         cfg = self.cluster.get(CONFIG())
-        return bool(self.cluster.children(DONE(cfg.iterations - 1)))
+        return bool(self.cluster.children(DONE(cfg.schedule.iterations - 1)))
 
     def leave(self) -> None:
         self.heartbeat.stop()

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from schedules.options import Redundancy, ReplicaSync, ScheduleOptions
 
-MODES = ("eager", "lazy", "off")
+MODES = tuple(Redundancy)  # eager, lazy, off: the order breaks ties
 MARGIN = 0.05            # a switch must save this share of an iteration: it costs a reconfiguration
 HALF_LIFE_HOURS = 1.0    # of the weights of past deaths and node-hours
 SMOOTHING = 0.3          # of the measured times: new = (1 - s) * old + s * sample
@@ -70,8 +70,8 @@ def simulated(stages: int, microbatches: int, sync: str = "end") -> tuple[dict, 
     its sync of the iteration before has landed with --replica-sync next)."""
     from schedules.compiler import compile_recovery, compile_schedule, simulate
 
-    off = simulate(compile_schedule(stages, microbatches, (), ScheduleOptions(redundancy="off"))).makespan
-    times, pauses = {"off": 1.0}, {"off": REDO_ITERATIONS}
+    off = simulate(compile_schedule(stages, microbatches, (), ScheduleOptions(redundancy=Redundancy.OFF))).makespan
+    times, pauses = {Redundancy.OFF: 1.0}, {Redundancy.OFF: REDO_ITERATIONS}
     for mode in (Redundancy.EAGER, Redundancy.LAZY):
         options = ScheduleOptions(redundancy=mode, sync=sync)
         base = compile_schedule(stages, microbatches, (), options)
@@ -96,7 +96,8 @@ def window_share(stages: int, microbatches: int, pipelines: int = 1) -> float:
     from schedules.cost import CostModel
     from schedules.syncs import windows
 
-    report = simulate(compile_schedule(stages, microbatches, (), ScheduleOptions(redundancy="eager", sync="next")))
+    options = ScheduleOptions(redundancy=Redundancy.EAGER, sync=ReplicaSync.NEXT)
+    report = simulate(compile_schedule(stages, microbatches, (), options))
     return sum(w.share for w in windows(report, CostModel(), stages, pipelines)) / stages
 
 
@@ -117,12 +118,13 @@ def estimates(stats: ModeStats, stages: int, microbatches: int, sync: str = "end
     pause = {m: stats.pause.get(m, pauses[m] * unit) for m in MODES}
     lost = None
     if sync == ReplicaSync.NEXT and pipelines >= 2:
-        lost = pause["off"]  # a redo from a peer pipeline
+        lost = pause[Redundancy.OFF]  # a redo from a peer pipeline
     elif sync == ReplicaSync.NEXT and rollback is not None:
         lost = rollback(seconds, pause)
     if lost is not None:
         share = window_share(stages, microbatches, pipelines)
-        pause.update({m: (1 - share) * pause[m] + share * lost for m in ("eager", "lazy") if m not in stats.pause})
+        pause.update({m: (1 - share) * pause[m] + share * lost
+                      for m in (Redundancy.EAGER, Redundancy.LAZY) if m not in stats.pause})
     return seconds, pause
 
 
@@ -139,16 +141,16 @@ def rollback_cost(every: int, every_seconds: float, seconds: dict, pause: dict) 
     average (`every` iterations or `every_seconds` between checkpoints). None
     without checkpoints: off then needs two pipelines."""
     if every:
-        return pause["off"] + every / 2 * seconds["off"]
+        return pause[Redundancy.OFF] + every / 2 * seconds[Redundancy.OFF]
     if every_seconds:
-        return pause["off"] + every_seconds / 2
+        return pause[Redundancy.OFF] + every_seconds / 2
     return None
 
 
 def weighed_pauses(pause: dict, pipelines: int, rollback: float | None) -> dict:
     """Each mode's cost of a death as `choose` weighs it: off on one pipeline goes
     back to its checkpoint (`rollback`), where with peers it redoes the iteration."""
-    return {**pause, "off": rollback} if pipelines < 2 and rollback is not None else pause
+    return {**pause, Redundancy.OFF: rollback} if pipelines < 2 and rollback is not None else pause
 
 
 def choose(current: str, rate: float, nodes: int, pipelines: int, seconds: dict, pause: dict,
@@ -158,7 +160,7 @@ def choose(current: str, rate: float, nodes: int, pipelines: int, seconds: dict,
     a second pipeline's copy of the stage; with one pipeline a death sends it back
     to its last checkpoint, which it may risk only when there is one: `rollback`
     is then what such a death costs (None: no checkpoint, off needs two pipelines)."""
-    allowed = [m for m in MODES if m != "off" or pipelines >= 2 or rollback is not None]
+    allowed = [m for m in MODES if m != Redundancy.OFF or pipelines >= 2 or rollback is not None]
     pause = weighed_pauses(pause, pipelines, rollback)
     cost = {m: expected_seconds(seconds[m], pause[m], rate, nodes) for m in allowed}
     best = min(allowed, key=lambda m: (cost[m], MODES.index(m)))
@@ -172,8 +174,8 @@ def job_estimates(cfg, stats: ModeStats, stages: int, pipelines: int = 1) -> tup
     its global microbatches, split over `pipelines`), and what a rollback costs off
     on one pipeline (None: no checkpoint interval)."""
     def rollback(seconds: dict, pause: dict) -> float | None:
-        return rollback_cost(cfg.checkpoint_every, cfg.checkpoint_seconds, seconds, pause) if cfg.checkpoint \
-            else None
-    microbatches = max(1, cfg.microbatches // max(1, pipelines))
-    seconds, pause = estimates(stats, stages, microbatches, cfg.replica_sync, rollback, pipelines)
+        c = cfg.checkpoints
+        return rollback_cost(c.checkpoint_every, c.checkpoint_seconds, seconds, pause) if c.checkpoint else None
+    microbatches = max(1, cfg.schedule.microbatches // max(1, pipelines))
+    seconds, pause = estimates(stats, stages, microbatches, cfg.schedule.replica_sync, rollback, pipelines)
     return seconds, pause, rollback(seconds, pause)

@@ -56,9 +56,9 @@ def add_flags(ap: argparse.ArgumentParser) -> None:
 
 def rendezvous_options(args, cfg: JobConfig) -> dict:
     """min_nodes, max_nodes and the timeouts of the first agents' rendezvous."""
-    least = args.min_nodes or nodes_for_a_pipeline(cfg.stages, cfg.max_stages_per_node)
-    last_call = cfg.last_call if args.last_call is None else args.last_call
-    timeout = cfg.stall_timeout if args.start_timeout is None else args.start_timeout
+    least = args.min_nodes or nodes_for_a_pipeline(cfg.schedule.stages, cfg.schedule.max_stages_per_node)
+    last_call = cfg.cluster.last_call if args.last_call is None else args.last_call
+    timeout = cfg.faults.stall_timeout if args.start_timeout is None else args.start_timeout
     return dict(min_nodes=least, max_nodes=max(args.max_nodes, least), last_call_timeout=last_call,
                 join_timeout=timeout)
 
@@ -87,7 +87,7 @@ def meet(handler, membership, cfg: JobConfig) -> tuple[int, int]:
         raise StartFailed(f"no first configuration within --start-timeout {timeout:g} s: "
                           f"{_registered(cluster, cfg)}; a pipeline needs {least}") from None
     if not cluster.assignments():
-        nodes = live_nodes(cluster, cfg.failure_timeout)
+        nodes = live_nodes(cluster, cfg.faults.failure_timeout)
         if len(nodes) < least and not cluster.assignments():
             raise StartFailed(f"{_registered(cluster, cfg)} when the first agents met; a pipeline needs {least}")
         membership.first_assignment(nodes)  # create-if-absent: another agent's may stand
@@ -96,5 +96,5 @@ def meet(handler, membership, cfg: JobConfig) -> tuple[int, int]:
 
 
 def _registered(cluster: Cluster, cfg: JobConfig) -> str:
-    nodes = live_nodes(cluster, cfg.failure_timeout)
+    nodes = live_nodes(cluster, cfg.faults.failure_timeout)
     return f"only {len(nodes)} nodes are registered and alive ({', '.join(map(str, nodes)) or 'none'})"

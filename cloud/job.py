@@ -98,7 +98,7 @@ def config_key(job: str) -> str:
 def config_request(endpoint: str, cfg: JobConfig) -> dict:
     """The etcd write, as --dry-run prints it."""
     return {"service": "etcd", "operation": "put_if_not_exists", "endpoint": endpoint,
-            "key": config_key(cfg.job), "value": cfg.to_dict()}
+            "key": config_key(cfg.cluster.job), "value": cfg.to_dict()}
 
 
 class JobStore:

@@ -74,7 +74,7 @@ def setup(seed: int):
     from bamboo.data.corpus import corpus_of
     from bamboo.model.api import ModelSource
     from bamboo.model.partition import partition
-    cfg = JobConfig(model=MODEL, seq=CFG.seq, batch=BATCH, seed=seed, microbatches=M, stages=P)
+    cfg = JobConfig.of(name=MODEL, seq=CFG.seq, batch=BATCH, seed=seed, microbatches=M, stages=P)
     source = ModelSource(MODEL, seed, seq=CFG.seq)
     return [source.layer(i) for i in range(source.count)], partition(source.costs(), P), corpus_of(cfg, CFG.seq), cfg
 
@@ -93,7 +93,7 @@ def deepspeed_stepper(rank: int, layers, ranges, corpus, cfg):
     assert module.parts == [r.start for r in ranges] + [ranges[-1].stop], (module.parts, ranges)
     config = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": M,
               "steps_per_print": 10 ** 9, "wall_clock_breakdown": False, "gradient_clipping": 0.0}
-    engine, *_ = deepspeed.initialize(model=module, optimizer=recipe.optimizer(module, cfg), config=config)
+    engine, *_ = deepspeed.initialize(model=module, optimizer=recipe.optimizer(module, cfg.recipe), config=config)
     return lambda it: float(engine.train_batch(iter([corpus.microbatch(it, g) for g in range(M)])))
 
 
@@ -109,7 +109,7 @@ def torch_stepper(rank: int, layers, ranges, corpus, cfg, zero_bubble: bool = Fa
     from bamboo.model import recipe
     dist.init_process_group("gloo")
     module = nn.Sequential(*[layers[i] for i in ranges[rank]])
-    optimizer = recipe.optimizer(module, cfg)
+    optimizer = recipe.optimizer(module, cfg.recipe)
     stage = PipelineStage(module, rank, P, torch.device("cpu"))
     schedule = ScheduleInterleavedZeroBubble([stage], M, loss_fn=token_loss) if zero_bubble else \
         Schedule1F1B(stage, M, loss_fn=token_loss)

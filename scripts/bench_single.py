@@ -126,7 +126,7 @@ def job_config(ap: Parser, a):
         f.flush()
         try:
             cfg = config_from_args(build_parser().parse_args(bamboo_args(a, f.name)))
-            devices.check_flags(",".join(cfg.devices), True, "gloo", 1)
+            devices.check_flags(",".join(cfg.devices.names), True, "gloo", 1)
         except ValueError as e:
             ap.error(str(e))
     return cfg
@@ -189,35 +189,35 @@ def bare_loop(a) -> None:
     import torch
     import torch.nn.functional as F
 
-    from bamboo.control.config import JobConfig
+    from bamboo.control.config import JobConfig, Precision
     from bamboo.data.corpus import corpus_of
     from bamboo.model import recipe
     from bamboo.model.api import ModelSource
     from bamboo.transport import devices
     torch.set_num_threads(1)  # as bamboo's single-process run
     cfg = JobConfig.from_dict(json.load(open(a.job_config)))
-    device = devices.claim(0, cfg.devices, share=True)
-    source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq, cfg.model_config)
+    device = devices.claim(0, cfg.devices.names, share=True)
+    source = ModelSource(cfg.model.name, cfg.model.seed, cfg.model.torch_dtype, cfg.model.seq, cfg.model.config_json)
     model = bare_model(source, device)
     corpus, vocab = corpus_of(cfg, source.seq), source.config.vocab_size
-    opt = recipe.optimizer(model, cfg)
-    autocast = torch.bfloat16 if cfg.precision == "bf16" else None
+    opt = recipe.optimizer(model, cfg.recipe)
+    autocast = torch.bfloat16 if cfg.recipe.precision == Precision.BF16 else None
     start, ends, losses = time.monotonic(), [], []
-    for it in range(cfg.iterations):
+    for it in range(cfg.schedule.iterations):
         model.zero_grad(set_to_none=True)
         mine = []
-        for g in range(cfg.microbatches):
+        for g in range(cfg.schedule.microbatches):
             x, y = (t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
                     for t in corpus.microbatch(it, g))
             with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
                 logits = model(input_ids=x).logits
                 loss = F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1))
-            (loss / cfg.microbatches).backward()
+            (loss / cfg.schedule.microbatches).backward()
             mine.append(loss.detach())
         recipe.set_learning_rate(opt, recipe.learning_rate(cfg, it))
         opt.step()
         values = torch.stack(mine).tolist()  # the iteration's one host synchronisation
-        losses.append(sum(values) / cfg.microbatches)
+        losses.append(sum(values) / cfg.schedule.microbatches)
         ends.append(time.monotonic())
     cuda = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
     with open(a.out, "w") as f:
@@ -250,17 +250,18 @@ def parameters(a) -> dict:
 
     from bamboo.model.hf import load_config
     cfg = a.cfg
+    r = cfg.recipe
     with torch.device("meta"):  # a tied weight counted once
         params = transformers.AutoModelForCausalLM.from_config(load_config(None, a.config_text)).num_parameters()
     return {"bamboo": "python -m commands.train.cli " + " ".join(bamboo_args(a, "CONFIG.json")),
             "bare": "transformers' AutoModelForCausalLM (sdpa, no cache), the same weights, a plain loop",
             "model": a.model_config or a.model, "config": json.loads(a.config_text), "parameters": params,
             "device": a.device,
-            "precision": f"{a.precision} autocast over {cfg.dtype} weights", "seq": a.seq, "batch": a.batch,
+            "precision": f"{a.precision} autocast over {cfg.model.dtype} weights", "seq": a.seq, "batch": a.batch,
             "microbatches": a.microbatches, "tokens_per_iteration": a.microbatches * a.batch * a.seq,
             "iterations": a.iterations, "warm": a.warm, "rounds": a.rounds, "seed": a.seed,
-            "optimizer": f"AdamW fused, lr {cfg.lr} warm-up {cfg.warmup} then {cfg.lr_schedule} to {cfg.min_lr}, "
-                         f"betas {cfg.betas[0]}/{cfg.betas[1]}, weight decay {cfg.weight_decay} on matrices",
+            "optimizer": f"AdamW fused, lr {r.lr} warm-up {r.warmup} then {r.lr_schedule} to {r.min_lr}, "
+                         f"betas {r.betas[0]}/{r.betas[1]}, weight decay {r.weight_decay} on matrices",
             "peak_memory": "torch.cuda.max_memory_allocated" if a.device == "cuda" else "peak RSS (wait4)",
             "torch_threads": 1, "torch": torch.__version__, "transformers": transformers.__version__,
             "cores": os.cpu_count(), "load_average_before": round(os.getloadavg()[0], 2)}

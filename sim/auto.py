@@ -37,7 +37,7 @@ PRIOR_RATE, PRIOR_HOURS = 0.05, 2.0  # the runtime's defaults (--auto-prior-rate
 class Auto(Bamboo):
     def __init__(self, state: RunState | None = None):
         self.state = state       # the run these observations belong to (a strategy may replay twice)
-        self.redundancy = "off"  # until the first choice
+        self.redundancy = Redundancy.OFF  # until the first choice
         self.failures = self.node_hours = self.last = 0.0  # weighted batches with deaths
         self.fatal = 0.0     # ... of them a stage of which no replica is left (eager, lazy: a rollback)
         self.redone = 0.0    # ... or two nodes of one pipeline died (eager, lazy: a redo)
@@ -69,8 +69,8 @@ class Auto(Bamboo):
 
     def _choose(self, sim: Simulation, s: RunState, config: Config, reconfigured: bool) -> None:
         pipelines, nodes = len(config.pipelines), len(used_nodes(config))
-        seconds = {m: sim.config_seconds(config, mode=m) for m in ("eager", "lazy", "off")}
-        merged = sim.iteration_seconds(pipelines, merged=True, mode="eager")
+        seconds = {m: sim.config_seconds(config, mode=m) for m in (Redundancy.EAGER, Redundancy.LAZY, Redundancy.OFF)}
+        merged = sim.iteration_seconds(pipelines, merged=True, mode=Redundancy.EAGER)
         rate = (self.failures + PRIOR_RATE * PRIOR_HOURS) / (self.node_hours + PRIOR_HOURS)
         rollback = rollback_seconds(sim, rate, nodes)
         # What a batch of deaths costs a redundant mode, as the runtime measures it in
@@ -84,10 +84,11 @@ class Auto(Bamboo):
             window = mean_share(sim.windows(pipelines, mode))
             failover = (1 - window) * failover + window * (redo if pipelines > 1 else rollback)
             return (1 - fatal - redone) * failover + redone * redo + fatal * rollback
-        forwards = seconds["off"] / (3 * sim.P)  # recomputing the dead stage's: all with lazy, eager's without FRC
-        pause = {"eager": redundant(merged + sim.uncovered(pipelines) * forwards, "eager"),
-                 "lazy": redundant(merged + forwards, "lazy"),
-                 "off": sim.opt.failure_timeout + seconds["off"] / 2 + peer_reload_seconds(sim)}
+        # recomputing the dead stage's forwards: all with lazy, eager's without FRC
+        forwards = seconds[Redundancy.OFF] / (3 * sim.P)
+        pause = {Redundancy.EAGER: redundant(merged + sim.uncovered(pipelines) * forwards, Redundancy.EAGER),
+                 Redundancy.LAZY: redundant(merged + forwards, Redundancy.LAZY),
+                 Redundancy.OFF: sim.opt.failure_timeout + seconds[Redundancy.OFF] / 2 + peer_reload_seconds(sim)}
         mode = choose(self.redundancy if self.switches else "", rate, nodes, pipelines, seconds, pause,
                       rollback)
         if mode != self.redundancy or not self.switches:

@@ -109,7 +109,7 @@ def measure(records: list[dict], replay: Replay, spot_price: float) -> dict:
             "mean_nodes": round(mean_nodes, 3), "throughput": round(throughput, 4),
             "cost_per_hour": round(mean_nodes * spot_price, 3),
             "value": round(throughput / (mean_nodes * spot_price), 5), "samples": samples,
-            "samples_lost": lost * replay.cfg.microbatches * replay.cfg.batch, "seconds": round(elapsed, 2)}
+            "samples_lost": lost * replay.cfg.schedule.samples, "seconds": round(elapsed, 2)}
 
 
 def profile_from(records: list[dict], cfg: JobConfig) -> MeasuredProfile:
@@ -122,8 +122,8 @@ def profile_from(records: list[dict], cfg: JobConfig) -> MeasuredProfile:
                 pipelines = len(e["pipelines"])
         if not r["events"] and pipelines:
             by_d.setdefault(pipelines, []).append(r["seconds"] * 1000)
-    return MeasuredProfile("measured", cfg.stages, tuple((d, statistics.median(v)) for d, v in sorted(by_d.items())),
-                           cfg.microbatches * cfg.batch)
+    medians = tuple((d, statistics.median(v)) for d, v in sorted(by_d.items()))
+    return MeasuredProfile("measured", cfg.schedule.stages, medians, cfg.schedule.samples)
 
 
 def check_args(ap, args) -> None:
@@ -169,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bamboo-replay: error: {e}", file=sys.stderr)
         return 2
     duration = args.hours * 3600 / args.speedup
-    cfg = JobConfig(model=args.model, stages=args.stages, microbatches=args.microbatches, iterations=10 ** 6,
-                    seed=args.seed, elastic=True, job="replay")
+    cfg = JobConfig.of(name=args.model, stages=args.stages, microbatches=args.microbatches, iterations=10 ** 6,
+                       seed=args.seed, elastic=True, job="replay")
     zones = tuple(z for z in args.zones.split(",") if z)
     replay = Replay(events, duration, cfg, zones)
     launcher = Launcher(cfg, metrics_out=args.metrics_out, progress=False, cluster=replay.local)
@@ -186,9 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     if not profile.iteration_ms:
         print("bamboo-replay: error: no iteration without events to measure (try a longer slice)", file=sys.stderr)
         return 1
-    options = Options(spot_price=args.spot_price, reconfigure_seconds=0.0, failure_timeout=cfg.failure_timeout,
+    options = Options(spot_price=args.spot_price, reconfigure_seconds=0.0, failure_timeout=cfg.faults.failure_timeout,
                       startup_seconds=4.0, zones=zones)
-    predicted = ClusterSimulator(profile, cfg.stages, "bamboo", options).run(events, duration / 3600)
+    predicted = ClusterSimulator(profile, cfg.schedule.stages, "bamboo", options).run(events, duration / 3600)
     predicted.pop("timeline")
     result["predicted"] = predicted
     result["throughput_ratio"] = round(result["throughput"] / predicted["throughput"], 4) \

@@ -251,8 +251,9 @@ class Cluster:
         """ALIVE(node) under a lease this process keeps refreshing (bamboo/control/liveness.py);
         `on_fenced(reason)` runs if it expired while the node was recorded dead."""
         self.fenced_as = node
-        self.heartbeat = Heartbeat(self, ALIVE(node), lambda lease: Alive(node, lease), cfg.lease_ttl,
-                                   cfg.failure_timeout, cfg.hang_timeout, lambda: self.death_of(node), on_fenced)
+        f = cfg.faults
+        self.heartbeat = Heartbeat(self, ALIVE(node), lambda lease: Alive(node, lease), f.lease_ttl,
+                                   f.failure_timeout, f.hang_timeout, lambda: self.death_of(node), on_fenced)
 
     def death_of(self, node: int) -> str | None:
         """Why `node` is dead, as a fenced node says it (None while it is not)."""

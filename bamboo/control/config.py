@@ -1,13 +1,42 @@
-"""A training job's settings, shared by the launcher, every worker and the reference."""
+"""A training job's settings, shared by the launcher, every worker and the reference.
+
+`JobConfig` is one typed section per group of bamboo-train's flags (model, schedule,
+recipe, data, checkpoints, faults, devices, cluster, testing: the groups of
+commands/train/flags.py's GROUPS, which also name a job file's TOML sections). A
+section's field has its flag's name, unless `DERIVED` says how it is made; every
+choice is a str enum. The whole value goes to etcd as JSON and back, each field's
+type checked on the way in.
+"""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
-from schedules.options import Redundancy, ReplicaSync
-from bamboo.control.records import checked
+from schedules.options import BackwardSplit, Choice, Frc, JobRedundancy, Redundancy, ReplicaSync, ScheduleOptions
+from bamboo.control.records import BadRecord, checked
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class Precision(Choice):
+    """--precision: float32 throughout, or bf16/fp16 autocast over float32 weights."""
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+class LrSchedule(Choice):
+    """--lr-schedule: the learning rate after the warm-up."""
+    CONSTANT = "constant"
+    LINEAR = "linear"
+    COSINE = "cosine"
+
+
+class Transport(Choice):
+    """--transport: the workers' payloads over gloo, or NCCL (a GPU per worker); auto is gloo."""
+    AUTO = "auto"
+    GLOO = "gloo"
+    NCCL = "nccl"
 
 
 @dataclass(frozen=True)
@@ -23,102 +52,218 @@ class Preempt:
         return (self.node, self.iteration, self.instruction, self.phase) == (node, iteration, instruction, phase)
 
 
+class Section:
+    """A typed group of settings: str values of its enum fields are made members,
+    and a stored one is read back with each field's type checked (BadRecord)."""
+
+    def __post_init__(self):
+        for f in fields(self):
+            kind, value = _ENUMS.get(f.name), getattr(self, f.name)
+            if kind is not None and not isinstance(value, kind):
+                try:
+                    object.__setattr__(self, f.name, kind(value))
+                except ValueError:
+                    raise BadRecord(f"{f.name} must be one of {', '.join(kind.values())} (got {value!r})") from None
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(**_tuples(cls, checked(cls, d)))
+
+
 @dataclass(frozen=True)
-class JobConfig:
-    model: str = "tiny"
-    model_config: str | None = None  # a Hugging Face config.json's text (--model-config)
-    stages: int = 2
-    pipelines: int = 1
-    microbatches: int = 4
-    iterations: int = 10
-    redundancy: str = "eager"
-    frc: str = "bubbles"           # eager: FRC only where it fits the bubbles, or for every microbatch (all)
-    sync_bucket_mb: float = 4.0    # a replica's sync posted in buckets this large (bamboo/runtime/sync.py)
-    compute_ahead: bool = False    # stage 0's next forward run while the boundary agrees (bamboo/runtime/ahead.py)
-    replica_sync: str = "end"      # a replica's sync at the iteration's end, or in the next one (schedules/syncs.py)
-    backward_split: str = "last"   # each node's last backward sends its input gradient first (schedules/early_grads.py)
-    auto_prior_rate: float = 0.05  # --redundancy auto: deaths per node-hour assumed before any are seen ...
-    auto_prior_hours: float = 2.0  # ... weighing as much as this many node-hours of observation
-    max_stages_per_node: int = 2   # agents: nodes left over from full pipelines form shorter ones (1: standby)
+class ModelSpec(Section):
+    name: str = "tiny"             # --model: a built-in, hf:NAME, hf:config or a factory module:function
+    config_json: str | None = None  # a Hugging Face config.json's text (--model-config)
+    seq: int = 32                  # tokens per sequence, for factory models (built-ins fix their own)
     seed: int = 0
-    batch: int = 2              # sequences per microbatch
-    seq: int = 32               # tokens per sequence, for factory models (built-ins fix their own)
-    lr: float = 1e-3
-    min_lr: float = 0.0            # where --lr-schedule linear/cosine ends
-    lr_schedule: str = "constant"  # after --warmup: constant, linear or cosine (bamboo/model/recipe.py)
-    warmup: int = 0                # iterations of linear warm-up
-    weight_decay: float = 0.01     # AdamW's decoupled decay, on weights of 2+ dimensions
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = 0.0         # clip the global gradient norm to this (0: never)
-    dtype: str = "float32"
-    precision: str = "fp32"        # fp32, or bf16/fp16 autocast over float32 weights (bamboo/model/builtin.py)
-    initial_loss_scale: float = 65536.0  # fp16: the dynamic loss scale's first value ...
-    loss_scale_window: int = 1000        # ... doubled after this many steps in a row without an overflow ...
-    min_loss_scale: float = 1.0          # ... halved after one, never below this
-    failure_timeout: float = 3.0  # a node whose lease went unrefreshed this long is dead
-    lease_ttl: float = 15.0       # etcd lease TTL: how long etcd may be away before keys vanish
-    hang_timeout: float = 300.0   # a main thread stuck this long lets its lease lapse; gloo's op timeout
-    straggler_factor: float = 5.0  # compute this many times the peers' median (0: never) ...
-    straggler_slack: float = 3.0   # ... and this many seconds more: the node is a straggler, fenced
-    stall_timeout: float = 1800.0  # the launcher gives up when no iteration ends for this long
-    last_call: float = 10.0        # agents: once one pipeline's nodes met, the first configuration waits this long
-    preempt: tuple[Preempt, ...] = field(default_factory=tuple)
-    data_files: tuple[str, ...] = field(default_factory=tuple)  # text files, or one token file (.bin)
-    token_dtype: str = "uint16"    # of a token file's ids (bamboo/data/corpus.py)
-    val_fraction: float = 0.05     # the tail of the token stream held out for validation ...
-    val_files: tuple[str, ...] = field(default_factory=tuple)  # ... unless validation has files of its own
-    eval_every: int = 0            # validation loss after every K-th iteration (and the last); 0: never
-    eval_batches: int = 8          # validation microbatches per evaluation (fixed, global)
-    save_dir: str | None = None   # final parameters, one file per layer
-    checkpoint: str | None = None  # a directory or s3://bucket/prefix
-    checkpoint_every: int = 0      # iterations between checkpoints (0: never)
-    checkpoint_seconds: float = 0  # seconds between checkpoints (0: never)
-    checkpoint_keep: int = 0       # committed checkpoints kept in storage, the newest (0: every one)
-    run: str = "run"               # this run's name in its checkpoints' folders (a resume is another run)
-    resume: bool = False           # start from the newest complete checkpoint
-    memory_copies: bool = True     # checkpoints kept in peers' memory too: a rollback reads no storage
-    check_replicas: bool = False  # digest owners and replicas after every step
-    devices: tuple[str, ...] = field(default_factory=tuple)  # GPUs of a host's workers, or ("cpu",) (devices.py)
-    share_gpu: bool = False        # more workers than GPUs on a host share them
-    transport: str = "auto"        # gloo, or nccl (a GPU per worker: bamboo/transport/channels.py); auto is gloo
-    elastic: bool = False          # agents decide the configuration (else P x D fixed nodes)
+    dtype: str = "float32"         # of the weights and optimizer state
     layers: int = 0                # the model's layer count (what a complete checkpoint holds)
-    job: str = "job"
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+
+@dataclass(frozen=True)
+class ScheduleSpec(Section):
+    stages: int = 2
+    pipelines: int = 1
+    microbatches: int = 4
+    iterations: int = 10
+    batch: int = 2                 # sequences per microbatch
+    redundancy: JobRedundancy = JobRedundancy.EAGER
+    frc: Frc = Frc.BUBBLES         # eager: FRC only where it fits the bubbles, or for every microbatch
+    sync_bucket_mb: float = 4.0    # a replica's sync posted in buckets this large (bamboo/runtime/sync.py)
+    replica_sync: ReplicaSync = ReplicaSync.END  # at the iteration's end, or in the next one (schedules/syncs.py)
+    backward_split: BackwardSplit = BackwardSplit.LAST  # the last backwards send input gradients first
+    auto_prior_rate: float = 0.05  # --redundancy auto: deaths per node-hour assumed before any are seen ...
+    auto_prior_hours: float = 2.0  # ... weighing as much as this many node-hours of observation
+    max_stages_per_node: int = 2   # agents: nodes left over from full pipelines form shorter ones (1: standby)
 
     @property
     def nodes(self) -> int:
         return self.stages * self.pipelines
 
     @property
+    def samples(self) -> int:
+        """Sequences per iteration: every microbatch's batch."""
+        return self.microbatches * self.batch
+
+    @property
     def late_sync(self) -> bool:
         """--replica-sync next with replicas to sync (not --redundancy off): the one
         test the executor, the handover and the agents read."""
-        return self.replica_sync == ReplicaSync.NEXT and self.redundancy != Redundancy.OFF
+        return self.replica_sync is ReplicaSync.NEXT and self.redundancy is not JobRedundancy.OFF
+
+    def options(self, redundancy: Redundancy | str) -> ScheduleOptions:
+        """The compiler's options for a stream run in `redundancy` (auto's pick of the epoch)."""
+        return ScheduleOptions(redundancy=redundancy, frc=self.frc, sync=self.replica_sync, split=self.backward_split)
+
+
+@dataclass(frozen=True)
+class RecipeSpec(Section):
+    lr: float = 1e-3
+    min_lr: float = 0.0            # where a linear or cosine schedule ends
+    lr_schedule: LrSchedule = LrSchedule.CONSTANT  # after the warm-up (bamboo/model/recipe.py)
+    warmup: int = 0                # iterations of linear warm-up
+    weight_decay: float = 0.01     # AdamW's decoupled decay, on weights of 2+ dimensions
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 0.0         # clip the global gradient norm to this (0: never)
+    precision: Precision = Precision.FP32  # autocast over float32 weights (bamboo/model/builtin.py)
+    initial_loss_scale: float = 65536.0  # fp16: the dynamic loss scale's first value ...
+    loss_scale_window: int = 1000        # ... doubled after this many steps in a row without an overflow ...
+    min_loss_scale: float = 1.0          # ... halved after one, never below this
 
     @property
     def loss_scaling(self) -> bool:
         """fp16 scales its loss dynamically (bamboo/model/recipe.py, protocol.LossScale)."""
-        return self.precision == "fp16"
+        return self.precision is Precision.FP16
+
+
+@dataclass(frozen=True)
+class DataSpec(Section):
+    data_files: tuple[str, ...] = ()  # --data: text files, or one token file (.bin)
+    token_dtype: str = "uint16"    # of a token file's ids (bamboo/data/corpus.py)
+    val_fraction: float = 0.05     # the tail of the token stream held out for validation ...
+    val_files: tuple[str, ...] = ()  # ... unless validation has files of its own (--val-data)
+    eval_every: int = 0            # validation loss after every K-th iteration (and the last); 0: never
+    eval_batches: int = 8          # validation microbatches per evaluation (fixed, global)
+
+
+@dataclass(frozen=True)
+class CheckpointSpec(Section):
+    checkpoint: str | None = None  # a directory or s3://bucket/prefix or gs://bucket/prefix
+    checkpoint_every: int = 0      # iterations between checkpoints (0: never)
+    checkpoint_seconds: float = 0  # seconds between checkpoints (0: never)
+    checkpoint_keep: int = 0       # committed checkpoints kept in storage, the newest (0: every one)
+    run: str = "run"               # this run's name in its checkpoints' folders (a resume is another run)
+    resume: bool = False           # start from the newest complete checkpoint
+    memory_copies: bool = True     # checkpoints kept in peers' memory too: a rollback reads no storage
+    save_dir: str | None = None    # final parameters, one file per layer
+
+
+@dataclass(frozen=True)
+class FaultSpec(Section):
+    failure_timeout: float = 3.0   # a node whose lease went unrefreshed this long is dead
+    lease_ttl: float = 15.0        # etcd lease TTL: how long etcd may be away before keys vanish
+    hang_timeout: float = 300.0    # a main thread stuck this long lets its lease lapse; gloo's op timeout
+    straggler_factor: float = 5.0  # compute this many times the peers' median (0: never) ...
+    straggler_slack: float = 3.0   # ... and this many seconds more: the node is a straggler, fenced
+    stall_timeout: float = 1800.0  # the launcher gives up when no iteration ends for this long
+
+
+@dataclass(frozen=True)
+class DeviceSpec(Section):
+    names: tuple[str, ...] = ()    # --devices: GPUs of a host's workers, or ("cpu",) (bamboo/transport/devices.py)
+    share_gpu: bool = False        # more workers than GPUs on a host share them
+    transport: Transport = Transport.AUTO  # gloo, or nccl (a GPU per worker: bamboo/transport/channels.py)
+
+
+@dataclass(frozen=True)
+class ClusterSpec(Section):
+    job: str = "job"
+    elastic: bool = False          # agents decide the configuration (else P x D fixed nodes)
+    last_call: float = 10.0        # agents: once one pipeline's nodes met, the first configuration waits this long
+
+
+@dataclass(frozen=True)
+class TestingSpec(Section):
+    preempt: tuple[Preempt, ...] = ()  # kills at chosen instructions
+    check_replicas: bool = False   # digest owners and replicas after every step
+    compute_ahead: bool = False    # stage 0's next forward run while the boundary agrees (bamboo/runtime/ahead.py)
+
+    @classmethod
+    def from_dict(cls, d):
+        kept = checked(cls, d)
+        if "preempt" in kept:
+            try:
+                kept["preempt"] = tuple(Preempt(**checked(Preempt, p)) for p in kept["preempt"])
+            except TypeError as e:
+                raise BadRecord(f"a preempt record is incomplete: {e}") from None
+        return cls(**_tuples(cls, kept))
+
+
+# A section field made otherwise than from its flag's value: how (commands/train/cli.py).
+DERIVED = {"name": "--model, or hf:config with --model-config", "config_json": "--model-config's text",
+           "layers": "the model's layer count", "data_files": "--data", "val_files": "--val-data",
+           "run": "a fresh name per run", "memory_copies": "not --no-memory-copies", "names": "--devices, parsed",
+           "job": "--job, or job", "elastic": "--local-nodes given", "preempt": "--preempt, parsed"}
+_ENUMS = {"redundancy": JobRedundancy, "frc": Frc, "replica_sync": ReplicaSync, "backward_split": BackwardSplit,
+          "lr_schedule": LrSchedule, "precision": Precision, "transport": Transport}
+
+
+def _tuples(cls, kept: dict) -> dict:
+    """JSON lists back into the tuples the section's fields hold."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in kept.items()}
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    model: ModelSpec = field(default_factory=ModelSpec)
+    schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
+    recipe: RecipeSpec = field(default_factory=RecipeSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    checkpoints: CheckpointSpec = field(default_factory=CheckpointSpec)
+    faults: FaultSpec = field(default_factory=FaultSpec)
+    devices: DeviceSpec = field(default_factory=DeviceSpec)
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    testing: TestingSpec = field(default_factory=TestingSpec)
+
+    @classmethod
+    def of(cls, **settings) -> JobConfig:
+        """A config from settings named by field, whatever their section (tests and
+        tools that set a few); a name no section has is a TypeError."""
+        return cls().with_(**settings)
+
+    def with_(self, **settings) -> JobConfig:
+        """This config with the named fields changed, each in its own section."""
+        changes: dict[str, dict] = {}
+        for name, value in settings.items():
+            if name not in _SECTION_OF:
+                raise TypeError(f"JobConfig has no setting {name!r}")
+            changes.setdefault(_SECTION_OF[name], {})[name] = value
+        return replace(self, **{s: replace(getattr(self, s), **c) for s, c in changes.items()})
 
     def evaluates(self, iteration: int) -> bool:
         """Whether the validation loss is computed after `iteration`'s step."""
-        return evaluated(iteration, self.eval_every, self.iterations)
+        return evaluated(iteration, self.data.eval_every, self.schedule.iterations)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "JobConfig":
-        """The config stored as `d`, each field's type checked (BadRecord)."""
-        d = dict(checked(cls, d), preempt=tuple(Preempt(**p) for p in d["preempt"]), data_files=tuple(d["data_files"]),
-                 val_files=tuple(d.get("val_files", ())),
-                 devices=tuple(d.get("devices", ())),
-                 betas=tuple(d["betas"]))
-        return cls(**d)
+    def from_dict(cls, d) -> JobConfig:
+        """The config stored as `d`, each section's fields' types checked (BadRecord)."""
+        if not isinstance(d, dict):
+            raise BadRecord(f"a JobConfig record is {type(d).__name__}, not a JSON object")
+        if unknown := sorted(set(d) - set(_SECTIONS)):  # a flat record of an older version, say
+            raise BadRecord(f"a JobConfig record has keys that are no section: {', '.join(unknown)[:80]}")
+        return cls(**{f.name: _SECTIONS[f.name].from_dict(d.get(f.name, {})) for f in fields(cls)})
+
+
+_SECTIONS = {f.name: f.default_factory for f in fields(JobConfig)}
+_SECTION_OF = {g.name: s for s, kind in _SECTIONS.items() for g in fields(kind)}
+assert len(_SECTION_OF) == sum(len(fields(kind)) for kind in _SECTIONS.values()), "a field name in two sections"
 
 
 def evaluated(iteration: int, every: int, iterations: int) -> bool:
@@ -129,3 +274,4 @@ def evaluated(iteration: int, every: int, iterations: int) -> bool:
 def dropout_seed_for(seed: int, iteration: int, microbatch: int) -> int:
     """The dropout seed of global microbatch `microbatch` in `iteration`."""
     return (seed * 1_000_003 + iteration) * 100_003 + microbatch
+

@@ -40,9 +40,9 @@ class Released(WorkerExit):
 def preempt_if_due(cfg, cluster, node: int, iteration: int, instruction: int, phase: str) -> None:
     """An injected preemption (--preempt): SIGKILL this process, and under agents
     its agent too (the node goes), just before `instruction` of `phase`'s stream."""
-    for p in cfg.preempt:
+    for p in cfg.testing.preempt:
         if p.fires(node, iteration, instruction, phase):
             cluster.put(PREEMPTED(node), Preempted(iteration, time.time()))
-            if cfg.elastic:
+            if cfg.cluster.elastic:
                 os.kill(os.getppid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)

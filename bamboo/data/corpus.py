@@ -169,8 +169,9 @@ def open_corpus(files, token_dtype: str, seq: int, batch: int, seed: int, val_fr
 
 def corpus_of(cfg, seq: int) -> Corpus:
     """The job's corpus (`cfg` a JobConfig; `seq` the model's sequence length),
-    validated on its held-out tail or on cfg.val_files."""
-    return corpora(cfg.data_files, cfg.val_files, cfg.token_dtype, seq, cfg.batch, cfg.seed, cfg.val_fraction)[0]
+    validated on its held-out tail or on cfg.data.val_files."""
+    d = cfg.data
+    return corpora(d.data_files, d.val_files, d.token_dtype, seq, cfg.schedule.batch, cfg.model.seed, d.val_fraction)[0]
 
 
 def corpora(files, val_files, token_dtype: str, seq: int, batch: int, seed: int,

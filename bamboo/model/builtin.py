@@ -18,6 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from bamboo.control.config import Precision
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -75,8 +77,7 @@ def layer_rng(layer: int, device: torch.device):
         yield
 
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+AUTOCAST = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 # fp16 is for CUDA. Tests set this to run its loss scaling on the CPU, where torch's
 # autocast computes in fp16 too (slowly), since no GPU is at hand there.
 FP16_ON_CPU = "BAMBOO_FP16_ON_CPU"

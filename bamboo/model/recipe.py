@@ -15,35 +15,37 @@ import math
 
 import torch
 
-SCHEDULES = ("constant", "linear", "cosine")
+from bamboo.control.config import LrSchedule
 
 
-def optimizer(module: torch.nn.Module, cfg) -> torch.optim.AdamW:
+def optimizer(module: torch.nn.Module, recipe) -> torch.optim.AdamW:
     """AdamW over `module`'s parameters: decay for weights of 2 or more dimensions
     (matrices, embeddings), none for biases and norms (nanoGPT's and Megatron's
     choice)."""
     params = list(module.parameters())
     decay = [p for p in params if p.dim() >= 2]
     rest = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": rest, "weight_decay": 0.0}]
     # fused: one kernel per parameter (on the CPU a third of foreach's time for a small
     # stage, which is on the critical path of every iteration's tail); the reference
     # and the baselines take this recipe too, so every comparison stays exact
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=tuple(cfg.betas), fused=True)
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=recipe.lr, betas=tuple(recipe.betas), fused=True)
 
 
 def learning_rate(cfg, iteration: int) -> float:
-    """The rate of `iteration`'s step: linear warm-up over the first cfg.warmup
-    iterations, then constant, or a linear or cosine decay to cfg.min_lr at the last."""
-    if iteration < cfg.warmup:
-        return cfg.lr * (iteration + 1) / cfg.warmup
-    if cfg.lr_schedule == "constant":
-        return cfg.lr
-    span = max(1, cfg.iterations - 1 - cfg.warmup)
-    progress = min(1.0, (iteration - cfg.warmup) / span)
-    if cfg.lr_schedule == "linear":
-        return cfg.lr - (cfg.lr - cfg.min_lr) * progress
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress))
+    """The rate of `iteration`'s step: a linear warm-up over the recipe's first
+    `warmup` iterations, then constant, or a linear or cosine decay to `min_lr` at
+    the last."""
+    r = cfg.recipe
+    if iteration < r.warmup:
+        return r.lr * (iteration + 1) / r.warmup
+    if r.lr_schedule == LrSchedule.CONSTANT:
+        return r.lr
+    span = max(1, cfg.schedule.iterations - 1 - r.warmup)
+    progress = min(1.0, (iteration - r.warmup) / span)
+    if r.lr_schedule == LrSchedule.LINEAR:
+        return r.lr - (r.lr - r.min_lr) * progress
+    return r.min_lr + 0.5 * (r.lr - r.min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
 def set_learning_rate(opt: torch.optim.Optimizer, rate: float) -> None:
@@ -66,7 +68,7 @@ def squared_norm(params) -> float:
     return float(torch.stack(sums).sum()) if sums else 0.0
 
 
-def grad_multiplier(cfg, squared_norms, scale: float = 1.0) -> float | None:
+def grad_multiplier(recipe, squared_norms, scale: float = 1.0) -> float | None:
     """What every gradient is multiplied by before the step: 1/scale (fp16's loss
     scale undone; a power of two, so exact) times the clipping coefficient of the
     unscaled global norm. None when that norm is not finite: an fp16 overflow
@@ -74,7 +76,7 @@ def grad_multiplier(cfg, squared_norms, scale: float = 1.0) -> float | None:
     total = sum(squared_norms)
     if not math.isfinite(total):
         return None
-    coefficient = clip_coefficient(cfg.grad_clip, [total / (scale * scale)]) if cfg.grad_clip else 1.0
+    coefficient = clip_coefficient(recipe.grad_clip, [total / (scale * scale)]) if recipe.grad_clip else 1.0
     return coefficient / scale
 
 
@@ -106,23 +108,23 @@ def set_flat_grads(params, flat: torch.Tensor) -> None:
         offset += n
 
 
-def check(cfg) -> None:
-    """Raise ValueError naming the first setting that makes no sense."""
-    if cfg.lr <= 0 or cfg.min_lr < 0 or cfg.min_lr > cfg.lr:
-        raise ValueError(f"--lr must be positive and --min-lr between 0 and --lr (got {cfg.lr} and {cfg.min_lr})")
-    if cfg.lr_schedule not in SCHEDULES:
-        raise ValueError(f"--lr-schedule must be one of {', '.join(SCHEDULES)} (got {cfg.lr_schedule!r})")
-    if not 0 <= cfg.warmup <= cfg.iterations:
-        raise ValueError(f"--warmup {cfg.warmup} must be between 0 and --iterations {cfg.iterations}")
-    if len(cfg.betas) != 2 or not all(0 <= b < 1 for b in cfg.betas):
-        raise ValueError(f"--betas must be two numbers in [0, 1) (got {' '.join(map(str, cfg.betas))})")
-    if cfg.initial_loss_scale <= 0 or cfg.min_loss_scale <= 0 or cfg.loss_scale_window < 1:
+def check(args) -> None:
+    """Raise ValueError naming the first of bamboo-train's recipe flags that makes no sense."""
+    if args.lr <= 0 or args.min_lr < 0 or args.min_lr > args.lr:
+        raise ValueError(f"--lr must be positive and --min-lr between 0 and --lr (got {args.lr} and {args.min_lr})")
+    if args.lr_schedule not in LrSchedule.values():
+        raise ValueError(f"--lr-schedule must be one of {', '.join(LrSchedule.values())} (got {args.lr_schedule!r})")
+    if not 0 <= args.warmup <= args.iterations:
+        raise ValueError(f"--warmup {args.warmup} must be between 0 and --iterations {args.iterations}")
+    if len(args.betas) != 2 or not all(0 <= b < 1 for b in args.betas):
+        raise ValueError(f"--betas must be two numbers in [0, 1) (got {' '.join(map(str, args.betas))})")
+    if args.initial_loss_scale <= 0 or args.min_loss_scale <= 0 or args.loss_scale_window < 1:
         raise ValueError(f"--initial-loss-scale and --min-loss-scale must be positive and --loss-scale-window "
-                         f"at least 1 (got {cfg.initial_loss_scale}, {cfg.min_loss_scale} and "
-                         f"{cfg.loss_scale_window})")
-    for flag, value in (("--initial-loss-scale", cfg.initial_loss_scale), ("--min-loss-scale", cfg.min_loss_scale)):
+                         f"at least 1 (got {args.initial_loss_scale}, {args.min_loss_scale} and "
+                         f"{args.loss_scale_window})")
+    for flag, value in (("--initial-loss-scale", args.initial_loss_scale), ("--min-loss-scale", args.min_loss_scale)):
         if math.frexp(value)[0] != 0.5:
             raise ValueError(f"{flag} must be a power of two, so that undoing it is exact (got {value})")
-    if cfg.weight_decay < 0 or cfg.grad_clip < 0:
+    if args.weight_decay < 0 or args.grad_clip < 0:
         raise ValueError(f"--weight-decay and --grad-clip must not be negative "
-                         f"(got {cfg.weight_decay} and {cfg.grad_clip})")
+                         f"(got {args.weight_decay} and {args.grad_clip})")

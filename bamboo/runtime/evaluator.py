@@ -104,7 +104,7 @@ class Evaluator:
     def forward(self, ins: Instr) -> None:
         s, mb = ins.stage, ins.mb
         inp = self.inputs.pop(mb) if s == 0 else self.acts.pop((s - 1, mb))
-        with mixed_precision(self.cfg.precision, self.device):
+        with mixed_precision(self.cfg.recipe.precision, self.device):
             if s < self.P - 1:
                 self.acts[(s, mb)] = self.modules[s](inp)
                 return

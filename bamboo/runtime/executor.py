@@ -60,17 +60,17 @@ class Executor(StepPhase):
         self.corpus, self.device, self.reducer, self.cluster = corpus, stager.device, reducer, cluster
         self.params = {s: {p.data_ptr() for p in m.parameters()} for s, m in self.modules.items()}
         self.stager = stager
-        self.keep_undo = cfg.elastic  # with agents every step can be undone, for a redo
+        self.keep_undo = cfg.cluster.elastic  # with agents every step can be undone, for a redo
         self.tied = list(stages.tied)     # per tied weight: its stages, stage -> this node's copy
         self.owed: dict[int, float] = {}  # replica stage -> the rate of the step it owes (settle)
         # --replica-sync next: each replica's sync goes in the next iteration, of the
         # owner's stepped gradients kept here
-        self.late = cfg.late_sync
+        self.late = cfg.schedule.late_sync
         self.kept_grads: dict[int, torch.Tensor] = {}
         self.overflowed_before = False  # fp16: the iteration before's steps were skipped (so are its late syncs')
         # With clipping, ties (the model's, on every node) or fp16's loss scale, steps
         # and syncs wait for the rest of the stream (STEP_PHASE).
-        self.step_after_reduces = bool(cfg.grad_clip) or bool(self.tied) or cfg.loss_scaling
+        self.step_after_reduces = bool(cfg.recipe.grad_clip) or bool(self.tied) or cfg.recipe.loss_scaling
         self.it: IterationState | None = None  # the iteration under way, or the last one run
         self.ahead: Ahead | None = None   # the next iteration's first forward, run while the boundary agrees
         self.ahead_taken = 0              # iterations that began with work run ahead
@@ -239,8 +239,8 @@ class Executor(StepPhase):
             inp = self._act((s - 1, mb)).to(self.device).detach().requires_grad_(True)
         labels = self.it.labels[mb] if s == self.P - 1 else None
         saved = SavedTensors(self.params[s]) if ins.redundant else None
-        seed = dropout_seed_for(self.cfg.seed, self.it.iteration, self.it.mbs[mb])
-        with dropout_seed(seed), mixed_precision(self.cfg.precision, self.device), \
+        seed = dropout_seed_for(self.cfg.model.seed, self.it.iteration, self.it.mbs[mb])
+        with dropout_seed(seed), mixed_precision(self.cfg.recipe.precision, self.device), \
                 (saved.recording() if saved else contextlib.nullcontext()):
             out = self.modules[s](inp, labels) if labels is not None else self.modules[s](inp)
         self.it.states[(s, mb)] = (inp, out, saved)
@@ -261,7 +261,7 @@ class Executor(StepPhase):
         inp, out, _ = self.it.states.pop((s, mb))
         if s == self.P - 1:
             self.it.losses[self.it.mbs[mb]] = out.detach()  # leaves with the gradient (send_grad)
-            return inp, recipe.scaled_loss(out, self.cfg.microbatches, self.it.loss_scale), None
+            return inp, recipe.scaled_loss(out, self.cfg.schedule.microbatches, self.it.loss_scale), None
         return inp, out, self.it.grads[(s + 1, mb)]
 
     def backward_input(self, ins: Instr) -> None:

@@ -124,12 +124,12 @@ class Failover:
         self.cluster, self.nodes, self.pipeline, self.me = cluster, nodes, pipeline, me
         self.P = len(nodes)
         self.options = options
-        self.timeout = cfg.failure_timeout
+        self.timeout = cfg.faults.failure_timeout
         # each replica's sync at the iteration's end, or in the next (schedules/syncs.py); off keeps none
         self.sync = options.sync if options.redundancy is not Redundancy.OFF else ReplicaSync.END
         self.compiled_sync = options.sync  # the iteration's: "none" for a first one of --replica-sync next
         self.cost: CostModel | None = None  # measured, agreed at a boundary (runtime/calibration.py); None: default
-        self.elastic = cfg.elastic  # agents can redo the iteration: abort instead of failing the job
+        self.elastic = cfg.cluster.elastic  # agents can redo the iteration: abort instead of failing the job
         self.failures = watches.failures if watches else None
         self.finishes = watches.finishes if watches else None
         self.report_of = report_of  # () -> this node's Report as it stands, for its finished mark (None: none)

@@ -56,7 +56,8 @@ class StepPhase:
                 if not self.it.failover.keep_waiting():
                     raise Interrupted("a failure while waiting for the stages' gradient norms")
                 time.sleep(0.01)
-            self.it.multiplier = recipe.grad_multiplier(self.cfg, [n.value for n in norms.values()], self.it.loss_scale)
+            squares = [n.value for n in norms.values()]
+            self.it.multiplier = recipe.grad_multiplier(self.cfg.recipe, squares, self.it.loss_scale)
             self.it.norms_read, self.it.overflow = True, self.it.multiplier is None
         return self.it.multiplier
 
@@ -70,7 +71,7 @@ class StepPhase:
         an fp16 overflow anywhere (every copy of every stage then skips its step)."""
         if stage not in self.it.prepared:
             self._tie()
-            multiplier = self._grad_multiplier() if self.cfg.grad_clip or self.cfg.loss_scaling else 1.0
+            multiplier = self._grad_multiplier() if self.cfg.recipe.grad_clip or self.cfg.recipe.loss_scaling else 1.0
             if multiplier is not None and multiplier != 1.0:
                 recipe.scale_grads(self.modules[stage].parameters(), multiplier)
             self.it.prepared[stage] = multiplier is not None
@@ -84,7 +85,7 @@ class StepPhase:
             # a late sync's step is the iteration before's: skipped where that one overflowed
             self.modules[ins.stage].zero_grad(set_to_none=True)
             return
-        if ins.redundant and self.cfg.loss_scaling and not self.late:
+        if ins.redundant and self.cfg.recipe.loss_scaling and not self.late:
             self._tie()  # a replica's synced gradients are tied, unscaled and clipped already
             if self._grad_multiplier() is None:
                 return
@@ -123,7 +124,7 @@ class StepPhase:
         the step phase is shared (clipping, ties, fp16), steps may be undone (agents),
         or the replicas are compared after every step (--check-replicas)."""
         return (self.it.failover.redundancy in (Redundancy.LAZY, Redundancy.EAGER) and not self.step_after_reduces
-                and not self.keep_undo and not self.cfg.check_replicas)
+                and not self.keep_undo and not self.cfg.testing.check_replicas)
 
     def settle_replicas(self) -> None:
         """Take the replica steps owed (each with its iteration's rate and synced
@@ -155,7 +156,7 @@ class StepPhase:
         after it (one pipeline; no clipping, ties or fp16), the stage is more than one
         bucket (else there is nothing to post early, and no hook is paid for), and
         no other sync goes first on the channel."""
-        s, rest, size = ins.stage, self.it.stream[self.it.pc + 1:], int(self.cfg.sync_bucket_mb * 2**20)
+        s, rest, size = ins.stage, self.it.stream[self.it.pc + 1:], int(self.cfg.schedule.sync_bucket_mb * 2**20)
         if self.step_after_reduces or self.reducer.D != 1 or s in self.it.early_syncs:
             return
         if any(i.op in WEIGHT_GRADS and i.stage == s for i in rest):  # not the last: most backwards end here

@@ -27,11 +27,11 @@ import time
 import torch
 
 from schedules.layout import Layout
-from schedules.options import JobRedundancy, Redundancy, ScheduleOptions
+from schedules.options import JobRedundancy, Redundancy
 
 from bamboo.control.assignment import Assignment, Restore
 from bamboo.control.cluster import Cluster
-from bamboo.control.config import JobConfig
+from bamboo.control.config import JobConfig, Transport
 from bamboo.control.exits import FENCED, WorkerExit
 from bamboo.control.liveness import hang_deadline
 from bamboo.control.protocol import (ABORT, ABORTED, CONFIG, DONE, ERROR, FAILED, FINISHED, SCALE, START, LossScale,
@@ -60,19 +60,21 @@ from bamboo.transport.staging import Stager
 class Worker(EpochMoves):
     def __init__(self, cluster: Cluster, cfg: JobConfig, node: int):
         self.cluster, self.cfg, self.node = cluster, cfg, node
-        self.device = devices.claim(devices.local_rank(), cfg.devices, cfg.share_gpu)
-        self.transport = devices.transport(cfg.transport, self.device, cfg.share_gpu)
+        self.device = devices.claim(devices.local_rank(), cfg.devices.names, cfg.devices.share_gpu)
+        self.transport = devices.transport(cfg.devices.transport, self.device, cfg.devices.share_gpu)
         self.stager = Stager(self.device)  # pinned host buffers and a side stream: messages, swaps
-        self.source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq, cfg.model_config)
+        m = cfg.model
+        self.source = ModelSource(m.name, m.seed, m.torch_dtype, m.seq, m.config_json)
         self.corpus = corpus_of(cfg, self.source.seq)
         self.holdings = Holdings(self.source, cfg, self.device)
         self.checkpoints = Checkpoints(cfg, node, self.source.count)
-        self.copies = MemoryCopies(cluster, node, cfg.hang_timeout, self.holdings.blob_bound)  # checkpoints kept in memory too
+        # checkpoints kept in memory too
+        self.copies = MemoryCopies(cluster, node, cfg.faults.hang_timeout, self.holdings.blob_bound)
         # Watches the failover and the boundary read instead of polling etcd (docs/HOTPATH.md)
         self.failures = cluster.changes(FAILED(), ABORT())
         self.finishes = cluster.changes(FINISHED(), FAILED(), ABORT())
-        self.boundary = Boundary(cluster, node, cfg.elastic, self.checkpoints, cfg.straggler_factor,
-                                 cfg.straggler_slack, auto=cfg.redundancy == JobRedundancy.AUTO,
+        self.boundary = Boundary(cluster, node, cfg.cluster.elastic, self.checkpoints, cfg.faults.straggler_factor,
+                                 cfg.faults.straggler_slack, auto=cfg.schedule.redundancy == JobRedundancy.AUTO,
                                  changes=cluster.changes(DONE(), FAILED(), ABORT()))
         self.assignment: Assignment | None = None  # the epoch this node runs in
         self.failed: tuple[int, ...] = ()          # nodes dead job-wide, as the last boundary agreed
@@ -87,12 +89,12 @@ class Worker(EpochMoves):
         self._store = None                         # the world group's store (the group keeps using it)
         self.iteration_seconds: list[float] = []   # the hang deadline follows their running median
         self.loss_scale: LossScale | None = None   # fp16: the scale of the iteration being run
-        if cfg.loss_scaling and not fp16_allowed(self.device):
+        if cfg.recipe.loss_scaling and not fp16_allowed(self.device):
             raise ValueError("--precision fp16 needs CUDA, and this node has none")
 
     def run(self) -> None:
         it = self.join()
-        while it < self.cfg.iterations:
+        while it < self.cfg.schedule.iterations:
             try:
                 self.run_iteration(it)
                 self.evaluate(it)
@@ -102,7 +104,7 @@ class Worker(EpochMoves):
                 continue
             if agreed.checkpoint:
                 self.checkpoint(it)
-            if agreed.reconfigure and it + 1 < self.cfg.iterations:
+            if agreed.reconfigure and it + 1 < self.cfg.schedule.iterations:
                 it = self.reconfigure(it)
                 continue
             it += 1
@@ -118,7 +120,7 @@ class Worker(EpochMoves):
             return self._move_to(assignment)  # joining a running job, or restarting from a checkpoint
         self.failed = assignment.gone
         start, received = assignment.start, {}
-        if self.cfg.resume:
+        if self.cfg.checkpoints.resume:
             start, blobs = self.checkpoints.newest()
             received = {i: blobs[i] for i in self.holdings.needs(assignment, self.node)}
             self._restore_loss_scale(start)
@@ -127,7 +129,7 @@ class Worker(EpochMoves):
         try:
             self.comm = self._world(world_store(0), start, starting=assignment.members)
         except (RendezvousAborted, RuntimeError) as e:  # a node died before the first iteration
-            if not self.cfg.elastic:
+            if not self.cfg.cluster.elastic:
                 raise
             return self._move_to(self._abandon(assignment, e))
         return start
@@ -141,16 +143,16 @@ class Worker(EpochMoves):
         self.pipeline, self.me = assignment.slot(self.node)
         self.holdings.build(assignment, self.node, received)
         nodes = assignment.pipelines[self.pipeline]
-        self.mbs = assignment.microbatches(self.cfg.microbatches, self.pipeline)  # by speed: short ones run fewer
-        options = ScheduleOptions(redundancy=self.holdings.mode(assignment), frc=self.cfg.frc,
-                                  sync=self.cfg.replica_sync, split=self.cfg.backward_split)
+        # by speed: short pipelines run fewer
+        self.mbs = assignment.microbatches(self.cfg.schedule.microbatches, self.pipeline)
+        options = self.cfg.schedule.options(self.holdings.mode(assignment))
         self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, options, self.cfg,
                                  Watches(self.failures, self.finishes), report_of=lambda: self._report(digests=False))
         if self.executor is not None:
             self.executor.reducer.close()  # the last epoch's groups (NCCL: their GPU memory)
-        groups = nccl_groups(self.cfg.hang_timeout) if self.transport == "nccl" else None  # the reduce's
-        reducer = Reducer(self.cluster, assignment, self.node, self.cfg.failure_timeout, self.failover,
-                          self.cfg.hang_timeout, groups)
+        groups = nccl_groups(self.cfg.faults.hang_timeout) if self.transport == Transport.NCCL else None  # the reduce's
+        reducer = Reducer(self.cluster, assignment, self.node, self.cfg.faults.failure_timeout, self.failover,
+                          self.cfg.faults.hang_timeout, groups)
         # With agents, each step can be undone, so that an iteration no pipeline can
         # finish is redone from the copies the survivors hold.
         self.executor = Executor(self.cfg, nodes, self.me, self.holdings.stages(), self.corpus, reducer,
@@ -172,7 +174,7 @@ class Worker(EpochMoves):
         self.executor.run(it, stream, self.mbs, self.comm, self.failover,
                           self.loss_scale.scale if self.loss_scale else 1.0, self.op_times if timed else None)
         self.iteration_seconds.append(time.monotonic() - began)
-        self.cluster.hang_deadline(hang_deadline(self.iteration_seconds, self.cfg.hang_timeout))
+        self.cluster.hang_deadline(hang_deadline(self.iteration_seconds, self.cfg.faults.hang_timeout))
 
     def evaluate(self, it: int) -> None:
         """After iteration `it`'s step, when due: this pipeline's share of the
@@ -181,12 +183,12 @@ class Worker(EpochMoves):
         then handles the death as one between iterations."""
         if not self.cfg.evaluates(it):
             return
-        mbs = self.assignment.microbatches(self.cfg.eval_batches, self.pipeline)
+        mbs = self.assignment.microbatches(self.cfg.data.eval_batches, self.pipeline)
         if mbs:
-            self.cluster.hang_deadline(self.cfg.hang_timeout)  # not an iteration's pace
+            self.cluster.hang_deadline(self.cfg.faults.hang_timeout)  # not an iteration's pace
             self.executor.settle_replicas()  # a merged pipeline evaluates on a replica
             self.evaluator.run(it, mbs, self.comm, self.failover)
-            self.cluster.hang_deadline(hang_deadline(self.iteration_seconds, self.cfg.hang_timeout))
+            self.cluster.hang_deadline(hang_deadline(self.iteration_seconds, self.cfg.faults.hang_timeout))
 
     def end_iteration(self, it: int) -> Regroup:
         """Report, and agree with every live node on what the next iteration runs with;
@@ -212,14 +214,15 @@ class Worker(EpochMoves):
         write them in the background (the next iteration does not wait); they keep
         the bytes, and each stage's go to one more node's memory too
         (bamboo/state/copies.py: every node of the epoch takes part or forgets its copies)."""
-        self.cluster.hang_deadline(self.cfg.hang_timeout)  # waits for the last write: not an iteration's pace
+        self.cluster.hang_deadline(self.cfg.faults.hang_timeout)  # waits for the last write: not an iteration's pace
         blobs = scale = None
         if self.pipeline == 0:
             self.executor.settle_replicas()  # a stage owned since this boundary may owe its step
             blobs = self.holdings.snapshot(self._owned())
-            scale = self.cluster.get(SCALE(it)) if self.cfg.loss_scaling else None
+            scale = self.cluster.get(SCALE(it)) if self.cfg.recipe.loss_scaling else None
             self.checkpoints.write(it + 1, self.assignment.epoch, blobs, scale)
-        if self.cfg.memory_copies and self.cfg.elastic:  # without agents, nobody rolls back from them
+        # without agents, nobody rolls back from copies in memory
+        if self.cfg.checkpoints.memory_copies and self.cfg.cluster.elastic:
             self.copies.take(it + 1, self.assignment, self.failed, blobs,
                              lambda stage: self.holdings.layers_of(self.assignment.depth, [stage]), scale,
                              lambda members: self._lease_check(members, it + 1))
@@ -245,29 +248,29 @@ class Worker(EpochMoves):
                   "their first forward run while the boundary agreed", flush=True)
         self.executor.settle_replicas()  # a stage taken over at the last boundary is saved stepped
         self.checkpoints.wait()
-        if self.cfg.save_dir and self.pipeline == 0:
-            self.holdings.save(self._owned(), self.cfg.save_dir)
+        if self.cfg.checkpoints.save_dir and self.pipeline == 0:
+            self.holdings.save(self._owned(), self.cfg.checkpoints.save_dir)
 
     # -- the steps' parts ----------------------------------------------------------------
     def _loss_scale_of(self, it: int) -> LossScale | None:
         """fp16: the scale iteration `it` runs with, following the record every node
         agreed on for the iteration before (written at its boundary, or brought
         back from a checkpoint by a restart)."""
-        if not self.cfg.loss_scaling:
+        if not self.cfg.recipe.loss_scaling:
             return None
         if it == 0:
-            return LossScale(self.cfg.initial_loss_scale)
+            return LossScale(self.cfg.recipe.initial_loss_scale)
         before = self.cluster.get(SCALE(it - 1))
         if before is None:
             raise RuntimeError(f"no loss scale record of iteration {it - 1} to start iteration {it} from")
-        return before.following(self.cfg.loss_scale_window, self.cfg.min_loss_scale)
+        return before.following(self.cfg.recipe.loss_scale_window, self.cfg.recipe.min_loss_scale)
 
     def _report(self, digests: bool = True) -> Report:
         """This node's report as it stands (its events stay until the boundary has them)."""
         return Report(rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, time=time.time(),
                       epoch=self.assignment.epoch, events=[e.to_dict() for e in self.failover.events],
                       busy=self.executor.busy, op_ms=self._op_ms(),
-                      digests=self.holdings.digests() if digests and self.cfg.check_replicas else None,
+                      digests=self.holdings.digests() if digests and self.cfg.testing.check_replicas else None,
                       cuda_mb=torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda"
                       else 0.0)
 
@@ -275,11 +278,12 @@ class Worker(EpochMoves):
         """Whether the reports in the finished marks are final for iteration `it`:
         nothing between the stream and the report changes them (no evaluation, no
         loss scale record to come first, no replica digests to take)."""
-        return not (self.cfg.evaluates(it) or self.cfg.loss_scaling or self.cfg.check_replicas)
+        return not (self.cfg.evaluates(it) or self.cfg.recipe.loss_scaling or self.cfg.testing.check_replicas)
 
     def _kills(self, it: int) -> tuple[tuple[int, int], ...]:
         """Iteration `it`'s --preempt kills in its training stream: (node, instruction)."""
-        return tuple((p.node, p.instruction) for p in self.cfg.preempt if p.iteration == it and p.phase == "train")
+        preempts = self.cfg.testing.preempt
+        return tuple((p.node, p.instruction) for p in preempts if p.iteration == it and p.phase == "train")
 
     def _timed(self, index: int) -> bool:
         """Whether the epoch's iteration `index` (from 0) is one of eager's timed
@@ -290,7 +294,8 @@ class Worker(EpochMoves):
         """--compute-ahead: start iteration `it`'s first forward while the boundary agrees
         (bamboo/runtime/ahead.py): not past the job's end, nor into a timed calibration
         iteration, nor with a --preempt of this node in it (counted from its stream's start)."""
-        if not self.cfg.compute_ahead or it >= self.cfg.iterations or self._timed(self.epoch_iterations):
+        last = it >= self.cfg.schedule.iterations
+        if not self.cfg.testing.compute_ahead or last or self._timed(self.epoch_iterations):
             return
         if not any(node == self.node for node, _ in self._kills(it)):
             self.executor.compute_ahead(it, self.failover.now.streams[self.me], self.mbs)
@@ -313,22 +318,23 @@ class Worker(EpochMoves):
         """Gives a rendezvous up once a member lost its lease. A node in `starting`
         may not have registered yet: it counts as alive while its agent is, or,
         without agents, always (the launcher watches it)."""
-        if not self.cfg.elastic:
+        if not self.cfg.cluster.elastic:
             members, starting = [n for n in members if n not in set(starting)], ()
         return lease_check(self.cluster, members, iteration, self.node, starting)
 
     def _world(self, store_key: str, iteration: int, starting=()) -> Comm:
         """The world process group of the live nodes, meeting at `store_key`."""
         members = [n for n in self.assignment.members if n not in self.failed]
-        pg, rank_of, self._store = open_group(self.cluster, store_key, members, self.node,
-                                              self._lease_check(members, iteration, starting), self.cfg.hang_timeout)
+        lease_check = self._lease_check(members, iteration, starting)
+        pg, rank_of, self._store = open_group(self.cluster, store_key, members, self.node, lease_check,
+                                              self.cfg.faults.hang_timeout)
         if self.comm is not None:
             self.comm.close()  # the old world's channels (NCCL: their GPU memory)
 
         def store_for(src: int, dst: int, kind: str) -> EtcdStore:  # gives up when an end is gone
             return store_at(self.cluster, f"{store_key}/channel/{src}-{dst}/{kind}",
-                            self._lease_check([src, dst], iteration, starting), self.cfg.hang_timeout)
-        channels = for_worker(self.transport, store_for, self.node, self.cfg.hang_timeout)
+                            self._lease_check([src, dst], iteration, starting), self.cfg.faults.hang_timeout)
+        channels = for_worker(self.transport, store_for, self.node, self.cfg.faults.hang_timeout)
         return Comm(pg, rank_of, self.device, stager=self.stager, channels=channels)
 
     def local_failed(self) -> tuple[int, ...]:

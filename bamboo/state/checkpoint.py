@@ -67,10 +67,10 @@ class Checkpoints:
 
     def __init__(self, cfg, node: int, layers: int):
         """`cfg` (JobConfig): where, how often, how many to keep, and the run's name."""
-        self.location, self.layers, self.run = cfg.checkpoint, layers, cfg.run
-        self.every, self.seconds = cfg.checkpoint_every, cfg.checkpoint_seconds
-        self.storage = storage_for(cfg.checkpoint) if cfg.checkpoint else None
-        self.writer = Writer(self.storage, node, layers, cfg.checkpoint_keep) if self.storage else None
+        self.location, self.layers, self.run = cfg.checkpoints.checkpoint, layers, cfg.checkpoints.run
+        self.every, self.seconds = cfg.checkpoints.checkpoint_every, cfg.checkpoints.checkpoint_seconds
+        self.storage = storage_for(cfg.checkpoints.checkpoint) if cfg.checkpoints.checkpoint else None
+        self.writer = Writer(self.storage, node, layers, cfg.checkpoints.checkpoint_keep) if self.storage else None
         self.began = time.time()
 
     def due(self, iteration: int, last: float | None) -> bool:

@@ -26,7 +26,7 @@ class EpochMoves:
         assignment = self.cluster.latest_assignment()
         if self.node in assignment.members:
             return assignment
-        if self.cluster.children(DONE(self.cfg.iterations - 1)):
+        if self.cluster.children(DONE(self.cfg.schedule.iterations - 1)):
             raise Released(f"node {self.node}: the job finished while it waited in standby")
         if self.cluster.get(DRAIN(self.node)) is not None:
             raise Parked(f"node {self.node} was asked to leave before it had a stage")
@@ -37,13 +37,15 @@ class EpochMoves:
         def newer():
             latest = self.cluster.latest_assignment()
             return latest if latest.epoch > after else None
-        return self.cluster.wait_for(newer, timeout=self.cfg.stall_timeout, what="the agents' next configuration")
+        return self.cluster.wait_for(newer, timeout=self.cfg.faults.stall_timeout,
+                                     what="the agents' next configuration")
 
     def _move_to(self, new: Assignment) -> int:
         """Enter `new` (layers move, the world group forms) and return the iteration
         it starts from. When a node dies on the way, no one enters: the agents are
         told, and the node moves to the epoch they write next instead."""
-        self.cluster.hang_deadline(self.cfg.hang_timeout)  # a restore or a handover blocks longer than an iteration
+        # a restore or a handover blocks longer than an iteration
+        self.cluster.hang_deadline(self.cfg.faults.hang_timeout)
         while True:
             old = self.cluster.get(ASSIGNMENT(new.layers_from)) if new.layers_from >= 0 else None
             try:
@@ -56,7 +58,7 @@ class EpochMoves:
                 self.comm = self._world(world_store(new.epoch), new.start, starting=new.members)
                 return new.start
             except (RendezvousAborted, RuntimeError) as e:  # RuntimeError: gloo's, a member died
-                if not self.cfg.elastic:
+                if not self.cfg.cluster.elastic:
                     raise
                 new = self._abandon(new, e)
 
@@ -88,7 +90,8 @@ class EpochMoves:
         else:  # from the live nodes' layers, or ("memory") from the checkpoint copies they keep
             received = handover.exchange(self.cluster, self.node, self.holdings, new, old,
                                          lambda members, starting: self._lease_check(members, new.start, starting),
-                                         self.cfg.hang_timeout, self.copies if new.restore == Restore.MEMORY else None)
+                                         self.cfg.faults.hang_timeout,
+                                         self.copies if new.restore == Restore.MEMORY else None)
             if new.restore == Restore.MEMORY and self.node in new.members:
                 received = self._checked_copies(new.start, received)
                 self._restore_loss_scale(new.start, self.copies.loss_scale(new.start))
@@ -116,7 +119,7 @@ class EpochMoves:
         """A restart from the checkpoint taken before `start`: the loss scale record
         stored with it (or `kept` with its copies in memory), unless the job's etcd
         still has that iteration's."""
-        if self.cfg.loss_scaling and start > 0:
+        if self.cfg.recipe.loss_scaling and start > 0:
             found = kept or self.checkpoints.loss_scale(start)
             if found is None:
                 raise RuntimeError(f"the checkpoint taken before iteration {start} has no loss scale (not fp16?)")

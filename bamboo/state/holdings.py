@@ -55,7 +55,7 @@ class Holdings:
 
     def mode(self, assignment: Assignment) -> str:
         """The redundancy mode of `assignment` (it may change between epochs)."""
-        return assignment.mode(self.cfg.redundancy)
+        return assignment.mode(self.cfg.schedule.redundancy)
 
     def ranges_at(self, depth: int) -> list[range]:
         """Stage -> its layer indexes, for a pipeline of `depth` stages."""
@@ -86,7 +86,7 @@ class Holdings:
                   for s in held for i in self.ranges[s]}
         self.modules = {s: Stage([layers[i] for i in self.ranges[s]], self.source.loss if s == P - 1 else None,
                                  self.ranges[s].start) for s in held}
-        self.optimizers = {s: recipe.optimizer(m, self.cfg) for s, m in self.modules.items()}
+        self.optimizers = {s: recipe.optimizer(m, self.cfg.recipe) for s, m in self.modules.items()}
         self.layers = layers
         for s, opt in self.optimizers.items():
             for p in self.modules[s].parameters():

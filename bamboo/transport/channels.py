@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from schedules.ir import Op
 
+from bamboo.control.config import Transport
 from bamboo.transport.groups import GroupMaker, interruptible
 
 POLL_SECONDS = 0.0002  # how often a wait on a channel asks whether its work is done
@@ -60,7 +61,7 @@ def gloo_groups(timeout: float) -> GroupMaker:
 def for_worker(transport: str, store_for: StoreFor, me: int, timeout: float) -> "Channels | None":
     """A worker's channels: NCCL's with `--transport nccl`, gloo's under
     BAMBOO_CHANNELS_ON_CPU=1 (tests), else none (gloo's world group carries all)."""
-    if transport == "nccl":
+    if transport == Transport.NCCL:
         return Channels(store_for, me, nccl_groups(timeout), nccl=True)
     if os.environ.get(CHANNELS_ON_CPU) == "1":
         return Channels(store_for, me, gloo_groups(timeout), nccl=False)

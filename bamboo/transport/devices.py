@@ -15,8 +15,9 @@ import os
 import torch
 import torch.distributed as dist
 
+from bamboo.control.config import Transport
+
 LOCAL_RANK = "LOCAL_RANK"  # the worker's index among this host's workers (torch elastic's name)
-TRANSPORTS = ("auto", "gloo", "nccl")
 
 
 class DeviceError(ValueError):
@@ -63,8 +64,8 @@ def transport(requested: str, device: torch.device, share: bool) -> str:
     and the data-parallel reduce) needs every worker on a GPU of its own. `auto` is
     gloo, GPU tensors staged through pinned host buffers (bamboo/transport/staging.py), until
     the NCCL path has passed `make gpu-check` on a machine with two GPUs."""
-    if requested != "nccl":
-        return "gloo"
+    if requested != Transport.NCCL:
+        return Transport.GLOO
     if device.type != "cuda":
         raise DeviceError("--transport nccl needs a GPU for every worker, and this worker has none")
     if share:
@@ -72,7 +73,7 @@ def transport(requested: str, device: torch.device, share: bool) -> str:
                           "on one device): drop --share-gpu or use --transport gloo")
     if not dist.is_nccl_available():
         raise DeviceError("--transport nccl: this torch build has no NCCL: use --transport gloo")
-    return "nccl"
+    return Transport.NCCL
 
 
 def host_gpus() -> int:
@@ -116,6 +117,6 @@ def add_flags(parser) -> None:
                         help="the GPUs this host's workers take, one each in order (default: all; cpu: none)")
     parser.add_argument("--share-gpu", action="store_true",
                         help="let several workers share one GPU when there are more workers than GPUs")
-    parser.add_argument("--transport", choices=TRANSPORTS, default="auto",
+    parser.add_argument("--transport", choices=Transport.values(), default="auto",
                         help="messages between workers: gloo, or nccl (a GPU per worker; not yet run on a "
                              "GPU); auto: gloo")

@@ -152,11 +152,11 @@ class JobView:
             if not all(n in reports or n in failed for n in epoch.members):
                 return
             loss = losses.get(it, {})
-            mean = mean_loss({g: loss[g].value for g in loss}, cfg.microbatches) \
-                if sorted(loss) == list(range(cfg.microbatches)) else None
+            mean = mean_loss({g: loss[g].value for g in loss}, cfg.schedule.microbatches) \
+                if sorted(loss) == list(range(cfg.schedule.microbatches)) else None
             val = val_losses.get(it, {})
-            validated = mean_loss({g: val[g].value for g in val}, cfg.eval_batches) \
-                if cfg.evaluates(it) and sorted(val) == list(range(cfg.eval_batches)) else None
+            validated = mean_loss({g: val[g].value for g in val}, cfg.data.eval_batches) \
+                if cfg.evaluates(it) and sorted(val) == list(range(cfg.data.eval_batches)) else None
             live = sum(n not in failed or failed[n].iteration > it for n in epoch.members)
             events = tuple(e for r in reports.values() for e in r.events)
             self.kept.append(Finished(it, max(r.time for r in reports.values()), epoch.epoch, mean, validated,

@@ -47,7 +47,7 @@ def grid(look, epoch: int) -> dict:
     """Epoch `epoch` as pipelines x stages: each cell the node, its state now, zone,
     host, what it holds beyond the stage it runs, and who held the place before."""
     a = look.assignments[epoch]
-    mode = a.mode(look.cfg.redundancy)
+    mode = a.mode(look.cfg.schedule.redundancy)
     before = look.assignments.get(max((e for e in look.assignments if e < epoch), default=-1))
     rows = []
     for j, pipe in enumerate(a.pipelines):
@@ -73,7 +73,7 @@ def iterations(look) -> list[dict]:
     """One dict per complete iteration: its time (None for the first seen), loss,
     validation loss, samples/s and live nodes."""
     cfg, out, prev = look.cfg, [], None
-    samples = cfg.microbatches * cfg.batch
+    samples = cfg.schedule.microbatches * cfg.schedule.batch
     for f in look.done:
         seconds = f.end - prev.end if prev is not None and prev.iteration == f.iteration - 1 else None
         out.append({"iteration": f.iteration, "end": f.end, "seconds": seconds, "loss": f.loss,
@@ -141,7 +141,7 @@ def _epoch_events(look, add) -> None:
     checkpoint or its copies); and a mode switch with what `auto` estimated."""
     previous = None
     for epoch, a in sorted(look.assignments.items()):
-        mode = a.mode(look.cfg.redundancy)
+        mode = a.mode(look.cfg.schedule.redundancy)
         shape = f"{len(a.pipelines)} pipeline(s) {[list(p) for p in a.pipelines]}, standby {list(a.standby)}"
         if previous is None:
             add("start", a.start, f"epoch {epoch}: {shape}, {mode}", epoch=epoch)
@@ -175,11 +175,11 @@ def auto_estimates(look, iteration: int | None = None) -> dict | None:
     choice, cfg = look.modes[it], look.cfg
     stats = ModeStats(**choice.stats)
     epoch = max(look.assignments.values(), key=lambda a: a.epoch) if look.assignments else None
-    depth, pipelines = (epoch.depth, len(epoch.pipelines)) if epoch else (cfg.stages, cfg.pipelines)
+    depth, pipelines = (epoch.depth, len(epoch.pipelines)) if epoch else (cfg.schedule.stages, cfg.schedule.pipelines)
     seconds, pause, rollback = job_estimates(cfg, stats, depth, pipelines)
     pause = weighed_pauses(pause, pipelines, rollback)
-    rate = stats.rate(cfg.auto_prior_rate, cfg.auto_prior_hours)
-    nodes = len(epoch.members) if epoch else cfg.stages
+    rate = stats.rate(cfg.schedule.auto_prior_rate, cfg.schedule.auto_prior_hours)
+    nodes = len(epoch.members) if epoch else cfg.schedule.stages
     return {"iteration": it, "chosen": choice.mode, "rate_per_node_hour": rate, "deaths": stats.dead,
             "modes": {m: {"seconds": seconds[m], "pause": pause[m],
                           "expected": expected_seconds(seconds[m], pause[m], rate, nodes)} for m in seconds}}
@@ -201,7 +201,7 @@ def cost(look, series: list[dict], price: tuple[float | None, float | None]) -> 
     out = {"node_hours": node_seconds / 3600, "samples": samples, "fault_free_per_node": per_node,
            "goodput": samples / node_seconds / per_node if node_seconds and per_node else None,
            "spot_price": price[0], "on_demand_price": price[1]}
-    total = look.cfg.iterations * look.cfg.microbatches * look.cfg.batch  # the whole job's samples
+    total = look.cfg.schedule.iterations * look.cfg.schedule.samples  # the whole job's samples
     if price[0] is not None and samples:
         out["spot"] = out["node_hours"] * price[0]
         out["spot_per_million"] = out["spot"] / samples * 1e6
@@ -230,9 +230,10 @@ def summary(look, price: tuple[float | None, float | None] = (None, None), epoch
     last = series[-1]["iteration"] if series else None
     shown = sorted(look.assignments)[-epochs:]
     known = sorted(set(look.zones) | {n for a in look.assignments.values() for n in (*a.members, *a.standby)})
-    return {"job": look.job, "at": look.at, "model": cfg.model, "stages": cfg.stages,
-            "microbatches": cfg.microbatches, "batch": cfg.batch, "iterations": cfg.iterations,
-            "state": "finished" if last is not None and last >= cfg.iterations - 1 else
+    s = cfg.schedule
+    return {"job": look.job, "at": look.at, "model": cfg.model.name, "stages": s.stages,
+            "microbatches": s.microbatches, "batch": s.batch, "iterations": s.iterations,
+            "state": "finished" if last is not None and last >= s.iterations - 1 else
                      "running" if look.assignments else "configured",
             "last_iteration": last, "typical_seconds": typical,
             "counts": {k: sum(e["type"] == k for e in timeline) for k in EVENT_ORDER if k != "start"},

@@ -51,13 +51,14 @@ def job_status(endpoint: str, job: str, tls=FROM_ENV) -> dict:
     times = sorted(max(r.time for r in done[it].values()) for it in complete)[-11:]
     rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None
     losses = [r.value for r in cluster.children(LOSS(last)).values()] if last is not None else []
-    status = {"job": job, "state": job_state(cfg, last, assignments), "model": cfg and cfg.model,
-              "stages": cfg and cfg.stages, "pipelines": cfg and cfg.pipelines,
-              "microbatches": cfg and cfg.microbatches,
-              "iterations": cfg and cfg.iterations, "last_iteration": last,
+    redundancy = cfg and (current.mode(cfg.schedule.redundancy) if current else cfg.schedule.redundancy)
+    status = {"job": job, "state": job_state(cfg, last, assignments), "model": cfg and cfg.model.name,
+              "stages": cfg and cfg.schedule.stages, "pipelines": cfg and cfg.schedule.pipelines,
+              "microbatches": cfg and cfg.schedule.microbatches,
+              "iterations": cfg and cfg.schedule.iterations, "last_iteration": last,
               "loss": sum(losses) / len(losses) if losses else None,
               "iterations_per_second": round(rate, 3) if rate else None,
-              "samples_per_second": round(rate * cfg.microbatches * cfg.batch, 2) if rate and cfg else None,
+              "samples_per_second": round(rate * cfg.schedule.samples, 2) if rate and cfg else None,
               "alive": sorted(cluster.alive()),
               "failed": {n: failed[n].to_dict() for n in sorted(failed)},
               "zones": {n: z.zone for n, z in sorted(cluster.children(ZONES()).items())},
@@ -65,7 +66,7 @@ def job_status(endpoint: str, job: str, tls=FROM_ENV) -> dict:
               "epoch": current.epoch if current else None,
               "assignment": [list(p) for p in current.pipelines] if current else [],
               "standby": list(current.standby) if current else [],
-              "redundancy": current.mode(cfg.redundancy) if current and cfg else cfg and cfg.redundancy}
+              "redundancy": redundancy}
     if current:
         status["pipelines"] = len(current.pipelines)
     cluster.close()
@@ -76,7 +77,7 @@ def job_state(cfg, last: int | None, assignments: list) -> str:
     """unknown (no config), configured (no node has met yet), running or finished."""
     if cfg is None:
         return "unknown"
-    if last is not None and last >= cfg.iterations - 1:
+    if last is not None and last >= cfg.schedule.iterations - 1:
         return "finished"
     return "running" if assignments else "configured"
 

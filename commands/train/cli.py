@@ -26,7 +26,8 @@ from commands.train.flag_checks import (check_checkpoint, check_checkpoint_flags
 from commands.train.flags import build_parser
 from commands.train.plot import check_output
 from commands.train.preempts import parse_preempts
-from bamboo.control.config import JobConfig
+from bamboo.control.config import (CheckpointSpec, ClusterSpec, DataSpec, DeviceSpec, FaultSpec, JobConfig,
+                                   ModelSpec, Precision, RecipeSpec, ScheduleSpec, TestingSpec, Transport)
 from bamboo.control.credentials import ENV as TLS_ENV, ClientFiles
 from bamboo.data.corpus import TOKEN_DTYPES, check_files, corpora, is_token_file
 from bamboo.data.objects import is_remote
@@ -185,10 +186,11 @@ def check_fit(args) -> None:
 
 
 def check_precision(args) -> None:
-    if args.precision == "fp16" and not fp16_allowed(torch.device("cuda" if torch.cuda.is_available() else "cpu")):
+    here = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.precision == Precision.FP16 and not fp16_allowed(here):
         raise ValueError("--precision fp16 needs CUDA (fp16 with a dynamic loss scale is for GPUs); "
                          "on the CPU use --precision bf16")
-    if args.precision != "fp32" and args.dtype != "float32":
+    if args.precision != Precision.FP32 and args.dtype != "float32":
         raise ValueError(f"--precision {args.precision} keeps float32 master weights: use --dtype float32 "
                          f"(got {args.dtype})")
 
@@ -305,31 +307,24 @@ def config_from_args(args, fetch_data: bool = True) -> JobConfig:
     preempt = parse_preempts(args.preempt, args) if args.stages > 1 else ()
     check_redundancy(args)
     parsed_devices = devices.parse_devices(args.devices)
-    if args.transport == "nccl" and args.share_gpu:
+    if args.transport == Transport.NCCL and args.share_gpu:
         raise ValueError("--transport nccl cannot share a GPU between workers: drop --share-gpu or use gloo")
     check_outputs(args)  # last: it may create the directories
-    return JobConfig(model="hf:config" if model_config else args.model, model_config=model_config, stages=args.stages,
-                     pipelines=args.pipelines, microbatches=args.microbatches, iterations=args.iterations,
-                     redundancy=args.redundancy, frc=args.frc, sync_bucket_mb=args.sync_bucket_mb,
-                     replica_sync=args.replica_sync, backward_split=args.backward_split,
-                     auto_prior_rate=args.auto_prior_rate, auto_prior_hours=args.auto_prior_hours,
-                     max_stages_per_node=args.max_stages_per_node, compute_ahead=args.compute_ahead,
-                     seed=args.seed, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
-                     lr_schedule=args.lr_schedule, warmup=args.warmup, weight_decay=args.weight_decay,
-                     betas=tuple(args.betas), grad_clip=args.grad_clip, dtype=args.dtype, precision=args.precision,
-                     initial_loss_scale=args.initial_loss_scale, loss_scale_window=args.loss_scale_window,
-                     min_loss_scale=args.min_loss_scale, failure_timeout=args.failure_timeout, lease_ttl=args.lease_ttl,
-                     hang_timeout=args.hang_timeout, stall_timeout=args.stall_timeout, last_call=args.last_call,
-                     straggler_factor=args.straggler_factor, straggler_slack=args.straggler_slack,
-                     preempt=preempt, data_files=tuple(args.data), token_dtype=args.token_dtype,
-                     val_fraction=args.val_fraction, val_files=tuple(args.val_data), eval_every=args.eval_every,
-                     eval_batches=args.eval_batches, save_dir=args.save_dir, check_replicas=args.check_replicas,
-                     checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
-                     checkpoint_seconds=args.checkpoint_seconds, checkpoint_keep=args.checkpoint_keep,
-                     run=run_name(), resume=args.resume,
-                     memory_copies=not args.no_memory_copies, devices=parsed_devices,
-                     share_gpu=args.share_gpu, transport=args.transport,
-                     elastic=args.local_nodes is not None, layers=layers, job=args.job or "job")
+    return JobConfig(
+        model=section(ModelSpec, args, name="hf:config" if model_config else args.model, config_json=model_config,
+                      layers=layers),
+        schedule=section(ScheduleSpec, args), recipe=section(RecipeSpec, args, betas=tuple(args.betas)),
+        data=section(DataSpec, args, data_files=tuple(args.data), val_files=tuple(args.val_data)),
+        checkpoints=section(CheckpointSpec, args, run=run_name(), memory_copies=not args.no_memory_copies),
+        faults=section(FaultSpec, args), devices=section(DeviceSpec, args, names=parsed_devices),
+        cluster=section(ClusterSpec, args, job=args.job or "job", elastic=args.local_nodes is not None),
+        testing=section(TestingSpec, args, preempt=preempt))
+
+
+def section(kind, args, **derived):
+    """A section of the job's config: each field from its flag's value, those that
+    config.DERIVED names from `derived` (a test checks that the two cover every field)."""
+    return kind(**{f.name: getattr(args, f.name) for f in dataclasses.fields(kind) if f.name not in derived}, **derived)
 
 
 def _terminate(signum, frame):
@@ -346,9 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         local_hosts(args)
         cfg = config_from_args(args)
         local = local_cluster(args)
-        notes = idle_notes(args) + (etcd_notes(args) if cfg.stages > 1 else [])
-        if cfg.stages > 1:  # every worker runs on this host: can each have its device?
-            workers = local.nodes + sum(c for c, _ in local.joins) if local else cfg.nodes
+        notes = idle_notes(args) + (etcd_notes(args) if cfg.schedule.stages > 1 else [])
+        if cfg.schedule.stages > 1:  # every worker runs on this host: can each have its device?
+            workers = local.nodes + sum(c for c, _ in local.joins) if local else cfg.schedule.nodes
             devices.check_flags(args.devices, args.share_gpu, args.transport, workers)
             if args.share_gpu and (why := devices.share_note(args.devices, workers)):
                 notes.append(f"--share-gpu does nothing in this run: {why}")
@@ -359,10 +354,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for note in notes:
         print(f"bamboo-train: note: {note}", file=sys.stderr)
-    layers = tempfile.mkdtemp(prefix="bamboo-export-") if args.export and not cfg.save_dir else None
-    cfg = dataclasses.replace(cfg, save_dir=cfg.save_dir or layers)
+    layers = tempfile.mkdtemp(prefix="bamboo-export-") if args.export and not cfg.checkpoints.save_dir else None
+    cfg = cfg.with_(save_dir=cfg.checkpoints.save_dir or layers)
     try:
-        if cfg.stages == 1:
+        if cfg.schedule.stages == 1:
             from commands.train.single import run_single
             run_single(cfg, args.metrics_out, progress=not args.no_progress, sinks=metric_sinks(args))
         else:
@@ -374,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(summary))
         if args.export:
             from bamboo.model.export import export
-            export(cfg.save_dir, args.export, ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq,
-                                                          cfg.model_config))
+            m = cfg.model
+            source = ModelSource(m.name, m.seed, m.torch_dtype, m.seq, m.config_json)
+            export(cfg.checkpoints.save_dir, args.export, source)
     except KeyboardInterrupt:
         print("bamboo-train: interrupted; every process it started is stopped", file=sys.stderr)
         return 130

@@ -15,6 +15,7 @@ import os
 from schedules.layout import MICROBATCHES_MAX
 from schedules.options import JobRedundancy, Redundancy, ReplicaSync
 
+from bamboo.control.config import LrSchedule, Precision
 from bamboo.control.protocol import check_job_name
 from bamboo.data.objects import is_remote
 
@@ -103,15 +104,15 @@ def idle_notes(args) -> list[str]:
         (args.redundancy != JobRedundancy.AUTO, ("auto_prior_rate", "auto_prior_hours"),
          "they are for --redundancy auto"),
         (args.redundancy == Redundancy.OFF, ("replica_sync",), "--redundancy off keeps no replica to sync"),
-        (args.precision != "fp16", ("initial_loss_scale", "loss_scale_window", "min_loss_scale"),
+        (args.precision != Precision.FP16, ("initial_loss_scale", "loss_scale_window", "min_loss_scale"),
          "the loss scale is --precision fp16's"),
-        (args.lr_schedule == "constant", ("min_lr",), "a constant --lr-schedule never leaves --lr"),
+        (args.lr_schedule == LrSchedule.CONSTANT, ("min_lr",), "a constant --lr-schedule never leaves --lr"),
         (not args.eval_every, ("eval_batches",), "--eval-every 0 never evaluates"),
         (not args.straggler_factor, ("straggler_slack",), "--straggler-factor 0 fences no straggler"),
         (builtin, ("seq",), f"the built-in model {args.model} has its own sequence length"),
         (not token_files, ("token_dtype",), "the data are text (bytes), not a token file"),
-        (args.redundancy == Redundancy.OFF or args.pipelines > 1 or bool(args.grad_clip) or args.precision == "fp16"
-         or args.replica_sync == ReplicaSync.NEXT, ("sync_bucket_mb",),
+        (args.redundancy == Redundancy.OFF or args.pipelines > 1 or bool(args.grad_clip)
+         or args.precision == Precision.FP16 or args.replica_sync == ReplicaSync.NEXT, ("sync_bucket_mb",),
          "the replica sync is posted whole with --redundancy off, --pipelines above 1, --grad-clip, fp16 or "
          "--replica-sync next"),
     )

@@ -15,8 +15,8 @@ from commands.train import jobfile
 from bamboo.control.config import DTYPES
 from bamboo.data.corpus import TOKEN_DTYPES
 from bamboo.control.parser import OneLineParser  # bamboo-launch parses these options too
-from bamboo.model.builtin import MODELS, PRECISIONS
-from bamboo.model.recipe import SCHEDULES
+from bamboo.model.builtin import MODELS
+from bamboo.control.config import LrSchedule, Precision
 from bamboo.transport import devices
 
 
@@ -68,14 +68,14 @@ def _schedule_flags(g) -> None:
 def _recipe_flags(g) -> None:
     g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
     g.add_argument("--min-lr", type=float, default=0.0, help="where a linear or cosine schedule ends")
-    g.add_argument("--lr-schedule", choices=SCHEDULES, default="constant", help="after the warm-up")
+    g.add_argument("--lr-schedule", choices=LrSchedule.values(), default="constant", help="after the warm-up")
     g.add_argument("--warmup", type=int, default=0, metavar="ITERS", help="iterations of linear warm-up")
     g.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's, on weights of 2 or more dimensions")
     g.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.999), metavar=("B1", "B2"),
                    help="AdamW's moment decay rates")
     g.add_argument("--grad-clip", type=float, default=0.0, metavar="NORM",
                    help="clip the whole model's gradient norm (all stages) to NORM; 0: never")
-    g.add_argument("--precision", choices=PRECISIONS, default="fp32",
+    g.add_argument("--precision", choices=Precision.values(), default="fp32",
                    help="bf16, fp16: autocast forwards over float32 weights; fp16 (CUDA) scales its loss dynamically")
     g.add_argument("--initial-loss-scale", type=float, default=65536.0, metavar="S",
                    help="fp16: the loss scale's first value, a power of two (halved after an overflow)")

@@ -108,7 +108,7 @@ class Launcher:
                  progress: bool = True, cluster: LocalCluster | None = None, named: bool = False,
                  sinks: tuple = (), etcd_members: int = 1):
         # A job is named by the user (`--job`: a second launcher may join it) or made unique.
-        self.cfg = cfg if named else JobConfig(**{**cfg.__dict__, "job": f"{cfg.job}-{uuid.uuid4().hex[:8]}"})
+        self.cfg = cfg if named else cfg.with_(job=f"{cfg.cluster.job}-{uuid.uuid4().hex[:8]}")
         self.named = named
         self.etcd, self.metrics = etcd, MetricsWriter(metrics_out, sinks)
         self.progress = progress
@@ -159,7 +159,7 @@ class Launcher:
         if self.etcd is None:
             self._start_etcd()
         tls = ClientFiles.in_dir(self.etcd_tls) if self.etcd_tls else None
-        cluster = Cluster(self.etcd or self.server.endpoint, self.cfg.job, tls=tls)
+        cluster = Cluster(self.etcd or self.server.endpoint, self.cfg.cluster.job, tls=tls)
         if tls is None:
             print(f"bamboo-train: note: etcd at {self.etcd} is used in the clear (no --etcd-tls): anyone who "
                   "reaches it can read and rewrite this job", file=sys.stderr)
@@ -217,8 +217,8 @@ class Launcher:
                 self._start(cluster, n, AGENT, *self.local.agent_args(n), "--register-after", str(after),
                             "--log-dir", self.logs)
         else:
-            cluster.put(ASSIGNMENT(0), Assignment.static(self.cfg.stages, self.cfg.pipelines))
-            for n in range(self.cfg.nodes):
+            cluster.put(ASSIGNMENT(0), Assignment.static(self.cfg.schedule.stages, self.cfg.schedule.pipelines))
+            for n in range(self.cfg.schedule.nodes):
                 self._start(cluster, n, WORKER)
 
     def _record_iterations(self, cluster: Cluster, summary: dict, start: float) -> None:
@@ -227,8 +227,8 @@ class Launcher:
         last = start
         it, redo = self._wait_start(cluster), []
         epoch = mode = None  # the epoch and redundancy mode of the last iteration recorded
-        with ProgressBar(self.progress, self.cfg.iterations) as bar:
-            while it < self.cfg.iterations and not self.stopped:
+        with ProgressBar(self.progress, self.cfg.schedule.iterations) as bar:
+            while it < self.cfg.schedule.iterations and not self.stopped:
                 try:
                     found = self._wait_iteration(cluster, it, since=last)
                 except Rewind as r:  # abandoned: the agents redo it (or restart from a checkpoint)
@@ -244,15 +244,15 @@ class Launcher:
                 assignment = in_force(assignments, it)
                 live = sum(n not in failed or failed[n].iteration > it for n in assignment.members)
                 if assignment.epoch != epoch:
-                    epoch, before, mode = assignment.epoch, mode, assignment.mode(self.cfg.redundancy)
-                    shares = [len(assignment.microbatches(self.cfg.microbatches, j))
+                    epoch, before, mode = assignment.epoch, mode, assignment.mode(self.cfg.schedule.redundancy)
+                    shares = [len(assignment.microbatches(self.cfg.schedule.microbatches, j))
                               for j in range(len(assignment.pipelines))]
                     events.append(Reconfigured(epoch, assignment.pipelines, assignment.standby, mode, shares))
                     if before not in (None, mode):  # --redundancy auto switched
                         events.append(ModeSwitched(epoch, before, mode))
                 record = iteration_record(self.cfg, it, losses, reports, now - last, live,
                                           [e.to_dict() for e in events])
-                if self.cfg.loss_scaling:
+                if self.cfg.recipe.loss_scaling:
                     add_loss_scale(record, cluster.get(SCALE(it)))
                 if self.cfg.evaluates(it):
                     add_validation(self.cfg, record, cluster.children(VAL_LOSS(it)))
@@ -280,7 +280,7 @@ class Launcher:
         summary["samples"] += record["samples"]
         summary["preemptions"] += sum(isinstance(e, Preemption) for e in events)
         summary["failovers"] += sum(isinstance(e, FailedOver) for e in events)
-        if self.cfg.loss_scaling:
+        if self.cfg.recipe.loss_scaling:
             summary["skipped_steps"] = summary.get("skipped_steps", 0) + sum(
                 e["type"] == Overflow.TYPE for e in record["events"])
         summary["peak_memory_mb"] = {str(n): r.rss_mb for n, r in reports.items()}
@@ -298,7 +298,7 @@ class Launcher:
         with open(os.path.join(self.logs, f"{kind}{node}.log"), "w") as log:
             prefix = self.local.command(node) if self.local and module == AGENT else []
             self.procs[node] = subprocess.Popen(
-                [*prefix, sys.executable, "-m", module, "--etcd", cluster.endpoint, "--job", self.cfg.job,
+                [*prefix, sys.executable, "-m", module, "--etcd", cluster.endpoint, "--job", self.cfg.cluster.job,
                  *(["--node", str(node)] if named else []), *args], stdout=log, stderr=subprocess.STDOUT,
                 preexec_fn=die_with_parent, env={**os.environ, LOCAL_RANK: str(self.slots[node]),
                                                  **({TLS_ENV: self.etcd_tls} if self.etcd_tls else {})})
@@ -307,12 +307,12 @@ class Launcher:
         """The embedded etcd, secured for this job alone: a CA of its own, TLS with
         client certificates, and a role limited to the job's keys."""
         self.etcd_tls, self._own_tls = tempfile.mkdtemp(prefix="bamboo-tls-"), True
-        make_job_credentials(self.etcd_tls, self.cfg.job)
+        make_job_credentials(self.etcd_tls, self.cfg.cluster.job)
         self.server = embedded(self.etcd_members, self.local.zones if self.local else ("a",),
                                tls_dir=self.etcd_tls).start()
         admin = connect(self.server.endpoint, tls=self.server.admin)
         try:
-            enable_auth(admin, self.cfg.job)
+            enable_auth(admin, self.cfg.cluster.job)
         finally:
             admin.close()
 
@@ -320,9 +320,9 @@ class Launcher:
         """The job runs already: add this machine's nodes to it, as agents that wait
         in standby until the policy gives them stages, and stay until they leave."""
         if not self.local:
-            raise LaunchError(f"job {self.cfg.job!r} already exists: --local-nodes N joins it with N nodes")
-        if not cluster.get(CONFIG()).elastic:
-            raise LaunchError(f"job {self.cfg.job!r} runs without agents: it cannot take new nodes")
+            raise LaunchError(f"job {self.cfg.cluster.job!r} already exists: --local-nodes N joins it with N nodes")
+        if not cluster.get(CONFIG()).cluster.elastic:
+            raise LaunchError(f"job {self.cfg.cluster.job!r} runs without agents: it cannot take new nodes")
         if self.local.hosts:  # machines of their own names: ids are claimed, the names must be new too
             for h in range(self.local.hosts):
                 self._start(cluster, h, AGENT, *self.local.host_args(h, f"join-{uuid.uuid4().hex[:6]}"), "--log-dir",
@@ -332,7 +332,7 @@ class Launcher:
         for p in self.procs.values():
             if p.wait() not in EXPECTED_EXITS:
                 raise LaunchError(self._worker_error(cluster))
-        return {"joined": self.cfg.job, "nodes": self.local.nodes}
+        return {"joined": self.cfg.cluster.job, "nodes": self.local.nodes}
 
     def _wait_start(self, cluster: Cluster) -> int:
         """The iteration the workers start from (0, or a checkpoint's)."""
@@ -350,15 +350,15 @@ class Launcher:
             return
         first = [k for k in self.procs if k not in self._joiners]
         running = [n for k in first if self.procs[k].poll() is None for n in self.local.nodes_of(k)]
-        needed = nodes_for_a_pipeline(self.cfg.stages, self.cfg.max_stages_per_node)
+        needed = nodes_for_a_pipeline(self.cfg.schedule.stages, self.cfg.schedule.max_stages_per_node)
         if len(running) >= needed or cluster.get(ASSIGNMENT(0)) is not None:
             return
         missing = ", ".join(f"{n} ({self.local.zone_of(k)})" for k in first for n in self.local.nodes_of(k)
                             if n not in running)
         total = sum(len(self.local.nodes_of(k)) for k in first)
         raise LaunchError(f"only {len(running)} of {total} nodes started (missing: {missing}); a pipeline of "
-                          f"{self.cfg.stages} stages needs {needed} at --max-stages-per-node "
-                          f"{self.cfg.max_stages_per_node} (logs: {self.logs})")
+                          f"{self.cfg.schedule.stages} stages needs {needed} at --max-stages-per-node "
+                          f"{self.cfg.schedule.max_stages_per_node} (logs: {self.logs})")
 
     def _check_workers(self, cluster: Cluster, since: float, what: str) -> None:
         if INTERRUPTED.is_set():  # Ctrl-C landed inside a gRPC call, which retried it away
@@ -369,9 +369,9 @@ class Launcher:
             self._check_orphaned(cluster, what)  # joiners not yet in, and agents started by others
         else:
             self._orphaned_since = None
-        if time.monotonic() - since > self.cfg.stall_timeout:
+        if time.monotonic() - since > self.cfg.faults.stall_timeout:
             raise LaunchError(f"gave up waiting for {what} after --stall-timeout "
-                              f"{self.cfg.stall_timeout:.0f} s (logs: {self.logs})")
+                              f"{self.cfg.faults.stall_timeout:.0f} s (logs: {self.logs})")
 
     def _check_orphaned(self, cluster: Cluster, what: str) -> None:
         """Every process started here is gone. Without agents that ends the job. With
@@ -380,13 +380,13 @@ class Launcher:
         if self._agents_elsewhere(cluster):
             self._orphaned_since = None
             return
-        if not self.cfg.elastic or not self.local:
+        if not self.cfg.cluster.elastic or not self.local:
             raise LaunchError(f"every worker exited while waiting for {what}")
         now = time.monotonic()
         if self._orphaned_since is None:
             self._orphaned_since = now
             print(f"every node started here is gone; waiting up to {REJOIN_GRACE:.0f} s for an agent to join "
-                  f"job {self.cfg.job!r}", file=sys.stderr, flush=True)
+                  f"job {self.cfg.cluster.job!r}", file=sys.stderr, flush=True)
         elif now - self._orphaned_since > REJOIN_GRACE:
             raise LaunchError(f"every worker exited while waiting for {what}, and no agent joined within "
                               f"{REJOIN_GRACE:.0f} s (logs: {self.logs})")
@@ -395,7 +395,7 @@ class Launcher:
         """With agents, whether an agent this launcher did not start (a machine that
         joined the job) still runs a node: after a burst took every node started here,
         they restore the job from its checkpoint."""
-        if not self.cfg.elastic or not self.local:
+        if not self.cfg.cluster.elastic or not self.local:
             return False
         own = {n for k in self.procs for n in self.local.nodes_of(k)}
         return any(n not in own for n in cluster.children(MEMBERS()))

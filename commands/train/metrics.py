@@ -52,12 +52,13 @@ class MetricsWriter:
 
 def iteration_record(cfg: JobConfig, it: int, losses: dict, reports: dict, seconds: float, nodes: int,
                      events: list) -> dict:
-    if sorted(losses) != list(range(cfg.microbatches)):
-        raise LaunchError(f"iteration {it}: {len(losses)} of {cfg.microbatches} microbatch losses arrived")
-    record = {"iteration": it, "loss": sum(losses[g].value for g in range(cfg.microbatches)) / cfg.microbatches,
-              "samples": cfg.microbatches * cfg.batch, "seconds": round(seconds, 4), "nodes": nodes,
+    m = cfg.schedule.microbatches
+    if sorted(losses) != list(range(m)):
+        raise LaunchError(f"iteration {it}: {len(losses)} of {m} microbatch losses arrived")
+    record = {"iteration": it, "loss": sum(losses[g].value for g in range(m)) / m,
+              "samples": cfg.schedule.samples, "seconds": round(seconds, 4), "nodes": nodes,
               "events": events}
-    if cfg.check_replicas:
+    if cfg.testing.check_replicas:
         record["replicas_equal"] = replicas_equal(cfg, reports)
     return record
 
@@ -73,10 +74,10 @@ def add_loss_scale(record: dict, scale) -> None:
 def add_validation(cfg: JobConfig, record: dict, losses: dict) -> None:
     """An evaluated iteration's `val_loss`; or, when a death cut the evaluation
     short (some validation losses never arrived), an `eval_skipped` event."""
-    if sorted(losses) == list(range(cfg.eval_batches)):
-        record["val_loss"] = mean_loss({g: loss.value for g, loss in losses.items()}, cfg.eval_batches)
+    if sorted(losses) == list(range(cfg.data.eval_batches)):
+        record["val_loss"] = mean_loss({g: loss.value for g, loss in losses.items()}, cfg.data.eval_batches)
     else:
-        record["events"].append(EvalSkipped(record["iteration"], len(losses), cfg.eval_batches).to_dict())
+        record["events"].append(EvalSkipped(record["iteration"], len(losses), cfg.data.eval_batches).to_dict())
 
 
 def replicas_equal(cfg: JobConfig, reports: dict) -> bool:
@@ -85,4 +86,4 @@ def replicas_equal(cfg: JobConfig, reports: dict) -> bool:
     for r in reports.values():
         for stage, d in r.digests.items():
             by_stage.setdefault(stage, set()).add(d)
-    return len(by_stage) == cfg.stages and all(len(d) == 1 for d in by_stage.values())
+    return len(by_stage) == cfg.schedule.stages and all(len(d) == 1 for d in by_stage.values())

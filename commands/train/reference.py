@@ -16,31 +16,31 @@ from bamboo.model.builtin import Stage, dropout_seed, evaluating, mixed_precisio
 
 def train_reference(cfg: JobConfig, on_iteration=None, on_eval=None, on_scale=None,
                     device: torch.device = torch.device("cpu")) -> Stage:
-    """Run cfg.iterations on `device`; on_iteration(i, {global mb: loss}) after
+    """Run cfg.schedule.iterations on `device`; on_iteration(i, {global mb: loss}) after
     each step, preceded, when the iteration is evaluated, by on_eval(i, validation
     loss), and with fp16 by on_scale(i, the LossScale it ran with). A GPU job's
     reference runs on its GPU: dropout masks come from the device's generator,
     and a CUDA generator draws other masks than the CPU's from one seed."""
     torch.set_num_threads(1)
-    source = ModelSource(cfg.model, cfg.seed, cfg.torch_dtype, cfg.seq, cfg.model_config)
+    source = ModelSource(cfg.model.name, cfg.model.seed, cfg.model.torch_dtype, cfg.model.seq, cfg.model.config_json)
     layers = [source.layer(i).to(device) for i in range(source.count)]
     source.tie(layers)
     model = Stage(layers, source.loss)
     corpus = corpus_of(cfg, source.seq)
-    opt = recipe.optimizer(model, cfg)
-    scale = LossScale(cfg.initial_loss_scale if cfg.loss_scaling else 1.0)
-    for it in range(cfg.iterations):
+    opt = recipe.optimizer(model, cfg.recipe)
+    scale = LossScale(cfg.recipe.initial_loss_scale if cfg.recipe.loss_scaling else 1.0)
+    for it in range(cfg.schedule.iterations):
         model.zero_grad(set_to_none=True)
         kept = []
-        for g in range(cfg.microbatches):
+        for g in range(cfg.schedule.microbatches):
             x, y = (to_device(t, device) for t in corpus.microbatch(it, g))
-            with dropout_seed(dropout_seed_for(cfg.seed, it, g)), mixed_precision(cfg.precision, device):
+            with dropout_seed(dropout_seed_for(cfg.model.seed, it, g)), mixed_precision(cfg.recipe.precision, device):
                 loss = model(x, y)
             kept.append(loss.detach())
-            recipe.scaled_loss(loss, cfg.microbatches, scale.scale).backward()
+            recipe.scaled_loss(loss, cfg.schedule.microbatches, scale.scale).backward()
         params = list(model.parameters())  # a tied weight once
-        if cfg.grad_clip or cfg.loss_scaling:
-            multiplier = recipe.grad_multiplier(cfg, [recipe.squared_norm(params)], scale.scale)
+        if cfg.recipe.grad_clip or cfg.recipe.loss_scaling:
+            multiplier = recipe.grad_multiplier(cfg.recipe, [recipe.squared_norm(params)], scale.scale)
             scale = dataclasses.replace(scale, overflow=multiplier is None)
             if multiplier is not None:
                 recipe.scale_grads(params, multiplier)
@@ -48,10 +48,10 @@ def train_reference(cfg: JobConfig, on_iteration=None, on_eval=None, on_scale=No
             recipe.set_learning_rate(opt, recipe.learning_rate(cfg, it))
             opt.step()
         losses = dict(enumerate(torch.stack(kept).tolist()))  # read once: one host synchronisation an iteration
-        if cfg.loss_scaling:
+        if cfg.recipe.loss_scaling:
             if on_scale:
                 on_scale(it, scale)
-            scale = scale.following(cfg.loss_scale_window, cfg.min_loss_scale)
+            scale = scale.following(cfg.recipe.loss_scale_window, cfg.recipe.min_loss_scale)
         if on_eval and cfg.evaluates(it):
             on_eval(it, validation_loss(model, corpus, cfg))
         if on_iteration:
@@ -68,13 +68,13 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def validation_loss(model: Stage, corpus: Corpus, cfg: JobConfig) -> float:
-    """The mean loss of the cfg.eval_batches validation microbatches: eval mode (no
+    """The mean loss of the cfg.data.eval_batches validation microbatches: eval mode (no
     dropout), no gradients, the training precision, on the model's device; the model
     is left as it was."""
     device = next(model.parameters()).device
-    with torch.no_grad(), evaluating([model]), mixed_precision(cfg.precision, device):
-        losses = [model(*(t.to(device) for t in corpus.validation(g))).item() for g in range(cfg.eval_batches)]
-    return mean_loss(dict(enumerate(losses)), cfg.eval_batches)
+    with torch.no_grad(), evaluating([model]), mixed_precision(cfg.recipe.precision, device):
+        losses = [model(*(t.to(device) for t in corpus.validation(g))).item() for g in range(cfg.data.eval_batches)]
+    return mean_loss(dict(enumerate(losses)), cfg.data.eval_batches)
 
 
 def mean_loss(losses: dict[int, float], count: int) -> float:

@@ -22,12 +22,13 @@ def run_single(cfg: JobConfig, metrics_out: str | None, progress: bool = True, s
     validation: dict[int, float] = {}
     scales: dict = {}
     skipped = 0
-    with ProgressBar(progress, cfg.iterations) as bar:
+    with ProgressBar(progress, cfg.schedule.iterations) as bar:
         def on_iteration(it, losses):
             nonlocal last, skipped
             now = time.monotonic()
-            record = {"iteration": it, "loss": sum(losses[g] for g in range(cfg.microbatches)) / cfg.microbatches,
-                      "samples": cfg.microbatches * cfg.batch, "seconds": round(now - last, 4), "nodes": 1,
+            m = cfg.schedule.microbatches
+            record = {"iteration": it, "loss": sum(losses[g] for g in range(m)) / m,
+                      "samples": cfg.schedule.samples, "seconds": round(now - last, 4), "nodes": 1,
                       "events": []}
             if it in scales:
                 add_loss_scale(record, scales.pop(it))
@@ -37,18 +38,19 @@ def run_single(cfg: JobConfig, metrics_out: str | None, progress: bool = True, s
             skipped += any(e["type"] == "overflow" for e in record["events"])
             metrics.write(record)
             bar(it, record)
-        device = devices.claim(0, cfg.devices, share=True)  # the first worker's device
+        device = devices.claim(0, cfg.devices.names, share=True)  # the first worker's device
         model = train_reference(cfg, on_iteration, validation.__setitem__, scales.__setitem__, device)
     total = time.monotonic() - start
-    metrics.write({"summary": {"iterations": cfg.iterations, "samples": cfg.iterations * cfg.microbatches * cfg.batch,
+    metrics.write({"summary": {"iterations": cfg.schedule.iterations,
+                               "samples": cfg.schedule.iterations * cfg.schedule.samples,
                                "total_seconds": round(total, 3),
-                               "mean_iteration_seconds": round(total / cfg.iterations, 4),
+                               "mean_iteration_seconds": round(total / cfg.schedule.iterations, 4),
                                "peak_memory_mb": {"0": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024},
                                **({"peak_cuda_mb": {"0": torch.cuda.max_memory_allocated(device) / 2**20}}
                                   if device.type == "cuda" else {}),
-                               **({"skipped_steps": skipped} if cfg.loss_scaling else {})}})
+                               **({"skipped_steps": skipped} if cfg.recipe.loss_scaling else {})}})
     metrics.close()
-    if cfg.save_dir:
-        os.makedirs(cfg.save_dir, exist_ok=True)
+    if cfg.checkpoints.save_dir:
+        os.makedirs(cfg.checkpoints.save_dir, exist_ok=True)
         for index, layer in enumerate(model.layers):
-            save_layer(layer, os.path.join(cfg.save_dir, f"layer{index}.pt"))
+            save_layer(layer, os.path.join(cfg.checkpoints.save_dir, f"layer{index}.pt"))

@@ -86,7 +86,7 @@ def test_a_death_seen_after_the_pipeline_recovered_from_another_abandons_the_ite
     """On a real etcd: node 1 recorded dead, then, once the pipeline replanned without
     it, node 2. The second look must not plan a recovery on the first one's streams."""
     cluster = Cluster(etcd.endpoint, "second-death")
-    failover = Failover(cluster, tuple(FULL), 0, 0, ScheduleOptions(redundancy="eager"), JobConfig(elastic=True))
+    failover = Failover(cluster, tuple(FULL), 0, 0, ScheduleOptions(redundancy="eager"), JobConfig.of(elastic=True))
     failover.now = Watch(iteration=KILLED_IN, microbatches=4, failed=(), comm=None, streams={})
     cluster.record_dead(1, Failure(KILLED_IN, 0, "test"))
     assert failover.poll() == PeerDead(Local(1))

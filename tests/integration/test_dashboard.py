@@ -61,8 +61,8 @@ def job(etcd):
     """Job `synthetic` (P=2, M=2): epoch 0 is nodes 0, 1 and standby 2; node 1 dies
     in iteration 2 and epoch 1 puts node 2 in its place from iteration 3."""
     cluster = Cluster(etcd.endpoint, "synthetic")
-    cluster.put(CONFIG(), JobConfig(model="tiny", stages=2, microbatches=2, iterations=8, elastic=True,
-                                    job="synthetic"))
+    cluster.put(CONFIG(), JobConfig.of(name="tiny", stages=2, microbatches=2, iterations=8, elastic=True,
+                                       job="synthetic"))
     cluster.put(ASSIGNMENT(0), Assignment(0, 0, ((0, 1),), standby=(2,)))
     for n, zone in enumerate("aba"):
         cluster.put(ZONES(n), Zone(zone))
@@ -119,7 +119,7 @@ def test_the_reader_keeps_iterations_forgets_a_redo_and_never_writes(etcd, job, 
     assert [r["loss"] for r in again["series"]] == [5.5, 4.5, 4.0, 7.5, 6.5]
     assert ("redo", 3) in [(e["type"], e["iteration"]) for e in again["events"]]
     with pytest.raises(ReadOnly):
-        view.cluster.put(CONFIG(), JobConfig(job="synthetic"))
+        view.cluster.put(CONFIG(), JobConfig.of(job="synthetic"))
     assert revision(etcd.endpoint) == before
     view.close()
 
@@ -195,8 +195,8 @@ def test_html_written_into_records_shows_as_text_under_a_policy(etcd, job):
     """Text from every record the page shows is escaped (a job's etcd may be written
     by anyone who reaches it); a record of the wrong shape leaves the page up; the
     page's own style and script carry the nonce its Content-Security-Policy names."""
-    job.put(CONFIG(), JobConfig(model=PAYLOADS["model"], stages=2, microbatches=2, iterations=8, elastic=True,
-                                job="synthetic"))
+    job.put(CONFIG(), JobConfig.of(name=PAYLOADS["model"], stages=2, microbatches=2, iterations=8, elastic=True,
+                                   job="synthetic"))
     job.put(ZONES(2), Zone(PAYLOADS["zone"], PAYLOADS["host"]))
     job.put(FAILED(1), Failure(2, 0, PAYLOADS["how"]))
     job.put(ASSIGNMENT(1), Assignment(1, 3, ((0, 2),), failed=(1,), redundancy=PAYLOADS["redundancy"],

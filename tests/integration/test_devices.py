@@ -80,7 +80,7 @@ def test_the_launcher_gives_each_local_process_the_lowest_free_index(tmp_path, m
         def poll(self):
             return self.exited
     monkeypatch.setattr(subprocess, "Popen", Popen)
-    launcher = Launcher(JobConfig(job="j"))
+    launcher = Launcher(JobConfig.of(job="j"))
     launcher.logs = str(tmp_path)
 
     class Cluster:

@@ -63,7 +63,7 @@ def test_first_writer_wins_and_leases_expire(etcd):
     assert a.create(FAILED(3), Failure(0, 1)) and not b.create(FAILED(3), Failure(0, 2))
     assert b.get(FAILED(3)) == Failure(0, 1) and b.children(FAILED()) == {3: Failure(0, 1)}
     assert Cluster(etcd.endpoint, "job2").get(FAILED(3)) is None  # jobs do not see each other's keys
-    a.register(5, JobConfig(lease_ttl=2), on_fenced=print)
+    a.register(5, JobConfig.of(lease_ttl=2), on_fenced=print)
     assert 5 in b.alive() and b.get(ALIVE(5)).lease == a.heartbeat.lease.id
     a.heartbeat.stop()
     assert 5 not in b.alive() and b.silent([5]) == [5]

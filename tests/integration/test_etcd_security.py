@@ -75,7 +75,7 @@ def test_a_local_jobs_etcd_refuses_everyone_but_the_job(tmp_path):
     def look(launcher, cluster):
         if not seen:
             seen.update(_outsider_checks(launcher.server.endpoint, launcher.etcd_tls, other))
-            inside["config"] = cluster.get(CONFIG()).job  # the job itself reads through the same etcd
+            inside["config"] = cluster.get(CONFIG()).cluster.job  # the job itself reads through the same etcd
             client = connect(launcher.server.endpoint, tls=ClientFiles.in_dir(launcher.etcd_tls))
             try:
                 retry(lambda: client.put(job_root("other-job") + CONFIG().path, "1"), 5.0, launcher.server.endpoint)
@@ -140,8 +140,8 @@ def test_the_launched_etcd_boot_script_admits_only_the_job(s3, tmp_path):
                             Install(build_wheel(str(tmp_path / "wheelhouse"))))
     port, peer = free_port(), free_port()
     key = job_root("cloudjob") + CONFIG().path
-    script = etcd_script(key, '{"job": "cloudjob"}', "bamboo", "", certs.folder(member_folder(0)), "cloudjob",
-                         certs.install)
+    stored = '{"cluster": {"job": "cloudjob"}}'
+    script = etcd_script(key, stored, "bamboo", "", certs.folder(member_folder(0)), "cloudjob", certs.install)
     root = tmp_path / "etcd-instance"
     proc = run_script(script, root, tmp_path / "wheelhouse", {  # its address: the one its folder names
         "BAMBOO_ETCD_PORT": str(port), "BAMBOO_ETCD_PEER_PORT": str(peer),
@@ -158,7 +158,7 @@ def test_the_launched_etcd_boot_script_admits_only_the_job(s3, tmp_path):
         _wait_for_line(proc, root, "bamboo etcd: bamboo serves the job (https)")
         endpoint = f"127.0.0.1:{port}"
         job = connect(endpoint, tls=ClientFiles.in_dir(node_dir))
-        assert job.get(key)[0] == b'{"job": "cloudjob"}'
+        assert job.get(key)[0] == stored.encode()
         with pytest.raises(EtcdRefused):
             retry(lambda: job.put(job_root("other-job") + CONFIG().path, "1"), 5.0, endpoint)
         other = make_job_credentials(str(tmp_path / "other"), "other")

@@ -73,10 +73,10 @@ def assert_same(got, want, skipped=()):
 
 
 def test_the_reference_evaluates_without_changing_its_training(tokens):
-    cfg = JobConfig(model="tiny", dtype="float64", microbatches=4, iterations=3, seed=3, data_files=(str(tokens),),
-                    eval_every=1, eval_batches=4)
+    cfg = JobConfig.of(name="tiny", dtype="float64", microbatches=4, iterations=3, seed=3, data_files=(str(tokens),),
+                       eval_every=1, eval_batches=4)
     plain, with_eval, vals = {}, {}, {}
-    train_reference(JobConfig(**{**cfg.__dict__, "eval_every": 0}), plain.__setitem__)
+    train_reference(cfg.with_(eval_every=0), plain.__setitem__)
     model = train_reference(cfg, with_eval.__setitem__, vals.__setitem__)
     assert plain == with_eval and sorted(vals) == [0, 1, 2]
     from bamboo.data.corpus import corpus_of

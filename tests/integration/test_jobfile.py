@@ -129,7 +129,7 @@ def without_config(args: argparse.Namespace) -> dict:
 
 def unnamed(config: dict) -> dict:
     """A job config but its run's name (each run has one of its own: its checkpoints' folders)."""
-    return {k: v for k, v in config.items() if k != "run"}
+    return {**config, "checkpoints": {k: v for k, v in config["checkpoints"].items() if k != "run"}}
 
 
 def test_a_file_gives_what_its_flags_give(tmp_path):
@@ -332,7 +332,7 @@ def test_launch_reads_its_section_and_bamboo_train_skips_it(tmp_path):
     assert (args.command, args.nodes, args.region, args.job, args.dry_run) == ("ec2", 6, "us-east-1", "from-file", True)
     assert args.instance_type == ["g6.xlarge"] and args.state == "s.json" and args.security_group == []
     assert unnamed(job_config(train, 6, args.job).to_dict()) == unnamed(job_config(TRAIN, 6, "from-file").to_dict())
-    assert job_config([*train, "--iterations", "9"], 3, "j").iterations == 9
+    assert job_config([*train, "--iterations", "9"], 3, "j").schedule.iterations == 9
     assert without_config(parse(["--config", path])) == without_config(cli.build_parser().parse_args(TRAIN))
 
 
@@ -396,9 +396,13 @@ def test_the_docs_example_configures_a_llama_job(s3, tmp_path):
     args, train = launch.parse(launch.build_parser(), ["ec2", "--config", path])
     assert (args.nodes, args.etcd, args.job, args.bucket) == (8, "auto", "llama-1b", "my-bamboo")
     cfg = job_config(train, args.nodes, args.job)
-    assert (cfg.model, cfg.stages, cfg.pipelines, cfg.microbatches, cfg.precision) == ("hf:llama-1b", 4, 2, 16, "bf16")
-    assert cfg.data_files == ("s3://my-bamboo/data/train.bin",) and cfg.checkpoint == "s3://my-bamboo/ckpt/llama-1b"
-    assert cfg.betas == (0.9, 0.95) and cfg.lr_schedule == "cosine" and cfg.elastic and cfg.job == "llama-1b"
+    s = cfg.schedule
+    assert (cfg.model.name, s.stages, s.pipelines, s.microbatches) == ("hf:llama-1b", 4, 2, 16)
+    assert cfg.recipe.precision == "bf16"
+    assert cfg.data.data_files == ("s3://my-bamboo/data/train.bin",)
+    assert cfg.checkpoints.checkpoint == "s3://my-bamboo/ckpt/llama-1b"
+    assert cfg.recipe.betas == (0.9, 0.95) and cfg.recipe.lr_schedule == "cosine"
+    assert cfg.cluster.elastic and cfg.cluster.job == "llama-1b"
 
 
 def test_a_bad_frc_flag_is_one_line(capsys):

@@ -139,7 +139,7 @@ def test_the_agents_form_as_many_pipelines_with_the_sync_in_the_next_iteration(m
     live = {str(n): "abc"[n % 3] for n in range(7)}
     shapes = {}
     for sync in ("end", "next"):
-        cfg = JobConfig(stages=3, microbatches=6, replica_sync=sync, max_stages_per_node=max_stages)
+        cfg = JobConfig.of(stages=3, microbatches=6, replica_sync=sync, max_stages_per_node=max_stages)
         config = Membership._policy(SimpleNamespace(hosts=dict), cfg, live, None)
         shapes[sync] = (config.pipelines, config.standby)
     assert len(shapes["end"][0]) >= 2
@@ -154,7 +154,7 @@ def test_a_local_cluster_starts_as_many_pipelines_and_needs_a_checkpoint(tmp_pat
     for sync in ("end", "next"):
         args = cli.build_parser().parse_args(["--stages", "3", "--microbatches", "6", "--local-nodes", "7",
                                               "--replica-sync", sync, "--checkpoint", str(tmp_path / "c")])
-        assert cli.config_from_args(args).pipelines == 2
+        assert cli.config_from_args(args).schedule.pipelines == 2
     args = cli.build_parser().parse_args(["--stages", "3", "--local-nodes", "4", "--replica-sync", "next"])
     with pytest.raises(ValueError, match="--replica-sync next with agents needs --checkpoint"):
         cli.config_from_args(args)
@@ -176,7 +176,7 @@ def test_taken_reads_the_failover_events_of_the_last_iteration_that_completed():
         return {10: Report(1.0, 0.0, 1, took.get(it, [])), 11: Report(1.0, 0.0, 1, [{"type": "mode"}])}
     agent = SimpleNamespace(cluster=SimpleNamespace(children=lambda key: reports(key.parts[0])))
     assert DONE(7).parts == (7,)  # the key the fake reads its iteration from
-    late, end = JobConfig(stages=3, replica_sync="next"), JobConfig(stages=3)
+    late, end = JobConfig.of(stages=3, replica_sync="next"), JobConfig.of(stages=3)
     epoch = Assignment(2, 5, ((10, 11, 12),), taken=(9,))
     elsewhere = Assignment(1, 0, ((10, 11, 12),))
     assert Membership._taken(agent, late, epoch, None, 7, False) == (11,)

@@ -142,9 +142,9 @@ def test_object_storage_data_and_checkpoints_are_checked_not_downloaded(gcs, s3)
     s3.put_object(Bucket="ckpts", Key="val.bin", Body=bytes(400))
     cfg = job_config([*TRAIN, "--data", "gs://data/tokens.bin", "--val-data", "s3://ckpts/val.bin",
                       "--checkpoint", "gs://ckpts/run"], 3, "j")
-    assert cfg.data_files == ("gs://data/tokens.bin",) and cfg.checkpoint == "gs://ckpts/run"
+    assert cfg.data.data_files == ("gs://data/tokens.bin",) and cfg.checkpoints.checkpoint == "gs://ckpts/run"
     assert ("GET", "media") not in gcs.requests and ("GET", "metadata") in gcs.requests
-    assert job_config([*TRAIN, "--checkpoint", "s3://ckpts/run"], 3, "j").checkpoint == "s3://ckpts/run"
+    assert job_config([*TRAIN, "--checkpoint", "s3://ckpts/run"], 3, "j").checkpoints.checkpoint == "s3://ckpts/run"
     for extra, why in ((["--data", "gs://data/gone.bin"], "gs://data/gone.bin: no such object"),
                        (["--checkpoint", "gs://nope/ck"], "gs://nope/ck/: cannot list it: no such bucket"),
                        (["--checkpoint", "/tmp/ck"], "give s3://BUCKET/PREFIX or gs://BUCKET/PREFIX")):
@@ -206,7 +206,7 @@ def test_dry_run_prints_the_upload_and_the_etcd_write(tmp_path):
                    "create_auto_scaling_group"]
     write = requests[7]
     assert write["key"] == job_root("dry") + CONFIG().path
-    assert write["value"]["stages"] == 3 and write["value"]["elastic"]
+    assert write["value"]["schedule"]["stages"] == 3 and write["value"]["cluster"]["elastic"]
     assert requests[3]["params"]["Body"].endswith("bytes>") and not os.listdir(tmp_path)
 
 

@@ -17,13 +17,13 @@ from bamboo.control.protocol import ASSIGNMENT, FAILED, MEMBERS, Failure, Member
 
 def _orphaned_launcher(etcd, elastic: bool) -> tuple[Launcher, Cluster]:
     """A launcher of two local nodes whose processes both exited (SIGKILLed)."""
-    cfg = JobConfig(job=f"orphan-{elastic}", elastic=elastic)
+    cfg = JobConfig.of(job=f"orphan-{elastic}", elastic=elastic)
     launcher = Launcher(cfg, cluster=LocalCluster(nodes=2) if elastic else None, named=True)
     for node in (0, 1):
         proc = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
         proc.wait()
         launcher.procs[node] = proc
-    return launcher, Cluster(etcd.endpoint, cfg.job)
+    return launcher, Cluster(etcd.endpoint, cfg.cluster.job)
 
 
 def test_without_agents_a_job_whose_workers_all_exited_ends_at_once(etcd):

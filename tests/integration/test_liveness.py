@@ -18,14 +18,14 @@ from bamboo.control.exits import Fenced
 from bamboo.control.protocol import ABORT, ALIVE, FAILED, LOSS, Abort, Failure, Loss, Report
 from bamboo.runtime.boundary import stragglers
 
-CFG = JobConfig(failure_timeout=2.0, lease_ttl=15.0)
+CFG = JobConfig.of(failure_timeout=2.0, lease_ttl=15.0)
 
 CHILD = """
 import sys, time
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 c = Cluster(sys.argv[1], "live")
-c.register(int(sys.argv[2]), JobConfig(failure_timeout=2.0, lease_ttl=15.0), on_fenced=print)
+c.register(int(sys.argv[2]), JobConfig.of(failure_timeout=2.0, lease_ttl=15.0), on_fenced=print)
 print("registered", flush=True)
 time.sleep(600)
 """
@@ -62,7 +62,7 @@ def test_a_paused_process_is_silent_within_the_failure_timeout_and_not_before(se
         stopped = time.monotonic()
         found = _until(lambda: me.silent([7]) == [7], 10, "a stopped process was never found silent")
         # etcd counts whole seconds and the last refresh came up to 0.5 s before the stop
-        assert CFG.failure_timeout - 0.6 <= found - stopped <= CFG.failure_timeout + 2
+        assert CFG.faults.failure_timeout - 0.6 <= found - stopped <= CFG.faults.failure_timeout + 2
         assert 7 in me.alive()  # its key is still there: the lease itself has not expired
         child.send_signal(signal.SIGCONT)
         _until(lambda: me.silent([7]) == [], 5, "a resumed process stayed silent")
@@ -84,7 +84,7 @@ def test_a_ten_second_etcd_stall_condemns_no_one(server):
         server.proc.send_signal(signal.SIGSTOP)
         time.sleep(10)  # the stall under test is a duration, not an event
         server.proc.send_signal(signal.SIGCONT)
-        end = time.monotonic() + CFG.failure_timeout + 3
+        end = time.monotonic() + CFG.faults.failure_timeout + 3
         while time.monotonic() < end:
             assert me.silent([1, 7]) == []
             time.sleep(0.1)
@@ -97,7 +97,7 @@ def test_a_ten_second_etcd_stall_condemns_no_one(server):
 
 def test_an_expired_lease_is_taken_again_unless_the_node_was_recorded_dead(server):
     reasons: queue.Queue = queue.Queue()
-    short = JobConfig(failure_timeout=1.0, lease_ttl=2.0)
+    short = JobConfig.of(failure_timeout=1.0, lease_ttl=2.0)
     a, b = Cluster(server.endpoint, "live"), Cluster(server.endpoint, "live")
     a.register(1, short, on_fenced=reasons.put)
     b.register(2, short, on_fenced=reasons.put)
@@ -143,7 +143,7 @@ def test_a_node_recorded_dead_is_told_at_once_and_etcd_refuses_its_writes(server
     late, is refused by etcd itself; its key never comes back under that id."""
     reasons: queue.Queue = queue.Queue()
     old, peer = Cluster(server.endpoint, "fence"), Cluster(server.endpoint, "fence")
-    long = JobConfig(failure_timeout=2.0, lease_ttl=60.0)  # only the revocation can tell it within 15 s
+    long = JobConfig.of(failure_timeout=2.0, lease_ttl=60.0)  # only the revocation can tell it within 15 s
     old.register(3, long, on_fenced=reasons.put)
     peer.register(4, long, on_fenced=reasons.put)
     assert peer.record_dead(3, Failure(6, 4, "test"))

@@ -12,15 +12,15 @@ from bamboo.control.config import JobConfig
 from bamboo.control.protocol import ALIVE, ASSIGNMENT, CONFIG, DONE, MEMBERS, REGROUP, Alive, Failure, Member, Regroup, Report
 from agents.membership import Membership
 
-CFG = JobConfig(job="orphaned", model="tiny", stages=2, microbatches=2, iterations=10, elastic=True,
-                failure_timeout=1.0, lease_ttl=5.0)
+CFG = JobConfig.of(job="orphaned", name="tiny", stages=2, microbatches=2, iterations=10, elastic=True,
+                   failure_timeout=1.0, lease_ttl=5.0)
 
 
 @contextlib.contextmanager
 def _job(etcd, job: str, cfg: JobConfig = CFG, pipelines=((0, 1),)):
     """Epoch 0 over `pipelines`, whose nodes registered no more; agents 7 and 8 in
     standby (they leave at the end)."""
-    cfg = dataclasses.replace(cfg, job=job)
+    cfg = cfg.with_(job=job)
     cluster = Cluster(etcd.endpoint, job)
     cluster.put(CONFIG(), cfg)
     cluster.put(ASSIGNMENT(0), Assignment(epoch=0, start=0, pipelines=pipelines))
@@ -59,7 +59,7 @@ def test_members_gone_after_reporting_the_iteration_are_redone_too(etcd):
     no worker will ever write it, so iteration 3 is redone; so is the job's last
     iteration reported by one member only; reported by all, it is the job
     finishing, and nothing is redone."""
-    last = CFG.iterations - 1
+    last = CFG.schedule.iterations - 1
     with _job(etcd, "reported") as (cluster, standbys):
         _settled(cluster, 3)
         _reported(cluster, 3, (0, 1))
@@ -85,7 +85,7 @@ def test_chaos_seed_39_two_reports_then_every_member_gone(etcd):
     then bursts took every member before any wrote its regroup; the replacements
     waited out the 600 s limit. The standbys redo iteration 2 (from the start:
     no checkpoint yet, no copy)."""
-    cfg = dataclasses.replace(CFG, job="seed-39", stages=3, microbatches=6, iterations=30)
+    cfg = CFG.with_(job="seed-39", stages=3, microbatches=6, iterations=30)
     with _job(etcd, "seed-39", cfg, ((0, 2, 1), (3, 3, 4), (6, 6, 5))) as (cluster, standbys):
         _settled(cluster, 2)
         cluster.record_dead(0, Failure(2, 1, "gloo: Connection closed by peer"))

@@ -14,7 +14,7 @@ from bamboo.control.config import JobConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = {
-    p.CONFIG: JobConfig(stages=4, microbatches=8), p.START: p.Start(3),
+    p.CONFIG: JobConfig.of(stages=4, microbatches=8), p.START: p.Start(3),
     p.ASSIGNMENT: Assignment(2, 5, ((0, 1), (2, 3)), (4,), (5,), (5, 6), "peers", True, 1, "lazy"),
     p.ALIVE: p.Alive(1, 7), p.FAILED: p.Failure(4, 2, "lease expired"), p.CUT: p.Cut({"send_act": 3}),
     p.FINISHED: p.Finished(p.Report(280.0, 1.25, 2, busy=0.5).to_dict()), p.LOSS: p.Loss(5.5), p.VAL_LOSS: p.Loss(4.5),

@@ -36,7 +36,7 @@ def test_a_small_norm_is_left_alone():
 
 
 def cfg(**kw):
-    return JobConfig(iterations=11, lr=1.0, min_lr=0.1, **kw)
+    return JobConfig.of(iterations=11, lr=1.0, min_lr=0.1, **kw)
 
 
 def test_warmup_then_cosine_reaches_min_lr_at_the_last_iteration():
@@ -56,7 +56,7 @@ def test_linear_and_constant_schedules():
 
 def test_weight_decay_applies_to_matrices_only():
     module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
-    opt = recipe.optimizer(module, JobConfig(weight_decay=0.1, betas=(0.8, 0.95)))
+    opt = recipe.optimizer(module, JobConfig.of(weight_decay=0.1, betas=(0.8, 0.95)).recipe)
     decay, rest = opt.param_groups
     assert [p.shape for p in decay["params"]] == [torch.Size([4, 3])] and decay["weight_decay"] == 0.1
     assert len(rest["params"]) == 3 and rest["weight_decay"] == 0.0 and decay["betas"] == (0.8, 0.95)

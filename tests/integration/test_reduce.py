@@ -30,7 +30,7 @@ def scenario(endpoint: str) -> None:
     cluster.put(ALIVE(0), Alive(0))
     cluster.put(ALIVE(2), Alive(2))  # node 2 is alive (its key is there) but went to the redo
     assignment = Assignment.static(stages=2, pipelines=2)  # stage 0 on node 0 and on node 2
-    failover = Failover(cluster, (0, 1), 0, 0, ScheduleOptions(redundancy="off"), JobConfig(elastic=True))
+    failover = Failover(cluster, (0, 1), 0, 0, ScheduleOptions(redundancy="off"), JobConfig.of(elastic=True))
     failover.now = Watch(iteration=2, microbatches=0, failed=(), comm=None, streams={})
     reducer = Reducer(cluster, assignment, 0, 3.0, failover, HANG_TIMEOUT)
     assert reducer.members(0) == (0, 2)
@@ -69,7 +69,7 @@ def called_away(endpoint: str, job: str, node: int) -> None:
     node 2 comes only once node 0 said so, and node 0 then takes its pending reduce up."""
     cluster = Cluster(endpoint, job)
     failover = Failover(cluster, (node, node + 1), node // 2, 0, ScheduleOptions(redundancy="eager"),
-                        JobConfig(elastic=True))
+                        JobConfig.of(elastic=True))
     reducer = Reducer(cluster, Assignment.static(stages=2, pipelines=2), node, 3.0, failover, HANG_TIMEOUT)
     module = torch.nn.Linear(2, 1, bias=False)
     sums = []

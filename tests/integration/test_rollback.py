@@ -88,8 +88,8 @@ def test_the_agents_prefer_memory_unless_storage_is_newer(etcd, tmp_path):
     storage's newest complete one; "checkpoint" otherwise; "initial" with neither."""
     cluster = Cluster(etcd.endpoint, "restore-point")
     cluster.put(START(), Start(0))
-    cfg = JobConfig(layers=4, checkpoint=str(tmp_path / "ckpt"))
-    storage = LocalStorage(cfg.checkpoint)
+    cfg = JobConfig.of(layers=4, checkpoint=str(tmp_path / "ckpt"))
+    storage = LocalStorage(cfg.checkpoints.checkpoint)
 
     def point(start, live):
         return Membership._restore_point(_Agent(cluster), cfg, start, live)

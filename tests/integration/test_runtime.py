@@ -240,7 +240,7 @@ def test_an_etcd_in_the_clear_is_named_and_credentials_are_presented(etcd, capsy
     from bamboo.control.credentials import make_job_credentials
     from bamboo.control.protocol import CONFIG
     from commands.train.cli import main
-    Cluster(etcd.endpoint, "taken").put(CONFIG(), JobConfig(job="taken"))
+    Cluster(etcd.endpoint, "taken").put(CONFIG(), JobConfig.of(job="taken"))
     common = ["--no-progress", "--iterations", "1", "--stages", "2"]
     assert main([*common, "--etcd", etcd.endpoint, "--job", "taken"]) == 1  # exists: joined only by --local-nodes
     err = capsys.readouterr().err.splitlines()
@@ -575,7 +575,7 @@ def test_replica_sync_next_with_redundancy_off_is_the_sync_at_the_end():
     must not make a death between iterations unsurvivable, which agents redo."""
     from bamboo.runtime.failover import Failover, Watch
     failover = Failover(None, (10, 11, 12, 13), 0, 0, ScheduleOptions(redundancy="off", sync="next"),
-                        JobConfig(elastic=True))
+                        JobConfig.of(elastic=True))
     failover.now = Watch(4, 8, (), None, {})
     failover._check_owed(5, (2,), owed=True)
     assert failover.sync == "end"

@@ -21,7 +21,7 @@ POINTS = [(mode, n, k) for mode in ("eager", "lazy")
 @pytest.fixture(scope="module")
 def reference_losses():
     out = []
-    train_reference(JobConfig(microbatches=M, iterations=ITERS, dtype="float64"),
+    train_reference(JobConfig.of(microbatches=M, iterations=ITERS, dtype="float64"),
                     lambda it, losses: out.append(sum(losses.values()) / M))
     return out
 

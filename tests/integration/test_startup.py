@@ -132,7 +132,7 @@ def test_an_agent_alone_gives_up_at_its_start_timeout(tmp_path):
     """bamboo-agent with nobody to meet: one line after --start-timeout, status 1."""
     with EtcdServer() as etcd:
         cluster = Cluster(etcd.endpoint, "alone")
-        cluster.put(CONFIG(), JobConfig(stages=2, max_stages_per_node=1, elastic=True, job="alone"))
+        cluster.put(CONFIG(), JobConfig.of(stages=2, max_stages_per_node=1, elastic=True, job="alone"))
         out = subprocess.run([sys.executable, "-m", "agents.agent", "--etcd", etcd.endpoint, "--job", "alone",
                               "--zone", "a", "--start-timeout", "1"], capture_output=True, text=True, timeout=120)
         cluster.close()

@@ -137,12 +137,12 @@ def test_with_two_pipelines_a_death_in_a_window_costs_a_redo_and_the_window_grow
 def test_a_job_with_the_sync_next_and_checkpoints_gets_its_rollback_charged():
     from agents.modes import job_estimates, rollback_cost, window_share
     from bamboo.control.config import JobConfig
-    cfg = JobConfig(stages=4, microbatches=8, replica_sync="next", redundancy="auto", checkpoint="/tmp/ck",
-                    checkpoint_every=4)
+    cfg = JobConfig.of(stages=4, microbatches=8, replica_sync="next", redundancy="auto", checkpoint="/tmp/ck",
+                       checkpoint_every=4)
     seconds, pause, rollback = job_estimates(cfg, ModeStats(seconds={"off": 2.0}), 4)
     _, plain = estimates(ModeStats(seconds={"off": 2.0}), 4, 8, "next")
     assert rollback == pytest.approx(rollback_cost(4, 0, seconds, plain)) and rollback > plain["eager"]
     share = window_share(4, 8)
     assert pause["eager"] == pytest.approx((1 - share) * plain["eager"] + share * rollback)
-    no_interval = JobConfig(stages=4, microbatches=8, replica_sync="next", redundancy="auto", checkpoint="/tmp/ck")
+    no_interval = JobConfig.of(stages=4, microbatches=8, replica_sync="next", redundancy="auto", checkpoint="/tmp/ck")
     assert job_estimates(no_interval, ModeStats(seconds={"off": 2.0}), 4)[1:] == (plain, None)

@@ -39,7 +39,7 @@ def test_every_record_written_by_the_code_reads_back_equal():
                protocol.Member("a", "h", 7), protocol.ModeChoice("eager", {"rate": 0.1})]
     for record in samples:
         assert type(record).from_dict(json.loads(json.dumps(record.to_dict()))) == record
-    config = JobConfig(stages=3, preempt=())
+    config = JobConfig.of(stages=3, preempt=())
     assert JobConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     assert len(records()) > 15
 

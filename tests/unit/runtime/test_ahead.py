@@ -20,13 +20,13 @@ from schedules.options import ScheduleOptions
 from bamboo.state.holdings import Stages
 from bamboo.transport.staging import Stager
 
-CFG = JobConfig(model="tiny", dtype="float64", microbatches=4, iterations=3, seed=3)
+CFG = JobConfig.of(name="tiny", dtype="float64", microbatches=4, iterations=3, seed=3)
 MBS = range(4, 8)  # pipeline 1's share of 8 global microbatches
 
 
 @pytest.fixture(scope="module")
 def executor():
-    source = ModelSource(CFG.model, CFG.seed, CFG.torch_dtype, CFG.seq, CFG.model_config)
+    source = ModelSource(CFG.model.name, CFG.model.seed, CFG.model.torch_dtype, CFG.model.seq, CFG.model.config_json)
     first = partition(source.costs(), 2)[0]
     stage = Stage([source.layer(i) for i in first], None, first.start)
     return Executor(CFG, (2, 3), 0, Stages({0: stage}, {}), corpus_of(CFG, source.seq), None, None,

@@ -14,7 +14,7 @@ class _Moves(EpochMoves):
 
 
 def test_a_copy_that_differs_from_the_committed_checkpoint_is_read_from_storage(tmp_path, capsys):
-    checkpoints = Checkpoints(JobConfig(checkpoint=str(tmp_path), layers=3), 0, 3)
+    checkpoints = Checkpoints(JobConfig.of(checkpoint=str(tmp_path), layers=3), 0, 3)
     stored = {i: b"layer %d" % i for i in range(3)}
     write_part(checkpoints.storage, Attempt(4, "run-e000001"), 0, stored, layers=3)
     moves = _Moves(checkpoints)
@@ -27,6 +27,6 @@ def test_a_copy_that_differs_from_the_committed_checkpoint_is_read_from_storage(
 
 def test_copies_of_a_checkpoint_not_committed_yet_are_taken_as_they_are(tmp_path):
     """The write goes on behind the training: a rollback right after it finds no commit."""
-    checkpoints = Checkpoints(JobConfig(checkpoint=str(tmp_path), layers=3), 0, 3)
+    checkpoints = Checkpoints(JobConfig.of(checkpoint=str(tmp_path), layers=3), 0, 3)
     write_part(checkpoints.storage, Attempt(6, "run-e000001"), 0, {0: b"a"}, layers=3)  # a part, no commit
     assert _Moves(checkpoints)._checked_copies(6, {0: b"a", 1: b"b"}) == {0: b"a", 1: b"b"}
