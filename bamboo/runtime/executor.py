@@ -364,6 +364,10 @@ class Executor(StepPhase):
         return {LOSS(self.it.iteration, g): Loss(float(self.it.losses[g])) for g in new}
 
     def reduce_grads(self, ins: Instr) -> None:
+        if ins.stage == self.P - 1 and self.reducer.D > 1 and (losses := self._losses_to_write()):
+            # Once the pipeline's gradients are in the sum, its losses must outlive it:
+            # a burst may take all of its nodes before the finished mark that would carry them.
+            self.cluster.put_all(losses)
         self.reducer.allreduce(self.it.iteration, ins.stage, self.modules[ins.stage])
         self.it.reduced.add(ins.stage)
 

@@ -98,3 +98,24 @@ def test_a_death_seen_after_the_pipeline_recovered_from_another_abandons_the_ite
     failover.now.due = True
     event = failover.poll()
     assert isinstance(event, TooManyDead) and "after the pipeline recovered" in event.why
+
+
+def test_a_pipeline_lost_whole_after_its_reduce_still_counts_its_losses(tmp_path):
+    """Both nodes of one of two pipelines die after their streams, past the reduce that
+    put their gradients in every sum but before the finished marks: the step is whole,
+    and the losses must have been stored before the reduce (before, the launcher found
+    2 of 4 and ended the job; chaos `--network` seed 26 met it as a partition)."""
+    common = ["--model", "tiny", "--microbatches", "4", "--seed", "11", "--stages", "2", "--dtype", "float64",
+              "--iterations", "6"]
+    _, reference = bamboo_train(tmp_path / "ref.jsonl", *common, "--stages", "1")
+    streams = compile_schedule(2, 2, (), options=ScheduleOptions(redundancy="eager")).streams
+    lengths = [len(streams[0]), len(streams[1])]  # stage 0 (node 1) and stage 1 (node 3)
+    _, records = bamboo_train(tmp_path / "m.jsonl", *common, "--local-nodes", "4", "--straggler-factor", "0",
+                              "--preempt", f"1@3:{lengths[0]}", "--preempt", f"3@3:{lengths[1]}")
+    first = [e for e in records[0]["events"] if e["type"] == "reconfigure"][0]
+    assert first["pipelines"] == [[0, 2], [1, 3]]  # nodes 1 and 3 are the whole second pipeline
+    assert [e["type"] for e in records[3]["events"]].count("preemption") == 2
+    assert not [e for r in records for e in r["events"] if e["type"] == "redo"]  # iteration 3 was complete
+    assert [r["iteration"] for r in records] == list(range(6))
+    for got, want in zip(records, reference):
+        assert got["loss"] == pytest.approx(want["loss"], rel=RTOL), f"iteration {got['iteration']}"
