@@ -166,6 +166,8 @@ class Membership:
             # worker has not registered yet (a newcomer, still starting) is alive while its agent is
             self.cluster.record_silent(waiting, it, self.node, starting=waiting)
             return
+        if self.cluster.record_silent([n for n in previous.members if n not in failed], it, self.node):
+            return  # one that acknowledged died since: its layers are gone too; decide again with its record
         failed = self._host_losses(failed, it)
         if failed is None:
             return  # a node of a dead one's host may be gone too: wait until that is known

@@ -9,7 +9,8 @@ import dataclasses
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
-from bamboo.control.protocol import ALIVE, ASSIGNMENT, CONFIG, DONE, MEMBERS, REGROUP, Alive, Failure, Member, Regroup, Report
+from bamboo.control.protocol import (ABORT, ABORTED, ALIVE, ASSIGNMENT, CONFIG, DONE, FAILED, MEMBERS, REGROUP, Abort,
+                                     Alive, Failure, Mark, Member, Regroup, Report)
 from agents.membership import Membership
 
 CFG = JobConfig.of(job="orphaned", name="tiny", stages=2, microbatches=2, iterations=10, elastic=True,
@@ -106,3 +107,25 @@ def test_a_running_worker_or_a_starting_one_keeps_the_epoch(etcd):
         cluster.put(MEMBERS(0), Member("a", "h"))
         standbys[0].decide(CFG)
         assert cluster.failed() == {} and cluster.get(ASSIGNMENT(1)) is None
+
+
+def test_members_that_acknowledged_an_abort_and_died_since_hold_no_layers(etcd):
+    """Iteration 3 abandoned: nodes 0 and 1 died (recorded), nodes 2 and 3 undid their
+    steps, acknowledged, and died unrecorded before the agents decided (chaos
+    `--network` seed 29). Their copies of stage 0 are gone with them, so the redo
+    restores from the start (no checkpoint), over the standby agents; before, the
+    agents counted 2 and 3 as holders, wrote a handover from them that failed at once,
+    and lost a minute in its acknowledgement wait."""
+    with _job(etcd, "acked-then-gone", pipelines=((0, 1), (2, 3))) as (cluster, standbys):
+        _settled(cluster, 3)
+        for node in (0, 1):
+            cluster.put(FAILED(node), Failure(3, 2, "lease expired"))
+        cluster.put(ABORT(3), Abort("a stage lost every copy in its pipeline", 2))
+        for node in (2, 3):
+            cluster.put(ABORTED(3, node), Mark())
+        standbys[0].decide(CFG)  # finds 2 and 3 silent: records them, decides on its next round
+        assert sorted(cluster.failed()) == [0, 1, 2, 3]
+        standbys[0].decide(CFG)
+        redo = cluster.get(ASSIGNMENT(1))
+        assert redo is not None and redo.redo and redo.start == 0 and redo.restore == "initial", redo
+        assert sorted(redo.members) == [7, 8]
