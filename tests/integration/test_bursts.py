@@ -100,6 +100,7 @@ def test_a_death_seen_after_the_pipeline_recovered_from_another_abandons_the_ite
     assert isinstance(event, TooManyDead) and "after the pipeline recovered" in event.why
 
 
+@pytest.mark.slow
 def test_a_pipeline_lost_whole_after_its_reduce_still_counts_its_losses(tmp_path):
     """Both nodes of one of two pipelines die after their streams, past the reduce that
     put their gradients in every sum but before the finished marks: the step is whole,
