@@ -197,7 +197,7 @@ def bare_loop(a) -> None:
     torch.set_num_threads(1)  # as bamboo's single-process run
     cfg = JobConfig.from_dict(json.load(open(a.job_config)))
     device = devices.claim(0, cfg.devices.names, share=True)
-    source = ModelSource(cfg.model.name, cfg.model.seed, cfg.model.torch_dtype, cfg.model.seq, cfg.model.config_json)
+    source = ModelSource.of(cfg.model)
     model = bare_model(source, device)
     corpus, vocab = corpus_of(cfg, source.seq), source.config.vocab_size
     opt = recipe.optimizer(model, cfg.recipe)

@@ -17,6 +17,7 @@ import sys
 import torch
 import torch.nn as nn
 
+from bamboo.control.config import ModelSpec
 from bamboo.data.corpus import BYTE_VOCAB
 from bamboo.model.builtin import MODELS, build_layer, num_layers, token_loss
 from bamboo.model.factory import FactoryError, FactoryModel
@@ -57,6 +58,11 @@ class ModelSource:
         except FactoryError as e:
             raise ModelError(str(e)) from None
         self.count, self.seq, self.loss = self.factory.count, seq, self.factory.loss or token_loss
+
+    @classmethod
+    def of(cls, spec: ModelSpec) -> ModelSource:
+        """The job's model, as its config's model section names it."""
+        return cls(spec.name, spec.seed, spec.torch_dtype, spec.seq, spec.config_json)
 
     def _init_hf(self, name: str, seq: int, config_json: str | None) -> None:
         from bamboo.model.hf import HFConfigError, HFModel, causal_lm_loss, load_config

@@ -63,8 +63,7 @@ class Worker(EpochMoves):
         self.device = devices.claim(devices.local_rank(), cfg.devices.names, cfg.devices.share_gpu)
         self.transport = devices.transport(cfg.devices.transport, self.device, cfg.devices.share_gpu)
         self.stager = Stager(self.device)  # pinned host buffers and a side stream: messages, swaps
-        m = cfg.model
-        self.source = ModelSource(m.name, m.seed, m.torch_dtype, m.seq, m.config_json)
+        self.source = ModelSource.of(cfg.model)
         self.corpus = corpus_of(cfg, self.source.seq)
         self.holdings = Holdings(self.source, cfg, self.device)
         self.checkpoints = Checkpoints(cfg, node, self.source.count)

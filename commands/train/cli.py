@@ -369,9 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(summary))
         if args.export:
             from bamboo.model.export import export
-            m = cfg.model
-            source = ModelSource(m.name, m.seed, m.torch_dtype, m.seq, m.config_json)
-            export(cfg.checkpoints.save_dir, args.export, source)
+            export(cfg.checkpoints.save_dir, args.export, ModelSource.of(cfg.model))
     except KeyboardInterrupt:
         print("bamboo-train: interrupted; every process it started is stopped", file=sys.stderr)
         return 130

@@ -22,7 +22,7 @@ def train_reference(cfg: JobConfig, on_iteration=None, on_eval=None, on_scale=No
     reference runs on its GPU: dropout masks come from the device's generator,
     and a CUDA generator draws other masks than the CPU's from one seed."""
     torch.set_num_threads(1)
-    source = ModelSource(cfg.model.name, cfg.model.seed, cfg.model.torch_dtype, cfg.model.seq, cfg.model.config_json)
+    source = ModelSource.of(cfg.model)
     layers = [source.layer(i).to(device) for i in range(source.count)]
     source.tie(layers)
     model = Stage(layers, source.loss)

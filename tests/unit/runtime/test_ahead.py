@@ -26,7 +26,7 @@ MBS = range(4, 8)  # pipeline 1's share of 8 global microbatches
 
 @pytest.fixture(scope="module")
 def executor():
-    source = ModelSource(CFG.model.name, CFG.model.seed, CFG.model.torch_dtype, CFG.model.seq, CFG.model.config_json)
+    source = ModelSource.of(CFG.model)
     first = partition(source.costs(), 2)[0]
     stage = Stage([source.layer(i) for i in first], None, first.start)
     return Executor(CFG, (2, 3), 0, Stages({0: stage}, {}), corpus_of(CFG, source.seq), None, None,
