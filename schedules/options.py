@@ -75,6 +75,20 @@ class BackwardSplit(Choice):
     OFF = "off"
 
 
+def make_members(record, kinds: dict[str, type[Choice]], refused) -> None:
+    """Each field of the frozen dataclass `record` that `kinds` names made a member of
+    its Choice (a value read from a flag, a job file or etcd is a str);
+    `refused(name, kind, value)` is the error raised for a value no member has."""
+    for f in fields(record):
+        kind, value = kinds.get(f.name), getattr(record, f.name)
+        if kind is None or isinstance(value, kind):
+            continue
+        try:
+            object.__setattr__(record, f.name, kind(value))
+        except ValueError:
+            raise refused(f.name, kind, value) from None
+
+
 def keeps_replicas(redundancy: str) -> bool:
     """Eager and lazy redundancy both hold and sync the next stage's layers; only
     eager runs its forward (FRC) before a failure."""
@@ -96,13 +110,10 @@ class ScheduleOptions:
     split: BackwardSplit = BackwardSplit.LAST
 
     def __post_init__(self):
-        for f in fields(self):
-            kind, value = _KINDS[f.name], getattr(self, f.name)
-            try:
-                object.__setattr__(self, f.name, kind(value))
-            except ValueError:
-                shown = kind.values() if kind is not ReplicaSync else SYNC_CHOICES
-                raise ScheduleError(f"{FLAGS[f.name]} must be one of {', '.join(shown)} (got {value!r})") from None
+        def refused(name: str, kind: type[Choice], value) -> ScheduleError:
+            shown = kind.values() if kind is not ReplicaSync else SYNC_CHOICES
+            return ScheduleError(f"{FLAGS[name]} must be one of {', '.join(shown)} (got {value!r})")
+        make_members(self, _KINDS, refused)
 
     def with_(self, **changes) -> ScheduleOptions:
         return replace(self, **changes)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
-from schedules.options import BackwardSplit, Choice, Frc, JobRedundancy, Redundancy, ReplicaSync, ScheduleOptions
+from schedules.options import (BackwardSplit, Choice, Frc, JobRedundancy, Redundancy, ReplicaSync, ScheduleOptions,
+                               make_members)
 from bamboo.control.records import BadRecord, checked
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -57,17 +58,12 @@ class Section:
     and a stored one is read back with each field's type checked (BadRecord)."""
 
     def __post_init__(self):
-        for f in fields(self):
-            kind, value = _ENUMS.get(f.name), getattr(self, f.name)
-            if kind is not None and not isinstance(value, kind):
-                try:
-                    object.__setattr__(self, f.name, kind(value))
-                except ValueError:
-                    raise BadRecord(f"{f.name} must be one of {', '.join(kind.values())} (got {value!r})") from None
+        make_members(self, _ENUMS, lambda name, kind, value: BadRecord(
+            f"{name} must be one of {', '.join(kind.values())} (got {value!r})"))
 
     @classmethod
     def from_dict(cls, d):
-        return cls(**_tuples(cls, checked(cls, d)))
+        return cls(**_tuples(checked(cls, d)))
 
 
 @dataclass(frozen=True)
@@ -200,7 +196,7 @@ class TestingSpec(Section):
                 kept["preempt"] = tuple(Preempt(**checked(Preempt, p)) for p in kept["preempt"])
             except TypeError as e:
                 raise BadRecord(f"a preempt record is incomplete: {e}") from None
-        return cls(**_tuples(cls, kept))
+        return cls(**_tuples(kept))
 
 
 # A section field made otherwise than from its flag's value: how (commands/train/cli.py).
@@ -212,7 +208,7 @@ _ENUMS = {"redundancy": JobRedundancy, "frc": Frc, "replica_sync": ReplicaSync, 
           "lr_schedule": LrSchedule, "precision": Precision, "transport": Transport}
 
 
-def _tuples(cls, kept: dict) -> dict:
+def _tuples(kept: dict) -> dict:
     """JSON lists back into the tuples the section's fields hold."""
     return {k: tuple(v) if isinstance(v, list) else v for k, v in kept.items()}
 
@@ -274,4 +270,3 @@ def evaluated(iteration: int, every: int, iterations: int) -> bool:
 def dropout_seed_for(seed: int, iteration: int, microbatch: int) -> int:
     """The dropout seed of global microbatch `microbatch` in `iteration`."""
     return (seed * 1_000_003 + iteration) * 100_003 + microbatch
-
