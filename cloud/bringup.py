@@ -185,6 +185,7 @@ def launch_ec2(args, cfg, log=print) -> dict:
     from cloud.ec2 import GPU_TYPES, Ec2Provider, Ec2Spec
     from cloud.storage import S3Shipper, default_bucket
     zones, types = zones_of(args), tuple(args.instance_type or GPU_TYPES)
+    job = cfg.cluster.job
     check_names(args, "ec2")
     check_members(args, zones)
     check_install(args, default_bucket=True)
@@ -193,20 +194,20 @@ def launch_ec2(args, cfg, log=print) -> dict:
         raise BadInput("--etcd auto: the nodes and etcd instances read the job's etcd certificates from its bucket "
                        "with their role: give --iam-profile (a profile whose role may read the bucket), or "
                        "--etcd-plain")
-    check_etcd(args, cfg.cluster.job, log)
+    check_etcd(args, job, log)
     provider = Ec2Provider(args.region, args.endpoint_url, args.dry_run, log)
     subnets = provider.subnets(zones)
     provider.check_types(types, zones)
     undo = Undo()
     try:
         shipper = None if args.package and not tls else S3Shipper(
-            args.bucket or default_bucket(cfg.cluster.job, args.region), args.region, args.endpoint_url, args.dry_run,
-            log, create=not args.bucket)
-        install, wheel = installable(args, shipper, cfg.cluster.job, undo)
-        certs = job_certificates(args, tls, shipper, install, cfg.cluster.job, undo)
+            args.bucket or default_bucket(job, args.region), args.region, args.endpoint_url, args.dry_run, log,
+            create=not args.bucket)
+        install, wheel = installable(args, shipper, job, undo)
+        certs = job_certificates(args, tls, shipper, install, job, undo)
         spec = Ec2Spec(name=args.name, region=args.region, zones=zones, nodes=args.nodes, image=args.image,
-                       etcd=args.etcd, job=cfg.cluster.job, install=install, instance_types=types,
-                       key_name=args.key_name, security_groups=tuple(args.security_group), iam_profile=args.iam_profile)
+                       etcd=args.etcd, job=job, install=install, instance_types=types, key_name=args.key_name,
+                       security_groups=tuple(args.security_group), iam_profile=args.iam_profile)
         group = provider.job_group(spec, subnets)
         undo.push(lambda: provider.remove_group(group))  # after the instances in it are gone (last in, first out)
         spec = Ec2Spec(**{**spec.__dict__, "security_groups": (group, *spec.security_groups)})
@@ -220,8 +221,7 @@ def launch_ec2(args, cfg, log=print) -> dict:
         made = provider.up(Ec2Spec(**{**spec.__dict__, "etcd": etcd, "certs": nodes}), subnets)
     except BaseException as e:
         raise _undone(e, undo) from None
-    return {**made, "job": cfg.cluster.job, "etcd": etcd, **_instances(etcd_instances), "security_group": group,
-            "wheel": wheel,
+    return {**made, "job": job, "etcd": etcd, **_instances(etcd_instances), "security_group": group, "wheel": wheel,
             "wheel_bucket_created": bool(shipper and shipper.created), "endpoint_url": args.endpoint_url,
             **_certificates(args, certs)}
 
@@ -230,6 +230,7 @@ def launch_gcp(args, cfg, log=print) -> dict:
     from cloud.gcp import GcpProvider, GcpSpec
     from cloud.storage import GcsShipper
     zones = zones_of(args)
+    job = cfg.cluster.job
     check_names(args, "gcp")
     check_members(args, zones)
     check_install(args)
@@ -237,17 +238,17 @@ def launch_gcp(args, cfg, log=print) -> dict:
     if tls and not args.bucket:
         raise BadInput("--etcd auto keeps the job's etcd certificates in its bucket, where the nodes and etcd "
                        "instances read them with their service account: give --bucket, or --etcd-plain")
-    check_etcd(args, cfg.cluster.job, log)
+    check_etcd(args, job, log)
     provider = GcpProvider(args.project, args.region, args.endpoint_url, args.dry_run, log)
     provider.check(zones, args.machine_type, args.accelerator)
     undo = Undo()
     try:
         shipper = None if args.package and not tls else GcsShipper(
             args.bucket, args.project, args.storage_endpoint_url, args.dry_run, log)
-        install, wheel = installable(args, shipper, cfg.cluster.job, undo)
-        certs = job_certificates(args, tls, shipper, install, cfg.cluster.job, undo)
+        install, wheel = installable(args, shipper, job, undo)
+        certs = job_certificates(args, tls, shipper, install, job, undo)
         spec = GcpSpec(name=args.name, project=args.project, region=args.region, zones=zones, nodes=args.nodes,
-                       image=args.image, etcd=args.etcd, job=cfg.cluster.job, install=install,
+                       image=args.image, etcd=args.etcd, job=job, install=install,
                        machine_type=args.machine_type, accelerator=args.accelerator,
                        service_account=args.service_account)
         firewalls = provider.job_firewall(spec)
@@ -263,7 +264,7 @@ def launch_gcp(args, cfg, log=print) -> dict:
         made = provider.up(GcpSpec(**{**spec.__dict__, "etcd": etcd, "certs": nodes}))
     except BaseException as e:
         raise _undone(e, undo) from None
-    return {**made, "project": args.project, "job": cfg.cluster.job, "etcd": etcd, **_instances(etcd_instances),
+    return {**made, "project": args.project, "job": job, "etcd": etcd, **_instances(etcd_instances),
             "firewalls": firewalls, "wheel": wheel, "endpoint_url": args.endpoint_url,
             "storage_endpoint_url": args.storage_endpoint_url, **_certificates(args, certs)}
 

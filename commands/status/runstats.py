@@ -73,7 +73,7 @@ def iterations(look) -> list[dict]:
     """One dict per complete iteration: its time (None for the first seen), loss,
     validation loss, samples/s and live nodes."""
     cfg, out, prev = look.cfg, [], None
-    samples = cfg.schedule.microbatches * cfg.schedule.batch
+    samples = cfg.schedule.samples
     for f in look.done:
         seconds = f.end - prev.end if prev is not None and prev.iteration == f.iteration - 1 else None
         out.append({"iteration": f.iteration, "end": f.end, "seconds": seconds, "loss": f.loss,
