@@ -16,7 +16,7 @@ from sim.command import SWEEP_RATES, main
 from sim.profiles import NETWORK, PROFILES, profile
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
 from sim.strategies import Bamboo, CheckpointRestart, Lazy, OnDemand, RedoFromPeers
-from sim.traces import Event
+from sim.traces import Event, synthetic, with_outages
 from schedules.options import ScheduleOptions
 
 P3 = os.path.join(os.path.dirname(__file__), "..", "..", "traces", "ec2-p3-trace.csv")
@@ -338,3 +338,31 @@ def test_bad_frc_is_one_line_and_status_2(capsys):
         main(["--trace", P3, "--frc", "some"])
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(err) == 1 and "--frc" in err[0] and "invalid choice" in err[0]
+
+
+def test_auto_picks_eager_once_the_sync_is_off_the_critical_path(capsys):
+    """Whole pipelines on the p3 trace: with the sync at the end auto runs off (redo),
+    with it in the next iteration eager, whose iteration is then off's."""
+    whole = ["--trace", P3, "--hours", "3", "--strategy", "auto", "--max-stages-per-node", "1",
+             "--notice-seconds", "0", "--rollback", "relaunch"]
+    modes = {}
+    for sync in ("end", "next"):
+        assert main(whole + ["--replica-sync", sync]) == 0
+        modes[sync] = set(json.loads(capsys.readouterr().out)["hours_per_mode"])
+    assert modes == {"end": {"off"}, "next": {"eager"}}
+
+
+def test_a_generated_trace_with_hourly_outages_and_zone_bursts_runs_to_the_end():
+    """The bursty trace the docs use, shortened: every spot strategy at P=6 runs to
+    the end, and its survival counts add up to no more than the deaths it saw."""
+    events = with_outages(synthetic(12, 18, ("a", "b", "c"), 0.3, 1, bulk=0.5), 4 * 3600, 3600)
+    fleet = [0]
+    for e in sorted(events, key=lambda e: e.time):
+        fleet.append(fleet[-1] + (1 if e.action == "add" else -1))
+    assert min(fleet[1:]) == 0
+    gpt2 = profile("gpt2", "calibrated")
+    for strategy in (s for s in STRATEGIES if s != "on-demand"):
+        out = ClusterSimulator(gpt2, 6, strategy, Options()).run(events)
+        assert out["hours"] > 11, strategy  # the last event is close to 12 h
+        assert sum(out["deaths_survived"].values()) <= out["preemptions"], strategy
+        assert out["checkpointing"]["checkpoints_skipped"] == 2, strategy  # one in each outage, at 4 h and 8 h

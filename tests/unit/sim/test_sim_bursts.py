@@ -12,7 +12,7 @@ from schedules.deaths import lost_everywhere
 from sim.profiles import profile
 from sim.reconfiguration import memory_copies
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
-from sim.traces import Event, synthetic, with_outages
+from sim.traces import Event
 
 GPT2 = profile("gpt2", "calibrated")
 SPOT = [s for s in STRATEGIES if s != "on-demand"]
@@ -102,18 +102,6 @@ def test_a_node_back_after_an_outage_holds_no_copy():
     events = fleet(8, zones="abc") + gone(sorted(zones), 2000) + fleet(8, 2500, zones="abc") + gone(victims, 2700)
     survived = run("bamboo", events, depth=4, checkpoint_seconds=1500)["deaths_survived"]
     assert survived["rolled_back_from_storage"] >= len(victims) and survived["rolled_back_from_memory"] == 0
-
-
-def test_a_generated_trace_with_hourly_outages_and_zone_bursts_runs_to_the_end():
-    """The bursty trace the docs use, shortened: every strategy at P=6 runs to the end,
-    and its survival counts add up to no more than the deaths it saw."""
-    events = with_outages(synthetic(12, 18, ("a", "b", "c"), 0.3, 1, bulk=0.5), 4 * 3600, 3600)
-    assert min(count_series(events)) == 0
-    for strategy in SPOT:
-        out = run(strategy, events, depth=6)
-        assert out["hours"] > 11, strategy  # the last event is close to 12 h
-        assert sum(out["deaths_survived"].values()) <= out["preemptions"], strategy
-        assert out["checkpointing"]["checkpoints_skipped"] == 2, strategy  # one in each outage, at 4 h and 8 h
 
 
 def count_series(events: list[Event]) -> list[int]:

@@ -137,15 +137,3 @@ def test_bamboo_sim_prints_the_sync_and_notes_it_where_no_replica_is_synced(caps
     assert stop.value.code == 2 and len(err) == 1 and "--replica-sync" in err[0]
     with pytest.raises(ValueError, match="--replica-sync"):
         Options(replica_sync="later").check()
-
-
-def test_auto_picks_eager_once_the_sync_is_off_the_critical_path(capsys):
-    """Whole pipelines on the p3 trace: with the sync at the end auto runs off (redo),
-    with it in the next iteration eager, whose iteration is then off's."""
-    whole = ["--trace", P3, "--hours", "3", "--strategy", "auto", "--max-stages-per-node", "1",
-             "--notice-seconds", "0", "--rollback", "relaunch"]
-    modes = {}
-    for sync in ("end", "next"):
-        assert main(whole + ["--replica-sync", sync]) == 0
-        modes[sync] = set(json.loads(capsys.readouterr().out)["hours_per_mode"])
-    assert modes == {"end": {"off"}, "next": {"eager"}}
