@@ -1,7 +1,7 @@
 """A small fake of Cloud Storage on loopback for the real google-cloud-storage
 client: the OAuth token endpoint a service account's credentials refresh at, the
 JSON API's multipart upload, delete, object metadata, listing (paged) and media
-downloads (with x-goog-hash, pinned to a generation), and XML-API GETs of V4
+downloads (with x-goog-hash, pinned to a generation, whole or a byte range), and XML-API GETs of V4
 signed URLs (the signature checked against the service account's public key).
 `requests` records (method, route) of every storage call, so tests can count
 downloads."""
@@ -154,11 +154,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not media:
             return self._reply(200, self.server.resource(bucket, name))
         meta = self.server.resource(bucket, name)
-        data = self.server.objects[key]
-        self.send_response(200)
+        data, whole = self.server.objects[key], len(self.server.objects[key])
+        ranged = self.headers.get("Range", "").startswith("bytes=")
+        if ranged:  # bytes=FIRST-LAST, both inclusive
+            first, last = (int(v) for v in self.headers["Range"][len("bytes="):].split("-"))
+            data = data[first:last + 1]
+        self.send_response(206 if ranged else 200)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(data)))
         self.send_header("x-goog-generation", meta["generation"])
+        if ranged:
+            self.send_header("Content-Range", f"bytes {first}-{first + len(data) - 1}/{whole}")
         self.send_header("x-goog-hash", f"crc32c={meta['crc32c']},md5={meta['md5Hash']}")
         self.end_headers()
         self.wfile.write(data)

@@ -1,12 +1,15 @@
-"""Offline training data: byte-level tokens from text on disk, or a pre-tokenised
-token file.
+"""Offline training data: byte-level tokens from text on disk, or pre-tokenised
+token files.
 
 By default the corpus is the Python standard library's top-level sources of the
-running interpreter, read in sorted order; users can name their own text files,
-or one token file (`FILE.bin`: a flat array of uint16 or uint32 ids, as nanoGPT's
-`prepare.py` writes), which every process maps from disk rather than reading it.
-Any of them may be an object (s3://BUCKET/KEY, gs://BUCKET/KEY): each machine
-reads its local copy (bamboo/data/cache.py), and messages name the object.
+running interpreter, read in sorted order; users can name their own text files;
+token shards (`*.tok`, written by bamboo-data with a Hugging Face tokenizer: a
+header names their dtype and vocabulary, bamboo/data/shards.py), read as one
+stream in the order given; or one raw token file (`FILE.bin`: a flat array of
+uint16 or uint32 ids, as nanoGPT's `prepare.py` writes). Every process maps token
+files from disk rather than reading them. Any of them may be an object
+(s3://BUCKET/KEY, gs://BUCKET/KEY): each machine reads its local copy
+(bamboo/data/cache.py), and messages name the object.
 
 The tail of the token stream (`val_fraction` of it) is held out: training never
 samples a window that reaches into it, and the validation microbatches are
@@ -26,7 +29,9 @@ import sysconfig
 import numpy as np
 import torch
 
-TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+from bamboo.data.shards import (HEAD_BYTES, MAGIC, SHARD_SUFFIX, TOKEN_DTYPES, Concatenated, ShardError, ShardHeader,
+                                is_shard, map_shard)
+
 TOKEN_SUFFIX = ".bin"
 BYTE_VOCAB = 256          # what byte-level text needs of a model's vocabulary
 _SCAN = 1 << 24           # tokens per chunk when a token file is checked
@@ -41,7 +46,8 @@ def default_files() -> list[pathlib.Path]:
 
 
 def is_token_file(path: str | pathlib.Path) -> bool:
-    return str(path).endswith(TOKEN_SUFFIX)
+    """A raw token file or a shard (anything else is read as text)."""
+    return str(path).endswith(TOKEN_SUFFIX) or is_shard(path)
 
 
 class Corpus:
@@ -106,6 +112,9 @@ class ByteCorpus(Corpus):
                 chunks.append(p.read_bytes())
             except OSError as e:
                 raise DataError(f"cannot read corpus file {p}: {e.strerror}") from None
+            if b"\0" in chunks[-1]:
+                raise DataError(f"corpus file {p} holds NUL bytes, so it is not text: token files end in "
+                                f"{TOKEN_SUFFIX} (raw ids) or {SHARD_SUFFIX} (bamboo-data shards)")
         super().__init__(np.frombuffer(b"\n".join(chunks), dtype=np.uint8), seq, batch, seed, val_fraction,
                          "corpus")
 
@@ -138,11 +147,102 @@ class TokenFile(Corpus):
                                 f"{model}'s vocabulary of {vocab} (ids 0..{vocab - 1}): is --token-dtype right?")
 
 
+class TokenShards(Corpus):
+    """bamboo-data's shards, read as one stream in the order given. They must come
+    from one tokenizer: their headers agree on it, its vocabulary and the dtype."""
+
+    def __init__(self, paths: list, seq: int = 32, batch: int = 2, seed: int = 0, val_fraction: float = 0.0,
+                 names: list | None = None):
+        names = names or paths
+        headers, parts = [], []
+        for path, name in zip(paths, names):
+            try:
+                header, ids = map_shard(str(path))
+            except ShardError as e:
+                raise DataError(f"token shard {name}: {e}") from None
+            headers.append(header)
+            parts.append(ids)
+        check_one_tokenizer(names, headers)
+        what = f"token shard {names[0]}" if len(names) == 1 else f"token shards {names[0]} .. ({len(names)})"
+        super().__init__(parts[0] if len(parts) == 1 else Concatenated(parts), seq, batch, seed, val_fraction, what)
+        self.headers = headers
+
+    def check_vocabulary(self, vocab: int, model: str) -> None:
+        """From the headers: bamboo-data wrote each shard's largest id."""
+        check_header_vocabulary(self.what, max(h.max_id for h in self.headers), self.headers[0].tokenizer,
+                                vocab, model)
+
+
+def check_one_tokenizer(names: list, headers: list[ShardHeader]) -> None:
+    first = headers[0]
+    for name, h in zip(names, headers):
+        if (h.tokenizer, h.vocab, h.dtype) != (first.tokenizer, first.vocab, first.dtype):
+            raise DataError(f"token shards {names[0]} and {name} come from different tokenizers ({first.tokenizer}, "
+                            f"vocabulary {first.vocab}; {h.tokenizer}, vocabulary {h.vocab}): write them with one")
+
+
+def check_header_vocabulary(what: str, max_id: int, tokenizer: str, vocab: int, model: str) -> None:
+    if max_id >= vocab:
+        raise DataError(f"{what}: ids up to {max_id} (tokenizer {tokenizer}) are outside model {model}'s "
+                        f"vocabulary of {vocab}: tokenize with the model's own tokenizer")
+
+
+def check_remote_shards(uris: list[str], vocab: int, model: str) -> None:
+    """Shards in a bucket, checked from their headers (a ranged read of each), not
+    downloaded: their sizes, one tokenizer, every id in the model's vocabulary."""
+    if not uris:
+        return
+    headers = [remote_shard_header(u) for u in uris]
+    check_one_tokenizer(uris, headers)
+    what = f"token shard {uris[0]}" if len(uris) == 1 else f"token shards {uris[0]} .. ({len(uris)})"
+    check_header_vocabulary(what, max(h.max_id for h in headers), headers[0].tokenizer, vocab, model)
+
+
+def remote_shard_header(uri: str) -> ShardHeader:
+    from bamboo.data.cache import stat
+    from bamboo.data.objects import bucket_of
+    size = stat(uri).size
+    bucket, key = bucket_of(uri)
+    try:
+        if size < len(MAGIC) + 4:
+            raise ShardError(f"{size} bytes: not a token shard")
+        header = ShardHeader.parse(bucket.get_start(key, min(size, HEAD_BYTES)))
+        header.check_size(size)
+    except ShardError as e:
+        raise DataError(f"token shard {uri}: {e}") from None
+    return header
+
+
+def expand(files) -> list[str]:
+    """Each file as given, but a directory (DIR, or an object prefix ending in /:
+    s3://BUCKET/PREFIX/) stands for the token shards in it, in name order."""
+    from bamboo.data.objects import bucket_of, is_remote, split
+    out = []
+    for f in map(str, files):
+        if is_remote(f) and f.endswith("/"):
+            scheme, name, prefix = split(f)
+            bucket, _ = bucket_of(f)
+            found = [f"{scheme}{name}/{k}" for k in sorted(bucket.list(prefix)) if is_shard(k)]
+        elif not is_remote(f) and os.path.isdir(f):
+            found = sorted(str(p) for p in pathlib.Path(f).iterdir() if is_shard(p) and p.is_file())
+        else:
+            out.append(f)
+            continue
+        if not found:
+            raise DataError(f"{f} holds no token shards (*{SHARD_SUFFIX})")
+        out += found
+    return out
+
+
 def check_files(files) -> None:
-    """A token file comes alone."""
-    tokens = [f for f in files if is_token_file(f)]
-    if tokens and len(files) > 1:
-        raise DataError(f"--data: a token file ({tokens[0]}) must be the only file given")
+    """Text files, one raw token file, or token shards: not mixed."""
+    shards = [f for f in files if is_shard(f)]
+    raw = [f for f in files if is_token_file(f) and not is_shard(f)]
+    if raw and len(files) > 1:
+        raise DataError(f"--data: a raw token file ({raw[0]}) must be the only file given")
+    if shards and len(shards) < len(files):
+        other = next(f for f in files if not is_shard(f))
+        raise DataError(f"--data: token shards ({shards[0]}) cannot be mixed with other files ({other})")
 
 
 def local_paths(files) -> list[str]:
@@ -159,9 +259,11 @@ def local_paths(files) -> list[str]:
 
 
 def open_corpus(files, token_dtype: str, seq: int, batch: int, seed: int, val_fraction: float) -> Corpus:
-    """Text files (byte tokens), or one token file."""
+    """Text files (byte tokens), token shards, or one raw token file."""
     check_files(files)
     paths = local_paths(files)
+    if files and is_shard(files[0]):
+        return TokenShards(paths, seq, batch, seed, val_fraction, names=[str(f) for f in files])
     if files and is_token_file(files[0]):
         return TokenFile(paths[0], token_dtype, seq, batch, seed, val_fraction, name=str(files[0]))
     return ByteCorpus(paths, seq, batch, seed, val_fraction)

@@ -1,5 +1,5 @@
-"""Objects in S3 and Cloud Storage, behind one small interface (stat, get, put,
-delete, list, download) so checkpoints and data need not know which cloud holds them.
+"""Objects in S3 and Cloud Storage, behind one small interface (stat, get,
+get_start, put, delete, list, download) so checkpoints and data need not know which cloud holds them.
 
 Clients come from each cloud's standard credential chain; the endpoints can be
 moved (tests, S3-compatible stores) with BAMBOO_S3_ENDPOINT and
@@ -81,6 +81,11 @@ class S3Bucket:
     def get(self, key: str) -> bytes:
         return self._call("read", key, lambda: self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
 
+    def get_start(self, key: str, size: int) -> bytes:
+        """The object's first `size` bytes (fewer when it is shorter): a ranged GET."""
+        return self._call("read", key, lambda: self.client.get_object(
+            Bucket=self.bucket, Key=key, Range=f"bytes=0-{size - 1}")["Body"].read())
+
     def put(self, key: str, data: bytes) -> None:
         self._call("write", key, lambda: self.client.put_object(Bucket=self.bucket, Key=key, Body=data))
 
@@ -130,6 +135,11 @@ class GcsBucket:
 
     def get(self, key: str) -> bytes:
         return self._call("read", key, lambda: self.bucket.blob(key).download_as_bytes(retry=_retry()))
+
+    def get_start(self, key: str, size: int) -> bytes:
+        """The object's first `size` bytes (fewer when it is shorter): a ranged download."""
+        return self._call("read", key, lambda: self.bucket.blob(key).download_as_bytes(
+            start=0, end=size - 1, retry=_retry()))
 
     def put(self, key: str, data: bytes) -> None:
         self._call("write", key, lambda: self.bucket.blob(key).upload_from_string(data, retry=_retry()))

@@ -29,7 +29,8 @@ from commands.train.preempts import parse_preempts
 from bamboo.control.config import (CheckpointSpec, ClusterSpec, DataSpec, DeviceSpec, FaultSpec, JobConfig,
                                    ModelSpec, Precision, RecipeSpec, ScheduleSpec, TestingSpec, Transport)
 from bamboo.control.credentials import ENV as TLS_ENV, ClientFiles
-from bamboo.data.corpus import TOKEN_DTYPES, check_files, corpora, is_token_file
+from bamboo.data.corpus import TOKEN_DTYPES, check_files, check_remote_shards, corpora, expand, is_token_file
+from bamboo.data.shards import is_shard
 from bamboo.data.objects import is_remote
 from bamboo.model.api import ModelSource
 from bamboo.model.builtin import fp16_allowed
@@ -221,8 +222,9 @@ def check_data(args, source: ModelSource, fetch: bool = True) -> None:
     if args.eval_every < 0 or args.eval_batches < 1:
         raise ValueError(f"--eval-every must not be negative and --eval-batches must be at least 1 "
                          f"(got {args.eval_every} and {args.eval_batches})")
+    args.data, args.val_data = expand(args.data), expand(args.val_data)
     if not fetch and any(map(is_remote, (*args.data, *args.val_data))):
-        return check_objects(args)
+        return check_objects(args, source)
     found = corpora(args.data, args.val_data, args.token_dtype, source.seq, args.batch, args.seed, args.val_fraction)
     for corpus in found:
         corpus.check_vocabulary(source.vocab, args.model_config or args.model)
@@ -230,15 +232,18 @@ def check_data(args, source: ModelSource, fetch: bool = True) -> None:
         found[0].check_validation()
 
 
-def check_objects(args) -> None:
-    """Each object exists and a token file's size is a whole number of ids."""
+def check_objects(args, source: ModelSource) -> None:
+    """Each object exists, a raw token file's size is a whole number of ids, and
+    shards fit the model (from their headers: nothing is downloaded)."""
     from bamboo.data.cache import stat
     itemsize = np.dtype(TOKEN_DTYPES[args.token_dtype]).itemsize
     for files in (args.data, args.val_data):
         check_files(files)
+        check_remote_shards([f for f in files if is_remote(f) and is_shard(f)], source.vocab,
+                            args.model_config or args.model)
         for uri in filter(is_remote, files):
             size = stat(uri).size
-            if is_token_file(uri) and size % itemsize:
+            if is_token_file(uri) and not is_shard(uri) and size % itemsize:
                 raise ValueError(f"token file {uri} has {size} bytes, not a whole number of {args.token_dtype} ids "
                                  f"({itemsize} bytes each): is --token-dtype right?")
 

@@ -94,10 +94,11 @@ def idle_notes(args) -> list[str]:
     run does not use."""
     from commands.train.flags import build_parser
     from bamboo.data.corpus import is_token_file
+    from bamboo.data.shards import is_shard
     from bamboo.model.builtin import MODELS
     changed = changed_flags(build_parser(), args)
     builtin = args.model in MODELS and not args.model_config
-    token_files = any(is_token_file(f) for f in (*args.data, *args.val_data))
+    raw_token_files = any(is_token_file(f) and not is_shard(f) for f in (*args.data, *args.val_data))
     rules = (
         (args.stages == 1, SINGLE_IGNORES, "--stages 1 runs one process: no pipeline, redundancy, agents or etcd"),
         (args.local_nodes is None, AGENT_ONLY, "they are for the agents of --local-nodes or --local-hosts"),
@@ -110,7 +111,8 @@ def idle_notes(args) -> list[str]:
         (not args.eval_every, ("eval_batches",), "--eval-every 0 never evaluates"),
         (not args.straggler_factor, ("straggler_slack",), "--straggler-factor 0 fences no straggler"),
         (builtin, ("seq",), f"the built-in model {args.model} has its own sequence length"),
-        (not token_files, ("token_dtype",), "the data are text (bytes), not a token file"),
+        (not raw_token_files, ("token_dtype",), "it is a raw token file's (.bin): text is bytes, and a shard's "
+                                                "header names its dtype"),
         (args.redundancy == Redundancy.OFF or args.pipelines > 1 or bool(args.grad_clip)
          or args.precision == Precision.FP16 or args.replica_sync == ReplicaSync.NEXT, ("sync_bucket_mb",),
          "the replica sync is posted whole with --redundancy off, --pipelines above 1, --grad-clip, fp16 or "

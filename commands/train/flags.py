@@ -86,14 +86,18 @@ def _recipe_flags(g) -> None:
 
 def _data_flags(g) -> None:
     g.add_argument("--data", nargs="+", default=[], metavar="FILE",
-                   help="text files to train on as bytes (default: the Python standard library's sources), or one "
-                        "token file FILE.bin (a flat array of --token-dtype ids, as nanoGPT's prepare.py writes); "
-                        "s3://BUCKET/KEY and gs://BUCKET/KEY are downloaded once per machine ($BAMBOO_DATA_CACHE)")
-    g.add_argument("--token-dtype", choices=sorted(TOKEN_DTYPES), default="uint16", help="of a token file's ids")
+                   help="token shards SHARD.tok from bamboo-data, or a directory (or s3://BUCKET/PREFIX/) of them; "
+                        "or one raw token file FILE.bin (a flat array of --token-dtype ids, as nanoGPT's prepare.py "
+                        "writes); or text files, trained on as bytes (default: the Python standard library's "
+                        "sources); s3://BUCKET/KEY and gs://BUCKET/KEY are downloaded once per machine "
+                        "($BAMBOO_DATA_CACHE)")
+    g.add_argument("--token-dtype", choices=sorted(TOKEN_DTYPES), default="uint16",
+                   help="of a raw token file's ids (a shard's header names its own)")
     g.add_argument("--val-fraction", type=float, metavar="F",
                    help="the tail of the token stream held out for validation, never trained on (default 0.05)")
     g.add_argument("--val-data", nargs="+", default=[], metavar="FILE",
-                   help="validate on these files instead (nanoGPT's val.bin, or text); the training data are not split")
+                   help="validate on these files instead (shards, nanoGPT's val.bin, or text); the training data "
+                        "are not split")
     g.add_argument("--eval-every", type=int, default=0, metavar="K",
                    help="validation loss on the pipeline after every K-th iteration and the last; 0: never")
     g.add_argument("--eval-batches", type=int, default=8, metavar="N",

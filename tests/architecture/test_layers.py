@@ -22,7 +22,7 @@ LAYERS = (
     ("bamboo.state",),
     ("bamboo.runtime",),
     ("agents",),
-    ("commands.train",),
+    ("commands.train", "commands.data"),
     ("commands.status", "commands.chaos"),
     ("cloud", "sim"),
 )

@@ -113,7 +113,7 @@ def bad_cases(tmp_path):
     return [
         (["--data", "gs://nope/t.bin"], "gs://nope/t.bin: cannot read it: no such bucket"),
         (["--data", "gs://data/missing.bin"], "gs://data/missing.bin: no such object"),
-        (["--data", "gs://data/"], "names a bucket or a folder"),
+        (["--data", "gs://data/"], "gs://data/ holds no token shards (*.tok)"),
         (["--data", "s3://nope/t.bin"], "s3://nope/t.bin: cannot read it: no such bucket"),
         (["--data", "s3://data/missing.bin"], "s3://data/missing.bin: no such object"),
         (["--data", "s3://"], "expected s3://BUCKET/KEY"),

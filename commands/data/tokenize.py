@@ -1,0 +1,168 @@
+"""`bamboo-data --tokenizer NAME|DIR --out DIR FILE ...`: text files (each one
+document) or JSON lines (each line's --text-field one document) tokenized with a
+Hugging Face tokenizer into token shards (bamboo/data/shards.py) of --shard-tokens
+ids each, named NAME-00000.tok, NAME-00001.tok, ... in --out.
+
+Each document is encoded as the tokenizer encodes a text by default (Llama's adds
+its BOS, GPT-2's nothing) and ends with the tokenizer's EOS when it has one, so
+documents stay apart in the stream. A shard's header records the tokenizer, its
+vocabulary and the largest id written: bamboo-train and bamboo-launch check them
+against the model from the header alone. Shards are written to a temp file and
+renamed; shards of the same name already in --out are never overwritten.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from typing import Iterator
+
+import numpy as np
+
+from bamboo.control.parser import OneLineParser
+from bamboo.data.shards import SHARD_SUFFIX, write_shard
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+BATCH_DOCUMENTS = 256  # documents handed to the tokenizer at once (its fast batch path)
+
+
+class DataInputError(ValueError):
+    """An input, the tokenizer or --out that cannot be used; the message says which."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = OneLineParser(prog="bamboo-data", description="Text to token shards for bamboo-train --data, with a "
+                       "Hugging Face tokenizer (a name on the Hub, or a directory saved with save_pretrained).")
+    ap.add_argument("inputs", nargs="+", metavar="FILE",
+                    help="text files (each one document) or .jsonl files (each line one document)")
+    ap.add_argument("--tokenizer", required=True, metavar="NAME|DIR",
+                    help="the model's tokenizer: a Hub name (fetched by transformers, on this machine) or a "
+                         "local directory")
+    ap.add_argument("--out", required=True, metavar="DIR", help="the directory the shards go to (made if absent)")
+    ap.add_argument("--name", default="train", help="the shards' name: NAME-00000.tok, ... (default train)")
+    ap.add_argument("--shard-tokens", type=int, default=100_000_000, metavar="N",
+                    help="ids per shard; the last holds the rest (default 100000000: 200 MB of uint16)")
+    ap.add_argument("--text-field", default="text", metavar="KEY",
+                    help="the field of each JSON line that holds its text (default text)")
+    return ap
+
+
+def check_args(args) -> None:
+    if args.shard_tokens < 1:
+        raise DataInputError(f"--shard-tokens must be at least 1 (got {args.shard_tokens})")
+    if not NAME.fullmatch(args.name):
+        raise DataInputError(f"--name {args.name!r}: letters, digits, '.', '_' and '-' only, at most 64")
+    for path in args.inputs:
+        if not os.path.isfile(path):
+            raise DataInputError(f"{path}: no such file")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise DataInputError(f"--out {args.out}: exists and is not a directory")
+    taken = sorted(f for f in (os.listdir(args.out) if os.path.isdir(args.out) else ())
+                   if f.startswith(f"{args.name}-") and f.endswith(SHARD_SUFFIX))
+    if taken:
+        raise DataInputError(f"--out {args.out} already holds shards named {args.name} ({taken[0]}): give another "
+                             f"--name or --out, or remove them")
+
+
+def load_tokenizer(name: str):
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no warning per over-long document
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataInputError(f"--tokenizer {name}: cannot load it: {first}") from None
+
+
+def documents(paths: list[str], field: str) -> Iterator[str]:
+    """Each text file whole; each line of a .jsonl file's `field`."""
+    for path in paths:
+        try:
+            if not path.endswith(".jsonl"):
+                with open(path, encoding="utf-8") as f:
+                    yield f.read()
+                continue
+            with open(path, encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    if line.strip():
+                        yield _text_of(line, field, f"{path}:{number}")
+        except UnicodeDecodeError as e:
+            raise DataInputError(f"{path}: not UTF-8 text (byte {e.start} of a read)") from None
+        except OSError as e:
+            raise DataInputError(f"{path}: cannot read it: {e.strerror}") from None
+
+
+def _text_of(line: str, field: str, where: str) -> str:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        raise DataInputError(f"{where}: not JSON") from None
+    if not isinstance(record, dict) or not isinstance(record.get(field), str):
+        raise DataInputError(f"{where}: not a JSON object with a string {field!r} field (--text-field)")
+    return record[field]
+
+
+def token_runs(docs: Iterator[str], tokenizer) -> Iterator[list[int]]:
+    """Each document's ids, ended with the EOS when the tokenizer has one."""
+    eos, batch = tokenizer.eos_token_id, []
+    for doc in docs:
+        batch.append(doc)
+        if len(batch) == BATCH_DOCUMENTS:
+            yield from _encoded(batch, tokenizer, eos)
+            batch = []
+    yield from _encoded(batch, tokenizer, eos)
+
+
+def _encoded(batch: list[str], tokenizer, eos) -> Iterator[list[int]]:
+    if not batch:
+        return
+    for ids in tokenizer(batch)["input_ids"]:
+        yield list(ids) + ([eos] if eos is not None and (not ids or ids[-1] != eos) else [])
+
+
+def shards(runs: Iterator[list[int]], size: int) -> Iterator[np.ndarray]:
+    """The stream of ids cut into arrays of `size` (the last may be shorter)."""
+    pending, count = [], 0
+    for ids in runs:
+        pending.append(np.asarray(ids, dtype=np.int64))
+        count += len(ids)
+        while count >= size:
+            flat = np.concatenate(pending)
+            yield flat[:size]
+            pending, count = [flat[size:]], len(flat) - size
+    if count:
+        yield np.concatenate(pending)
+
+
+def tokenize(args) -> list[str]:
+    """Write the shards; their paths."""
+    check_args(args)
+    tokenizer = load_tokenizer(args.tokenizer)
+    os.makedirs(args.out, exist_ok=True)
+    written, total = [], 0
+    for ids in shards(token_runs(documents(args.inputs, args.text_field), tokenizer), args.shard_tokens):
+        path = os.path.join(args.out, f"{args.name}-{len(written):05d}{SHARD_SUFFIX}")
+        header = write_shard(path, ids, args.tokenizer, len(tokenizer))
+        written.append(path)
+        total += header.tokens
+    if not written:
+        raise DataInputError("the inputs hold no text")
+    print(f"bamboo-data: {total} tokens in {len(written)} shard(s) {written[0]} .. {written[-1]} (tokenizer "
+          f"{args.tokenizer}, vocabulary {len(tokenizer)}, {header.dtype})")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        tokenize(args)
+    except DataInputError as e:
+        print(f"bamboo-data: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
