@@ -225,11 +225,11 @@ def _check_args(ap, args) -> None:
             ap.error(f"{flag} must not be empty")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> OneLineParser:
     ap = OneLineParser(prog="bamboo-agent", description=__doc__.splitlines()[0],
                 allow_abbrev=False)  # agents/host.py strips its flags by their full names
-    ap.add_argument("--etcd", required=True, metavar="HOST:PORT[,HOST:PORT...]")
-    ap.add_argument("--job", required=True)
+    ap.add_argument("--etcd", required=True, metavar="HOST:PORT[,HOST:PORT...]", help="the job's etcd")
+    ap.add_argument("--job", required=True, help="the job's name, as its launcher gave it")
     ap.add_argument("--zone", required=True, help="availability zone of this node")
     ap.add_argument("--node", type=int, help="node id (default: the next free one)")
     add_flags(ap)  # --min-nodes, --max-nodes, --last-call, --start-timeout: the first configuration's wait
@@ -241,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1, metavar="N",
                     help="this machine's workers: N agents, each a node with its own device (agents/host.py)")
     ap.add_argument("--host", help="the machine's name, shared by its nodes (default with --workers: the hostname)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     _check_args(ap, args)
     if args.workers != 1:  # a machine of several workers (--workers 0 is refused there)

@@ -37,13 +37,15 @@ import os
 import sys
 import tempfile
 
+from bamboo.control.parser import OneLineParser
 from cloud.common import BadInput, LaunchError
 from commands.train import jobfile
 
 CLOUDS = ("ec2", "gcp")
+STATE_HELP = "where the launch is recorded (default .bamboo-launch.json)"
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(OneLineParser):
     def __init__(self, *a, **kw):
         super().__init__(*a, allow_abbrev=False, **kw)  # never take a bamboo-train flag for one of ours
 
@@ -59,35 +61,41 @@ def _cloud_parser(sub, cloud: str) -> argparse.ArgumentParser:
 
 
 def _launch_flags(c, cloud: str) -> None:
-    c.add_argument("--nodes", type=int, required=True)
+    c.add_argument("--nodes", type=int, required=True, help="spot nodes to ask for (the group's size)")
     c.add_argument("--zones", required=True, help="zones, comma-separated")
-    c.add_argument("--region", required=True)
-    c.add_argument("--image", required=True)
+    c.add_argument("--region", required=True, help="the cloud region of the nodes, etcd and bucket")
+    c.add_argument("--image", required=True,
+                   help="the nodes' machine image: an AMI id, or a GCP image (one with Python 3.10+ and the "
+                        "GPU driver; docs/cloud.md)")
     c.add_argument("--etcd", required=True, help="HOST:PORT[,HOST:PORT...], or 'auto' to launch etcd instances")
     c.add_argument("--etcd-plain", action="store_true",
                    help="with --etcd auto: no TLS or auth on the job's etcd (by default its members, nodes and "
                         "your status commands use the job's own certificates, docs/security.md)")
     c.add_argument("--etcd-members", type=int, default=1, metavar="N",
                    help="with --etcd auto: N on-demand etcd instances (1, 3, 5 or 7), one per zone of --zones")
-    c.add_argument("--job", required=True)
+    c.add_argument("--job", required=True, help="the job's name: its etcd keys, bucket prefix and labels")
     c.add_argument("--name", default="bamboo", help="name of the template and the group")
     c.add_argument("--bucket", metavar="BUCKET[/PREFIX]", help="where the project's wheel is uploaded")
     c.add_argument("--package", help="what the nodes pip-install instead: a URL, NAME @ URL or git+URL")
     c.add_argument("--endpoint-url", help="the API endpoint (tests point it at a local server)")
-    c.add_argument("--dry-run", action="store_true")
-    c.add_argument("--state", default=argparse.SUPPRESS)
+    c.add_argument("--dry-run", action="store_true",
+                   help="print every cloud request as a JSON line and send none (the data objects are still "
+                        "checked, and the wheel is built, here)")
+    c.add_argument("--state", default=argparse.SUPPRESS, help=STATE_HELP)
     if cloud == "ec2":
         c.add_argument("--instance-type", action="append", metavar="T",
                        help="repeatable; default: several one-GPU types (cloud/ec2.py GPU_TYPES)")
-        c.add_argument("--key-name")
+        c.add_argument("--key-name", help="an EC2 key pair the nodes admit for SSH")
         c.add_argument("--security-group", action="append", default=[],
                        help="repeatable; added to the job's own group (which admits only the job's instances): "
                             "one that admits your SSH, say")
-        c.add_argument("--iam-profile")
+        c.add_argument("--iam-profile",
+                       help="the nodes' instance profile: their access to the job's buckets (docs/cloud.md)")
     else:
-        c.add_argument("--project", required=True)
-        c.add_argument("--machine-type", default="n1-standard-8")
-        c.add_argument("--accelerator", default="nvidia-tesla-t4:1", metavar="TYPE[:COUNT]|none")
+        c.add_argument("--project", required=True, help="the GCP project")
+        c.add_argument("--machine-type", default="n1-standard-8", help="the nodes' machine type")
+        c.add_argument("--accelerator", default="nvidia-tesla-t4:1", metavar="TYPE[:COUNT]|none",
+                       help="the GPU attached to each node; none for types with GPUs built in (a2, g2)")
         c.add_argument("--storage-endpoint-url", help="the GCS endpoint (tests)")
         c.add_argument("--service-account", default="default", metavar="EMAIL",
                        help="the nodes' identity (default: the project's default compute account); give one "
@@ -96,16 +104,16 @@ def _launch_flags(c, cloud: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="bamboo-launch", description=__doc__.splitlines()[0])
-    p.add_argument("--state", default=".bamboo-launch.json", help="where the launch is recorded")
+    p.add_argument("--state", default=".bamboo-launch.json", help=STATE_HELP)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for cloud in CLOUDS:
         _cloud_parser(sub, cloud)
     for name in ("status", "down"):
-        s = sub.add_parser(name)
-        s.add_argument("--state", default=argparse.SUPPRESS)
-    s = sub.add_parser("scale")
-    s.add_argument("nodes", type=int)
-    s.add_argument("--state", default=argparse.SUPPRESS)
+        s = sub.add_parser(name, help=f"the launched job's {'progress' if name == 'status' else 'teardown'}")
+        s.add_argument("--state", default=argparse.SUPPRESS, help=STATE_HELP)
+    s = sub.add_parser("scale", help="set the group's size")
+    s.add_argument("nodes", type=int, help="the group's new size")
+    s.add_argument("--state", default=argparse.SUPPRESS, help=STATE_HELP)
     return p
 
 

@@ -26,6 +26,7 @@ from schedules.redundancy import FRC_MODES
 from schedules.syncs import SYNC_MODES
 
 from commands.train.flag_checks import changed_flags, check_finite, check_not_a_file, said_idle
+from bamboo.control.parser import OneLineParser
 
 from sim.checkpointing import FORMULAS
 from sim.options import NOTICE_SECONDS, ROLLBACKS
@@ -39,7 +40,7 @@ REDUNDANCY = {"eager": "bamboo", "lazy": "lazy", "off": "redo", "auto": "auto"}
 GB = 1e9
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(OneLineParser):
     def error(self, message: str) -> None:
         print(f"bamboo-sim: error: {message}", file=sys.stderr)
         raise SystemExit(2)
@@ -48,11 +49,15 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="bamboo-sim", description=__doc__.splitlines()[0])
     p.add_argument("--trace", help="trace file")
-    p.add_argument("--trace-format", choices=("ec2", "gcp", "events", "auto"), default="auto")
-    p.add_argument("--strategy", choices=(*STRATEGIES, "all"), default="bamboo")
+    p.add_argument("--trace-format", choices=("ec2", "gcp", "events", "auto"), default="auto",
+                   help="the trace's format (auto: from its first lines)")
+    p.add_argument("--strategy", choices=(*STRATEGIES, "all"), default="bamboo",
+                   help="how the job survives preemptions (all: each, side by side; docs/simulator.md)")
     p.add_argument("--redundancy", choices=tuple(REDUNDANCY),
                    help="with --strategy bamboo: eager (default), lazy, off (redo from peers) or auto")
-    p.add_argument("--model", choices=sorted(PROFILES), default="gpt2")
+    p.add_argument("--model", choices=sorted(PROFILES), default="gpt2",
+                   help="the simulated model's profile (sim/profiles.py; gpt2 is GPT-2's 1.5B shape, not "
+                        "bamboo-train's hf:gpt2)")
     p.add_argument("--profile", choices=SOURCES, default="calibrated",
                    help="per-op times measured on this machine and scaled, or transformer arithmetic")
     p.add_argument("--stages", type=int, default=12, help="pipeline depth P")
@@ -74,7 +79,8 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spot-price", type=float, default=d.spot_price, help="USD per node-hour")
     p.add_argument("--on-demand-price", type=float, default=d.on_demand_price, help="USD per node-hour")
     p.add_argument("--checkpoint-minutes", type=float, help="a fixed checkpoint interval (default: the formula's)")
-    p.add_argument("--checkpoint-formula", choices=FORMULAS, default=d.checkpoint_formula)
+    p.add_argument("--checkpoint-formula", choices=FORMULAS, default=d.checkpoint_formula,
+                   help="checkpoint-restart's interval: Young's or Daly's from the observed preemption rate")
     p.add_argument("--bytes-per-param", type=float, default=d.checkpoint_bytes_per_param,
                    help="checkpointed bytes per parameter (fp32 weights + AdamW moments: 12)")
     p.add_argument("--storage-bandwidth", type=float, default=d.storage_bandwidth / GB,
@@ -84,8 +90,10 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peer-bandwidth", type=float, default=d.peer_bandwidth / GB,
                    help="GB/s of a stage reloaded from a peer pipeline")
     p.add_argument("--free-checkpoints", action="store_true", help="writes cost nothing (the old baseline)")
-    p.add_argument("--relaunch-seconds", type=float, default=d.relaunch_seconds)
-    p.add_argument("--warmup-seconds", type=float, default=d.warmup_seconds)
+    p.add_argument("--relaunch-seconds", type=float, default=d.relaunch_seconds,
+                   help="a restart's time to start the job's processes again")
+    p.add_argument("--warmup-seconds", type=float, default=d.warmup_seconds,
+                   help="a new node's time before it can take part (boot, install, join)")
     p.add_argument("--restart-seconds", type=float, help="a fixed restart cost instead of relaunch + load + warm-up")
     p.add_argument("--max-stages-per-node", type=int, default=d.max_stages,
                    help="stages one node may hold (2: spare nodes may form pipelines shorter than P; "

@@ -26,6 +26,7 @@ from commands.train.cli import check_writable
 from commands.train.flag_checks import check_finite
 from commands.train.launcher import AGENT, Launcher, LocalCluster
 from bamboo.control.config import JobConfig
+from bamboo.control.parser import OneLineParser
 from bamboo.model.api import ModelSource
 from sim.profiles import MeasuredProfile
 from sim.simulator import ClusterSimulator, Options
@@ -143,21 +144,27 @@ def check_args(ap, args) -> None:
     ModelSource(args.model, args.seed)  # an unknown model: its ModelError, a ValueError, names it
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bamboo-replay", description=__doc__.splitlines()[0])
-    ap.add_argument("trace")
-    ap.add_argument("--trace-format", choices=("ec2", "gcp", "events", "auto"), default="auto")
-    ap.add_argument("--start-hours", type=float, default=0.0)
+def build_parser() -> OneLineParser:
+    ap = OneLineParser(prog="bamboo-replay", description=__doc__.splitlines()[0])
+    ap.add_argument("trace", help="a preemption trace (traces/README.md)")
+    ap.add_argument("--trace-format", choices=("ec2", "gcp", "events", "auto"), default="auto",
+                    help="the trace's format (auto: from its first lines)")
+    ap.add_argument("--start-hours", type=float, default=0.0, help="where the slice starts, in trace hours")
     ap.add_argument("--hours", type=float, default=1.0, help="length of the slice, in trace hours")
     ap.add_argument("--speedup", type=float, default=60.0, help="trace seconds per wall second")
     ap.add_argument("--thin", type=int, default=1, help="keep every K-th node of the trace")
-    ap.add_argument("--stages", type=int, default=2)
-    ap.add_argument("--microbatches", type=int, default=8)
-    ap.add_argument("--model", default="tiny")
-    ap.add_argument("--zones", default="a,b,c")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--spot-price", type=float, default=Options.spot_price)
-    ap.add_argument("--metrics-out")
+    ap.add_argument("--stages", type=int, default=2, help="pipeline depth P")
+    ap.add_argument("--microbatches", type=int, default=8, help="global microbatches per iteration M")
+    ap.add_argument("--model", default="tiny", help="as bamboo-train's --model")
+    ap.add_argument("--zones", default="a,b,c", help="zones the trace's nodes are dealt to, when it names none")
+    ap.add_argument("--seed", type=int, default=0, help="of the model and the samples")
+    ap.add_argument("--spot-price", type=float, default=Options.spot_price, help="$ per node-hour, for the cost")
+    ap.add_argument("--metrics-out", help="the job's metrics file (JSON lines)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     try:
         check_args(ap, args)

@@ -37,6 +37,7 @@ from schedules.syncs import SYNC_MODES
 
 from commands.chaos.trial import Outcome, Settings, Trial, account  # noqa: F401 - account: the tests'
 from commands.train.flag_checks import check_not_a_file
+from bamboo.control.parser import OneLineParser
 from commands.chaos.netlab import unavailable
 from schedules.options import ReplicaSync
 
@@ -99,13 +100,13 @@ def _refused(args) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bamboo-chaos", description=__doc__.splitlines()[0])
-    ap.add_argument("--trials", type=int, default=50)
+def build_parser() -> OneLineParser:
+    ap = OneLineParser(prog="bamboo-chaos", description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=50, help="jobs to run, each with its own faults")
     ap.add_argument("--seed", type=int, default=1, help="trial t uses seed SEED + t")
     ap.add_argument("--faults", type=int, default=Settings.faults, help="faults per trial")
     ap.add_argument("--nodes", type=int, help=f"default {Settings.nodes}; 8 with --network (4 machines of 2)")
-    ap.add_argument("--iterations", type=int, default=Settings.iterations)
+    ap.add_argument("--iterations", type=int, default=Settings.iterations, help="of each trial's job")
     ap.add_argument("--workers-per-host", type=int, metavar="N",
                     help="machines of N nodes (bamboo-train --local-hosts); adds whole-machine kills to the faults "
                          "(default 1; 2 with --network)")
@@ -116,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="the job's replica sync (next: in the next iteration)")
     ap.add_argument("--out", default=None, help="where failed trials keep their logs (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep every trial's logs and metrics, not only failed ones'")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.workers_per_host is None:
         args.workers_per_host = 2 if args.network else 1
     if args.nodes is None:

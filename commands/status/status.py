@@ -115,7 +115,7 @@ def prices(text: str) -> tuple[float, float | None]:
 
 def parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="bamboo-status", description=__doc__.splitlines()[0])
-    ap.add_argument("--etcd", required=True, metavar="HOST:PORT[,HOST:PORT...]")
+    ap.add_argument("--etcd", required=True, metavar="HOST:PORT[,HOST:PORT...]", help="the jobs' etcd")
     ap.add_argument("--etcd-tls", metavar="DIR",
                     help="ca.pem, client.pem and client-key.pem for that etcd (default: $BAMBOO_ETCD_TLS)")
     ap.add_argument("--job", help="one job (default: every job in this etcd; with --serve, the only one)")
@@ -128,7 +128,7 @@ def parser() -> argparse.ArgumentParser:
     web.add_argument("--price", type=prices, metavar="SPOT[,ONDEMAND]",
                      help="dollars per node-hour of a spot node (and an on-demand one), for the cost panel")
     web.add_argument("--refresh", type=float, default=2.0, metavar="SECONDS",
-                     help="how often the page fetches its panels again (default 2)")
+                     help="how often the page fetches its panels again")
     return ap
 
 

@@ -16,13 +16,16 @@ from bamboo.control.config import DTYPES
 from bamboo.data.corpus import TOKEN_DTYPES
 from bamboo.control.parser import OneLineParser  # bamboo-launch parses these options too
 from bamboo.model.builtin import MODELS
+from bamboo.model.sizes import NAMED
 from bamboo.control.config import LrSchedule, Precision
 from bamboo.transport import devices
 
 
 def _model_flags(g) -> None:
     g.add_argument("--model", default="tiny",
-                   help=f"built-in ({', '.join(sorted(MODELS))}) or a factory package.module:function")
+                   help=f"built-in ({', '.join(sorted(MODELS))}); a Hugging Face shape with random weights "
+                        f"({', '.join('hf:' + n for n in NAMED)}; --seq sets its sequence); or a factory "
+                        f"package.module:function")
     g.add_argument("--model-config", metavar="FILE.json",
                    help="a Hugging Face GPT-2 or Llama config.json (read offline; random weights from --seed)")
     g.add_argument("--seq", type=int, default=32, help="tokens per sequence for factory and Hugging Face models")

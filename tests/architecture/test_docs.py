@@ -43,3 +43,30 @@ def test_every_path_the_architecture_cites_exists():
     cited = set(re.findall(r"`((?:[\w.-]+/)+[\w.-]+\.(?:py|md|json|toml))`", DOC))
     assert len(cited) > 40
     assert sorted(p for p in cited if not (ROOT / p).exists()) == []
+
+
+# Flags the docs name that belong to other programs: etcd and etcdctl (faults.md,
+# security.md, HOTPATH.md), tensorboard, argparse's own --help, and the prefix
+# --metrics-o that cloud.md shows argparse expanding.
+OTHER_PROGRAMS = {"--cors", "--force-new-cluster", "--rev", "--unsafe-no-fsync", "--logdir", "--help", "--metrics-o"}
+FLAG = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]*")
+
+
+def declared_flags() -> set[str]:
+    """Every option string an add_argument call of ours declares (commands, scripts)."""
+    found = set()
+    for package in (*PACKAGES, "commands", "cloud", "scripts"):
+        for path in (ROOT / package).rglob("*.py"):
+            for call in re.finditer(r"add_argument\(\s*((?:\"-[^\"]*\"\s*[,)]\s*)+)", path.read_text()):
+                found |= set(re.findall(r"\"(--[a-z0-9-]+)\"", call.group(1)))
+    return found
+
+
+def test_every_flag_the_docs_name_exists():
+    """A flag renamed or removed in the code cannot live on in README.md or docs/."""
+    declared, missing = declared_flags(), []
+    for page in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))):
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            missing += [f"{page.name}:{number}: {flag}" for flag in FLAG.findall(line)
+                        if flag not in declared and flag not in OTHER_PROGRAMS]
+    assert len(declared) > 150 and not missing, missing
