@@ -192,6 +192,17 @@ def _attempts(keys: list[str]) -> tuple[list[Attempt], list[Attempt]]:
     return sorted(committed, key=order, reverse=True), sorted(every, key=order, reverse=True)
 
 
+def committed(storage) -> list[Attempt]:
+    """The committed attempts, newest iteration first."""
+    return _attempts(storage.list())[0]
+
+
+def commit_record(storage, attempt: Attempt) -> dict | None:
+    """An attempt's commit record as stored (untrusted: its fields are checked by
+    whoever reads them), or None when it is unreadable or no JSON object."""
+    return _json(storage, f"{attempt.folder}/{COMMIT}")
+
+
 def run_of(attempt: Attempt) -> str:
     return attempt.name.rsplit("-e", 1)[0]
 

@@ -9,6 +9,7 @@ import pickle
 import sys
 import threading
 import time
+from dataclasses import asdict
 
 import torch
 
@@ -68,6 +69,7 @@ class Checkpoints:
     def __init__(self, cfg, node: int, layers: int):
         """`cfg` (JobConfig): where, how often, how many to keep, and the run's name."""
         self.location, self.layers, self.run = cfg.checkpoints.checkpoint, layers, cfg.checkpoints.run
+        self.model = asdict(cfg.model)  # in every commit record: bamboo-export needs nothing else
         self.every, self.seconds = cfg.checkpoints.checkpoint_every, cfg.checkpoints.checkpoint_seconds
         self.storage = storage_for(cfg.checkpoints.checkpoint) if cfg.checkpoints.checkpoint else None
         self.writer = Writer(self.storage, node, layers, cfg.checkpoints.checkpoint_keep) if self.storage else None
@@ -84,9 +86,10 @@ class Checkpoints:
     def write(self, iteration: int, epoch: int, blobs: dict[int, bytes], loss_scale=None) -> None:
         """The checkpoint taken before `iteration` by epoch `epoch`'s members (an
         attempt of its own), written in the background; with fp16, the loss scale
-        record of the iteration before it (protocol.LossScale)."""
-        self.writer.write(Attempt(iteration, f"{self.run}-e{epoch:06d}"), blobs,
-                          {"loss_scale": loss_scale.to_dict()} if loss_scale else None)
+        record of the iteration before it (protocol.LossScale). The model's section
+        of the job's config goes with it."""
+        extra = {"model": self.model, **({"loss_scale": loss_scale.to_dict()} if loss_scale else {})}
+        self.writer.write(Attempt(iteration, f"{self.run}-e{epoch:06d}"), blobs, extra)
 
     def hashes(self, iteration: int) -> dict[int, str]:
         """layer -> sha256 of the committed checkpoint taken before `iteration` (empty:

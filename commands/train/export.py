@@ -1,0 +1,147 @@
+"""`bamboo-export --checkpoint DIR|s3://BUCKET/PREFIX|gs://BUCKET/PREFIX OUT`: a
+job's checkpoint as the model `--export` writes (for a Hugging Face model, a
+directory `from_pretrained` loads), from this machine, after the job. That is
+how a cloud job's model comes out: its nodes write checkpoints to the bucket.
+
+The newest complete checkpoint is taken (every layer present and matching the
+hash its commit record names), or the one taken before `--iteration N`. The
+commit record names the model (its section of the job's config); a checkpoint
+written before records did, or a factory model (a record from a bucket never
+makes this machine import a module), needs the model's flags given again.
+"""
+from __future__ import annotations
+
+import io
+import sys
+
+from bamboo.control.config import ModelSpec
+from bamboo.control.records import BadRecord
+from bamboo.control.parser import OneLineParser
+from bamboo.data.checkpoint_files import CheckpointError, commit_record, committed, load, storage_for
+from bamboo.model.api import ModelSource
+
+
+class ExportInputError(ValueError):
+    """The checkpoint, its model or OUT cannot be used; the message says which."""
+
+
+def build_parser() -> OneLineParser:
+    ap = OneLineParser(prog="bamboo-export", description="A job's checkpoint as a model: safetensors, and for "
+                       "hf: models a directory from_pretrained loads.")
+    ap.add_argument("out", metavar="OUT", help="the directory to write (absent or empty)")
+    ap.add_argument("--checkpoint", required=True, metavar="DIR|s3://BUCKET/PREFIX|gs://BUCKET/PREFIX",
+                    help="the job's --checkpoint")
+    ap.add_argument("--iteration", type=int, metavar="N",
+                    help="the checkpoint taken before iteration N (default: the newest complete one)")
+    model = ap.add_argument_group("the model, for a checkpoint whose records do not name it")
+    model.add_argument("--model", help="as bamboo-train's --model")
+    model.add_argument("--model-config", metavar="FILE.json", help="as bamboo-train's --model-config")
+    model.add_argument("--seq", type=int, default=32, help="as bamboo-train's --seq")
+    model.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                       help="as bamboo-train's --dtype")
+    return ap
+
+
+def given_model(args) -> ModelSpec | None:
+    """The model the flags name, if they name one."""
+    if args.model is None and args.model_config is None:
+        return None
+    config_json = None
+    if args.model_config is not None:
+        try:
+            with open(args.model_config) as f:
+                config_json = f.read()
+        except OSError as e:
+            raise ExportInputError(f"--model-config {args.model_config!r}: cannot read it ({e.strerror})") from None
+    name = "hf:config" if config_json is not None else args.model
+    return ModelSpec(name=name, config_json=config_json, seq=args.seq, dtype=args.dtype)
+
+
+def recorded_model(record: dict, where: str) -> ModelSpec | None:
+    """The model a commit record names; None when it names none or a factory."""
+    if "model" not in record:
+        return None
+    try:
+        spec = ModelSpec.from_dict(record["model"])
+    except (BadRecord, TypeError, ValueError) as e:
+        raise ExportInputError(f"{where}: its record of the model is not one ({str(e)[:200]})") from None
+    if ":" in spec.name and not spec.name.startswith("hf:"):
+        return None  # a factory: imported only when the user names it
+    return spec
+
+
+def find(storage, args) -> tuple[int, ModelSpec, ModelSource, dict[int, bytes]]:
+    """(iteration, model, its source, layer blobs) of the checkpoint to export."""
+    given = given_model(args)
+    attempts = [a for a in committed(storage) if args.iteration is None or a.iteration == args.iteration]
+    for attempt in attempts:
+        where = f"{args.checkpoint}: {attempt.folder}"
+        record = commit_record(storage, attempt)
+        spec = given or (recorded_model(record, where) if record else None)
+        if spec is None:
+            raise ExportInputError(f"{where} does not name its model (written by an older bamboo, or a factory "
+                                   f"model): give --model or --model-config, with --seq and --dtype as trained")
+        try:
+            source = ModelSource.of(spec)
+        except ValueError as e:
+            raise ExportInputError(str(e)) from None
+        stored = len(record.get("layers", {})) if record else source.count
+        if stored != source.count:
+            raise ExportInputError(f"{where} holds {stored} layers, model {spec.name} has {source.count}: give the "
+                                   f"model it was trained with")
+        blobs = load(storage, attempt.iteration, source.count)
+        if blobs is not None:
+            return attempt.iteration, spec, source, blobs
+    which = f"taken before iteration {args.iteration}" if args.iteration is not None else "at all"
+    raise ExportInputError(f"{args.checkpoint}: no complete checkpoint {which}")
+
+
+def params_of(blob: bytes) -> dict:
+    """A layer snapshot's parameters (loaded as tensors only: untrusted)."""
+    import pickle
+
+    import torch
+    try:
+        state = torch.load(io.BytesIO(blob), weights_only=True)
+    except pickle.UnpicklingError:
+        raise ExportInputError("a layer snapshot holds more than tensors: not loaded") from None
+    if not isinstance(state, dict) or not isinstance(state.get("params"), dict):
+        raise ExportInputError("a layer snapshot has no parameter table: not loaded")
+    return state["params"]
+
+
+def matching(source: ModelSource, spec: ModelSpec, index: int, params: dict) -> dict:
+    """`params` if they are layer `index` of the model (names and shapes), else the
+    one-line error: another model of as many layers would export as garbage."""
+    import torch
+    with torch.device("meta"):  # shapes only: no memory for a large model's layer
+        layer = source.hf.build(index) if source.hf is not None else source.layer(index)
+    want = {k: tuple(v.shape) for k, v in layer.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in params.items() if torch.is_tensor(v)}
+    if got != want:
+        odd = sorted(set(got) ^ set(want)) or [k for k in sorted(want) if got[k] != want[k]]
+        raise ExportInputError(f"layer {index} of the checkpoint is not model {spec.name}'s ({odd[0]} differs): "
+                               f"give the model it was trained with")
+    return params
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from bamboo.model.export import ExportError, check_target, export_states
+    try:
+        check_target(args.out, "OUT")
+        iteration, spec, source, blobs = find(storage_for(args.checkpoint), args)
+        export_states(lambda i: matching(source, spec, i, params_of(blobs[i])), args.out, source)
+    except (ExportInputError, ExportError, CheckpointError, OSError) as e:
+        print(f"bamboo-export: error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # objects.ObjectError: the bucket or the prefix cannot be read
+        print(f"bamboo-export: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    print(f"bamboo-export: {args.out}: model {spec.name}, {source.count} layers, from the checkpoint taken before "
+          f"iteration {iteration} in {args.checkpoint}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
