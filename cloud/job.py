@@ -70,6 +70,28 @@ def check_remote(args) -> None:
                        f"or gs://BUCKET/PREFIX")
 
 
+def check_checkpoints(cfg: JobConfig) -> list[str]:
+    """A cloud job's --checkpoint prefix holds no other job's checkpoints (BadInput);
+    the warnings to print (a job without checkpoints)."""
+    location = cfg.checkpoints.checkpoint
+    if not location:
+        return ["no --checkpoint: a burst that takes a stage from every node ends the job, and no model can be "
+                "taken out of it afterwards (bamboo-export reads checkpoints)"]
+    from bamboo.data.checkpoint_files import commit_record, committed, storage_for
+    storage = storage_for(location)
+    try:
+        attempts = committed(storage)
+    except ValueError as e:  # objects.ObjectError: listed once already; unreachable now
+        raise BadInput(str(e).splitlines()[0]) from None
+    for attempt in attempts:
+        record = commit_record(storage, attempt) or {}
+        if record.get("job") != cfg.cluster.job:
+            owner = f"job {record['job']!r}" if isinstance(record.get("job"), str) else "a job that named none"
+            raise BadInput(f"--checkpoint {location}: holds checkpoints of {owner} ({attempt.folder}): give job "
+                           f"{cfg.cluster.job!r} a prefix of its own")
+    return []
+
+
 def job_config(train_argv: list[str], nodes: int, job: str) -> JobConfig:
     """bamboo-train's checks over `train_argv` (and the job file it names with
     --config), for `nodes` agents (as --local-nodes)."""

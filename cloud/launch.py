@@ -173,11 +173,13 @@ def read_state(path: str) -> dict:
     return state
 
 
-def launch(args, train_argv: list[str]) -> dict:
+def launch(args, train_argv: list[str]) -> tuple[dict, list[str]]:
+    """What was made, and the warnings to print once it stands."""
     from cloud.bringup import launch_ec2, launch_gcp
-    from cloud.job import job_config
+    from cloud.job import check_checkpoints, job_config
     cfg = job_config(train_argv, args.nodes, args.job)  # bamboo-train's checks, before any request
-    return (launch_ec2 if args.command == "ec2" else launch_gcp)(args, cfg)
+    warnings = check_checkpoints(cfg)
+    return (launch_ec2 if args.command == "ec2" else launch_gcp)(args, cfg), warnings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(train_argv)}")
     try:
         if args.command in CLOUDS:
-            made = launch(args, train_argv)
+            made, warnings = launch(args, train_argv)
+            for warning in warnings:
+                print(f"bamboo-launch: warning: {warning}", file=sys.stderr)
             if not args.dry_run:
                 from cloud.manage import dashboard
                 write_state(args.state, made)

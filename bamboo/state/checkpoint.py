@@ -69,7 +69,8 @@ class Checkpoints:
     def __init__(self, cfg, node: int, layers: int):
         """`cfg` (JobConfig): where, how often, how many to keep, and the run's name."""
         self.location, self.layers, self.run = cfg.checkpoints.checkpoint, layers, cfg.checkpoints.run
-        self.model = asdict(cfg.model)  # in every commit record: bamboo-export needs nothing else
+        # in every commit record: what bamboo-export needs, and whose checkpoints these are
+        self.record = {"model": asdict(cfg.model), "job": cfg.cluster.job}
         self.every, self.seconds = cfg.checkpoints.checkpoint_every, cfg.checkpoints.checkpoint_seconds
         self.storage = storage_for(cfg.checkpoints.checkpoint) if cfg.checkpoints.checkpoint else None
         self.writer = Writer(self.storage, node, layers, cfg.checkpoints.checkpoint_keep) if self.storage else None
@@ -86,9 +87,9 @@ class Checkpoints:
     def write(self, iteration: int, epoch: int, blobs: dict[int, bytes], loss_scale=None) -> None:
         """The checkpoint taken before `iteration` by epoch `epoch`'s members (an
         attempt of its own), written in the background; with fp16, the loss scale
-        record of the iteration before it (protocol.LossScale). The model's section
-        of the job's config goes with it."""
-        extra = {"model": self.model, **({"loss_scale": loss_scale.to_dict()} if loss_scale else {})}
+        record of the iteration before it (protocol.LossScale). The job's name and
+        its config's model section go with it."""
+        extra = {**self.record, **({"loss_scale": loss_scale.to_dict()} if loss_scale else {})}
         self.writer.write(Attempt(iteration, f"{self.run}-e{epoch:06d}"), blobs, extra)
 
     def hashes(self, iteration: int) -> dict[int, str]:

@@ -152,6 +152,27 @@ def test_object_storage_data_and_checkpoints_are_checked_not_downloaded(gcs, s3)
             job_config([*TRAIN, *extra], 3, "j")
 
 
+def test_a_prefix_holding_another_job_s_checkpoints_is_refused_and_none_is_warned_of(s3):
+    """The commit records name their job: a prefix of the job's own checkpoints is
+    taken; another job's, or one whose records name none, is refused before any request."""
+    import json as json_
+    from cloud.common import BadInput
+    from cloud.job import check_checkpoints, job_config
+    s3.create_bucket(Bucket="ckpts")
+    for key, job in (("mine/ckpt-00000004-run-e000001/commit.json", "j"),
+                     ("theirs/ckpt-00000008-run-e000003/commit.json", "other"),
+                     ("old/ckpt-00000002-run-e000000/commit.json", None)):
+        record = {"layers": {"0": "ab"}, **({"job": job} if job else {})}
+        s3.put_object(Bucket="ckpts", Key=key, Body=json_.dumps(record).encode())
+    assert check_checkpoints(job_config([*TRAIN, "--checkpoint", "s3://ckpts/mine"], 3, "j")) == []
+    for prefix, owner in (("theirs", "job 'other'"), ("old", "a job that named none")):
+        with pytest.raises(BadInput, match=f"s3://ckpts/{prefix}: holds checkpoints of {owner} "
+                                           f"\\(ckpt-0000000.-run-e00000.\\): give job 'j' a prefix of its own"):
+            check_checkpoints(job_config([*TRAIN, "--checkpoint", f"s3://ckpts/{prefix}"], 3, "j"))
+    (warning,) = check_checkpoints(job_config(TRAIN, 3, "j"))
+    assert warning.startswith("no --checkpoint: a burst that takes a stage from every node ends the job")
+
+
 @pytest.mark.slow  # make test stays under 15 min on a 2-core machine
 def test_unreachable_etcd_unwritable_bucket_unknown_type_leave_nothing(aws, etcd, tmp_path):
     endpoint, clients, image = aws
