@@ -161,8 +161,9 @@ def job_certificates(args, tls: bool, shipper, install: Install, job: str, undo:
 
 def local_certificates(args) -> str:
     """Where the operator's copy of the job's client certificate goes: beside the
-    launch record, named after it (two launches from one directory keep theirs apart)."""
-    return f"{os.path.splitext(os.path.abspath(args.state))[0]}-etcd-tls"
+    launch record, named after it and the job (two launches from one directory, or
+    two jobs in one record, keep theirs apart)."""
+    return f"{os.path.splitext(os.path.abspath(args.state))[0]}-{args.job}-etcd-tls"
 
 
 def ship_nodes(args, certs: JobCertificates | None, undo: Undo) -> str:

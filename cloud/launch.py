@@ -7,7 +7,7 @@
                       --job NAME (--bucket BUCKET[/PREFIX] | --package REQUIREMENT) [--machine-type T]
                       [--accelerator TYPE[:COUNT]|none] [--service-account EMAIL] [--etcd-plain] [--dry-run]
                       [bamboo-train options]
-    bamboo-launch status | scale N | down       (the launch recorded in --state)
+    bamboo-launch status [JOB] | scale [JOB] N | down [JOB]   (a launch recorded in --state)
 
 The bamboo-train options (--model, --stages, --microbatches, --iterations, the
 recipe, --data and --checkpoint as s3:// or gs:// URIs, ...) are checked by
@@ -20,8 +20,8 @@ on-demand instance running etcd, which writes the configuration itself
 nodes' agents get all three endpoints); it serves TLS only, with etcd auth, and
 every instance fetches its certificates of the job's own CA from the bucket with
 its own identity (cloud/etcd_tls.py; `--etcd-plain`: none of that). What was
-launched is recorded in --state (default .bamboo-launch.json, written atomically)
-for status, scale and down. `--dry-run` prints every request (cloud, storage,
+launched is recorded in --state (default .bamboo-launch.json, written atomically),
+one record per job (cloud/records.py), for status, scale and down. `--dry-run` prints every request (cloud, storage,
 etcd), one JSON line each, and sends none. Errors are one line on stderr, exit
 status 1 (2 for bad arguments); a launch that fails removes what it created. A
 launch ends by printing, on stderr, the command that opens the job's dashboard
@@ -33,16 +33,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 
 from bamboo.control.parser import OneLineParser
 from cloud.common import BadInput, LaunchError
+from cloud.records import check_unrecorded, pick, read_records, write_records
 from commands.train import jobfile
 
 CLOUDS = ("ec2", "gcp")
-STATE_HELP = "where the launch is recorded (default .bamboo-launch.json)"
+STATE_HELP = "where the launches are recorded, one record per job (default .bamboo-launch.json)"
+JOB_HELP = "the job's name (--job at launch); may be left out when the file records one job"
 
 
 class _Parser(OneLineParser):
@@ -109,9 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     for cloud in CLOUDS:
         _cloud_parser(sub, cloud)
     for name in ("status", "down"):
-        s = sub.add_parser(name, help=f"the launched job's {'progress' if name == 'status' else 'teardown'}")
+        s = sub.add_parser(name, help=f"a launched job's {'progress' if name == 'status' else 'teardown'}")
+        s.add_argument("job", nargs="?", metavar="JOB", help=JOB_HELP)
         s.add_argument("--state", default=argparse.SUPPRESS, help=STATE_HELP)
-    s = sub.add_parser("scale", help="set the group's size")
+    s = sub.add_parser("scale", help="set a launched job's group size")
+    s.add_argument("job", nargs="?", metavar="JOB", help=JOB_HELP)
     s.add_argument("nodes", type=int, help="the group's new size")
     s.add_argument("--state", default=argparse.SUPPRESS, help=STATE_HELP)
     return p
@@ -145,34 +147,6 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None):
     return jobfile.command_line_wins(args, file), train_argv
 
 
-def write_state(path: str, state: dict) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(state, f, indent=1)
-    os.replace(tmp, path)
-
-
-# what `status`, `scale` and `down` read of a launch record, by provider
-RECORD_KEYS = {"ec2": ("region", "job", "etcd", "wheel"), "gcp": ("project", "region", "job", "etcd", "wheel")}
-
-
-def read_state(path: str) -> dict:
-    try:
-        with open(path) as f:
-            state = json.load(f)
-    except FileNotFoundError:
-        raise LaunchError(f"no launch recorded in {path} (run bamboo-launch ec2|gcp first, or pass --state)") from None
-    except (ValueError, OSError) as e:
-        raise LaunchError(f"{path} is not a launch record ({type(e).__name__})") from None
-    keys = RECORD_KEYS.get(state.get("provider")) if isinstance(state, dict) else None
-    if keys is None:
-        raise LaunchError(f"{path} is not a launch record (no provider ec2 or gcp in it)")
-    if missing := [k for k in keys if k not in state]:
-        raise LaunchError(f"{path} is not a complete launch record (no {', '.join(missing)})")
-    return state
-
-
 def launch(args, train_argv: list[str]) -> tuple[dict, list[str]]:
     """What was made, and the warnings to print once it stands."""
     from cloud.bringup import launch_ec2, launch_gcp
@@ -182,6 +156,20 @@ def launch(args, train_argv: list[str]) -> tuple[dict, list[str]]:
     return (launch_ec2 if args.command == "ec2" else launch_gcp)(args, cfg), warnings
 
 
+def launched(args, train_argv: list[str]) -> int:
+    """Launch, then add the job's record to --state (refused first if it has one)."""
+    check_unrecorded(args.state, args.job)
+    made, warnings = launch(args, train_argv)
+    for warning in warnings:
+        print(f"bamboo-launch: warning: {warning}", file=sys.stderr)
+    if not args.dry_run:
+        from cloud.manage import dashboard
+        write_records(args.state, {**read_records(args.state), made["job"]: made})
+        print(json.dumps(made))
+        print(f"bamboo-launch: watch the job: {dashboard(made)}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, train_argv = parse(parser, argv)
@@ -189,25 +177,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(train_argv)}")
     try:
         if args.command in CLOUDS:
-            made, warnings = launch(args, train_argv)
-            for warning in warnings:
-                print(f"bamboo-launch: warning: {warning}", file=sys.stderr)
-            if not args.dry_run:
-                from cloud.manage import dashboard
-                write_state(args.state, made)
-                print(json.dumps(made))
-                print(f"bamboo-launch: watch the job: {dashboard(made)}", file=sys.stderr)
-            return 0
+            return launched(args, train_argv)
         from cloud.manage import down, scale, status
-        state = read_state(args.state)
+        records = read_records(args.state)
+        state = pick(records, args.job, args.state)
         if args.command == "status":
             print(json.dumps(status(state)))
         elif args.command == "scale":
             scale(state, args.nodes)
-            write_state(args.state, {**state, "nodes": args.nodes})
+            write_records(args.state, {**records, state["job"]: {**state, "nodes": args.nodes}})
         else:
             down(state)
-            os.unlink(args.state)
+            write_records(args.state, {j: r for j, r in records.items() if j != state["job"]})
     except BadInput as e:
         print(f"bamboo-launch: error: {e}", file=sys.stderr)
         return 2

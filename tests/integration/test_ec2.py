@@ -136,7 +136,7 @@ def test_etcd_auto_with_three_members_puts_one_in_each_zone(aws, tmp_path):
                  "--endpoint-url", endpoint, "--package", "https://example.com/bamboo_spot-0.1.0-py3-none-any.whl",
                  "--iam-profile", "bamboo-node")
     assert out.returncode == 0, out.stderr
-    made = json.loads(state.read_text())
+    made = json.loads(state.read_text())["jobs"]["trio"]
     ids = made["etcd_instances"]
     reservations = ec2.describe_instances(InstanceIds=ids)["Reservations"]
     found = {i["InstanceId"]: i for r in reservations for i in r["Instances"]}
