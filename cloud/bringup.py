@@ -11,6 +11,7 @@ import re
 import shutil
 import sys
 
+from bamboo.control.config import Precision
 from cloud.common import BadInput, Install, LaunchError, etcd_script
 from cloud.etcd_tls import JobCertificates, member_folder
 from cloud.job import JobStore, config_key, config_request
@@ -228,11 +229,15 @@ def launch_ec2(args, cfg, log=print) -> dict:
 
 
 def launch_gcp(args, cfg, log=print) -> dict:
-    from cloud.gcp import GcpProvider, GcpSpec
+    from cloud.gcp import GcpProvider, GcpSpec, accelerator_for, node_gpus
     from cloud.storage import GcsShipper
     zones = zones_of(args)
     job = cfg.cluster.job
     check_names(args, "gcp")
+    args.accelerator = accelerator_for(args.machine_type, args.accelerator)
+    if cfg.recipe.precision == Precision.FP16 and not node_gpus(args.machine_type, args.accelerator):
+        raise BadInput(f"--precision fp16 needs a GPU on each node: --machine-type {args.machine_type} with "
+                       f"--accelerator none has none")
     check_members(args, zones)
     check_install(args)
     tls = secured(args)

@@ -46,6 +46,23 @@ def workers(machine_type: str, accelerator: str) -> int:
     return GPUS.get(machine_type, found[1] if found else 1)
 
 
+def node_gpus(machine_type: str, accelerator: str) -> int:
+    """GPUs of one node (0: none)."""
+    found = parse_accelerator(accelerator)
+    return GPUS.get(machine_type, found[1] if found else 0)
+
+
+def accelerator_for(machine_type: str, given: str | None) -> str:
+    """--accelerator as the machine type needs it: none for a type that comes with
+    its GPUs (a2, a3, g2), one T4 for the others, unless given."""
+    if given is None:
+        return "none" if machine_type in GPUS else "nvidia-tesla-t4:1"
+    if machine_type in GPUS and given != "none":
+        raise BadInput(f"--machine-type {machine_type} comes with {GPUS[machine_type]} GPU(s): leave out "
+                       f"--accelerator {given}")
+    return given
+
+
 def parse_accelerator(text: str) -> tuple[str, int] | None:
     """TYPE[:COUNT] -> (type, count); 'none' -> None."""
     if text == "none":
@@ -68,7 +85,7 @@ class GcpSpec:
     job: str
     install: Install
     machine_type: str = "n1-standard-8"
-    accelerator: str = "nvidia-tesla-t4:1"
+    accelerator: str = "nvidia-tesla-t4:1"  # accelerator_for's, from --machine-type
     service_account: str = "default"   # the nodes' identity: a dedicated one reaches only the job's buckets
     certs: str = ""     # the nodes' folder of etcd certificates (cloud/etcd_tls.py); none: a plain etcd
 

@@ -105,7 +105,7 @@ def job_config(train_argv: list[str], nodes: int, job: str) -> JobConfig:
     args = jobfile.parse_args(parser, [*train_argv, "--job", job, "--local-nodes", str(nodes)], file)
     check_remote(args)
     try:
-        cfg = cli.config_from_args(args, fetch_data=False)  # the objects are checked, the nodes fetch them
+        cfg = cli.config_from_args(args, remote=True)  # the objects are checked, the nodes fetch them
         cli.local_cluster(args)  # the --local-nodes checks: nodes >= stages
     except ValueError as e:
         raise BadInput(str(e).replace("--local-nodes", "--nodes")) from None  # its checks name our flag

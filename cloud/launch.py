@@ -94,8 +94,9 @@ def _launch_flags(c, cloud: str) -> None:
     else:
         c.add_argument("--project", required=True, help="the GCP project")
         c.add_argument("--machine-type", default="n1-standard-8", help="the nodes' machine type")
-        c.add_argument("--accelerator", default="nvidia-tesla-t4:1", metavar="TYPE[:COUNT]|none",
-                       help="the GPU attached to each node; none for types with GPUs built in (a2, g2)")
+        c.add_argument("--accelerator", metavar="TYPE[:COUNT]|none",
+                       help="the GPUs attached to each node (default: none for machine types that come with "
+                            "theirs, a2, a3 and g2; else nvidia-tesla-t4:1)")
         c.add_argument("--storage-endpoint-url", help="the GCS endpoint (tests)")
         c.add_argument("--service-account", default="default", metavar="EMAIL",
                        help="the nodes' identity (default: the project's default compute account); give one "

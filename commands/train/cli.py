@@ -186,9 +186,11 @@ def check_fit(args) -> None:
                          f"{most}: it needs {-(-args.stages // most)} nodes or more")
 
 
-def check_precision(args) -> None:
+def check_precision(args, cuda_here: bool = True) -> None:
+    """fp16 needs CUDA where the job runs: this machine's is checked only when it is
+    that machine (a cloud launch's nodes are checked by their type, cloud/)."""
     here = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if args.precision == Precision.FP16 and not fp16_allowed(here):
+    if cuda_here and args.precision == Precision.FP16 and not fp16_allowed(here):
         raise ValueError("--precision fp16 needs CUDA (fp16 with a dynamic loss scale is for GPUs); "
                          "on the CPU use --precision bf16")
     if args.precision != Precision.FP32 and args.dtype != "float32":
@@ -280,19 +282,21 @@ def run_name() -> str:
     return f"{int(time.time()):08x}{secrets.token_hex(2)}"
 
 
-def config_from_args(args, fetch_data: bool = True) -> JobConfig:
+def config_from_args(args, remote: bool = False) -> JobConfig:
+    """The job's config from the parsed flags, every check done. `remote`: the job
+    runs on other machines (bamboo-launch), which fetch the data and own the GPUs."""
     if args.local_nodes is not None:
         args.pipelines = start_pipelines(args)
     check_on_face(args)
     check_recipe(args)
     check_stages_per_node(args)
-    check_precision(args)
+    check_precision(args, cuda_here=not remote)
     model_config = read_model_config(args)
     source = ModelSource(args.model, args.seed, seq=args.seq, config_json=model_config)
     layers = source.count
     name = f"--model-config {args.model_config}" if model_config else f"model {args.model}"
     check_checkpoint(args.checkpoint)
-    check_data(args, source, fetch_data)
+    check_data(args, source, fetch=not remote)
     if args.stages > layers:
         raise ValueError(f"--stages {args.stages} is more than {name}'s {layers} layers")
     check_replica_sync(args)

@@ -150,6 +150,10 @@ def test_etcd_auto_without_a_bucket_for_its_certificates_is_one_line(tmp_path):
 @pytest.mark.parametrize("extra, why", [
     (["--name", "Bamboo_1"], "--name 'Bamboo_1' is not a gcp resource name"),
     (["--machine-type", ""], "--machine-type must not be empty"),
+    (["--machine-type", "g2-standard-8", "--accelerator", "nvidia-l4:1"],
+     "--machine-type g2-standard-8 comes with 1 GPU(s): leave out --accelerator nvidia-l4:1"),
+    (["--accelerator", "none", "--precision", "fp16", "--model", "tiny"],
+     "--precision fp16 needs a GPU on each node: --machine-type n1-standard-8 with --accelerator none has none"),
 ])
 def test_names_the_provider_would_refuse_are_refused_before_any_request(extra, why, tmp_path):
     """No credentials here: a request would fail with another message."""

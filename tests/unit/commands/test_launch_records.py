@@ -57,3 +57,13 @@ def test_a_file_that_is_no_record_is_refused_by_what_is_wrong(tmp_path, text, wh
 def test_the_commands_take_a_job_name_or_none(argv, job, nodes):
     args, rest = parse(build_parser(), argv)
     assert (args.job, getattr(args, "nodes", None), rest) == (job, nodes, [])
+
+
+def test_a_gcp_machine_type_with_its_own_gpus_needs_no_accelerator():
+    from cloud.gcp import accelerator_for, node_gpus
+    assert accelerator_for("a2-highgpu-4g", None) == "none" and node_gpus("a2-highgpu-4g", "none") == 4
+    assert accelerator_for("g2-standard-8", None) == "none" and node_gpus("g2-standard-8", "none") == 1
+    assert accelerator_for("n1-standard-8", None) == "nvidia-tesla-t4:1" and node_gpus("n1-standard-8", "none") == 0
+    assert accelerator_for("n1-standard-8", "nvidia-tesla-v100:2") == "nvidia-tesla-v100:2"
+    with pytest.raises(BadInput, match="comes with 8 GPU"):
+        accelerator_for("a3-highgpu-8g", "nvidia-h100-80gb:8")
