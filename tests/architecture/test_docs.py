@@ -70,3 +70,33 @@ def test_every_flag_the_docs_name_exists():
             missing += [f"{page.name}:{number}: {flag}" for flag in FLAG.findall(line)
                         if flag not in declared and flag not in OTHER_PROGRAMS]
     assert len(declared) > 150 and not missing, missing
+
+
+# boto3 operations whose IAM action is not their CamelCase name
+S3_ACTIONS = {"head_object": "s3:GetObject", "get_object": "s3:GetObject", "put_object": "s3:PutObject",
+              "delete_object": "s3:DeleteObject", "list_objects_v2": "s3:ListBucket", "head_bucket": "s3:ListBucket",
+              "create_bucket": "s3:CreateBucket", "delete_bucket": "s3:DeleteBucket"}
+
+
+def launch_policy() -> set[str]:
+    """The actions cloud.md's launch policy allows."""
+    import json
+    text = (ROOT / "docs" / "cloud.md").read_text()
+    policy = json.loads(text.split("```json\n", 1)[1].split("```", 1)[0])
+    return {a for s in policy["Statement"] for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+
+
+def test_the_launch_policy_in_cloud_md_allows_every_call_the_launch_makes():
+    """Every EC2 and Auto Scaling operation cloud/ec2.py sends, and every S3 operation
+    of the launch's storage and checks, maps to an action the documented policy allows."""
+    source = (ROOT / "cloud" / "ec2.py").read_text()
+    wanted = {f"{service}:{''.join(w.title() for w in op.split('_'))}"
+              for service, op in re.findall(r"_call\(\"(ec2|autoscaling)\", \"([a-z_]+)\"", source)}
+    for path in (ROOT / "cloud" / "storage.py", ROOT / "bamboo" / "data" / "objects.py"):
+        text = path.read_text()
+        ops = set(re.findall(r"\.(head_object|get_object|put_object|delete_object|head_bucket|create_bucket|"
+                             r"delete_bucket)\(", text)) | set(re.findall(r"_call\(\"([a-z_]+)\"", text))
+        ops |= set(re.findall(r"get_paginator\(\"([a-z_0-9]+)\"\)", text))
+        wanted |= {S3_ACTIONS[op] for op in ops if op in S3_ACTIONS}
+    wanted.add("ec2:CreateTags")  # run_instances and the template tag what they make
+    assert len(wanted) > 20 and sorted(wanted - launch_policy()) == []
