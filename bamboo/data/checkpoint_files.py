@@ -203,6 +203,15 @@ def commit_record(storage, attempt: Attempt) -> dict | None:
     return _json(storage, f"{attempt.folder}/{COMMIT}")
 
 
+def read_layer(storage, attempt: Attempt, index: int, digest: str) -> bytes:
+    """One layer file of `attempt`, checked against the hash its commit names
+    (CheckpointError when it differs: a file changed or cut short)."""
+    data = storage.get(f"{attempt.folder}/layer{index}.pt")
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise CheckpointError(f"{attempt.folder}/layer{index}.pt does not match its commit's hash")
+    return data
+
+
 def run_of(attempt: Attempt) -> str:
     return attempt.name.rsplit("-e", 1)[0]
 

@@ -163,14 +163,23 @@ class TokenShards(Corpus):
             headers.append(header)
             parts.append(ids)
         check_one_tokenizer(names, headers)
-        what = f"token shard {names[0]}" if len(names) == 1 else f"token shards {names[0]} .. ({len(names)})"
-        super().__init__(parts[0] if len(parts) == 1 else Concatenated(parts), seq, batch, seed, val_fraction, what)
-        self.headers = headers
+        super().__init__(parts[0] if len(parts) == 1 else Concatenated(parts), seq, batch, seed, val_fraction,
+                         shards_label(names))
+        self.names, self.headers, self.parts = names, headers, parts
 
     def check_vocabulary(self, vocab: int, model: str) -> None:
-        """From the headers: bamboo-data wrote each shard's largest id."""
-        check_header_vocabulary(self.what, max(h.max_id for h in self.headers), self.headers[0].tokenizer,
-                                vocab, model)
+        """From the headers, each checked against its ids first (scanned in chunks,
+        as a raw token file is): a header that understates its largest id is refused."""
+        for name, header, ids in zip(self.names, self.headers, self.parts):
+            for start in range(0, len(ids), _SCAN):
+                if int(ids[start:start + _SCAN].max()) > header.max_id:
+                    raise DataError(f"token shard {name}: holds ids above the largest its header names "
+                                    f"({header.max_id}): write it again with bamboo-data")
+        check_header_vocabulary(self.what, self.headers, vocab, model)
+
+
+def shards_label(names: list) -> str:
+    return f"token shard {names[0]}" if len(names) == 1 else f"token shards {names[0]} .. ({len(names)})"
 
 
 def check_one_tokenizer(names: list, headers: list[ShardHeader]) -> None:
@@ -181,21 +190,23 @@ def check_one_tokenizer(names: list, headers: list[ShardHeader]) -> None:
                             f"vocabulary {first.vocab}; {h.tokenizer}, vocabulary {h.vocab}): write them with one")
 
 
-def check_header_vocabulary(what: str, max_id: int, tokenizer: str, vocab: int, model: str) -> None:
+def check_header_vocabulary(what: str, headers: list[ShardHeader], vocab: int, model: str) -> None:
+    """Every id the headers promise is a row of the model's embedding."""
+    max_id = max(h.max_id for h in headers)
     if max_id >= vocab:
-        raise DataError(f"{what}: ids up to {max_id} (tokenizer {tokenizer}) are outside model {model}'s "
-                        f"vocabulary of {vocab}: tokenize with the model's own tokenizer")
+        raise DataError(f"{what}: ids up to {max_id} (tokenizer {headers[0].tokenizer}) are outside model "
+                        f"{model}'s vocabulary of {vocab}: tokenize with the model's own tokenizer")
 
 
 def check_remote_shards(uris: list[str], vocab: int, model: str) -> None:
-    """Shards in a bucket, checked from their headers (a ranged read of each), not
-    downloaded: their sizes, one tokenizer, every id in the model's vocabulary."""
+    """Shards in a bucket (training and validation together), checked from their
+    headers (a ranged read of each), not downloaded: their sizes, one tokenizer,
+    every id in the model's vocabulary."""
     if not uris:
         return
     headers = [remote_shard_header(u) for u in uris]
     check_one_tokenizer(uris, headers)
-    what = f"token shard {uris[0]}" if len(uris) == 1 else f"token shards {uris[0]} .. ({len(uris)})"
-    check_header_vocabulary(what, max(h.max_id for h in headers), headers[0].tokenizer, vocab, model)
+    check_header_vocabulary(shards_label(uris), headers, vocab, model)
 
 
 def remote_shard_header(uri: str) -> ShardHeader:
@@ -222,7 +233,8 @@ def expand(files) -> list[str]:
         if is_remote(f) and f.endswith("/"):
             scheme, name, prefix = split(f)
             bucket, _ = bucket_of(f)
-            found = [f"{scheme}{name}/{k}" for k in sorted(bucket.list(prefix)) if is_shard(k)]
+            found = [f"{scheme}{name}/{k}" for k in sorted(bucket.list(prefix))
+                     if is_shard(k) and "/" not in k[len(prefix):]]  # this folder's, as a directory's
         elif not is_remote(f) and os.path.isdir(f):
             found = sorted(str(p) for p in pathlib.Path(f).iterdir() if is_shard(p) and p.is_file())
         else:
@@ -285,6 +297,8 @@ def corpora(files, val_files, token_dtype: str, seq: int, batch: int, seed: int,
     if not val_files:
         return [train]
     validation = _named("--val-data", val_files, lambda: open_corpus(val_files, token_dtype, seq, batch, seed, 0.0))
+    if isinstance(train, TokenShards) and isinstance(validation, TokenShards):
+        check_one_tokenizer([train.names[0], validation.names[0]], [train.headers[0], validation.headers[0]])
     train.validate_on(validation)
     return [train, validation]
 

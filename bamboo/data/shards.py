@@ -85,7 +85,7 @@ class ShardHeader:
             raise ShardError(f"header of {size} bytes, cut short or over {MAX_HEADER}")
         try:
             fields = json.loads(head[len(MAGIC) + 4:len(MAGIC) + 4 + size])
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):  # nested past the parser's depth: not ours
             raise ShardError("header is not JSON") from None
         names = {f.name for f in dataclasses.fields(cls)}
         if not isinstance(fields, dict) or set(fields) != names:

@@ -22,7 +22,7 @@ from typing import Iterator
 import numpy as np
 
 from bamboo.control.parser import OneLineParser
-from bamboo.data.shards import SHARD_SUFFIX, write_shard
+from bamboo.data.shards import MAX_TOKENIZER_NAME, SHARD_SUFFIX, write_shard
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 BATCH_DOCUMENTS = 256  # documents handed to the tokenizer at once (its fast batch path)
@@ -41,17 +41,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the model's tokenizer: a Hub name (fetched by transformers, on this machine) or a "
                          "local directory")
     ap.add_argument("--out", required=True, metavar="DIR", help="the directory the shards go to (made if absent)")
-    ap.add_argument("--name", default="train", help="the shards' name: NAME-00000.tok, ... (default train)")
+    ap.add_argument("--name", default="train", help="the shards' name: NAME-00000.tok, ...")
     ap.add_argument("--shard-tokens", type=int, default=100_000_000, metavar="N",
-                    help="ids per shard; the last holds the rest (default 100000000: 200 MB of uint16)")
+                    help="ids per shard (200 MB of uint16 by default); the last holds the rest")
     ap.add_argument("--text-field", default="text", metavar="KEY",
-                    help="the field of each JSON line that holds its text (default text)")
+                    help="the field of each JSON line that holds its text")
     return ap
 
 
 def check_args(args) -> None:
     if args.shard_tokens < 1:
         raise DataInputError(f"--shard-tokens must be at least 1 (got {args.shard_tokens})")
+    if not args.tokenizer.strip() or len(args.tokenizer) > MAX_TOKENIZER_NAME:
+        raise DataInputError(f"--tokenizer must be a name or path of 1 to {MAX_TOKENIZER_NAME} characters "
+                             f"(its shards' headers record it)")
     if not NAME.fullmatch(args.name):
         raise DataInputError(f"--name {args.name!r}: letters, digits, '.', '_' and '-' only, at most 64")
     for path in args.inputs:
@@ -123,30 +126,44 @@ def _encoded(batch: list[str], tokenizer, eos) -> Iterator[list[int]]:
 
 
 def shards(runs: Iterator[list[int]], size: int) -> Iterator[np.ndarray]:
-    """The stream of ids cut into arrays of `size` (the last may be shorter)."""
+    """The stream of ids cut into arrays of `size` (the last may be shorter); a long
+    document is joined once and cut in place, not copied for every cut."""
     pending, count = [], 0
     for ids in runs:
         pending.append(np.asarray(ids, dtype=np.int64))
         count += len(ids)
-        while count >= size:
-            flat = np.concatenate(pending)
-            yield flat[:size]
-            pending, count = [flat[size:]], len(flat) - size
+        if count >= size:
+            flat, start = np.concatenate(pending), 0
+            while count - start >= size:
+                yield flat[start:start + size]
+                start += size
+            pending, count = [flat[start:]], count - start
     if count:
         yield np.concatenate(pending)
 
 
 def tokenize(args) -> list[str]:
-    """Write the shards; their paths."""
+    """Write the shards; their paths. On any failure, those written are removed:
+    --out holds all of the inputs' shards or none (a rerun is then not refused)."""
     check_args(args)
     tokenizer = load_tokenizer(args.tokenizer)
-    os.makedirs(args.out, exist_ok=True)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        raise DataInputError(f"--out {args.out}: cannot make it ({e.strerror})") from None
     written, total = [], 0
-    for ids in shards(token_runs(documents(args.inputs, args.text_field), tokenizer), args.shard_tokens):
-        path = os.path.join(args.out, f"{args.name}-{len(written):05d}{SHARD_SUFFIX}")
-        header = write_shard(path, ids, args.tokenizer, len(tokenizer))
-        written.append(path)
-        total += header.tokens
+    try:
+        for ids in shards(token_runs(documents(args.inputs, args.text_field), tokenizer), args.shard_tokens):
+            path = os.path.join(args.out, f"{args.name}-{len(written):05d}{SHARD_SUFFIX}")
+            header = write_shard(path, ids, args.tokenizer, len(tokenizer))
+            written.append(path)
+            total += header.tokens
+    except BaseException as e:
+        for path in written:
+            os.unlink(path)
+        if isinstance(e, OSError):
+            raise DataInputError(f"--out {args.out}: cannot write a shard ({e.strerror or e})") from None
+        raise
     if not written:
         raise DataInputError("the inputs hold no text")
     print(f"bamboo-data: {total} tokens in {len(written)} shard(s) {written[0]} .. {written[-1]} (tokenizer "

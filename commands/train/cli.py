@@ -225,6 +225,8 @@ def check_data(args, source: ModelSource, fetch: bool = True) -> None:
         raise ValueError(f"--eval-every must not be negative and --eval-batches must be at least 1 "
                          f"(got {args.eval_every} and {args.eval_batches})")
     args.data, args.val_data = expand(args.data), expand(args.val_data)
+    if shared := sorted(set(args.data) & set(args.val_data)):
+        raise ValueError(f"--data and --val-data both name {shared[0]}: validation would see trained samples")
     if not fetch and any(map(is_remote, (*args.data, *args.val_data))):
         return check_objects(args, source)
     found = corpora(args.data, args.val_data, args.token_dtype, source.seq, args.batch, args.seed, args.val_fraction)
@@ -241,11 +243,12 @@ def check_objects(args, source: ModelSource) -> None:
     itemsize = np.dtype(TOKEN_DTYPES[args.token_dtype]).itemsize
     for files in (args.data, args.val_data):
         check_files(files)
-        check_remote_shards([f for f in files if is_remote(f) and is_shard(f)], source.vocab,
-                            args.model_config or args.model)
-        for uri in filter(is_remote, files):
+    check_remote_shards([f for f in (*args.data, *args.val_data) if is_remote(f) and is_shard(f)], source.vocab,
+                        args.model_config or args.model)
+    for files in (args.data, args.val_data):
+        for uri in (f for f in files if is_remote(f) and not is_shard(f)):  # shards: stat'ed with their header
             size = stat(uri).size
-            if is_token_file(uri) and not is_shard(uri) and size % itemsize:
+            if is_token_file(uri) and size % itemsize:
                 raise ValueError(f"token file {uri} has {size} bytes, not a whole number of {args.token_dtype} ids "
                                  f"({itemsize} bytes each): is --token-dtype right?")
 

@@ -3,8 +3,9 @@ job's checkpoint as the model `--export` writes (for a Hugging Face model, a
 directory `from_pretrained` loads), from this machine, after the job. That is
 how a cloud job's model comes out: its nodes write checkpoints to the bucket.
 
-The newest complete checkpoint is taken (every layer present and matching the
-hash its commit record names), or the one taken before `--iteration N`. The
+The newest committed checkpoint is taken, or the one taken before `--iteration N`;
+its layers are read one at a time (a large model is never held whole with its
+optimizer state), each checked against the hash its commit record names. The
 commit record names the model (its section of the job's config); a checkpoint
 written before records did, or a factory model (a record from a bucket never
 makes this machine import a module), needs the model's flags given again.
@@ -14,10 +15,10 @@ from __future__ import annotations
 import io
 import sys
 
-from bamboo.control.config import ModelSpec
-from bamboo.control.records import BadRecord
+from bamboo.control.config import DTYPES, ModelSpec
 from bamboo.control.parser import OneLineParser
-from bamboo.data.checkpoint_files import CheckpointError, commit_record, committed, load, storage_for
+from bamboo.control.records import BadRecord
+from bamboo.data.checkpoint_files import Attempt, CheckpointError, commit_record, committed, read_layer, storage_for
 from bamboo.model.api import ModelSource
 
 
@@ -67,17 +68,21 @@ def recorded_model(record: dict, where: str) -> ModelSpec | None:
         raise ExportInputError(f"{where}: its record of the model is not one ({str(e)[:200]})") from None
     if ":" in spec.name and not spec.name.startswith("hf:"):
         return None  # a factory: imported only when the user names it
+    if spec.dtype not in DTYPES:
+        raise ExportInputError(f"{where}: its record of the model names dtype {spec.dtype[:40]!r}")
     return spec
 
 
-def find(storage, args) -> tuple[int, ModelSpec, ModelSource, dict[int, bytes]]:
-    """(iteration, model, its source, layer blobs) of the checkpoint to export."""
+def find(storage, args) -> tuple[Attempt, dict[int, str], ModelSpec, ModelSource]:
+    """(attempt, layer -> hash, model, its source) of the checkpoint to export: the
+    newest committed attempt (or the newest taken before --iteration) whose commit
+    names every layer of its model. Its files are read later, one at a time."""
     given = given_model(args)
     attempts = [a for a in committed(storage) if args.iteration is None or a.iteration == args.iteration]
     for attempt in attempts:
         where = f"{args.checkpoint}: {attempt.folder}"
-        record = commit_record(storage, attempt)
-        spec = given or (recorded_model(record, where) if record else None)
+        record = commit_record(storage, attempt) or {}
+        spec = given or recorded_model(record, where)
         if spec is None:
             raise ExportInputError(f"{where} does not name its model (written by an older bamboo, or a factory "
                                    f"model): give --model or --model-config, with --seq and --dtype as trained")
@@ -85,15 +90,26 @@ def find(storage, args) -> tuple[int, ModelSpec, ModelSource, dict[int, bytes]]:
             source = ModelSource.of(spec)
         except ValueError as e:
             raise ExportInputError(str(e)) from None
-        stored = len(record.get("layers", {})) if record else source.count
-        if stored != source.count:
-            raise ExportInputError(f"{where} holds {stored} layers, model {spec.name} has {source.count}: give the "
-                                   f"model it was trained with")
-        blobs = load(storage, attempt.iteration, source.count)
-        if blobs is not None:
-            return attempt.iteration, spec, source, blobs
+        hashes = layer_hashes_of(record)
+        if hashes is None:
+            continue  # not a commit record: an older attempt may be whole
+        if sorted(hashes) != list(range(source.count)):
+            raise ExportInputError(f"{where} holds {len(hashes)} layers, model {spec.name} has {source.count}: "
+                                   f"give the model it was trained with")
+        return attempt, hashes, spec, source
     which = f"taken before iteration {args.iteration}" if args.iteration is not None else "at all"
     raise ExportInputError(f"{args.checkpoint}: no complete checkpoint {which}")
+
+
+def layer_hashes_of(record: dict) -> dict[int, str] | None:
+    """layer -> sha256 of a commit record, None when it holds no such table."""
+    layers = record.get("layers")
+    if not isinstance(layers, dict) or not all(isinstance(h, str) for h in layers.values()):
+        return None
+    try:
+        return {int(i): h for i, h in layers.items()}
+    except ValueError:
+        return None
 
 
 def params_of(blob: bytes) -> dict:
@@ -105,6 +121,8 @@ def params_of(blob: bytes) -> dict:
         state = torch.load(io.BytesIO(blob), weights_only=True)
     except pickle.UnpicklingError:
         raise ExportInputError("a layer snapshot holds more than tensors: not loaded") from None
+    except (RuntimeError, EOFError, ValueError) as e:
+        raise ExportInputError(f"a layer snapshot is not one ({str(e).splitlines()[0][:120]})") from None
     if not isinstance(state, dict) or not isinstance(state.get("params"), dict):
         raise ExportInputError("a layer snapshot has no parameter table: not loaded")
     return state["params"]
@@ -122,6 +140,10 @@ def matching(source: ModelSource, spec: ModelSpec, index: int, params: dict) -> 
         odd = sorted(set(got) ^ set(want)) or [k for k in sorted(want) if got[k] != want[k]]
         raise ExportInputError(f"layer {index} of the checkpoint is not model {spec.name}'s ({odd[0]} differs): "
                                f"give the model it was trained with")
+    kinds = {v.dtype for v in params.values() if torch.is_tensor(v) and v.is_floating_point()}
+    if kinds - {spec.torch_dtype}:
+        raise ExportInputError(f"layer {index} of the checkpoint holds {', '.join(sorted(map(str, kinds)))} "
+                               f"weights, not --dtype {spec.dtype}'s: give the dtype it was trained with")
     return params
 
 
@@ -130,16 +152,21 @@ def main(argv: list[str] | None = None) -> int:
     from bamboo.model.export import ExportError, check_target, export_states
     try:
         check_target(args.out, "OUT")
-        iteration, spec, source, blobs = find(storage_for(args.checkpoint), args)
-        export_states(lambda i: matching(source, spec, i, params_of(blobs[i])), args.out, source)
+        storage = storage_for(args.checkpoint)
+        attempt, hashes, spec, source = find(storage, args)
+        export_states(lambda i: matching(source, spec, i, params_of(read_layer(storage, attempt, i, hashes[i]))),
+                      args.out, source)
     except (ExportInputError, ExportError, CheckpointError, OSError) as e:
         print(f"bamboo-export: error: {e}", file=sys.stderr)
+        return 2
+    except KeyError as e:  # a layer file named by the commit is gone
+        print(f"bamboo-export: error: {args.checkpoint}: {e.args[0] if e.args else e}: missing", file=sys.stderr)
         return 2
     except ValueError as e:  # objects.ObjectError: the bucket or the prefix cannot be read
         print(f"bamboo-export: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     print(f"bamboo-export: {args.out}: model {spec.name}, {source.count} layers, from the checkpoint taken before "
-          f"iteration {iteration} in {args.checkpoint}")
+          f"iteration {attempt.iteration} in {args.checkpoint}")
     return 0
 
 

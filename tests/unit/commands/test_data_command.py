@@ -57,6 +57,16 @@ def test_existing_shards_of_the_name_are_never_overwritten(tmp_path, tokenizer, 
     assert main(args + ["--name", "val"]) == 0 and (tmp_path / "o" / "val-00000.tok").exists()
 
 
+def test_a_failure_half_way_leaves_no_shard(tmp_path, tokenizer, capsys):
+    """Shards written before a bad input are removed: a rerun is not refused."""
+    (tmp_path / "a.txt").write_text(DOCS[2])
+    (tmp_path / "b.jsonl").write_text('{"text": "fine"}\nnot json\n')
+    args = ["--tokenizer", tokenizer[0], "--out", str(tmp_path / "o"), "--shard-tokens", "20"]
+    assert main(args + [str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")]) == 2
+    assert "b.jsonl:2: not JSON" in capsys.readouterr().err and list((tmp_path / "o").iterdir()) == []
+    assert main(args + [str(tmp_path / "a.txt")]) == 0 and len(list((tmp_path / "o").iterdir())) > 1
+
+
 def bad_inputs(tmp_path, tokenizer):
     (tmp_path / "ok.txt").write_text("fine")
     (tmp_path / "bad.jsonl").write_text('{"text": "one"}\n{"body": "two"}\n')

@@ -95,3 +95,12 @@ def test_what_cannot_be_exported_is_one_line_and_status_2(tmp_path, capsys, inde
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("bamboo-export: error: ") and why in err[0], err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_wrong_dtype_given_for_an_older_checkpoint_is_refused(tmp_path, capsys):
+    checkpoint(tmp_path / "ck", 2, record_model=False)
+    assert main(["--checkpoint", str(tmp_path / "ck"), "--model", "hf:llama-tiny", "--seq", "16",
+                 str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds torch.float64 weights, not --dtype float32's" in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bamboo.data.corpus import DataError, TokenShards, expand, open_corpus
+from bamboo.data.corpus import DataError, TokenShards, corpora, expand, open_corpus
 from bamboo.data.shards import HEAD_BYTES, MAGIC, ShardError, ShardHeader, read_header, write_shard
 
 IDS = np.random.default_rng(5).integers(0, 50_000, 9_000)
@@ -69,6 +69,7 @@ GOOD = {"dtype": "uint16", "vocab": 300, "tokenizer": "t", "tokens": 4, "max_id"
     (frame({**GOOD, "vocab": 70_000}), "does not fit uint16"),
     (frame({**GOOD, "max_id": 300}), "out of range"),
     (frame({**GOOD, "tokens": -1}), "out of range"),
+    (MAGIC + (5000).to_bytes(4, "little") + b"[" * 5000, "not JSON"),  # nested past the parser's depth
 ])
 def test_a_bad_header_is_refused_by_what_is_wrong(head, why):
     with pytest.raises(ShardError, match=why):
@@ -95,6 +96,32 @@ def test_a_shard_whose_size_breaks_its_header_s_promise_is_refused(tmp_path, cha
     path.write_bytes(change(path.read_bytes()))
     with pytest.raises(DataError, match=f"token shard {path}: .*{why}"):
         open_corpus([str(path)], "uint16", 8, 1, 0, 0.0)
+
+
+def test_a_header_that_understates_its_largest_id_is_refused(tmp_path):
+    path = tmp_path / "s.tok"
+    header = write_shard(str(path), IDS[:100], "gpt2", 50_257)
+    lying = ShardHeader(header.dtype, header.vocab, header.tokenizer, header.tokens, 10)
+    data = path.read_bytes()
+    assert len(lying.to_bytes()) == header.offset
+    path.write_bytes(lying.to_bytes() + data[header.offset:])
+    with pytest.raises(DataError, match="holds ids above the largest its header names \\(10\\)"):
+        open_corpus([str(path)], "uint16", 8, 1, 0, 0.0).check_vocabulary(50_257, "hf:gpt2")
+
+
+def test_training_and_validation_shards_share_no_file_and_one_tokenizer(tmp_path):
+    from argparse import Namespace
+    from bamboo.model.api import ModelSource
+    from commands.train.cli import check_data
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = shards(tmp_path / "a"), shards(tmp_path / "b", tokenizer="other")
+    args = Namespace(data=[str(tmp_path / "a")], val_data=[a[-1]], val_fraction=None, eval_every=0,
+                     eval_batches=1, token_dtype="uint16", batch=1, seed=0, model="m", model_config=None)
+    with pytest.raises(ValueError, match=f"--data and --val-data both name {a[-1]}: validation would see"):
+        check_data(args, ModelSource("tiny", 0))
+    with pytest.raises(DataError, match="different tokenizers"):
+        corpora(a[:2], b[:1], "uint16", 8, 1, 0, 0.0)
 
 
 def test_the_vocabulary_is_checked_from_the_headers(tmp_path):
