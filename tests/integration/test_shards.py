@@ -24,13 +24,18 @@ def write_shards(directory, ids=IDS, vocab=256, cuts=(1_000, 4_500)) -> list[str
 
 
 def test_a_pipeline_on_a_directory_of_shards_equals_one_process_on_the_raw_ids(tmp_path):
+    """The reference runs here, in this process, on one raw file of the same ids."""
+    from bamboo.control.config import JobConfig
+    from commands.train.reference import mean_loss, train_reference
     write_shards(tmp_path / "shards")
     raw = tmp_path / "all.bin"
     IDS.astype(np.uint16).tofile(raw)
-    run = bamboo_train(tmp_path / "m.jsonl", *TRAIN, "--data", str(tmp_path / "shards"))[1]
-    single = ["--stages", "1", "--pipelines", "1", *TRAIN[2:]]
-    reference = bamboo_train(tmp_path / "r.jsonl", *single, "--data", str(raw))[1]
-    assert len(run) == 3 and [r["loss"] for r in run] == pytest.approx([r["loss"] for r in reference], rel=1e-9)
+    run = bamboo_train(tmp_path / "m.jsonl", *TRAIN, "--val-fraction", "0.1", "--data", str(tmp_path / "shards"))[1]
+    reference = {}
+    train_reference(JobConfig.of(microbatches=4, iterations=3, dtype="float64", val_fraction=0.1,
+                                 data_files=(str(raw),)), lambda it, losses: reference.__setitem__(it, losses))
+    assert len(run) == 3 and [r["loss"] for r in run] == pytest.approx(
+        [mean_loss(reference[i], 4) for i in range(3)], rel=1e-9)
 
 
 def upload(put, prefix: str, paths: list[str]) -> list[str]:
