@@ -22,8 +22,16 @@ from bamboo.control import credentials
 # restart would be shunned that long. A second at most. gRPC also takes the
 # minimum backoff as the time a connection attempt may take: 2 s, so that a TLS
 # handshake on a loaded machine completes.
+# Keepalive: a connection whose packets vanish (a cut cable, a machine gone: no
+# FIN, no RST) is closed within KEEPALIVE_TIMEOUT_MS and dialled again, rather than
+# reused while TCP retransmits at doubling gaps, which after a cut of L seconds can
+# leave etcd silent for up to L more. gRPC also sets TCP_USER_TIMEOUT to the
+# timeout. Pings go only while a call runs, every 10 s: above etcd's default
+# --grpc-keepalive-min-time (5 s), which refuses more frequent ones.
+KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS = 10_000, 5_000
 GRPC_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 2000),
-                ("grpc.max_reconnect_backoff_ms", 1000)]
+                ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+                ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS)]
 RETRY_SECONDS = 0.5   # an endpoint that failed is tried again this soon (pyetcd's default: 300 s)
 MEMBER_COUNTS = (1, 3, 5, 7)
 # Of several members, a request waits at most this long: one sent to a follower

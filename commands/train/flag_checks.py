@@ -111,8 +111,8 @@ def idle_notes(args) -> list[str]:
         (not args.eval_every, ("eval_batches",), "--eval-every 0 never evaluates"),
         (not args.straggler_factor, ("straggler_slack",), "--straggler-factor 0 fences no straggler"),
         (builtin, ("seq",), f"the built-in model {args.model} has its own sequence length"),
-        (not raw_token_files, ("token_dtype",), "it is a raw token file's (.bin): text is bytes, and a shard's "
-                                                "header names its dtype"),
+        (not raw_token_files, ("token_dtype",), "the data are text or token shards, not a raw token file (.bin): "
+                                                "a shard's header names its dtype"),
         (args.redundancy == Redundancy.OFF or args.pipelines > 1 or bool(args.grad_clip)
          or args.precision == Precision.FP16 or args.replica_sync == ReplicaSync.NEXT, ("sync_bucket_mb",),
          "the replica sync is posted whole with --redundancy off, --pipelines above 1, --grad-clip, fp16 or "

@@ -11,15 +11,15 @@ from tests.training import bamboo_train
 @pytest.mark.parametrize("model", ["hf:llama-tiny"])
 def test_a_checkpoint_in_s3_exports_the_model_the_run_exported(tmp_path, s3, model):
     from commands.train.export import main
-    s3.create_bucket(Bucket="ck")
+    s3.create_bucket(Bucket="ckpts")
     bamboo_train(tmp_path / "m.jsonl", "--model", model, "--seq", "16", "--dtype", "float64", "--stages", "2",
-                 "--microbatches", "2", "--iterations", "4", "--checkpoint", "s3://ck/job",
+                 "--microbatches", "2", "--iterations", "4", "--checkpoint", "s3://ckpts/job",
                  "--checkpoint-every", "2", "--export", str(tmp_path / "run"))
-    assert main(["--checkpoint", "s3://ck/job", str(tmp_path / "out")]) == 0
+    assert main(["--checkpoint", "s3://ckpts/job", str(tmp_path / "out")]) == 0
     ours, theirs = load_file(tmp_path / "out" / "model.safetensors"), load_file(tmp_path / "run" / "model.safetensors")
     assert sorted(ours) == sorted(theirs) and all(ours[k].equal(theirs[k]) for k in ours)
     assert json.loads((tmp_path / "out" / "config.json").read_text()) == \
         json.loads((tmp_path / "run" / "config.json").read_text())
-    assert main(["--checkpoint", "s3://ck/job", "--iteration", "2", str(tmp_path / "mid")]) == 0
+    assert main(["--checkpoint", "s3://ckpts/job", "--iteration", "2", str(tmp_path / "mid")]) == 0
     mid = load_file(tmp_path / "mid" / "model.safetensors")
     assert any(not mid[k].equal(ours[k]) for k in ours)  # two steps earlier

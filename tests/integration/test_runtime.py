@@ -268,7 +268,7 @@ def test_flags_a_run_does_not_use_are_named_in_a_note(capsys):
     assert "--redundancy, --hang-timeout do nothing in this run: --stages 1 runs one process" in notes[0]
     assert "--min-lr does nothing in this run: a constant --lr-schedule" in notes[1]
     assert "--seq does nothing in this run: the built-in model tiny has its own sequence length" in notes[2]
-    assert "--token-dtype does nothing in this run: the data are text" in notes[3]
+    assert "--token-dtype does nothing in this run: the data are text or token shards" in notes[3]
 
 
 def test_share_gpu_without_a_gpu_to_share_says_so(capsys, monkeypatch):
