@@ -272,7 +272,7 @@ def _complete(storage, attempt: Attempt, num_layers: int) -> dict[int, bytes] | 
     """Layer index -> bytes of `attempt` if its commit names every layer and every
     file matches its hash, else None; _Gone if a file went meanwhile."""
     try:
-        hashes = _hashes(json.loads(storage.get(f"{attempt.folder}/{COMMIT}")))
+        hashes = commit_hashes(json.loads(storage.get(f"{attempt.folder}/{COMMIT}")))
     except (OSError, KeyError):
         raise _Gone() from None
     except ValueError:
@@ -291,7 +291,7 @@ def _complete(storage, attempt: Attempt, num_layers: int) -> dict[int, bytes] | 
     return blobs
 
 
-def _hashes(commit) -> dict[int, str] | None:
+def commit_hashes(commit) -> dict[int, str] | None:
     """layer -> sha256 of a commit record, None if it is not one."""
     try:
         return {int(i): str(h) for i, h in commit.get("layers", {}).items()}
@@ -310,7 +310,7 @@ def _commits_at(storage, iteration: int):
 def layer_hashes(storage, iteration: int) -> dict[int, str]:
     """layer -> sha256 in the newest commit of the checkpoint taken before
     `iteration` (empty: none committed): what copies from peers must match."""
-    return next((_hashes(commit) or {} for commit in _commits_at(storage, iteration)), {})
+    return next((commit_hashes(commit) or {} for commit in _commits_at(storage, iteration)), {})
 
 
 def stored_extra(storage, iteration: int, name: str):

@@ -124,19 +124,27 @@ class Checkpoints:
         return found
 
 
-def restore(blob: bytes, layer: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Load one layer's parameters and AdamW state from a snapshot (from storage or a
-    peer: untrusted). Only tensors and plain containers load; anything else is
-    refused, unrun, with one line (CheckpointError)."""
+def loaded(blob: bytes) -> dict:
+    """A layer snapshot ({"params", "optim"}) from storage or a peer: untrusted. Only
+    tensors and plain containers load; anything else is refused, unrun, with one
+    line (CheckpointError)."""
     try:
         state = torch.load(io.BytesIO(blob), weights_only=True)
     except pickle.UnpicklingError as e:
         said = [line for line in str(e).splitlines() if "GLOBAL" in line or "Unsupported" in line]
         why = said[0].strip()[:200] if said else type(e).__name__
         raise CheckpointError(f"a layer snapshot holds more than tensors and was not loaded ({why})") from None
+    except (RuntimeError, EOFError, ValueError) as e:  # not torch.save's format at all
+        raise CheckpointError(f"a layer snapshot is not one ({str(e).splitlines()[0][:120]})") from None
     if not isinstance(state, dict) or not isinstance(state.get("params"), dict) \
             or not isinstance(state.get("optim"), dict):
         raise CheckpointError("a layer snapshot is not one (no params and optim tables): not loaded")
+    return state
+
+
+def restore(blob: bytes, layer: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load one layer's parameters and AdamW state from a snapshot (`loaded`)."""
+    state = loaded(blob)
     layer.load_state_dict(state["params"])
     for name, p in layer.named_parameters():
         saved = state["optim"].get(name)

@@ -12,14 +12,15 @@ makes this machine import a module), needs the model's flags given again.
 """
 from __future__ import annotations
 
-import io
 import sys
 
 from bamboo.control.config import DTYPES, ModelSpec
 from bamboo.control.parser import OneLineParser
 from bamboo.control.records import BadRecord
-from bamboo.data.checkpoint_files import Attempt, CheckpointError, commit_record, committed, read_layer, storage_for
+from bamboo.data.checkpoint_files import (Attempt, CheckpointError, commit_hashes, commit_record, committed,
+                                          read_layer, storage_for)
 from bamboo.model.api import ModelSource
+from bamboo.state.checkpoint import loaded
 
 
 class ExportInputError(ValueError):
@@ -90,7 +91,7 @@ def find(storage, args) -> tuple[Attempt, dict[int, str], ModelSpec, ModelSource
             source = ModelSource.of(spec)
         except ValueError as e:
             raise ExportInputError(str(e)) from None
-        hashes = layer_hashes_of(record)
+        hashes = commit_hashes(record)
         if hashes is None:
             continue  # not a commit record: an older attempt may be whole
         if sorted(hashes) != list(range(source.count)):
@@ -99,33 +100,6 @@ def find(storage, args) -> tuple[Attempt, dict[int, str], ModelSpec, ModelSource
         return attempt, hashes, spec, source
     which = f"taken before iteration {args.iteration}" if args.iteration is not None else "at all"
     raise ExportInputError(f"{args.checkpoint}: no complete checkpoint {which}")
-
-
-def layer_hashes_of(record: dict) -> dict[int, str] | None:
-    """layer -> sha256 of a commit record, None when it holds no such table."""
-    layers = record.get("layers")
-    if not isinstance(layers, dict) or not all(isinstance(h, str) for h in layers.values()):
-        return None
-    try:
-        return {int(i): h for i, h in layers.items()}
-    except ValueError:
-        return None
-
-
-def params_of(blob: bytes) -> dict:
-    """A layer snapshot's parameters (loaded as tensors only: untrusted)."""
-    import pickle
-
-    import torch
-    try:
-        state = torch.load(io.BytesIO(blob), weights_only=True)
-    except pickle.UnpicklingError:
-        raise ExportInputError("a layer snapshot holds more than tensors: not loaded") from None
-    except (RuntimeError, EOFError, ValueError) as e:
-        raise ExportInputError(f"a layer snapshot is not one ({str(e).splitlines()[0][:120]})") from None
-    if not isinstance(state, dict) or not isinstance(state.get("params"), dict):
-        raise ExportInputError("a layer snapshot has no parameter table: not loaded")
-    return state["params"]
 
 
 def matching(source: ModelSource, spec: ModelSpec, index: int, params: dict) -> dict:
@@ -154,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         check_target(args.out, "OUT")
         storage = storage_for(args.checkpoint)
         attempt, hashes, spec, source = find(storage, args)
-        export_states(lambda i: matching(source, spec, i, params_of(read_layer(storage, attempt, i, hashes[i]))),
+        export_states(lambda i: matching(source, spec, i, loaded(read_layer(storage, attempt, i, hashes[i]))["params"]),
                       args.out, source)
     except (ExportInputError, ExportError, CheckpointError, OSError) as e:
         print(f"bamboo-export: error: {e}", file=sys.stderr)
