@@ -151,7 +151,7 @@ class ModeChoice(Record):
 
 @dataclass(frozen=True)
 class Report(Record):
-    rss_mb: float
+    rss_mb: float                  # peak resident memory of the worker so far
     time: float
     epoch: int
     events: list = field(default_factory=list)   # FailedOver events this node wrote, as dicts
@@ -159,6 +159,7 @@ class Report(Record):
     digests: dict | None = None    # stage -> digest of parameters and optimizer state
     cuda_mb: float = 0.0           # peak CUDA memory allocated by the worker so far (0: on the CPU)
     op_ms: dict | None = None      # op -> median ms, in an epoch's calibration iteration (runtime/calibration.py)
+    base_rss_mb: float = 0.0       # resident memory before the worker built any layer
 
 
 @dataclass(frozen=True)

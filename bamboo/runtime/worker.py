@@ -88,6 +88,7 @@ class Worker(EpochMoves):
         self._store = None                         # the world group's store (the group keeps using it)
         self.iteration_seconds: list[float] = []   # the hang deadline follows their running median
         self.loss_scale: LossScale | None = None   # fp16: the scale of the iteration being run
+        self.base_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before any layer is built
         if cfg.recipe.loss_scaling and not fp16_allowed(self.device):
             raise ValueError("--precision fp16 needs CUDA, and this node has none")
 
@@ -266,7 +267,8 @@ class Worker(EpochMoves):
 
     def _report(self, digests: bool = True) -> Report:
         """This node's report as it stands (its events stay until the boundary has them)."""
-        return Report(rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, time=time.time(),
+        return Report(rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, base_rss_mb=self.base_rss_mb,
+                      time=time.time(),
                       epoch=self.assignment.epoch, events=[e.to_dict() for e in self.failover.events],
                       busy=self.executor.busy, op_ms=self._op_ms(),
                       digests=self.holdings.digests() if digests and self.cfg.testing.check_replicas else None,

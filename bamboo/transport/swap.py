@@ -10,6 +10,8 @@ host. Parameters are left alone: the node holds them anyway, and so is any
 tensor that is not on the stage's device: autograd saves host scalars beside
 the GPU tensors (the RNG seed and offset of CUDA attention, read by its
 backward from host memory), and one moved to the GPU crashes that backward.
+A tensor saved by several ops (a layer's input, read by its three projections)
+is kept, and copied, once.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ class SavedTensors:
     def __init__(self, params: set[int]):
         self._params = params  # data_ptrs of parameters, never swapped
         self.tensors: list[torch.Tensor] = []
+        self._index: dict[tuple, int] = {}  # a saved view (where, shape, strides, dtype) -> its place in tensors
         self.host: list[Copy] = []      # while swapped out, per saved tensor: its host copy, or itself if kept
         self.moved: list[bool] = []     # per saved tensor: copied to host (False: kept where it is)
         self.coming: list[Copy] = []    # the copies on their way back, until backward reads them
@@ -35,10 +38,13 @@ class SavedTensors:
     def _pack(self, t: torch.Tensor):
         if t.data_ptr() in self._params:
             return ("param", t)
-        # A detached alias: keeping `t` itself would tie a saved output to its own
-        # graph through this container, a cycle the garbage collector cannot see.
-        self.tensors.append(t.detach())
-        return ("saved", len(self.tensors) - 1)
+        view = (t.data_ptr(), t.device, tuple(t.shape), t.stride(), t.dtype)
+        if view not in self._index:
+            # A detached alias: keeping `t` itself would tie a saved output to its own
+            # graph through this container, a cycle the garbage collector cannot see.
+            self._index[view] = len(self.tensors)
+            self.tensors.append(t.detach())
+        return ("saved", self._index[view])
 
     def _unpack(self, handle):
         kind, value = handle
@@ -65,7 +71,7 @@ class SavedTensors:
             self.stager = stager or Stager(self.tensors[0].device)
             self.moved = [t.device.type == self.stager.device.type for t in self.tensors]
             self.host = [self.stager.to_host(t) if moved else Copy(t) for t, moved in zip(self.tensors, self.moved)]
-        self.tensors, self.on_host = [], True
+        self.tensors, self.on_host, self._index = [], True, {}
 
     def swap_in(self) -> None:
         """Start the copies back (a no-op when they are back or on their way)."""

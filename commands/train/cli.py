@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from commands.train import jobfile
+from commands.train import jobfile, plan_report
 from commands.train.flag_checks import (check_checkpoint, check_checkpoint_flags, check_liveness, check_not_a_file,
                                         check_on_face, idle_notes)
 from commands.train.flags import build_parser
@@ -350,8 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _terminate)
     args = jobfile.parse_args(build_parser(), argv)
     try:
+        plan_report.check_flags(args)
         local_hosts(args)
         cfg = config_from_args(args)
+        if args.plan:
+            nodes = args.local_nodes if args.local_nodes is not None else cfg.schedule.nodes
+            return plan_report.run_plan(args, cfg, nodes, args.workers_per_host or 1)
         local = local_cluster(args)
         notes = idle_notes(args) + (etcd_notes(args) if cfg.schedule.stages > 1 else [])
         if cfg.schedule.stages > 1:  # every worker runs on this host: can each have its device?

@@ -11,7 +11,7 @@ from schedules.options import JobRedundancy
 from schedules.redundancy import FRC_MODES
 from schedules.syncs import SYNC_MODES
 
-from commands.train import jobfile
+from commands.train import jobfile, plan_report
 from bamboo.control.config import DTYPES
 from bamboo.data.corpus import TOKEN_DTYPES
 from bamboo.control.parser import OneLineParser  # bamboo-launch parses these options too
@@ -219,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "flag (docs/job-file.md); flags given here override it")
     for section, title, add in GROUPS:
         add(jobfile.add_section(p, section, title, FORMERLY.get(section)))
+    plan_report.add_flags(p)
     return p
 
 

@@ -284,6 +284,7 @@ class Launcher:
             summary["skipped_steps"] = summary.get("skipped_steps", 0) + sum(
                 e["type"] == Overflow.TYPE for e in record["events"])
         summary["peak_memory_mb"] = {str(n): r.rss_mb for n, r in reports.items()}
+        summary["base_memory_mb"] = {str(n): r.base_rss_mb for n, r in reports.items()}  # before any layer
         if cuda := {str(n): r.cuda_mb for n, r in reports.items() if r.cuda_mb}:  # peak allocated
             summary["peak_cuda_mb"] = {**summary.get("peak_cuda_mb", {}), **cuda}
 

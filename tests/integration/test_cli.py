@@ -154,6 +154,7 @@ def test_bamboo_train_help_works():
 
 TRAIN_GROUPS = ("model", "schedule and redundancy", "recipe", "data", "checkpoints and outputs",
                 "faults and liveness", "devices", "cluster", "testing and diagnostics")
+PLAN_GROUP = "plan (print, check and exit: nothing is started)"  # a check, not a job: no job-file section
 
 
 def help_groups(text: str) -> dict[str, tuple[str, list[str]]]:
@@ -178,10 +179,11 @@ def test_bamboo_train_help_shows_every_flag_once_in_its_group():
     out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     groups = help_groups(out.stdout)
-    assert list(groups) == ["options", *TRAIN_GROUPS]
+    assert list(groups) == ["options", *TRAIN_GROUPS, PLAN_GROUP]
+    assert groups[PLAN_GROUP][1] == ["--plan", "--propose", "--instance-type", "--gpu-memory", "--host-memory"]
     shown = [name for _, names in groups.values() for name in names]
     every = [name for action in cli.build_parser()._actions for name in action.option_strings]
-    assert len(shown) == len(set(shown)) and sorted(shown) == sorted(every) and len(every) == 76
+    assert len(shown) == len(set(shown)) and sorted(shown) == sorted(every) and len(every) == 81
     assert groups["options"][1] == ["-h", "--help", "--config"]
     for title, flag in (("model", "--model"), ("schedule and redundancy", "--redundancy"), ("recipe", "--lr"),
                         ("data", "--val-data"), ("checkpoints and outputs", "--checkpoint"),
