@@ -186,6 +186,15 @@ def make_plan(cfg: JobConfig, costs: list[float], layers: list[LayerBytes], shap
                 int(sum(costs)), per_pipeline, timed.makespan / (sch.microbatches * batch * seq), notes)
 
 
+def least_gpu_bytes(cfg: JobConfig, costs: list[float], layers: list[LayerBytes], shape: tuple[int, int, int]) -> int:
+    """What the fullest worker needs at the iteration's tail, which holds no
+    activations: a bound any plan of `cfg` reaches, found without compiling a stream."""
+    nodes, seq, _ = shape
+    sizes = stage_bytes(costs, layers, partition(costs, cfg.schedule.stages), (cfg.schedule.batch, seq))
+    pipelines = max(1, nodes // cfg.schedule.stages)
+    return max(_stage_memory(cfg, s, sizes, [], pipelines).tail_peak for s in range(cfg.schedule.stages))
+
+
 def _stage_memory(cfg: JobConfig, s: int, sizes: StageBytes, stream, pipelines: int) -> StageMemory:
     """Stage `s`'s worker, its fault-free `stream` walked."""
     width = cfg.model.torch_dtype.itemsize

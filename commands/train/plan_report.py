@@ -10,7 +10,7 @@ from bamboo.control.config import JobConfig
 from bamboo.model.activations import layer_bytes
 from bamboo.model.api import ModelSource
 from commands.train.instances import GIB, INSTANCES, instance
-from commands.train.plan import Plan, Target, make_plan
+from commands.train.plan import Plan, Target, least_gpu_bytes, make_plan
 
 PROPOSALS = 3        # layouts --propose prints
 MAX_BATCH = 16       # the largest microbatch (sequences) it tries
@@ -94,14 +94,17 @@ def propose(cfg: JobConfig, source: ModelSource, measured, nodes: int, target: T
     """Layouts of the same nodes and tokens per iteration that fit `target`, fastest
     (by the cost model's iteration time per token) first, as bamboo-train flags."""
     sequences = cfg.schedule.microbatches * cfg.schedule.batch
-    found = []
+    costs, found = source.costs(), []
     for stages in range(2, min(nodes, source.count) + 1):
         for batch in range(1, min(sequences, MAX_BATCH) + 1):
             microbatches = sequences // batch
             if sequences % batch or microbatches < nodes // stages:
                 continue
             trial = cfg.with_(stages=stages, batch=batch, microbatches=microbatches)
-            plan = make_plan(trial, source.costs(), measured, (nodes, source.seq, cfg.model.torch_dtype.itemsize))
+            shape = (nodes, source.seq, cfg.model.torch_dtype.itemsize)
+            if target.gpu_bytes is not None and least_gpu_bytes(trial, costs, measured, shape) > target.gpu_bytes:
+                continue  # its weights and states alone do not fit: no stream to compile
+            plan = make_plan(trial, costs, measured, shape)
             if plan.misfit(target) is None:
                 found.append((plan.time_per_token, stages, batch, microbatches, plan))
     found.sort(key=lambda f: f[:3])
