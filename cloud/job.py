@@ -95,7 +95,12 @@ def check_checkpoints(cfg: JobConfig) -> list[str]:
 def job_config(train_argv: list[str], nodes: int, job: str) -> JobConfig:
     """bamboo-train's checks over `train_argv` (and the job file it names with
     --config), for `nodes` agents (as --local-nodes)."""
-    from commands.train import cli, flags, jobfile
+    return job_args(train_argv, nodes, job)[1]
+
+
+def job_args(train_argv: list[str], nodes: int, job: str):
+    """bamboo-train's parsed flags, and the job's config from them (job_config)."""
+    from commands.train import cli, flags, jobfile, plan_report
     check_flags(train_argv)
     parser = flags.build_parser()
     parser.prog = "bamboo-launch"  # its usage errors: one line, status 2
@@ -105,11 +110,12 @@ def job_config(train_argv: list[str], nodes: int, job: str) -> JobConfig:
     args = jobfile.parse_args(parser, [*train_argv, "--job", job, "--local-nodes", str(nodes)], file)
     check_remote(args)
     try:
+        plan_report.check_flags(args)
         cfg = cli.config_from_args(args, remote=True)  # the objects are checked, the nodes fetch them
         cli.local_cluster(args)  # the --local-nodes checks: nodes >= stages
     except ValueError as e:
         raise BadInput(str(e).replace("--local-nodes", "--nodes")) from None  # its checks name our flag
-    return cfg
+    return args, cfg
 
 
 def config_key(job: str) -> str:

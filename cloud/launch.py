@@ -157,8 +157,24 @@ def launch(args, train_argv: list[str]) -> tuple[dict, list[str]]:
     return (launch_ec2 if args.command == "ec2" else launch_gcp)(args, cfg), warnings
 
 
+def planned(args, train_argv: list[str]) -> int:
+    """--plan: the job's plan against its instances' GPUs and host memory; no request sent."""
+    from cloud.job import job_args
+    from cloud.planning import target
+    from commands.train import plan_report
+    train, cfg = job_args(train_argv, args.nodes, args.job)
+    fits = plan_report.target_of(train) if train.gpu_memory else target(args)
+    try:
+        return plan_report.run_plan(train, cfg, args.nodes, fits)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+
+
 def launched(args, train_argv: list[str]) -> int:
     """Launch, then add the job's record to --state (refused first if it has one)."""
+    from commands.train.flags import flag_named
+    if any(flag_named(a) == "--plan" for a in train_argv):
+        return planned(args, train_argv)
     check_unrecorded(args.state, args.job)
     made, warnings = launch(args, train_argv)
     for warning in warnings:

@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args)
         if args.plan:
             nodes = args.local_nodes if args.local_nodes is not None else cfg.schedule.nodes
-            return plan_report.run_plan(args, cfg, nodes, args.workers_per_host or 1)
+            return plan_report.run_plan(args, cfg, nodes, plan_report.target_of(args, args.workers_per_host or 1))
         local = local_cluster(args)
         notes = idle_notes(args) + (etcd_notes(args) if cfg.schedule.stages > 1 else [])
         if cfg.schedule.stages > 1:  # every worker runs on this host: can each have its device?

@@ -71,8 +71,8 @@ def describe(plan: Plan, cfg: JobConfig, nodes: int, target: Target) -> list[str
              "per GPU (GiB)".ljust(28) + "".join(f"{'stage ' + str(m.stage):>9}" for m in stages)]
     for row in stages[0].device:
         lines.append(f"  {row:26}" + "".join(_gib(m.device[row]) + " " for m in stages))
-    lines.append("  peak: compute / tail".ljust(28) + "".join(
-        f"{m.compute_peak / GIB:.1f}/{m.tail_peak / GIB:.1f}".rjust(9) for m in stages))
+    lines.append("  peak in the compute phase".ljust(28) + "".join(_gib(m.compute_peak) + " " for m in stages))
+    lines.append("  peak in the iteration tail".ljust(28) + "".join(_gib(m.tail_peak) + " " for m in stages))
     lines.append("  peak".ljust(28) + "".join(_gib(m.gpu_total) + " " for m in stages))
     lines.append("per worker, host (GiB)")
     for row in stages[0].host:
@@ -115,13 +115,12 @@ def propose(cfg: JobConfig, source: ModelSource, measured, nodes: int, target: T
             found[:PROPOSALS]]
 
 
-def run_plan(args, cfg: JobConfig, nodes: int, workers_per_host: int = 1) -> int:
-    """--plan: print the plan (and --propose's layouts); 2 when it does not fit."""
+def run_plan(args, cfg: JobConfig, nodes: int, target: Target) -> int:
+    """--plan: print the plan against `target` (and --propose's layouts); ValueError when it does not fit."""
     source = ModelSource.of(cfg.model)
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.recipe.precision.value)
     measured = layer_bytes(source, autocast)
     plan = make_plan(cfg, source.costs(), measured, (nodes, source.seq, cfg.model.torch_dtype.itemsize))
-    target = target_of(args, workers_per_host)
     print("\n".join(describe(plan, cfg, nodes, target)))
     if args.propose:
         print("\n".join(propose(cfg, source, measured, nodes, target)))

@@ -45,7 +45,13 @@ def test_the_plan_is_within_15_percent_of_each_workers_measured_peak(tmp_path):
     cfg = cli.config_from_args(build_parser().parse_args(flags))
     source = ModelSource.of(cfg.model)
     plan = make_plan(cfg, source.costs(), layer_bytes(source), (4, 256, 4))
+    rows = []
     for stage, node in enumerate(pipeline):
         measured = (summary["peak_memory_mb"][str(node)] - summary["base_memory_mb"][str(node)]) * MIB
         planned = plan.stages[stage].gpu_total + plan.stages[stage].host["FRC swapped"]  # one memory on the CPU
+        rows.append((stage, node, planned, measured))
+    print("stage node planned_mib measured_mib planned/measured (flags: " + " ".join(flags) + ")")
+    for stage, node, planned, measured in rows:
+        print(f"{stage:5} {node:4} {planned / MIB:11.1f} {measured / MIB:12.1f} {planned / measured:16.3f}")
+    for stage, node, planned, measured in rows:
         assert abs(planned - measured) <= 0.15 * measured, (stage, planned / MIB, measured / MIB)
