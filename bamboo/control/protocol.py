@@ -160,6 +160,7 @@ class Report(Record):
     cuda_mb: float = 0.0           # peak CUDA memory allocated by the worker so far (0: on the CPU)
     op_ms: dict | None = None      # op -> median ms, in an epoch's calibration iteration (runtime/calibration.py)
     base_rss_mb: float = 0.0       # resident memory before the worker built any layer
+    sent_bytes: dict = field(default_factory=dict)  # payload bytes sent since the worker started, by kind
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ waits for that report (chaos seed 20 waited 30 s on such a cycle).
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from schedules.layout import Layout, ScheduleError
 
@@ -31,10 +32,14 @@ from bamboo.transport.comm import Interrupted
 from bamboo.transport.groups import GroupMaker, Opening, lease_check, start_group
 
 
+REDUCE = "reduce"  # Reducer.sent's key: a stage's gradients, once per reduce (what a ring all-reduce sums)
+
+
 class Reducer:
     def __init__(self, cluster: Cluster, assignment: Assignment, me: int, timeout: float, failover,
-                 hang_timeout: float, make_group: GroupMaker | None = None):
+                 hang_timeout: float, make_group: GroupMaker | None = None, sent: Counter | None = None):
         self.cluster, self.assignment, self.me, self.timeout = cluster, assignment, me, timeout
+        self.sent = Counter() if sent is None else sent  # bytes this node put into reduces, as Comm.sent
         self.make_group = make_group  # --transport nccl: NCCL groups (None: gloo's)
         self.hang_timeout = hang_timeout  # of the groups' operations
         self.failover = failover  # gives up (or aborts the iteration) on what no regroup can mend
@@ -161,6 +166,7 @@ class Reducer:
         if left:
             return left
         flat = recipe.flat_grads(module.parameters())
+        self.sent[REDUCE] += flat.numel() * flat.element_size()
         return self._group(iteration, key, members).allreduce([flat]), flat
 
     def _pending(self, iteration: int, key: str) -> tuple | None:

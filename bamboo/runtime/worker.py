@@ -23,6 +23,7 @@ import resource
 import signal
 import sys
 import time
+from collections import Counter
 
 import torch
 
@@ -89,6 +90,7 @@ class Worker(EpochMoves):
         self.iteration_seconds: list[float] = []   # the hang deadline follows their running median
         self.loss_scale: LossScale | None = None   # fp16: the scale of the iteration being run
         self.base_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before any layer is built
+        self.sent: Counter = Counter()  # payload bytes this node sent since it started, by kind (Comm, Reducer)
         if cfg.recipe.loss_scaling and not fp16_allowed(self.device):
             raise ValueError("--precision fp16 needs CUDA, and this node has none")
 
@@ -152,7 +154,7 @@ class Worker(EpochMoves):
             self.executor.reducer.close()  # the last epoch's groups (NCCL: their GPU memory)
         groups = nccl_groups(self.cfg.faults.hang_timeout) if self.transport == Transport.NCCL else None  # the reduce's
         reducer = Reducer(self.cluster, assignment, self.node, self.cfg.faults.failure_timeout, self.failover,
-                          self.cfg.faults.hang_timeout, groups)
+                          self.cfg.faults.hang_timeout, groups, sent=self.sent)
         # With agents, each step can be undone, so that an iteration no pipeline can
         # finish is redone from the copies the survivors hold.
         self.executor = Executor(self.cfg, nodes, self.me, self.holdings.stages(), self.corpus, reducer,
@@ -268,7 +270,7 @@ class Worker(EpochMoves):
     def _report(self, digests: bool = True) -> Report:
         """This node's report as it stands (its events stay until the boundary has them)."""
         return Report(rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, base_rss_mb=self.base_rss_mb,
-                      time=time.time(),
+                      sent_bytes=dict(self.sent), time=time.time(),
                       epoch=self.assignment.epoch, events=[e.to_dict() for e in self.failover.events],
                       busy=self.executor.busy, op_ms=self._op_ms(),
                       digests=self.holdings.digests() if digests and self.cfg.testing.check_replicas else None,
@@ -336,7 +338,7 @@ class Worker(EpochMoves):
             return store_at(self.cluster, f"{store_key}/channel/{src}-{dst}/{kind}",
                             self._lease_check([src, dst], iteration, starting), self.cfg.faults.hang_timeout)
         channels = for_worker(self.transport, store_for, self.node, self.cfg.faults.hang_timeout)
-        return Comm(pg, rank_of, self.device, stager=self.stager, channels=channels)
+        return Comm(pg, rank_of, self.device, stager=self.stager, channels=channels, sent=self.sent)
 
     def local_failed(self) -> tuple[int, ...]:
         return self.assignment.local_failed(self.pipeline, self.failed)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import queue
 import threading
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import torch
@@ -221,8 +222,9 @@ class _Outbox:
 
 class Comm:
     def __init__(self, pg: dist.ProcessGroup, rank_of: dict[int, int], device: torch.device, tags: dict = TAGS,
-                 stager: Stager | None = None, channels: Channels | None = None):
+                 stager: Stager | None = None, channels: Channels | None = None, sent: Counter | None = None):
         self.pg, self.rank_of, self.device, self.tags = pg, rank_of, device, tags
+        self.sent = Counter() if sent is None else sent  # payload bytes sent, by kind (the worker's, across worlds)
         self.me = next(n for n, r in rank_of.items() if r == pg.rank())
         self.stager = stager or Stager(device)  # host buffers for GPU tensors
         self.channels = channels  # --transport nccl: payloads on a group per channel, no staging
@@ -265,6 +267,7 @@ class Comm:
         dead (a paused peer may never take it): then the message is lost with the
         peer, as for any dead node, and PeerFailure says so. `note`, a number that
         travels in the header (a microbatch's loss with its gradient), arrives with it."""
+        self.sent[kind.value] += tensor.numel() * tensor.element_size()
         done = self._outbox(peer, kind).put(self._staged(tensor), note)
         while True:
             try:
@@ -308,6 +311,7 @@ class Comm:
         post from a backward's hook, which must not be cut short)."""
         if isinstance(note, torch.Tensor):  # read by the outbox: no host synchronisation here
             note = self.stager.to_host(note.reshape(1), copy=False)
+        self.sent[kind.value] += tensor.numel() * tensor.element_size()
         staged = self._staged(tensor)
         kept = keep and staged.event is not None and self.channels is None  # a pooled host copy
         staged.kept = kept

@@ -285,6 +285,8 @@ class Launcher:
                 e["type"] == Overflow.TYPE for e in record["events"])
         summary["peak_memory_mb"] = {str(n): r.rss_mb for n, r in reports.items()}
         summary["base_memory_mb"] = {str(n): r.base_rss_mb for n, r in reports.items()}  # before any layer
+        sent = summary.setdefault("sent_bytes", {})  # by node, by kind: since each worker started
+        sent.update({str(n): r.sent_bytes for n, r in reports.items()})
         if cuda := {str(n): r.cuda_mb for n, r in reports.items() if r.cuda_mb}:  # peak allocated
             summary["peak_cuda_mb"] = {**summary.get("peak_cuda_mb", {}), **cuda}
 
