@@ -19,7 +19,7 @@ from bamboo.control.liveness import Heartbeat, lease_ages
 from bamboo.control.protocol import (ABORT, ABORTED, ALIVE, ASSIGNMENT, CONFIG, COPIES, DONE, DRAIN, HANDOVER,
                                      HOST_LOST, IDS, ITERATION_FAMILIES, MEMBERS, MODE, REGROUP, START, ZONES, Failure,
                                      Mark, Member, ModeChoice, Timestamp, Zone)
-from bamboo.data.checkpoint_files import latest, storage_for
+from bamboo.data.checkpoint_files import committed, latest, storage_for
 from bamboo.state.copies import newest_covered
 from schedules.options import JobRedundancy, Redundancy
 
@@ -94,14 +94,26 @@ class Membership:
         return {str(n): z.host for n, z in self.cluster.children(ZONES()).items() if z.host}
 
     def first_assignment(self, nodes: list[int]) -> None:
-        """Run by the rendezvous' rank 0: assignment 0 over the nodes that met."""
+        """Run by the rendezvous' rank 0: assignment 0 over the nodes that met, from
+        the job's first iteration, or with --resume from the newest complete
+        checkpoint's (which the workers load: Worker.join)."""
         zones = self.cluster.children(ZONES())
         live = {str(n): zones[n].zone for n in nodes}
         cfg = self.cluster.get(CONFIG())
         config = self._policy(cfg, live, None)
-        first = from_policy(config, 0, ())
+        first = from_policy(config, self._resumed(cfg), ())
         mode = self._mode_for(cfg, 0, first, ModeStats())
         self.cluster.create(ASSIGNMENT(0), Assignment(**{**first.__dict__, "redundancy": mode}))
+
+    @staticmethod
+    def _resumed(cfg: JobConfig) -> int:
+        """The iteration a job starts from: with --resume its newest committed
+        checkpoint's (found by listing: the workers read it, Worker.join), else 0
+        (also when there is none: the workers stop with that error)."""
+        if not cfg.checkpoints.resume:
+            return 0
+        found = committed(storage_for(cfg.checkpoints.checkpoint))
+        return found[0].iteration if found else 0
 
     def decide(self, cfg: JobConfig) -> None:
         """If the workers asked for a new configuration after some iteration, or

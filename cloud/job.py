@@ -25,7 +25,7 @@ NOT_FOR_CLOUD = {
     "--tensorboard": "no launcher process writes a cloud job's scalars: watch it with bamboo-status",
     "--export": "a cloud job's parameters stay in its --checkpoint",
     "--save-dir": "each node would write its own disk: use --checkpoint s3://... or gs://...",
-    "--resume": "a cloud job's agents restore from --checkpoint by themselves",
+    "--resume": "a cloud job continues from its --checkpoint prefix's newest checkpoint by itself",
     "--etcd": "give the launch's own --etcd",
     "--log-dir": "a cloud job's logs stay on its nodes",
     "--local-prefix": "it wraps the agents of a local job",
@@ -90,6 +90,21 @@ def check_checkpoints(cfg: JobConfig) -> list[str]:
             raise BadInput(f"--checkpoint {location}: holds checkpoints of {owner} ({attempt.folder}): give job "
                            f"{cfg.cluster.job!r} a prefix of its own")
     return []
+
+
+def continued(cfg: JobConfig) -> tuple[JobConfig, str | None]:
+    """A relaunch of a job whose --checkpoint prefix holds its own checkpoints
+    (check_checkpoints refused any other's) continues from the newest committed
+    one: the config resumes, and the note says from where."""
+    location = cfg.checkpoints.checkpoint
+    if not location:
+        return cfg, None
+    from bamboo.data.checkpoint_files import committed, storage_for
+    found = committed(storage_for(location))
+    if not found:
+        return cfg, None
+    return cfg.with_(resume=True), (f"job {cfg.cluster.job!r} continues from its newest checkpoint in {location}, "
+                                    f"taken before iteration {found[0].iteration}")
 
 
 def job_config(train_argv: list[str], nodes: int, job: str) -> JobConfig:

@@ -149,11 +149,15 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None):
 
 
 def launch(args, train_argv: list[str]) -> tuple[dict, list[str]]:
-    """What was made, and the warnings to print once it stands."""
+    """What was made, and the warnings to print once it stands. A relaunch into the
+    job's own checkpoints continues from the newest (cloud.job.continued)."""
     from cloud.bringup import launch_ec2, launch_gcp
-    from cloud.job import check_checkpoints, job_config
+    from cloud.job import check_checkpoints, continued, job_config
     cfg = job_config(train_argv, args.nodes, args.job)  # bamboo-train's checks, before any request
     warnings = check_checkpoints(cfg)
+    cfg, note = continued(cfg)
+    if note:
+        print(f"bamboo-launch: note: {note}", file=sys.stderr)
     return (launch_ec2 if args.command == "ec2" else launch_gcp)(args, cfg), warnings
 
 

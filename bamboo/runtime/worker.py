@@ -122,8 +122,9 @@ class Worker(EpochMoves):
             return self._move_to(assignment)  # joining a running job, or restarting from a checkpoint
         self.failed = assignment.gone
         start, received = assignment.start, {}
-        if self.cfg.checkpoints.resume:
-            start, blobs = self.checkpoints.newest()
+        if self.cfg.checkpoints.resume:  # with agents, the checkpoint they started the job from
+            elastic = self.cfg.cluster.elastic and start > 0
+            start, blobs = (start, self.checkpoints.taken_before(start)) if elastic else self.checkpoints.newest()
             received = {i: blobs[i] for i in self.holdings.needs(assignment, self.node)}
             self._restore_loss_scale(start)
         self.enter(assignment, received)

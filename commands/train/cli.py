@@ -309,9 +309,6 @@ def config_from_args(args, remote: bool = False) -> JobConfig:
     check_checkpoint_flags(args)
     check_liveness(args)
     check_etcd(args)
-    if args.resume and args.local_nodes is not None:
-        raise ValueError("--resume with --local-nodes: agents restore from the checkpoint by themselves when a "
-                         "stage is lost; to restart a job from a checkpoint, run it without --local-nodes")
     if args.stages == 1 and (args.checkpoint or args.resume):
         raise ValueError("checkpoints need a pipeline (--stages 2 or more)")
     if args.stages == 1 and args.pipelines > 1:

@@ -223,3 +223,22 @@ def test_checkpoints_by_time_are_agreed_and_complete(tmp_path):
     assert 1 <= len(taken) <= 30 and len(taken) <= seconds / 0.4 + 2, (taken, seconds)
     storage = LocalStorage(str(ck))
     assert latest(storage, ModelSource("tiny", seed=0).count)[0] == taken[-1]  # the newest is complete
+
+
+def test_a_job_of_agents_restarted_with_resume_continues_exactly(tmp_path):
+    """A job with agents that ended (or was torn down) after a checkpoint, started
+    again with --resume into the same place: its agents start the first epoch from
+    the newest committed checkpoint, and the losses go on as one run's would."""
+    def train(*args):
+        metrics = tmp_path / f"m{len(os.listdir(tmp_path))}.jsonl"
+        return bamboo_train(metrics, "--stages", "2", "--microbatches", "4", "--dtype", "float64", *args,
+                            timeout=300)[1]
+
+    whole = train("--iterations", "6")  # the single pipeline without agents: the same math
+    ck = str(tmp_path / "ck")
+    agents = ["--local-nodes", "3", "--zones", "a,b", "--checkpoint", ck]
+    first = train("--iterations", "4", *agents, "--checkpoint-every", "3")
+    assert [r["iteration"] for r in first] == [0, 1, 2, 3]
+    resumed = train("--iterations", "6", *agents, "--resume")
+    assert [r["iteration"] for r in resumed] == [3, 4, 5]
+    assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in whole[3:]], rel=1e-12)

@@ -173,6 +173,21 @@ def test_a_prefix_holding_another_job_s_checkpoints_is_refused_and_none_is_warne
     assert warning.startswith("no --checkpoint: a burst that takes a stage from every node ends the job")
 
 
+def test_a_relaunch_into_the_jobs_own_checkpoints_resumes_from_the_newest(s3):
+    """The config the nodes get resumes, from the newest committed checkpoint (the
+    agents find it: agents/membership.py); an empty prefix starts afresh."""
+    import json as json_
+    from cloud.job import continued, job_config
+    s3.create_bucket(Bucket="ckpts")
+    for key in ("mine/ckpt-00000004-run-e000001/commit.json", "mine/ckpt-00000008-run-e000002/commit.json",
+                "mine/ckpt-00000012-run-e000003/layer0.pt"):  # the newest never committed
+        s3.put_object(Bucket="ckpts", Key=key, Body=json_.dumps({"layers": {"0": "ab"}, "job": "j"}).encode())
+    cfg, note = continued(job_config([*TRAIN, "--checkpoint", "s3://ckpts/mine"], 3, "j"))
+    assert cfg.checkpoints.resume and note.endswith("in s3://ckpts/mine, taken before iteration 8")
+    cfg, note = continued(job_config([*TRAIN, "--checkpoint", "s3://ckpts/empty"], 3, "j"))
+    assert not cfg.checkpoints.resume and note is None
+
+
 @pytest.mark.slow  # make test stays under 15 min on a 2-core machine
 def test_unreachable_etcd_unwritable_bucket_unknown_type_leave_nothing(aws, etcd, tmp_path):
     endpoint, clients, image = aws
