@@ -220,7 +220,9 @@ def launch_ec2(args, cfg, log=print) -> dict:
             return instance, endpoint
         etcd, etcd_instances = configure(args, cfg, log, undo, start_etcd, certs)
         nodes = ship_nodes(args, certs, undo)
-        made = provider.up(Ec2Spec(**{**spec.__dict__, "etcd": etcd, "certs": nodes}), subnets)
+        made = provider.up(Ec2Spec(**{**spec.__dict__, "etcd": etcd, "certs": nodes,
+                                      "etcd_instances": tuple(etcd_instances), "endpoint_url": args.endpoint_url}),
+                           subnets)
     except BaseException as e:
         raise _undone(e, undo) from None
     return {**made, "job": job, "etcd": etcd, **_instances(etcd_instances), "security_group": group, "wheel": wheel,

@@ -50,9 +50,13 @@ else
 fi
 {fetch}pip_install {requirement}
 {certs}echo "bamboo boot: installed, starting the agent"
-exec "$ROOT/opt/bamboo/bin/bamboo-agent" --etcd {etcd} --job {job} --zone "$ZONE" --notice {notice} \\
-  --metadata-url "$META" --log-dir "$ROOT/var/log/bamboo" --workers "$WORKERS"
+{run}"$ROOT/opt/bamboo/bin/bamboo-agent" --etcd {etcd} --job {job} --zone "$ZONE" --notice {notice} \\
+  --metadata-url "$META" --log-dir "$ROOT/var/log/bamboo" --workers "$WORKERS"{after}
 """
+# After the agent (with `Ec2Spec.exit_args`): what the node's end should stop paying for (cloud/node_exit.py).
+AFTER = (' && STATUS=0 || STATUS=$?\n'
+         '"$ROOT/opt/bamboo/bin/python" -m cloud.node_exit {args} --status "$STATUS" --instance "$INSTANCE"\n'
+         'exit "$STATUS"')
 
 
 def _fetch_lines(install: Install) -> tuple[str, str]:
@@ -71,15 +75,25 @@ export BAMBOO_ETCD_TLS="$TLS"
 """
 
 
-def boot_script(install: Install, etcd: str, job: str, notice: str, metadata: str, zone_lookup: str,
-                workers: str = "WORKERS=1", certs: str = "") -> str:
-    """`zone_lookup`: shell lines that set ZONE and INSTANCE from the metadata at $META;
-    `workers`: lines that set WORKERS, the machine's GPUs (its agent runs a worker on each);
-    `certs`: the nodes' folder of etcd certificates in the job's bucket (none: a plain etcd)."""
+@dataclass(frozen=True)
+class NodeLines:
+    """What a node's boot script takes from its cloud and its launch."""
+    notice: str          # the agent's --notice: ec2 or gcp
+    metadata: str        # the metadata server's address
+    zone_lookup: str     # shell lines that set ZONE and INSTANCE from the metadata at $META
+    workers: str = "WORKERS=1"  # lines that set WORKERS, the machine's GPUs (its agent runs a worker on each)
+    certs: str = ""      # the nodes' folder of etcd certificates in the job's bucket (none: a plain etcd)
+    exit_args: str = ""  # cloud.node_exit's arguments, run with the agent's status (none: exec the agent)
+
+
+def boot_script(install: Install, etcd: str, job: str, node: NodeLines) -> str:
     fetch, requirement = _fetch_lines(install)
-    return BOOT.format(metadata=metadata, zone_lookup=zone_lookup, torch=TORCH, fetch=fetch,
-                       requirement=requirement, etcd=shlex.quote(etcd), job=shlex.quote(job), notice=notice,
-                       workers=workers, certs=NODE_CERTS.format(folder=shlex.quote(certs)) if certs else "")
+    return BOOT.format(metadata=node.metadata, zone_lookup=node.zone_lookup, torch=TORCH, fetch=fetch,
+                       requirement=requirement, etcd=shlex.quote(etcd), job=shlex.quote(job), notice=node.notice,
+                       workers=node.workers,
+                       certs=NODE_CERTS.format(folder=shlex.quote(node.certs)) if node.certs else "",
+                       run="" if node.exit_args else "exec ",
+                       after=AFTER.format(args=node.exit_args) if node.exit_args else "")
 
 
 ETCD = """#!/bin/bash

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import base64
 import json
+import shlex
 import time
 from dataclasses import dataclass, field
 
-from cloud.common import Install, LaunchError, boot_script
+from cloud.common import Install, LaunchError, NodeLines, boot_script
 
 # Spot GPU types with one GPU each, cheapest first: the allocation strategy picks
 # among them by spare capacity, so more types mean fewer interruptions.
@@ -49,10 +50,19 @@ class Ec2Spec:
     iam_profile: str | None = None
     tags: dict = field(default_factory=dict)
     certs: str = ""     # the nodes' folder of etcd certificates (cloud/etcd_tls.py); none: a plain etcd
+    etcd_instances: tuple[str, ...] = ()  # --etcd auto's instances, stopped once the job is complete
+    endpoint_url: str | None = None       # the API endpoint the nodes call too (tests: a local server)
 
     def user_data(self) -> str:
-        return boot_script(self.install, self.etcd, self.job, "ec2", METADATA, ZONE_LOOKUP,
-                           workers_lookup(self.instance_types), self.certs)
+        return boot_script(self.install, self.etcd, self.job, NodeLines(
+            "ec2", METADATA, ZONE_LOOKUP, workers_lookup(self.instance_types), self.certs, self.exit_args()))
+
+    def exit_args(self) -> str:
+        """cloud.node_exit's arguments on this job's nodes."""
+        words = ["ec2", "--etcd", self.etcd, "--job", self.job, "--region", self.region, "--group", self.name]
+        words += [w for instance in self.etcd_instances for w in ("--etcd-instance", instance)]
+        words += ["--endpoint-url", self.endpoint_url] if self.endpoint_url else []
+        return " ".join(shlex.quote(w) for w in words)
 
 
 def workers_lookup(types: tuple[str, ...]) -> str:

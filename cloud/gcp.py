@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from cloud.common import BadInput, Install, LaunchError, boot_script
+from cloud.common import BadInput, Install, LaunchError, NodeLines, boot_script
 
 METADATA = "http://metadata.google.internal"
 NETWORK = "global/networks/default"
@@ -95,8 +95,8 @@ class GcpSpec:
         return f"bamboo-{self.job}"
 
     def startup_script(self) -> str:
-        return boot_script(self.install, self.etcd, self.job, "gcp", METADATA, ZONE_LOOKUP,
-                           f"WORKERS={workers(self.machine_type, self.accelerator)}", self.certs)
+        return boot_script(self.install, self.etcd, self.job, NodeLines(
+            "gcp", METADATA, ZONE_LOOKUP, f"WORKERS={workers(self.machine_type, self.accelerator)}", self.certs))
 
 
 class GcpProvider:

@@ -1,6 +1,7 @@
 """A local sandbox in which a generated boot script runs for real under bash: a
 fake instance metadata server per node (EC2's IMDSv2: a session token, then the
-zone, the instance id and spot/instance-action; GCP's metadata server with its
+zone, the instance id, spot/instance-action and the instance role's credentials,
+which boto3 on the node fetches as on EC2 and a moto server takes; GCP's metadata server with its
 Metadata-Flavor header: zone, id, preempted), a root directory standing for the
 node's disk, and pip that installs from local files only (PIP_NO_INDEX).
 
@@ -14,6 +15,9 @@ import subprocess
 import sys
 import sysconfig
 import threading
+
+
+ROLE = "bamboo-node"  # the instance profile's role, as IMDS names it
 
 
 class FakeMetadata(http.server.ThreadingHTTPServer):
@@ -68,7 +72,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.headers.get("X-aws-ec2-metadata-token") != s.token:
             return self._reply(401)  # IMDSv2: no session token, no answer
         answers = {"placement/availability-zone": s.zone, "instance-id": s.instance,
-                   "spot/instance-action": json.dumps(s.action) if s.action else None}
+                   "spot/instance-action": json.dumps(s.action) if s.action else None,
+                   "iam/security-credentials/": ROLE, f"iam/security-credentials/{ROLE}": json.dumps(
+                       {"Code": "Success", "AccessKeyId": "test", "SecretAccessKey": "test", "Token": "test",
+                        "Expiration": "2099-01-01T00:00:00Z", "LastUpdated": "2026-01-01T00:00:00Z",
+                        "Type": "AWS-HMAC"})}
         found = answers.get(self.path[len("/latest/meta-data/"):]) if self.path.startswith("/latest/meta-data/") \
             else None
         self._reply(200, found) if found is not None else self._reply(404)
@@ -85,7 +93,8 @@ def prepare_root(root, venv_name: str = "bamboo") -> None:
 
 def boot(script: str, root, metadata: FakeMetadata, wheelhouse) -> subprocess.Popen:
     """Run `script` as the node's boot: bash, the sandbox's root and metadata."""
-    return run_script(script, root, wheelhouse, {"BAMBOO_METADATA": metadata.url})
+    return run_script(script, root, wheelhouse, {"BAMBOO_METADATA": metadata.url,
+                                                 "AWS_EC2_METADATA_SERVICE_ENDPOINT": metadata.url})
 
 
 def run_script(script: str, root, wheelhouse, env: dict, venv_name: str = "bamboo") -> subprocess.Popen:

@@ -306,6 +306,7 @@ MODE = Family("mode", ("iteration",), ModeChoice,
               "--redundancy auto: the mode wanted after the iteration; the boundary after the next one switches")
 TIED = Family("tied", ("iteration", "pipeline"), Reduced, "a pipeline's tied-weight gradients were summed")
 CHECKPOINTED = Family("checkpointed", (), Timestamp, "when the last checkpoint was decided")
+COMPLETED = Family("completed", (), Timestamp, "the job's last iteration was agreed: nothing is left to train")
 PREEMPTED = Family("preempted", ("node",), Preempted, "an injected SIGKILL (for the metrics)")
 ERROR = Family("error", ("node",), WorkerError, "a worker's fatal error")
 IDS = Family("ids", ("node",), Mark, "the node id is taken (never reused)")
@@ -317,8 +318,8 @@ COPIES = Family("copies", ("node",), Copies,
                 "the newest checkpoint's layers the node keeps in host memory (a rollback's first source)")
 
 FAMILIES = (CONFIG, START, ASSIGNMENT, ALIVE, FAILED, CUT, FINISHED, LOSS, VAL_LOSS, DONE, ABORT, ABORTED, REGROUP,
-            HANDED, HANDOVER, REDUCED, TIED, NORM, SCALE, MODE, CHECKPOINTED, PREEMPTED, ERROR, IDS, MEMBERS, ZONES,
-            DRAIN, NOTICES, COPIES)
+            HANDED, HANDOVER, REDUCED, TIED, NORM, SCALE, MODE, CHECKPOINTED, COMPLETED, PREEMPTED, ERROR, IDS,
+            MEMBERS, ZONES, DRAIN, NOTICES, COPIES)
 
 # One attempt at an iteration: cleared when the iteration (or a checkpoint's span) runs again.
 ITERATION_FAMILIES = (DONE, LOSS, VAL_LOSS, FINISHED, CUT, REDUCED, TIED, NORM, SCALE, REGROUP, ABORT, ABORTED)

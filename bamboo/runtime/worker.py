@@ -35,8 +35,8 @@ from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig, Transport
 from bamboo.control.exits import FENCED, WorkerExit
 from bamboo.control.liveness import hang_deadline
-from bamboo.control.protocol import (ABORT, ABORTED, CONFIG, DONE, ERROR, FAILED, FINISHED, SCALE, START, LossScale,
-                                     Mark, Regroup, Report, Start, WorkerError, world_store)
+from bamboo.control.protocol import (ABORT, ABORTED, COMPLETED, CONFIG, DONE, ERROR, FAILED, FINISHED, SCALE, START,
+                                     LossScale, Mark, Regroup, Report, Start, Timestamp, WorkerError, world_store)
 from bamboo.control.store import EtcdStore, RendezvousAborted
 from bamboo.data.corpus import corpus_of
 from bamboo.model.api import ModelSource
@@ -245,6 +245,9 @@ class Worker(EpochMoves):
         return self._move_to(self._next_epoch(self.assignment.epoch))
 
     def leave(self) -> None:
+        """The job's last iteration is agreed: say so (a cloud node then stops what it
+        pays for: cloud/node_exit.py), save what is asked for, and go."""
+        self.cluster.create(COMPLETED(), Timestamp(time.time()))
         self.executor.drop_ahead()
         if self.executor.ahead_taken:
             print(f"bamboo.runtime.worker: node {self.node}: {self.executor.ahead_taken} iterations began with "

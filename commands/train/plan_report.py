@@ -23,7 +23,8 @@ def add_flags(p) -> None:
                    help="print each worker's GPU and host memory, the bubble, tokens and network bytes per "
                         "iteration, and refuse a layout that does not fit (exit status 2)")
     g.add_argument("--propose", action="store_true",
-                   help="with --plan: also the layouts of the same nodes and tokens per iteration that fit, fastest first")
+                   help="with --plan: also the layouts of the same nodes and tokens per iteration that fit, "
+                        "fastest first")
     g.add_argument("--instance-type", metavar="TYPE", choices=sorted(INSTANCES),
                    help=f"with --plan: fit this instance type's GPU and host memory (known: {', '.join(INSTANCES)})")
     g.add_argument("--gpu-memory", type=float, metavar="GIB", help="with --plan: each GPU's memory (default: this "
@@ -64,8 +65,9 @@ def _gib(n: int) -> str:
 def describe(plan: Plan, cfg: JobConfig, nodes: int, target: Target) -> list[str]:
     """The plan as the lines --plan prints."""
     sch, stages = cfg.schedule, plan.stages
+    seq = plan.tokens // max(1, sch.microbatches * sch.batch)
     lines = [f"plan: {cfg.model.name}, {plan.params / 1e6:,.1f}M parameters, {nodes} node(s): P={sch.stages}, "
-             f"M={sch.microbatches} ({plan.per_pipeline} per pipeline), batch {sch.batch} x seq {plan.tokens // max(1, sch.microbatches * sch.batch)}"
+             f"M={sch.microbatches} ({plan.per_pipeline} per pipeline), batch {sch.batch} x seq {seq}"
              f" = {plan.tokens:,} tokens per iteration; {cfg.model.dtype} weights, {cfg.recipe.precision.value}, "
              f"--redundancy {sch.redundancy.value}{', agents' if cfg.cluster.elastic else ''}",
              "per GPU (GiB)".ljust(28) + "".join(f"{'stage ' + str(m.stage):>9}" for m in stages)]

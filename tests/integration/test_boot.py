@@ -105,6 +105,11 @@ def test_a_node_boots_from_the_ec2_user_data_and_trains(aws, etcd, tmp_path):
         assert "PUT /latest/api/token" in meta.requests and "instance i-0b00t in zone us-east-1a" in boot_log(root)
         assert installed_from_wheel(str(root))
         assert losses(cluster, iterations) == pytest.approx(reference(tmp_path, iterations), rel=1e-9)
+        # the job is complete: the node's end (cloud/node_exit.py) took its group to zero
+        assert "status 0: finish" in boot_log(root)
+        scaling = boto3.client("autoscaling", region_name=REGION, endpoint_url=aws[0])
+        assert scaling.describe_auto_scaling_groups(AutoScalingGroupNames=["boot-one"])[
+            "AutoScalingGroups"][0]["DesiredCapacity"] == 0, boot_log(root)[-1500:]
     finally:
         for p in (node, peer):
             if p.poll() is None:

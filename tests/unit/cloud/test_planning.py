@@ -20,7 +20,8 @@ def run(capsys, tmp_path, *argv):
 @pytest.mark.parametrize("where,fits", [
     (EC2 + ["--instance-type", "g5.xlarge"], "fits g5.xlarge:"),
     (GCP + ["--machine-type", "g2-standard-8"], "fits g2-standard-8 (L4):"),
-    (GCP + ["--machine-type", "n1-standard-8", "--accelerator", "nvidia-tesla-a100:1"], "fits n1-standard-8 with 1 A100"),
+    (GCP + ["--machine-type", "n1-standard-8", "--accelerator", "nvidia-tesla-a100:1"],
+     "fits n1-standard-8 with 1 A100"),
 ])
 def test_a_layout_that_fits_the_groups_gpus(capsys, tmp_path, where, fits):
     code, out, err = run(capsys, tmp_path, *where, *JOB)

@@ -1,0 +1,108 @@
+"""What a cloud node does once its agent has exited, so that nothing is billed
+after its work ends. The boot script (cloud/common.py) runs it with the agent's
+exit status:
+
+- the job is complete (its workers wrote `completed`): the group goes to zero
+  nodes and the job's etcd instances stop. Every node does this, and doing it
+  twice changes nothing.
+- the agent exited for good (status 1: a crash, out of memory, no GPU, a start
+  that timed out): this instance leaves the group, and the group's size drops by
+  one, since a replacement would most likely fail alike.
+- the agent was fenced (its node declared dead, twice over): this instance is
+  terminated and the group replaces it with a fresh machine.
+- anything else (drained by a notice or SIGTERM): nothing. The cloud is taking the
+  instance back.
+
+    python -m cloud.node_exit ec2 --status N --etcd HOST:PORT[,...] --job NAME --region R
+                              --group NAME --instance ID [--etcd-instance ID ...]
+
+Errors are printed as one line. The exit status is always 0, because the node's
+end should not wait on this.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from enum import Enum
+
+from bamboo.control.exits import FENCED
+
+
+class Action(str, Enum):
+    FINISH = "finish"      # group to zero, etcd stopped
+    LEAVE = "leave"        # terminate this instance, the group one smaller
+    REPLACE = "replace"    # terminate this instance, the group replaces it
+    NOTHING = "nothing"
+
+
+def decide(status: int, completed: bool) -> Action:
+    """The action for an agent's exit `status`, given whether the job is complete."""
+    if completed:
+        return Action.FINISH
+    if status == FENCED:
+        return Action.REPLACE
+    return Action.LEAVE if status != 0 else Action.NOTHING
+
+
+def job_completed(etcd: str, job: str) -> bool:
+    """Whether the job's workers wrote `completed` (False when etcd does not answer:
+    then nothing is torn down on a guess)."""
+    from bamboo.control.cluster import Cluster
+    from bamboo.control.protocol import COMPLETED
+    try:
+        cluster = Cluster(etcd, job, read_only=True)
+        try:
+            return cluster.get(COMPLETED()) is not None
+        finally:
+            cluster.close()
+    except Exception as e:  # noqa: BLE001 -- any etcd failure: one line, no teardown
+        print(f"cloud.node_exit: etcd at {etcd} did not say whether the job is complete: "
+              f"{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}", file=sys.stderr)
+        return False
+
+
+def act_ec2(action: Action, args) -> None:
+    """`action` through the EC2 and Auto Scaling APIs, as the instance's role."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(connect_timeout=5, read_timeout=20, retries={"max_attempts": 3})
+    scaling = boto3.client("autoscaling", region_name=args.region, endpoint_url=args.endpoint_url, config=config)
+    if action is Action.FINISH:
+        scaling.update_auto_scaling_group(AutoScalingGroupName=args.group, MinSize=0, DesiredCapacity=0)
+        if args.etcd_instance:
+            ec2 = boto3.client("ec2", region_name=args.region, endpoint_url=args.endpoint_url, config=config)
+            ec2.stop_instances(InstanceIds=list(args.etcd_instance))
+    elif action in (Action.LEAVE, Action.REPLACE):
+        scaling.terminate_instance_in_auto_scaling_group(
+            InstanceId=args.instance, ShouldDecrementDesiredCapacity=action is Action.LEAVE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="cloud.node_exit", description=__doc__.splitlines()[0])
+    ap.add_argument("cloud", choices=("ec2",))
+    ap.add_argument("--status", type=int, required=True, help="the agent's exit status")
+    ap.add_argument("--etcd", required=True, help="the job's etcd, HOST:PORT[,...]")
+    ap.add_argument("--job", required=True, help="the job's name")
+    ap.add_argument("--region", required=True, help="the group's region")
+    ap.add_argument("--group", required=True, help="the job's Auto Scaling group")
+    ap.add_argument("--instance", required=True, help="this instance's id")
+    ap.add_argument("--etcd-instance", action="append", default=[], metavar="ID",
+                    help="repeatable: the job's etcd instances, stopped when the job is complete")
+    ap.add_argument("--endpoint-url", help="the API endpoint (tests point it at a local server)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    action = decide(args.status, job_completed(args.etcd, args.job))
+    print(f"cloud.node_exit: the agent exited with status {args.status}: {action.value}", flush=True)
+    try:
+        act_ec2(action, args)
+    except Exception as e:  # noqa: BLE001 -- boto3's errors: one line
+        print(f"cloud.node_exit: {action.value} failed: {str(e).splitlines()[0][:300]}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""A cloud node's end, run as the boot script runs it (`python -m cloud.node_exit`,
+a real process) against a moto server and a real etcd: a complete job scales its
+group to zero and stops its etcd instances; an agent that exited for good takes
+its instance out of the group, one smaller; a fenced one is replaced; a drained
+one changes nothing, and so does an etcd that does not answer."""
+import os
+import subprocess
+import sys
+
+import boto3
+import pytest
+
+from bamboo.control.cluster import Cluster
+from bamboo.control.exits import FENCED
+from bamboo.control.protocol import COMPLETED, Timestamp
+from cloud.common import Install
+from cloud.ec2 import Ec2Provider, Ec2Spec
+
+REGION = "us-east-1"
+
+
+@pytest.fixture
+def group(moto_endpoint, monkeypatch, request):
+    """A job's group of three nodes and an etcd instance, in moto."""
+    for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}.items():
+        monkeypatch.setenv(k, v)
+    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=moto_endpoint)
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    name = f"exit-{request.node.name[-40:].replace('[', '-').replace(']', '')}"
+    provider = Ec2Provider(REGION, moto_endpoint)
+    provider.up(Ec2Spec(name=name, region=REGION, zones=("us-east-1a",), nodes=3, image=image, etcd="10.0.0.5:2379",
+                        job="gpt", install=Install("https://example.com/b.whl")), provider.subnets(("us-east-1a",)))
+    etcd_instance = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+    yield name, provider, ec2, etcd_instance
+    provider.down(name)
+
+
+def node_exit(moto_endpoint, etcd, job, name, instance, etcd_instance, status):
+    out = subprocess.run([sys.executable, "-m", "cloud.node_exit", "ec2", "--status", str(status), "--etcd", etcd,
+                          "--job", job, "--region", REGION, "--group", name, "--instance", instance,
+                          "--etcd-instance", etcd_instance, "--endpoint-url", moto_endpoint],
+                         capture_output=True, text=True, timeout=120, env=os.environ)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+def state(provider, ec2, name, etcd_instance):
+    scaling = provider.autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]
+    etcd_state = ec2.describe_instances(InstanceIds=[etcd_instance])["Reservations"][0]["Instances"][0]["State"]
+    return scaling["DesiredCapacity"], {i["InstanceId"] for i in scaling["Instances"]}, etcd_state["Name"]
+
+
+def test_a_complete_job_scales_its_group_to_zero_and_stops_its_etcd(moto_endpoint, etcd, group):
+    name, provider, ec2, etcd_instance = group
+    Cluster(etcd.endpoint, "done-job").create(COMPLETED(), Timestamp(1.0))
+    instance = sorted(state(provider, ec2, name, etcd_instance)[1])[0]
+    out = node_exit(moto_endpoint, etcd.endpoint, "done-job", name, instance, etcd_instance, 0)
+    assert "finish" in out.stdout
+    desired, members, etcd_state = state(provider, ec2, name, etcd_instance)
+    assert desired == 0 and etcd_state in ("stopping", "stopped")
+
+
+@pytest.mark.parametrize("status,desired,replaced", [(1, 2, False), (FENCED, 3, True)])
+def test_an_agent_gone_for_good_leaves_the_group_and_a_fenced_one_is_replaced(moto_endpoint, etcd, group, status,
+                                                                              desired, replaced):
+    name, provider, ec2, etcd_instance = group
+    before = state(provider, ec2, name, etcd_instance)[1]
+    instance = sorted(before)[0]
+    node_exit(moto_endpoint, etcd.endpoint, "running-job", name, instance, etcd_instance, status)
+    now, members, etcd_state = state(provider, ec2, name, etcd_instance)
+    assert now == desired and instance not in members and etcd_state == "running"
+
+
+@pytest.mark.parametrize("etcd_answers", [True, False])
+def test_a_drained_agent_changes_nothing(moto_endpoint, etcd, group, etcd_answers):
+    name, provider, ec2, etcd_instance = group
+    before = state(provider, ec2, name, etcd_instance)
+    endpoint = etcd.endpoint if etcd_answers else "127.0.0.1:9"
+    out = node_exit(moto_endpoint, endpoint, "running-job", name, sorted(before[1])[0], etcd_instance, 0)
+    assert "nothing" in out.stdout and state(provider, ec2, name, etcd_instance) == before
