@@ -42,7 +42,7 @@ from bamboo.control.config import JobConfig
 from bamboo.control.parser import OneLineParser
 from bamboo.control.etcd import EtcdError, EtcdLost, die_with_parent
 from bamboo.control.exits import FENCED, PARKED, Fenced
-from bamboo.control.protocol import CONFIG, DONE, FAILED, NOTICES, REGROUP, Notice
+from bamboo.control.protocol import CONFIG, DONE, ERROR, FAILED, NOTICES, REGROUP, Notice, WorkerError
 from bamboo.runtime import WORKER
 
 
@@ -214,10 +214,21 @@ def wait_for_iteration(cluster: Cluster, iteration: int, cfg: JobConfig) -> bool
         agreed.close()  # the job's later boundaries need not wake this agent
 
 
+def missing_gpus(expected: int) -> str | None:
+    """Why this machine cannot run its workers on the GPUs it should have (None: it can)."""
+    import torch
+    found = torch.cuda.device_count()
+    if found >= expected:
+        return None
+    return (f"no GPU: this machine should have {expected} and torch {torch.__version__} sees {found} "
+            f"(CUDA {torch.version.cuda or 'not built in'}); check the image's NVIDIA driver (nvidia-smi)")
+
+
 def _check_args(ap, args) -> None:
     """Values no agent could use, refused (argparse's error) before etcd is asked anything."""
     for flag, value, least in (("--min-nodes", args.min_nodes, 1), ("--max-nodes", args.max_nodes, 1),
-                               ("--node", args.node, 0), ("--register-after", args.register_after, 0)):
+                               ("--node", args.node, 0), ("--register-after", args.register_after, 0),
+                               ("--expect-gpus", args.expect_gpus, 0)):
         if value is not None and value < least:
             ap.error(f"{flag} must be at least {least} (got {value})")
     for flag, value in (("--job", args.job), ("--zone", args.zone)):
@@ -236,6 +247,9 @@ def build_parser() -> OneLineParser:
     ap.add_argument("--log-dir", help="write the worker's output here")
     ap.add_argument("--notice", choices=sorted(WATCHERS), help="watch this cloud's preemption notices")
     ap.add_argument("--metadata-url", help="the metadata service to watch (default: the cloud's own)")
+    ap.add_argument("--expect-gpus", type=int, default=0, metavar="N",
+                    help="this machine should have N GPUs: with fewer seen by torch, the node records one error "
+                         "line in the job's etcd and exits with status 1 (a cloud boot script's check)")
     ap.add_argument("--register-after", type=int, metavar="ITER",
                     help="start now, register once iteration ITER is done (the launcher's --join)")
     ap.add_argument("--workers", type=int, default=1, metavar="N",
@@ -262,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
         membership = Membership(cluster, args.zone, args.node, cfg, host=args.host)
     except ValueError as e:
         print(f"bamboo-agent: error: {e}", file=sys.stderr)
+        return 1
+    if (missing := missing_gpus(args.expect_gpus)) is not None:  # the job hears why this node never starts
+        cluster.put(ERROR(membership.node), WorkerError(missing))
+        print(f"bamboo-agent: error: {missing}", file=sys.stderr)
         return 1
     handler = rendezvous_handler(args.etcd, args.job, local_addr=socket.gethostname(), **rendezvous_options(args, cfg))
     spec = WorkerSpec(role="bamboo", local_world_size=1, rdzv_handler=handler, entrypoint=sys.executable,

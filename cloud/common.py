@@ -2,6 +2,7 @@
 new node boots with (install Bamboo, find the node's zone, run its agent)."""
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
 
@@ -10,6 +11,19 @@ from dataclasses import dataclass
 # nodes install the wheel a launch builds and uploads, or a direct reference (--package).
 DISTRIBUTION = "bamboo-spot"
 TORCH = "2.13.0"  # constraints.txt's pin: the nodes train with the torch the tests ran
+# The checkout's pins (make's installs use them); every pip install on a node takes them too.
+CONSTRAINTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "constraints.txt")
+
+
+def pins(path: str = CONSTRAINTS) -> str:
+    """The pin lines of constraints.txt, or torch's alone where this install has no
+    checkout beside it (a wheel): what the nodes install is then held to torch only."""
+    try:
+        with open(path) as f:
+            lines = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+    except OSError:
+        lines = []
+    return "\n".join(lines or [f"torch=={TORCH}"])
 
 
 class LaunchError(RuntimeError):
@@ -41,7 +55,10 @@ mkdir -p "$ROOT/opt" "$ROOT/var/log/bamboo"
 {workers}
 echo "bamboo boot: instance $INSTANCE in zone $ZONE, $WORKERS worker(s)"
 python3 -m venv "$ROOT/opt/bamboo"
-pip_install() {{ "$ROOT/opt/bamboo/bin/python" -m pip install --quiet "$@"; }}
+cat > "$ROOT/opt/constraints.txt" <<'PINS'
+{pins}
+PINS
+pip_install() {{ "$ROOT/opt/bamboo/bin/python" -m pip install --quiet -c "$ROOT/opt/constraints.txt" "$@"; }}
 if command -v nvidia-smi >/dev/null 2>&1; then
   pip_install "torch=={torch}"  # the package index's Linux build is the CUDA one
 else
@@ -51,7 +68,8 @@ fi
 {fetch}pip_install {requirement}
 {certs}echo "bamboo boot: installed, starting the agent"
 {run}"$ROOT/opt/bamboo/bin/bamboo-agent" --etcd {etcd} --job {job} --zone "$ZONE" --notice {notice} \\
-  --metadata-url "$META" --log-dir "$ROOT/var/log/bamboo" --workers "$WORKERS"{after}
+  --metadata-url "$META" --log-dir "$ROOT/var/log/bamboo" --workers "$WORKERS" \\
+  --expect-gpus "${{BAMBOO_EXPECT_GPUS:-$GPUS}}"{after}
 """
 # After the agent (with `Ec2Spec.exit_args`): what the node's end should stop paying for (cloud/node_exit.py).
 AFTER = (' && STATUS=0 || STATUS=$?\n'
@@ -81,14 +99,14 @@ class NodeLines:
     notice: str          # the agent's --notice: ec2 or gcp
     metadata: str        # the metadata server's address
     zone_lookup: str     # shell lines that set ZONE and INSTANCE from the metadata at $META
-    workers: str = "WORKERS=1"  # lines that set WORKERS, the machine's GPUs (its agent runs a worker on each)
+    workers: str = "WORKERS=1; GPUS=0"  # lines that set WORKERS (a worker per GPU) and GPUS (checked at boot)
     certs: str = ""      # the nodes' folder of etcd certificates in the job's bucket (none: a plain etcd)
     exit_args: str = ""  # cloud.node_exit's arguments, run with the agent's status (none: exec the agent)
 
 
 def boot_script(install: Install, etcd: str, job: str, node: NodeLines) -> str:
     fetch, requirement = _fetch_lines(install)
-    return BOOT.format(metadata=node.metadata, zone_lookup=node.zone_lookup, torch=TORCH, fetch=fetch,
+    return BOOT.format(metadata=node.metadata, zone_lookup=node.zone_lookup, torch=TORCH, pins=pins(), fetch=fetch,
                        requirement=requirement, etcd=shlex.quote(etcd), job=shlex.quote(job), notice=node.notice,
                        workers=node.workers,
                        certs=NODE_CERTS.format(folder=shlex.quote(node.certs)) if node.certs else "",

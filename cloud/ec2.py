@@ -66,14 +66,16 @@ class Ec2Spec:
 
 
 def workers_lookup(types: tuple[str, ...]) -> str:
-    """Shell lines that set WORKERS to the GPUs of the instance (GPUS): one number
-    when every type has as many, else the instance's type asked of IMDS."""
-    counts = {t: GPUS.get(t, 1) for t in types}
+    """Shell lines that set WORKERS to the GPUs of the instance (GPUS), and GPUS to
+    those its agent checks torch sees (0 for a type the table does not know): one
+    pair when every type has as many, else the instance's type asked of IMDS."""
+    counts = {t: GPUS.get(t, 0) for t in types}
     if len(set(counts.values())) == 1:
-        return f"WORKERS={next(iter(counts.values()))}"
-    cases = " ".join(f"{t}) WORKERS={n};;" for t, n in counts.items())
+        n = next(iter(counts.values()))
+        return f"WORKERS={max(n, 1)}; GPUS={n}"
+    cases = " ".join(f"{t}) WORKERS={max(n, 1)}; GPUS={n};;" for t, n in counts.items())
     return ('TYPE=$(curl -fsS -H "X-aws-ec2-metadata-token: $TOKEN" "$META/latest/meta-data/instance-type")\n'
-            f'case "$TYPE" in {cases} *) WORKERS=1;; esac')
+            f'case "$TYPE" in {cases} *) WORKERS=1; GPUS=0;; esac')
 
 
 class Ec2Provider:

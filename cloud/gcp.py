@@ -96,7 +96,8 @@ class GcpSpec:
 
     def startup_script(self) -> str:
         return boot_script(self.install, self.etcd, self.job, NodeLines(
-            "gcp", METADATA, ZONE_LOOKUP, f"WORKERS={workers(self.machine_type, self.accelerator)}", self.certs))
+            "gcp", METADATA, ZONE_LOOKUP, f"WORKERS={workers(self.machine_type, self.accelerator)}; "
+                                          f"GPUS={node_gpus(self.machine_type, self.accelerator)}", self.certs))
 
 
 class GcpProvider:

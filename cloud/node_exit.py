@@ -2,9 +2,10 @@
 after its work ends. The boot script (cloud/common.py) runs it with the agent's
 exit status:
 
-- the job is complete (its workers wrote `completed`): the group goes to zero
-  nodes and the job's etcd instances stop. Every node does this, and doing it
-  twice changes nothing.
+- the job is complete (its workers wrote `completed` as they left it): once every
+  node of its last epoch has left or stopped, the group goes to zero nodes and the
+  job's etcd instances stop. Every node does this, and doing it twice changes
+  nothing.
 - the agent exited for good (status 1: a crash, out of memory, no GPU, a start
   that timed out): this instance leaves the group, and the group's size drops by
   one, since a replacement would most likely fail alike.
@@ -44,15 +45,22 @@ def decide(status: int, completed: bool) -> Action:
     return Action.LEAVE if status != 0 else Action.NOTHING
 
 
-def job_completed(etcd: str, job: str) -> bool:
-    """Whether the job's workers wrote `completed` (False when etcd does not answer:
-    then nothing is torn down on a guess)."""
+def job_completed(etcd: str, job: str, patience: float = 600.0) -> bool:
+    """Whether the job is complete: a worker left it finished (`completed`), and then,
+    once every member of its last epoch left it too or stopped (its worker's lease
+    gone), so that no final checkpoint write is cut short; False when etcd does not
+    answer, or the others are still at it after `patience` seconds: then nothing is
+    torn down on a guess."""
     from bamboo.control.cluster import Cluster
     from bamboo.control.protocol import COMPLETED
     try:
         cluster = Cluster(etcd, job, read_only=True)
         try:
-            return cluster.get(COMPLETED()) is not None
+            if not cluster.children(COMPLETED()):
+                return False
+            members = set(cluster.latest_assignment().members)
+            return cluster.wait_for(lambda: not ((members - set(cluster.children(COMPLETED()))) & cluster.alive()),
+                                    timeout=patience, what="the job's other nodes to leave", poll=1.0)
         finally:
             cluster.close()
     except Exception as e:  # noqa: BLE001 -- any etcd failure: one line, no teardown
@@ -89,13 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--instance", required=True, help="this instance's id")
     ap.add_argument("--etcd-instance", action="append", default=[], metavar="ID",
                     help="repeatable: the job's etcd instances, stopped when the job is complete")
+    ap.add_argument("--patience", type=float, default=600.0, metavar="SECONDS",
+                    help="how long a complete job's other nodes may take to leave it before nothing is done")
     ap.add_argument("--endpoint-url", help="the API endpoint (tests point it at a local server)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    action = decide(args.status, job_completed(args.etcd, args.job))
+    action = decide(args.status, job_completed(args.etcd, args.job, args.patience))
     print(f"cloud.node_exit: the agent exited with status {args.status}: {action.value}", flush=True)
     try:
         act_ec2(action, args)

@@ -94,7 +94,8 @@ def prepare_root(root, venv_name: str = "bamboo") -> None:
 def boot(script: str, root, metadata: FakeMetadata, wheelhouse) -> subprocess.Popen:
     """Run `script` as the node's boot: bash, the sandbox's root and metadata."""
     return run_script(script, root, wheelhouse, {"BAMBOO_METADATA": metadata.url,
-                                                 "AWS_EC2_METADATA_SERVICE_ENDPOINT": metadata.url})
+                                                 "AWS_EC2_METADATA_SERVICE_ENDPOINT": metadata.url,
+                                                 "BAMBOO_EXPECT_GPUS": "0"})  # this machine has none
 
 
 def run_script(script: str, root, wheelhouse, env: dict, venv_name: str = "bamboo") -> subprocess.Popen:

@@ -306,7 +306,8 @@ MODE = Family("mode", ("iteration",), ModeChoice,
               "--redundancy auto: the mode wanted after the iteration; the boundary after the next one switches")
 TIED = Family("tied", ("iteration", "pipeline"), Reduced, "a pipeline's tied-weight gradients were summed")
 CHECKPOINTED = Family("checkpointed", (), Timestamp, "when the last checkpoint was decided")
-COMPLETED = Family("completed", (), Timestamp, "the job's last iteration was agreed: nothing is left to train")
+COMPLETED = Family("completed", ("node",), Timestamp,
+                   "node left the finished job: the last iteration agreed, its checkpoint written, its layers saved")
 PREEMPTED = Family("preempted", ("node",), Preempted, "an injected SIGKILL (for the metrics)")
 ERROR = Family("error", ("node",), WorkerError, "a worker's fatal error")
 IDS = Family("ids", ("node",), Mark, "the node id is taken (never reused)")

@@ -245,9 +245,8 @@ class Worker(EpochMoves):
         return self._move_to(self._next_epoch(self.assignment.epoch))
 
     def leave(self) -> None:
-        """The job's last iteration is agreed: say so (a cloud node then stops what it
-        pays for: cloud/node_exit.py), save what is asked for, and go."""
-        self.cluster.create(COMPLETED(), Timestamp(time.time()))
+        """The job's last iteration is agreed: save what is asked for, say so (once
+        every node has, a cloud job stops what it pays for: cloud/node_exit.py), and go."""
         self.executor.drop_ahead()
         if self.executor.ahead_taken:
             print(f"bamboo.runtime.worker: node {self.node}: {self.executor.ahead_taken} iterations began with "
@@ -256,6 +255,7 @@ class Worker(EpochMoves):
         self.checkpoints.wait()
         if self.cfg.checkpoints.save_dir and self.pipeline == 0:
             self.holdings.save(self._owned(), self.cfg.checkpoints.save_dir)
+        self.cluster.create(COMPLETED(self.node), Timestamp(time.time()))
 
     # -- the steps' parts ----------------------------------------------------------------
     def _loss_scale_of(self, it: int) -> LossScale | None:

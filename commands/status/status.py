@@ -17,7 +17,7 @@ from bamboo.control.parser import OneLineParser
 from bamboo.control.cluster import Cluster
 from bamboo.control.credentials import ENV as TLS_ENV, ClientFiles, CredentialError
 from bamboo.control.etcd import FROM_ENV, EtcdError, EtcdRefused, connect, etcd_errors, refused
-from bamboo.control.protocol import CONFIG, DONE, DRAIN, LOSS, ZONES, scan
+from bamboo.control.protocol import CONFIG, DONE, DRAIN, ERROR, LOSS, ZONES, scan
 
 
 def jobs(endpoint: str) -> list[str]:
@@ -63,6 +63,7 @@ def job_status(endpoint: str, job: str, tls=FROM_ENV) -> dict:
               "failed": {n: failed[n].to_dict() for n in sorted(failed)},
               "zones": {n: z.zone for n, z in sorted(cluster.children(ZONES()).items())},
               "draining": sorted(cluster.children(DRAIN())),
+              "errors": {n: e.message for n, e in sorted(cluster.children(ERROR()).items())},
               "epoch": current.epoch if current else None,
               "assignment": [list(p) for p in current.pipelines] if current else [],
               "standby": list(current.standby) if current else [],

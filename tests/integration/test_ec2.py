@@ -211,7 +211,9 @@ def test_a_four_gpu_type_boots_four_workers(aws):
     provider.up(spec(image, "bamboo-4gpu", instance_types=("p3.8xlarge",)), provider.subnets(ZONES))
     version = ec2.describe_launch_template_versions(LaunchTemplateName="bamboo-4gpu")["LaunchTemplateVersions"][0]
     script = base64.b64decode(version["LaunchTemplateData"]["UserData"]).decode()
-    assert "WORKERS=4\n" in script and '--workers "$WORKERS"' in script
-    mixed = spec(image, "m", instance_types=("g5.xlarge", "g5.12xlarge")).user_data()
-    assert "g5.12xlarge) WORKERS=4;;" in mixed and "g5.xlarge) WORKERS=1;;" in mixed and "instance-type" in mixed
+    assert "WORKERS=4; GPUS=4\n" in script and '--workers "$WORKERS"' in script
+    assert '--expect-gpus "${BAMBOO_EXPECT_GPUS:-$GPUS}"' in script  # the agent checks torch sees them
+    mixed = spec(image, "m", instance_types=("g5.xlarge", "g5.12xlarge", "c5.large")).user_data()
+    assert "g5.12xlarge) WORKERS=4; GPUS=4;;" in mixed and "g5.xlarge) WORKERS=1; GPUS=1;;" in mixed
+    assert "c5.large) WORKERS=1; GPUS=0;;" in mixed and "instance-type" in mixed
     provider.down("bamboo-4gpu")

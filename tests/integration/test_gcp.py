@@ -10,6 +10,7 @@ import pytest
 
 from cloud.common import Install, LaunchError
 from cloud.gcp import GcpProvider, GcpSpec
+from cloud.records import read_records
 from tests.fake_gcp import FakeCompute
 
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
@@ -101,7 +102,7 @@ def test_launch_status_down_and_dry_run_through_the_command(compute, gcs, tmp_pa
     assert [a["email"] for a in properties["serviceAccounts"]] == ["gpt-nodes@proj.iam.gserviceaccount.com"]
     assert "put /bamboo/gpt/config" in etcd_node["metadata"]["items"][0]["value"]
     assert etcd_node["serviceAccounts"][0]["scopes"] == ["https://www.googleapis.com/auth/devstorage.read_only"]
-    made = json.loads(open(state).read())
+    made = read_records(state)["gpt"]
     shipped = {name for bucket, name in gcs.objects if bucket == "ckpts"}
     assert shipped == {u[len("gs://ckpts/"):] for u in made["certificates"]} and len(shipped) == 7
     assert all(name.startswith("launches/bamboo-launch/gpt/etcd-tls/") for name in shipped)
@@ -174,7 +175,7 @@ def test_etcd_auto_with_three_members_puts_one_in_each_zone(compute, tmp_path):
                 "--etcd-plain")
     assert up.returncode == 0, up.stderr
     assert "--etcd-plain: the job's etcd runs without TLS or auth" in up.stderr
-    made = json.loads(open(state).read())
+    made = read_records(state)["trio"]
     assert made["certificates"] == [] and made["etcd_tls"] is None
     assert [i.split("/")[0] for i in made["etcd_instances"]] == list(ZONES)
     assert set(compute.instances) == {"bamboo-etcd", "bamboo-etcd-1", "bamboo-etcd-2"}
@@ -192,6 +193,8 @@ def test_a_four_gpu_machine_boots_four_workers(compute):
     provider.up(GcpSpec(**{**spec("bamboo-a2").__dict__, "machine_type": "a2-highgpu-4g",
                            "accelerator": "nvidia-tesla-a100:4"}))
     script = compute.templates["bamboo-a2"]["properties"]["metadata"]["items"][0]["value"]
-    assert "WORKERS=4\n" in script and '--workers "$WORKERS"' in script
-    assert "WORKERS=2\n" in GcpSpec(**{**spec().__dict__, "accelerator": "nvidia-tesla-t4:2"}).startup_script()
+    assert "WORKERS=4; GPUS=4\n" in script and '--workers "$WORKERS"' in script
+    assert '--expect-gpus "${BAMBOO_EXPECT_GPUS:-$GPUS}"' in script  # the agent checks torch sees them
+    assert "WORKERS=2; GPUS=2\n" in GcpSpec(**{**spec().__dict__, "accelerator": "nvidia-tesla-t4:2"}).startup_script()
+    assert "WORKERS=1; GPUS=0\n" in GcpSpec(**{**spec().__dict__, "accelerator": "none"}).startup_script()
     provider.down("bamboo-a2")

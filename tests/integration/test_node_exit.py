@@ -10,9 +10,10 @@ import sys
 import boto3
 import pytest
 
+from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.exits import FENCED
-from bamboo.control.protocol import COMPLETED, Timestamp
+from bamboo.control.protocol import ALIVE, ASSIGNMENT, COMPLETED, Alive, Timestamp
 from cloud.common import Install
 from cloud.ec2 import Ec2Provider, Ec2Spec
 
@@ -35,10 +36,11 @@ def group(moto_endpoint, monkeypatch, request):
     provider.down(name)
 
 
-def node_exit(moto_endpoint, etcd, job, name, instance, etcd_instance, status):
+def node_exit(moto_endpoint, etcd, job, name, instance, etcd_instance, status, patience=600):
     out = subprocess.run([sys.executable, "-m", "cloud.node_exit", "ec2", "--status", str(status), "--etcd", etcd,
                           "--job", job, "--region", REGION, "--group", name, "--instance", instance,
-                          "--etcd-instance", etcd_instance, "--endpoint-url", moto_endpoint],
+                          "--etcd-instance", etcd_instance, "--endpoint-url", moto_endpoint,
+                          "--patience", str(patience)],
                          capture_output=True, text=True, timeout=120, env=os.environ)
     assert out.returncode == 0, out.stderr
     return out
@@ -50,14 +52,38 @@ def state(provider, ec2, name, etcd_instance):
     return scaling["DesiredCapacity"], {i["InstanceId"] for i in scaling["Instances"]}, etcd_state["Name"]
 
 
+def finished_job(etcd, job: str, still_running: int | None = None) -> Cluster:
+    """A job of nodes 0, 1 and 2 whose node 0 left it finished, node 1 died, and
+    `still_running` (if given) is still writing its last checkpoint."""
+    cluster = Cluster(etcd.endpoint, job)
+    cluster.create(ASSIGNMENT(0), Assignment(0, 0, ((0, 1, 2),)))
+    cluster.create(COMPLETED(0), Timestamp(1.0))
+    if still_running is not None:
+        cluster.put(ALIVE(still_running), Alive(still_running))
+    else:
+        cluster.create(COMPLETED(2), Timestamp(2.0))
+    return cluster
+
+
 def test_a_complete_job_scales_its_group_to_zero_and_stops_its_etcd(moto_endpoint, etcd, group):
     name, provider, ec2, etcd_instance = group
-    Cluster(etcd.endpoint, "done-job").create(COMPLETED(), Timestamp(1.0))
+    finished_job(etcd, "done-job").close()
     instance = sorted(state(provider, ec2, name, etcd_instance)[1])[0]
     out = node_exit(moto_endpoint, etcd.endpoint, "done-job", name, instance, etcd_instance, 0)
     assert "finish" in out.stdout
     desired, members, etcd_state = state(provider, ec2, name, etcd_instance)
     assert desired == 0 and etcd_state in ("stopping", "stopped")
+
+
+def test_a_node_still_leaving_the_complete_job_is_waited_for(moto_endpoint, etcd, group):
+    """Node 2 still runs (its final checkpoint, say): nothing is torn down under it."""
+    name, provider, ec2, etcd_instance = group
+    finished_job(etcd, "leaving-job", still_running=2).close()
+    before = state(provider, ec2, name, etcd_instance)
+    out = node_exit(moto_endpoint, etcd.endpoint, "leaving-job", name, sorted(before[1])[0], etcd_instance, 0,
+                    patience=2)
+    assert "waiting for the job's other nodes to leave" in out.stderr and "nothing" in out.stdout
+    assert state(provider, ec2, name, etcd_instance) == before
 
 
 @pytest.mark.parametrize("status,desired,replaced", [(1, 2, False), (FENCED, 3, True)])
