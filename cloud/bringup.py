@@ -184,10 +184,13 @@ def check_etcd(args, job: str, log) -> None:
 
 
 def launch_ec2(args, cfg, log=print) -> dict:
-    from cloud.ec2 import GPU_TYPES, Ec2Provider, Ec2Spec
+    from cloud.ec2 import GPU_TYPES, GPUS, Ec2Provider, Ec2Spec
     from cloud.storage import S3Shipper, default_bucket
     zones, types = zones_of(args), tuple(args.instance_type or GPU_TYPES)
     job = cfg.cluster.job
+    if cfg.recipe.precision == Precision.FP16 and (without := [t for t in types if t not in GPUS]):
+        raise BadInput(f"--precision fp16 needs a GPU on each node: --instance-type {without[0]} is not a GPU type "
+                       f"bamboo knows (known: {', '.join(GPUS)})")
     check_names(args, "ec2")
     check_members(args, zones)
     check_install(args, default_bucket=True)
@@ -204,7 +207,7 @@ def launch_ec2(args, cfg, log=print) -> dict:
     try:
         shipper = None if args.package and not tls else S3Shipper(
             args.bucket or default_bucket(job, args.region), args.region, args.endpoint_url, args.dry_run, log,
-            create=not args.bucket)
+            create=not args.bucket, by_role=bool(args.iam_profile))
         install, wheel = installable(args, shipper, job, undo)
         certs = job_certificates(args, tls, shipper, install, job, undo)
         spec = Ec2Spec(name=args.name, region=args.region, zones=zones, nodes=args.nodes, image=args.image,

@@ -36,11 +36,15 @@ class BadInput(LaunchError):
 
 @dataclass(frozen=True)
 class Install:
-    """What a node pip-installs: `requirement`, after fetching `url` to `wheel`
-    (a presigned or signed URL of the uploaded wheel) when there is one."""
+    """What a node pip-installs: `requirement`, after fetching the uploaded wheel to
+    `wheel`: from `url` (a presigned or signed URL, which expires), or from `s3` (its
+    object, read with the instance's role, which does not) when there is one."""
     requirement: str
     url: str | None = None
     wheel: str | None = None
+    s3: str | None = None           # s3://BUCKET/KEY
+    region: str = ""                # the bucket's region, for `s3`
+    endpoint_url: str | None = None  # S3's endpoint, for `s3` (tests: a local server)
 
 
 # ROOT and META exist so that a local sandbox can run this very script: an empty
@@ -77,11 +81,29 @@ AFTER = (' && STATUS=0 || STATUS=$?\n'
          'exit "$STATUS"')
 
 
+# The wheel read from S3 with the instance's role (boto3, pinned, first); a minute
+# of tries (the role's credentials may lag the boot), then the boot fails.
+S3_FETCH = """pip_install boto3
+for TRY in 1 2 3 4 5 6 7 8 9 10 11 12 FAIL; do
+  [ "$TRY" = FAIL ] && {{ echo "bamboo boot: cannot read {uri} with this instance's role" >&2; exit 1; }}
+  "$ROOT/opt/bamboo/bin/python" - {uri} {target} {region} {endpoint} <<'FETCH' && break || sleep 5
+import sys, boto3
+bucket, _, key = sys.argv[1].removeprefix("s3://").partition("/")
+s3 = boto3.client("s3", region_name=sys.argv[3], endpoint_url=sys.argv[4] or None)
+s3.download_file(bucket, key, sys.argv[2])
+FETCH
+done
+"""
+
+
 def _fetch_lines(install: Install) -> tuple[str, str]:
     """Shell lines that fetch the wheel (none for a direct reference), and what pip installs."""
+    target = f'"$ROOT/opt/{install.wheel}"'
+    if install.s3:
+        return S3_FETCH.format(uri=shlex.quote(install.s3), target=target, region=shlex.quote(install.region),
+                               endpoint=shlex.quote(install.endpoint_url or "")), target
     if not install.url:
         return "", shlex.quote(install.requirement)
-    target = f'"$ROOT/opt/{install.wheel}"'
     return f"curl -fsS --retry 5 -o {target} {shlex.quote(install.url)}\n", target
 
 

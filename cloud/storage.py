@@ -1,7 +1,8 @@
-"""Shipping the wheel to the nodes through object storage: an S3 object and a
-presigned URL (EC2), a GCS object and a V4 signed URL (GCP). Nodes need no cloud
-credentials to fetch it. A URL lives at most 7 days (both clouds' limit for these
-signatures): a node booting later needs a new launch (see docs/cloud.md).
+"""Shipping the wheel to the nodes through object storage: an S3 object (EC2),
+which nodes with a role (--iam-profile) read with it, else through a presigned
+URL; a GCS object and a V4 signed URL (GCP). A URL lives at most 7 days (both
+clouds' limit for these signatures), less under short-lived credentials: a node
+booting later needs a new launch (see docs/cloud.md).
 
 With `dry_run` each request is printed, one JSON line, and none is sent."""
 from __future__ import annotations
@@ -44,9 +45,11 @@ class S3Shipper:
     scheme = "s3://"
 
     def __init__(self, location: str, region: str, endpoint_url: str | None, dry_run: bool, log=print,
-                 create: bool = False):
+                 create: bool = False, by_role: bool = False):
         self.bucket, self.prefix = split_location(location, self.scheme)
         self.region, self.dry_run, self.log = region, dry_run, log
+        self.endpoint_url = endpoint_url
+        self.by_role = by_role  # the nodes read the wheel with their role (--iam-profile): no expiring URL
         self.create = create    # the bucket is the launch's own (default_bucket): made if absent
         self.created = False    # this launch made it: down removes it
         if not dry_run:
@@ -80,10 +83,12 @@ class S3Shipper:
             self.ensure_bucket()
         with open(wheel, "rb") as body:
             self._call("put_object", Bucket=self.bucket, Key=key, Body=body)
+        name, uri = os.path.basename(wheel), f"s3://{self.bucket}/{key}"
+        if self.by_role:
+            return Install(name, wheel=name, s3=uri, region=self.region, endpoint_url=self.endpoint_url), uri
         url = self._call("generate_presigned_url", ClientMethod="get_object",
                          Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=URL_SECONDS)
-        name = os.path.basename(wheel)
-        return Install(name, url, name), f"s3://{self.bucket}/{key}"
+        return Install(name, url, name), uri
 
     def ensure_bucket(self) -> None:
         if not self.dry_run:

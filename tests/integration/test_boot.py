@@ -2,7 +2,8 @@
 uploads the project's wheel to S3 (moto); the user data it wrote into the launch
 template then runs for real under bash in a local sandbox (tests/sandbox.py): the
 zone and instance id from a fake IMDSv2, the wheel fetched through the presigned
-URL and pip-installed from local files only, and the node's agent joins the job
+URL (or, with --iam-profile, read from S3 with the role's credentials from the
+fake IMDS) and pip-installed from local files only, and the node's agent joins the job
 and trains. Losses equal the single-process reference (float64)."""
 import base64
 import glob
@@ -124,7 +125,10 @@ def test_three_nodes_boot_train_and_one_drains_on_a_spot_notice(aws, etcd, tmp_p
     iteration 2 the IMDS of a node in the pipeline posts spot/instance-action: its
     agent drains it, the standby takes the stage, and the losses are the reference's."""
     iterations = 10
-    script = launch_ec2(aws, etcd, tmp_path, "boot-three", 3, iterations, "--max-stages-per-node", "1")
+    # with a role, the nodes read the wheel from S3 with it (boto3, the fake IMDS's credentials), no URL
+    script = launch_ec2(aws, etcd, tmp_path, "boot-three", 3, iterations, "--max-stages-per-node", "1",
+                        "--iam-profile", "bamboo-node")
+    assert "download_file" in script and "curl -fsS --retry 5 -o" not in script
     (tmp_path / "wheelhouse").mkdir()
     metas = {z: FakeMetadata(z, f"i-0{z[-1]}") for z in ("us-east-1a", "us-east-1b", "us-east-1c")}
     roots = {z: tmp_path / f"node-{z[-1]}" for z in metas}

@@ -121,6 +121,21 @@ def test_missing_credentials_is_one_line(tmp_path):
     assert out.returncode == 1 and len(lines) == 1 and "no AWS credentials" in lines[0], out.stderr
 
 
+def test_fp16_on_a_type_without_a_known_gpu_is_refused_before_any_request(tmp_path):
+    """Checked against the nodes' types, not this machine (which has no CUDA): a
+    request would fail on the missing credentials with another message."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true"}
+    common = ["ec2", "--nodes", "2", "--zones", "us-east-1a", "--region", REGION, "--image", "ami-1", "--etcd", "auto",
+              "--job", "j", "--package", "https://example.com/b.whl", "--iam-profile", "p", "--precision", "fp16",
+              "--state", str(tmp_path / "s.json")]
+    out = launch(*common, "--instance-type", "g5.xlarge", "--instance-type", "c5.large", env=env)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert "--precision fp16 needs a GPU on each node: --instance-type c5.large is not a GPU type" in lines[0]
+    out = launch(*common, "--instance-type", "g5.xlarge", env=env)  # passes the check: stops at the credentials
+    assert out.returncode == 1 and "no AWS credentials" in out.stderr, out.stderr
+
+
 @pytest.mark.slow
 def test_etcd_auto_with_three_members_puts_one_in_each_zone(aws, tmp_path):
     """--etcd auto --etcd-members 3: three on-demand etcd instances, one per zone,

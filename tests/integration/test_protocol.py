@@ -23,7 +23,7 @@ EXAMPLES = {
     p.HANDED: p.Mark(), p.HANDOVER: p.Outcome(False, "node 3 died"), p.REDUCED: p.Reduced((0, 4)),
     p.TIED: p.Reduced((0, 3)), p.NORM: p.Loss(2.5),
     p.SCALE: p.LossScale(32768.0, 7, True), p.MODE: p.ModeChoice("lazy", {"deaths": 1.5, "seconds": {"off": 0.2}}),
-    p.CHECKPOINTED: p.Timestamp(12.5), p.PREEMPTED: p.Preempted(2, 9.0),
+    p.CHECKPOINTED: p.Timestamp(12.5), p.COMPLETED: p.Timestamp(13.5), p.PREEMPTED: p.Preempted(2, 9.0),
     p.ERROR: p.WorkerError("TimeoutError: x"), p.IDS: p.Mark(), p.MEMBERS: p.Member("a", "host", 9),
     p.ZONES: p.Zone("b"), p.DRAIN: p.Timestamp(1.0), p.NOTICES: p.Notice("ec2", 2.0, "terminate"),
     p.COPIES: p.Copies(6, (2, 3), {"scale": 1024.0, "good": 3, "overflow": False}),
