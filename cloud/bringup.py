@@ -272,7 +272,8 @@ def launch_gcp(args, cfg, log=print) -> dict:
             return f"{zone}/{instance}", endpoint
         etcd, etcd_instances = configure(args, cfg, log, undo, start_etcd, certs)
         nodes = ship_nodes(args, certs, undo)
-        made = provider.up(GcpSpec(**{**spec.__dict__, "etcd": etcd, "certs": nodes}))
+        made = provider.up(GcpSpec(**{**spec.__dict__, "etcd": etcd, "certs": nodes,
+                                      "etcd_instances": tuple(etcd_instances), "endpoint_url": args.endpoint_url}))
     except BaseException as e:
         raise _undone(e, undo) from None
     return {**made, "project": args.project, "job": job, "etcd": etcd, **_instances(etcd_instances),

@@ -77,7 +77,7 @@ fi
 """
 # After the agent (with `Ec2Spec.exit_args`): what the node's end should stop paying for (cloud/node_exit.py).
 AFTER = (' && STATUS=0 || STATUS=$?\n'
-         '"$ROOT/opt/bamboo/bin/python" -m cloud.node_exit {args} --status "$STATUS" --instance "$INSTANCE"\n'
+         '"$ROOT/opt/bamboo/bin/python" -m cloud.node_exit {args} --status "$STATUS" --instance "$NODE_REF"\n'
          'exit "$STATUS"')
 
 

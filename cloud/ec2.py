@@ -31,7 +31,8 @@ GPUS = {"g4dn.xlarge": 1, "g4dn.2xlarge": 1, "g4dn.4xlarge": 1, "g4dn.8xlarge": 
 METADATA = "http://169.254.169.254"
 ZONE_LOOKUP = """TOKEN=$(curl -fsSX PUT "$META/latest/api/token" -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')
 ZONE=$(curl -fsS -H "X-aws-ec2-metadata-token: $TOKEN" "$META/latest/meta-data/placement/availability-zone")
-INSTANCE=$(curl -fsS -H "X-aws-ec2-metadata-token: $TOKEN" "$META/latest/meta-data/instance-id")"""
+INSTANCE=$(curl -fsS -H "X-aws-ec2-metadata-token: $TOKEN" "$META/latest/meta-data/instance-id")
+NODE_REF=$INSTANCE"""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ by operations clients built here, so they use the same endpoint.
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 
 from cloud.common import BadInput, Install, LaunchError, NodeLines, boot_script
@@ -26,10 +27,13 @@ NETWORK = "global/networks/default"
 # the nodes' credentials (the project's default service account, from the metadata
 # server) may read and write Cloud Storage: gs:// data and checkpoints
 STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+COMPUTE_SCOPE = "https://www.googleapis.com/auth/compute"  # the node's end: its group's size, etcd's stop
 ETCD_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"   # its certificates, nothing else
 ZONE_LOOKUP = """ZONE=$(curl -fsS -H 'Metadata-Flavor: Google' "$META/computeMetadata/v1/instance/zone")
 ZONE=${ZONE##*/}
-INSTANCE=$(curl -fsS -H 'Metadata-Flavor: Google' "$META/computeMetadata/v1/instance/id")"""
+INSTANCE=$(curl -fsS -H 'Metadata-Flavor: Google' "$META/computeMetadata/v1/instance/id")
+NAME=$(curl -fsS -H 'Metadata-Flavor: Google' "$META/computeMetadata/v1/instance/name")
+NODE_REF=$ZONE/$NAME"""
 
 
 # Machine types that come with their GPUs (the others take --accelerator's count):
@@ -88,6 +92,8 @@ class GcpSpec:
     accelerator: str = "nvidia-tesla-t4:1"  # accelerator_for's, from --machine-type
     service_account: str = "default"   # the nodes' identity: a dedicated one reaches only the job's buckets
     certs: str = ""     # the nodes' folder of etcd certificates (cloud/etcd_tls.py); none: a plain etcd
+    etcd_instances: tuple[str, ...] = ()  # --etcd auto's instances (ZONE/NAME), stopped once the job is complete
+    endpoint_url: str | None = None       # the API endpoint the nodes call too (tests: a local server)
 
     @property
     def tag(self) -> str:
@@ -97,7 +103,16 @@ class GcpSpec:
     def startup_script(self) -> str:
         return boot_script(self.install, self.etcd, self.job, NodeLines(
             "gcp", METADATA, ZONE_LOOKUP, f"WORKERS={workers(self.machine_type, self.accelerator)}; "
-                                          f"GPUS={node_gpus(self.machine_type, self.accelerator)}", self.certs))
+                                          f"GPUS={node_gpus(self.machine_type, self.accelerator)}", self.certs,
+            self.exit_args()))
+
+    def exit_args(self) -> str:
+        """cloud.node_exit's arguments on this job's nodes."""
+        words = ["gcp", "--etcd", self.etcd, "--job", self.job, "--region", self.region, "--group", self.name,
+                 "--project", self.project]
+        words += [w for instance in self.etcd_instances for w in ("--etcd-instance", instance)]
+        words += ["--endpoint-url", self.endpoint_url] if self.endpoint_url else []
+        return " ".join(shlex.quote(w) for w in words)
 
 
 class GcpProvider:
@@ -180,7 +195,7 @@ class GcpProvider:
             scheduling=c.Scheduling(provisioning_model="SPOT", instance_termination_action="DELETE",
                                     on_host_maintenance="TERMINATE", automatic_restart=False),
             metadata=c.Metadata(items=[c.Items(key="startup-script", value=spec.startup_script())]),
-            service_accounts=[c.ServiceAccount(email=spec.service_account, scopes=[STORAGE_SCOPE])],
+            service_accounts=[c.ServiceAccount(email=spec.service_account, scopes=[STORAGE_SCOPE, COMPUTE_SCOPE])],
             tags=c.Tags(items=[spec.tag]), labels={"bamboo-job": spec.job}))
         self._call("templates", "insert", project=self.project, instance_template_resource=template)
         group = c.InstanceGroupManager(
@@ -266,6 +281,17 @@ class GcpProvider:
 
     def remove_instance(self, zone: str, name: str) -> None:
         self._call("instances", "delete", project=self.project, zone=zone, instance=name)
+
+    def stop_instance(self, zone: str, name: str) -> None:
+        self._call("instances", "stop", project=self.project, zone=zone, instance=name)
+
+    def leave_group(self, group: str, zone: str, name: str) -> None:
+        """Take instance `name` out of `group`, whose target size drops by one."""
+        from google.cloud import compute_v1
+        request = compute_v1.RegionInstanceGroupManagersDeleteInstancesRequest(
+            instances=[f"zones/{zone}/instances/{name}"])
+        self._call("groups", "delete_instances", project=self.project, region=self.region,
+                   instance_group_manager=group, region_instance_group_managers_delete_instances_request_resource=request)
 
 
 def _interface():

@@ -16,6 +16,7 @@ exit status:
 
     python -m cloud.node_exit ec2 --status N --etcd HOST:PORT[,...] --job NAME --region R
                               --group NAME --instance ID [--etcd-instance ID ...]
+    python -m cloud.node_exit gcp ... --project P --instance ZONE/NAME [--etcd-instance ZONE/NAME ...]
 
 Errors are printed as one line. The exit status is always 0, because the node's
 end should not wait on this.
@@ -86,16 +87,33 @@ def act_ec2(action: Action, args) -> None:
             InstanceId=args.instance, ShouldDecrementDesiredCapacity=action is Action.LEAVE)
 
 
+def act_gcp(action: Action, args) -> None:
+    """`action` through Compute Engine, as the instance's service account (a regional
+    group: deleteInstances lowers its target size, a deleted instance is recreated)."""
+    from cloud.gcp import GcpProvider
+    provider = GcpProvider(args.project, args.region, args.endpoint_url)
+    zone, _, name = args.instance.partition("/")
+    if action is Action.FINISH:
+        provider.scale(args.group, 0)
+        for etcd in args.etcd_instance:
+            provider.stop_instance(*etcd.split("/", 1))
+    elif action is Action.LEAVE:
+        provider.leave_group(args.group, zone, name)
+    elif action is Action.REPLACE:
+        provider.remove_instance(zone, name)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="cloud.node_exit", description=__doc__.splitlines()[0])
-    ap.add_argument("cloud", choices=("ec2",))
+    ap.add_argument("cloud", choices=("ec2", "gcp"))
     ap.add_argument("--status", type=int, required=True, help="the agent's exit status")
     ap.add_argument("--etcd", required=True, help="the job's etcd, HOST:PORT[,...]")
     ap.add_argument("--job", required=True, help="the job's name")
     ap.add_argument("--region", required=True, help="the group's region")
     ap.add_argument("--group", required=True, help="the job's Auto Scaling group")
-    ap.add_argument("--instance", required=True, help="this instance's id")
-    ap.add_argument("--etcd-instance", action="append", default=[], metavar="ID",
+    ap.add_argument("--instance", required=True, help="this instance: its id (EC2), ZONE/NAME (GCP)")
+    ap.add_argument("--project", help="gcp: the project")
+    ap.add_argument("--etcd-instance", action="append", default=[], metavar="ID|ZONE/NAME",
                     help="repeatable: the job's etcd instances, stopped when the job is complete")
     ap.add_argument("--patience", type=float, default=600.0, metavar="SECONDS",
                     help="how long a complete job's other nodes may take to leave it before nothing is done")
@@ -108,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     action = decide(args.status, job_completed(args.etcd, args.job, args.patience))
     print(f"cloud.node_exit: the agent exited with status {args.status}: {action.value}", flush=True)
     try:
-        act_ec2(action, args)
+        (act_ec2 if args.cloud == "ec2" else act_gcp)(action, args)
     except Exception as e:  # noqa: BLE001 -- boto3's errors: one line
         print(f"cloud.node_exit: {action.value} failed: {str(e).splitlines()[0][:300]}", file=sys.stderr)
     return 0

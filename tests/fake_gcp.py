@@ -1,6 +1,7 @@
 """A small fake of the Compute Engine REST API on loopback: instance templates,
-regional managed instance groups (insert, resize, listManagedInstances, delete),
-regions, machine and accelerator types, single instances (the --etcd auto node),
+regional managed instance groups (insert, resize, listManagedInstances,
+deleteInstances, delete), regions, machine and accelerator types, single
+instances (the --etcd auto node; insert, get, stop, delete),
 firewall rules
 and long-running operations (RUNNING when returned, DONE once polled), so
 the real google-cloud-compute client can be tested offline."""
@@ -28,6 +29,7 @@ class FakeCompute(http.server.ThreadingHTTPServer):
         self.polls = 0
         self.refuse: set[str] = set()   # "insert-group", ...: answered 403
         self.requests: list[tuple[str, str]] = []
+        self.left: list[str] = []      # instances taken out of a group by deleteInstances
         self._ids = itertools.count(1)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
@@ -78,6 +80,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             ("POST", region_base + "/instanceGroupManagers$", self._insert_group),
             ("POST", region_base + "/instanceGroupManagers/(?P<name>[^/]+)/resize$", self._resize),
             ("POST", region_base + "/instanceGroupManagers/(?P<name>[^/]+)/listManagedInstances$", self._list),
+            ("POST", region_base + "/instanceGroupManagers/(?P<name>[^/]+)/deleteInstances$", self._leave_group),
+            ("POST", zone_base + "/instances/(?P<name>[^/]+)/stop$", self._stop_instance),
             ("DELETE", region_base + "/instanceGroupManagers/(?P<name>[^/]+)$", self._delete_group),
             ("GET", zone_base + "/machineTypes/(?P<name>[^/]+)$", self._machine_type),
             ("GET", zone_base + "/acceleratorTypes/(?P<name>[^/]+)$", self._accelerator_type),
@@ -158,6 +162,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                                   f"{zones[i % len(zones)]}/instances/{name}-{i:04d}",
                       "instanceStatus": "RUNNING", "currentAction": "NONE"} for i in range(group["targetSize"])]
         self._reply(200, {"managedInstances": instances})
+
+    def _leave_group(self, project, region, name, query):
+        """deleteInstances: the instances go, and the group's target size drops by as many."""
+        gone = self._body()["instances"]
+        self.server.groups[name]["targetSize"] -= len(gone)
+        self.server.left.extend(gone)
+        self._reply(200, self.server.operation("deleteInstances", name, region))
+
+    def _stop_instance(self, project, zone, name, query):
+        self.server.instances[name]["status"] = "TERMINATED"  # what a stopped instance shows
+        self._reply(200, self.server.operation("stop", name, None, zone))
 
     def _delete_group(self, project, region, name, query):
         self.server.groups.pop(name, None)

@@ -66,6 +66,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if self.headers.get("Metadata-Flavor") != "Google":
                 return self._reply(403)
             answers = {"instance/zone": f"projects/123/zones/{s.zone}", "instance/id": s.instance,
+                       "instance/name": f"node-{s.instance}",
                        "instance/preempted": "TRUE" if s.action else "FALSE"}
             found = answers.get(self.path[len("/computeMetadata/v1/"):])
             return self._reply(200, found) if found is not None else self._reply(404)

@@ -95,6 +95,8 @@ def test_a_node_boots_from_the_gcp_startup_script_and_trains(gcp, etcd, tmp_path
         assert "instance 4242 in zone us-central1-b" in boot_log(root) and storage.signed_gets == 1
         assert installed_from_wheel(str(root))
         assert losses(cluster, iterations) == pytest.approx(reference(tmp_path, iterations), rel=1e-9)
+        # the job is complete: the node's end (cloud/node_exit.py) took its group to zero
+        assert "status 0: finish" in boot_log(root) and compute.groups["gboot"]["targetSize"] == 0, boot_log(root)
     finally:
         for p in (node, peer):
             if p.poll() is None:

@@ -38,7 +38,8 @@ def test_spot_template_and_regional_group_over_three_zones(compute):
     assert template["guestAccelerators"] == [{"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 1}]
     assert template["networkInterfaces"][0]["accessConfigs"][0]["type"] == "ONE_TO_ONE_NAT"
     assert template["serviceAccounts"] == [{"email": "default", "scopes": [
-        "https://www.googleapis.com/auth/devstorage.read_write"]}]  # gs:// data and checkpoints
+        "https://www.googleapis.com/auth/devstorage.read_write",  # gs:// data and checkpoints
+        "https://www.googleapis.com/auth/compute"]}]  # the node's end (cloud/node_exit.py)
     script = template["metadata"]["items"][0]["value"]
     assert 'bamboo-agent" --etcd 10.0.0.5:2379 --job gpt' in script and "--notice gcp" in script
     group = compute.groups["bamboo-gcp"]

@@ -1,5 +1,6 @@
 """A cloud node's end, run as the boot script runs it (`python -m cloud.node_exit`,
-a real process) against a moto server and a real etcd: a complete job scales its
+a real process) against a moto server (EC2) or the fake Compute Engine (GCP) and a
+real etcd: a complete job scales its
 group to zero and stops its etcd instances; an agent that exited for good takes
 its instance out of the group, one smaller; a fenced one is replaced; a drained
 one changes nothing, and so does an etcd that does not answer."""
@@ -104,3 +105,46 @@ def test_a_drained_agent_changes_nothing(moto_endpoint, etcd, group, etcd_answer
     endpoint = etcd.endpoint if etcd_answers else "127.0.0.1:9"
     out = node_exit(moto_endpoint, endpoint, "running-job", name, sorted(before[1])[0], etcd_instance, 0)
     assert "nothing" in out.stdout and state(provider, ec2, name, etcd_instance) == before
+
+
+@pytest.fixture
+def gcp_group():
+    """A GCP job's regional group of three nodes and its etcd instance, in the fake Compute Engine."""
+    from cloud.gcp import GcpProvider, GcpSpec
+    from tests.fake_gcp import FakeCompute
+    compute = FakeCompute()
+    provider = GcpProvider("proj", "us-central1", compute.url)
+    provider.up(GcpSpec(name="gcp-group", project="proj", region="us-central1", zones=compute.zones, nodes=3,
+                        image="img", etcd="10.0.0.5:2379", job="gpt", install=Install("https://example.com/b.whl")))
+    provider.etcd_node(GcpSpec(name="gcp-group", project="proj", region="us-central1", zones=compute.zones, nodes=3,
+                               image="img", etcd="", job="gpt", install=Install("x")), compute.zones[0], "#!/bin/bash")
+    yield compute
+    compute.shutdown()
+
+
+def gcp_exit(compute, etcd, job, status):
+    node = f"{compute.zones[1]}/gcp-group-0001"
+    out = subprocess.run([sys.executable, "-m", "cloud.node_exit", "gcp", "--status", str(status), "--etcd", etcd,
+                          "--job", job, "--region", "us-central1", "--group", "gcp-group", "--project", "proj",
+                          "--instance", node, "--etcd-instance", f"{compute.zones[0]}/gcp-group-etcd",
+                          "--endpoint-url", compute.url], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "failed" not in out.stderr, out.stderr
+    return node
+
+
+@pytest.mark.parametrize("status,complete", [(0, True), (1, False), (FENCED, False), (0, False)])
+def test_the_same_ends_on_gcp(etcd, gcp_group, status, complete):
+    """complete: the group to 0, etcd stopped; 1: deleteInstances (one smaller); fenced: the
+    instance deleted, the group recreates it; drained: nothing."""
+    compute, job = gcp_group, f"gcp-{status}-{complete}"
+    if complete:
+        finished_job(etcd, job).close()
+    node = gcp_exit(compute, etcd.endpoint, job, status)
+    size, etcd_status = compute.groups["gcp-group"]["targetSize"], compute.instances["gcp-group-etcd"].get("status")
+    zone, name = node.split("/")
+    deleted = ("DELETE", f"/compute/v1/projects/proj/zones/{zone}/instances/{name}")
+    assert (size, etcd_status, compute.left, deleted in compute.requests) == {
+        (0, True): (0, "TERMINATED", [], False),
+        (1, False): (2, None, [f"zones/{zone}/instances/{name}"], False),
+        (FENCED, False): (3, None, [], True),
+        (0, False): (3, None, [], False)}[(status, complete)]
