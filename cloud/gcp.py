@@ -290,8 +290,8 @@ class GcpProvider:
         from google.cloud import compute_v1
         request = compute_v1.RegionInstanceGroupManagersDeleteInstancesRequest(
             instances=[f"zones/{zone}/instances/{name}"])
-        self._call("groups", "delete_instances", project=self.project, region=self.region,
-                   instance_group_manager=group, region_instance_group_managers_delete_instances_request_resource=request)
+        self._call("groups", "delete_instances", project=self.project, region=self.region, instance_group_manager=group,
+                   region_instance_group_managers_delete_instances_request_resource=request)
 
 
 def _interface():
