@@ -75,7 +75,7 @@ fi
   --metadata-url "$META" --log-dir "$ROOT/var/log/bamboo" --workers "$WORKERS" \\
   --expect-gpus "${{BAMBOO_EXPECT_GPUS:-$GPUS}}"{after}
 """
-# After the agent (with `Ec2Spec.exit_args`): what the node's end should stop paying for (cloud/node_exit.py).
+# After the agent (with `NodeLines.exit_args`): what the node's end stops paying for (cloud/node_exit.py).
 AFTER = (' && STATUS=0 || STATUS=$?\n'
          '"$ROOT/opt/bamboo/bin/python" -m cloud.node_exit {args} --status "$STATUS" --instance "$NODE_REF"\n'
          'exit "$STATUS"')
@@ -127,6 +127,7 @@ class NodeLines:
 
 
 def boot_script(install: Install, etcd: str, job: str, node: NodeLines) -> str:
+    """The script a node of `job` boots with: install `install`, run its agent against `etcd`."""
     fetch, requirement = _fetch_lines(install)
     return BOOT.format(metadata=node.metadata, zone_lookup=node.zone_lookup, torch=TORCH, pins=pins(), fetch=fetch,
                        requirement=requirement, etcd=shlex.quote(etcd), job=shlex.quote(job), notice=node.notice,

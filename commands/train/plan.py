@@ -155,10 +155,11 @@ def stage_bytes(costs: list[float], layers: list[LayerBytes], ranges: list[range
                       [max(layers[i].saved(batch, seq) for i in r) for r in ranges])
 
 
-def make_plan(cfg: JobConfig, costs: list[float], layers: list[LayerBytes], shape: tuple[int, int, int]) -> Plan:
+def make_plan(cfg: JobConfig, costs: list[float], layers: list[LayerBytes], shape: tuple[int, int]) -> Plan:
     """The plan of `cfg` for a model of per-layer `costs` (parameters) and
-    activations `layers`, with `shape` = (nodes, sequence length, bytes per weight)."""
-    nodes, seq, width = shape
+    activations `layers`, with `shape` = (nodes, sequence length)."""
+    nodes, seq = shape
+    width = cfg.model.torch_dtype.itemsize  # bytes per weight, gradient and moment
     sch = cfg.schedule
     P, batch = sch.stages, sch.batch
     pipelines = max(1, nodes // P)
@@ -186,10 +187,10 @@ def make_plan(cfg: JobConfig, costs: list[float], layers: list[LayerBytes], shap
                 int(sum(costs)), per_pipeline, timed.makespan / (sch.microbatches * batch * seq), notes)
 
 
-def least_gpu_bytes(cfg: JobConfig, costs: list[float], layers: list[LayerBytes], shape: tuple[int, int, int]) -> int:
+def least_gpu_bytes(cfg: JobConfig, costs: list[float], layers: list[LayerBytes], shape: tuple[int, int]) -> int:
     """What the fullest worker needs at the iteration's tail, which holds no
     activations: a bound any plan of `cfg` reaches, found without compiling a stream."""
-    nodes, seq, _ = shape
+    nodes, seq = shape
     sizes = stage_bytes(costs, layers, partition(costs, cfg.schedule.stages), (cfg.schedule.batch, seq))
     pipelines = max(1, nodes // cfg.schedule.stages)
     return max(_stage_memory(cfg, s, sizes, [], pipelines).tail_peak for s in range(cfg.schedule.stages))

@@ -103,7 +103,7 @@ def propose(cfg: JobConfig, source: ModelSource, measured, nodes: int, target: T
             if sequences % batch or microbatches < nodes // stages:
                 continue
             trial = cfg.with_(stages=stages, batch=batch, microbatches=microbatches)
-            shape = (nodes, source.seq, cfg.model.torch_dtype.itemsize)
+            shape = (nodes, source.seq)
             if target.gpu_bytes is not None and least_gpu_bytes(trial, costs, measured, shape) > target.gpu_bytes:
                 continue  # its weights and states alone do not fit: no stream to compile
             plan = make_plan(trial, costs, measured, shape)
@@ -122,7 +122,7 @@ def run_plan(args, cfg: JobConfig, nodes: int, target: Target) -> int:
     source = ModelSource.of(cfg.model)
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.recipe.precision.value)
     measured = layer_bytes(source, autocast)
-    plan = make_plan(cfg, source.costs(), measured, (nodes, source.seq, cfg.model.torch_dtype.itemsize))
+    plan = make_plan(cfg, source.costs(), measured, (nodes, source.seq))
     print("\n".join(describe(plan, cfg, nodes, target)))
     if args.propose:
         print("\n".join(propose(cfg, source, measured, nodes, target)))

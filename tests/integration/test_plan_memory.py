@@ -44,7 +44,7 @@ def test_the_plan_is_within_15_percent_of_each_workers_measured_peak(tmp_path):
     (pipeline,) = records[0]["events"][0]["pipelines"]  # stage -> node
     cfg = cli.config_from_args(build_parser().parse_args(flags))
     source = ModelSource.of(cfg.model)
-    plan = make_plan(cfg, source.costs(), layer_bytes(source), (4, 256, 4))
+    plan = make_plan(cfg, source.costs(), layer_bytes(source), (4, 256))
     rows = []
     for stage, node in enumerate(pipeline):
         measured = (summary["peak_memory_mb"][str(node)] - summary["base_memory_mb"][str(node)]) * MIB

@@ -33,7 +33,7 @@ def test_the_planned_bytes_per_iteration_are_those_the_workers_sent(tmp_path):
             sent[kind] = sent.get(kind, 0) + count / ITERATIONS
     cfg = cli.config_from_args(build_parser().parse_args(FLAGS))
     source = ModelSource.of(cfg.model)
-    links = make_plan(cfg, source.costs(), layer_bytes(source), (4, 64, 4)).links
+    links = make_plan(cfg, source.costs(), layer_bytes(source), (4, 64)).links
     pipelines = 2
     measured = {"activations, forward": sent["send_act"], "input gradients, back": sent["send_grad"],
                 "replica syncs": sent["send_sync"],

@@ -28,7 +28,7 @@ def test_the_states_are_the_stages_and_replicas_parameters_counted_on_the_layers
     counts = [sum(p.numel() for p in layer.parameters()) for layer in layers]
     ranges = partition(counts, 4)
     per_stage = [sum(counts[i] for i in r) for r in ranges]
-    plan = make_plan(cfg, source.costs(), [flat(0)] * source.count, (8, 64, 4))
+    plan = make_plan(cfg, source.costs(), [flat(0)] * source.count, (8, 64))
     for s, m in enumerate(plan.stages):
         held = per_stage[s] + per_stage[(s + 1) % 4]
         assert m.device["weights"] == m.device["gradients"] == 4 * held
@@ -45,7 +45,7 @@ def test_plain_1f1b_holds_min_of_p_minus_s_and_m_microbatches_and_idles_the_text
     cfg = config("--model", "tiny", "--stages", str(P), "--microbatches", str(m), "--redundancy", "off",
                  "--backward-split", "off")
     costs = [1.0] * (3 * P)  # equal stages
-    plan = make_plan(cfg, costs, [flat(1000)] * (3 * P), (P, 32, 4))
+    plan = make_plan(cfg, costs, [flat(1000)] * (3 * P), (P, 32))
     for s, stage in enumerate(plan.stages):
         assert stage.device["activations"] == min(P - s, m) * 3 * 1000
         assert stage.device["undo copies (agents)"] == stage.device["sync message"] == 0  # no agents, no replica
@@ -54,8 +54,8 @@ def test_plain_1f1b_holds_min_of_p_minus_s_and_m_microbatches_and_idles_the_text
 
 def test_a_split_backward_holds_the_gradients_owed_to_its_weight_pass():
     common = ("--model", "tiny", "--stages", "4", "--microbatches", "8", "--redundancy", "off")
-    whole = make_plan(config(*common, "--backward-split", "off"), [1.0] * 8, [flat(1000, owed=300)] * 8, (4, 32, 4))
-    split = make_plan(config(*common), [1.0] * 8, [flat(1000, owed=300)] * 8, (4, 32, 4))
+    whole = make_plan(config(*common, "--backward-split", "off"), [1.0] * 8, [flat(1000, owed=300)] * 8, (4, 32))
+    split = make_plan(config(*common), [1.0] * 8, [flat(1000, owed=300)] * 8, (4, 32))
     last = split.stages[-1].device["activations"]
     assert whole.stages[-1].device["activations"] == 2 * 1000
     assert last >= 2 * 1000 + 2 * 300  # at least one weight pass owed beside the microbatch in flight
@@ -64,14 +64,14 @@ def test_a_split_backward_holds_the_gradients_owed_to_its_weight_pass():
 
 def test_eager_swaps_every_frc_forward_with_frc_all():
     cfg = config("--model", "tiny", "--stages", "4", "--microbatches", "8", "--frc", "all")
-    plan = make_plan(cfg, [1.0] * 8, [flat(1000, output=10)] * 8, (4, 32, 4))
+    plan = make_plan(cfg, [1.0] * 8, [flat(1000, output=10)] * 8, (4, 32))
     for stage in plan.stages:  # each FRC forward's activations and its output, all 8 at once by the tail
         assert stage.host["FRC swapped"] == 8 * (2 * 1000 + 10 * 2 * 32)  # the output: 10 bytes a token
 
 
 def test_misfit_names_the_fullest_stage_and_the_margin():
     cfg = config("--model", "tiny", "--stages", "2", "--microbatches", "4")
-    plan = make_plan(cfg, [1e6] * 8, [flat(0)] * 8, (2, 32, 4))
+    plan = make_plan(cfg, [1e6] * 8, [flat(0)] * 8, (2, 32))
     worst = plan.worst()
     room = worst.gpu_total + int(0.5 * GIB)
     assert plan.misfit(Target("roomy", room, None)) is None
