@@ -10,7 +10,7 @@ from bamboo.control.config import JobConfig
 from bamboo.model.activations import layer_bytes
 from bamboo.model.api import ModelSource
 from commands.train.instances import GIB, INSTANCES, instance
-from commands.train.plan import Plan, Target, least_gpu_bytes, make_plan
+from commands.train.plan import CONTEXT_GIB, Plan, Target, least_gpu_bytes, make_plan
 
 PROPOSALS = 3        # layouts --propose prints
 MAX_BATCH = 16       # the largest microbatch (sequences) it tries
@@ -87,8 +87,9 @@ def describe(plan: Plan, cfg: JobConfig, nodes: int, target: Target) -> list[str
     if target.gpu_bytes is None:
         lines.append("no GPU to fit: give --instance-type or --gpu-memory")
     elif why is None:
-        spare = target.gpu_bytes - plan.worst().gpu_total
-        lines.append(f"fits {target.name}: {spare / GIB:.1f} GiB of GPU memory to spare on the fullest worker")
+        spare = target.gpu_bytes - CONTEXT_GIB * GIB - plan.worst().gpu_total
+        lines.append(f"fits {target.name}: {spare / GIB:.1f} GiB of GPU memory to spare on the fullest worker "
+                     f"(after {CONTEXT_GIB} GiB for the CUDA context)")
     return lines
 
 
