@@ -278,7 +278,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bamboo-agent: error: {e}", file=sys.stderr)
         return 1
     if (missing := missing_gpus(args.expect_gpus)) is not None:  # the job hears why this node never starts
-        cluster.put(ERROR(membership.node), WorkerError(missing))
+        try:
+            cluster.put(ERROR(membership.node), WorkerError(missing))
+        except (EtcdError, EtcdLost, Fenced):
+            pass  # the line below still says it
+        membership.leave()  # no longer counted live: no stage is given to it
         print(f"bamboo-agent: error: {missing}", file=sys.stderr)
         return 1
     handler = rendezvous_handler(args.etcd, args.job, local_addr=socket.gethostname(), **rendezvous_options(args, cfg))

@@ -7,6 +7,7 @@ the create-if-absent write of the next epoch lets exactly one decision stand.
 from __future__ import annotations
 
 import socket
+import sys
 import time
 from dataclasses import asdict
 
@@ -19,7 +20,7 @@ from bamboo.control.liveness import Heartbeat, lease_ages
 from bamboo.control.protocol import (ABORT, ABORTED, ALIVE, ASSIGNMENT, CONFIG, COPIES, DONE, DRAIN, HANDOVER,
                                      HOST_LOST, IDS, ITERATION_FAMILIES, MEMBERS, MODE, REGROUP, START, ZONES, Failure,
                                      Mark, Member, ModeChoice, Timestamp, Zone)
-from bamboo.data.checkpoint_files import committed, latest, storage_for
+from bamboo.data.checkpoint_files import latest, newest_listed, storage_for
 from bamboo.state.copies import newest_covered
 from schedules.options import JobRedundancy, Redundancy
 
@@ -107,13 +108,19 @@ class Membership:
 
     @staticmethod
     def _resumed(cfg: JobConfig) -> int:
-        """The iteration a job starts from: with --resume its newest committed
+        """The iteration a job starts from: with --resume its newest complete
         checkpoint's (found by listing: the workers read it, Worker.join), else 0
-        (also when there is none: the workers stop with that error)."""
+        (also when there is none, or storage does not answer: the workers then
+        look themselves and stop with that error)."""
         if not cfg.checkpoints.resume:
             return 0
-        found = committed(storage_for(cfg.checkpoints.checkpoint))
-        return found[0].iteration if found else 0
+        try:
+            found = newest_listed(storage_for(cfg.checkpoints.checkpoint), cfg.model.layers)
+        except (OSError, ValueError) as e:  # ValueError: objects.ObjectError
+            print(f"bamboo-agent: --resume: {cfg.checkpoints.checkpoint}: {str(e).splitlines()[0][:200]}",
+                  file=sys.stderr, flush=True)
+            return 0
+        return found or 0
 
     def decide(self, cfg: JobConfig) -> None:
         """If the workers asked for a new configuration after some iteration, or

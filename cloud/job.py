@@ -99,12 +99,15 @@ def continued(cfg: JobConfig) -> tuple[JobConfig, str | None]:
     location = cfg.checkpoints.checkpoint
     if not location:
         return cfg, None
-    from bamboo.data.checkpoint_files import committed, storage_for
-    found = committed(storage_for(location))
-    if not found:
+    from bamboo.data.checkpoint_files import newest_listed, storage_for
+    try:
+        found = newest_listed(storage_for(location), cfg.model.layers)
+    except ValueError as e:  # objects.ObjectError: listed once already; unreachable now
+        raise BadInput(str(e).splitlines()[0]) from None
+    if found is None:
         return cfg, None
     return cfg.with_(resume=True), (f"job {cfg.cluster.job!r} continues from its newest checkpoint in {location}, "
-                                    f"taken before iteration {found[0].iteration}")
+                                    f"taken before iteration {found}")
 
 
 def job_config(train_argv: list[str], nodes: int, job: str) -> JobConfig:

@@ -167,7 +167,7 @@ def planned(args, train_argv: list[str]) -> int:
     from cloud.planning import target
     from commands.train import plan_report
     train, cfg = job_args(train_argv, args.nodes, args.job)
-    fits = plan_report.target_of(train) if train.gpu_memory else target(args)
+    fits = target(args, train.gpu_memory, train.host_memory)
     try:
         return plan_report.run_plan(train, cfg, args.nodes, fits)
     except ValueError as e:

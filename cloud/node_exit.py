@@ -6,11 +6,12 @@ exit status:
   node of its last epoch has left or stopped, the group goes to zero nodes and the
   job's etcd instances stop. Every node does this, and doing it twice changes
   nothing.
-- the agent exited for good (status 1: a crash, out of memory, no GPU, a start
+- the agent exited for good (status 1: a crash, no GPU, etcd gone, a start
   that timed out): this instance leaves the group, and the group's size drops by
   one, since a replacement would most likely fail alike.
-- the agent was fenced (its node declared dead, twice over): this instance is
-  terminated and the group replaces it with a fresh machine.
+- the agent was fenced (its node declared dead, twice over; a worker killed by
+  SIGKILL, the out-of-memory killer's among them, reads the same): this instance
+  is terminated and the group replaces it with a fresh machine.
 - anything else (drained by a notice or SIGTERM): nothing. The cloud is taking the
   instance back.
 
@@ -77,11 +78,11 @@ def act_ec2(action: Action, args) -> None:
 
     config = Config(connect_timeout=5, read_timeout=20, retries={"max_attempts": 3})
     scaling = boto3.client("autoscaling", region_name=args.region, endpoint_url=args.endpoint_url, config=config)
-    if action is Action.FINISH:
-        scaling.update_auto_scaling_group(AutoScalingGroupName=args.group, MinSize=0, DesiredCapacity=0)
+    if action is Action.FINISH:  # etcd first: scaling in takes this very instance too
         if args.etcd_instance:
             ec2 = boto3.client("ec2", region_name=args.region, endpoint_url=args.endpoint_url, config=config)
             ec2.stop_instances(InstanceIds=list(args.etcd_instance))
+        scaling.update_auto_scaling_group(AutoScalingGroupName=args.group, MinSize=0, DesiredCapacity=0)
     elif action in (Action.LEAVE, Action.REPLACE):
         scaling.terminate_instance_in_auto_scaling_group(
             InstanceId=args.instance, ShouldDecrementDesiredCapacity=action is Action.LEAVE)
@@ -93,10 +94,10 @@ def act_gcp(action: Action, args) -> None:
     from cloud.gcp import GcpProvider
     provider = GcpProvider(args.project, args.region, args.endpoint_url)
     zone, _, name = args.instance.partition("/")
-    if action is Action.FINISH:
-        provider.scale(args.group, 0)
+    if action is Action.FINISH:  # etcd first: scaling in takes this very instance too
         for etcd in args.etcd_instance:
             provider.stop_instance(*etcd.split("/", 1))
+        provider.scale(args.group, 0)
     elif action is Action.LEAVE:
         provider.leave_group(args.group, zone, name)
     elif action is Action.REPLACE:

@@ -3,6 +3,8 @@ against the GPUs and host memory of the instances its group may get, before any
 request is sent."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cloud import ec2, gcp
 from cloud.common import BadInput
 from commands.train.instances import GIB, INSTANCES, InstanceError, instance
@@ -15,12 +17,20 @@ ACCELERATORS = {"nvidia-tesla-t4": ("T4", 15.0), "nvidia-l4": ("L4", 22.5), "nvi
 N1_GIB_PER_VCPU = {"n1-standard": 3.75, "n1-highmem": 6.5, "n1-highcpu": 0.9}
 
 
-def target(args) -> Target:
-    """The smallest GPU, and the least host memory per GPU, among the types the group may get."""
+def target(args, gpu_gib: float | None = None, host_gib: float | None = None) -> Target:
+    """The smallest GPU, and the least host memory per GPU, among the types the group
+    may get; `gpu_gib` and `host_gib` (--gpu-memory, --host-memory) replace what they give."""
     try:
-        return _ec2(args) if args.command == "ec2" else _gcp(args)
+        found = _ec2(args) if args.command == "ec2" else _gcp(args)
     except InstanceError as e:
-        raise BadInput(f"--plan: {e}") from None
+        if gpu_gib is None:
+            raise BadInput(f"--plan: {e}") from None
+        found = Target("the group's instances", None, None, 1)  # a type the table does not know: the sizes given
+    if gpu_gib is not None:
+        found = replace(found, name=f"{gpu_gib:g} GiB GPUs", gpu_bytes=int(gpu_gib * GIB))
+    if host_gib is not None:
+        found = replace(found, host_bytes=int(host_gib * GIB))
+    return found
 
 
 def _ec2(args) -> Target:

@@ -197,6 +197,19 @@ def committed(storage) -> list[Attempt]:
     return _attempts(storage.list())[0]
 
 
+def newest_listed(storage, num_layers: int) -> int | None:
+    """The iteration of the newest committed attempt whose commit names every layer
+    and whose layer files are all there, found from one listing and the commit
+    records: nothing else is read. (Loading it checks each file's hash too.)"""
+    keys = set(storage.list())
+    for attempt in _attempts(keys)[0]:
+        hashes = commit_hashes(_json(storage, f"{attempt.folder}/{COMMIT}") or {})
+        if hashes is not None and sorted(hashes) == list(range(num_layers)) and \
+                all(f"{attempt.folder}/layer{i}.pt" in keys for i in hashes):
+            return attempt.iteration
+    return None
+
+
 def commit_record(storage, attempt: Attempt) -> dict | None:
     """An attempt's commit record as stored (untrusted: its fields are checked by
     whoever reads them), or None when it is unreadable or no JSON object."""

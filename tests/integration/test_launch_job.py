@@ -174,14 +174,20 @@ def test_a_prefix_holding_another_job_s_checkpoints_is_refused_and_none_is_warne
 
 
 def test_a_relaunch_into_the_jobs_own_checkpoints_resumes_from_the_newest(s3):
-    """The config the nodes get resumes, from the newest committed checkpoint (the
-    agents find it: agents/membership.py); an empty prefix starts afresh."""
+    """The config the nodes get resumes, from the newest complete checkpoint (the
+    agents find it the same way: agents/membership.py); an empty prefix starts afresh."""
     import json as json_
     from cloud.job import continued, job_config
     s3.create_bucket(Bucket="ckpts")
-    for key in ("mine/ckpt-00000004-run-e000001/commit.json", "mine/ckpt-00000008-run-e000002/commit.json",
-                "mine/ckpt-00000012-run-e000003/layer0.pt"):  # the newest never committed
-        s3.put_object(Bucket="ckpts", Key=key, Body=json_.dumps({"layers": {"0": "ab"}, "job": "j"}).encode())
+    layers = job_config(TRAIN, 3, "j").model.layers
+    record = json_.dumps({"layers": {str(i): "ab" for i in range(layers)}, "job": "j"}).encode()
+    for folder, files in (("ckpt-00000004-run-e000001", layers), ("ckpt-00000008-run-e000002", layers),
+                          ("ckpt-00000010-run-e000003", layers - 1),  # committed, a layer file gone since
+                          ("ckpt-00000012-run-e000004", None)):       # never committed
+        for i in range(files if files is not None else layers):
+            s3.put_object(Bucket="ckpts", Key=f"mine/{folder}/layer{i}.pt", Body=b"x")
+        if files is not None:
+            s3.put_object(Bucket="ckpts", Key=f"mine/{folder}/commit.json", Body=record)
     cfg, note = continued(job_config([*TRAIN, "--checkpoint", "s3://ckpts/mine"], 3, "j"))
     assert cfg.checkpoints.resume and note.endswith("in s3://ckpts/mine, taken before iteration 8")
     cfg, note = continued(job_config([*TRAIN, "--checkpoint", "s3://ckpts/empty"], 3, "j"))
