@@ -126,6 +126,15 @@ class NodeLines:
     exit_args: str = ""  # cloud.node_exit's arguments, run with the agent's status (none: exec the agent)
 
 
+def node_exit_args(cloud: str, spec, *extra: str) -> str:
+    """cloud.node_exit's arguments on the nodes of `spec` (an Ec2Spec or a GcpSpec),
+    `extra` (the cloud's own) among them."""
+    words = [cloud, "--etcd", spec.etcd, "--job", spec.job, "--region", spec.region, "--group", spec.name, *extra]
+    words += [w for instance in spec.etcd_instances for w in ("--etcd-instance", instance)]
+    words += ["--endpoint-url", spec.endpoint_url] if spec.endpoint_url else []
+    return " ".join(shlex.quote(w) for w in words)
+
+
 def boot_script(install: Install, etcd: str, job: str, node: NodeLines) -> str:
     """The script a node of `job` boots with: install `install`, run its agent against `etcd`."""
     fetch, requirement = _fetch_lines(install)

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import base64
 import json
-import shlex
 import time
 from dataclasses import dataclass, field
 
-from cloud.common import Install, LaunchError, NodeLines, boot_script
+from cloud.common import Install, LaunchError, NodeLines, boot_script, node_exit_args
 
 # Spot GPU types with one GPU each, cheapest first: the allocation strategy picks
 # among them by spare capacity, so more types mean fewer interruptions.
@@ -56,14 +55,7 @@ class Ec2Spec:
 
     def user_data(self) -> str:
         return boot_script(self.install, self.etcd, self.job, NodeLines(
-            "ec2", METADATA, ZONE_LOOKUP, workers_lookup(self.instance_types), self.certs, self.exit_args()))
-
-    def exit_args(self) -> str:
-        """cloud.node_exit's arguments on this job's nodes."""
-        words = ["ec2", "--etcd", self.etcd, "--job", self.job, "--region", self.region, "--group", self.name]
-        words += [w for instance in self.etcd_instances for w in ("--etcd-instance", instance)]
-        words += ["--endpoint-url", self.endpoint_url] if self.endpoint_url else []
-        return " ".join(shlex.quote(w) for w in words)
+            "ec2", METADATA, ZONE_LOOKUP, workers_lookup(self.instance_types), self.certs, node_exit_args("ec2", self)))
 
 
 def workers_lookup(types: tuple[str, ...]) -> str:

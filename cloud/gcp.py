@@ -17,10 +17,9 @@ by operations clients built here, so they use the same endpoint.
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass
 
-from cloud.common import BadInput, Install, LaunchError, NodeLines, boot_script
+from cloud.common import BadInput, Install, LaunchError, NodeLines, boot_script, node_exit_args
 
 METADATA = "http://metadata.google.internal"
 NETWORK = "global/networks/default"
@@ -104,15 +103,7 @@ class GcpSpec:
         return boot_script(self.install, self.etcd, self.job, NodeLines(
             "gcp", METADATA, ZONE_LOOKUP, f"WORKERS={workers(self.machine_type, self.accelerator)}; "
                                           f"GPUS={node_gpus(self.machine_type, self.accelerator)}", self.certs,
-            self.exit_args()))
-
-    def exit_args(self) -> str:
-        """cloud.node_exit's arguments on this job's nodes."""
-        words = ["gcp", "--etcd", self.etcd, "--job", self.job, "--region", self.region, "--group", self.name,
-                 "--project", self.project]
-        words += [w for instance in self.etcd_instances for w in ("--etcd-instance", instance)]
-        words += ["--endpoint-url", self.endpoint_url] if self.endpoint_url else []
-        return " ".join(shlex.quote(w) for w in words)
+            node_exit_args("gcp", self, "--project", self.project)))
 
 
 class GcpProvider:
