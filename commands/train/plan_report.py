@@ -93,18 +93,18 @@ def describe(plan: Plan, cfg: JobConfig, nodes: int, target: Target) -> list[str
     return lines
 
 
-def propose(cfg: JobConfig, source: ModelSource, measured, nodes: int, target: Target) -> list[str]:
+def propose(cfg: JobConfig, source: ModelSource, sizes: tuple, nodes: int, target: Target) -> list[str]:
     """Layouts of the same nodes and tokens per iteration that fit `target`, fastest
-    (by the cost model's iteration time per token) first, as bamboo-train flags."""
+    (by the cost model's iteration time per token) first, as bamboo-train flags;
+    `sizes` = (per-layer parameters, per-layer activations), as run_plan measured them."""
     sequences = cfg.schedule.microbatches * cfg.schedule.batch
-    costs, found = source.costs(), []
+    (costs, measured), shape, found = sizes, (nodes, source.seq), []
     for stages in range(2, min(nodes, source.count) + 1):
         for batch in range(1, min(sequences, MAX_BATCH) + 1):
             microbatches = sequences // batch
             if sequences % batch or microbatches < nodes // stages:
                 continue
             trial = cfg.with_(stages=stages, batch=batch, microbatches=microbatches)
-            shape = (nodes, source.seq)
             if target.gpu_bytes is not None and least_gpu_bytes(trial, costs, measured, shape) > target.gpu_bytes:
                 continue  # its weights and states alone do not fit: no stream to compile
             plan = make_plan(trial, costs, measured, shape)
@@ -123,10 +123,11 @@ def run_plan(args, cfg: JobConfig, nodes: int, target: Target) -> int:
     source = ModelSource.of(cfg.model)
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.recipe.precision.value)
     measured = layer_bytes(source, autocast)
-    plan = make_plan(cfg, source.costs(), measured, (nodes, source.seq))
+    costs = source.costs()  # every layer built on the meta device: once, for the plan and the proposals
+    plan = make_plan(cfg, costs, measured, (nodes, source.seq))
     print("\n".join(describe(plan, cfg, nodes, target)))
     if args.propose:
-        print("\n".join(propose(cfg, source, measured, nodes, target)))
+        print("\n".join(propose(cfg, source, (costs, measured), nodes, target)))
     why = plan.misfit(target)
     if why is not None:
         raise ValueError(f"--plan: {why}" + ("" if args.propose else "; --propose finds layouts that fit"))
