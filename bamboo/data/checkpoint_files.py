@@ -204,8 +204,7 @@ def newest_listed(storage, num_layers: int) -> int | None:
     keys = set(storage.list())
     for attempt in _attempts(keys)[0]:
         hashes = commit_hashes(_json(storage, f"{attempt.folder}/{COMMIT}") or {})
-        if hashes is not None and sorted(hashes) == list(range(num_layers)) and \
-                all(f"{attempt.folder}/layer{i}.pt" in keys for i in hashes):
+        if _every_layer(hashes, num_layers) and all(f"{attempt.folder}/layer{i}.pt" in keys for i in hashes):
             return attempt.iteration
     return None
 
@@ -290,7 +289,7 @@ def _complete(storage, attempt: Attempt, num_layers: int) -> dict[int, bytes] | 
         raise _Gone() from None
     except ValueError:
         return None
-    if hashes is None or sorted(hashes) != list(range(num_layers)):
+    if not _every_layer(hashes, num_layers):
         return None
     blobs = {}
     for index, h in hashes.items():
@@ -302,6 +301,11 @@ def _complete(storage, attempt: Attempt, num_layers: int) -> dict[int, bytes] | 
             return None
         blobs[index] = data
     return blobs
+
+
+def _every_layer(hashes: dict[int, str] | None, num_layers: int) -> bool:
+    """Whether a commit's hashes name each of the model's layers, and no other."""
+    return hashes is not None and sorted(hashes) == list(range(num_layers))
 
 
 def commit_hashes(commit) -> dict[int, str] | None:
