@@ -92,9 +92,9 @@ def _saved_by(layer: torch.nn.Module, loss, x: torch.Tensor, labels) -> tuple[tu
 
 
 def _bytes(output) -> int:
-    tensors = [output] if torch.is_tensor(output) else [t for t in output if torch.is_tensor(t)] \
-        if isinstance(output, (tuple, list)) else []
-    return sum(t.numel() * t.element_size() for t in tensors if t.requires_grad)
+    """A module's output tensors that take a gradient, in bytes (a tuple's, or the one)."""
+    tensors = output if isinstance(output, (tuple, list)) else [output]
+    return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t) and t.requires_grad)
 
 
 def _received(x: torch.Tensor) -> torch.Tensor:

@@ -123,8 +123,8 @@ class Worker(EpochMoves):
         self.failed = assignment.gone
         start, received = assignment.start, {}
         if self.cfg.checkpoints.resume:  # with agents, the checkpoint they started the job from
-            elastic = self.cfg.cluster.elastic and start > 0
-            start, blobs = (start, self.checkpoints.taken_before(start)) if elastic else self.checkpoints.newest()
+            chosen = self.cfg.cluster.elastic and start > 0
+            start, blobs = (start, self.checkpoints.taken_before(start)) if chosen else self.checkpoints.newest()
             received = {i: blobs[i] for i in self.holdings.needs(assignment, self.node)}
             self._restore_loss_scale(start)
         self.enter(assignment, received)
