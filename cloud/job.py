@@ -116,8 +116,9 @@ def job_config(train_argv: list[str], nodes: int, job: str) -> JobConfig:
     return job_args(train_argv, nodes, job)[1]
 
 
-def job_args(train_argv: list[str], nodes: int, job: str):
-    """bamboo-train's parsed flags, and the job's config from them (job_config)."""
+def job_args(train_argv: list[str], nodes: int, job: str, objects: bool = True):
+    """bamboo-train's parsed flags, and the job's config from them (job_config);
+    `objects` False: the data and checkpoint objects are not read (a plan)."""
     from commands.train import cli, flags, jobfile, plan_report
     check_flags(train_argv)
     parser = flags.build_parser()
@@ -129,7 +130,7 @@ def job_args(train_argv: list[str], nodes: int, job: str):
     check_remote(args)
     try:
         plan_report.check_flags(args)
-        cfg = cli.config_from_args(args, remote=True)  # the objects are checked, the nodes fetch them
+        cfg = cli.config_from_args(args, remote=True, objects=objects)  # the nodes fetch the objects
         cli.local_cluster(args)  # the --local-nodes checks: nodes >= stages
     except ValueError as e:
         raise BadInput(str(e).replace("--local-nodes", "--nodes")) from None  # its checks name our flag

@@ -36,6 +36,7 @@ import json
 import sys
 
 from bamboo.control.parser import OneLineParser
+from cloud import estimating
 from cloud.common import BadInput, LaunchError
 from cloud.records import check_unrecorded, pick, read_records, write_records
 from commands.train import jobfile
@@ -57,6 +58,7 @@ class _Parser(OneLineParser):
 def _cloud_parser(sub, cloud: str) -> argparse.ArgumentParser:
     c = sub.add_parser(cloud, help=f"launch a job on {cloud.upper()} spot nodes (and any bamboo-train option)")
     _launch_flags(jobfile.add_section(c, jobfile.LAUNCH, "launch"), cloud)
+    estimating.add_flags(c)
     return c
 
 
@@ -166,7 +168,7 @@ def planned(args, train_argv: list[str]) -> int:
     from cloud.job import job_args
     from cloud.planning import target
     from commands.train import plan_report
-    train, cfg = job_args(train_argv, args.nodes, args.job)
+    train, cfg = job_args(train_argv, args.nodes, args.job, objects=False)
     fits = target(args, train.gpu_memory, train.host_memory)
     try:
         return plan_report.run_plan(train, cfg, args.nodes, fits)
@@ -175,10 +177,17 @@ def planned(args, train_argv: list[str]) -> int:
 
 
 def launched(args, train_argv: list[str]) -> int:
-    """Launch, then add the job's record to --state (refused first if it has one)."""
+    """Launch, then add the job's record to --state (refused first if it has one);
+    or only plan, or only estimate."""
     from commands.train.flags import flag_named
-    if any(flag_named(a) == "--plan" for a in train_argv):
+    estimating.check_flags(args)
+    plan = any(flag_named(a) == "--plan" for a in train_argv)
+    if plan and args.estimate:
+        raise BadInput("--plan and --estimate each print and exit: give one")
+    if plan:
         return planned(args, train_argv)
+    if args.estimate:
+        return estimating.run_estimate(args, train_argv)
     check_unrecorded(args.state, args.job)
     made, warnings = launch(args, train_argv)
     for warning in warnings:

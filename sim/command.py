@@ -28,7 +28,11 @@ from schedules.syncs import SYNC_MODES
 from commands.train.flag_checks import changed_flags, check_finite, check_not_a_file, said_idle
 from bamboo.control.parser import OneLineParser
 
+from agents.policy import next_config
+from sim import model_spec
 from sim.checkpointing import FORMULAS
+from sim.job_model import JobModel
+from sim.pricing import cross_zone_bytes, crossing_shares, priced, replica_share, sent
 from sim.options import NOTICE_SECONDS, ROLLBACKS
 from sim.profiles import PROFILES, SOURCES, Profile, profile
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
@@ -55,9 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how the job survives preemptions (all: each, side by side; docs/simulator.md)")
     p.add_argument("--redundancy", choices=tuple(REDUNDANCY),
                    help="with --strategy bamboo: eager (default), lazy, off (redo from peers) or auto")
-    p.add_argument("--model", choices=sorted(PROFILES), default="gpt2",
-                   help="the simulated model's profile (sim/profiles.py; gpt2 is GPT-2's 1.5B shape, not "
-                        "bamboo-train's hf:gpt2)")
+    p.add_argument("--model", default="gpt2",
+                   help=f"one of the simulator's profiles ({', '.join(sorted(PROFILES))}: sim/profiles.py; gpt2 is "
+                        "GPT-2's 1.5B shape, not bamboo-train's hf:gpt2), or any bamboo-train --model (hf:llama-1b, "
+                        "...), its layers counted and its network bytes planned")
     p.add_argument("--profile", choices=SOURCES, default="calibrated",
                    help="per-op times measured on this machine and scaled, or transformer arithmetic")
     p.add_argument("--stages", type=int, default=12, help="pipeline depth P")
@@ -71,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=3, help="synthetic traces per rate")
     p.add_argument("--plot", metavar="DIR", help="write PNGs: nodes and throughput over time, value vs rate")
     _cost_arguments(p)
+    model_spec.add_flags(p)
     return p
 
 
@@ -113,7 +119,13 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
                         "memory (memory), or every process relaunches (relaunch)")
 
 
-def options_from(args) -> Options:
+def options_from(args, kind=None) -> Options:
+    """The run's options; `kind` (--instance-type's row) sets the prices."""
+    if kind is not None:
+        if args.spot_price != Options.spot_price or args.on_demand_price != Options.on_demand_price:
+            raise ValueError("--instance-type sets the prices: leave out --spot-price and --on-demand-price "
+                             "(--prices FILE changes the table's)")
+        args.spot_price, args.on_demand_price = kind.spot, kind.on_demand
     for name in ("checkpoint_minutes", "storage_bandwidth", "snapshot_bandwidth", "peer_bandwidth"):
         value = getattr(args, name)
         if value is not None and not value > 0:
@@ -135,9 +147,19 @@ def options_from(args) -> Options:
     return options
 
 
+def model_of(args, nodes: int) -> JobModel:
+    """The simulated job on `nodes` nodes: a bamboo-train model as its plan counts it,
+    or one of the simulator's profiles with transformer arithmetic for its bytes."""
+    if model_spec.is_training_model(args):
+        return model_spec.training_model(args, nodes)
+    prof = model_profile(args)
+    links = prof.links(args.stages, max(1, nodes // args.stages), replicas=True)
+    return JobModel(prof, links, args.bytes_per_param * prof.layer_params * prof.layers, prof.seq)
+
+
 def model_profile(args) -> Profile:
-    """The model's profile, with --microbatches when given."""
-    base = profile(args.model, args.profile)
+    """The simulator's own profile, with --microbatches when given."""
+    base = model_spec.own_profile(args)
     if args.microbatches is None:
         return base
     if args.microbatches < 1:
@@ -219,7 +241,8 @@ def plot_sweep(rows: list[dict], directory: str, title: str) -> str:
 
 
 def simulate(args, options: Options) -> dict:
-    """One trace: one strategy's summary, or with `all` every strategy's under "strategies"."""
+    """One trace: one strategy's summary, or with `all` every strategy's under
+    "strategies", each priced (sim/pricing.py) under "priced"."""
     if not args.trace:
         raise ValueError("--trace PATH is required (or --sweep-rates)")
     if args.hours is not None and args.hours <= 0:
@@ -228,13 +251,23 @@ def simulate(args, options: Options) -> dict:
     if args.notice_seconds is None:  # what the trace's cloud announces
         fmt = detect(args.trace) if args.trace_format == "auto" else args.trace_format
         options = replace(options, notice_seconds=NOTICE_SECONDS[fmt])
+    first = first_nodes(events, options.zones)
+    job = model_of(args, len(first))
+    check_depth(job.profile, args.stages)
+    bill = model_spec.charges(args, job.checkpoint_bytes)
+    shares = crossing_shares(next_config(first, None, args.stages, job.profile.microbatches), first)
     name = strategy_name(args)
-    chosen = list(STRATEGIES) if name == "all" else [name]
     results, stats = {}, None
-    for strategy in chosen:
-        sim = ClusterSimulator(model_profile(args), args.stages, strategy, options)
-        results[strategy] = sim.run(events, args.hours)
+    for strategy in list(STRATEGIES) if name == "all" else [name]:
+        sim = ClusterSimulator(job.profile, args.stages, strategy, options)
+        run = results[strategy] = sim.run(events, args.hours)
         stats = sim.trace.describe()
+        on_demand = strategy == "on-demand"  # in one zone, its best placement: nothing crosses
+        cross = 0.0 if on_demand else cross_zone_bytes(sent(job.links, replica_share(strategy, [run])), shares)
+        arrivals = round(run["mean_nodes"]) if on_demand else sum(e.action == "add" and e.time <= run["hours"] * 3600
+                                                                   for e in events)
+        run["priced"] = priced(run, arrivals, options.on_demand_price if on_demand else options.spot_price,
+                               job.tokens_per_sample, job.profile.samples_per_iteration(), cross, bill)
     if args.plot:
         plots = plot_run(results, args.plot)
         for r in results.values():
@@ -243,12 +276,21 @@ def simulate(args, options: Options) -> dict:
         r.pop("timeline")
     context = {"trace": {"path": args.trace, **stats}, "model": args.model, "stages": args.stages,
                "prices": {"spot": options.spot_price, "on_demand": options.on_demand_price},
+               "charges": bill.describe(), "job": job.describe(),
                "notice_seconds": options.notice_seconds, "max_stages_per_node": options.max_stages,
                "rollback": options.rollback, "frc": options.frc, "replica_sync": options.replica_sync,
-               "microbatches": model_profile(args).microbatches, "profile": profile(args.model, args.profile).sources()}
+               "microbatches": job.profile.microbatches, "profile": job.profile.sources()}
     if name == "all":
         return {**context, "strategies": results}
     return {**results[name], **context}
+
+
+def first_nodes(events, zones: tuple[str, ...]) -> dict[str, str]:
+    """node -> zone of the trace's first nodes (those its first moment adds), zones
+    dealt in turn where the trace has none."""
+    start = events[0].time if events else 0.0
+    found = [e for e in events if e.time == start and e.action == "add"]
+    return {e.node: e.zone or zones[i % len(zones)] for i, e in enumerate(found)}
 
 
 def strategy_name(args) -> str:
@@ -288,8 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_finite(parser, args)
         check_not_a_file(args.plot, "--plot")
-        options = options_from(args)
-        check_depth(model_profile(args), args.stages)
+        options = options_from(args, model_spec.instance_of(args))
         if args.seeds < 1 or (args.nodes is not None and args.nodes < args.stages):
             raise ValueError("--seeds must be at least 1 and --nodes at least --stages")
         if args.sweep_rates and args.redundancy is not None:
@@ -298,11 +339,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bamboo-sim: note: {note}", file=sys.stderr)
         if args.sweep_rates:
             nodes = args.nodes or 3 * args.stages
-            rows = sweep(model_profile(args), args.stages, nodes, args.seeds, options)
+            prof = model_of(args, nodes).profile
+            check_depth(prof, args.stages)
+            rows = sweep(prof, args.stages, nodes, args.seeds, options)
             out = {"model": args.model, "stages": args.stages, "nodes": nodes, "sweep": rows,
                    "notice_seconds": options.notice_seconds, "max_stages_per_node": options.max_stages,
                    "rollback": options.rollback, "frc": options.frc, "replica_sync": options.replica_sync,
-                   "profile": profile(args.model, args.profile).sources()}
+                   "profile": prof.sources()}
             if args.plot:
                 out["plots"] = [plot_sweep(rows, args.plot, f"{args.model}, P={args.stages}, {nodes} spot nodes")]
             print(json.dumps(out))

@@ -89,18 +89,23 @@ class Profile:
     microbatch: int        # sequences per microbatch
     microbatches: int      # global microbatches per iteration (split over pipelines)
     calibration: Calibration | None = None
+    params: float = 0.0    # a user's model: its parameters (0: 12 h^2 a layer)
+    blocks: int = 0        # ... and its attention blocks (0: every layer is one)
+    gpu_flops: float = TFLOPS  # sustained FLOP/s of the GPU (arithmetic)
 
     @property
     def layer_forward_ms(self) -> float:
+        """2 FLOPs per parameter and token, and attention's 4 b s^2 h per block."""
         c = self.calibration
         if c:
             return c.forward_ms * c.flop_ratio
         b, s, h = self.microbatch, self.seq, self.hidden
-        return (24 * b * s * h * h + 4 * b * s * s * h) / TFLOPS * 1e3
+        attention = 4 * b * s * s * h * (self.blocks or self.layers) / self.layers
+        return (2 * b * s * self.layer_params + attention) / self.gpu_flops * 1e3
 
     @property
-    def layer_params(self) -> int:
-        return 12 * self.hidden * self.hidden
+    def layer_params(self) -> float:
+        return self.params / self.layers if self.params else 12 * self.hidden * self.hidden
 
     def stage_layers(self, depth: int) -> float:
         return self.layers / depth
@@ -138,6 +143,19 @@ class Profile:
     def samples_per_iteration(self) -> int:
         return self.microbatch * self.microbatches
 
+    def links(self, depth: int, pipelines: int, replicas: bool) -> dict[str, float]:
+        """Bytes over the network per fault-free iteration, by kind, in fp16: each
+        boundary's activations and input gradients, the replica syncs (a stage's
+        gradients to its replica's holder) and a ring all-reduce's 2 (D-1) copies."""
+        boundary = 2 * self.microbatch * self.seq * self.hidden * self.microbatches * (depth - 1)
+        params = 2 * self.layer_params * self.layers
+        out = {"activations, forward": boundary, "input gradients, back": boundary}
+        if replicas:
+            out["replica syncs"] = pipelines * params
+        if pipelines > 1:
+            out["data-parallel reduce"] = 2 * (pipelines - 1) * params
+        return out
+
     def sources(self) -> dict:
         """Which numbers are measured and which are arithmetic, for the JSON output."""
         measured = "measured on CPU (sim/calibration.json), scaled to the GPU"
@@ -146,6 +164,7 @@ class Profile:
         which.update(transfer="arithmetic", reduce="arithmetic", state_bytes="arithmetic")
         out = {"profile": self.name, "source": "calibrated" if self.calibration else "arithmetic",
                "numbers": which, "gpu_peak_flops": GPU_PEAK_FLOPS, "gpu_utilisation": GPU_UTILISATION,
+               "gpu_flops_sustained": self.gpu_flops,
                "gpu_memory_bandwidth": GPU_MEMORY_BANDWIDTH, "network": NETWORK, "pcie": PCIE,
                "state_bytes_per_param": STATE_BYTES_PER_PARAM}
         if self.calibration:

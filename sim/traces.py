@@ -193,12 +193,13 @@ def read(path: str, fmt: str = "auto") -> list[Event]:
 
 
 def synthetic(hours: float, nodes: int, zones: tuple[str, ...], rate: float, seed: int,
-              bulk: float = 0.0, refill_seconds: float = 300.0) -> list[Event]:
+              bulk: float = 0.0, refill_seconds: float = 300.0, burst_refill_seconds: float | None = None) -> list[Event]:
     """A spot cluster of `nodes` spread over `zones`: each running node is
     preempted at `rate` per hour (Poisson); with probability `bulk` a preemption
     takes every node of its zone at once; the autoscaling group starts a
     replacement in the same zone after an exponential delay of mean
-    `refill_seconds`. The same arguments give the same trace."""
+    `refill_seconds` (`burst_refill_seconds` after a whole zone's: its capacity
+    comes back later). The same arguments give the same trace."""
     rng = random.Random(seed)
     horizon = hours * 3600
     events: list[Event] = []
@@ -225,11 +226,13 @@ def synthetic(hours: float, nodes: int, zones: tuple[str, ...], rate: float, see
             continue
         zone = running[rng.choice(sorted(running))]
         same_zone = sorted(n for n, z in running.items() if z == zone)
-        victims = same_zone if rng.random() < bulk else [rng.choice(same_zone)]
+        burst = rng.random() < bulk
+        victims = same_zone if burst else [rng.choice(same_zone)]
+        wait = burst_refill_seconds if burst and burst_refill_seconds is not None else refill_seconds
         for v in victims:
             del running[v]
             events.append(Event(t, "remove", v, zone))
-            delay = rng.expovariate(1 / refill_seconds) if refill_seconds > 0 else 0.0
+            delay = rng.expovariate(1 / wait) if wait > 0 else 0.0
             heapq.heappush(refills, (t + delay, len(events), zone))
 
 

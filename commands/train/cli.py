@@ -211,11 +211,12 @@ def read_model_config(args) -> str | None:
         raise ValueError(f"--model-config {args.model_config!r}: cannot read it ({e.strerror})") from None
 
 
-def check_data(args, source: ModelSource, fetch: bool = True) -> None:
+def check_data(args, source: ModelSource, fetch: bool = True, objects: bool = True) -> None:
     """The data fit the model and the evaluation, checked before any process starts
     (a token file is scanned once, here, for ids outside the vocabulary). Objects
     are fetched into this machine's cache, or with `fetch` False (bamboo-launch:
-    the nodes fetch them) only checked to exist."""
+    the nodes fetch them) only checked to exist, or with `objects` False (a plan,
+    an estimate: no credentials needed) not read at all."""
     if args.val_data and args.val_fraction is not None:
         raise ValueError("--val-data and --val-fraction: validate on a file or on the data's tail, not both")
     args.val_fraction = (0.0 if args.val_data else 0.05) if args.val_fraction is None else args.val_fraction
@@ -224,6 +225,8 @@ def check_data(args, source: ModelSource, fetch: bool = True) -> None:
     if args.eval_every < 0 or args.eval_batches < 1:
         raise ValueError(f"--eval-every must not be negative and --eval-batches must be at least 1 "
                          f"(got {args.eval_every} and {args.eval_batches})")
+    if not objects:
+        return
     args.data, args.val_data = expand(args.data), expand(args.val_data)
     if shared := sorted(set(args.data) & set(args.val_data)):
         raise ValueError(f"--data and --val-data both name {shared[0]}: validation would see trained samples")
@@ -285,9 +288,10 @@ def run_name() -> str:
     return f"{int(time.time()):08x}{secrets.token_hex(2)}"
 
 
-def config_from_args(args, remote: bool = False) -> JobConfig:
+def config_from_args(args, remote: bool = False, objects: bool = True) -> JobConfig:
     """The job's config from the parsed flags, every check done. `remote`: the job
-    runs on other machines (bamboo-launch), which fetch the data and own the GPUs."""
+    runs on other machines (bamboo-launch), which fetch the data and own the GPUs;
+    `objects` False: its data and checkpoint objects are not read (a plan)."""
     if args.local_nodes is not None:
         args.pipelines = start_pipelines(args)
     check_on_face(args)
@@ -298,8 +302,9 @@ def config_from_args(args, remote: bool = False) -> JobConfig:
     source = ModelSource(args.model, args.seed, seq=args.seq, config_json=model_config)
     layers = source.count
     name = f"--model-config {args.model_config}" if model_config else f"model {args.model}"
-    check_checkpoint(args.checkpoint)
-    check_data(args, source, fetch=not remote)
+    if objects:
+        check_checkpoint(args.checkpoint)
+    check_data(args, source, fetch=not remote, objects=objects)
     if args.stages > layers:
         raise ValueError(f"--stages {args.stages} is more than {name}'s {layers} layers")
     check_replica_sync(args)

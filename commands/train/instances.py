@@ -63,6 +63,18 @@ INSTANCES = _table(
 )
 
 
+# Each GPU's dense peak, TFLOP/s: (tensor cores at 16 bits, plain fp32), from
+# NVIDIA's data sheets (the A10G taken as the A10 it is built from). The cost
+# estimate runs a GPU at `sim.profiles.GPU_UTILISATION` of it.
+GPU_TFLOPS = {"T4": (65.0, 8.1), "A10G": (125.0, 31.2), "L4": (121.0, 30.3), "V100": (125.0, 15.7),
+              "A100": (312.0, 19.5), "A100-80GB": (312.0, 19.5)}
+
+
+def gpu_flops(kind: Instance, half: bool) -> float:
+    """Peak FLOP/s of one of `kind`'s GPUs: with 16-bit autocast (`half`) or in fp32."""
+    return GPU_TFLOPS[kind.gpu][0 if half else 1] * 1e12
+
+
 class InstanceError(ValueError):
     """An instance type or a price file that cannot be used."""
 

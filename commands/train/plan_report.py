@@ -118,12 +118,17 @@ def propose(cfg: JobConfig, source: ModelSource, sizes: tuple, nodes: int, targe
             found[:PROPOSALS]]
 
 
-def run_plan(args, cfg: JobConfig, nodes: int, target: Target) -> int:
-    """--plan: print the plan against `target` (and --propose's layouts); ValueError when it does not fit."""
+def measure(cfg: JobConfig) -> tuple[ModelSource, list[float], list]:
+    """The job's model, its parameters per layer (every layer built on the meta
+    device) and its activations per layer (measured): what a plan is made of."""
     source = ModelSource.of(cfg.model)
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.recipe.precision.value)
-    measured = layer_bytes(source, autocast)
-    costs = source.costs()  # every layer built on the meta device: once, for the plan and the proposals
+    return source, source.costs(), layer_bytes(source, autocast)
+
+
+def run_plan(args, cfg: JobConfig, nodes: int, target: Target) -> int:
+    """--plan: print the plan against `target` (and --propose's layouts); ValueError when it does not fit."""
+    source, costs, measured = measure(cfg)  # once, for the plan and the proposals
     plan = make_plan(cfg, costs, measured, (nodes, source.seq))
     print("\n".join(describe(plan, cfg, nodes, target)))
     if args.propose:

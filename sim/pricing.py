@@ -1,0 +1,90 @@
+"""What a spot job pays beyond its nodes' hours, and what a billion tokens cost.
+
+The simulator's runs charge the nodes (sim/accounting.py). A cloud bill has more:
+the nodes' boot (paid, not training), bytes sent from one zone to another (the
+placement puts neighbouring stages in different zones on purpose, so that a zone
+burst never takes a stage and its replica), the job's etcd instances and the
+checkpoints kept in storage. `priced` adds them to a run and divides by its tokens.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agents.policy import Config
+
+GB = 1e9
+HOURS_PER_MONTH = 730.0
+KINDS = ("activations, forward", "input gradients, back", "replica syncs", "data-parallel reduce")
+REPLICAS = ("bamboo", "lazy", "auto")   # the strategies that sync replicas
+
+
+@dataclass(frozen=True)
+class Charges:
+    cross_zone_per_gb: float = 0.0     # $ per GB sent between zones (EC2: 0.01 out of one, 0.01 into the other)
+    etcd_per_hour: float = 0.0         # $ per hour of the job's etcd instances, on demand
+    storage_per_gb_month: float = 0.0  # $ per GB-month of checkpoint storage
+    stored_gb: float = 0.0             # GB of checkpoints kept
+    boot_seconds: float = 0.0          # a node's paid time from its start until it can join
+
+    def check(self) -> None:
+        for name, value in vars(self).items():
+            if not 0 <= value < 1e9:
+                raise ValueError(f"{name.replace('_', ' ')} must be a number from 0 (got {value})")
+
+    def describe(self) -> dict:
+        return dict(vars(self))
+
+
+def crossing_shares(config: Config, zones: Mapping[str, str]) -> dict[str, float]:
+    """The share of each kind of traffic that leaves its zone in `config`: stage s
+    sends activations to s+1 and input gradients back, its gradients to its
+    replica's holder (the node of stage s-1), and with D pipelines each stage's
+    D nodes all-reduce around a ring in pipeline order."""
+    pipes = [p for p in config.pipelines if len(p) > 1]
+    boundaries = [(p[s], p[s + 1]) for p in pipes for s in range(len(p) - 1)]
+    syncs = [(p[s], p[s - 1]) for p in pipes for s in range(len(p))]
+    rings = [(pipes[j][s], pipes[(j + 1) % len(pipes)][s]) for s in range(config.depth) for j in range(len(pipes))] \
+        if len(pipes) > 1 else []
+
+    def share(pairs: list[tuple[str, str]]) -> float:
+        return sum(zones[a] != zones[b] for a, b in pairs) / len(pairs) if pairs else 0.0
+    return dict(zip(KINDS, (share(boundaries), share(boundaries), share(syncs), share(rings))))
+
+
+def replica_share(strategy: str, runs: list[dict]) -> float:
+    """The share of the time `strategy`'s replicas were synced: auto's by the hours
+    it spent in eager and lazy."""
+    if strategy != "auto":
+        return float(strategy in REPLICAS)
+    modes = [r["hours_per_mode"] for r in runs]
+    synced = sum(m.get("eager", 0) + m.get("lazy", 0) for m in modes)
+    return synced / max(sum(sum(m.values()) for m in modes), 1e-9)
+
+
+def sent(links: Mapping[str, float], replicas: float) -> dict[str, float]:
+    """Bytes per iteration by kind, the replica syncs for the share of the time they run."""
+    return {k: v * replicas if k == "replica syncs" else v for k, v in links.items()}
+
+
+def cross_zone_bytes(links: Mapping[str, float], shares: Mapping[str, float]) -> float:
+    """Bytes per iteration that leave their zone."""
+    return sum(count * shares.get(kind, 0.0) for kind, count in links.items())
+
+
+def priced(run: dict, arrivals: int, spot_price: float, tokens_per_sample: int, samples_per_iteration: int,
+           cross_bytes: float, charges: Charges) -> dict:
+    """`run` (a simulator summary; `arrivals` spot nodes started in it) in dollars
+    per hour by what is paid for, and dollars per billion tokens trained."""
+    hours = run["hours"] or 1.0
+    tokens = run["throughput"] * tokens_per_sample
+    iterations_per_hour = run["throughput"] * 3600 / samples_per_iteration
+    per_hour = {"nodes": run["cost_per_hour"],
+                "boot": arrivals * charges.boot_seconds / 3600 * spot_price / hours,
+                "network": cross_bytes / GB * charges.cross_zone_per_gb * iterations_per_hour,
+                "etcd": charges.etcd_per_hour,
+                "storage": charges.stored_gb * charges.storage_per_gb_month / HOURS_PER_MONTH}
+    total = sum(per_hour.values())
+    return {"tokens_per_second": round(tokens, 1), "dollars_per_hour": {k: round(v, 4) for k, v in per_hour.items()},
+            "total_per_hour": round(total, 4), "cross_zone_gb_per_iteration": round(cross_bytes / GB, 6),
+            "dollars_per_billion_tokens": round(total / (tokens * 3600) * 1e9, 2) if tokens else None}
