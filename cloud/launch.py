@@ -7,6 +7,8 @@
                       --job NAME (--bucket BUCKET[/PREFIX] | --package REQUIREMENT) [--machine-type T]
                       [--accelerator TYPE[:COUNT]|none] [--service-account EMAIL] [--etcd-plain] [--dry-run]
                       [bamboo-train options]
+    bamboo-launch ec2|gcp ... --plan | --estimate [--preemption-rate R] [--zone-bursts S] [--burst-hours H]
+                      [--boot-minutes M] [--estimate-hours H] [--prices FILE.json]   (print and exit: nothing sent)
     bamboo-launch status [JOB] | scale [JOB] N | down [JOB]   (a launch recorded in --state)
 
 The bamboo-train options (--model, --stages, --microbatches, --iterations, the

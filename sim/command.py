@@ -4,8 +4,11 @@ checkpoint-restart and on-demand nodes.
 
     bamboo-sim --trace PATH [--trace-format ec2|gcp|events|auto] \\
                --strategy bamboo|lazy|redo|checkpoint|on-demand|auto|all [--redundancy eager|lazy|off|auto] \\
-               --model gpt2|bert-large [--profile calibrated|arithmetic] --stages P [--hours H] [--json] [--plot DIR]
-               [--frc bubbles|all] [--replica-sync end|next]
+               --model gpt2|bert-large|BAMBOO_TRAIN_MODEL [--profile calibrated|arithmetic] --stages P \\
+               [--hours H] [--json] [--plot DIR] [--frc bubbles|all] [--replica-sync end|next] \\
+               [--model-config FILE.json] [--seq N] [--batch N] [--precision fp32|bf16|fp16] \\
+               [--instance-type TYPE [--prices FILE.json]] [--cross-zone-price $/GB] [--etcd-price $/h] \\
+               [--storage-price $/GB-month] [--boot-seconds S]
     bamboo-sim --sweep-rates --model gpt2 --stages P [--plot DIR]
 
 Checkpoints are taken at Young's or Daly's optimal interval unless --checkpoint-minutes
@@ -310,6 +313,8 @@ def idle_notes(parser: argparse.ArgumentParser, args) -> list[str]:
     rules = ((not args.sweep_rates, ("nodes", "seeds"), "they are for --sweep-rates"),
              (args.sweep_rates, ("trace", "trace_format", "hours", "strategy"),
               "--sweep-rates runs every strategy on synthetic traces of its own"),
+             (args.sweep_rates, ("cross_zone_price", "etcd_price", "storage_price", "boot_seconds"),
+              "--sweep-rates reports value per node-hour's price only"),
              (eager_free, ("frc",), "it places eager Bamboo's FRC (--strategy bamboo, auto or all)"),
              (replica_free, ("replica_sync",), "only Bamboo's replicas are synced (--strategy bamboo, lazy, auto "
                                                "or all)"))
