@@ -1,7 +1,9 @@
-"""`bamboo-data --tokenizer NAME|DIR --out DIR FILE ...`: text files (each one
-document) or JSON lines (each line's --text-field one document) tokenized with a
-Hugging Face tokenizer into token shards (bamboo/data/shards.py) of --shard-tokens
-ids each, named NAME-00000.tok, NAME-00001.tok, ... in --out.
+"""`bamboo-data --tokenizer NAME|DIR --out DIR|s3://BUCKET/PREFIX|gs://BUCKET/PREFIX FILE ...`:
+text files (each one document) or JSON lines (each line's --text-field one
+document) tokenized with a Hugging Face tokenizer into token shards
+(bamboo/data/shards.py) of --shard-tokens ids each, named NAME-00000.tok,
+NAME-00001.tok, ... in --out: a directory, or a bucket's prefix they are uploaded
+to (all of them or, when an upload fails, none).
 
 Each document is encoded as the tokenizer encodes a text by default (Llama's adds
 its BOS, GPT-2's nothing) and ends with the tokenizer's EOS when it has one, so
@@ -17,11 +19,13 @@ import json
 import os
 import re
 import sys
+import tempfile
 from typing import Iterator
 
 import numpy as np
 
 from bamboo.control.parser import OneLineParser
+from bamboo.data.objects import ObjectError, bucket_of, is_remote
 from bamboo.data.shards import MAX_TOKENIZER_NAME, SHARD_SUFFIX, write_shard
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -40,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokenizer", required=True, metavar="NAME|DIR",
                     help="the model's tokenizer: a Hub name (fetched by transformers, on this machine) or a "
                          "local directory")
-    ap.add_argument("--out", required=True, metavar="DIR", help="the directory the shards go to (made if absent)")
+    ap.add_argument("--out", required=True, metavar="DIR|s3://BUCKET/PREFIX|gs://BUCKET/PREFIX",
+                    help="where the shards go: a directory (made if absent), or a bucket's prefix")
     ap.add_argument("--name", default="train", help="the shards' name: NAME-00000.tok, ...")
     ap.add_argument("--shard-tokens", type=int, default=100_000_000, metavar="N",
                     help="ids per shard (200 MB of uint16 by default); the last holds the rest")
@@ -60,10 +65,13 @@ def check_args(args) -> None:
     for path in args.inputs:
         if not os.path.isfile(path):
             raise DataInputError(f"{path}: no such file")
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise DataInputError(f"--out {args.out}: exists and is not a directory")
-    taken = sorted(f for f in (os.listdir(args.out) if os.path.isdir(args.out) else ())
-                   if f.startswith(f"{args.name}-") and f.endswith(SHARD_SUFFIX))
+    if is_remote(args.out):
+        taken = sorted(k.rpartition("/")[2] for k in _remote_listing(args.out))
+    else:
+        if os.path.exists(args.out) and not os.path.isdir(args.out):
+            raise DataInputError(f"--out {args.out}: exists and is not a directory")
+        taken = os.listdir(args.out) if os.path.isdir(args.out) else []
+    taken = sorted(f for f in taken if f.startswith(f"{args.name}-") and f.endswith(SHARD_SUFFIX))
     if taken:
         raise DataInputError(f"--out {args.out} already holds shards named {args.name} ({taken[0]}): give another "
                              f"--name or --out, or remove them")
@@ -142,10 +150,12 @@ def shards(runs: Iterator[list[int]], size: int) -> Iterator[np.ndarray]:
         yield np.concatenate(pending)
 
 
-def tokenize(args) -> list[str]:
+def tokenize(args, staging: bool = False) -> list[str]:
     """Write the shards; their paths. On any failure, those written are removed:
-    --out holds all of the inputs' shards or none (a rerun is then not refused)."""
-    check_args(args)
+    --out holds all of the inputs' shards or none (a rerun is then not refused).
+    `staging`: --out is upload's temporary directory, the arguments checked."""
+    if not staging:
+        check_args(args)
     tokenizer = load_tokenizer(args.tokenizer)
     try:
         os.makedirs(args.out, exist_ok=True)
@@ -166,15 +176,47 @@ def tokenize(args) -> list[str]:
         raise
     if not written:
         raise DataInputError("the inputs hold no text")
-    print(f"bamboo-data: {total} tokens in {len(written)} shard(s) {written[0]} .. {written[-1]} (tokenizer "
+    where = f"{written[0]} .. {written[-1]}" if not staging else f"{args.name}-*{SHARD_SUFFIX}"
+    print(f"bamboo-data: {total} tokens in {len(written)} shard(s) {where} (tokenizer "
           f"{args.tokenizer}, vocabulary {len(tokenizer)}, {header.dtype})")
     return written
+
+
+def _remote_listing(uri: str) -> list[str]:
+    """The keys under `uri`'s prefix (as a folder)."""
+    bucket, prefix = bucket_of(uri)
+    try:
+        return bucket.list(prefix.rstrip("/") + "/" if prefix.strip("/") else "")
+    except ObjectError as e:
+        raise DataInputError(f"--out {uri}: {str(e).splitlines()[0]}") from None
+
+
+def upload(args) -> list[str]:
+    """Tokenize into a temporary directory, then upload every shard to --out; on a
+    failed upload, the shards uploaded are removed."""
+    check_args(args)
+    uri = args.out.rstrip("/")
+    bucket, prefix = bucket_of(uri)
+    done: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bamboo-data-") as local:
+        for path in tokenize(argparse.Namespace(**{**vars(args), "out": local}), staging=True):
+            key = f"{prefix.strip('/')}/{os.path.basename(path)}".lstrip("/")
+            try:
+                with open(path, "rb") as f:
+                    bucket.put(key, f.read())
+            except ObjectError as e:
+                for uploaded in done:
+                    bucket.delete(uploaded)
+                raise DataInputError(f"--out {uri}: {str(e).splitlines()[0]}") from None
+            done.append(key)
+    print(f"bamboo-data: uploaded {len(done)} shard(s) to {uri}/")
+    return [f"{uri}/{k.rpartition('/')[2]}" for k in done]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        tokenize(args)
+        upload(args) if is_remote(args.out) else tokenize(args)
     except DataInputError as e:
         print(f"bamboo-data: error: {e}", file=sys.stderr)
         return 2
