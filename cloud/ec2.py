@@ -212,6 +212,8 @@ class Ec2Provider:
         groups = {"SecurityGroupIds": list(spec.security_groups)} if spec.security_groups else {}
         if spec.iam_profile:  # it reads its certificates from the job's bucket with this role
             groups["IamInstanceProfile"] = {"Name": spec.iam_profile}
+        if spec.key_name:  # bamboo-launch dashboard --via ssh can go through it
+            groups["KeyName"] = spec.key_name
         reply = self._call("ec2", "run_instances", ImageId=spec.image, InstanceType="t3.small", MinCount=1,
                            MaxCount=1, SubnetId=subnet, UserData=script, **groups,  # boto3 base64-encodes it
                            TagSpecifications=[{"ResourceType": "instance",

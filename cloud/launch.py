@@ -9,7 +9,8 @@
                       [bamboo-train options]
     bamboo-launch ec2|gcp ... --plan | --estimate [--preemption-rate R] [--zone-bursts S] [--burst-hours H]
                       [--boot-minutes M] [--estimate-hours H] [--prices FILE.json]   (print and exit: nothing sent)
-    bamboo-launch status [JOB] | scale [JOB] N | down [JOB]   (a launch recorded in --state)
+    bamboo-launch status [JOB] | dashboard [JOB] | scale [JOB] N | down [JOB]   (a launch recorded in --state)
+                  [--via auto|direct|ssm|gcloud|ssh [--ssh-host USER@HOST] [--ssh-key FILE]]   (status, dashboard)
 
 The bamboo-train options (--model, --stages, --microbatches, --iterations, the
 recipe, --data and --checkpoint as s3:// or gs:// URIs, ...) are checked by
@@ -27,7 +28,8 @@ one record per job (cloud/records.py), for status, scale and down. `--dry-run` p
 etcd), one JSON line each, and sends none. Errors are one line on stderr, exit
 status 1 (2 for bad arguments); a launch that fails removes what it created. A
 launch ends by printing, on stderr, the command that opens the job's dashboard
-through an SSH tunnel to its etcd (`status` shows it too).
+(`bamboo-launch dashboard JOB`: through a tunnel to its etcd where one is needed,
+cloud/watch.py; `status` reads the progress the same way).
 `--config FILE.toml` (docs/job-file.md) gives the options from a job file: its
 [launch] section these, its other sections bamboo-train's; the command line wins.
 """
@@ -113,15 +115,33 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for cloud in CLOUDS:
         _cloud_parser(sub, cloud)
-    for name in ("status", "down"):
-        s = sub.add_parser(name, help=f"a launched job's {'progress' if name == 'status' else 'teardown'}")
+    s = sub.add_parser("down", help="a launched job's teardown")
+    s.add_argument("job", nargs="?", metavar="JOB", help=JOB_HELP)
+    s.add_argument("--state", default=argparse.SUPPRESS, help=STATE_HELP)
+    for name, what in (("status", "a launched job's instances and progress"),
+                       ("dashboard", "a launched job's live dashboard, served on this machine's loopback")):
+        s = sub.add_parser(name, help=what)
         s.add_argument("job", nargs="?", metavar="JOB", help=JOB_HELP)
         s.add_argument("--state", default=argparse.SUPPRESS, help=STATE_HELP)
+        _tunnel_flags(s, dashboard=name == "dashboard")
     s = sub.add_parser("scale", help="set a launched job's group size")
     s.add_argument("job", nargs="?", metavar="JOB", help=JOB_HELP)
     s.add_argument("nodes", type=int, help="the group's new size")
     s.add_argument("--state", default=argparse.SUPPRESS, help=STATE_HELP)
     return p
+
+
+def _tunnel_flags(s, dashboard: bool) -> None:
+    from cloud.watch import VIAS
+    s.add_argument("--via", choices=VIAS, default="auto",
+                   help="how to reach the job's etcd: directly, or through a tunnel (Session Manager, gcloud, ssh); "
+                        "auto: directly when it answers, else ssm (EC2) or gcloud (GCP) to its --etcd auto instance")
+    s.add_argument("--ssh-host", metavar="USER@HOST", help="with --via ssh: a machine that reaches the etcd")
+    s.add_argument("--ssh-key", metavar="FILE", help="with --via ssh: the private key to log in with")
+    if dashboard:
+        s.add_argument("--port", type=int, default=8080, help="the dashboard's port on 127.0.0.1")
+        s.add_argument("--no-browser", action="store_true", help="print the page's address, open no browser")
+        s.add_argument("--seconds", type=float, metavar="S", help="stop after S seconds (default: at Ctrl-C)")
 
 
 def _command_at(argv: list[str]) -> int:
@@ -195,10 +215,26 @@ def launched(args, train_argv: list[str]) -> int:
     for warning in warnings:
         print(f"bamboo-launch: warning: {warning}", file=sys.stderr)
     if not args.dry_run:
-        from cloud.manage import dashboard
+        from cloud.manage import watch_command
         write_records(args.state, {**read_records(args.state), made["job"]: made})
         print(json.dumps(made))
-        print(f"bamboo-launch: watch the job: {dashboard(made)}", file=sys.stderr)
+        print(f"bamboo-launch: watch the job: {watch_command(made)}", file=sys.stderr)
+    return 0
+
+
+def watched(args, state: dict) -> int:
+    """status or dashboard, through the tunnel --via names."""
+    from cloud.manage import status
+    from cloud.watch import Tunnel, dashboard
+    if (args.ssh_host or args.ssh_key) and args.via != "ssh":
+        raise BadInput("--ssh-host and --ssh-key go with --via ssh")
+    tunnel = Tunnel(state, args.via, args.ssh_host, args.ssh_key)
+    if args.command == "status":
+        print(json.dumps(status(state, tunnel)))
+        return 0
+    if not 0 < args.port < 65536 or (args.seconds is not None and not args.seconds > 0):
+        raise BadInput(f"--port must be 1 to 65535 and --seconds positive (got {args.port}, {args.seconds})")
+    dashboard(state, tunnel, args.port, not args.no_browser, args.seconds)
     return 0
 
 
@@ -213,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         from cloud.manage import down, scale, status
         records = read_records(args.state)
         state = pick(records, args.job, args.state)
-        if args.command == "status":
-            print(json.dumps(status(state)))
+        if args.command in ("status", "dashboard"):
+            return watched(args, state)
         elif args.command == "scale":
             scale(state, args.nodes)
             write_records(args.state, {**records, state["job"]: {**state, "nodes": args.nodes}})

@@ -1,6 +1,6 @@
 """What `bamboo-launch status|scale|down` do with a recorded launch: the
-instances beside the job's progress in its etcd (and the command that opens its
-dashboard); the group resized; everything the launch created removed (group,
+instances beside the job's progress in its etcd, read through a tunnel where it
+must be (cloud/watch.py), and the command that opens its dashboard; the group resized; everything the launch created removed (group,
 template, --etcd auto instance, the uploaded wheel and etcd certificates, the
 job's etcd keys), the part that is already gone skipped."""
 from __future__ import annotations
@@ -9,9 +9,6 @@ import shlex
 import shutil
 
 from cloud.common import LaunchError
-
-DASHBOARD_PORT = 8080  # where bamboo-status --serve listens, on this machine's loopback
-
 
 def provider_for(state: dict, dry_run: bool = False):
     if state["provider"] == "ec2":
@@ -44,31 +41,22 @@ def job_progress(state: dict) -> dict:
         return {"job": state["job"], "error": str(e)}
 
 
-def dashboard(state: dict) -> str:
-    """The command that opens the launched job's dashboard from this machine: an
-    SSH tunnel to the job's etcd (the nodes' address of its first member), then
-    `bamboo-status --serve` on loopback. The tunnel's local end is a port free
-    now and different each time: a web page cannot guess where to send requests."""
-    from bamboo.control.etcd import free_port
-    tunnel_port = free_port()
-    host, _, port = state["etcd"].split(",")[0].rpartition(":")
-    zone, _, instance = (state.get("etcd_instance") or "").rpartition("/")
-    if state["provider"] == "gcp" and instance:  # gcloud knows the user and the key
-        tunnel = (f"gcloud compute ssh {shlex.quote(instance)} --project {shlex.quote(state['project'])} "
-                  f"--zone {shlex.quote(zone)} -- -N -f -L {tunnel_port}:127.0.0.1:{port}")
-        where = ""
-    else:
-        tunnel = f"ssh -N -f -L {tunnel_port}:{host}:{port} USER@HOST"
-        via = f"the etcd instance {instance}, or a node" if instance else "a node, say"
-        where = f" (USER@HOST: a machine you can ssh to that reaches {host}:{port}: {via})"
-    tls = f"--etcd-tls {shlex.quote(state['etcd_tls'])} " if state.get("etcd_tls") else ""
-    return (f"{tunnel} && bamboo-status --etcd 127.0.0.1:{tunnel_port} {tls}--job {shlex.quote(state['job'])} "
-            f"--serve {DASHBOARD_PORT}, then open http://127.0.0.1:{DASHBOARD_PORT}/{where}")
+def status(state: dict, tunnel=None) -> dict:
+    """The record, the group's instances and the job's progress, read through
+    `tunnel` (cloud/watch.py; by default the way `auto` chooses)."""
+    from cloud.watch import Tunnel
+    try:
+        with (tunnel or Tunnel(state)) as endpoint:
+            progress = job_progress({**state, "etcd": endpoint})
+    except LaunchError as e:
+        progress = {"job": state["job"], "error": str(e)}
+    return {**state, "instances": provider_for(state).describe(state["name"]), "progress": progress,
+            "dashboard": watch_command(state)}
 
 
-def status(state: dict) -> dict:
-    return {**state, "instances": provider_for(state).describe(state["name"]), "progress": job_progress(state),
-            "dashboard": dashboard(state)}
+def watch_command(state: dict) -> str:
+    """The command that opens the job's live dashboard from this machine."""
+    return f"bamboo-launch dashboard {shlex.quote(state['job'])}"
 
 
 def scale(state: dict, nodes: int) -> None:

@@ -1,0 +1,167 @@
+"""`bamboo-launch dashboard [JOB]` and `status` from this machine: a tunnel to the
+job's etcd when it does not answer from here, then the live dashboard (or the
+progress) through it. The tunnel is closed when they end.
+
+The ways in (`--via`):
+
+  direct  the etcd answers from here: your own etcd, or a machine inside the VPC
+  ssm     EC2: Session Manager port forwarding to the `--etcd auto` instance
+          (`aws ssm start-session`): no SSH key, no open port; needs the aws CLI
+          and its session-manager-plugin here, and the instance's role allowed
+          Session Manager (docs/cloud.md)
+  gcloud  GCP: `gcloud compute ssh` to the `--etcd auto` instance, forwarding a port
+  ssh     `ssh -L` through `--ssh-host USER@HOST` (`--ssh-key FILE`): a machine that
+          reaches the etcd, such as the etcd instance launched with `--key-name`
+          and a `--security-group` that admits your SSH
+
+`auto` (the default) is direct when the etcd answers within two seconds, else ssm
+or gcloud for an `--etcd auto` job. Each tunnel's local end is a port free at the
+time, on loopback: a web page cannot guess it.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import time
+
+from cloud.common import LaunchError
+
+VIAS = ("auto", "direct", "ssm", "gcloud", "ssh")
+TUNNEL_SECONDS = 60.0   # a tunnel that does not accept a connection by then has failed
+REACH_SECONDS = 2.0     # an etcd that does not accept a connection by then is not reachable from here
+
+
+def reachable(endpoint: str, timeout: float = REACH_SECONDS) -> bool:
+    host, _, port = endpoint.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def first_endpoint(state: dict) -> str:
+    return state["etcd"].split(",")[0]
+
+
+def chosen_via(state: dict, via: str) -> str:
+    """The way in `via` names; `auto`'s choice."""
+    if via != "auto":
+        return via
+    if reachable(first_endpoint(state)):
+        return "direct"
+    if state.get("etcd_instance"):
+        return "ssm" if state["provider"] == "ec2" else "gcloud"
+    raise LaunchError(f"the job's etcd {first_endpoint(state)} does not answer from here, and it is not an "
+                      "--etcd auto instance: give --via ssh --ssh-host USER@HOST (a machine that reaches it)")
+
+
+def tunnel_command(state: dict, via: str, local: int, ssh_host: str | None, ssh_key: str | None) -> list[str]:
+    """The command that forwards 127.0.0.1:`local` to the job's etcd."""
+    host, _, port = first_endpoint(state).rpartition(":")
+    zone, _, instance = (state.get("etcd_instance") or "").rpartition("/")
+    if via == "ssm":
+        if state["provider"] != "ec2" or not instance:
+            raise LaunchError("--via ssm goes through an EC2 job's --etcd auto instance")
+        return ["aws", "ssm", "start-session", "--region", state["region"], "--target", instance,
+                "--document-name", "AWS-StartPortForwardingSession",
+                "--parameters", f"portNumber={port},localPortNumber={local}"]
+    if via == "gcloud":
+        if state["provider"] != "gcp" or not instance:
+            raise LaunchError("--via gcloud goes through a GCP job's --etcd auto instance")
+        return ["gcloud", "compute", "ssh", instance, "--project", state["project"], "--zone", zone, "--",
+                "-N", "-L", f"127.0.0.1:{local}:127.0.0.1:{port}"]
+    if not ssh_host:
+        raise LaunchError("--via ssh needs --ssh-host USER@HOST: a machine you can ssh to that reaches the etcd")
+    return ["ssh", "-N", "-o", "ExitOnForwardFailure=yes", *(["-i", ssh_key] if ssh_key else []),
+            "-L", f"127.0.0.1:{local}:{host}:{port}", ssh_host]
+
+
+class Tunnel:
+    """`with Tunnel(state, via) as endpoint:` the job's etcd as reached from here."""
+
+    def __init__(self, state: dict, via: str = "auto", ssh_host: str | None = None, ssh_key: str | None = None):
+        if via not in VIAS:
+            raise LaunchError(f"--via {via!r}: choose from {', '.join(VIAS)}")
+        self.state, self.via, self.ssh = state, via, (ssh_host, ssh_key)
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> str:
+        via = chosen_via(self.state, self.via)
+        if via == "direct":
+            return first_endpoint(self.state)
+        from bamboo.control.etcd import free_port
+        local = free_port()
+        command = tunnel_command(self.state, via, local, *self.ssh)
+        try:
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.PIPE, start_new_session=True)
+        except FileNotFoundError:
+            raise LaunchError(f"--via {via}: {command[0]} is not installed here (docs/cloud.md, Watching)") from None
+        self._wait_open(local, command)
+        return f"127.0.0.1:{local}"
+
+    def _wait_open(self, local: int, command: list[str]) -> None:
+        """Until the tunnel's local end accepts a connection; its exit or the
+        deadline is a LaunchError with the tunnel's last line."""
+        deadline = time.monotonic() + TUNNEL_SECONDS
+        while not reachable(f"127.0.0.1:{local}", timeout=0.5):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                said = self.process.stderr.read().decode(errors="replace").strip().splitlines()
+                raise LaunchError(f"the tunnel ({shlex.join(command[:3])} ...) did not open"
+                                  + (f": {said[-1][:300]}" if said else ""))
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def prices(state: dict) -> tuple:
+    """(spot, on-demand) dollars per node-hour of the launch's instance types (their
+    mean), from the instance table; (None, None) for a type it does not price."""
+    from commands.train.instances import INSTANCES
+    names = state.get("instance_types") or [state.get("machine_type")]
+    kinds = [INSTANCES.get(n) for n in names]
+    if not kinds or None in kinds:
+        return None, None
+    return (round(sum(k.spot for k in kinds) / len(kinds), 4), round(sum(k.on_demand for k in kinds) / len(kinds), 4))
+
+
+def dashboard(state: dict, tunnel: Tunnel, port: int, browser: bool, seconds: float | None) -> None:
+    """Serve the job's live dashboard on 127.0.0.1:`port` through `tunnel` until
+    Ctrl-C (or `seconds`), priced at its instance types' prices."""
+    import threading
+    import webbrowser
+
+    from commands.status.dashboard import CannotServe, start, stop
+    if state.get("etcd_tls"):
+        os.environ["BAMBOO_ETCD_TLS"] = state["etcd_tls"]  # the job's client certificate, for this process
+    with tunnel as endpoint:
+        try:
+            server, url = start(endpoint, state["job"], f"127.0.0.1:{port}", price=prices(state))
+        except CannotServe as e:
+            raise LaunchError(str(e)) from None
+        print(f"bamboo-launch: job {state['job']}'s dashboard at {url} (Ctrl-C stops it)", flush=True)
+        if browser:
+            webbrowser.open(url)
+        if seconds is not None:
+            threading.Timer(seconds, server.shutdown).start()
+        try:
+            server.serve_forever(poll_interval=0.5)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            stop(server)
