@@ -139,7 +139,7 @@ def _tunnel_flags(s, dashboard: bool) -> None:
     s.add_argument("--ssh-host", metavar="USER@HOST", help="with --via ssh: a machine that reaches the etcd")
     s.add_argument("--ssh-key", metavar="FILE", help="with --via ssh: the private key to log in with")
     if dashboard:
-        s.add_argument("--port", type=int, default=8080, help="the dashboard's port on 127.0.0.1")
+        s.add_argument("--port", type=int, default=8080, help="the dashboard's port on 127.0.0.1 (0: any free one)")
         s.add_argument("--no-browser", action="store_true", help="print the page's address, open no browser")
         s.add_argument("--seconds", type=float, metavar="S", help="stop after S seconds (default: at Ctrl-C)")
 
@@ -232,8 +232,8 @@ def watched(args, state: dict) -> int:
     if args.command == "status":
         print(json.dumps(status(state, tunnel)))
         return 0
-    if not 0 < args.port < 65536 or (args.seconds is not None and not args.seconds > 0):
-        raise BadInput(f"--port must be 1 to 65535 and --seconds positive (got {args.port}, {args.seconds})")
+    if not 0 <= args.port < 65536 or (args.seconds is not None and not args.seconds > 0):
+        raise BadInput(f"--port must be 0 to 65535 and --seconds positive (got {args.port}, {args.seconds})")
     dashboard(state, tunnel, args.port, not args.no_browser, args.seconds)
     return 0
 

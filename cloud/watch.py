@@ -140,6 +140,10 @@ def prices(state: dict) -> tuple:
     return (round(sum(k.spot for k in kinds) / len(kinds), 4), round(sum(k.on_demand for k in kinds) / len(kinds), 4))
 
 
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def dashboard(state: dict, tunnel: Tunnel, port: int, browser: bool, seconds: float | None) -> None:
     """Serve the job's live dashboard on 127.0.0.1:`port` through `tunnel` until
     Ctrl-C (or `seconds`), priced at its instance types' prices."""
@@ -147,6 +151,8 @@ def dashboard(state: dict, tunnel: Tunnel, port: int, browser: bool, seconds: fl
     import webbrowser
 
     from commands.status.dashboard import CannotServe, start, stop
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # a closed terminal or a kill closes the tunnel too
+        signal.signal(sig, _interrupted)
     if state.get("etcd_tls"):
         os.environ["BAMBOO_ETCD_TLS"] = state["etcd_tls"]  # the job's client certificate, for this process
     with tunnel as endpoint:
@@ -158,7 +164,9 @@ def dashboard(state: dict, tunnel: Tunnel, port: int, browser: bool, seconds: fl
         if browser:
             webbrowser.open(url)
         if seconds is not None:
-            threading.Timer(seconds, server.shutdown).start()
+            timer = threading.Timer(seconds, server.shutdown)
+            timer.daemon = True  # an interrupt ends the process without waiting for it
+            timer.start()
         try:
             server.serve_forever(poll_interval=0.5)
         except KeyboardInterrupt:
