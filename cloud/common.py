@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 from dataclasses import dataclass
+from urllib.parse import quote
 
 # The project's distribution name (import packages: bamboo, schedules, agents, sim).
 # It is not published on the package index, where "bamboo" is an unrelated project:
@@ -37,14 +38,16 @@ class BadInput(LaunchError):
 @dataclass(frozen=True)
 class Install:
     """What a node pip-installs: `requirement`, after fetching the uploaded wheel to
-    `wheel`: from `url` (a presigned or signed URL, which expires), or from `s3` (its
-    object, read with the instance's role, which does not) when there is one."""
+    `wheel`: from `url` (a presigned URL, which expires), or from its object read
+    with the instance's own identity, which does not: `s3` (the instance's role) or
+    `gs` (the instance's service account, its token from the metadata server)."""
     requirement: str
     url: str | None = None
     wheel: str | None = None
     s3: str | None = None           # s3://BUCKET/KEY
     region: str = ""                # the bucket's region, for `s3`
-    endpoint_url: str | None = None  # S3's endpoint, for `s3` (tests: a local server)
+    endpoint_url: str | None = None  # the storage endpoint, for `s3` or `gs` (tests: a local server)
+    gs: str | None = None           # gs://BUCKET/KEY
 
 
 # ROOT and META exist so that a local sandbox can run this very script: an empty
@@ -96,9 +99,24 @@ done
 """
 
 
+# The wheel read from GCS with the instance's service account: its access token from
+# the metadata server, the object through the JSON API's media download (curl only).
+GCS_FETCH = """TOKEN=$(curl -fsS -H 'Metadata-Flavor: Google' \\
+  "$META/computeMetadata/v1/instance/service-accounts/default/token" \\
+  | python3 -c 'import json, sys; print(json.load(sys.stdin)["access_token"])')
+curl -fsS --retry 5 -H "Authorization: Bearer $TOKEN" -o {target} {url}
+"""
+GCS_API = "https://storage.googleapis.com"
+
+
 def _fetch_lines(install: Install) -> tuple[str, str]:
     """Shell lines that fetch the wheel (none for a direct reference), and what pip installs."""
     target = f'"$ROOT/opt/{install.wheel}"'
+    if install.gs:
+        bucket, _, key = install.gs.removeprefix("gs://").partition("/")
+        url = (f"{(install.endpoint_url or GCS_API).rstrip('/')}/download/storage/v1/b/{quote(bucket, safe='')}"
+               f"/o/{quote(key, safe='')}?alt=media")
+        return GCS_FETCH.format(target=target, url=shlex.quote(url)), target
     if install.s3:
         return S3_FETCH.format(uri=shlex.quote(install.s3), target=target, region=shlex.quote(install.region),
                                endpoint=shlex.quote(install.endpoint_url or "")), target

@@ -1,13 +1,12 @@
 """Shipping the wheel to the nodes through object storage: an S3 object (EC2),
 which nodes with a role (--iam-profile) read with it, else through a presigned
-URL; a GCS object and a V4 signed URL (GCP). A URL lives at most 7 days (both
-clouds' limit for these signatures), less under short-lived credentials: a node
-booting later needs a new launch (see docs/cloud.md).
+URL; a GCS object (GCP), which nodes read with their service account. A URL lives
+at most 7 days (S3's limit for these signatures), less under short-lived
+credentials: a node booting later needs a new launch (see docs/cloud.md).
 
 With `dry_run` each request is printed, one JSON line, and none is sent."""
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import re
@@ -138,25 +137,22 @@ class GcsShipper:
     def _call(self, operation: str, key: str, fn):
         if self.dry_run:
             self.log(json.dumps({"service": "storage", "operation": operation, "bucket": self.bucket, "object": key}))
-            return f"https://storage.googleapis.com/{self.bucket}/<signed>"
+            return None
         from google.api_core.exceptions import GoogleAPICallError
         from google.auth.exceptions import GoogleAuthError
         try:
             return fn(self.client.bucket(self.bucket).blob(key))
         except GoogleAPICallError as e:
             raise LaunchError(f"GCS refused {operation} on gs://{self.bucket}/{key}: {e.message or e}") from None
-        except (GoogleAuthError, AttributeError) as e:  # AttributeError: credentials that cannot sign
-            raise LaunchError(f"GCS {operation} on gs://{self.bucket}/{key}: {e} (signing needs a service "
-                              f"account's key or the iam.serviceAccounts.signBlob permission)") from None
+        except GoogleAuthError as e:
+            raise LaunchError(f"GCS {operation} on gs://{self.bucket}/{key}: {e}") from None
 
     def ship(self, wheel: str, job: str) -> tuple[Install, str]:
+        """Upload `wheel`; the nodes read it with their service account (no URL to expire)."""
         key = object_key(self.prefix, job, wheel)
         self._call("upload", key, lambda blob: blob.upload_from_filename(wheel))
-        url = self._call("generate_signed_url", key, lambda blob: blob.generate_signed_url(
-            version="v4", method="GET", expiration=datetime.timedelta(seconds=URL_SECONDS),
-            **({"api_access_endpoint": self.endpoint_url} if self.endpoint_url else {})))
-        name = os.path.basename(wheel)
-        return Install(name, url, name), f"gs://{self.bucket}/{key}"
+        name, uri = os.path.basename(wheel), f"gs://{self.bucket}/{key}"
+        return Install(name, wheel=name, gs=uri, endpoint_url=self.endpoint_url), uri
 
     def put(self, uri: str, data: bytes) -> None:
         key = uri[len(self.scheme):].partition("/")[2]

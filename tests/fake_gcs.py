@@ -1,8 +1,9 @@
 """A small fake of Cloud Storage on loopback for the real google-cloud-storage
 client: the OAuth token endpoint a service account's credentials refresh at, the
 JSON API's multipart upload, delete, object metadata, listing (paged) and media
-downloads (with x-goog-hash, pinned to a generation, whole or a byte range), and XML-API GETs of V4
-signed URLs (the signature checked against the service account's public key).
+downloads (with x-goog-hash, pinned to a generation, whole or a byte range; a read
+without a bearer token is refused, as GCS refuses an anonymous caller), and XML-API
+GETs of V4 signed URLs (the signature checked against the service account's public key).
 `requests` records (method, route) of every storage call, so tests can count
 downloads."""
 import base64
@@ -27,6 +28,7 @@ class FakeStorage(http.server.ThreadingHTTPServer):
         self.requests: list[tuple[str, str]] = []
         self._next = itertools.count(1000)
         self.signed_gets = 0
+        self.bearers: list[str] = []  # the access token of each JSON API read, in order
         self.page_size = 1000  # GCS's own; a test may shrink it to exercise paging
         threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
 
@@ -143,6 +145,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         bucket, name = parts[2], unquote("/".join(parts[4:]))
         q = {k: v[0] for k, v in parse_qs(url.query).items()}
         self.server.requests.append(("GET", "media" if media else "metadata" if name else "list"))
+        bearer = self.headers.get("Authorization", "")
+        if not bearer.startswith("Bearer "):
+            return self._reply(401, {"error": {"code": 401, "message": "Anonymous caller"}})
+        self.server.bearers.append(bearer[len("Bearer "):])
         if bucket not in self.server.buckets:
             return self._missing(bucket)
         if not name:

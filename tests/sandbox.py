@@ -2,7 +2,7 @@
 fake instance metadata server per node (EC2's IMDSv2: a session token, then the
 zone, the instance id, spot/instance-action and the instance role's credentials,
 which boto3 on the node fetches as on EC2 and a moto server takes; GCP's metadata server with its
-Metadata-Flavor header: zone, id, preempted), a root directory standing for the
+Metadata-Flavor header: zone, id, preempted, the service account's access token), a root directory standing for the
 node's disk, and pip that installs from local files only (PIP_NO_INDEX).
 
 The node's venv is prepared with a .pth line to this test venv's site-packages,
@@ -67,7 +67,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return self._reply(403)
             answers = {"instance/zone": f"projects/123/zones/{s.zone}", "instance/id": s.instance,
                        "instance/name": f"node-{s.instance}",
-                       "instance/preempted": "TRUE" if s.action else "FALSE"}
+                       "instance/preempted": "TRUE" if s.action else "FALSE",
+                       "instance/service-accounts/default/token": json.dumps(
+                           {"access_token": f"meta-token-{s.instance}", "expires_in": 3599, "token_type": "Bearer"})}
             found = answers.get(self.path[len("/computeMetadata/v1/"):])
             return self._reply(200, found) if found is not None else self._reply(404)
         if self.headers.get("X-aws-ec2-metadata-token") != s.token:

@@ -1,13 +1,15 @@
 """GCP end to end, offline: `bamboo-launch gcp` against the fake Compute Engine
 and Cloud Storage (real google-cloud-compute and google-cloud-storage clients):
-the wheel is uploaded and reachable through a V4 signed URL (the fake checks the
-signature), and (slow) the startup script runs under bash in the sandbox with the
-fake GCP metadata server: the node installs the wheel through that URL and trains."""
+the wheel is uploaded, and (slow) the startup script runs under bash in the
+sandbox with the fake GCP metadata server: the node reads the wheel with its
+service account's token from the metadata server (no URL that expires), installs
+it and trains."""
 import json
 import os
 import re
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 import pytest
@@ -45,16 +47,19 @@ def launch_gcp(gcp, etcd_endpoint, tmp_path, job, iterations, *extra):
 
 
 @pytest.mark.slow
-def test_the_wheel_goes_to_gcs_behind_a_signed_url_and_down_removes_it(gcp, etcd, tmp_path):
+def test_the_wheel_goes_to_gcs_for_the_nodes_identity_and_down_removes_it(gcp, etcd, tmp_path):
     compute, storage = gcp
     up = launch_gcp(gcp, etcd.endpoint, tmp_path, "gcs-a", 3, "--bucket", "wheels/runs")
     assert up.returncode == 0, up.stderr
     [(bucket, name)] = storage.objects
     assert bucket == "wheels" and name.startswith("runs/bamboo-launch/gcs-a/bamboo_spot-")
     script = compute.templates["gcs-a"]["properties"]["metadata"]["items"][0]["value"]
-    url = re.search(r"curl -fsS --retry 5 -o \S+ '([^']+)'", script).group(1)
-    with urllib.request.urlopen(url) as reply:
-        assert reply.read() == storage.objects[(bucket, name)] and storage.signed_gets == 1
+    assert "X-Goog-Signature" not in script and "service-accounts/default/token" in script
+    url = re.search(r"-H \"Authorization: Bearer \$TOKEN\" -o \S+ '([^']+)'", script).group(1)
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        urllib.request.urlopen(url)  # no token, no wheel: the object is not public
+    with urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": "Bearer t"})) as reply:
+        assert reply.read() == storage.objects[(bucket, name)]
     status = json.loads(subprocess.run([os.path.join(BIN, "bamboo-status"), "--etcd", etcd.endpoint, "--job",
                                         "gcs-a", "--json"], capture_output=True, text=True).stdout)
     assert (status["model"], status["stages"], status["state"]) == ("tiny", 2, "configured")
@@ -92,7 +97,8 @@ def test_a_node_boots_from_the_gcp_startup_script_and_trains(gcp, etcd, tmp_path
                                             "the peer agent": (peer, lambda: "")})
         assert node.wait(60) == 0 and peer.wait(60) == 0, boot_log(root)[-3000:]
         assert {z.zone for z in cluster.children(ZONES()).values()} == {"us-central1-b", "us-central1-c"}
-        assert "instance 4242 in zone us-central1-b" in boot_log(root) and storage.signed_gets == 1
+        assert "instance 4242 in zone us-central1-b" in boot_log(root)
+        assert "meta-token-4242" in storage.bearers  # the wheel, read with the node's own token
         assert installed_from_wheel(str(root))
         assert losses(cluster, iterations) == pytest.approx(reference(tmp_path, iterations), rel=1e-9)
         # the job is complete: the node's end (cloud/node_exit.py) took its group to zero
