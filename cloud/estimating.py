@@ -31,7 +31,7 @@ def add_flags(c) -> None:
     g = c.add_argument_group("estimate (print the cost and exit: nothing is launched)")
     g.add_argument("--estimate", action="store_true",
                    help="print dollars per billion tokens for every strategy, the nodes spread over --zones and "
-                        "in one zone, on-demand beside them (docs/planning.md)")
+                        "in one zone, on-demand beside them (docs/cost.md)")
     g.add_argument("--preemption-rate", type=float, default=DEFAULTS["preemption_rate"], metavar="R",
                    help="with --estimate: spot preemptions per node-hour")
     g.add_argument("--zone-bursts", type=float, default=DEFAULTS["zone_bursts"], metavar="SHARE",
