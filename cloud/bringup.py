@@ -276,7 +276,8 @@ def launch_gcp(args, cfg, log=print) -> dict:
                                       "etcd_instances": tuple(etcd_instances), "endpoint_url": args.endpoint_url}))
     except BaseException as e:
         raise _undone(e, undo) from None
-    return {**made, "project": args.project, "machine_type": args.machine_type, "job": job, "etcd": etcd,
+    from cloud.planning import gcp_row
+    return {**made, "project": args.project, "priced_as": gcp_row(args), "job": job, "etcd": etcd,
             **_instances(etcd_instances),
             "firewalls": firewalls, "wheel": wheel, "endpoint_url": args.endpoint_url,
             "storage_endpoint_url": args.storage_endpoint_url, **_certificates(args, certs)}

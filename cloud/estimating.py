@@ -15,10 +15,11 @@ from dataclasses import replace
 from bamboo.control.config import Precision
 from cloud import ec2
 from cloud.common import BadInput
+from cloud.planning import gcp_row
 from commands.train.instances import GPU_TFLOPS, INSTANCES, Instance, InstanceError, gpu_flops, with_prices
 
-CROSS_ZONE_PER_GB = {"ec2": 0.02, "gcp": 0.01}  # EC2: 0.01 out of a zone and 0.01 into the other; GCP: 0.01
-STORAGE_PER_GB_MONTH = {"ec2": 0.023, "gcp": 0.020}  # S3 Standard, GCS Standard
+CROSS_ZONE_PER_GIB = {"ec2": 0.02, "gcp": 0.01}  # EC2: 0.01 out of a zone, 0.01 into the other; GCP: 0.01
+STORAGE_PER_GIB_MONTH = {"ec2": 0.023, "gcp": 0.020}  # S3 Standard, GCS Standard
 ETCD_PER_HOUR = {"ec2": 0.0208, "gcp": 0.0168}  # an etcd member: t3.small, e2-small, on demand
 NOTICE_SECONDS = {"ec2": 120.0, "gcp": 30.0}
 
@@ -60,28 +61,22 @@ def check_flags(args) -> None:
 def instances(args) -> list[Instance]:
     """The types the group may get, with --prices applied."""
     table = with_prices(args.prices) if args.prices else INSTANCES
-    if args.command == "ec2":
-        names = args.instance_type or list(ec2.GPU_TYPES)
-    else:
-        names = [args.machine_type if args.machine_type in table else _gcp_row(args)]
+    names = (args.instance_type or list(ec2.GPU_TYPES)) if args.command == "ec2" else [gcp_row(args)]
     unknown = [n for n in names if n not in table]
     if unknown:
         raise InstanceError(f"--estimate: no price for {unknown[0]} (priced types: {', '.join(table)})")
     return [table[n] for n in names]
 
 
-def _gcp_row(args) -> str:
-    """The table's row of an N1 machine with a T4 attached, the one GPU pairing priced."""
-    from cloud import gcp
-    found = gcp.parse_accelerator(gcp.accelerator_for(args.machine_type, args.accelerator))
-    if args.machine_type == "n1-standard-8" and found and found == ("nvidia-tesla-t4", 1):
-        return "n1-standard-8+t4"
-    return f"{args.machine_type} with {args.accelerator}"
-
-
 def group_kind(kinds: list[Instance]) -> Instance:
     """One instance standing for the group's: the slowest GPU sets the pipelines'
-    pace, and the group pays the mean of its types' prices."""
+    pace, and the group pays the mean of its types' prices. The simulator's node is
+    one GPU: a type of several (whose workers a preemption takes together) is
+    refused."""
+    several = [k for k in kinds if k.gpus > 1]
+    if several:
+        raise InstanceError(f"--estimate: {several[0].name} has {several[0].gpus} GPUs, whose workers a preemption "
+                            "takes together; the estimate simulates one-GPU nodes: give a one-GPU type")
     slowest = min(kinds, key=lambda k: GPU_TFLOPS[k.gpu])
     mean = lambda name: sum(getattr(k, name) for k in kinds) / len(kinds)  # noqa: E731
     return replace(slowest, name=" / ".join(k.name for k in kinds), on_demand=mean("on_demand"), spot=mean("spot"))
@@ -89,28 +84,31 @@ def group_kind(kinds: list[Instance]) -> Instance:
 
 def run_estimate(args, train_argv: list[str]) -> int:
     """Print the estimate's table and its JSON; no request is sent."""
+    from cloud.bringup import zones_of
     from cloud.job import job_args
     from sim.estimate import Market, estimate
     from sim.job_model import job_model
     from sim.options import Options
-    from sim.pricing import Charges
+    from sim.pricing import GIB, Charges
     _, cfg = job_args(train_argv, args.nodes, args.job, objects=False)
     try:
         kind = group_kind(instances(args))
         market = Market(args.preemption_rate, args.zone_bursts, args.burst_hours, args.estimate_hours)
-        market.check()
+        market.check(args.nodes)
     except (InstanceError, ValueError) as e:
         raise BadInput(str(e)) from None
     job = job_model(cfg, args.nodes, gpu_flops(kind, cfg.recipe.precision is not Precision.FP32))
     keep = cfg.checkpoints.checkpoint_keep or 1
-    charges = Charges(CROSS_ZONE_PER_GB[args.command],
+    charges = Charges(CROSS_ZONE_PER_GIB[args.command],
                       ETCD_PER_HOUR[args.command] * args.etcd_members if args.etcd == "auto" else 0.0,
-                      STORAGE_PER_GB_MONTH[args.command],
-                      job.checkpoint_bytes * keep / 1e9 if cfg.checkpoints.checkpoint else 0.0,
+                      STORAGE_PER_GIB_MONTH[args.command],
+                      job.checkpoint_bytes * keep / GIB if cfg.checkpoints.checkpoint else 0.0,
                       args.boot_minutes * 60)
     options = Options(spot_price=kind.spot, on_demand_price=kind.on_demand,
                       notice_seconds=NOTICE_SECONDS[args.command])
-    zones = tuple(z.strip() for z in args.zones.split(","))
+    zones = zones_of(args)
+    if len(set(zones)) != len(zones):
+        raise BadInput(f"--zones {args.zones}: a zone named twice")
     result = estimate((job.profile, job.links, job.tokens_per_sample), args.nodes, cfg.schedule.stages, zones,
                       options, charges, market)
     print("\n".join(describe(result, kind, zones, job, market, charges)))
@@ -140,8 +138,8 @@ def describe(result: dict, kind: Instance, zones: tuple[str, ...], job, market, 
            f"market: {market.rate:g} preemptions per node-hour, {market.bursts:.0%} of them a whole zone for "
            f"{market.burst_hours:g} h; "
            f"{market.seeds} traces of {market.hours:g} h per placement; boot {charges.boot_seconds / 60:g} min",
-           f"charges: between zones ${charges.cross_zone_per_gb:g}/GB; etcd ${charges.etcd_per_hour:g}/h; "
-           f"checkpoints {charges.stored_gb:.1f} GB at ${charges.storage_per_gb_month:g}/GB-month",
+           f"charges: between zones ${charges.cross_zone_per_gib:g}/GiB; etcd ${charges.etcd_per_hour:g}/h; "
+           f"checkpoints {charges.stored_gib:.1f} GiB at ${charges.storage_per_gib_month:g}/GiB-month",
            "per placement: $ per billion tokens, tokens/s, network $/h",
            " " * 14 + "".join(f"  {names[k]:>30}" for k in result)]
     for strategy in dict.fromkeys(s for rows in result.values() for s in rows):

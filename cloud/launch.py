@@ -42,6 +42,7 @@ import sys
 from bamboo.control.parser import OneLineParser
 from cloud import estimating
 from cloud.common import BadInput, LaunchError
+from cloud.manage import DEFAULT_STATE
 from cloud.records import check_unrecorded, pick, read_records, write_records
 from commands.train import jobfile
 
@@ -111,7 +112,7 @@ def _launch_flags(c, cloud: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="bamboo-launch", description=__doc__.splitlines()[0])
-    p.add_argument("--state", default=".bamboo-launch.json", help=STATE_HELP)
+    p.add_argument("--state", default=DEFAULT_STATE, help=STATE_HELP)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for cloud in CLOUDS:
         _cloud_parser(sub, cloud)
@@ -218,14 +219,15 @@ def launched(args, train_argv: list[str]) -> int:
         from cloud.manage import watch_command
         write_records(args.state, {**read_records(args.state), made["job"]: made})
         print(json.dumps(made))
-        print(f"bamboo-launch: watch the job: {watch_command(made)}", file=sys.stderr)
+        print(f"bamboo-launch: watch the job: {watch_command(made, args.state)}", file=sys.stderr)
     return 0
 
 
 def watched(args, state: dict) -> int:
     """status or dashboard, through the tunnel --via names."""
     from cloud.manage import status
-    from cloud.watch import Tunnel, dashboard
+    from cloud.watch import Tunnel, close_on_signals, dashboard
+    close_on_signals()
     if (args.ssh_host or args.ssh_key) and args.via != "ssh":
         raise BadInput("--ssh-host and --ssh-key go with --via ssh")
     tunnel = Tunnel(state, args.via, args.ssh_host, args.ssh_key)

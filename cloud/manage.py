@@ -1,14 +1,18 @@
 """What `bamboo-launch status|scale|down` do with a recorded launch: the
 instances beside the job's progress in its etcd, read through a tunnel where it
-must be (cloud/watch.py), and the command that opens its dashboard; the group resized; everything the launch created removed (group,
-template, --etcd auto instance, the uploaded wheel and etcd certificates, the
-job's etcd keys), the part that is already gone skipped."""
+must be (cloud/watch.py), and the command that opens its dashboard; the group
+resized; everything the launch created removed (group, template, --etcd auto
+instance, the uploaded wheel and etcd certificates, the job's etcd keys), the
+part that is already gone skipped."""
 from __future__ import annotations
 
 import shlex
 import shutil
 
 from cloud.common import LaunchError
+
+DEFAULT_STATE = ".bamboo-launch.json"  # bamboo-launch --state's default
+
 
 def provider_for(state: dict, dry_run: bool = False):
     if state["provider"] == "ec2":
@@ -54,9 +58,11 @@ def status(state: dict, tunnel=None) -> dict:
             "dashboard": watch_command(state)}
 
 
-def watch_command(state: dict) -> str:
-    """The command that opens the job's live dashboard from this machine."""
-    return f"bamboo-launch dashboard {shlex.quote(state['job'])}"
+def watch_command(state: dict, records: str = DEFAULT_STATE) -> str:
+    """The command that opens the job's live dashboard from this machine (`records`:
+    the launch record's file)."""
+    where = f"--state {shlex.quote(records)} " if records != DEFAULT_STATE else ""
+    return f"bamboo-launch {where}dashboard {shlex.quote(state['job'])}"
 
 
 def scale(state: dict, nodes: int) -> None:

@@ -1,6 +1,7 @@
 """`bamboo-launch ec2|gcp ... --plan`: the job's plan (commands/train/plan.py)
 against the GPUs and host memory of the instances its group may get, before any
-request is sent."""
+request is sent; and which row of the instance table a GCP launch's nodes are
+(their prices, for --estimate and the dashboard)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -53,3 +54,14 @@ def _gcp(args) -> Target:
     family, _, vcpus = machine.rpartition("-")
     host = int(N1_GIB_PER_VCPU[family] * int(vcpus) * GIB) if family in N1_GIB_PER_VCPU and vcpus.isdigit() else None
     return Target(f"{machine} with {found[1]} {gpu}", int(gib * GIB), host, found[1])
+
+
+def gcp_row(args) -> str:
+    """The instance table's row of a GCP launch's nodes: their machine type, or an N1
+    machine with a T4 attached (the one pairing priced); else a name it has not."""
+    if args.machine_type in INSTANCES:
+        return args.machine_type
+    found = gcp.parse_accelerator(gcp.accelerator_for(args.machine_type, args.accelerator))
+    if args.machine_type == "n1-standard-8" and found and found == ("nvidia-tesla-t4", 1):
+        return "n1-standard-8+t4"
+    return f"{args.machine_type} with {args.accelerator}"

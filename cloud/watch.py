@@ -25,6 +25,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
 from cloud.common import LaunchError
@@ -35,6 +36,7 @@ REACH_SECONDS = 2.0     # an etcd that does not accept a connection by then is n
 
 
 def reachable(endpoint: str, timeout: float = REACH_SECONDS) -> bool:
+    """Whether HOST:PORT accepts a TCP connection within `timeout` seconds."""
     host, _, port = endpoint.rpartition(":")
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
@@ -44,6 +46,7 @@ def reachable(endpoint: str, timeout: float = REACH_SECONDS) -> bool:
 
 
 def first_endpoint(state: dict) -> str:
+    """The etcd member a tunnel goes to: the launch's first."""
     return state["etcd"].split(",")[0]
 
 
@@ -72,8 +75,8 @@ def tunnel_command(state: dict, via: str, local: int, ssh_host: str | None, ssh_
     if via == "gcloud":
         if state["provider"] != "gcp" or not instance:
             raise LaunchError("--via gcloud goes through a GCP job's --etcd auto instance")
-        return ["gcloud", "compute", "ssh", instance, "--project", state["project"], "--zone", zone, "--",
-                "-N", "-L", f"127.0.0.1:{local}:127.0.0.1:{port}"]
+        return ["gcloud", "compute", "ssh", instance, "--project", state["project"], "--zone", zone, "--quiet",
+                "--", "-N", "-o", "ExitOnForwardFailure=yes", "-L", f"127.0.0.1:{local}:127.0.0.1:{port}"]
     if not ssh_host:
         raise LaunchError("--via ssh needs --ssh-host USER@HOST: a machine you can ssh to that reaches the etcd")
     return ["ssh", "-N", "-o", "ExitOnForwardFailure=yes", *(["-i", ssh_key] if ssh_key else []),
@@ -88,6 +91,7 @@ class Tunnel:
             raise LaunchError(f"--via {via!r}: choose from {', '.join(VIAS)}")
         self.state, self.via, self.ssh = state, via, (ssh_host, ssh_key)
         self.process: subprocess.Popen | None = None
+        self.said = None   # the tunnel's stderr: a file, so that a talkative tunnel never blocks
 
     def __enter__(self) -> str:
         via = chosen_via(self.state, self.via)
@@ -96,12 +100,18 @@ class Tunnel:
         from bamboo.control.etcd import free_port
         local = free_port()
         command = tunnel_command(self.state, via, local, *self.ssh)
+        self.said = tempfile.TemporaryFile()
         try:
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.PIPE, start_new_session=True)
+                                            stderr=self.said, start_new_session=True)
         except FileNotFoundError:
+            self.said.close()
             raise LaunchError(f"--via {via}: {command[0]} is not installed here (docs/cloud.md, Watching)") from None
-        self._wait_open(local, command)
+        try:
+            self._wait_open(local, command)
+        except BaseException:  # an interrupt while it opens closes it too
+            self.close()
+            raise
         return f"127.0.0.1:{local}"
 
     def _wait_open(self, local: int, command: list[str]) -> None:
@@ -111,12 +121,14 @@ class Tunnel:
         while not reachable(f"127.0.0.1:{local}", timeout=0.5):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.close()
-                said = self.process.stderr.read().decode(errors="replace").strip().splitlines()
+                self.said.seek(0)
+                said = self.said.read(1 << 16).decode(errors="replace").strip().splitlines()
                 raise LaunchError(f"the tunnel ({shlex.join(command[:3])} ...) did not open"
                                   + (f": {said[-1][:300]}" if said else ""))
             time.sleep(0.2)
 
     def close(self) -> None:
+        """Stop the tunnel's process (and anything it started), if it runs."""
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
             try:
@@ -127,13 +139,22 @@ class Tunnel:
 
     def __exit__(self, *exc) -> None:
         self.close()
+        if self.said is not None:
+            self.said.close()
+
+
+def close_on_signals() -> None:
+    """SIGTERM and SIGHUP (a kill, a closed terminal) end this process as Ctrl-C
+    does, through the `with` blocks: a tunnel never outlives its command."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupted)
 
 
 def prices(state: dict) -> tuple:
     """(spot, on-demand) dollars per node-hour of the launch's instance types (their
     mean), from the instance table; (None, None) for a type it does not price."""
     from commands.train.instances import INSTANCES
-    names = state.get("instance_types") or [state.get("machine_type")]
+    names = state.get("instance_types") or [state.get("priced_as")]
     kinds = [INSTANCES.get(n) for n in names]
     if not kinds or None in kinds:
         return None, None
@@ -151,15 +172,13 @@ def dashboard(state: dict, tunnel: Tunnel, port: int, browser: bool, seconds: fl
     import webbrowser
 
     from commands.status.dashboard import CannotServe, start, stop
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # a closed terminal or a kill closes the tunnel too
-        signal.signal(sig, _interrupted)
     if state.get("etcd_tls"):
         os.environ["BAMBOO_ETCD_TLS"] = state["etcd_tls"]  # the job's client certificate, for this process
     with tunnel as endpoint:
         try:
             server, url = start(endpoint, state["job"], f"127.0.0.1:{port}", price=prices(state))
         except CannotServe as e:
-            raise LaunchError(str(e)) from None
+            raise LaunchError(str(e).replace(f"--serve 127.0.0.1:{port}", f"--port {port}")) from None
         print(f"bamboo-launch: job {state['job']}'s dashboard at {url} (Ctrl-C stops it)", flush=True)
         if browser:
             webbrowser.open(url)

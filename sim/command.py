@@ -254,6 +254,7 @@ def simulate(args, options: Options) -> dict:
     if args.notice_seconds is None:  # what the trace's cloud announces
         fmt = detect(args.trace) if args.trace_format == "auto" else args.trace_format
         options = replace(options, notice_seconds=NOTICE_SECONDS[fmt])
+    options = replace(options, startup_seconds=max(options.startup_seconds, args.boot_seconds))  # paid, not working
     first = first_nodes(events, options.zones)
     job = model_of(args, len(first))
     check_depth(job.profile, args.stages)
@@ -336,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         check_finite(parser, args)
         check_not_a_file(args.plot, "--plot")
         options = options_from(args, model_spec.instance_of(args))
+        model_spec.check_shape(args)
         if args.seeds < 1 or (args.nodes is not None and args.nodes < args.stages):
             raise ValueError("--seeds must be at least 1 and --nodes at least --stages")
         if args.sweep_rates and args.redundancy is not None:

@@ -23,6 +23,7 @@ from sim.simulator import STRATEGIES, ClusterSimulator
 from sim.traces import synthetic
 
 SPREAD, ONE_ZONE = "spread", "one zone"
+MAX_EVENTS = 200_000   # preemptions a trace may bring (each simulated six times over)
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,9 @@ class Market:
     seeds: int = 3              # traces per placement
     refill_seconds: float = 300.0  # mean wait for a replacement node
 
-    def check(self) -> None:
+    def check(self, nodes: int) -> None:
+        """ValueError naming the first flag out of range; a market of more than
+        MAX_EVENTS preemptions a trace (the simulator's time) too."""
         if not 0 <= self.rate <= 100:
             raise ValueError(f"--preemption-rate must be from 0 to 100 per node-hour (got {self.rate})")
         if not 0 <= self.bursts <= 1:
@@ -44,6 +47,9 @@ class Market:
             raise ValueError(f"--burst-hours must be from 0 to 720 (got {self.burst_hours})")
         if not 0 < self.hours <= 24 * 366:
             raise ValueError(f"--estimate-hours must be above 0 and at most a year (got {self.hours})")
+        if self.rate * self.hours * nodes > MAX_EVENTS:
+            raise ValueError(f"--preemption-rate {self.rate:g} x --estimate-hours {self.hours:g} x {nodes} nodes is "
+                             f"more than {MAX_EVENTS} preemptions a trace: fewer hours")
 
     def describe(self) -> dict:
         return dict(vars(self))
@@ -72,10 +78,12 @@ def estimate(job: tuple[Profile, dict, int], nodes: int, depth: int, zones: tupl
         shares = crossing_shares(next_config(first, None, depth, profile.microbatches), first)
         arrivals = sum(e.action == "add" for t in traces for e in t) / len(traces)
         rows = {}
+        steady = [synthetic(market.hours, nodes, where, 0.0, 0)]  # on-demand: its nodes, never preempted
         for strategy in STRATEGIES:
             if strategy == "on-demand" and placement != ONE_ZONE:
                 continue
-            runs = [ClusterSimulator(profile, depth, strategy, options).run(t, market.hours) for t in traces]
+            runs = [ClusterSimulator(profile, depth, strategy, options).run(t, market.hours)
+                    for t in (steady if strategy == "on-demand" else traces)]
             run = _mean(runs)
             on_demand = strategy == "on-demand"
             price = options.on_demand_price if on_demand else options.spot_price

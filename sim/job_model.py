@@ -18,9 +18,10 @@ class JobModel:
     tokens_per_sample: int      # the sequence length
 
     def describe(self) -> dict:
+        """The job as the simulator sees it, for the JSON output."""
         p = self.profile
-        return {"model": p.name, "parameters": int(p.layer_params * p.layers), "layers": p.layers, "hidden": p.hidden, "seq": p.seq,
-                "batch": p.microbatch, "microbatches": p.microbatches, "gpu_flops_sustained": p.gpu_flops,
+        return {"model": p.name, "parameters": int(p.layer_params * p.layers), "layers": p.layers, "hidden": p.hidden,
+                "seq": p.seq, "batch": p.microbatch, "microbatches": p.microbatches, "gpu_flops_sustained": p.gpu_flops,
                 "gpu_utilisation": GPU_UTILISATION, "checkpoint_bytes": int(self.checkpoint_bytes),
                 "network_bytes_per_iteration": {k: int(v) for k, v in self.links.items()}}
 

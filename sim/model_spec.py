@@ -7,10 +7,12 @@ from __future__ import annotations
 import argparse
 import os
 
+from schedules.layout import MICROBATCHES_MAX
+
 from bamboo.control.config import JobConfig, Precision
 from bamboo.model.api import ModelError
 from commands.train.instances import INSTANCES, InstanceError, gpu_flops, instance, with_prices
-from sim.pricing import Charges
+from sim.pricing import GIB, Charges
 from sim.profiles import GPU_PEAK_FLOPS, PROFILES, Profile, profile
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -29,16 +31,17 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="the nodes' type: its spot and on-demand prices replace --spot-price and --on-demand-price, "
                         "its GPU sets a bamboo-train model's speed")
     g.add_argument("--prices", metavar="FILE.json", help='prices replacing the table\'s, {"g5.xlarge": {"spot": 0.4}}')
-    g.add_argument("--cross-zone-price", type=float, default=0.0, metavar="USD_PER_GB",
+    g.add_argument("--cross-zone-price", type=float, default=0.0, metavar="USD_PER_GIB",
                    help="bytes sent between zones (EC2 0.02: 0.01 out, 0.01 in; GCP 0.01)")
     g.add_argument("--etcd-price", type=float, default=0.0, metavar="USD_PER_HOUR", help="the job's etcd instances")
-    g.add_argument("--storage-price", type=float, default=0.0, metavar="USD_PER_GB_MONTH",
+    g.add_argument("--storage-price", type=float, default=0.0, metavar="USD_PER_GIB_MONTH",
                    help="checkpoint storage (S3 0.023, GCS 0.020), for one checkpoint kept")
     g.add_argument("--boot-seconds", type=float, default=0.0, metavar="S",
                    help="each node's paid time from its start until it can join (boot, install)")
 
 
 def is_training_model(args) -> bool:
+    """Whether --model names a bamboo-train model rather than one of the simulator's profiles."""
     return args.model_config is not None or args.model not in PROFILES
 
 
@@ -95,7 +98,20 @@ def own_profile(args) -> Profile:
 
 
 def charges(args, checkpoint_bytes: float) -> Charges:
-    out = Charges(args.cross_zone_price, args.etcd_price, args.storage_price, checkpoint_bytes / 1e9,
-                  args.boot_seconds)
-    out.check()
-    return out
+    """The bill beyond the nodes, from the flags (each checked, named by its flag)."""
+    for flag in ("cross_zone_price", "etcd_price", "storage_price", "boot_seconds"):
+        value = getattr(args, flag)
+        if not 0 <= value < 1e6:
+            raise ValueError(f"--{flag.replace('_', '-')} must be from 0 up (got {value})")
+    return Charges(args.cross_zone_price, args.etcd_price, args.storage_price, checkpoint_bytes / GIB,
+                   args.boot_seconds)
+
+
+def check_shape(args) -> None:
+    """--stages, --batch, --seq and --microbatches within their bounds, before any model is built."""
+    if args.stages < 2:
+        raise ValueError(f"--stages must be at least 2 (got {args.stages})")
+    if args.batch < 1 or (args.seq is not None and args.seq < 1):
+        raise ValueError(f"--batch and --seq must be at least 1 (got {args.batch}, {args.seq})")
+    if args.microbatches is not None and not 1 <= args.microbatches <= MICROBATCHES_MAX:
+        raise ValueError(f"--microbatches must be from 1 to {MICROBATCHES_MAX} (got {args.microbatches})")

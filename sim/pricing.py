@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from agents.policy import Config
 
-GB = 1e9
+GIB = 1 << 30   # the clouds price bytes per GiB (2^30)
 HOURS_PER_MONTH = 730.0
 KINDS = ("activations, forward", "input gradients, back", "replica syncs", "data-parallel reduce")
 REPLICAS = ("bamboo", "lazy", "auto")   # the strategies that sync replicas
@@ -21,16 +21,12 @@ REPLICAS = ("bamboo", "lazy", "auto")   # the strategies that sync replicas
 
 @dataclass(frozen=True)
 class Charges:
-    cross_zone_per_gb: float = 0.0     # $ per GB sent between zones (EC2: 0.01 out of one, 0.01 into the other)
+    """A cloud's prices beyond node-hours, and what the job keeps in storage."""
+    cross_zone_per_gib: float = 0.0    # $ per GiB sent between zones (EC2: 0.01 out of one, 0.01 into the other)
     etcd_per_hour: float = 0.0         # $ per hour of the job's etcd instances, on demand
-    storage_per_gb_month: float = 0.0  # $ per GB-month of checkpoint storage
-    stored_gb: float = 0.0             # GB of checkpoints kept
+    storage_per_gib_month: float = 0.0  # $ per GiB-month of checkpoint storage
+    stored_gib: float = 0.0            # GiB of checkpoints kept
     boot_seconds: float = 0.0          # a node's paid time from its start until it can join
-
-    def check(self) -> None:
-        for name, value in vars(self).items():
-            if not 0 <= value < 1e9:
-                raise ValueError(f"{name.replace('_', ' ')} must be a number from 0 (got {value})")
 
     def describe(self) -> dict:
         return dict(vars(self))
@@ -81,10 +77,10 @@ def priced(run: dict, arrivals: int, spot_price: float, tokens_per_sample: int, 
     iterations_per_hour = run["throughput"] * 3600 / samples_per_iteration
     per_hour = {"nodes": run["cost_per_hour"],
                 "boot": arrivals * charges.boot_seconds / 3600 * spot_price / hours,
-                "network": cross_bytes / GB * charges.cross_zone_per_gb * iterations_per_hour,
+                "network": cross_bytes / GIB * charges.cross_zone_per_gib * iterations_per_hour,
                 "etcd": charges.etcd_per_hour,
-                "storage": charges.stored_gb * charges.storage_per_gb_month / HOURS_PER_MONTH}
+                "storage": charges.stored_gib * charges.storage_per_gib_month / HOURS_PER_MONTH}
     total = sum(per_hour.values())
     return {"tokens_per_second": round(tokens, 1), "dollars_per_hour": {k: round(v, 4) for k, v in per_hour.items()},
-            "total_per_hour": round(total, 4), "cross_zone_gb_per_iteration": round(cross_bytes / GB, 6),
+            "total_per_hour": round(total, 4), "cross_zone_bytes_per_iteration": round(cross_bytes),
             "dollars_per_billion_tokens": round(total / (tokens * 3600) * 1e9, 2) if tokens else None}

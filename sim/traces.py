@@ -192,8 +192,8 @@ def read(path: str, fmt: str = "auto") -> list[Event]:
         raise TraceError(f"{path}: {e.strerror}") from None
 
 
-def synthetic(hours: float, nodes: int, zones: tuple[str, ...], rate: float, seed: int,
-              bulk: float = 0.0, refill_seconds: float = 300.0, burst_refill_seconds: float | None = None) -> list[Event]:
+def synthetic(hours: float, nodes: int, zones: tuple[str, ...], rate: float, seed: int, bulk: float = 0.0,
+              refill_seconds: float = 300.0, burst_refill_seconds: float | None = None) -> list[Event]:
     """A spot cluster of `nodes` spread over `zones`: each running node is
     preempted at `rate` per hour (Poisson); with probability `bulk` a preemption
     takes every node of its zone at once; the autoscaling group starts a

@@ -66,7 +66,7 @@ def check_args(args) -> None:
         if not os.path.isfile(path):
             raise DataInputError(f"{path}: no such file")
     if is_remote(args.out):
-        taken = sorted(k.rpartition("/")[2] for k in _remote_listing(args.out))
+        taken = sorted(k.rpartition("/")[2] for k in _remote_listing(args.out, args.name))
     else:
         if os.path.exists(args.out) and not os.path.isdir(args.out):
             raise DataInputError(f"--out {args.out}: exists and is not a directory")
@@ -182,35 +182,46 @@ def tokenize(args, staging: bool = False) -> list[str]:
     return written
 
 
-def _remote_listing(uri: str) -> list[str]:
-    """The keys under `uri`'s prefix (as a folder)."""
-    bucket, prefix = bucket_of(uri)
+def _remote_listing(uri: str, name: str) -> list[str]:
+    """The keys under `uri`'s prefix (as a folder) that start with `name`-."""
     try:
-        return bucket.list(prefix.rstrip("/") + "/" if prefix.strip("/") else "")
+        bucket, prefix = bucket_of(uri)
+        return bucket.list(f"{prefix.strip('/')}/{name}-".lstrip("/"))
     except ObjectError as e:
         raise DataInputError(f"--out {uri}: {str(e).splitlines()[0]}") from None
 
 
 def upload(args) -> list[str]:
-    """Tokenize into a temporary directory, then upload every shard to --out; on a
-    failed upload, the shards uploaded are removed."""
+    """Tokenize into a temporary directory, then upload every shard to --out; when
+    an upload fails (or is interrupted), the shards uploaded are removed."""
     check_args(args)
     uri = args.out.rstrip("/")
-    bucket, prefix = bucket_of(uri)
+    bucket, prefix = bucket_of(uri)  # checked by check_args's listing
     done: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bamboo-data-") as local:
-        for path in tokenize(argparse.Namespace(**{**vars(args), "out": local}), staging=True):
-            key = f"{prefix.strip('/')}/{os.path.basename(path)}".lstrip("/")
-            try:
+        staged = tokenize(argparse.Namespace(**{**vars(args), "out": local}), staging=True)
+        try:
+            for path in staged:
+                key = f"{prefix.strip('/')}/{os.path.basename(path)}".lstrip("/")
                 with open(path, "rb") as f:
                     bucket.put(key, f.read())
-            except ObjectError as e:
-                for uploaded in done:
-                    bucket.delete(uploaded)
+                done.append(key)
+        except BaseException as e:
+            _remove(bucket, done)
+            if isinstance(e, ObjectError):
                 raise DataInputError(f"--out {uri}: {str(e).splitlines()[0]}") from None
-            done.append(key)
+            raise
     print(f"bamboo-data: uploaded {len(done)} shard(s) to {uri}/")
     return [f"{uri}/{k.rpartition('/')[2]}" for k in done]
+
+
+def _remove(bucket, keys: list[str]) -> None:
+    """Delete what an upload sent, as far as the store lets us (its error is the one to report)."""
+    for key in keys:
+        try:
+            bucket.delete(key)
+        except ObjectError:
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,6 @@ is one line and status 2.
 import json
 import os
 import pathlib
-import re
 import shutil
 import signal
 import subprocess
@@ -261,25 +260,31 @@ def test_a_short_or_empty_token_is_refused_in_one_line(etcd, job):
         dashboard.start(etcd.endpoint, "synthetic", "127.0.0.1:0", token="abc")
 
 
-def test_a_launch_says_how_to_open_its_dashboard_through_a_tunnel():
-    from cloud.manage import dashboard
-    from commands.status.status import parser
-    gcp = dashboard({"provider": "gcp", "project": "proj", "etcd": "10.128.0.2:2379", "job": "gpt",
-                     "etcd_instance": "us-central1-a/bamboo-etcd"})
-    assert re.match(r"gcloud compute ssh bamboo-etcd --project proj --zone us-central1-a -- "
-                    r"-N -f -L (\d+):127.0.0.1:2379 && bamboo-status ", gcp)
-    ec2 = dashboard({"provider": "ec2", "etcd": "10.0.1.5:2379,10.0.2.5:2379", "etcd_instance": "i-0abc",
-                     "job": "gpt"})
-    assert re.match(r"ssh -N -f -L (\d+):10.0.1.5:2379 USER@HOST && bamboo-status ", ec2) and "i-0abc" in ec2
-    ports = set()
-    for command in (gcp, ec2):
-        local = re.search(r"-L (\d+):", command).group(1)
-        words = command.split(" && ")[1].split(",")[0].split()
-        args = parser().parse_args(words[1:])
-        assert (args.etcd, args.job, args.serve) == (f"127.0.0.1:{local}", "gpt", "8080")
-        assert "open http://127.0.0.1:8080/" in command
-        ports.add(local)
-    assert len(ports) == 2  # a fresh local port each time: no page can guess it
+def test_a_launch_says_how_to_open_its_dashboard_and_which_tunnel_that_opens():
+    """The launch prints `bamboo-launch dashboard JOB`; the tunnels it would open
+    forward a loopback port to the recorded etcd's (tests/integration/test_watch.py
+    runs them)."""
+    from cloud.common import LaunchError
+    from cloud.manage import watch_command
+    from cloud.watch import tunnel_command
+    assert watch_command({"job": "gpt"}) == "bamboo-launch dashboard gpt"
+    assert watch_command({"job": "gpt"}, "runs.json") == "bamboo-launch --state runs.json dashboard gpt"
+    gcp = {"provider": "gcp", "project": "proj", "etcd": "10.128.0.2:2379", "job": "gpt",
+           "etcd_instance": "us-central1-a/bamboo-etcd"}
+    command = tunnel_command(gcp, "gcloud", 41873, None, None)
+    assert command[:4] == ["gcloud", "compute", "ssh", "bamboo-etcd"] and "us-central1-a" in command
+    assert command[-1] == "127.0.0.1:41873:127.0.0.1:2379" and "ExitOnForwardFailure=yes" in command
+    ec2 = {"provider": "ec2", "region": "us-east-1", "etcd": "10.0.1.5:2379,10.0.2.5:2379", "job": "gpt",
+           "etcd_instance": "i-0abc"}
+    command = tunnel_command(ec2, "ssm", 41873, None, None)
+    assert command[:3] == ["aws", "ssm", "start-session"] and "i-0abc" in command
+    assert command[-1] == "portNumber=2379,localPortNumber=41873"
+    assert tunnel_command(ec2, "ssh", 41873, "me@bastion", None)[-2:] == ["127.0.0.1:41873:10.0.1.5:2379",
+                                                                          "me@bastion"]
+    with pytest.raises(LaunchError, match="--via ssh needs --ssh-host"):
+        tunnel_command(ec2, "ssh", 41873, None, None)
+    with pytest.raises(LaunchError, match="--via gcloud goes through a GCP job"):
+        tunnel_command(ec2, "gcloud", 41873, None, None)
 
 
 # -- a real job in a real browser ------------------------------------------------------

@@ -42,3 +42,25 @@ def test_a_bucket_that_does_not_exist_is_one_line(tmp_path, tokenizer, s3, capsy
     assert main(["--tokenizer", directory, "--out", "s3://no-such-bucket/x", str(tmp_path / "a.txt")]) == 2
     err = capsys.readouterr().err
     assert "no-such-bucket" in err and err.count("\n") == 1
+
+
+def test_an_upload_that_fails_halfway_leaves_no_shard(tmp_path, tokenizer, s3, capsys, monkeypatch):
+    """The store refuses the second shard: the first, uploaded already, is removed."""
+    from bamboo.data.objects import ObjectError, S3Bucket
+    directory, _ = tokenizer
+    (tmp_path / "a.txt").write_text(DOCS[2])
+    s3.create_bucket(Bucket="corpus-halfway")  # moto's server outlives a test: a bucket of its own
+    put, calls = S3Bucket.put, []
+
+    def failing_second(self, key, data):
+        calls.append(key)
+        if len(calls) == 2:
+            raise ObjectError(f"s3://corpus-halfway/{key}: access denied")
+        put(self, key, data)
+    monkeypatch.setattr(S3Bucket, "put", failing_second)
+    argv = ["--tokenizer", directory, "--shard-tokens", "64", "--out", "s3://corpus-halfway/data",
+            str(tmp_path / "a.txt")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "access denied" in err and err.count("\n") == 1
+    assert len(calls) == 2 and "Contents" not in s3.list_objects_v2(Bucket="corpus-halfway")

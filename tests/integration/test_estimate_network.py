@@ -43,7 +43,7 @@ def test_the_estimated_bytes_between_zones_are_those_the_workers_sent(tmp_path, 
                         "--instance-type", "g5.xlarge", "--estimate", "--estimate-hours", "1", *MODEL])
     found = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert code == 0
-    estimated = found["estimate"][SPREAD]["bamboo"]["cross_zone_gb_per_iteration"] * 1e9
+    estimated = found["estimate"][SPREAD]["bamboo"]["cross_zone_bytes_per_iteration"]
     print(f"bytes between zones per iteration: estimated {estimated:.0f}, sent {measured:.0f}, "
           f"ratio {estimated / measured:.3f} (flags: {' '.join(MODEL)}, 4 nodes in zones a,b)")
     assert abs(estimated - measured) <= 0.10 * measured

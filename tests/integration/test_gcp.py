@@ -103,6 +103,7 @@ def test_launch_status_down_and_dry_run_through_the_command(compute, gcs, tmp_pa
     assert "put /bamboo/gpt/config" in etcd_node["metadata"]["items"][0]["value"]
     assert etcd_node["serviceAccounts"][0]["scopes"] == ["https://www.googleapis.com/auth/devstorage.read_only"]
     made = read_records(state)["gpt"]
+    assert made["priced_as"] == "n1-standard-8+t4"  # the dashboard's prices: the default machine and its T4
     shipped = {name for bucket, name in gcs.objects if bucket == "ckpts"}
     assert shipped == {u[len("gs://ckpts/"):] for u in made["certificates"]} and len(shipped) == 7
     assert all(name.startswith("launches/bamboo-launch/gpt/etcd-tls/") for name in shipped)

@@ -39,6 +39,7 @@ SETTINGS = {"BUCKET": "bamboo-e2e", "REGION": "us-east-1", "ZONES": "us-east-1a,
             "ONE_ZONE": "us-east-1a", "ETCD": None, "IMAGE": None, "PROFILE": "bamboo-node", "INSTANCE": "g5.xlarge",
             "NODES": "2", "TOKENIZER": None, "MODEL": "hf:llama-tiny", "SEQ": "32", "DTYPE": "float64",
             "PRECISION": "fp32", "STAGES": "2", "MICROBATCHES": "4", "BATCH": "2", "ITERATIONS": "4", "EVERY": "2",
+            "PORT": "0",  # any free port for the dashboard
             "WARMUP": "3"}  # the two launches' cosine schedules (4, then 6 iterations) agree on every iteration
 
 

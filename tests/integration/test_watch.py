@@ -7,6 +7,7 @@ tool's arguments and relay to a real etcd holding the job; the dashboard, its
 etcd client and the job's config are the real ones."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -27,7 +28,7 @@ def record(provider: str) -> dict:
             "wheel": None, "zones": ["a"], "nodes": 2}
     if provider == "ec2":
         return {**base, "etcd_instance": "i-0e7cd", "instance_types": ["g5.xlarge"]}
-    return {**base, "project": "proj", "etcd_instance": "us-central1-a/bamboo-etcd", "machine_type": "g2-standard-8"}
+    return {**base, "project": "proj", "etcd_instance": "us-central1-a/bamboo-etcd", "priced_as": "g2-standard-8"}
 
 
 @pytest.fixture
@@ -50,12 +51,12 @@ def standins(tmp_path, etcd, monkeypatch):
     return log
 
 
-@pytest.mark.parametrize("provider,via,extra,tool", [
-    ("ec2", "auto", [], "aws"),
-    ("gcp", "auto", [], "gcloud"),
-    ("ec2", "ssh", ["--ssh-host", "ec2-user@203.0.113.7", "--ssh-key", "k.pem"], "ssh"),
+@pytest.mark.parametrize("provider,via,extra,tool,stop", [
+    ("ec2", "auto", [], "aws", signal.SIGTERM),
+    ("gcp", "auto", [], "gcloud", signal.SIGHUP),   # a closed terminal
+    ("ec2", "ssh", ["--ssh-host", "ec2-user@203.0.113.7", "--ssh-key", "k.pem"], "ssh", signal.SIGINT),
 ])
-def test_the_dashboard_goes_through_the_tunnel_and_closes_it(tmp_path, standins, provider, via, extra, tool):
+def test_the_dashboard_goes_through_the_tunnel_and_closes_it(tmp_path, standins, provider, via, extra, tool, stop):
     state = tmp_path / "state.json"
     write_records(str(state), {"watched": record(provider)})
     proc = subprocess.Popen([os.path.join(BIN, "bamboo-launch"), "--state", str(state), "dashboard", "watched",
@@ -71,7 +72,7 @@ def test_the_dashboard_goes_through_the_tunnel_and_closes_it(tmp_path, standins,
         prices = (0.45, 1.006) if provider == "ec2" else (0.34, 0.854)
         assert (job["cost"]["spot_price"], job["cost"]["on_demand_price"]) == prices
     finally:
-        proc.terminate()
+        proc.send_signal(stop)
         proc.wait(30)
     (opened,) = [json.loads(x) for x in standins.read_text().splitlines()]
     assert opened["tool"] == tool and opened["remote"] == 1  # forwarded to the recorded etcd's port

@@ -93,4 +93,3 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, tokenizer, capsys, index):
     assert len(err) == 1 and err[0].startswith("bamboo-data: error: ") and why in err[0], err
     assert not list((tmp_path / "o").glob("*")) if (tmp_path / "o").is_dir() else True
 
-

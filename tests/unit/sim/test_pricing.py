@@ -28,10 +28,10 @@ def test_crossing_shares_count_each_kind_of_pair_by_hand():
 
 def test_priced_adds_each_charge_and_divides_by_the_tokens():
     run = {"hours": 2.0, "throughput": 10.0, "cost_per_hour": 3.6}   # 10 sequences/s of 1000 tokens
-    charges = Charges(cross_zone_per_gb=0.02, etcd_per_hour=0.5, storage_per_gb_month=0.73, stored_gb=100,
+    charges = Charges(cross_zone_per_gib=0.02, etcd_per_hour=0.5, storage_per_gib_month=0.73, stored_gib=100,
                       boot_seconds=360)
-    out = priced(run, 20, 1.0, 1000, 100, 1e9, charges)
-    # 360 iterations an hour (10 sequences/s, 100 an iteration), 1 GB across zones each
+    out = priced(run, 20, 1.0, 1000, 100, 1 << 30, charges)
+    # 360 iterations an hour (10 sequences/s, 100 an iteration), 1 GiB across zones each
     assert out["dollars_per_hour"] == {"nodes": 3.6, "boot": 20 * 0.1 * 1.0 / 2, "network": 7.2, "etcd": 0.5,
                                        "storage": 0.1}
     assert out["tokens_per_second"] == 10_000
@@ -44,9 +44,9 @@ def _small() -> Profile:
 
 def _placed(price: float, bursts: float, burst_hours: float = 1.0) -> dict:
     prof = _small()
+    market = Market(rate=0.3, bursts=bursts, burst_hours=burst_hours, hours=6, seeds=2)
     result = estimate((prof, prof.links(4, 2, True), prof.seq), 8, 4, ("a", "b", "c"), Options(),
-                      Charges(cross_zone_per_gb=price), Market(rate=0.3, bursts=bursts, burst_hours=burst_hours, hours=6,
-                                                                  seeds=2))
+                      Charges(cross_zone_per_gib=price), market)
     assert set(result) == {SPREAD, ONE_ZONE} and "on-demand" in result[ONE_ZONE] and "on-demand" not in result[SPREAD]
     return {p: result[p]["bamboo"] for p in result} | {"cheapest": cheapest(result)}
 
@@ -96,7 +96,10 @@ def test_bamboo_sim_takes_a_bamboo_train_model_counted_as_transformers_counts_it
     (["--model", "hf:nope"], "hf:nope"),
     (["--model", "gpt2", "--instance-type", "g5.xlarge", "--spot-price", "1"], "--instance-type sets the prices"),
     (["--model", "gpt2", "--prices", "p.json"], "--prices goes with --instance-type"),
-    (["--model", "gpt2", "--cross-zone-price", "-1"], "cross zone per gb"),
+    (["--model", "gpt2", "--cross-zone-price", "-1"], "--cross-zone-price must be from 0 up"),
+    (["--model", "hf:llama-tiny", "--batch", "0"], "--batch and --seq must be at least 1"),
+    (["--model", "hf:llama-tiny", "--microbatches", "0"], "--microbatches must be from 1"),
+    (["--model", "gpt2", "--stages", "0"], "--stages must be at least 2"),
 ])
 def test_bamboo_sim_refuses_a_bad_model_or_bill_in_one_line(capsys, argv, says):
     code = command.main(["--trace", "traces/bursty-zones.csv", "--hours", "1", "--stages", "2", *argv])
