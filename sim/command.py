@@ -24,7 +24,6 @@ import sys
 import tempfile
 from dataclasses import replace
 
-from schedules.layout import MICROBATCHES_MAX
 from schedules.redundancy import FRC_MODES
 from schedules.syncs import SYNC_MODES
 
@@ -161,15 +160,10 @@ def model_of(args, nodes: int) -> JobModel:
 
 
 def model_profile(args) -> Profile:
-    """The simulator's own profile, with --microbatches when given."""
+    """The simulator's own profile, with --microbatches when given (checked by
+    model_spec.check_shape)."""
     base = model_spec.own_profile(args)
-    if args.microbatches is None:
-        return base
-    if args.microbatches < 1:
-        raise ValueError(f"--microbatches must be at least 1 (got {args.microbatches})")
-    if args.microbatches > MICROBATCHES_MAX:
-        raise ValueError(f"--microbatches must be at most {MICROBATCHES_MAX} (got {args.microbatches})")
-    return replace(base, microbatches=args.microbatches)
+    return base if args.microbatches is None else replace(base, microbatches=args.microbatches)
 
 
 def sweep(prof: Profile, stages: int, nodes: int, seeds: int, options: Options,

@@ -113,5 +113,7 @@ def check_shape(args) -> None:
         raise ValueError(f"--stages must be at least 2 (got {args.stages})")
     if args.batch < 1 or (args.seq is not None and args.seq < 1):
         raise ValueError(f"--batch and --seq must be at least 1 (got {args.batch}, {args.seq})")
-    if args.microbatches is not None and not 1 <= args.microbatches <= MICROBATCHES_MAX:
-        raise ValueError(f"--microbatches must be from 1 to {MICROBATCHES_MAX} (got {args.microbatches})")
+    if args.microbatches is not None and args.microbatches < 1:
+        raise ValueError(f"--microbatches must be at least 1 (got {args.microbatches})")
+    if args.microbatches is not None and args.microbatches > MICROBATCHES_MAX:
+        raise ValueError(f"--microbatches must be at most {MICROBATCHES_MAX} (got {args.microbatches})")

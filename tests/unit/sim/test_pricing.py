@@ -98,7 +98,7 @@ def test_bamboo_sim_takes_a_bamboo_train_model_counted_as_transformers_counts_it
     (["--model", "gpt2", "--prices", "p.json"], "--prices goes with --instance-type"),
     (["--model", "gpt2", "--cross-zone-price", "-1"], "--cross-zone-price must be from 0 up"),
     (["--model", "hf:llama-tiny", "--batch", "0"], "--batch and --seq must be at least 1"),
-    (["--model", "hf:llama-tiny", "--microbatches", "0"], "--microbatches must be from 1"),
+    (["--model", "hf:llama-tiny", "--microbatches", "0"], "--microbatches must be at least 1"),
     (["--model", "gpt2", "--stages", "0"], "--stages must be at least 2"),
 ])
 def test_bamboo_sim_refuses_a_bad_model_or_bill_in_one_line(capsys, argv, says):
