@@ -33,6 +33,7 @@ from bamboo.control.parser import OneLineParser
 from agents.policy import next_config
 from sim import model_spec
 from sim.checkpointing import FORMULAS
+from sim.interval_search import BEST, best_run
 from sim.job_model import JobModel
 from sim.pricing import cross_zone_bytes, crossing_shares, priced, replica_share, sent
 from sim.options import NOTICE_SECONDS, ROLLBACKS
@@ -87,8 +88,9 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spot-price", type=float, default=d.spot_price, help="USD per node-hour")
     p.add_argument("--on-demand-price", type=float, default=d.on_demand_price, help="USD per node-hour")
     p.add_argument("--checkpoint-minutes", type=float, help="a fixed checkpoint interval (default: the formula's)")
-    p.add_argument("--checkpoint-formula", choices=FORMULAS, default=d.checkpoint_formula,
-                   help="checkpoint-restart's interval: Young's or Daly's from the observed preemption rate")
+    p.add_argument("--checkpoint-formula", choices=(*FORMULAS, BEST), default=d.checkpoint_formula,
+                   help="the checkpoint interval: Young's or Daly's from the observed preemption rate, or the best "
+                        "of those and fixed ones from 1 minute to never, searched on this trace (best)")
     p.add_argument("--bytes-per-param", type=float, default=d.checkpoint_bytes_per_param,
                    help="checkpointed bytes per parameter (fp32 weights + AdamW moments: 12)")
     p.add_argument("--storage-bandwidth", type=float, default=d.storage_bandwidth / GB,
@@ -135,7 +137,8 @@ def options_from(args, kind=None) -> Options:
     options = Options(
         spot_price=args.spot_price, on_demand_price=args.on_demand_price,
         checkpoint_seconds=args.checkpoint_minutes * 60 if args.checkpoint_minutes else None,
-        checkpoint_formula=args.checkpoint_formula, checkpoint_bytes_per_param=args.bytes_per_param,
+        checkpoint_formula="daly" if args.checkpoint_formula == BEST else args.checkpoint_formula,
+        checkpoint_bytes_per_param=args.bytes_per_param,
         storage_bandwidth=args.storage_bandwidth * GB, snapshot_bandwidth=args.snapshot_bandwidth * GB,
         peer_bandwidth=args.peer_bandwidth * GB, free_checkpoints=args.free_checkpoints,
         relaunch_seconds=args.relaunch_seconds, warmup_seconds=args.warmup_seconds,
@@ -255,11 +258,16 @@ def simulate(args, options: Options) -> dict:
     bill = model_spec.charges(args, job.checkpoint_bytes)
     shares = crossing_shares(next_config(first, None, args.stages, job.profile.microbatches), first)
     name = strategy_name(args)
-    results, stats = {}, None
+    results, stats = {}, {}
+
+    def one(strategy: str, opts: Options) -> dict:
+        sim = ClusterSimulator(job.profile, args.stages, strategy, opts)
+        out = sim.run(events, args.hours)
+        stats.update(sim.trace.describe())
+        return out
     for strategy in list(STRATEGIES) if name == "all" else [name]:
-        sim = ClusterSimulator(job.profile, args.stages, strategy, options)
-        run = results[strategy] = sim.run(events, args.hours)
-        stats = sim.trace.describe()
+        searched = args.checkpoint_formula == BEST and strategy != "on-demand"  # on-demand takes no checkpoint
+        run = results[strategy] = best_run(lambda o: one(strategy, o), options) if searched else one(strategy, options)
         on_demand = strategy == "on-demand"  # in one zone, its best placement: nothing crosses
         cross = 0.0 if on_demand else cross_zone_bytes(sent(job.links, replica_share(strategy, [run])), shares)
         arrivals = round(run["mean_nodes"]) if on_demand else sum(e.action == "add" and e.time <= run["hours"] * 3600
@@ -334,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         model_spec.check_shape(args)
         if args.seeds < 1 or (args.nodes is not None and args.nodes < args.stages):
             raise ValueError("--seeds must be at least 1 and --nodes at least --stages")
+        if args.sweep_rates and args.checkpoint_formula == BEST:
+            raise ValueError("--checkpoint-formula best searches one trace: not with --sweep-rates")
         if args.sweep_rates and args.redundancy is not None:
             raise ValueError("--sweep-rates runs every strategy and mode: leave out --redundancy")
         for note in idle_notes(parser, args):
