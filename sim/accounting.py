@@ -31,6 +31,8 @@ class RunState:
     lost_partial: float = 0.0   # samples of abandoned partial iterations
     preemptions: int = 0
     idle_seconds: float = 0.0   # node-seconds paid for by nodes in no pipeline
+    standby_seconds: float = 0.0  # ... of which the burst rule (agents/surplus.py) justified as standby
+    bursts: list = field(default_factory=list)  # nodes each batch of losses took from the job, so far
     drained: int = 0            # announced preemptions acted on before they came
     skipped_checkpoints: int = 0  # fell due while no pipeline could train: nothing to write
     survived: dict = field(default_factory=lambda: dict.fromkeys(PATHS, 0))  # deaths of nodes in use, by path

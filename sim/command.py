@@ -118,6 +118,11 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
                    help="eager and lazy: each replica's sync at the iteration's end (end), or in the next iteration, "
                         "off the critical path, a death before it landed charged a redo from peers or, with one "
                         "pipeline, a rollback (next; bamboo-train runs it alike)")
+    p.add_argument("--acquire-seconds", type=float, default=d.acquire_seconds,
+                   help="a replacement node's wait, request to join: the window the burst rule sizes the standby "
+                        "for (idle_unjustified_fraction)")
+    p.add_argument("--standby-epsilon", type=float, default=d.standby_epsilon,
+                   help="the burst rule: the standby covers losses within --acquire-seconds but with this chance")
     p.add_argument("--rollback", choices=ROLLBACKS, default=d.rollback,
                    help="a stage lost everywhere: survivors stay up and load checkpoint copies held in peers' "
                         "memory (memory), or every process relaunches (relaunch)")
@@ -144,6 +149,7 @@ def options_from(args, kind=None) -> Options:
         relaunch_seconds=args.relaunch_seconds, warmup_seconds=args.warmup_seconds,
         restart_seconds=args.restart_seconds, max_stages=args.max_stages_per_node,
         notice_seconds=args.notice_seconds or 0.0, rollback=args.rollback, frc=args.frc,
+        acquire_seconds=args.acquire_seconds, standby_epsilon=args.standby_epsilon,
         replica_sync=args.replica_sync)
     try:
         options.check()

@@ -36,6 +36,8 @@ class Options:
     rollback: str = "memory"            # a stage lost everywhere: from the checkpoint copies in peers' memory,
                                         # or "relaunch" (every process restarts and reads storage)
     frc: str = "bubbles"                # eager: FRC only where it fits the bubbles, or for every microbatch (all)
+    acquire_seconds: float = 300.0      # a replacement's wait: the request, boot and join (docs/simulator.md)
+    standby_epsilon: float = 0.01       # the burst rule's chance of losing more than the standby in that wait
     replica_sync: str = "end"           # eager and lazy: each replica's sync at the iteration's end, or in the next
                                         # one (its window charged: sim/windows.py)
 
@@ -46,7 +48,7 @@ class Options:
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive (got {getattr(self, name)})")
         for name in ("relaunch_seconds", "warmup_seconds", "reconfigure_seconds", "failure_timeout",
-                     "startup_seconds"):
+                     "startup_seconds", "acquire_seconds"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must not be negative (got {getattr(self, name)})")
         if not 1 <= self.max_stages <= 2:
@@ -54,6 +56,8 @@ class Options:
                              "one stage into its predecessor, no more")
         if not self.notice_seconds >= 0:
             raise ValueError(f"--notice-seconds must not be negative (got {self.notice_seconds})")
+        if not 0 < self.standby_epsilon < 1:
+            raise ValueError(f"--standby-epsilon must be above 0 and below 1 (got {self.standby_epsilon})")
         if self.frc not in FRC_MODES:
             raise ValueError(f"--frc must be one of {', '.join(FRC_MODES)} (got {self.frc!r})")
         if self.replica_sync not in SYNC_MODES:

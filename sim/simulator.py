@@ -24,6 +24,7 @@ from schedules.deaths import MEMORY, STORAGE
 from schedules.split import estimated_slots, merged, split_by_speed
 
 from agents.policy import Config, next_config
+from agents.surplus import BurstModel
 from sim.accounting import RunState, summary
 from sim.auto import Auto
 from sim.checkpointing import CheckpointCosts, TraceStats, optimal_interval, trace_stats
@@ -210,6 +211,8 @@ class ClusterSimulator:
                     live[e.node] = self.zones[e.node]
             removed = {e.node for e in batch if e.action == "remove"}
             s.preemptions += len(removed)
+            if removed & set(live):
+                s.bursts.append(len(removed & set(live)))
             self.copies = {stage: held - removed for stage, held in self.copies.items()}  # a node returns empty
             for n in removed:
                 live.pop(n, None)
@@ -249,7 +252,11 @@ class ClusterSimulator:
         used = len(used_nodes(config)) if self._running(config) else 0
         s.timeline.append((s.t, nodes, rate))
         s.node_seconds += nodes * max(0.0, to - s.t)
-        s.idle_seconds += max(0, nodes - used) * max(0.0, to - s.t)
+        idle = max(0, nodes - used)
+        s.idle_seconds += idle * max(0.0, to - s.t)
+        if idle:  # the standby the bursts seen so far justify, at most the idle nodes
+            needed = BurstModel(tuple(s.bursts), s.t).standby(self.opt.acquire_seconds, self.opt.standby_epsilon, idle)
+            s.standby_seconds += needed * max(0.0, to - s.t)
         while s.t < to:
             step_to = min(to, max(s.t, s.next_checkpoint))
             working = max(0.0, step_to - max(s.t, s.paused_until))
@@ -291,7 +298,10 @@ class ClusterSimulator:
         out = summary(self.strategy, s.preemptions, s.fatal, mean_nodes, s.samples, horizon, cost_per_hour,
                       s.timeline)
         out["goodput"] = round(self.goodput(out["throughput"], mean_nodes), 4)
-        out["idle_fraction"] = round(s.idle_seconds / s.node_seconds, 4) if s.node_seconds else 0.0
+        paid = s.node_seconds or 1.0
+        out["idle_fraction"] = round(s.idle_seconds / paid, 4) if s.node_seconds else 0.0
+        out["idle_unjustified_fraction"] = round((s.idle_seconds - s.standby_seconds) / paid, 4) \
+            if s.node_seconds else 0.0  # idle beyond the standby the burst rule asks for
         out["notices_drained"] = s.drained
         out["deaths_survived"] = dict(s.survived)
         out.update(self.rules.report(self, s))
