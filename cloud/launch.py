@@ -136,7 +136,7 @@ def _tunnel_flags(s, dashboard: bool) -> None:
     from cloud.watch import VIAS
     s.add_argument("--via", choices=VIAS, default="auto",
                    help="how to reach the job's etcd: directly, or through a tunnel (Session Manager, gcloud, ssh); "
-                        "auto: directly when it answers, else ssm (EC2) or gcloud (GCP) to its --etcd auto instance")
+                        "auto: ssm (EC2) or gcloud (GCP) to an --etcd auto instance, else directly")
     s.add_argument("--ssh-host", metavar="USER@HOST", help="with --via ssh: a machine that reaches the etcd")
     s.add_argument("--ssh-key", metavar="FILE", help="with --via ssh: the private key to log in with")
     if dashboard:

@@ -48,12 +48,15 @@ def job_progress(state: dict) -> dict:
 def status(state: dict, tunnel=None) -> dict:
     """The record, the group's instances and the job's progress, read through
     `tunnel` (cloud/watch.py; by default the way `auto` chooses)."""
-    from cloud.watch import Tunnel
+    from cloud.watch import DIRECT_HINT, Tunnel
+    tunnel = tunnel or Tunnel(state)
     try:
-        with (tunnel or Tunnel(state)) as endpoint:
+        with tunnel as endpoint:
             progress = job_progress({**state, "etcd": endpoint})
     except LaunchError as e:
         progress = {"job": state["job"], "error": str(e)}
+    if "error" in progress and tunnel.chosen == "direct":
+        progress["error"] += DIRECT_HINT
     return {**state, "instances": provider_for(state).describe(state["name"]), "progress": progress,
             "dashboard": watch_command(state)}
 

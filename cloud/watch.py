@@ -14,8 +14,7 @@ The ways in (`--via`):
           reaches the etcd, such as the etcd instance launched with `--key-name`
           and a `--security-group` that admits your SSH
 
-`auto` (the default) is direct when the etcd answers within two seconds, else ssm
-or gcloud for an `--etcd auto` job. Each tunnel's local end is a port free at the
+`auto` (the default) is ssm or gcloud for an `--etcd auto` job, direct otherwise. Each tunnel's local end is a port free at the
 time, on loopback: a web page cannot guess it.
 """
 from __future__ import annotations
@@ -32,10 +31,9 @@ from cloud.common import LaunchError
 
 VIAS = ("auto", "direct", "ssm", "gcloud", "ssh")
 TUNNEL_SECONDS = 60.0   # a tunnel that does not accept a connection by then has failed
-REACH_SECONDS = 2.0     # an etcd that does not accept a connection by then is not reachable from here
 
 
-def reachable(endpoint: str, timeout: float = REACH_SECONDS) -> bool:
+def reachable(endpoint: str, timeout: float) -> bool:
     """Whether HOST:PORT accepts a TCP connection within `timeout` seconds."""
     host, _, port = endpoint.rpartition(":")
     try:
@@ -51,15 +49,18 @@ def first_endpoint(state: dict) -> str:
 
 
 def chosen_via(state: dict, via: str) -> str:
-    """The way in `via` names; `auto`'s choice."""
+    """The way in `via` names; `auto`'s choice: the cloud's own tunnel to an `--etcd
+    auto` instance (its address is private by construction), else direct. No probe
+    decides it: a network that accepts any connection would fool one."""
     if via != "auto":
         return via
-    if reachable(first_endpoint(state)):
-        return "direct"
     if state.get("etcd_instance"):
         return "ssm" if state["provider"] == "ec2" else "gcloud"
-    raise LaunchError(f"the job's etcd {first_endpoint(state)} does not answer from here, and it is not an "
-                      "--etcd auto instance: give --via ssh --ssh-host USER@HOST (a machine that reaches it)")
+    return "direct"
+
+
+DIRECT_HINT = ("; if it answers only inside its network, give --via ssh --ssh-host USER@HOST (a machine that "
+               "reaches it)")
 
 
 def tunnel_command(state: dict, via: str, local: int, ssh_host: str | None, ssh_key: str | None) -> list[str]:
@@ -91,10 +92,11 @@ class Tunnel:
             raise LaunchError(f"--via {via!r}: choose from {', '.join(VIAS)}")
         self.state, self.via, self.ssh = state, via, (ssh_host, ssh_key)
         self.process: subprocess.Popen | None = None
+        self.chosen: str | None = None  # the way in, once open
         self.said = None   # the tunnel's stderr: a file, so that a talkative tunnel never blocks
 
     def __enter__(self) -> str:
-        via = chosen_via(self.state, self.via)
+        via = self.chosen = chosen_via(self.state, self.via)
         if via == "direct":
             return first_endpoint(self.state)
         from bamboo.control.etcd import free_port
@@ -178,7 +180,8 @@ def dashboard(state: dict, tunnel: Tunnel, port: int, browser: bool, seconds: fl
         try:
             server, url = start(endpoint, state["job"], f"127.0.0.1:{port}", price=prices(state))
         except CannotServe as e:
-            raise LaunchError(str(e).replace(f"--serve 127.0.0.1:{port}", f"--port {port}")) from None
+            hint = DIRECT_HINT if tunnel.chosen == "direct" and "--serve" not in str(e) else ""
+            raise LaunchError(str(e).replace(f"--serve 127.0.0.1:{port}", f"--port {port}") + hint) from None
         print(f"bamboo-launch: job {state['job']}'s dashboard at {url} (Ctrl-C stops it)", flush=True)
         if browser:
             webbrowser.open(url)

@@ -177,7 +177,7 @@ def check_dashboard(script: str, work, env: dict) -> None:
 
 def assert_same_weights(exported, reference) -> None:
     from transformers import AutoModelForCausalLM
-    ours, theirs = (AutoModelForCausalLM.from_pretrained(str(d), torch_dtype=torch.float64).state_dict()
+    ours, theirs = (AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float64).state_dict()
                     for d in (exported, reference))
     assert ours.keys() == theirs.keys()
     for name, tensor in ours.items():
