@@ -91,6 +91,9 @@ def run_estimate(args, train_argv: list[str]) -> int:
     from sim.options import Options
     from sim.pricing import GIB, Charges
     _, cfg = job_args(train_argv, args.nodes, args.job, objects=False)
+    zones = zones_of(args)
+    if len(set(zones)) != len(zones):
+        raise BadInput(f"--zones {args.zones}: a zone named twice")
     try:
         kind = group_kind(instances(args))
         market = Market(args.preemption_rate, args.zone_bursts, args.burst_hours, args.estimate_hours)
@@ -106,9 +109,6 @@ def run_estimate(args, train_argv: list[str]) -> int:
                       args.boot_minutes * 60)
     options = Options(spot_price=kind.spot, on_demand_price=kind.on_demand,
                       notice_seconds=NOTICE_SECONDS[args.command])
-    zones = zones_of(args)
-    if len(set(zones)) != len(zones):
-        raise BadInput(f"--zones {args.zones}: a zone named twice")
     result = estimate((job.profile, job.links, job.tokens_per_sample), args.nodes, cfg.schedule.stages, zones,
                       options, charges, market)
     print("\n".join(describe(result, kind, zones, job, market, charges)))

@@ -56,11 +56,13 @@ class Market:
 
 
 def _mean(runs: list[dict]) -> dict:
+    """The seeds' runs averaged, in what pricing reads."""
     keys = ("hours", "throughput", "cost_per_hour", "preemptions", "fatal_failures")
     return {k: sum(r[k] for r in runs) / len(runs) for k in keys}
 
 
 def _placements(zones: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """The zones of each placement priced: spread (when there are several) and one."""
     return {SPREAD: zones, ONE_ZONE: zones[:1]} if len(zones) > 1 else {ONE_ZONE: zones}
 
 
