@@ -33,14 +33,21 @@ class RunState:
     idle_seconds: float = 0.0   # node-seconds paid for by nodes in no pipeline
     standby_seconds: float = 0.0  # ... of which the burst rule (agents/surplus.py) justified as standby
     bursts: list = field(default_factory=list)  # nodes each batch of losses took from the job, so far
+    rewound: float = 0.0        # samples a fatal failure sent back (trained, then lost)
+    pauses: list = field(default_factory=list)  # (start, end, reason) of each pause, in order, not overlapping
+    booked: dict = field(default_factory=dict)  # paid node-seconds by what they went to (book())
     drained: int = 0            # announced preemptions acted on before they came
     skipped_checkpoints: int = 0  # fell due while no pipeline could train: nothing to write
     survived: dict = field(default_factory=lambda: dict.fromkeys(PATHS, 0))  # deaths of nodes in use, by path
     timeline: list = field(default_factory=list)  # (time, nodes, samples/s)
 
-    def pause(self, seconds: float) -> None:
-        """Stop training for `seconds` more, from now or from the end of a pause under way."""
-        self.paused_until = max(self.paused_until, self.t) + seconds
+    def pause(self, seconds: float, reason: str = "pause") -> None:
+        """Stop training for `seconds` more, from now or from the end of a pause under
+        way; `reason` is the ledger's name for that time (PAUSES)."""
+        start = max(self.paused_until, self.t)
+        self.paused_until = start + seconds
+        if seconds > 0:
+            self.pauses.append((start, self.paused_until, reason))
 
     def skip_checkpoint(self) -> None:
         """A checkpoint fell due while no pipeline could train: nothing to write. Count
@@ -76,6 +83,7 @@ class RunState:
         self._settle()
         self.pending = None
         self.fatal += 1
+        self.rewound += self.samples - self.saved
         self.samples = self.iteration_start = self.saved
 
     def partial(self, per_iteration: float) -> float:
@@ -92,6 +100,42 @@ class RunState:
         self.samples -= partial
         self.lost_partial += partial
         self.iteration_start = self.samples
+
+
+def book(s: RunState, span: tuple[float, float], nodes: int, used: int, standby: int, redundant: float) -> None:
+    """Book `span` (from, to) of `nodes` paid nodes: the idle ones as standby (up to
+    `standby`) or idle; the `used` ones by the pauses overlapping it, and the rest as
+    training, of which the share `redundant` is redundancy: what FRC and replica
+    syncs add to an iteration without them."""
+    start, end = span
+    if end <= start:
+        return
+    add = lambda key, seconds: s.booked.__setitem__(key, s.booked.get(key, 0.0) + seconds)  # noqa: E731
+    idle = nodes - used
+    add("standby", min(idle, standby) * (end - start))
+    add("idle", (idle - min(idle, standby)) * (end - start))
+    paused = 0.0
+    for first, last, reason in s.pauses:
+        overlap = min(end, last) - max(start, first)
+        if overlap > 0:
+            add(reason, used * overlap)
+            paused += overlap
+    add("redundancy", used * (end - start - paused) * redundant)
+    add("training", used * (end - start - paused) * (1 - redundant))
+    s.pauses = [p for p in s.pauses if p[1] > end]  # the rest is behind us
+
+
+def ledger(s: RunState) -> dict[str, float]:
+    """Paid node-hours by what they went to; they sum to the node-hours paid. The
+    samples later lost (an abandoned iteration, a rewind) take their share of the
+    training time as `redone work`, at the run's training time per sample."""
+    out = dict(s.booked)
+    lost = s.lost_partial + s.rewound
+    trained = s.samples + lost
+    if trained > 0 and out.get("training"):
+        out["redone work"] = out["training"] * lost / trained
+        out["training"] -= out["redone work"]
+    return {k: round(v / 3600, 4) for k, v in sorted(out.items()) if v}
 
 
 def summary(strategy, preemptions, fatal, mean_nodes, samples, horizon, cost_per_hour, timeline) -> dict:

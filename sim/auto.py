@@ -60,7 +60,7 @@ class Auto(Bamboo):
         fatal_before = s.fatal
         nxt = rules.react(self, sim, s, config, live, removed)
         if self.redundancy == Redundancy.LAZY:
-            s.pause(lazy_forwards_seconds(sim, config, removed))
+            s.pause(lazy_forwards_seconds(sim, config, removed), "recomputation")
         if nxt and nxt.depth == sim.P and nxt.pipelines:
             # a restart from the checkpoint is a reconfiguration too
             moved = config is not None and stages_moved(config, nxt) or s.fatal > fatal_before
@@ -94,7 +94,7 @@ class Auto(Bamboo):
         if mode != self.redundancy or not self.switches:
             if self.switches:  # the new mode rides a reconfiguration under way, or needs one
                 build = handover_seconds(sim.profile, sim.P) if self.redundancy == Redundancy.OFF else 0.0
-                s.pause((0.0 if reconfigured else sim.opt.reconfigure_seconds) + build)
+                s.pause((0.0 if reconfigured else sim.opt.reconfigure_seconds) + build, "reconfiguration")
             self.redundancy = mode
             self.switches.append((s.t, mode))
 

@@ -25,7 +25,7 @@ from schedules.split import estimated_slots, merged, split_by_speed
 
 from agents.policy import Config, next_config
 from agents.surplus import BurstModel
-from sim.accounting import RunState, summary
+from sim.accounting import RunState, book, ledger, summary
 from sim.auto import Auto
 from sim.checkpointing import CheckpointCosts, TraceStats, optimal_interval, trace_stats
 from sim.options import Options
@@ -252,11 +252,12 @@ class ClusterSimulator:
         used = len(used_nodes(config)) if self._running(config) else 0
         s.timeline.append((s.t, nodes, rate))
         s.node_seconds += nodes * max(0.0, to - s.t)
-        idle = max(0, nodes - used)
+        idle, needed = max(0, nodes - used), 0
         s.idle_seconds += idle * max(0.0, to - s.t)
         if idle:  # the standby the bursts seen so far justify, at most the idle nodes
             needed = BurstModel(tuple(s.bursts), s.t).standby(self.opt.acquire_seconds, self.opt.standby_epsilon, idle)
             s.standby_seconds += needed * max(0.0, to - s.t)
+        span = (s.t, to)
         while s.t < to:
             step_to = min(to, max(s.t, s.next_checkpoint))
             working = max(0.0, step_to - max(s.t, s.paused_until))
@@ -266,11 +267,17 @@ class ClusterSimulator:
                 s.skip_checkpoint()  # rearmed when training resumes
             elif s.t >= s.next_checkpoint:
                 self.take_checkpoint(s, used, config)
+        book(s, span, nodes, used, needed, self._redundant_share(config) if used else 0.0)
+
+    def _redundant_share(self, config: Config) -> float:
+        """The share of an iteration of `config` that its redundancy adds (FRC, replica
+        syncs): 1 - (its time without redundancy) / (its time)."""
+        return max(0.0, 1 - self.config_seconds(config, "off") / self.config_seconds(config))
 
     def take_checkpoint(self, s: RunState, used_nodes: int, config: Config | None = None) -> None:
         """Stall for the write; the period to the next checkpoint starts when it ends.
         Each stage's copy stays in memory on its writer and one more node (memory_copies)."""
-        s.pause(self.costs.write_seconds)
+        s.pause(self.costs.write_seconds, "checkpoint writes")
         s.checkpoint(done_at=s.paused_until)
         s.checkpoints += 1
         s.period_start = s.paused_until
@@ -300,6 +307,7 @@ class ClusterSimulator:
         out["goodput"] = round(self.goodput(out["throughput"], mean_nodes), 4)
         paid = s.node_seconds or 1.0
         out["idle_fraction"] = round(s.idle_seconds / paid, 4) if s.node_seconds else 0.0
+        out["ledger"] = ledger(s)  # paid node-hours by what they went to
         out["idle_unjustified_fraction"] = round((s.idle_seconds - s.standby_seconds) / paid, 4) \
             if s.node_seconds else 0.0  # idle beyond the standby the burst rule asks for
         out["notices_drained"] = s.drained

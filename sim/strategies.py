@@ -143,12 +143,12 @@ class Bamboo(PeerRecovery):
     def react(self, sim: Simulation, s: RunState, config: Config | None, live: dict[str, str],
               removed: set[str]) -> Config | None:
         if config:
-            s.pause(self._failover(sim, s, config, live, removed))
+            s.pause(self._failover(sim, s, config, live, removed), "failover")
         nxt = sim.next_config(live, config)
         if nxt.depth < sim.P:
             return nxt  # too few nodes: they wait, holding the state
         if config and stages_moved(config, nxt):
-            s.pause(sim.opt.reconfigure_seconds + handover_seconds(sim.profile, sim.P))
+            s.pause(sim.opt.reconfigure_seconds + handover_seconds(sim.profile, sim.P), "reconfiguration")
         return nxt
 
     def _failover(self, sim: Simulation, s: RunState, config: Config, live: dict[str, str],
@@ -196,7 +196,7 @@ class Lazy(Bamboo):
     def react(self, sim: Simulation, s: RunState, config: Config | None, live: dict[str, str],
               removed: set[str]) -> Config | None:
         nxt = super().react(sim, s, config, live, removed)
-        s.pause(lazy_forwards_seconds(sim, config, removed))
+        s.pause(lazy_forwards_seconds(sim, config, removed), "recomputation")
         return nxt
 
 
@@ -229,14 +229,14 @@ class RedoFromPeers(PeerRecovery):
             if lost := frozenset.intersection(*map(frozenset, deaths)):
                 s.rewind()  # a stage with no copy left: back to the checkpoint
                 count_rollback(sim, s, live, killed)
-                s.pause(sim.rollback_seconds(lost, live))
+                s.pause(sim.rollback_seconds(lost, live), "rollback")
                 return sim.next_config(live, None)
             s.redos += 1
             s.survive(PEERS, killed)
-            s.pause(sim.opt.failure_timeout)
+            s.pause(sim.opt.failure_timeout, "detection")
         nxt = sim.next_config(live, config)
         if config and nxt.depth == sim.P and stages_moved(config, nxt):
-            s.pause(sim.opt.reconfigure_seconds + peer_reload_seconds(sim))
+            s.pause(sim.opt.reconfigure_seconds + peer_reload_seconds(sim), "reconfiguration")
         return nxt
 
     def report(self, sim: Simulation, s: RunState) -> dict:
@@ -256,14 +256,14 @@ class CheckpointRestart(Spot):
             s.survive(STORAGE, len(used & removed))
             noticed = [sim.noticed.get(n) for n in used & removed]
             if all(t is not None and t <= s.t - sim.costs.write_seconds for t in noticed):
-                s.pause(sim.costs.write_seconds)  # a checkpoint on notice, written before the node went
+                s.pause(sim.costs.write_seconds, "checkpoint writes")  # on notice, before the node went
                 s.save_now()
             s.rewind()
-            s.pause(sim.restart_seconds)
+            s.pause(sim.restart_seconds, "restarts")
             return nxt
         if config and self._worth_widening(sim, config, nxt):
             sim.take_checkpoint(s, len(used))  # then restart wider
-            s.pause(sim.restart_seconds)
+            s.pause(sim.restart_seconds, "restarts")
             return nxt
         return config if config and config.depth == sim.P and config.pipelines else nxt
 
@@ -296,8 +296,10 @@ class OnDemand:
         pipelines = max(1, round(mean / sim.P))
         nodes = pipelines * sim.P
         rate = sim.throughput(pipelines)
-        return summary(sim.strategy, 0, 0, float(nodes), rate * horizon, horizon,
-                       nodes * sim.opt.on_demand_price, [(0.0, nodes, rate)])
+        out = summary(sim.strategy, 0, 0, float(nodes), rate * horizon, horizon,
+                      nodes * sim.opt.on_demand_price, [(0.0, nodes, rate)])
+        out["ledger"] = {"training": round(nodes * horizon / 3600, 4)}  # every node-hour trains
+        return out
 
 
 STRATEGIES = {"bamboo": Bamboo, "lazy": Lazy, "redo": RedoFromPeers, "checkpoint": CheckpointRestart,
