@@ -21,6 +21,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from sim.options import Options
+from sim.profiles import Profile
+
 FORMULAS = ("daly", "young")
 
 
@@ -122,3 +125,13 @@ def trace_stats(events, horizon: float) -> TraceStats:
         removes += e.action == "remove"
     area += count * max(0.0, horizon - last)
     return TraceStats(area / 3600, removes)
+
+
+def checkpoint_costs(profile, depth: int, opt: Options) -> CheckpointCosts:
+    """One stage's checkpoint bytes from the profile's parameter count (a measured
+    profile has none: its checkpoints are free)."""
+    params = profile.stage_params(depth) if isinstance(profile, Profile) else 0.0
+    return CheckpointCosts(state_bytes=params * opt.checkpoint_bytes_per_param,
+                           snapshot_bandwidth=opt.snapshot_bandwidth, storage_bandwidth=opt.storage_bandwidth,
+                           relaunch_seconds=opt.relaunch_seconds, warmup_seconds=opt.warmup_seconds,
+                           free_writes=opt.free_checkpoints or params == 0, restart_override=opt.restart_seconds)

@@ -27,7 +27,7 @@ from agents.policy import Config, next_config
 from agents.surplus import BurstModel
 from sim.accounting import RunState, book, ledger, summary
 from sim.auto import Auto
-from sim.checkpointing import CheckpointCosts, TraceStats, optimal_interval, trace_stats
+from sim.checkpointing import TraceStats, checkpoint_costs, optimal_interval, trace_stats
 from sim.options import Options
 from sim.profiles import MeasuredProfile, Profile
 from sim.strategies import STRATEGIES as SPOT_AND_ON_DEMAND
@@ -315,16 +315,6 @@ class ClusterSimulator:
         out.update(self.rules.report(self, s))
         out["checkpointing"] = self.parameters(s)
         return out
-
-
-def checkpoint_costs(profile, depth: int, opt: Options) -> CheckpointCosts:
-    """One stage's checkpoint bytes from the profile's parameter count (a measured
-    profile has none: its checkpoints are free)."""
-    params = profile.stage_params(depth) if isinstance(profile, Profile) else 0.0
-    return CheckpointCosts(state_bytes=params * opt.checkpoint_bytes_per_param,
-                           snapshot_bandwidth=opt.snapshot_bandwidth, storage_bandwidth=opt.storage_bandwidth,
-                           relaunch_seconds=opt.relaunch_seconds, warmup_seconds=opt.warmup_seconds,
-                           free_writes=opt.free_checkpoints or params == 0, restart_override=opt.restart_seconds)
 
 
 def _next_batch(queue: list[Event], window: float) -> list[Event]:
