@@ -43,7 +43,7 @@ class RunState:
 
     def pause(self, seconds: float, reason: str = "pause") -> None:
         """Stop training for `seconds` more, from now or from the end of a pause under
-        way; `reason` is the ledger's name for that time (PAUSES)."""
+        way; `reason` names that time in the ledger."""
         start = max(self.paused_until, self.t)
         self.paused_until = start + seconds
         if seconds > 0:
