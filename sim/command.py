@@ -8,7 +8,7 @@ checkpoint-restart and on-demand nodes.
                [--hours H] [--json] [--plot DIR] [--frc bubbles|all] [--replica-sync end|next] \\
                [--model-config FILE.json] [--seq N] [--batch N] [--precision fp32|bf16|fp16] \\
                [--instance-type TYPE [--prices FILE.json]] [--cross-zone-price $/GiB] [--etcd-price $/h] \\
-               [--storage-price $/GiB-month] [--boot-seconds S]
+               [--storage-price $/GiB-month] [--boot-seconds S] [--acquire-seconds S] [--standby-epsilon E]
     bamboo-sim --sweep-rates --model gpt2 --stages P [--plot DIR]
 
 Checkpoints are taken at Young's or Daly's optimal interval unless --checkpoint-minutes
