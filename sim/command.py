@@ -35,7 +35,7 @@ from sim import model_spec
 from sim.checkpointing import FORMULAS
 from sim.interval_search import BEST, best_run
 from sim.job_model import JobModel
-from sim.pricing import cross_zone_bytes, crossing_shares, priced, replica_share, sent
+from sim.pricing import cross_zone_bytes, crossing_shares, ledger_dollars, priced, replica_share, sent
 from sim.options import NOTICE_SECONDS, ROLLBACKS
 from sim.profiles import PROFILES, SOURCES, Profile, profile
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
@@ -278,8 +278,10 @@ def simulate(args, options: Options) -> dict:
         cross = 0.0 if on_demand else cross_zone_bytes(sent(job.links, replica_share(strategy, [run])), shares)
         arrivals = round(run["mean_nodes"]) if on_demand else sum(e.action == "add" and e.time <= run["hours"] * 3600
                                                                    for e in events)
-        run["priced"] = priced(run, arrivals, options.on_demand_price if on_demand else options.spot_price,
-                               job.tokens_per_sample, job.profile.samples_per_iteration(), cross, bill)
+        price = options.on_demand_price if on_demand else options.spot_price
+        run["priced"] = priced(run, arrivals, price, job.tokens_per_sample, job.profile.samples_per_iteration(), cross,
+                               bill)
+        run["ledger_dollars"] = ledger_dollars(run["ledger"], price, run["priced"])
     if args.plot:
         plots = plot_run(results, args.plot)
         for r in results.values():

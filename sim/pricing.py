@@ -68,6 +68,15 @@ def cross_zone_bytes(links: Mapping[str, float], shares: Mapping[str, float]) ->
     return sum(count * shares.get(kind, 0.0) for kind, count in links.items())
 
 
+def ledger_dollars(ledger: dict[str, float], price: float, paid: dict) -> dict[str, float]:
+    """The ledger's node-hours at `price` a node-hour, beside what `priced` adds
+    (`paid`: its dollars per hour, over the run's hours): the whole bill, by part."""
+    hours = paid["hours"]
+    out = {part: node_hours * price for part, node_hours in ledger.items()}
+    out.update({part: paid["dollars_per_hour"][part] * hours for part in ("boot", "network", "etcd", "storage")})
+    return {part: round(dollars, 4) for part, dollars in out.items() if dollars}
+
+
 def priced(run: dict, arrivals: int, spot_price: float, tokens_per_sample: int, samples_per_iteration: int,
            cross_bytes: float, charges: Charges) -> dict:
     """`run` (a simulator summary; `arrivals` spot nodes started in it) in dollars
@@ -81,6 +90,7 @@ def priced(run: dict, arrivals: int, spot_price: float, tokens_per_sample: int, 
                 "etcd": charges.etcd_per_hour,
                 "storage": charges.stored_gib * charges.storage_per_gib_month / HOURS_PER_MONTH}
     total = sum(per_hour.values())
-    return {"tokens_per_second": round(tokens, 1), "dollars_per_hour": {k: round(v, 4) for k, v in per_hour.items()},
+    return {"tokens_per_second": round(tokens, 1), "hours": hours,
+            "dollars_per_hour": {k: round(v, 4) for k, v in per_hour.items()},
             "total_per_hour": round(total, 4), "cross_zone_bytes_per_iteration": round(cross_bytes),
             "dollars_per_billion_tokens": round(total / (tokens * 3600) * 1e9, 2) if tokens else None}

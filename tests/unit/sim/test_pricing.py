@@ -105,3 +105,18 @@ def test_bamboo_sim_refuses_a_bad_model_or_bill_in_one_line(capsys, argv, says):
     code = command.main(["--trace", "traces/bursty-zones.csv", "--hours", "1", "--stages", "2", *argv])
     err = capsys.readouterr().err
     assert code == 2 and says in err and err.count("\n") == 1, err
+
+
+def test_the_ledger_in_dollars_is_the_whole_bill_by_part(capsys):
+    """Node-hours by part at the node price, and boot, network and etcd beside them:
+    they add up to the run's priced total, and the node parts to its nodes' cost."""
+    code = command.main(["--trace", "traces/bursty-zones.csv", "--hours", "2", "--stages", "6", "--strategy", "all",
+                         "--instance-type", "g5.xlarge", "--cross-zone-price", "0.02", "--etcd-price", "0.02",
+                         "--boot-seconds", "300"])
+    assert code == 0
+    for strategy, run in json.loads(capsys.readouterr().out)["strategies"].items():
+        bill, paid = run["ledger_dollars"], run["priced"]
+        assert sum(bill.values()) == pytest.approx(paid["total_per_hour"] * paid["hours"], rel=1e-3), strategy
+        nodes = sum(v for k, v in bill.items() if k not in ("boot", "network", "etcd", "storage"))
+        assert nodes == pytest.approx(run["cost_per_hour"] * run["hours"], rel=1e-3), strategy
+        assert ("network" in bill) == (strategy != "on-demand")
