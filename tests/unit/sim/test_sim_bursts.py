@@ -144,8 +144,11 @@ def test_every_strategy_runs_any_count_series_to_its_end(counts, picks, depth, i
         if strategy == "on-demand":
             continue
         assert sum(out["deaths_survived"].values()) <= out["preemptions"], strategy
-        # Over a trace of seconds the last iteration, credited whole, outweighs the rest
-        # (redo: goodput 1.0176 against 1.0 on 1 s of 2 then 1 node): compared from 10
-        # minutes of trace (it ends at its last event).
-        if strategy in FOLLOWS_POLICY and sum(gap for gap, _ in counts[:-1]) >= 600:
-            assert out["goodput"] <= out["goodput_bound"] * (1 + FOLLOWS_POLICY[strategy]) + 1e-3, strategy
+        # The last iteration is credited whole: over a short trace it outweighs the rest
+        # (redo: goodput 1.0176 against 1.0 on 1 s of 2 nodes, then 600 s of 1). Compared
+        # from 10 minutes of trace (it ends at its last event), with the slack of one
+        # iteration of the slowest pipeline (one node holding two stages) over the trace.
+        length = sum(gap for gap, _ in counts[:-1])
+        if strategy in FOLLOWS_POLICY and length >= 600:
+            slack = ClusterSimulator(GPT2, depth, strategy, Options()).iteration_seconds(1, merged=True) / length
+            assert out["goodput"] <= out["goodput_bound"] * (1 + FOLLOWS_POLICY[strategy] + slack) + 1e-3, strategy
