@@ -2,7 +2,7 @@
 trace, for Bamboo's redundant computation, redo from data-parallel peers,
 checkpoint-restart and on-demand nodes.
 
-    bamboo-sim --trace PATH [--trace-format ec2|gcp|events|auto] \\
+    bamboo-sim --trace PATH [--trace-format ec2|gcp|events|zone-counts|auto] \\
                --strategy bamboo|lazy|redo|checkpoint|on-demand|auto|all [--redundancy eager|lazy|off|auto] \\
                --model gpt2|bert-large|BAMBOO_TRAIN_MODEL [--profile calibrated|arithmetic] --stages P \\
                [--hours H] [--json] [--plot DIR] [--frc bubbles|all] [--replica-sync end|next] \\
@@ -56,7 +56,7 @@ class _Parser(OneLineParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="bamboo-sim", description=__doc__.splitlines()[0])
     p.add_argument("--trace", help="trace file")
-    p.add_argument("--trace-format", choices=("ec2", "gcp", "events", "auto"), default="auto",
+    p.add_argument("--trace-format", choices=("ec2", "gcp", "events", "zone-counts", "auto"), default="auto",
                    help="the trace's format (auto: from its first lines)")
     p.add_argument("--strategy", choices=(*STRATEGIES, "all"), default="bamboo",
                    help="how the job survives preemptions (all: each, side by side; docs/simulator.md)")

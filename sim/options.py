@@ -10,7 +10,7 @@ from schedules.syncs import SYNC_MODES
 from sim.profiles import NETWORK, PCIE
 
 ROLLBACKS = ("memory", "relaunch")
-NOTICE_SECONDS = {"ec2": 120.0, "gcp": 30.0, "events": 0.0}  # by trace format: what each cloud announces
+NOTICE_SECONDS = {"ec2": 120.0, "gcp": 30.0, "events": 0.0, "zone-counts": 0.0}  # by trace format: what each cloud announces
 
 
 @dataclass(frozen=True)

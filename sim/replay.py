@@ -147,7 +147,7 @@ def check_args(ap, args) -> None:
 def build_parser() -> OneLineParser:
     ap = OneLineParser(prog="bamboo-replay", description=__doc__.splitlines()[0])
     ap.add_argument("trace", help="a preemption trace (traces/README.md)")
-    ap.add_argument("--trace-format", choices=("ec2", "gcp", "events", "auto"), default="auto",
+    ap.add_argument("--trace-format", choices=("ec2", "gcp", "events", "zone-counts", "auto"), default="auto",
                     help="the trace's format (auto: from its first lines)")
     ap.add_argument("--start-hours", type=float, default=0.0, help="where the slice starts, in trace hours")
     ap.add_argument("--hours", type=float, default=1.0, help="length of the slice, in trace hours")

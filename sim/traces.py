@@ -10,6 +10,8 @@ Formats (`traces/README.md` documents them with examples):
           (the most recently added nodes go first, as a group scales in).
   events  CSV `seconds,add|remove,node[,zone]` (a header line is allowed) or JSON:
           a list of {"time", "action", "node", "zone"?}
+  zone-counts  JSON: each zone's running count every G seconds,
+          {"ZONE": {"metadata": {"gap_seconds": G}, "data": [count, ...]}, ...}
 Every reader raises TraceError naming the file and the line of the first bad one.
 """
 from __future__ import annotations
@@ -166,7 +168,68 @@ def read_events(path: str) -> list[Event]:
     return _checked(events, path, lines)
 
 
-READERS = {"ec2": read_ec2, "gcp": read_gcp, "events": read_events}
+ZONE_COUNTS_SHAPE = '{"ZONE": {"metadata": {"gap_seconds": G}, "data": [count, ...]}, ...}'
+MAX_FILE_BYTES = 64 << 20
+
+
+def read_zone_counts(path: str) -> list[Event]:
+    """Each zone's running count every G seconds (the same G and length for every
+    zone): a rise adds nodes named ZONE-N, a fall removes the zone's newest first."""
+    if os.path.getsize(path) > MAX_FILE_BYTES:
+        raise TraceError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB")
+    with open(path) as f:
+        try:
+            doc = json.load(f)
+        except json.JSONDecodeError as e:
+            raise _bad(path, e.lineno, f"invalid JSON ({e.msg})") from None
+    series = _zone_series(path, doc)
+    (gap,), (length,) = {g for g, _ in series.values()}, {len(d) for _, d in series.values()}
+    if gap * (length - 1) > SPAN_MAX:
+        raise TraceError(f"{path}: the series span more than ten years")
+    if max(sum(d[i] for _, d in series.values()) for i in range(length)) > NODES_MAX:
+        raise TraceError(f"{path}: more than {NODES_MAX} nodes at once")
+    events: list[Event] = []
+    running: dict[str, list[str]] = {zone: [] for zone in series}
+    made = dict.fromkeys(series, 0)
+    for i in range(length):
+        for zone, (_, data) in series.items():
+            while len(running[zone]) < data[i]:
+                made[zone] += 1
+                running[zone].append(f"{zone}-{made[zone]}")
+                events.append(Event(i * gap, "add", running[zone][-1], zone))
+            while len(running[zone]) > data[i]:
+                events.append(Event(i * gap, "remove", running[zone].pop(), zone))
+    return events
+
+
+def _zone_series(path: str, doc) -> dict[str, tuple[float, list[int]]]:
+    """zone -> (gap, counts), every value checked; one gap and one length for all."""
+    if not isinstance(doc, dict) or not doc:
+        raise TraceError(f"{path}: expected {ZONE_COUNTS_SHAPE}")
+    out = {}
+    for zone, body in doc.items():
+        try:
+            gap, data = body["metadata"]["gap_seconds"], body["data"]
+        except (KeyError, TypeError):
+            raise TraceError(f"{path}: zone {zone!r}: expected {ZONE_COUNTS_SHAPE}") from None
+        if not zone or len(zone) > 64 or isinstance(gap, bool) or not isinstance(gap, (int, float)) \
+                or not 0 < gap < SPAN_MAX or not isinstance(data, list) or not data \
+                or any(isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= NODES_MAX for c in data):
+            raise TraceError(f"{path}: zone {zone!r}: a name of 1 to 64 characters, gap_seconds a positive "
+                             f"number and data a non-empty list of counts from 0 to {NODES_MAX}")
+        out[zone] = (float(gap), data)
+    first = next(iter(out))
+    for zone, (gap, data) in out.items():
+        if gap != out[first][0]:
+            raise TraceError(f"{path}: zone {zone!r} has gap_seconds {gap:g}, zone {first!r} {out[first][0]:g}: "
+                             "every zone's must be the same")
+        if len(data) != len(out[first][1]):
+            raise TraceError(f"{path}: zone {zone!r}'s series has {len(data)} counts, zone {first!r}'s "
+                             f"{len(out[first][1])}: every zone's must be as long")
+    return out
+
+
+READERS = {"ec2": read_ec2, "gcp": read_gcp, "events": read_events, "zone-counts": read_zone_counts}
 
 
 def detect(path: str) -> str:
@@ -174,6 +237,8 @@ def detect(path: str) -> str:
     with open(path) as f:
         first = next((line.strip() for line in f if line.strip()), "")
     parts = [p.strip() for p in first.split(",")]
+    if first.startswith("{"):
+        return "zone-counts"
     if first.startswith("[") or (parts and parts[0].lower() in ("time", "seconds")):
         return "events"
     if len(parts) == 3 and parts[1] in ("add", "remove") and parts[0].isdigit():
@@ -182,7 +247,7 @@ def detect(path: str) -> str:
         return "gcp"
     if len(parts) in (3, 4) and parts[1] in ("add", "remove"):
         return "events"
-    raise TraceError(f"{path}:1: unknown trace format (expected ec2, gcp or events lines)")
+    raise TraceError(f"{path}:1: unknown trace format (expected ec2, gcp or events lines, or zone counts)")
 
 
 def read(path: str, fmt: str = "auto") -> list[Event]:
