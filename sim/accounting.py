@@ -45,6 +45,7 @@ class RunState:
         """Stop training for `seconds` more, from now or from the end of a pause under
         way; `reason` names that time in the ledger."""
         start = max(self.paused_until, self.t)
+        seconds = max(0.0, seconds)  # a pause never gives back time that trained
         self.paused_until = start + seconds
         if seconds > 0:
             self.pauses.append((start, self.paused_until, reason))

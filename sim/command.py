@@ -350,8 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         model_spec.check_shape(args)
         if args.seeds < 1 or (args.nodes is not None and args.nodes < args.stages):
             raise ValueError("--seeds must be at least 1 and --nodes at least --stages")
-        if args.sweep_rates and args.checkpoint_formula == BEST:
-            raise ValueError("--checkpoint-formula best searches one trace: not with --sweep-rates")
+        if args.checkpoint_formula == BEST and (args.sweep_rates or args.checkpoint_minutes):
+            raise ValueError("--checkpoint-formula best searches the intervals of one trace: not with "
+                             "--sweep-rates or --checkpoint-minutes")
         if args.sweep_rates and args.redundancy is not None:
             raise ValueError("--sweep-rates runs every strategy and mode: leave out --redundancy")
         for note in idle_notes(parser, args):

@@ -81,11 +81,11 @@ def priced(run: dict, arrivals: int, spot_price: float, tokens_per_sample: int, 
            cross_bytes: float, charges: Charges) -> dict:
     """`run` (a simulator summary; `arrivals` spot nodes started in it) in dollars
     per hour by what is paid for, and dollars per billion tokens trained."""
-    hours = run["hours"] or 1.0
+    hours = run["hours"]  # 0: a trace of no length, nothing paid by the hour
     tokens = run["throughput"] * tokens_per_sample
     iterations_per_hour = run["throughput"] * 3600 / samples_per_iteration
     per_hour = {"nodes": run["cost_per_hour"],
-                "boot": arrivals * charges.boot_seconds / 3600 * spot_price / hours,
+                "boot": arrivals * charges.boot_seconds / 3600 * spot_price / hours if hours else 0.0,
                 "network": cross_bytes / GIB * charges.cross_zone_per_gib * iterations_per_hour,
                 "etcd": charges.etcd_per_hour,
                 "storage": charges.stored_gib * charges.storage_per_gib_month / HOURS_PER_MONTH}

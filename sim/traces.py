@@ -170,24 +170,31 @@ def read_events(path: str) -> list[Event]:
 
 ZONE_COUNTS_SHAPE = '{"ZONE": {"metadata": {"gap_seconds": G}, "data": [count, ...]}, ...}'
 MAX_FILE_BYTES = 64 << 20
+EVENTS_MAX = 10_000_000   # adds and removes a zone-count file may ask for
 
 
 def read_zone_counts(path: str) -> list[Event]:
     """Each zone's running count every G seconds (the same G and length for every
     zone): a rise adds nodes named ZONE-N, a fall removes the zone's newest first."""
-    if os.path.getsize(path) > MAX_FILE_BYTES:
+    with open(path, "rb") as f:
+        raw = f.read(MAX_FILE_BYTES + 1)
+    if len(raw) > MAX_FILE_BYTES:
         raise TraceError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB")
-    with open(path) as f:
-        try:
-            doc = json.load(f)
-        except json.JSONDecodeError as e:
-            raise _bad(path, e.lineno, f"invalid JSON ({e.msg})") from None
+    try:
+        doc = json.loads(raw.decode())
+    except json.JSONDecodeError as e:
+        raise _bad(path, e.lineno, f"invalid JSON ({e.msg})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise TraceError(f"{path}: not a JSON document of zone counts ({type(e).__name__})") from None
     series = _zone_series(path, doc)
     (gap,), (length,) = {g for g, _ in series.values()}, {len(d) for _, d in series.values()}
     if gap * (length - 1) > SPAN_MAX:
         raise TraceError(f"{path}: the series span more than ten years")
     if max(sum(d[i] for _, d in series.values()) for i in range(length)) > NODES_MAX:
         raise TraceError(f"{path}: more than {NODES_MAX} nodes at once")
+    changes = sum(d[0] + sum(abs(b - a) for a, b in zip(d, d[1:])) for _, d in series.values())
+    if changes > EVENTS_MAX:
+        raise TraceError(f"{path}: the counts change by {changes} nodes in all, more than {EVENTS_MAX} events")
     events: list[Event] = []
     running: dict[str, list[str]] = {zone: [] for zone in series}
     made = dict.fromkeys(series, 0)

@@ -66,3 +66,14 @@ def test_bursts_need_more_standby_than_the_same_losses_independent():
 def test_nothing_seen_asks_for_nothing_and_the_limit_caps():
     assert BurstModel((), 3_600.0).standby(300.0, 0.01, 10) == 0
     assert BurstModel((20,), 60.0).standby(3_600.0, 0.01, 10) == 10
+
+
+def test_sizes_below_one_are_refused_and_a_large_fleet_does_not_overflow():
+    with pytest.raises(ValueError, match="one node or more"):
+        BurstModel((0, 1), 3_600.0)
+    assert 0 < binomial_standby(5_000, 1 / 36_000, 600.0, 0.01) < 5_000  # math.comb would overflow floats
+
+
+def test_a_burst_in_the_first_seconds_is_not_read_as_a_rate_of_one_a_second():
+    """Observed over less than one window, the rate is taken over the window."""
+    assert BurstModel((1,), 0.01).standby(300.0, 0.01, 50) == BurstModel((1,), 300.0).standby(300.0, 0.01, 50) < 50

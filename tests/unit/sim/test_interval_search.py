@@ -39,4 +39,6 @@ def test_every_spot_strategy_is_searched_and_on_demand_is_not(capsys):
 def test_the_search_is_for_one_trace_not_a_sweep(capsys):
     assert command.main(["--sweep-rates", "--stages", "4", "--checkpoint-formula", "best"]) == 2
     err = capsys.readouterr().err
-    assert "not with --sweep-rates" in err and err.count("\n") == 1
+    assert "not with --sweep-rates or --checkpoint-minutes" in err and err.count("\n") == 1
+    assert command.main([*P3, "--checkpoint-formula", "best", "--checkpoint-minutes", "5"]) == 2
+    assert "not with --sweep-rates or --checkpoint-minutes" in capsys.readouterr().err

@@ -45,6 +45,7 @@ def test_the_events_give_back_every_zone_s_counts(tmp_path):
     ({"a": {"metadata": {"gap_seconds": 60}, "data": [1, -2]}}, "counts from 0"),
     ({"a": {"data": [1]}}, "expected {\"ZONE\""),
     ([], None),
+    ({"a": {"metadata": {"gap_seconds": 1}, "data": [100_000, 0] * 60}}, "more than 10000000 events"),
 ])
 def test_a_bad_zone_count_file_is_one_line(tmp_path, capsys, doc, says):
     path = tmp_path / "bad.json"
@@ -56,3 +57,11 @@ def test_a_bad_zone_count_file_is_one_line(tmp_path, capsys, doc, says):
     assert command.main(["--trace", str(path), "--stages", "2"]) == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1, err
+
+
+def test_a_file_that_is_not_json_text_is_one_line(tmp_path, capsys):
+    path = tmp_path / "deep.json"
+    path.write_text("{" + '"a":' * 1 + "[" * 100_000 + "]" * 100_000 + "}")
+    assert command.main(["--trace", str(path), "--stages", "2"]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and err.count("\n") == 1, err
