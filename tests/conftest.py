@@ -69,3 +69,21 @@ def s3(moto_endpoint, tmp_path, monkeypatch):
                  "BAMBOO_S3_ENDPOINT": moto_endpoint, "BAMBOO_DATA_CACHE": str(tmp_path / "cache")}.items():
         monkeypatch.setenv(k, v)
     return boto3.client("s3", endpoint_url=moto_endpoint)
+
+
+@pytest.fixture(autouse=True)
+def _heartbeats_end_with_their_test(monkeypatch):
+    """A heartbeat a test left running (an in-process Cluster.register or
+    Membership) would, at its hang deadline minutes later, print its warning into
+    whichever test is capturing stderr then: each one a test starts stops at its end."""
+    from bamboo.control.liveness import Heartbeat
+    started = []
+    run = Heartbeat._run
+
+    def recorded(self):
+        started.append(self)
+        run(self)
+    monkeypatch.setattr(Heartbeat, "_run", recorded)
+    yield
+    for heartbeat in started:
+        heartbeat._stop.set()
