@@ -173,7 +173,7 @@ def dashboard(state: dict, tunnel: Tunnel, port: int, browser: bool, seconds: fl
     import threading
     import webbrowser
 
-    from commands.status.dashboard import CannotServe, start, stop
+    from commands.status.dashboard import CannotServe, serve_until_stopped, start
     if state.get("etcd_tls"):
         os.environ["BAMBOO_ETCD_TLS"] = state["etcd_tls"]  # the job's client certificate, for this process
     with tunnel as endpoint:
@@ -189,9 +189,4 @@ def dashboard(state: dict, tunnel: Tunnel, port: int, browser: bool, seconds: fl
             timer = threading.Timer(seconds, server.shutdown)
             timer.daemon = True  # an interrupt ends the process without waiting for it
             timer.start()
-        try:
-            server.serve_forever(poll_interval=0.5)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            stop(server)
+        serve_until_stopped(server)

@@ -203,13 +203,18 @@ def serve(endpoint: str, job: str | None, address: str, token: str | None, price
         print(f"bamboo-status: error: {e}", file=sys.stderr)
         return 2
     print(f"bamboo-status: job {server.view.job} at {url} (Ctrl-C stops)", flush=True)
+    serve_until_stopped(server)
+    return 0
+
+
+def serve_until_stopped(server: Server) -> None:
+    """Serve until Ctrl-C (or server.shutdown from another thread), then close it."""
     try:
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
         pass
     finally:
         stop(server)
-    return 0
 
 
 def stop(server: Server) -> None:
