@@ -16,7 +16,8 @@ from bamboo.control.config import Precision
 from cloud import ec2
 from cloud.common import BadInput
 from cloud.planning import gcp_row
-from commands.train.instances import GPU_TFLOPS, INSTANCES, Instance, InstanceError, gpu_flops, with_prices
+from commands.train.instances import (GPU_TFLOPS, INSTANCES, Instance, InstanceError, gpu_flops, per_gpu_prices,
+                                      with_prices)
 
 CROSS_ZONE_PER_GIB = {"ec2": 0.02, "gcp": 0.01}  # EC2: 0.01 out of a zone, 0.01 into the other; GCP: 0.01
 STORAGE_PER_GIB_MONTH = {"ec2": 0.023, "gcp": 0.020}  # S3 Standard, GCS Standard
@@ -78,8 +79,8 @@ def group_kind(kinds: list[Instance]) -> Instance:
         raise InstanceError(f"--estimate: {several[0].name} has {several[0].gpus} GPUs, whose workers a preemption "
                             "takes together; the estimate simulates one-GPU nodes: give a one-GPU type")
     slowest = min(kinds, key=lambda k: GPU_TFLOPS[k.gpu])
-    mean = lambda name: sum(getattr(k, name) for k in kinds) / len(kinds)  # noqa: E731
-    return replace(slowest, name=" / ".join(k.name for k in kinds), on_demand=mean("on_demand"), spot=mean("spot"))
+    spot, on_demand = per_gpu_prices(kinds)
+    return replace(slowest, name=" / ".join(k.name for k in kinds), on_demand=on_demand, spot=spot)
 
 
 def run_estimate(args, train_argv: list[str]) -> int:

@@ -153,14 +153,15 @@ def close_on_signals() -> None:
 
 
 def prices(state: dict) -> tuple:
-    """(spot, on-demand) dollars per node-hour of the launch's instance types (their
-    mean), from the instance table; (None, None) for a type it does not price."""
-    from commands.train.instances import INSTANCES
+    """(spot, on-demand) dollars per node-hour (a node: one GPU's worker) of the
+    launch's instance types, their mean, from the instance table; (None, None) for
+    a type it does not price."""
+    from commands.train.instances import INSTANCES, per_gpu_prices
     names = state.get("instance_types") or [state.get("priced_as")]
     kinds = [INSTANCES.get(n) for n in names]
     if not kinds or None in kinds:
         return None, None
-    return (round(sum(k.spot for k in kinds) / len(kinds), 4), round(sum(k.on_demand for k in kinds) / len(kinds), 4))
+    return tuple(round(price, 4) for price in per_gpu_prices(kinds))
 
 
 def _interrupted(signum, frame) -> None:

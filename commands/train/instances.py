@@ -75,6 +75,12 @@ def gpu_flops(kind: Instance, half: bool) -> float:
     return GPU_TFLOPS[kind.gpu][0 if half else 1] * 1e12
 
 
+def per_gpu_prices(kinds: list[Instance]) -> tuple[float, float]:
+    """(spot, on-demand) dollars per GPU-hour, the mean over `kinds`: a node of the
+    runtime (and of the simulator) is one GPU's worker."""
+    return (sum(k.spot / k.gpus for k in kinds) / len(kinds), sum(k.on_demand / k.gpus for k in kinds) / len(kinds))
+
+
 class InstanceError(ValueError):
     """An instance type or a price file that cannot be used."""
 

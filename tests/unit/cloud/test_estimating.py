@@ -93,3 +93,12 @@ def test_gcp_types_with_their_own_gpus_are_priced_without_flags(capsys, tmp_path
     found = json.loads(out.splitlines()[-1])
     assert found["instance"]["gpu"] == "L4" and set(found["estimate"]) == {ONE_ZONE}
     assert found["charges"]["cross_zone_per_gib"] == 0.01
+
+
+def test_the_dashboard_prices_a_node_as_one_gpu_of_its_instance():
+    """A node is one GPU's worker: a 4-GPU instance's price is shared by its four."""
+    from cloud.watch import prices
+    assert prices({"instance_types": ["p3.8xlarge"]}) == (round(3.67 / 4, 4), round(12.24 / 4, 4))
+    assert prices({"instance_types": ["g5.xlarge", "g4dn.xlarge"]}) == (round((0.45 + 0.22) / 2, 4),
+                                                                         round((1.006 + 0.526) / 2, 4))
+    assert prices({"priced_as": "n1-standard-4 with nvidia-tesla-a100:1"}) == (None, None)
