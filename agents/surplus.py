@@ -10,12 +10,37 @@ compound Poisson tail, computed exactly by Panjer's recursion.
 
 `binomial_standby` is the rule for independent hardware faults (ByteRobust's:
 a quantile of a binomial over the fleet), kept as the baseline it is measured
-against.
+against, beside a fixed count (SpotHedge's over-provisioning) and keeping every
+node the cloud grants.
+
+`standby_count` and `assign_surplus` are the one decision the agents and the
+simulator share about the nodes beyond the pipelines: how many stay as warm
+standby, and which; the rest are released. The burst rule's count is a ceiling:
+the j-th standby is kept only while it earns its price, that is while the
+throughput it saves (the samples/s a missing node costs, times the chance that
+at least j nodes go within one acquisition) is at least what a paid node earns
+on average. A node worth less than the average lowers the job's value per dollar.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Mapping
+
+
+class SurplusRule(StrEnum):
+    BURST = "burst"        # the burst model's count, each standby kept while it earns its price
+    BINOMIAL = "binomial"  # ByteRobust: a binomial quantile of independent faults
+    FIXED = "fixed"        # SpotHedge: a fixed number of extra nodes
+    KEEP = "keep"          # every node the cloud grants is kept (no release)
+
+
+@dataclass(frozen=True)
+class Surplus:
+    """The nodes in no pipeline, by role: kept warm, or given back to the cloud."""
+    standby: tuple[str, ...] = ()
+    release: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,3 +100,51 @@ def _smallest_covering(mass: list[float], epsilon: float) -> int:
         if 1 - total <= epsilon:
             return k
     return len(mass) - 1
+
+
+@dataclass(frozen=True)
+class Economics:
+    """What the burst rule weighs a standby by, in samples per second."""
+    loss_per_node: float    # a node missing from the pipelines until its replacement comes
+    earned_per_node: float  # the job's throughput over the nodes it pays for
+
+
+def standby_count(rule: SurplusRule, bursts: BurstModel, window: float, epsilon: float, trainers: int,
+                  limit: int, economics: Economics | None = None, fixed: int = 0) -> int:
+    """How many of `limit` surplus nodes to keep as standby under `rule`, for
+    `trainers` nodes in pipelines and replacements `window` seconds away."""
+    if rule == SurplusRule.KEEP:
+        return limit
+    if rule == SurplusRule.FIXED:
+        return min(fixed, limit)
+    if rule == SurplusRule.BINOMIAL:
+        elapsed = max(bursts.elapsed, window)
+        rate = sum(bursts.sizes) / elapsed / max(1, trainers)  # nodes lost per node-second
+        return min(limit, binomial_standby(trainers, rate, window, epsilon))
+    ceiling = bursts.standby(window, epsilon, limit)
+    if economics is None or ceiling == 0:
+        return ceiling
+    tail = 1.0  # P(at least j nodes lost within the window)
+    for j, p in enumerate(bursts.loss_distribution(window, ceiling), start=1):
+        tail -= p
+        if tail * economics.loss_per_node < economics.earned_per_node:
+            return j - 1
+    return ceiling
+
+
+def assign_surplus(idle: Mapping[str, str], trainers: Mapping[str, str], standby: int) -> Surplus:
+    """Which of the `idle` nodes (node -> zone) stay as the `standby`: those in the
+    zones with the fewest `trainers` (node -> zone) first, so that a burst that
+    takes a zone's trainers leaves the standby that replaces them; the rest go."""
+    load = {zone: 0 for zone in idle.values()}
+    for zone in trainers.values():
+        if zone in load:
+            load[zone] += 1
+    kept: list[str] = []
+    left = sorted(idle)
+    while left and len(kept) < standby:
+        node = min(left, key=lambda n: (load[idle[n]], idle[n], n))
+        kept.append(node)
+        left.remove(node)
+        load[idle[node]] += 1  # the next standby goes where fewest are, counting this one
+    return Surplus(standby=tuple(kept), release=tuple(n for n in sorted(idle) if n not in kept))

@@ -103,18 +103,23 @@ class RunState:
         self.iteration_start = self.samples
 
 
-def book(s: RunState, span: tuple[float, float], nodes: int, used: int, standby: int, redundant: float) -> None:
-    """Book `span` (from, to) of `nodes` paid nodes: the idle ones as standby (up to
-    `standby`) or idle; the `used` ones by the pauses overlapping it, and the rest as
-    training, of which the share `redundant` is redundancy: what FRC and replica
-    syncs add to an iteration without them."""
+def book(s: RunState, span: tuple[float, float], nodes: tuple[int, int, int], standby: int,
+         redundant: float) -> None:
+    """Book `span` (from, to) of the paid `nodes` (held, of them in pipelines, and
+    acquiring): the held ones in no pipeline as standby (up to `standby`) or idle;
+    those asked for and not yet here as acquisition waits; those in pipelines by
+    the pauses overlapping it, and the rest as training, of which the share
+    `redundant` is redundancy: what FRC and replica syncs add to an iteration
+    without them."""
     start, end = span
     if end <= start:
         return
     add = lambda key, seconds: s.booked.__setitem__(key, s.booked.get(key, 0.0) + seconds)  # noqa: E731
-    idle = nodes - used
+    held, used, acquiring = nodes
+    idle = held - used
     add("standby", min(idle, standby) * (end - start))
     add("idle", (idle - min(idle, standby)) * (end - start))
+    add("acquisition waits", acquiring * (end - start))
     paused = 0.0
     for first, last, reason in s.pauses:
         overlap = min(end, last) - max(start, first)

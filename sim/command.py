@@ -9,6 +9,7 @@ checkpoint-restart and on-demand nodes.
                [--model-config FILE.json] [--seq N] [--batch N] [--precision fp32|bf16|fp16] \\
                [--instance-type TYPE [--prices FILE.json]] [--cross-zone-price $/GiB] [--etcd-price $/h] \\
                [--storage-price $/GiB-month] [--boot-seconds S] [--acquire-seconds S] [--standby-epsilon E]
+               [--surplus burst|binomial|fixed|keep] [--fixed-standby N]
     bamboo-sim --sweep-rates --model gpt2 --stages P [--plot DIR]
 
 Checkpoints are taken at Young's or Daly's optimal interval unless --checkpoint-minutes
@@ -31,6 +32,7 @@ from commands.train.flag_checks import changed_flags, check_finite, check_not_a_
 from bamboo.control.parser import OneLineParser
 
 from agents.policy import next_config
+from agents.surplus import SurplusRule
 from sim import model_spec
 from sim.checkpointing import FORMULAS
 from sim.interval_search import BEST, best_run
@@ -119,8 +121,14 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
                         "off the critical path, a death before it landed charged a redo from peers or, with one "
                         "pipeline, a rollback (next; bamboo-train runs it alike)")
     p.add_argument("--acquire-seconds", type=float, default=d.acquire_seconds,
-                   help="a replacement node's wait, request to join: the window the burst rule sizes the standby "
-                        "for (idle_unjustified_fraction)")
+                   help="a node's wait, request to join: how long a node asked for from the trace's free ones "
+                        "takes, and the window the burst rule sizes the standby for")
+    p.add_argument("--surplus", choices=tuple(SurplusRule), default=d.surplus,
+                   help="the nodes beyond the pipelines: a standby sized by the observed bursts, each kept while it "
+                        "earns its price, the rest released (burst); ByteRobust's binomial quantile (binomial); "
+                        "--fixed-standby nodes (fixed); or every node the trace grants, never released (keep)")
+    p.add_argument("--fixed-standby", type=int, default=d.fixed_standby,
+                   help="--surplus fixed: the standby nodes kept")
     p.add_argument("--standby-epsilon", type=float, default=d.standby_epsilon,
                    help="the burst rule: the standby covers losses within --acquire-seconds but with this chance")
     p.add_argument("--rollback", choices=ROLLBACKS, default=d.rollback,
@@ -150,7 +158,7 @@ def options_from(args, kind=None) -> Options:
         restart_seconds=args.restart_seconds, max_stages=args.max_stages_per_node,
         notice_seconds=args.notice_seconds or 0.0, rollback=args.rollback, frc=args.frc,
         acquire_seconds=args.acquire_seconds, standby_epsilon=args.standby_epsilon,
-        replica_sync=args.replica_sync)
+        surplus=args.surplus, fixed_standby=args.fixed_standby, replica_sync=args.replica_sync)
     try:
         options.check()
     except ValueError as e:
@@ -327,6 +335,7 @@ def idle_notes(parser: argparse.ArgumentParser, args) -> list[str]:
              (args.sweep_rates, ("cross_zone_price", "etcd_price", "storage_price", "boot_seconds"),
               "--sweep-rates reports value per node-hour's price only"),
              (eager_free, ("frc",), "it places eager Bamboo's FRC (--strategy bamboo, auto or all)"),
+             (args.surplus != SurplusRule.FIXED, ("fixed_standby",), "it is the standby of --surplus fixed"),
              (replica_free, ("replica_sync",), "only Bamboo's replicas are synced (--strategy bamboo, lazy, auto "
                                                "or all)"))
     return said_idle(changed_flags(parser, args), rules)

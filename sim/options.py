@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from schedules.redundancy import FRC_MODES
 from schedules.syncs import SYNC_MODES
 
+from agents.surplus import SurplusRule
 from sim.profiles import NETWORK, PCIE
 
 ROLLBACKS = ("memory", "relaunch")
@@ -38,6 +39,8 @@ class Options:
     frc: str = "bubbles"                # eager: FRC only where it fits the bubbles, or for every microbatch (all)
     acquire_seconds: float = 300.0      # a replacement's wait: the request, boot and join (docs/simulator.md)
     standby_epsilon: float = 0.01       # the burst rule's chance of losing more than the standby in that wait
+    surplus: str = "burst"              # the nodes beyond the pipelines: agents/surplus.py's SurplusRule
+    fixed_standby: int = 2              # --surplus fixed: the standby kept (SpotHedge's over-provisioning)
     replica_sync: str = "end"           # eager and lazy: each replica's sync at the iteration's end, or in the next
                                         # one (its window charged: sim/windows.py)
 
@@ -58,6 +61,10 @@ class Options:
             raise ValueError(f"--notice-seconds must not be negative (got {self.notice_seconds})")
         if not 0 < self.standby_epsilon < 1:
             raise ValueError(f"--standby-epsilon must be above 0 and below 1 (got {self.standby_epsilon})")
+        if self.surplus not in tuple(SurplusRule):
+            raise ValueError(f"--surplus must be one of {', '.join(SurplusRule)} (got {self.surplus!r})")
+        if not self.fixed_standby >= 0:
+            raise ValueError(f"--fixed-standby must not be negative (got {self.fixed_standby})")
         if self.frc not in FRC_MODES:
             raise ValueError(f"--frc must be one of {', '.join(FRC_MODES)} (got {self.frc!r})")
         if self.replica_sync not in SYNC_MODES:

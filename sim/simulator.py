@@ -14,6 +14,7 @@ the checkpoint and warms up.
 """
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import replace
 from functools import lru_cache
@@ -24,9 +25,10 @@ from schedules.deaths import MEMORY, STORAGE
 from schedules.split import estimated_slots, merged, split_by_speed
 
 from agents.policy import Config, next_config
-from agents.surplus import BurstModel
+from agents.surplus import BurstModel, Economics, SurplusRule, assign_surplus, standby_count
 from sim.accounting import RunState, book, ledger, summary
 from sim.auto import Auto
+from sim.capacity import ACQUIRE, Capacity, next_batch, with_notices
 from sim.checkpointing import TraceStats, checkpoint_costs, optimal_interval, trace_stats
 from sim.options import Options
 from sim.profiles import MeasuredProfile, Profile
@@ -58,6 +60,8 @@ class ClusterSimulator:
         self.zones: dict[str, str] = {}       # node -> zone, of every node seen (set by replay())
         self.copies: dict[int, set[str]] = {}  # stage -> the nodes holding the last checkpoint's copy in memory
         self.noticed: dict[str, float] = {}   # node -> when its preemption was announced
+        self.capacity = Capacity()            # the trace's nodes the job does not hold (set by replay())
+        self.reference_nodes = 0.0            # the trace's mean count of nodes: the on-demand cluster compared with
 
     # -- iteration times -------------------------------------------------------------------
     def iteration_seconds(self, pipelines: int, merged: bool = False, mode: str | None = None) -> float:
@@ -100,10 +104,11 @@ class ClusterSimulator:
 
     def goodput(self, throughput: float, mean_nodes: float) -> float:
         """Samples/s per paid node, relative to a node of the on-demand cluster the
-        trace's mean size would buy (whole pipelines, as `on-demand` runs)."""
+        trace's mean size would buy (whole pipelines, as `on-demand` runs): one
+        reference for every strategy, however many nodes it chose to pay for."""
         if not mean_nodes:
             return 0.0
-        pipelines = max(1, round(mean_nodes / self.P))
+        pipelines = max(1, round((self.reference_nodes or mean_nodes) / self.P))
         on_demand = self.profile.samples_per_iteration() / self.iteration_seconds(pipelines, mode="off")
         return throughput / mean_nodes / (on_demand / (pipelines * self.P))
 
@@ -159,6 +164,7 @@ class ClusterSimulator:
         events = sorted((replace(e, time=e.time + delay) if e.action == "add" and e.time > 0 else e
                          for e in events if e.time <= horizon), key=lambda e: e.time)
         self.trace = trace_stats(events, horizon)
+        self.reference_nodes = self.trace.node_hours * 3600 / horizon if horizon else 0.0
         spot = isinstance(self.rules, Spot)  # on-demand nodes are never preempted: no notice, no bound
         result = self.rules.run(self, with_notices(events, self.opt.notice_seconds) if spot else events, horizon)
         if spot:
@@ -169,7 +175,8 @@ class ClusterSimulator:
 
     def bound(self, events: list[Event], horizon: float) -> dict:
         """What a scheduler could reach that loses nothing on a preemption and runs the
-        policy's pipelines on every node at once: `goodput_bound`, with `goodput` of
+        policy's pipelines on every node at once (and, unless --surplus keep, pays
+        for no other node, as if its releases and acquisitions were instant): `goodput_bound`, with `goodput` of
         the same reference (fault-free throughput per node of an on-demand cluster)."""
         live: dict[str, str] = {}
         config: Config | None = None
@@ -181,22 +188,25 @@ class ClusterSimulator:
                 live.pop(e.node, None)
             config = self.next_config(live, config) if live else None
             samples += self.config_throughput(config, mode="off") * max(0.0, until - e.time)
-            node_seconds += len(live) * max(0.0, until - e.time)
+            paid = len(live) if self.opt.surplus == SurplusRule.KEEP or not self._running(config) \
+                else len(used_nodes(config))  # with release, only the nodes that train are paid
+            node_seconds += paid * max(0.0, until - e.time)
         mean_nodes = node_seconds / horizon if horizon else 0.0
         return {"goodput_bound": round(self.goodput(samples / horizon if horizon else 0.0, mean_nodes), 4)}
 
     def replay(self, events: list[Event], horizon: float) -> dict:
         """Spot nodes: train between batches of simultaneous events (sorted by time),
-        letting the strategy react to each batch. A noticed node is paid for until it
-        goes, but the policy no longer counts on it."""
+        letting the strategy react to each batch, then settle the nodes beyond the
+        pipelines (sim/capacity.py). A noticed node is paid for until it goes, but
+        the policy no longer counts on it."""
         s = RunState()
-        self.zones, self.copies, self.noticed = {}, {}, {}
+        self.zones, self.copies, self.noticed, self.capacity = {}, {}, {}, Capacity()
         live: dict[str, str] = {}
         config: Config | None = None
         queue = list(events)
-        while queue:
-            batch = _next_batch(queue, self._window(config))
-            self._advance(s, batch[0].time, config, len(live))
+        while queue and queue[0].time <= horizon:  # an acquisition may be due after the trace's end
+            batch = next_batch(queue, self._window(config))
+            self._advance(s, batch[0].time, config, live)
             if batch[0].action == "notice":
                 doomed = {e.node for e in batch if e.node in live}
                 self.noticed.update({n: batch[0].time for n in doomed})
@@ -205,24 +215,101 @@ class ClusterSimulator:
                 if was_running != self._running(config):
                     self._rearm(s, config, restarted=True)
                 continue
-            for e in batch:
-                if e.action == "add":
-                    self.zones.setdefault(e.node, e.zone or self.opt.zones[len(self.zones) % len(self.opt.zones)])
-                    live[e.node] = self.zones[e.node]
-            removed = {e.node for e in batch if e.action == "remove"}
-            s.preemptions += len(removed)
-            if removed & set(live):
-                s.bursts.append(len(removed & set(live)))
-            self.copies = {stage: held - removed for stage, held in self.copies.items()}  # a node returns empty
-            for n in removed:
-                live.pop(n, None)
+            removed = self._apply(s, batch, live)
             fatal, was_running = s.fatal, self._running(config)
             config = self.rules.react(self, s, config, self._usable(live), removed)
             for n in removed:
                 self.noticed.pop(n, None)
             self._rearm(s, config, restarted=s.fatal > fatal or not was_running)
-        self._advance(s, horizon, config, len(live))
+            self._settle(s, config, live, queue)
+        self._advance(s, horizon, config, live)
         return self._result(s, horizon)
+
+    def _apply(self, s: RunState, batch: list[Event], live: dict[str, str]) -> set[str]:
+        """The batch's arrivals and removals: the job's nodes it took (returned)."""
+        if batch[0].action == ACQUIRE:
+            live.update(self.capacity.arrive(int(batch[0].node), list(live.values())))
+            return set()
+        for e in batch:
+            if e.action == "add":
+                zone = self.zones.setdefault(e.node, e.zone or self.opt.zones[len(self.zones) % len(self.opt.zones)])
+                if self.opt.surplus == SurplusRule.KEEP or self.capacity.wants(len(live)):
+                    live[e.node] = zone
+                else:
+                    self.capacity.free[e.node] = zone
+        gone = {e.node for e in batch if e.action == "remove"}
+        for n in gone:
+            self.capacity.free.pop(n, None)  # capacity the job did not hold: nothing lost
+        removed = gone & set(live)
+        s.preemptions += len(removed)
+        if removed:
+            s.bursts.append(len(removed))
+        self.copies = {stage: held - removed for stage, held in self.copies.items()}  # a node returns empty
+        for n in removed:
+            live.pop(n, None)
+        return removed
+
+    def _settle(self, s: RunState, config: Config | None, live: dict[str, str], queue: list[Event]) -> None:
+        """The surplus rule (agents/surplus.py): keep the standby it asks for and
+        release the other nodes in no pipeline, unless they wait for nodes asked
+        for; ask for free nodes that would train. The request stands as a group's
+        desired capacity does: a preemption leaves it (the lost node is replaced),
+        a release lowers it."""
+        cap = self.capacity
+        if self.opt.surplus == SurplusRule.KEEP:
+            return
+        if not self._running(config):  # too few nodes to train: they hold the state, and all are wanted
+            cap.desired, cap.waiting, cap.short_since = None, 0, None
+        else:
+            usable, used = self._usable(live), used_nodes(config)
+            idle = {n: z for n, z in usable.items() if n not in used}
+            standby = self.standby(s, config, len(idle) + len(cap.free), len(live))
+            wider = self.next_config({**usable, **cap.free}, config) if cap.free else config
+            useful = max(len(used), len(used_nodes(wider)) if self._running(wider) else 0) + standby
+            cap.desired = max(len(live) + cap.arriving if cap.desired is None else cap.desired, useful)
+            if self._given_up(s, cap, len(live), queue):
+                cap.desired = useful
+            cap.waiting = len(idle) if len(live) + cap.arriving < cap.desired else 0  # for the nodes asked for
+            if not cap.waiting:
+                for n in assign_surplus(idle, {n: live[n] for n in used}, standby).release:
+                    cap.free[n] = live.pop(n)
+                    cap.desired -= 1
+                    cap.released += 1
+                    self.copies = {stage: held - {n} for stage, held in self.copies.items()}
+        cap.request(queue, s.t, (cap.desired or 10 ** 9) - len(live) - cap.arriving, self.opt.acquire_seconds)
+
+    def _given_up(self, s: RunState, cap: Capacity, held: int, queue: list[Event]) -> bool:
+        """Whether a request nothing can fill (no node free, none coming) has stood
+        for --acquire-seconds: the nodes waiting for it are then released. Waiting
+        longer than a re-acquisition costs is the ski-rental rule's bound: it pays
+        at most twice what knowing when capacity returns would."""
+        if held + cap.arriving >= (cap.desired or 0) or cap.arriving or cap.free:
+            cap.short_since = None
+            return False
+        if cap.short_since is None:
+            cap.short_since = s.t
+            bisect.insort(queue, Event(s.t + self.opt.acquire_seconds, ACQUIRE, "0"), key=lambda e: e.time)
+        if s.t - cap.short_since < self.opt.acquire_seconds:
+            return False
+        cap.short_since = None
+        return True
+
+    def standby(self, s: RunState, config: Config | None, limit: int, paid: int) -> int:
+        """The standby the surplus rule keeps, of at most `limit` nodes beyond the
+        pipelines, weighed (burst rule) by what a missing node costs `config`."""
+        used = used_nodes(config) if self._running(config) else set()
+        economics = None
+        if used:
+            rate = self.config_throughput(config)
+            fewer = {n: z for n, z in self._usable(self.zones_of(used)).items() if n != min(used)}
+            economics = Economics(rate - self.config_throughput(self.next_config(fewer, config)),
+                                  rate / max(1, paid + self.capacity.arriving))
+        return standby_count(SurplusRule(self.opt.surplus), BurstModel(tuple(s.bursts), s.t),
+                             self.opt.acquire_seconds, self.opt.standby_epsilon, len(used), limit, economics,
+                             self.opt.fixed_standby)
+
+    def zones_of(self, nodes: set[str]) -> dict[str, str]:
+        return {n: self.zones[n] for n in nodes}
 
     def _usable(self, live: dict[str, str]) -> dict[str, str]:
         """The live nodes the policy may place: not those whose preemption was announced."""
@@ -245,17 +332,23 @@ class ClusterSimulator:
         """Removals closer than this land in one iteration."""
         return self.iteration_seconds(max(1, len(config.pipelines) if config else 1))
 
-    def _advance(self, s: RunState, to: float, config: Config | None, nodes: int) -> None:
+    def _advance(self, s: RunState, to: float, config: Config | None, live: dict[str, str]) -> None:
         """Train from s.t to `to` under `config`, stalling for checkpoints on the way;
-        the nodes paid for but in no pipeline are idle."""
+        the nodes paid for but in no pipeline are idle, those asked for and not yet
+        here wait for their acquisition."""
         rate = self.config_throughput(config)
         used = len(used_nodes(config)) if self._running(config) else 0
+        nodes = len(live) + self.capacity.arriving
         s.timeline.append((s.t, nodes, rate))
         s.node_seconds += nodes * max(0.0, to - s.t)
-        idle, needed = max(0, nodes - used), 0
-        s.idle_seconds += idle * max(0.0, to - s.t)
-        if idle:  # the standby the bursts seen so far justify, at most the idle nodes
-            needed = BurstModel(tuple(s.bursts), s.t).standby(self.opt.acquire_seconds, self.opt.standby_epsilon, idle)
+        idle = max(0, len(live) - used)
+        waiting = min(idle, self.capacity.waiting)  # held for a pipeline that waits on acquisitions
+        acquiring = self.capacity.arriving + waiting
+        s.idle_seconds += (idle + self.capacity.arriving) * max(0.0, to - s.t)
+        needed = 0
+        if idle - waiting:  # the standby the bursts seen so far justify, at most the idle nodes
+            needed = BurstModel(tuple(s.bursts), s.t).standby(self.opt.acquire_seconds, self.opt.standby_epsilon,
+                                                              idle - waiting)
             s.standby_seconds += needed * max(0.0, to - s.t)
         span = (s.t, to)
         while s.t < to:
@@ -267,7 +360,7 @@ class ClusterSimulator:
                 s.skip_checkpoint()  # rearmed when training resumes
             elif s.t >= s.next_checkpoint:
                 self.take_checkpoint(s, used, config)
-        book(s, span, nodes, used, needed, self._redundant_share(config) if used else 0.0)
+        book(s, span, (len(live) - waiting, used, acquiring), needed, self._redundant_share(config) if used else 0.0)
 
     def _redundant_share(self, config: Config) -> float:
         """The share of an iteration of `config` that its redundancy adds (FRC, replica
@@ -311,39 +404,11 @@ class ClusterSimulator:
         out["idle_unjustified_fraction"] = round((s.idle_seconds - s.standby_seconds) / paid, 4) \
             if s.node_seconds else 0.0  # idle beyond the standby the burst rule asks for
         out["notices_drained"] = s.drained
+        out.update(self.capacity.describe(), surplus=self.opt.surplus)
         out["deaths_survived"] = dict(s.survived)
         out.update(self.rules.report(self, s))
         out["checkpointing"] = self.parameters(s)
         return out
-
-
-def _next_batch(queue: list[Event], window: float) -> list[Event]:
-    """Take the next events that land together off the queue: those at the first
-    one's time, and removals within `window` (one iteration) of it."""
-    batch = [queue.pop(0)]
-    if batch[0].action == "notice":  # notices at one time form a batch of their own
-        while queue and queue[0].action == "notice" and queue[0].time == batch[0].time:
-            batch.append(queue.pop(0))
-        return batch
-    while queue and queue[0].action != "notice" and (
-            queue[0].time == batch[0].time or (queue[0].action == "remove" and queue[0].time - batch[0].time < window)):
-        batch.append(queue.pop(0))
-    return batch
-
-
-def with_notices(events: list[Event], seconds: float) -> list[Event]:
-    """`events` with a "notice" `seconds` before each removal (not before the node's
-    arrival), sorted by time; a notice sorts before other events at its time."""
-    if seconds <= 0:
-        return events
-    added: dict[str, float] = {}
-    notices = []
-    for e in events:
-        if e.action == "add":
-            added[e.node] = e.time
-        elif e.action == "remove":
-            notices.append(Event(max(e.time - seconds, added.get(e.node, 0.0)), "notice", e.node, e.zone))
-    return sorted(events + notices, key=lambda e: (e.time, e.action != "notice"))
 
 
 @lru_cache(maxsize=None)

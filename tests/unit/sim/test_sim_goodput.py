@@ -5,6 +5,7 @@ against the schedule simulator and a brute-force split, and the command's defaul
 import itertools
 import json
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -36,7 +37,7 @@ def test_a_noticed_preemption_is_drained_to_the_standby_and_costs_no_redo():
     # n0..n3 make two pipelines, n4 waits; n1's preemption is announced 120 s ahead:
     # at 880 s n4 takes stage 1 from n1 itself (a reconfiguration), at 1000 s nothing is lost
     events = start(5) + [Event(1000, "remove", "n1", "b")]
-    opt = Options(free_checkpoints=True, max_stages=1, notice_seconds=120)
+    opt = Options(free_checkpoints=True, max_stages=1, notice_seconds=120, surplus="keep")
     r = ClusterSimulator(BERT, 2, "redo", opt).run(events, hours=1.0)
     reload = BERT.stage_params(2) * STATE_BYTES_PER_PARAM / opt.peer_bandwidth
     pause = opt.reconfigure_seconds + reload
@@ -110,10 +111,11 @@ def test_the_copies_are_kept_where_no_two_neighbours_take_both_and_storage_serve
 
 def test_idle_nodes_are_counted_and_the_bound_is_above_every_strategy():
     events = start(5)
-    whole = ClusterSimulator(BERT, 2, "redo", Options(max_stages=1, free_checkpoints=True)).run(events, hours=1.0)
+    keep = Options(max_stages=1, free_checkpoints=True, surplus="keep")
+    whole = ClusterSimulator(BERT, 2, "redo", keep).run(events, hours=1.0)
     assert whole["idle_fraction"] == pytest.approx(0.2)  # n4 waits in standby all along
     assert whole["goodput"] == pytest.approx(whole["goodput_bound"], rel=1e-3)  # nothing fails: all is reached
-    short = ClusterSimulator(BERT, 2, "redo", Options(free_checkpoints=True)).run(events, hours=1.0)
+    short = ClusterSimulator(BERT, 2, "redo", replace(keep, max_stages=2)).run(events, hours=1.0)
     assert short["idle_fraction"] <= whole["idle_fraction"] and short["samples"] >= whole["samples"]
 
 

@@ -6,7 +6,9 @@ from sim.traces import Event, synthetic
 
 
 def run(events, hours: float, **options) -> dict:
-    return ClusterSimulator(profile("gpt2", "arithmetic"), 3, "auto", Options(**options)).run(events, hours)
+    """Every node the trace grants kept (--surplus keep): what idle time the rule justifies."""
+    return ClusterSimulator(profile("gpt2", "arithmetic"), 3, "auto", Options(surplus="keep", **options)).run(
+        events, hours)
 
 
 def test_with_no_burst_seen_no_standby_is_justified():
