@@ -14,7 +14,6 @@ the checkpoint and warms up.
 """
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import replace
 from functools import lru_cache
@@ -25,10 +24,10 @@ from schedules.deaths import MEMORY, STORAGE
 from schedules.split import estimated_slots, merged, split_by_speed
 
 from agents.policy import Config, next_config
-from agents.surplus import BurstModel, Economics, SurplusRule, assign_surplus, standby_count
+from agents.surplus import BurstModel, SurplusRule
 from sim.accounting import RunState, book, ledger, summary
 from sim.auto import Auto
-from sim.capacity import ACQUIRE, Capacity, next_batch, with_notices
+from sim.capacity import ACQUIRE, Capacity, next_batch, settle, with_notices
 from sim.checkpointing import TraceStats, checkpoint_costs, optimal_interval, trace_stats
 from sim.options import Options
 from sim.profiles import MeasuredProfile, Profile
@@ -98,7 +97,7 @@ class ClusterSimulator:
 
     def config_throughput(self, config: Config | None, mode: str | None = None) -> float:
         """Samples per second of `config` while nothing fails (0 while it cannot train)."""
-        if not self._running(config):
+        if not self.running(config):
             return 0.0
         return self.profile.samples_per_iteration() / self.config_seconds(config, mode)
 
@@ -188,7 +187,7 @@ class ClusterSimulator:
                 live.pop(e.node, None)
             config = self.next_config(live, config) if live else None
             samples += self.config_throughput(config, mode="off") * max(0.0, until - e.time)
-            paid = len(live) if self.opt.surplus == SurplusRule.KEEP or not self._running(config) \
+            paid = len(live) if self.opt.surplus == SurplusRule.KEEP or not self.running(config) \
                 else len(used_nodes(config))  # with release, only the nodes that train are paid
             node_seconds += paid * max(0.0, until - e.time)
         mean_nodes = node_seconds / horizon if horizon else 0.0
@@ -210,18 +209,18 @@ class ClusterSimulator:
             if batch[0].action == "notice":
                 doomed = {e.node for e in batch if e.node in live}
                 self.noticed.update({n: batch[0].time for n in doomed})
-                was_running = self._running(config)
-                config = self.rules.notice(self, s, config, self._usable(live), doomed)
-                if was_running != self._running(config):
+                was_running = self.running(config)
+                config = self.rules.notice(self, s, config, self.usable(live), doomed)
+                if was_running != self.running(config):
                     self._rearm(s, config, restarted=True)
                 continue
             removed = self._apply(s, batch, live)
-            fatal, was_running = s.fatal, self._running(config)
-            config = self.rules.react(self, s, config, self._usable(live), removed)
+            fatal, was_running = s.fatal, self.running(config)
+            config = self.rules.react(self, s, config, self.usable(live), removed)
             for n in removed:
                 self.noticed.pop(n, None)
             self._rearm(s, config, restarted=s.fatal > fatal or not was_running)
-            self._settle(s, config, live, queue)
+            settle(self, s, config, live, queue)
         self._advance(s, horizon, config, live)
         return self._result(s, horizon)
 
@@ -249,79 +248,17 @@ class ClusterSimulator:
             live.pop(n, None)
         return removed
 
-    def _settle(self, s: RunState, config: Config | None, live: dict[str, str], queue: list[Event]) -> None:
-        """The surplus rule (agents/surplus.py): keep the standby it asks for and
-        release the other nodes in no pipeline, unless they wait for nodes asked
-        for; ask for free nodes that would train. The request stands as a group's
-        desired capacity does: a preemption leaves it (the lost node is replaced),
-        a release lowers it."""
-        cap = self.capacity
-        if self.opt.surplus == SurplusRule.KEEP:
-            return
-        if not self._running(config):  # too few nodes to train: they hold the state, and all are wanted
-            cap.desired, cap.waiting, cap.short_since = None, 0, None
-        else:
-            usable, used = self._usable(live), used_nodes(config)
-            idle = {n: z for n, z in usable.items() if n not in used}
-            standby = self.standby(s, config, len(idle) + len(cap.free), len(live))
-            wider = self.next_config({**usable, **cap.free}, config) if cap.free else config
-            useful = max(len(used), len(used_nodes(wider)) if self._running(wider) else 0) + standby
-            cap.desired = max(len(live) + cap.arriving if cap.desired is None else cap.desired, useful)
-            if self._given_up(s, cap, len(live), queue):
-                cap.desired = useful
-            cap.waiting = len(idle) if len(live) + cap.arriving < cap.desired else 0  # for the nodes asked for
-            if not cap.waiting:
-                for n in assign_surplus(idle, {n: live[n] for n in used}, standby).release:
-                    cap.free[n] = live.pop(n)
-                    cap.desired -= 1
-                    cap.released += 1
-                    self.copies = {stage: held - {n} for stage, held in self.copies.items()}
-        cap.request(queue, s.t, (cap.desired or 10 ** 9) - len(live) - cap.arriving, self.opt.acquire_seconds)
-
-    def _given_up(self, s: RunState, cap: Capacity, held: int, queue: list[Event]) -> bool:
-        """Whether a request nothing can fill (no node free, none coming) has stood
-        for --acquire-seconds: the nodes waiting for it are then released. Waiting
-        longer than a re-acquisition costs is the ski-rental rule's bound: it pays
-        at most twice what knowing when capacity returns would."""
-        if held + cap.arriving >= (cap.desired or 0) or cap.arriving or cap.free:
-            cap.short_since = None
-            return False
-        if cap.short_since is None:
-            cap.short_since = s.t
-            bisect.insort(queue, Event(s.t + self.opt.acquire_seconds, ACQUIRE, "0"), key=lambda e: e.time)
-        if s.t - cap.short_since < self.opt.acquire_seconds:
-            return False
-        cap.short_since = None
-        return True
-
-    def standby(self, s: RunState, config: Config | None, limit: int, paid: int) -> int:
-        """The standby the surplus rule keeps, of at most `limit` nodes beyond the
-        pipelines, weighed (burst rule) by what a missing node costs `config`."""
-        used = used_nodes(config) if self._running(config) else set()
-        economics = None
-        if used:
-            rate = self.config_throughput(config)
-            fewer = {n: z for n, z in self._usable(self.zones_of(used)).items() if n != min(used)}
-            economics = Economics(rate - self.config_throughput(self.next_config(fewer, config)),
-                                  rate / max(1, paid + self.capacity.arriving))
-        return standby_count(SurplusRule(self.opt.surplus), BurstModel(tuple(s.bursts), s.t),
-                             self.opt.acquire_seconds, self.opt.standby_epsilon, len(used), limit, economics,
-                             self.opt.fixed_standby)
-
-    def zones_of(self, nodes: set[str]) -> dict[str, str]:
-        return {n: self.zones[n] for n in nodes}
-
-    def _usable(self, live: dict[str, str]) -> dict[str, str]:
+    def usable(self, live: dict[str, str]) -> dict[str, str]:
         """The live nodes the policy may place: not those whose preemption was announced."""
         return {n: z for n, z in live.items() if n not in self.noticed}
 
-    def _running(self, config: Config | None) -> bool:
+    def running(self, config: Config | None) -> bool:
         return bool(config and config.depth == self.P and config.pipelines)
 
     def _rearm(self, s: RunState, config: Config | None, restarted: bool) -> None:
         """Schedule the next checkpoint for the nodes `config` uses: a period starts
         again when training (re)starts."""
-        if not self._running(config):
+        if not self.running(config):
             return  # a checkpoint that falls due meanwhile is skipped (_advance)
         if restarted:
             s.period_start = s.resumes()
@@ -337,7 +274,7 @@ class ClusterSimulator:
         the nodes paid for but in no pipeline are idle, those asked for and not yet
         here wait for their acquisition."""
         rate = self.config_throughput(config)
-        used = len(used_nodes(config)) if self._running(config) else 0
+        used = len(used_nodes(config)) if self.running(config) else 0
         nodes = len(live) + self.capacity.arriving
         s.timeline.append((s.t, nodes, rate))
         s.node_seconds += nodes * max(0.0, to - s.t)
@@ -356,7 +293,7 @@ class ClusterSimulator:
             working = max(0.0, step_to - max(s.t, s.paused_until))
             s.samples += rate * working
             s.t = step_to
-            if s.t >= s.next_checkpoint and not self._running(config):
+            if s.t >= s.next_checkpoint and not self.running(config):
                 s.skip_checkpoint()  # rearmed when training resumes
             elif s.t >= s.next_checkpoint:
                 self.take_checkpoint(s, used, config)
