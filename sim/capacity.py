@@ -10,7 +10,8 @@ for from the free ones comes `--acquire-seconds` later, if the trace still has i
 free then; it is paid from the request (its boot is billed), booked as an
 acquisition wait. A free node the trace removes costs the job nothing.
 
-Also here: how trace events are grouped for the event loop (simultaneous
+`settle` applies the surplus rule after each batch of events; also here: how
+trace events are grouped for the event loop (simultaneous
 batches, notices, acquisitions).
 """
 from __future__ import annotations
@@ -18,6 +19,10 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from agents.policy import Config
+from agents.surplus import BurstModel, Economics, SurplusRule, assign_surplus, standby_count
+from sim.accounting import RunState
+from sim.reconfiguration import used_nodes
 from sim.traces import Event
 
 ACQUIRE = "acquire"  # an event of the loop's own: requested nodes come (`node` holds the count)
@@ -91,3 +96,64 @@ def with_notices(events: list[Event], seconds: float) -> list[Event]:
         elif e.action == "remove":
             notices.append(Event(max(e.time - seconds, added.get(e.node, 0.0)), "notice", e.node, e.zone))
     return sorted(events + notices, key=lambda e: (e.time, e.action != "notice"))
+
+
+def settle(sim, s: RunState, config: Config | None, live: dict[str, str], queue: list[Event]) -> None:
+    """After a batch, the surplus rule (agents/surplus.py) on `sim`'s run: keep the
+    standby it asks for and release the other nodes in no pipeline, unless they
+    wait for nodes asked for; ask for free nodes that would train. The request
+    stands as a group's desired capacity does: a preemption leaves it (the lost
+    node is replaced), a release lowers it."""
+    cap = sim.capacity
+    if sim.opt.surplus == SurplusRule.KEEP:
+        return
+    if not sim.running(config):  # too few nodes to train: they hold the state, and all are wanted
+        cap.desired, cap.waiting, cap.short_since = None, 0, None
+    else:
+        usable, used = sim.usable(live), used_nodes(config)
+        idle = {n: z for n, z in usable.items() if n not in used}
+        standby = standby_of(sim, s, config, len(idle) + len(cap.free), len(live))
+        wider = sim.next_config({**usable, **cap.free}, config) if cap.free else config
+        useful = max(len(used), len(used_nodes(wider)) if sim.running(wider) else 0) + standby
+        cap.desired = max(len(live) + cap.arriving if cap.desired is None else cap.desired, useful)
+        if _given_up(cap, s.t, len(live), queue, sim.opt.acquire_seconds):
+            cap.desired = useful
+        cap.waiting = len(idle) if len(live) + cap.arriving < cap.desired else 0  # for the nodes asked for
+        if not cap.waiting:
+            for n in assign_surplus(idle, {n: live[n] for n in used}, standby).release:
+                cap.free[n] = live.pop(n)
+                cap.desired -= 1
+                cap.released += 1
+                sim.copies = {stage: held - {n} for stage, held in sim.copies.items()}
+    cap.request(queue, s.t, (cap.desired or 10 ** 9) - len(live) - cap.arriving, sim.opt.acquire_seconds)
+
+
+def _given_up(cap: Capacity, now: float, held: int, queue: list[Event], delay: float) -> bool:
+    """Whether a request nothing can fill (no node free, none coming) has stood for
+    `delay` (--acquire-seconds): the nodes waiting for it are then released.
+    Waiting no longer than a re-acquisition costs is the ski-rental rule: it pays
+    at most twice what knowing when capacity returns would."""
+    if held + cap.arriving >= (cap.desired or 0) or cap.arriving or cap.free:
+        cap.short_since = None
+        return False
+    if cap.short_since is None:
+        cap.short_since = now
+        bisect.insort(queue, Event(now + delay, ACQUIRE, "0"), key=lambda e: e.time)  # look again then
+    if now - cap.short_since < delay:
+        return False
+    cap.short_since = None
+    return True
+
+
+def standby_of(sim, s: RunState, config: Config, limit: int, paid: int) -> int:
+    """The standby the surplus rule keeps, of at most `limit` nodes beyond the
+    pipelines of `config`, weighed (burst rule) by what a missing node costs it:
+    its throughput against that of the policy's next configuration without one of
+    its nodes."""
+    used = used_nodes(config)
+    rate = sim.config_throughput(config)
+    fewer = {n: sim.zones[n] for n in sorted(used)[1:] if n not in sim.noticed}
+    economics = Economics(rate - sim.config_throughput(sim.next_config(fewer, config)),
+                          rate / max(1, paid + sim.capacity.arriving))
+    return standby_count(SurplusRule(sim.opt.surplus), BurstModel(tuple(s.bursts), s.t), sim.opt.acquire_seconds,
+                         sim.opt.standby_epsilon, len(used), limit, economics, sim.opt.fixed_standby)
