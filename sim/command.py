@@ -123,7 +123,7 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--acquire-seconds", type=float, default=d.acquire_seconds,
                    help="a node's wait, request to join: how long a node asked for from the trace's free ones "
                         "takes, and the window the burst rule sizes the standby for")
-    p.add_argument("--surplus", choices=tuple(SurplusRule), default=d.surplus,
+    p.add_argument("--surplus", choices=[rule.value for rule in SurplusRule], default=d.surplus,
                    help="the nodes beyond the pipelines: a standby sized by the observed bursts, each kept while it "
                         "earns its price, the rest released (burst); ByteRobust's binomial quantile (binomial); "
                         "--fixed-standby nodes (fixed); or every node the trace grants, never released (keep)")

@@ -77,3 +77,44 @@ def test_sizes_below_one_are_refused_and_a_large_fleet_does_not_overflow():
 def test_a_burst_in_the_first_seconds_is_not_read_as_a_rate_of_one_a_second():
     """Observed over less than one window, the rate is taken over the window."""
     assert BurstModel((1,), 0.01).standby(300.0, 0.01, 50) == BurstModel((1,), 300.0).standby(300.0, 0.01, 50) < 50
+
+
+def test_the_rules_count_as_named():
+    """keep holds every surplus node, fixed its count, binomial the binomial
+    quantile at the loss rate per node observed (nodes lost per node-second)."""
+    from agents.surplus import SurplusRule, standby_count
+    seen = BurstModel((2, 1, 3), 7_200.0)
+    assert standby_count(SurplusRule.KEEP, seen, 300.0, 0.01, 12, 5) == 5
+    assert standby_count(SurplusRule.FIXED, seen, 300.0, 0.01, 12, 5, fixed=2) == 2
+    assert standby_count(SurplusRule.FIXED, seen, 300.0, 0.01, 12, 1, fixed=2) == 1
+    assert standby_count(SurplusRule.BINOMIAL, seen, 300.0, 0.01, 12, 5) == \
+        min(5, binomial_standby(12, 6 / 7_200.0 / 12, 300.0, 0.01))
+
+
+def test_the_burst_rule_keeps_a_standby_only_while_it_earns_its_price():
+    """The j-th standby stays while P(at least j lost within the window) times what
+    a missing node costs is at least what a paid node earns: checked against the
+    tail of the independent convolution."""
+    from agents.surplus import Economics, SurplusRule, standby_count
+    sizes, elapsed, window = (1, 1, 2, 5), 20_000.0, 600.0
+    model = BurstModel(sizes, elapsed)
+    ceiling = model.standby(window, 0.01, 30)
+    mass = by_convolution(sizes, elapsed, window, 40)
+    for loss, earned in ((10.0, 1.0), (10.0, 0.5), (1.0, 1.0), (100.0, 0.01)):
+        expected = 0
+        while expected < ceiling and (1 - mass[:expected + 1].sum()) * loss >= earned:
+            expected += 1
+        got = standby_count(SurplusRule.BURST, model, window, 0.01, 20, 30, Economics(loss, earned))
+        assert got == expected, (loss, earned)
+    assert standby_count(SurplusRule.BURST, model, window, 0.01, 20, 30) == ceiling  # no economics: the ceiling
+
+
+def test_the_standby_goes_to_the_zones_with_fewest_trainers():
+    from agents.surplus import assign_surplus
+    trainers = {"t1": "a", "t2": "a", "t3": "a", "t4": "b", "t5": "b", "t6": "c"}
+    idle = {"i1": "a", "i2": "b", "i3": "c", "i4": "c"}
+    out = assign_surplus(idle, trainers, 2)
+    assert out.standby == ("i3", "i2")  # c has one trainer, then b (two) ties with c (now two): b by name
+    assert out.release == ("i1", "i4")
+    assert assign_surplus(idle, trainers, 0).release == tuple(sorted(idle))
+    assert assign_surplus(idle, trainers, 9).standby and not assign_surplus(idle, trainers, 9).release

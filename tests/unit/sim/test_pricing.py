@@ -100,6 +100,10 @@ def test_bamboo_sim_takes_a_bamboo_train_model_counted_as_transformers_counts_it
     (["--model", "hf:llama-tiny", "--batch", "0"], "--batch and --seq must be at least 1"),
     (["--model", "hf:llama-tiny", "--microbatches", "0"], "--microbatches must be at least 1"),
     (["--model", "gpt2", "--stages", "0"], "--stages must be at least 2"),
+    (["--acquire-seconds", "-1"], "--acquire-seconds must not be negative"),
+    (["--fixed-standby", "-1"], "--fixed-standby must not be negative"),
+    (["--spot-price", "-1"], "--spot-price must be positive"),
+    (["--surplus", "lots"], "invalid choice: 'lots' (choose from 'burst', 'binomial', 'fixed', 'keep')"),
 ])
 def test_bamboo_sim_refuses_a_bad_model_or_bill_in_one_line(capsys, argv, says):
     code = command.main(["--trace", "traces/bursty-zones.csv", "--hours", "1", "--stages", "2", *argv])
