@@ -103,12 +103,19 @@ def test_bamboo_sim_takes_a_bamboo_train_model_counted_as_transformers_counts_it
     (["--acquire-seconds", "-1"], "--acquire-seconds must not be negative"),
     (["--fixed-standby", "-1"], "--fixed-standby must not be negative"),
     (["--spot-price", "-1"], "--spot-price must be positive"),
-    (["--surplus", "lots"], "invalid choice: 'lots' (choose from 'burst', 'binomial', 'fixed', 'keep')"),
 ])
 def test_bamboo_sim_refuses_a_bad_model_or_bill_in_one_line(capsys, argv, says):
     code = command.main(["--trace", "traces/bursty-zones.csv", "--hours", "1", "--stages", "2", *argv])
     err = capsys.readouterr().err
     assert code == 2 and says in err and err.count("\n") == 1, err
+
+
+def test_an_unknown_surplus_rule_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit:
+        command.main(["--trace", "traces/bursty-zones.csv", "--surplus", "lots"])
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and err.count("\n") == 1
+    assert "invalid choice: 'lots' (choose from 'burst', 'binomial', 'fixed', 'keep')" in err
 
 
 def test_the_ledger_in_dollars_is_the_whole_bill_by_part(capsys):
