@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bamboo-replay: error: no iteration without events to measure (try a longer slice)", file=sys.stderr)
         return 1
     options = Options(spot_price=args.spot_price, reconfigure_seconds=0.0, failure_timeout=cfg.faults.failure_timeout,
-                      startup_seconds=4.0, zones=zones)
+                      startup_seconds=4.0, zones=zones, surplus="keep")  # the local cluster keeps every node
     predicted = ClusterSimulator(profile, cfg.schedule.stages, "bamboo", options).run(events, duration / 3600)
     predicted.pop("timeline")
     result["predicted"] = predicted
