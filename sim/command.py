@@ -8,8 +8,8 @@ checkpoint-restart and on-demand nodes.
                [--hours H] [--json] [--plot DIR] [--frc bubbles|all] [--replica-sync end|next] \\
                [--model-config FILE.json] [--seq N] [--batch N] [--precision fp32|bf16|fp16] \\
                [--instance-type TYPE [--prices FILE.json]] [--cross-zone-price $/GiB] [--etcd-price $/h] \\
-               [--storage-price $/GiB-month] [--boot-seconds S] [--acquire-seconds S] [--standby-epsilon E]
-               [--surplus burst|binomial|fixed|keep] [--fixed-standby N]
+               [--storage-price $/GiB-month] [--boot-seconds S] [--acquire-seconds S] [--standby-epsilon E] \\
+               [--surplus burst|binomial|fixed|keep] [--fixed-standby N] [--price-series FILE]
     bamboo-sim --sweep-rates --model gpt2 --stages P [--plot DIR]
 
 Checkpoints are taken at Young's or Daly's optimal interval unless --checkpoint-minutes
@@ -39,6 +39,7 @@ from sim.interval_search import BEST, best_run
 from sim.job_model import JobModel
 from sim.pricing import cross_zone_bytes, crossing_shares, ledger_dollars, priced, replica_share, sent
 from sim.options import NOTICE_SECONDS, ROLLBACKS
+from sim.price_series import PriceSeries, read_prices
 from sim.profiles import PROFILES, SOURCES, Profile, profile
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
 from sim.traces import TraceError, detect, read, synthetic
@@ -129,6 +130,9 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
                         "--fixed-standby nodes (fixed); or every node the trace grants, never released (keep)")
     p.add_argument("--fixed-standby", type=int, default=d.fixed_standby,
                    help="--surplus fixed: the standby nodes kept")
+    p.add_argument("--price-series", metavar="FILE",
+                   help='the spot price over time instead of --spot-price: JSON {"metadata": {"gap_seconds": G}, '
+                        '"data": [USD per node-hour, ...]}, each node-second paid at the price of its time')
     p.add_argument("--standby-epsilon", type=float, default=d.standby_epsilon,
                    help="the burst rule: the standby covers losses within --acquire-seconds but with this chance")
     p.add_argument("--rollback", choices=ROLLBACKS, default=d.rollback,
@@ -136,9 +140,19 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
                         "memory (memory), or every process relaunches (relaunch)")
 
 
+def price_series_of(args) -> PriceSeries | None:
+    if not args.price_series:
+        return None
+    if args.spot_price != Options.spot_price:
+        raise ValueError("--price-series gives the spot price: leave out --spot-price")
+    return read_prices(args.price_series)
+
+
 def options_from(args, kind=None) -> Options:
     """The run's options; `kind` (--instance-type's row) sets the prices."""
     if kind is not None:
+        if args.price_series:
+            raise ValueError("--instance-type sets the prices: leave out --price-series (or --instance-type)")
         if args.spot_price != Options.spot_price or args.on_demand_price != Options.on_demand_price:
             raise ValueError("--instance-type sets the prices: leave out --spot-price and --on-demand-price "
                              "(--prices FILE changes the table's)")
@@ -158,7 +172,8 @@ def options_from(args, kind=None) -> Options:
         restart_seconds=args.restart_seconds, max_stages=args.max_stages_per_node,
         notice_seconds=args.notice_seconds or 0.0, rollback=args.rollback, frc=args.frc,
         acquire_seconds=args.acquire_seconds, standby_epsilon=args.standby_epsilon,
-        surplus=args.surplus, fixed_standby=args.fixed_standby, replica_sync=args.replica_sync)
+        surplus=args.surplus, fixed_standby=args.fixed_standby, replica_sync=args.replica_sync,
+        price_series=price_series_of(args))
     try:
         options.check()
     except ValueError as e:
@@ -286,7 +301,7 @@ def simulate(args, options: Options) -> dict:
         cross = 0.0 if on_demand else cross_zone_bytes(sent(job.links, replica_share(strategy, [run])), shares)
         arrivals = round(run["mean_nodes"]) if on_demand else sum(e.action == "add" and e.time <= run["hours"] * 3600
                                                                    for e in events)
-        price = options.on_demand_price if on_demand else options.spot_price
+        price = options.on_demand_price if on_demand else run.get("mean_spot_price", options.spot_price)
         run["priced"] = priced(run, arrivals, price, job.tokens_per_sample, job.profile.samples_per_iteration(), cross,
                                bill)
         run["ledger_dollars"] = ledger_dollars(run["ledger"], price, run["priced"])
@@ -297,7 +312,8 @@ def simulate(args, options: Options) -> dict:
     for r in results.values():
         r.pop("timeline")
     context = {"trace": {"path": args.trace, **stats}, "model": args.model, "stages": args.stages,
-               "prices": {"spot": options.spot_price, "on_demand": options.on_demand_price},
+               "prices": {"spot": options.price_series.describe() if options.price_series else options.spot_price,
+                          "on_demand": options.on_demand_price},
                "charges": bill.describe(), "job": job.describe(),
                "notice_seconds": options.notice_seconds, "max_stages_per_node": options.max_stages,
                "rollback": options.rollback, "frc": options.frc, "replica_sync": options.replica_sync,
@@ -332,7 +348,7 @@ def idle_notes(parser: argparse.ArgumentParser, args) -> list[str]:
     rules = ((not args.sweep_rates, ("nodes", "seeds"), "they are for --sweep-rates"),
              (args.sweep_rates, ("trace", "trace_format", "hours", "strategy"),
               "--sweep-rates runs every strategy on synthetic traces of its own"),
-             (args.sweep_rates, ("cross_zone_price", "etcd_price", "storage_price", "boot_seconds"),
+             (args.sweep_rates, ("cross_zone_price", "etcd_price", "storage_price", "boot_seconds", "price_series"),
               "--sweep-rates reports value per node-hour's price only"),
              (eager_free, ("frc",), "it places eager Bamboo's FRC (--strategy bamboo, auto or all)"),
              (args.surplus != SurplusRule.FIXED, ("fixed_standby",), "it is the standby of --surplus fixed"),

@@ -8,6 +8,7 @@ from schedules.redundancy import FRC_MODES
 from schedules.syncs import SYNC_MODES
 
 from agents.surplus import SurplusRule
+from sim.price_series import PriceSeries
 from sim.profiles import NETWORK, PCIE
 
 ROLLBACKS = ("memory", "relaunch")
@@ -41,6 +42,7 @@ class Options:
     standby_epsilon: float = 0.01       # the burst rule's chance of losing more than the standby in that wait
     surplus: str = "burst"              # the nodes beyond the pipelines: agents/surplus.py's SurplusRule
     fixed_standby: int = 2              # --surplus fixed: the standby kept (SpotHedge's over-provisioning)
+    price_series: PriceSeries | None = None  # the spot price over time (--price-series), instead of spot_price
     replica_sync: str = "end"           # eager and lazy: each replica's sync at the iteration's end, or in the next
                                         # one (its window charged: sim/windows.py)
 

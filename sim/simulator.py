@@ -332,6 +332,9 @@ class ClusterSimulator:
     def _result(self, s: RunState, horizon: float) -> dict:
         mean_nodes = s.node_seconds / horizon if horizon else 0.0
         cost_per_hour = mean_nodes * self.opt.spot_price
+        series = self.opt.price_series
+        if series is not None and horizon:  # each node-second at the price of its time
+            cost_per_hour = series.paid(s.timeline, horizon) / (horizon / 3600)
         out = summary(self.strategy, s.preemptions, s.fatal, mean_nodes, s.samples, horizon, cost_per_hour,
                       s.timeline)
         out["goodput"] = round(self.goodput(out["throughput"], mean_nodes), 4)
@@ -342,6 +345,8 @@ class ClusterSimulator:
             if s.node_seconds else 0.0  # idle beyond the standby the burst rule asks for
         out["notices_drained"] = s.drained
         out.update(self.capacity.describe(), surplus=self.opt.surplus)
+        if series is not None:
+            out["mean_spot_price"] = round(cost_per_hour / mean_nodes, 6) if mean_nodes else series.prices[0]
         out["deaths_survived"] = dict(s.survived)
         out.update(self.rules.report(self, s))
         out["checkpointing"] = self.parameters(s)
