@@ -35,13 +35,14 @@ from torch.distributed.elastic.agent.server.api import RunResult, SimpleElasticA
 from agents.host import supervise
 from agents.membership import Membership
 from agents.notices import WATCHERS, watch
+from agents.release import Releaser
 from agents.rendezvous import rendezvous_handler
 from agents.startup import StartFailed, add_flags, meet, rendezvous_options
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 from bamboo.control.parser import OneLineParser
 from bamboo.control.etcd import EtcdError, EtcdLost, die_with_parent
-from bamboo.control.exits import FENCED, PARKED, Fenced
+from bamboo.control.exits import FENCED, PARKED, RELEASED, Fenced
 from bamboo.control.protocol import CONFIG, DONE, ERROR, FAILED, NOTICES, REGROUP, Notice, WorkerError
 from bamboo.runtime import WORKER
 
@@ -60,6 +61,8 @@ class BambooAgent(SimpleElasticAgent):
         self.exit_code: int | None = None  # the worker's, once it exited
         self._fence_checked = 0.0          # when FAILED(node) was last read
         self.returns = 0                   # times this machine came back under a new id
+        self.releaser = Releaser(self.cluster, cfg)  # the surplus rule's decision of each epoch
+        self.released = False              # this node was released: it drains, and its machine leaves
 
     @property
     def node(self) -> int:
@@ -176,6 +179,7 @@ class BambooAgent(SimpleElasticAgent):
         time.sleep(group.spec.monitor_interval)
         self.membership.decide(self.cfg)  # any agent may write the next configuration
         self.membership.observe_modes(self.cfg)  # --redundancy auto: the mode wanted next
+        self._release_if_surplus()
         result = self._monitor_workers(group)
         group.state = result.state
         if result.state in (WorkerState.SUCCEEDED, WorkerState.FAILED):
@@ -191,6 +195,15 @@ class BambooAgent(SimpleElasticAgent):
         if self.proc is None and self.membership.job_finished():
             return self._succeeded()
         return None
+
+    def _release_if_surplus(self) -> None:
+        """--surplus: once this node is released (agents/release.py), it drains and leaves."""
+        decision = self.releaser.step(self.membership.live())
+        if decision is None or self.node not in decision.nodes or self.draining:
+            return
+        self.draining = self.released = True
+        print(f"bamboo-agent: node {self.node} released: in no pipeline, beyond the {decision.standby} standby the "
+              f"burst rule keeps ({decision.desired} nodes asked for)", file=sys.stderr, flush=True)
 
     def _leaving(self) -> bool:
         """Whether this machine leaves rather than coming back: it drains, or the job ended."""
@@ -310,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     handler.shutdown()
     if result is None or result.state == WorkerState.SUCCEEDED:
-        return 0
+        return RELEASED if agent.released else 0
     return FENCED if agent.exit_code in (FENCED, -signal.SIGKILL) else 1
 
 

@@ -25,15 +25,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Mapping
 
-
-class SurplusRule(StrEnum):
-    BURST = "burst"        # the burst model's count, each standby kept while it earns its price
-    BINOMIAL = "binomial"  # ByteRobust: a binomial quantile of independent faults
-    FIXED = "fixed"        # SpotHedge: a fixed number of extra nodes
-    KEEP = "keep"          # every node the cloud grants is kept (no release)
+from bamboo.control.config import Surplus as SurplusRule  # burst, binomial, fixed, keep: the rules below
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,14 @@ class LrSchedule(Choice):
     COSINE = "cosine"
 
 
+class Surplus(Choice):
+    """--surplus: the nodes beyond the pipelines (agents/surplus.py's rules)."""
+    BURST = "burst"        # the burst model's count, each standby kept while it earns its price; the rest released
+    BINOMIAL = "binomial"  # ByteRobust: a binomial quantile of independent faults
+    FIXED = "fixed"        # SpotHedge: a fixed number of extra nodes
+    KEEP = "keep"          # every node the cloud grants is kept (no release)
+
+
 class Transport(Choice):
     """--transport: the workers' payloads over gloo, or NCCL (a GPU per worker); auto is gloo."""
     AUTO = "auto"
@@ -180,6 +188,9 @@ class ClusterSpec(Section):
     job: str = "job"
     elastic: bool = False          # agents decide the configuration (else P x D fixed nodes)
     last_call: float = 10.0        # agents: once one pipeline's nodes met, the first configuration waits this long
+    surplus: Surplus = Surplus.KEEP  # agents: nodes in no pipeline kept, or released but for a burst-sized standby
+    acquire_seconds: float = 300.0  # a node asked for comes this long after (the burst rule's window)
+    standby_epsilon: float = 0.01  # the burst rule: the chance of losing more than the standby within that window
 
 
 @dataclass(frozen=True)
@@ -205,7 +216,7 @@ DERIVED = {"name": "--model, or hf:config with --model-config", "config_json": "
            "run": "a fresh name per run", "memory_copies": "not --no-memory-copies", "names": "--devices, parsed",
            "job": "--job, or job", "elastic": "--local-nodes given", "preempt": "--preempt, parsed"}
 _ENUMS = {"redundancy": JobRedundancy, "frc": Frc, "replica_sync": ReplicaSync, "backward_split": BackwardSplit,
-          "lr_schedule": LrSchedule, "precision": Precision, "transport": Transport}
+          "lr_schedule": LrSchedule, "precision": Precision, "transport": Transport, "surplus": Surplus}
 
 
 def _tuples(kept: dict) -> dict:

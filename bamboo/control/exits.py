@@ -13,6 +13,7 @@ from bamboo.control.protocol import PREEMPTED, Preempted
 
 FENCED = 75  # exit status of a worker that found itself declared dead and stopped
 PARKED = 76  # exit status of a worker whose node has no stage in the new configuration
+RELEASED = 77  # exit status of an agent whose node the surplus rule released: its machine leaves, the group shrinks
 
 
 class WorkerExit(Exception):

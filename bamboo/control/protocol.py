@@ -241,6 +241,20 @@ class Notice(Record):
     action: str | None = None
 
 
+@dataclass(frozen=True)
+class Release(Record):
+    """The surplus rule's decision for one epoch: the nodes in no pipeline it gives
+    back, the standby it keeps, and the nodes the job asks for (the group's desired
+    capacity; a preemption leaves it, so a lost node is replaced)."""
+    nodes: tuple[int, ...]         # node ids released
+    standby: int                   # nodes in no pipeline kept warm
+    desired: int                   # nodes asked for
+    ceiling: int                   # the most the job asks for: the group's size when it started
+
+    def __post_init__(self):
+        object.__setattr__(self, "nodes", _ints(self.nodes))
+
+
 # -- key families ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Key:
@@ -315,12 +329,14 @@ MEMBERS = Family("members", ("node",), Member, "an agent runs the node (under th
 ZONES = Family("zones", ("node",), Zone, "the node's zone, kept after it is gone")
 DRAIN = Family("drain", ("node",), Timestamp, "the node asked to leave (SIGTERM, a notice)")
 NOTICES = Family("notices", ("node",), Notice, "the cloud's preemption notice")
+RELEASES = Family("releases", ("epoch",), Release,
+                  "the surplus rule's decision for an epoch's nodes in no pipeline (first writer wins)")
 COPIES = Family("copies", ("node",), Copies,
                 "the newest checkpoint's layers the node keeps in host memory (a rollback's first source)")
 
 FAMILIES = (CONFIG, START, ASSIGNMENT, ALIVE, FAILED, CUT, FINISHED, LOSS, VAL_LOSS, DONE, ABORT, ABORTED, REGROUP,
             HANDED, HANDOVER, REDUCED, TIED, NORM, SCALE, MODE, CHECKPOINTED, COMPLETED, PREEMPTED, ERROR, IDS,
-            MEMBERS, ZONES, DRAIN, NOTICES, COPIES)
+            MEMBERS, ZONES, DRAIN, NOTICES, COPIES, RELEASES)
 
 # One attempt at an iteration: cleared when the iteration (or a checkpoint's span) runs again.
 ITERATION_FAMILIES = (DONE, LOSS, VAL_LOSS, FINISHED, CUT, REDUCED, TIED, NORM, SCALE, REGROUP, ABORT, ABORTED)

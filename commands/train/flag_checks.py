@@ -26,8 +26,10 @@ SINGLE_IGNORES = ("redundancy", "frc", "replica_sync", "backward_split", "sync_b
                   "auto_prior_hours", "max_stages_per_node", "preempt", "failure_timeout", "lease_ttl", "hang_timeout",
                   "straggler_factor", "straggler_slack", "stall_timeout", "check_replicas", "no_memory_copies",
                   "etcd", "etcd_tls", "etcd_members", "job", "local_nodes", "local_hosts", "workers_per_host",
-                  "zones", "notice", "metadata_url", "last_call", "log_dir", "transport", "share_gpu")
-AGENT_ONLY = ("zones", "notice", "metadata_url", "last_call", "max_stages_per_node")
+                  "zones", "notice", "metadata_url", "last_call", "log_dir", "transport", "share_gpu", "surplus",
+                  "acquire_seconds", "standby_epsilon")
+AGENT_ONLY = ("zones", "notice", "metadata_url", "last_call", "max_stages_per_node", "surplus", "acquire_seconds",
+              "standby_epsilon")
 
 
 def _flag(dest: str) -> str:
@@ -166,6 +168,11 @@ def check_liveness(args) -> None:
     if args.straggler_factor < 0 or (args.straggler_factor and args.straggler_factor <= 1) or args.straggler_slack < 0:
         raise ValueError("--straggler-factor must be 0 (off) or above 1, and --straggler-slack not negative "
                          f"(got {args.straggler_factor} and {args.straggler_slack})")
+    if not math.isfinite(args.acquire_seconds) or args.acquire_seconds < 0:
+        raise ValueError(f"--acquire-seconds must be a finite number of seconds, not negative (got "
+                         f"{args.acquire_seconds})")
+    if not 0 < args.standby_epsilon < 1:
+        raise ValueError(f"--standby-epsilon must be above 0 and below 1 (got {args.standby_epsilon})")
     if not math.isfinite(args.last_call) or args.last_call < 0:
         raise ValueError(f"--last-call must be a finite number of seconds, not negative (got {args.last_call})")
     if args.lease_ttl <= args.failure_timeout:

@@ -22,16 +22,17 @@ from dataclasses import dataclass
 from agents.policy import nodes_for_a_pipeline
 from commands.train.metrics import LaunchError, MetricsWriter, add_loss_scale, add_validation, iteration_record
 from commands.train.progress import ProgressBar
+from commands.train.regrow import Regrow
 from bamboo.control.assignment import Assignment
 from bamboo.control.changes import Changes
 from bamboo.control.cluster import Cluster, in_force, latest
-from bamboo.control.config import JobConfig
+from bamboo.control.config import JobConfig, Surplus
 from bamboo.control.access import enable_auth
 from bamboo.control.credentials import ENV as TLS_ENV, ClientFiles, make_job_credentials
 from bamboo.control.etcd import EtcdCluster, EtcdServer, connect, die_with_parent, embedded
 from bamboo.control.events import (Event, FailedOver, ModeSwitched, NoticeSeen, Overflow, Preemption, Reconfigured,
                                    Redone)
-from bamboo.control.exits import FENCED
+from bamboo.control.exits import FENCED, RELEASED
 from bamboo.control.protocol import (ASSIGNMENT, CONFIG, DONE, ERROR, FAILED, LOSS, MEMBERS, NOTICES, PREEMPTED, SCALE,
                                      START, VAL_LOSS)
 from bamboo.runtime import WORKER
@@ -125,6 +126,8 @@ class Launcher:
         self.procs: dict[int, subprocess.Popen] = {}
         self.slots: dict[int, int] = {}  # node -> its LOCAL_RANK, the device it takes (bamboo/transport/devices.py)
         self.on_tick = None    # called while waiting for iterations (a trace replay adds and kills nodes)
+        # --surplus: released nodes said, and the ones the job asks for started (commands/train/regrow.py)
+        self.regrow = Regrow(self, AGENT) if cluster and cfg.cluster.surplus != Surplus.KEEP else None
         self.stopped = False   # set by on_tick: stop after the current iteration, killing every process
         self.logs: str | None = None  # where the processes' logs go (default: a temp dir, removed after a clean run)
         self.keep_logs = False
@@ -422,6 +425,8 @@ class Launcher:
             if any(n in done for n in members) and all(n in done or n in failed for n in members):
                 return done, failed, assignments
             self._check_workers(cluster, since, f"iteration {it} to finish")
+            if self.regrow:
+                self.regrow.tick(cluster)
             if self.on_tick:
                 self.on_tick(self, cluster)
                 if self.stopped:
@@ -453,6 +458,6 @@ def _last_error(lines: list[str]) -> str:
     return (found or lines or ["no output"])[-1]
 
 
-EXPECTED_EXITS = (0, -signal.SIGKILL, FENCED)  # done, preempted, or fenced off by its peers
+EXPECTED_EXITS = (0, -signal.SIGKILL, FENCED, RELEASED)  # done, preempted, fenced off by its peers, or released
 REJOIN_GRACE = 60.0  # seconds a job whose every local node is gone waits for an agent started elsewhere
 DEAD_GRACE = 10.0  # seconds the launcher waits, at the end, for the process of a node recorded dead

@@ -1,0 +1,79 @@
+"""The surplus rule at run time: which of an epoch's nodes in no pipeline the job
+keeps as warm standby and which it gives back, decided once per epoch by the
+first agent to write it, with the same pure functions the simulator runs
+(agents/surplus.py).
+
+The standby is the burst rule's count (`BurstModel.standby`, without the
+simulator's price weighing, which needs the throughput of configurations the
+runtime has not run): bursts are the job's recorded deaths grouped by the
+iteration they happened in, observed over the agent's time in the job. The nodes
+the job asks for (its group's desired capacity) stand through a preemption, so a
+lost node is replaced; a release lowers them. While fewer nodes are held than
+asked for, the nodes in no pipeline wait for the newcomers instead of going.
+
+A released node's agent drains (it holds no stage) and exits with RELEASED; on a
+cloud, cloud/node_exit.py then takes its machine out of the group, one smaller;
+locally, the launcher prints it and starts a newcomer when the job asks for more.
+"""
+from __future__ import annotations
+
+import time
+
+from agents.surplus import BurstModel, SurplusRule, assign_surplus, standby_count
+from bamboo.control.assignment import Assignment
+from bamboo.control.cluster import Cluster
+from bamboo.control.config import JobConfig
+from bamboo.control.protocol import RELEASES, Release
+
+
+def bursts(failed: dict) -> tuple[int, ...]:
+    """The job's recorded deaths as bursts: how many died in each iteration."""
+    by_iteration: dict[int, int] = {}
+    for failure in failed.values():
+        by_iteration[failure.iteration] = by_iteration.get(failure.iteration, 0) + 1
+    return tuple(by_iteration[it] for it in sorted(by_iteration))
+
+
+def decide_release(cfg: JobConfig, epoch: Assignment, live: dict[str, str], previous: Release | None,
+                   seen: BurstModel) -> Release:
+    """The decision for `epoch` over the `live` nodes (node -> zone): the standby
+    the rule asks for, up to the group's first size (more are asked for when too
+    few are idle); the nodes in no pipeline beyond it go, unless fewer are held
+    than asked for (they wait for the newcomers)."""
+    trainers = {str(n): live[str(n)] for pipe in epoch.pipelines for n in pipe if str(n) in live}
+    idle = {n: z for n, z in live.items() if n not in trainers}
+    ceiling = len(live) if previous is None else previous.ceiling
+    keep = standby_count(SurplusRule(cfg.cluster.surplus), seen, cfg.cluster.acquire_seconds,
+                         cfg.cluster.standby_epsilon, len(trainers), max(len(idle), ceiling - len(trainers)))
+    desired = max(len(live) if previous is None else previous.desired, len(trainers) + keep)
+    if len(live) < desired:
+        return Release((), keep, desired, ceiling)
+    gone = assign_surplus(idle, trainers, keep).release
+    return Release(tuple(int(n) for n in gone), keep, desired - len(gone), ceiling)
+
+
+class Releaser:
+    """One agent's part: decide an epoch's release if no agent has yet, and say
+    whether its own node is released."""
+
+    def __init__(self, cluster: Cluster, cfg: JobConfig):
+        self.cluster, self.cfg = cluster, cfg
+        self.since = time.monotonic()   # the bursts' observation starts when this agent joined
+        self.decided = -1               # the newest epoch whose decision this agent has read ...
+        self.decision: Release | None = None  # ... and that decision
+
+    def step(self, live: dict[str, str]) -> Release | None:
+        """The newest epoch's decision, written now if absent (None: keep every node,
+        or no epoch yet)."""
+        if self.cfg.cluster.surplus == SurplusRule.KEEP or not self.cluster.assignments():
+            return None
+        epoch = self.cluster.latest_assignment()
+        if epoch.epoch == self.decided:
+            return self.decision
+        earlier = self.cluster.children(RELEASES())
+        previous = earlier[max(earlier)] if earlier else None
+        seen = BurstModel(bursts(self.cluster.failed()), time.monotonic() - self.since)
+        self.decision, _ = self.cluster.create_or_get(RELEASES(epoch.epoch),
+                                                      decide_release(self.cfg, epoch, live, previous, seen))
+        self.decided = epoch.epoch
+        return self.decision

@@ -1,0 +1,37 @@
+"""--surplus burst on real processes (agents, workers, etcd, SIGKILLs): the nodes
+in no pipeline are released at the start (no burst seen: no standby), a burst
+kills two nodes of one pipeline, the job asks for replacements that the launcher
+starts --acquire-seconds later under fresh ids, the burst rule then asks for a
+standby of its own, and every loss equals the single-process reference's."""
+import pytest
+
+from tests.training import bamboo_train
+
+ITERS, KILLED_IN = 16, 6
+COMMON = ["--model", "tiny", "--microbatches", "8", "--seed", "11", "--dtype", "float64", "--iterations", str(ITERS)]
+AGENTS = ["--stages", "3", "--local-nodes", "8", "--zones", "a,b,c", "--failure-timeout", "10",
+          "--straggler-factor", "0", "--max-stages-per-node", "1", "--surplus", "burst", "--acquire-seconds", "2"]
+
+
+@pytest.mark.slow
+def test_release_a_burst_and_growing_back_keep_the_reference_s_losses(tmp_path):
+    _, reference = bamboo_train(tmp_path / "ref.jsonl", *COMMON, "--stages", "1")
+    out, records = bamboo_train(tmp_path / "m.jsonl", *COMMON, *AGENTS,
+                                "--preempt", f"1@{KILLED_IN}:3", "--preempt", f"2@{KILLED_IN}:3")
+    epochs = [e for r in records for e in r["events"] if e["type"] == "reconfigure"]
+    first = epochs[0]
+    assert len(first["pipelines"]) == 2 and len(first["standby"]) == 2  # eight nodes: two over
+    for node in first["standby"]:  # no burst seen yet: the burst rule keeps none
+        assert f"node {node} released: in no pipeline, beyond the 0 standby" in out.stderr
+    newcomers = [e for e in epochs[1:] if any(n >= 8 for p in e["pipelines"] for n in p)]
+    assert newcomers, epochs  # the replacements took the dead nodes' stages
+    assert all(len(p) == 3 for p in newcomers[0]["pipelines"]) and len(newcomers[0]["pipelines"]) == 2
+    assert any(len(e["standby"]) >= 1 for e in epochs[1:]), epochs  # after a burst, a standby is kept
+    assert "the job asks for 6 nodes" in out.stderr and "(--acquire-seconds)" in out.stderr
+    ids = [n for e in epochs for p in e["pipelines"] for n in p] + [n for e in epochs for n in e["standby"]]
+    assert not {1, 2} & {n for e in epochs[1:] for p in e["pipelines"] for n in p}  # dead ids never come back
+    assert max(ids) >= 9
+    last = list({r["iteration"]: r for r in records}.values())  # a redone iteration as it last ran
+    assert [r["iteration"] for r in last] == list(range(ITERS))
+    for got, want in zip(last, reference):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-9), f"iteration {got['iteration']}"
