@@ -24,6 +24,7 @@ Lifecycle (torch.distributed.elastic's SimpleElasticAgent, steps overridden):
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -52,7 +53,8 @@ MAX_RETURNS = 2    # times a machine comes back under a new id; fenced once more
 
 
 class BambooAgent(SimpleElasticAgent):
-    def __init__(self, spec: WorkerSpec, membership: Membership, cfg: JobConfig, log_dir: str | None):
+    def __init__(self, spec: WorkerSpec, membership: Membership, cfg: JobConfig, log_dir: str | None,
+                 grow_group: str | None = None):
         super().__init__(spec)
         self.membership, self.cfg, self.log_dir = membership, cfg, log_dir
         self.cluster: Cluster = membership.cluster
@@ -63,6 +65,7 @@ class BambooAgent(SimpleElasticAgent):
         self.returns = 0                   # times this machine came back under a new id
         self.releaser = Releaser(self.cluster, cfg)  # the surplus rule's decision of each epoch
         self.released = False              # this node was released: it drains, and its machine leaves
+        self.grow_group = grow_group       # cloud.group_size's arguments: how this node's group grows
 
     @property
     def node(self) -> int:
@@ -199,6 +202,11 @@ class BambooAgent(SimpleElasticAgent):
     def _release_if_surplus(self) -> None:
         """--surplus: once this node is released (agents/release.py), it drains and leaves."""
         decision = self.releaser.step(self.membership.live())
+        grown = self.releaser.take_growth()
+        if grown is not None and self.grow_group:  # on a cloud: the group asks for more (cloud/group_size.py)
+            print(f"bamboo-agent: the job asks for {grown} nodes: growing the group", file=sys.stderr, flush=True)
+            subprocess.Popen([sys.executable, "-m", "cloud.group_size", *shlex.split(self.grow_group),
+                              "--desired", str(grown)], stdin=subprocess.DEVNULL)
         if decision is None or self.node not in decision.nodes or self.draining:
             return
         self.draining = self.released = True
@@ -268,6 +276,9 @@ def build_parser() -> OneLineParser:
     ap.add_argument("--workers", type=int, default=1, metavar="N",
                     help="this machine's workers: N agents, each a node with its own device (agents/host.py)")
     ap.add_argument("--host", help="the machine's name, shared by its nodes (default with --workers: the hostname)")
+    ap.add_argument("--grow-group", metavar="ARGS",
+                    help="with --surplus: when a decision of this agent asks for more nodes than the last, run "
+                         "python -m cloud.group_size ARGS --desired N (a cloud's boot script gives its group's)")
     return ap
 
 
@@ -302,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = WorkerSpec(role="bamboo", local_world_size=1, rdzv_handler=handler, entrypoint=sys.executable,
                       args=("-m", WORKER, "--etcd", args.etcd, "--job", args.job,
                             "--node", str(membership.node)), monitor_interval=0.05)
-    agent = BambooAgent(spec, membership, cfg, args.log_dir)
+    agent = BambooAgent(spec, membership, cfg, args.log_dir, args.grow_group)
 
     def drain(signum, frame):
         agent.draining = True

@@ -61,6 +61,7 @@ class Releaser:
         self.since = time.monotonic()   # the bursts' observation starts when this agent joined
         self.decided = -1               # the newest epoch whose decision this agent has read ...
         self.decision: Release | None = None  # ... and that decision
+        self.grown: int | None = None   # nodes asked for beyond the last decision's, by a decision this agent wrote
 
     def step(self, live: dict[str, str]) -> Release | None:
         """The newest epoch's decision, written now if absent (None: keep every node,
@@ -73,7 +74,14 @@ class Releaser:
         earlier = self.cluster.children(RELEASES())
         previous = earlier[max(earlier)] if earlier else None
         seen = BurstModel(bursts(self.cluster.failed()), time.monotonic() - self.since)
-        self.decision, _ = self.cluster.create_or_get(RELEASES(epoch.epoch),
-                                                      decide_release(self.cfg, epoch, live, previous, seen))
+        self.decision, wrote = self.cluster.create_or_get(RELEASES(epoch.epoch),
+                                                          decide_release(self.cfg, epoch, live, previous, seen))
         self.decided = epoch.epoch
+        if wrote and self.decision.desired > (previous.desired if previous else len(live)):
+            self.grown = self.decision.desired  # the group must grow: its writer says so, once
         return self.decision
+
+    def take_growth(self) -> int | None:
+        """The nodes to grow the group to, once, if a decision of this agent asked for more."""
+        grown, self.grown = self.grown, None
+        return grown

@@ -76,8 +76,10 @@ fi
 {certs}echo "bamboo boot: installed, starting the agent"
 {run}"$ROOT/opt/bamboo/bin/bamboo-agent" --etcd {etcd} --job {job} --zone "$ZONE" --notice {notice} \\
   --metadata-url "$META" --log-dir "$ROOT/var/log/bamboo" --workers "$WORKERS" \\
-  --expect-gpus "${{BAMBOO_EXPECT_GPUS:-$GPUS}}"{after}
+  --expect-gpus "${{BAMBOO_EXPECT_GPUS:-$GPUS}}"{grow}{after}
 """
+# The agent grows the group when the job asks for more nodes (--surplus; cloud/group_size.py).
+GROW = " \\\n  --grow-group {args}"
 # After the agent (with `NodeLines.exit_args`): what the node's end stops paying for (cloud/node_exit.py).
 AFTER = (' && STATUS=0 || STATUS=$?\n'
          '"$ROOT/opt/bamboo/bin/python" -m cloud.node_exit {args} --status "$STATUS" --instance "$NODE_REF"\n'
@@ -161,7 +163,8 @@ def boot_script(install: Install, etcd: str, job: str, node: NodeLines) -> str:
                        workers=node.workers,
                        certs=NODE_CERTS.format(folder=shlex.quote(node.certs)) if node.certs else "",
                        run="" if node.exit_args else "exec ",
-                       after=AFTER.format(args=node.exit_args) if node.exit_args else "")
+                       after=AFTER.format(args=node.exit_args) if node.exit_args else "",
+                       grow=GROW.format(args=shlex.quote(node.exit_args)) if node.exit_args else "")
 
 
 ETCD = """#!/bin/bash

@@ -1,0 +1,45 @@
+"""The run-time surplus decision (agents/release.py) on hand-built epochs: what it
+releases, keeps and asks for, against counts worked out independently (the
+standby from the summed-convolution tail of tests/unit/agents/test_surplus.py)."""
+from agents.release import bursts, decide_release
+from agents.surplus import BurstModel
+from bamboo.control.assignment import Assignment
+from bamboo.control.config import JobConfig
+from bamboo.control.protocol import Failure, Release
+
+from tests.unit.agents.test_surplus import by_convolution
+
+CFG = JobConfig.of(surplus="burst", acquire_seconds=2.0, standby_epsilon=0.01)
+EIGHT = {str(n): "abc"[n % 3] for n in range(8)}
+EPOCH = Assignment(0, 0, ((0, 2, 1), (3, 5, 4)), standby=(6, 7))
+
+
+def test_with_no_burst_seen_every_node_in_no_pipeline_goes():
+    out = decide_release(CFG, EPOCH, EIGHT, None, BurstModel((), 30.0))
+    assert out == Release((6, 7), 0, 6, 8)
+
+
+def test_after_a_death_the_request_stands_and_the_idle_node_waits():
+    """Two of pipeline 0 died: four nodes live, one pipeline and one node over. The
+    job still asks for six (the last decision's), so nothing goes."""
+    live = {n: z for n, z in EIGHT.items() if n in ("0", "3", "4", "5")}
+    epoch = Assignment(1, 6, ((3, 5, 4),), standby=(0,))
+    out = decide_release(CFG, epoch, live, Release((6, 7), 0, 6, 8), BurstModel((2,), 30.0))
+    assert out.nodes == () and out.desired == 6
+
+
+def test_after_a_burst_the_rule_asks_for_a_standby_up_to_the_first_size():
+    """Six nodes in two pipelines after a burst of two in 30 s: the standby is the
+    smallest k whose tail of losses within 2 s is within 0.01 (by convolution),
+    at most 8 - 6, and the job asks for that many more."""
+    epoch = Assignment(2, 9, ((0, 8, 9), (3, 5, 4)))
+    live = {n: EIGHT.get(n, "c") for n in ("0", "8", "9", "3", "5", "4")}
+    mass = by_convolution((2,), 30.0, 2.0, 10)
+    k = next(k for k in range(11) if 1 - mass[:k + 1].sum() <= 0.01)
+    out = decide_release(CFG, epoch, live, Release((), 0, 6, 8), BurstModel((2,), 30.0))
+    assert out.standby == min(k, 2) and out.desired == 6 + min(k, 2) and out.nodes == ()
+
+
+def test_bursts_are_the_deaths_of_one_iteration():
+    failed = {1: Failure(6, 0), 2: Failure(6, 3), 7: Failure(9, 0), 4: Failure(2, 5)}
+    assert bursts(failed) == (1, 2, 1)
