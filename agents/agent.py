@@ -65,7 +65,7 @@ class BambooAgent(SimpleElasticAgent):
         self.returns = 0                   # times this machine came back under a new id
         self.releaser = Releaser(self.cluster, cfg)  # the surplus rule's decision of each epoch
         self.released = False              # this node was released: it drains, and its machine leaves
-        self.grow_group = grow_group       # cloud.group_size's arguments: how this node's group grows
+        self.grow_group = grow_group       # "MODULE ARGS": how this node's group grows (run with --desired N)
 
     @property
     def node(self) -> int:
@@ -203,10 +203,10 @@ class BambooAgent(SimpleElasticAgent):
         """--surplus: once this node is released (agents/release.py), it drains and leaves."""
         decision = self.releaser.step(self.membership.live())
         grown = self.releaser.take_growth()
-        if grown is not None and self.grow_group:  # on a cloud: the group asks for more (cloud/group_size.py)
+        if grown is not None and self.grow_group:  # on a cloud: the boot script's group module
             print(f"bamboo-agent: the job asks for {grown} nodes: growing the group", file=sys.stderr, flush=True)
-            subprocess.Popen([sys.executable, "-m", "cloud.group_size", *shlex.split(self.grow_group),
-                              "--desired", str(grown)], stdin=subprocess.DEVNULL)
+            subprocess.Popen([sys.executable, "-m", *shlex.split(self.grow_group), "--desired", str(grown)],
+                             stdin=subprocess.DEVNULL)
         if decision is None or self.node not in decision.nodes or self.draining:
             return
         self.draining = self.released = True
@@ -276,9 +276,9 @@ def build_parser() -> OneLineParser:
     ap.add_argument("--workers", type=int, default=1, metavar="N",
                     help="this machine's workers: N agents, each a node with its own device (agents/host.py)")
     ap.add_argument("--host", help="the machine's name, shared by its nodes (default with --workers: the hostname)")
-    ap.add_argument("--grow-group", metavar="ARGS",
+    ap.add_argument("--grow-group", metavar="'MODULE ARGS'",
                     help="with --surplus: when a decision of this agent asks for more nodes than the last, run "
-                         "python -m cloud.group_size ARGS --desired N (a cloud's boot script gives its group's)")
+                         "python -m MODULE ARGS --desired N (a cloud's boot script gives its group's module)")
     return ap
 
 

@@ -80,6 +80,7 @@ fi
 """
 # The agent grows the group when the job asks for more nodes (--surplus; cloud/group_size.py).
 GROW = " \\\n  --grow-group {args}"
+GROUP_SIZE = "cloud.group_size"
 # After the agent (with `NodeLines.exit_args`): what the node's end stops paying for (cloud/node_exit.py).
 AFTER = (' && STATUS=0 || STATUS=$?\n'
          '"$ROOT/opt/bamboo/bin/python" -m cloud.node_exit {args} --status "$STATUS" --instance "$NODE_REF"\n'
@@ -164,7 +165,7 @@ def boot_script(install: Install, etcd: str, job: str, node: NodeLines) -> str:
                        certs=NODE_CERTS.format(folder=shlex.quote(node.certs)) if node.certs else "",
                        run="" if node.exit_args else "exec ",
                        after=AFTER.format(args=node.exit_args) if node.exit_args else "",
-                       grow=GROW.format(args=shlex.quote(node.exit_args)) if node.exit_args else "")
+                       grow=GROW.format(args=shlex.quote(f"{GROUP_SIZE} {node.exit_args}")) if node.exit_args else "")
 
 
 ETCD = """#!/bin/bash

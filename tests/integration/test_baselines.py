@@ -43,7 +43,7 @@ def test_young_interval_from_a_synthetic_trace_of_known_mtbf():
     stats = trace_stats(events, 200 * 3600)
     assert stats.node_hours == pytest.approx(8 * 200, rel=1e-6)
     assert stats.node_mtbf_seconds == pytest.approx(2 * 3600, rel=0.05)
-    sim = ClusterSimulator(BERT, 2, "checkpoint", Options(checkpoint_formula="young"))
+    sim = ClusterSimulator(BERT, 2, "checkpoint", Options(checkpoint_formula="young", surplus="keep"))
     result = sim.run(events, 200)
     C = sim.costs.write_seconds
     assert C == pytest.approx(BERT.stage_params(2) * 12 * (1 / 10e9 + 1 / 0.5e9))
@@ -74,7 +74,7 @@ def start(nodes):
 def test_redo_reloads_a_lost_stage_from_the_peer_pipeline():
     # n0..n3 make two pipelines, n4 waits; n1 dies at 1000 s and n4 takes stage 1
     # from the other pipeline's copy: no checkpoint is read
-    opt = Options(free_checkpoints=True, max_stages=1)  # whole pipelines: n4 waits in standby
+    opt = Options(free_checkpoints=True, max_stages=1, surplus="keep")  # whole pipelines: n4 waits in standby
     sim = ClusterSimulator(BERT, 2, "redo", opt)
     r = sim.run(start(5) + [Event(1000, "remove", "n1", "b")], hours=1.0)
     per_iteration = BERT.samples_per_iteration()

@@ -23,7 +23,7 @@ P3 = os.path.join(os.path.dirname(__file__), "..", "..", "traces", "ec2-p3-trace
 BERT = PROFILES["bert-large"]
 # The hand-computed cases of whole pipelines and relaunching rollbacks (the new
 # short pipelines, notices and rollbacks from memory have cases of their own)
-WHOLE = {"max_stages": 1, "rollback": "relaunch"}
+WHOLE = {"max_stages": 1, "rollback": "relaunch", "surplus": "keep"}
 
 
 def rate(pipelines, redundancy, frc="bubbles"):
@@ -210,7 +210,8 @@ def test_ec2_g4dn_trace_auto_within_2_percent_of_the_best_fixed_mode(stages, cap
     assert main(["--trace", g4dn, "--strategy", "all", "--model", "gpt2", "--stages", str(stages)]) == 0
     top = json.loads(capsys.readouterr().out)
     out = top["strategies"]
-    assert top["trace"]["preemptions"] == 74 and out["redo"]["preemptions"] == 74
+    # a preemption of a node the job released costs it nothing: the job counts only its own
+    assert top["trace"]["preemptions"] == 74 and 0 < out["redo"]["preemptions"] <= 74
     assert out["auto"]["value"] >= 0.98 * best_fixed(out)
 
 
