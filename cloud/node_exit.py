@@ -12,6 +12,8 @@ exit status:
 - the agent was fenced (its node declared dead, twice over; a worker killed by
   SIGKILL, the out-of-memory killer's among them, reads the same): this instance
   is terminated and the group replaces it with a fresh machine.
+- released by the surplus rule (status RELEASED, 77: in no pipeline, beyond the
+  standby; agents/release.py): it leaves the group, one smaller, as above.
 - anything else (drained by a notice or SIGTERM): nothing. The cloud is taking the
   instance back.
 
