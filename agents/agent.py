@@ -201,7 +201,7 @@ class BambooAgent(SimpleElasticAgent):
 
     def _release_if_surplus(self) -> None:
         """--surplus: once this node is released (agents/release.py), it drains and leaves."""
-        decision = self.releaser.step(self.membership.live())
+        decision = self.releaser.step(self.membership.live)
         grown = self.releaser.take_growth()
         if grown is not None and self.grow_group:  # on a cloud: the boot script's group module
             print(f"bamboo-agent: the job asks for {grown} nodes: growing the group", file=sys.stderr, flush=True)

@@ -18,12 +18,15 @@ locally, the launcher prints it and starts a newcomer when the job asks for more
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from agents.surplus import BurstModel, SurplusRule, assign_surplus, standby_count
 from bamboo.control.assignment import Assignment
-from bamboo.control.cluster import Cluster
+from bamboo.control.cluster import Cluster, latest
 from bamboo.control.config import JobConfig
 from bamboo.control.protocol import RELEASES, Release
+
+LOOK_EVERY = 0.5  # seconds between an agent's reads of the newest epoch
 
 
 def bursts(failed: dict) -> tuple[int, ...]:
@@ -62,22 +65,29 @@ class Releaser:
         self.decided = -1               # the newest epoch whose decision this agent has read ...
         self.decision: Release | None = None  # ... and that decision
         self.grown: int | None = None   # nodes asked for beyond the last decision's, by a decision this agent wrote
+        self.looked = 0.0               # when etcd was last read (at most twice a second: agents step every 50 ms)
 
-    def step(self, live: dict[str, str]) -> Release | None:
-        """The newest epoch's decision, written now if absent (None: keep every node,
-        or no epoch yet)."""
-        if self.cfg.cluster.surplus == SurplusRule.KEEP or not self.cluster.assignments():
+    def step(self, live: Callable[[], dict[str, str]]) -> Release | None:
+        """The newest epoch's decision, written now over the `live()` nodes if absent
+        (None: keep every node, or no epoch yet)."""
+        now = time.monotonic()
+        if self.cfg.cluster.surplus == SurplusRule.KEEP or now - self.looked < LOOK_EVERY:
+            return self.decision
+        self.looked = now
+        assignments = self.cluster.assignments()
+        if not assignments:
             return None
-        epoch = self.cluster.latest_assignment()
+        epoch = latest(assignments)
         if epoch.epoch == self.decided:
             return self.decision
         earlier = self.cluster.children(RELEASES())
         previous = earlier[max(earlier)] if earlier else None
         seen = BurstModel(bursts(self.cluster.failed()), time.monotonic() - self.since)
+        nodes = live()
         self.decision, wrote = self.cluster.create_or_get(RELEASES(epoch.epoch),
-                                                          decide_release(self.cfg, epoch, live, previous, seen))
+                                                          decide_release(self.cfg, epoch, nodes, previous, seen))
         self.decided = epoch.epoch
-        if wrote and self.decision.desired > (previous.desired if previous else len(live)):
+        if wrote and self.decision.desired > (previous.desired if previous else len(nodes)):
             self.grown = self.decision.desired  # the group must grow: its writer says so, once
         return self.decision
 
