@@ -66,6 +66,7 @@ class BambooAgent(SimpleElasticAgent):
         self.releaser = Releaser(self.cluster, cfg)  # the surplus rule's decision of each epoch
         self.released = False              # this node was released: it drains, and its machine leaves
         self.grow_group = grow_group       # "MODULE ARGS": how this node's group grows (run with --desired N)
+        self.growing: subprocess.Popen | None = None  # that command, while it runs
 
     @property
     def node(self) -> int:
@@ -203,10 +204,12 @@ class BambooAgent(SimpleElasticAgent):
         """--surplus: once this node is released (agents/release.py), it drains and leaves."""
         decision = self.releaser.step(self.membership.live)
         grown = self.releaser.take_growth()
+        if self.growing is not None and self.growing.poll() is not None:  # reaped; it said why it failed, if it did
+            self.growing = None
         if grown is not None and self.grow_group:  # on a cloud: the boot script's group module
             print(f"bamboo-agent: the job asks for {grown} nodes: growing the group", file=sys.stderr, flush=True)
-            subprocess.Popen([sys.executable, "-m", *shlex.split(self.grow_group), "--desired", str(grown)],
-                             stdin=subprocess.DEVNULL)
+            self.growing = subprocess.Popen([sys.executable, "-m", *shlex.split(self.grow_group), "--desired",
+                                             str(grown)], stdin=subprocess.DEVNULL)
         if decision is None or self.node not in decision.nodes or self.draining:
             return
         self.draining = self.released = True

@@ -6,7 +6,8 @@ first agent to write it, with the same pure functions the simulator runs
 The standby is the burst rule's count (`BurstModel.standby`, without the
 simulator's price weighing, which needs the throughput of configurations the
 runtime has not run): bursts are the job's recorded deaths grouped by the
-iteration they happened in, observed over the agent's time in the job. The nodes
+iteration they happened in, observed since the job's first decision (a time in
+the decisions, so every writer divides by the same span). The nodes
 the job asks for (its group's desired capacity) stand through a preemption, so a
 lost node is replaced; a release lowers them. While fewer nodes are held than
 asked for, the nodes in no pipeline wait for the newcomers instead of going.
@@ -38,21 +39,25 @@ def bursts(failed: dict) -> tuple[int, ...]:
 
 
 def decide_release(cfg: JobConfig, epoch: Assignment, live: dict[str, str], previous: Release | None,
-                   seen: BurstModel) -> Release:
-    """The decision for `epoch` over the `live` nodes (node -> zone): the standby
-    the rule asks for, up to the group's first size (more are asked for when too
-    few are idle); the nodes in no pipeline beyond it go, unless fewer are held
-    than asked for (they wait for the newcomers)."""
+                   bursts_seen: tuple[int, ...], now: float) -> Release:
+    """The decision for `epoch` over the `live` nodes (node -> zone) at `now` (epoch
+    seconds): the standby the rule asks for, up to the group's first size (more
+    are asked for when too few are idle); the nodes in no pipeline beyond it go,
+    unless fewer are held than asked for (they wait for the newcomers). Nodes the
+    previous decision released are gone, whether or not they have left yet."""
+    if previous is not None:
+        live = {n: z for n, z in live.items() if int(n) not in previous.nodes}
     trainers = {str(n): live[str(n)] for pipe in epoch.pipelines for n in pipe if str(n) in live}
     idle = {n: z for n, z in live.items() if n not in trainers}
-    ceiling = len(live) if previous is None else previous.ceiling
-    keep = standby_count(SurplusRule(cfg.cluster.surplus), seen, cfg.cluster.acquire_seconds,
-                         cfg.cluster.standby_epsilon, len(trainers), max(len(idle), ceiling - len(trainers)))
+    ceiling, since = (len(live), now) if previous is None else (previous.ceiling, previous.since)
+    keep = standby_count(SurplusRule(cfg.cluster.surplus), BurstModel(bursts_seen, max(0.0, now - since)),
+                         cfg.cluster.acquire_seconds, cfg.cluster.standby_epsilon, len(trainers),
+                         max(len(idle), ceiling - len(trainers)), fixed=cfg.cluster.fixed_standby)
     desired = max(len(live) if previous is None else previous.desired, len(trainers) + keep)
     if len(live) < desired:
-        return Release((), keep, desired, ceiling)
+        return Release((), keep, desired, ceiling, since)
     gone = assign_surplus(idle, trainers, keep).release
-    return Release(tuple(int(n) for n in gone), keep, desired - len(gone), ceiling)
+    return Release(tuple(int(n) for n in gone), keep, desired - len(gone), ceiling, since)
 
 
 class Releaser:
@@ -61,7 +66,6 @@ class Releaser:
 
     def __init__(self, cluster: Cluster, cfg: JobConfig):
         self.cluster, self.cfg = cluster, cfg
-        self.since = time.monotonic()   # the bursts' observation starts when this agent joined
         self.decided = -1               # the newest epoch whose decision this agent has read ...
         self.decision: Release | None = None  # ... and that decision
         self.grown: int | None = None   # nodes asked for beyond the last decision's, by a decision this agent wrote
@@ -82,10 +86,9 @@ class Releaser:
             return self.decision
         earlier = self.cluster.children(RELEASES())
         previous = earlier[max(earlier)] if earlier else None
-        seen = BurstModel(bursts(self.cluster.failed()), time.monotonic() - self.since)
         nodes = live()
-        self.decision, wrote = self.cluster.create_or_get(RELEASES(epoch.epoch),
-                                                          decide_release(self.cfg, epoch, nodes, previous, seen))
+        decision = decide_release(self.cfg, epoch, nodes, previous, bursts(self.cluster.failed()), time.time())
+        self.decision, wrote = self.cluster.create_or_get(RELEASES(epoch.epoch), decision)
         self.decided = epoch.epoch
         if wrote and self.decision.desired > (previous.desired if previous else len(nodes)):
             self.grown = self.decision.desired  # the group must grow: its writer says so, once

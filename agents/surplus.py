@@ -31,7 +31,7 @@ from bamboo.control.config import Surplus as SurplusRule  # burst, binomial, fix
 
 
 @dataclass(frozen=True)
-class Surplus:
+class Roles:
     """The nodes in no pipeline, by role: kept warm, or given back to the cloud."""
     standby: tuple[str, ...] = ()
     release: tuple[str, ...] = ()
@@ -111,6 +111,8 @@ def standby_count(rule: SurplusRule, bursts: BurstModel, window: float, epsilon:
         return limit
     if rule == SurplusRule.FIXED:
         return min(fixed, limit)
+    if window <= 0:
+        return 0  # a replacement comes at once: no standby is needed
     if rule == SurplusRule.BINOMIAL:
         elapsed = max(bursts.elapsed, window)
         rate = sum(bursts.sizes) / elapsed / max(1, trainers)  # nodes lost per node-second
@@ -126,7 +128,7 @@ def standby_count(rule: SurplusRule, bursts: BurstModel, window: float, epsilon:
     return ceiling
 
 
-def assign_surplus(idle: Mapping[str, str], trainers: Mapping[str, str], standby: int) -> Surplus:
+def assign_surplus(idle: Mapping[str, str], trainers: Mapping[str, str], standby: int) -> Roles:
     """Which of the `idle` nodes (node -> zone) stay as the `standby`: those in the
     zones with the fewest `trainers` (node -> zone) first, so that a burst that
     takes a zone's trainers leaves the standby that replaces them; the rest go."""
@@ -141,4 +143,4 @@ def assign_surplus(idle: Mapping[str, str], trainers: Mapping[str, str], standby
         kept.append(node)
         left.remove(node)
         load[idle[node]] += 1  # the next standby goes where fewest are, counting this one
-    return Surplus(standby=tuple(kept), release=tuple(n for n in sorted(idle) if n not in kept))
+    return Roles(standby=tuple(kept), release=tuple(n for n in sorted(idle) if n not in kept))

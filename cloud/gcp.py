@@ -207,6 +207,12 @@ class GcpProvider:
         self._call("groups", "resize", project=self.project, region=self.region, instance_group_manager=name,
                    size=nodes)
 
+    def target_size(self, name: str) -> int:
+        """The group's target size (its instances may not all be there yet)."""
+        group = self._call("groups", "get", wait=False, project=self.project, region=self.region,
+                           instance_group_manager=name)
+        return int(group.target_size)
+
     def describe(self, name: str) -> list[dict]:
         pages = self._call("groups", "list_managed_instances", wait=False, project=self.project,
                            region=self.region, instance_group_manager=name)

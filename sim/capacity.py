@@ -26,6 +26,7 @@ from sim.reconfiguration import used_nodes
 from sim.traces import Event
 
 ACQUIRE = "acquire"  # an event of the loop's own: requested nodes come (`node` holds the count)
+ALL = 10 ** 9        # a request for every node the trace has
 
 
 @dataclass
@@ -34,7 +35,7 @@ class Capacity:
     desired: int | None = None  # the standing request: nodes the job wants to hold (None: all it is granted)
     arriving: int = 0         # nodes asked for from the free ones, not yet here (paid)
     waiting: int = 0          # held nodes in no pipeline kept for the nodes asked for
-    short_since: float | None = None  # since when a request stood that nothing could fill
+    give_up_at: float | None = None  # when a request that nothing could fill is given up
     released: int = 0         # nodes given back, so far
     acquired: int = 0         # nodes that came from a request, so far
 
@@ -108,7 +109,7 @@ def settle(sim, s: RunState, config: Config | None, live: dict[str, str], queue:
     if sim.opt.surplus == SurplusRule.KEEP:
         return
     if not sim.running(config):  # too few nodes to train: they hold the state, and all are wanted
-        cap.desired, cap.waiting, cap.short_since = None, 0, None
+        cap.desired, cap.waiting, cap.give_up_at = None, 0, None
     else:
         usable, used = sim.usable(live), used_nodes(config)
         idle = {n: z for n, z in usable.items() if n not in used}
@@ -116,16 +117,18 @@ def settle(sim, s: RunState, config: Config | None, live: dict[str, str], queue:
         wider = sim.next_config({**usable, **cap.free}, config) if cap.free else config
         useful = max(len(used), len(used_nodes(wider)) if sim.running(wider) else 0) + standby
         cap.desired = max(len(live) + cap.arriving if cap.desired is None else cap.desired, useful)
-        if _given_up(cap, s.t, len(live), queue, sim.opt.acquire_seconds):
-            cap.desired = useful
+        given_up = _given_up(cap, s.t, len(live), queue, sim.opt.acquire_seconds)
+        if given_up:
+            cap.desired = useful  # what is held beyond it goes below
         cap.waiting = len(idle) if len(live) + cap.arriving < cap.desired else 0  # for the nodes asked for
         if not cap.waiting:
             for n in assign_surplus(idle, {n: live[n] for n in used}, standby).release:
                 cap.free[n] = live.pop(n)
-                cap.desired -= 1
+                cap.desired -= 0 if given_up else 1  # a release lowers the request (after a give-up: lowered)
                 cap.released += 1
                 sim.copies = {stage: held - {n} for stage, held in sim.copies.items()}
-    cap.request(queue, s.t, (cap.desired or 10 ** 9) - len(live) - cap.arriving, sim.opt.acquire_seconds)
+    wanted = ALL if cap.desired is None else cap.desired
+    cap.request(queue, s.t, wanted - len(live) - cap.arriving, sim.opt.acquire_seconds)
 
 
 def _given_up(cap: Capacity, now: float, held: int, queue: list[Event], delay: float) -> bool:
@@ -134,14 +137,14 @@ def _given_up(cap: Capacity, now: float, held: int, queue: list[Event], delay: f
     Waiting no longer than a re-acquisition costs is the ski-rental rule: it pays
     at most twice what knowing when capacity returns would."""
     if held + cap.arriving >= (cap.desired or 0) or cap.arriving or cap.free:
-        cap.short_since = None
+        cap.give_up_at = None
         return False
-    if cap.short_since is None:
-        cap.short_since = now
-        bisect.insort(queue, Event(now + delay, ACQUIRE, "0"), key=lambda e: e.time)  # look again then
-    if now - cap.short_since < delay:
+    if cap.give_up_at is None:
+        cap.give_up_at = now + delay
+        bisect.insort(queue, Event(cap.give_up_at, ACQUIRE, "0"), key=lambda e: e.time)  # look again then
+    if now < cap.give_up_at:
         return False
-    cap.short_since = None
+    cap.give_up_at = None
     return True
 
 

@@ -135,3 +135,16 @@ def checkpoint_costs(profile, depth: int, opt: Options) -> CheckpointCosts:
                            snapshot_bandwidth=opt.snapshot_bandwidth, storage_bandwidth=opt.storage_bandwidth,
                            relaunch_seconds=opt.relaunch_seconds, warmup_seconds=opt.warmup_seconds,
                            free_writes=opt.free_checkpoints or params == 0, restart_override=opt.restart_seconds)
+
+
+def checkpoint_report(opt, costs: CheckpointCosts, s) -> dict:
+    """Every parameter of a run's checkpoints and restarts (`opt`: its Options), and
+    what followed (`s`: its RunState)."""
+    out = {"formula": "fixed" if opt.checkpoint_seconds is not None else opt.checkpoint_formula,
+           "bytes_per_param": opt.checkpoint_bytes_per_param, **costs.describe()}
+    if opt.checkpoint_seconds is not None:
+        out["interval_seconds"] = opt.checkpoint_seconds
+    out["checkpoints_taken"] = s.checkpoints
+    out["checkpoints_skipped"] = s.skipped_checkpoints
+    out["mean_interval_seconds"] = round(s.interval_sum / s.intervals, 2) if s.intervals else None
+    return out

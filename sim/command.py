@@ -39,7 +39,7 @@ from sim.interval_search import BEST, best_run
 from sim.job_model import JobModel
 from sim.pricing import cross_zone_bytes, crossing_shares, ledger_dollars, priced, replica_share, sent
 from sim.options import NOTICE_SECONDS, ROLLBACKS
-from sim.price_series import PriceSeries, read_prices
+from sim.price_series import series_from
 from sim.profiles import PROFILES, SOURCES, Profile, profile
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
 from sim.traces import TraceError, detect, read, synthetic
@@ -140,14 +140,6 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
                         "memory (memory), or every process relaunches (relaunch)")
 
 
-def price_series_of(args) -> PriceSeries | None:
-    if not args.price_series:
-        return None
-    if args.spot_price != Options.spot_price:
-        raise ValueError("--price-series gives the spot price: leave out --spot-price")
-    return read_prices(args.price_series)
-
-
 def options_from(args, kind=None) -> Options:
     """The run's options; `kind` (--instance-type's row) sets the prices."""
     if kind is not None:
@@ -173,7 +165,7 @@ def options_from(args, kind=None) -> Options:
         notice_seconds=args.notice_seconds or 0.0, rollback=args.rollback, frc=args.frc,
         acquire_seconds=args.acquire_seconds, standby_epsilon=args.standby_epsilon,
         surplus=args.surplus, fixed_standby=args.fixed_standby, replica_sync=args.replica_sync,
-        price_series=price_series_of(args))
+        price_series=series_from(args.price_series, args.spot_price != Options.spot_price))
     try:
         options.check()
     except ValueError as e:

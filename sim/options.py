@@ -2,6 +2,7 @@
 figure, in one frozen record that the simulator and the strategies both read."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from schedules.redundancy import FRC_MODES
@@ -54,8 +55,9 @@ class Options:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive (got {getattr(self, name)})")
         for name in ("relaunch_seconds", "warmup_seconds", "reconfigure_seconds", "failure_timeout",
                      "startup_seconds", "acquire_seconds"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must not be negative (got {getattr(self, name)})")
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number, not negative "
+                                 f"(got {getattr(self, name)})")
         if not 1 <= self.max_stages <= 2:
             raise ValueError(f"--max-stages-per-node must be 1 or 2 (got {self.max_stages}): the compiler merges "
                              "one stage into its predecessor, no more")

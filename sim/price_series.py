@@ -40,6 +40,10 @@ class PriceSeries:
         ends = [t for t, _, _ in timeline[1:]] + [horizon]
         return sum(nodes * self.cost(t, max(t, end)) for (t, nodes, _), end in zip(timeline, ends))
 
+    def per_hour(self, timeline: list[tuple[float, int, float]], horizon: float) -> float:
+        """USD per hour of a run's nodes over `horizon` seconds (`paid`, averaged)."""
+        return self.paid(timeline, horizon) / (horizon / 3600) if horizon else 0.0
+
     def describe(self) -> dict:
         mean = sum(self.prices) / len(self.prices)
         return {"gap_seconds": self.gap, "samples": len(self.prices), "mean": round(mean, 4),
@@ -72,3 +76,12 @@ def read_prices(path: str) -> PriceSeries:
             raise TraceError(f"{path}: price {k} must be above 0 and at most {PRICE_MAX:g} USD per node-hour "
                              f"(got {price!r})")
     return PriceSeries(float(gap), tuple(float(p) for p in data))
+
+
+def series_from(path: str | None, spot_price_given: bool) -> PriceSeries | None:
+    """--price-series PATH's series (None without it); with --spot-price too, refused."""
+    if not path:
+        return None
+    if spot_price_given:
+        raise ValueError("--price-series gives the spot price: leave out --spot-price")
+    return read_prices(path)

@@ -28,7 +28,7 @@ from agents.surplus import BurstModel, SurplusRule
 from sim.accounting import RunState, book, ledger, summary
 from sim.auto import Auto
 from sim.capacity import ACQUIRE, Capacity, next_batch, settle, with_notices
-from sim.checkpointing import TraceStats, checkpoint_costs, optimal_interval, trace_stats
+from sim.checkpointing import TraceStats, checkpoint_costs, checkpoint_report, optimal_interval, trace_stats
 from sim.options import Options
 from sim.profiles import MeasuredProfile, Profile
 from sim.strategies import STRATEGIES as SPOT_AND_ON_DEMAND
@@ -317,24 +317,12 @@ class ClusterSimulator:
         if config is not None:
             self.copies = memory_copies(config, self.zones)
 
-    def parameters(self, s: RunState | None = None) -> dict:
-        """Every parameter of this run's checkpoints and restarts, and what followed."""
-        out = {"formula": "fixed" if self.opt.checkpoint_seconds is not None else self.opt.checkpoint_formula,
-               "bytes_per_param": self.opt.checkpoint_bytes_per_param, **self.costs.describe()}
-        if self.opt.checkpoint_seconds is not None:
-            out["interval_seconds"] = self.opt.checkpoint_seconds
-        if s is not None:
-            out["checkpoints_taken"] = s.checkpoints
-            out["checkpoints_skipped"] = s.skipped_checkpoints
-            out["mean_interval_seconds"] = round(s.interval_sum / s.intervals, 2) if s.intervals else None
-        return out
-
     def _result(self, s: RunState, horizon: float) -> dict:
         mean_nodes = s.node_seconds / horizon if horizon else 0.0
         cost_per_hour = mean_nodes * self.opt.spot_price
         series = self.opt.price_series
         if series is not None and horizon:  # each node-second at the price of its time
-            cost_per_hour = series.paid(s.timeline, horizon) / (horizon / 3600)
+            cost_per_hour = series.per_hour(s.timeline, horizon)
         out = summary(self.strategy, s.preemptions, s.fatal, mean_nodes, s.samples, horizon, cost_per_hour,
                       s.timeline)
         out["goodput"] = round(self.goodput(out["throughput"], mean_nodes), 4)
@@ -349,7 +337,7 @@ class ClusterSimulator:
             out["mean_spot_price"] = round(cost_per_hour / mean_nodes, 6) if mean_nodes else series.prices[0]
         out["deaths_survived"] = dict(s.survived)
         out.update(self.rules.report(self, s))
-        out["checkpointing"] = self.parameters(s)
+        out["checkpointing"] = checkpoint_report(self.opt, self.costs, s)
         return out
 
 

@@ -79,6 +79,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             ("DELETE", BASE + "/global/instanceTemplates/(?P<name>[^/]+)$", self._delete_template),
             ("POST", region_base + "/instanceGroupManagers$", self._insert_group),
             ("POST", region_base + "/instanceGroupManagers/(?P<name>[^/]+)/resize$", self._resize),
+            ("GET", region_base + "/instanceGroupManagers/(?P<name>[^/]+)$", self._get_group),
             ("POST", region_base + "/instanceGroupManagers/(?P<name>[^/]+)/listManagedInstances$", self._list),
             ("POST", region_base + "/instanceGroupManagers/(?P<name>[^/]+)/deleteInstances$", self._leave_group),
             ("POST", zone_base + "/instances/(?P<name>[^/]+)/stop$", self._stop_instance),
@@ -154,6 +155,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _resize(self, project, region, name, query):
         self.server.groups[name]["targetSize"] = int(query["size"][0])
         self._reply(200, self.server.operation("resize", name, region))
+
+    def _get_group(self, project, region, name, query):
+        if name not in self.server.groups:
+            self._reply(404, {"error": {"code": 404, "message": f"instance group manager {name} not found"}})
+            return
+        self._reply(200, self.server.groups[name])
 
     def _list(self, project, region, name, query):
         group = self.server.groups[name]

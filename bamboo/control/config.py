@@ -191,6 +191,7 @@ class ClusterSpec(Section):
     surplus: Surplus = Surplus.KEEP  # agents: nodes in no pipeline kept, or released but for a burst-sized standby
     acquire_seconds: float = 300.0  # a node asked for comes this long after (the burst rule's window)
     standby_epsilon: float = 0.01  # the burst rule: the chance of losing more than the standby within that window
+    fixed_standby: int = 2         # --surplus fixed: the standby kept
 
 
 @dataclass(frozen=True)

@@ -250,6 +250,7 @@ class Release(Record):
     standby: int                   # nodes in no pipeline kept warm
     desired: int                   # nodes asked for
     ceiling: int                   # the most the job asks for: the group's size when it started
+    since: float                   # when the first decision was written (epoch seconds): bursts are seen from then
 
     def __post_init__(self):
         object.__setattr__(self, "nodes", _ints(self.nodes))

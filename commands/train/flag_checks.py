@@ -27,9 +27,9 @@ SINGLE_IGNORES = ("redundancy", "frc", "replica_sync", "backward_split", "sync_b
                   "straggler_factor", "straggler_slack", "stall_timeout", "check_replicas", "no_memory_copies",
                   "etcd", "etcd_tls", "etcd_members", "job", "local_nodes", "local_hosts", "workers_per_host",
                   "zones", "notice", "metadata_url", "last_call", "log_dir", "transport", "share_gpu", "surplus",
-                  "acquire_seconds", "standby_epsilon")
+                  "acquire_seconds", "standby_epsilon", "fixed_standby")
 AGENT_ONLY = ("zones", "notice", "metadata_url", "last_call", "max_stages_per_node", "surplus", "acquire_seconds",
-              "standby_epsilon")
+              "standby_epsilon", "fixed_standby")
 
 
 def _flag(dest: str) -> str:
@@ -173,6 +173,11 @@ def check_liveness(args) -> None:
                          f"{args.acquire_seconds})")
     if not 0 < args.standby_epsilon < 1:
         raise ValueError(f"--standby-epsilon must be above 0 and below 1 (got {args.standby_epsilon})")
+    if args.fixed_standby < 0:
+        raise ValueError(f"--fixed-standby must not be negative (got {args.fixed_standby})")
+    if args.surplus != "keep" and args.local_hosts:
+        raise ValueError("--surplus releases single nodes: not with --local-hosts (a machine of several workers "
+                         "leaves whole), use --surplus keep")
     if not math.isfinite(args.last_call) or args.last_call < 0:
         raise ValueError(f"--last-call must be a finite number of seconds, not negative (got {args.last_call})")
     if args.lease_ttl <= args.failure_timeout:

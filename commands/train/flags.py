@@ -174,9 +174,11 @@ def _cluster_flags(g) -> None:
                    help="with --local-nodes: when not every node came, the first configuration starts this long "
                         "after one pipeline's nodes met, with those alive (docs/faults.md)")
     g.add_argument("--surplus", choices=("burst", "binomial", "fixed", "keep"), default="keep",
-                   help="with --local-nodes: the nodes in no pipeline are kept (keep), or released but for the "
-                        "standby the burst rule sizes from the deaths seen (burst; binomial: ByteRobust's quantile; "
-                        "fixed: 2), and nodes asked for again come --acquire-seconds later (docs/faults.md)")
+                   help="the nodes in no pipeline are kept (keep), or released but for the standby the burst rule "
+                        "sizes from the deaths seen (burst; binomial: ByteRobust's quantile; fixed: --fixed-standby), "
+                        "and nodes asked for again come --acquire-seconds later (docs/faults.md)")
+    g.add_argument("--fixed-standby", type=int, default=2, metavar="N",
+                   help="with --surplus fixed: the standby kept")
     g.add_argument("--acquire-seconds", type=float, default=300.0, metavar="S",
                    help="with --surplus: how long a node the job asks for takes to come (the burst rule's window)")
     g.add_argument("--standby-epsilon", type=float, default=0.01, metavar="E",

@@ -1,9 +1,9 @@
 """Local mode as a cloud group with `--surplus`: the launcher says which nodes the
 agents released (agents/release.py), and when the job asks for more nodes than
 it holds, it starts each missing one `--acquire-seconds` later, as a group grows
-back after a release or a preemption. A newcomer takes a fresh node id (never a
-released or dead node's) in the zone with the fewest live nodes, and waits in
-standby until the next configuration places it.
+back after a release or a preemption. A newcomer claims a fresh node id itself
+(never a released or dead node's), in the zone with the fewest live nodes, and
+waits in standby until the next configuration places it.
 """
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import sys
 import time
 
 from bamboo.control.cluster import Cluster
-from bamboo.control.protocol import DRAIN, FAILED, IDS, MEMBERS, RELEASES
+from bamboo.control.protocol import DRAIN, FAILED, MEMBERS, RELEASES
+
+FIRST_KEY = 1_000_000  # the launcher's keys of newcomers' processes (their node ids are their own)
 
 
 class Regrow:
@@ -19,7 +21,7 @@ class Regrow:
         self.launcher, self.agent = launcher, agent_module
         self.said: set[int] = set()      # released nodes already printed
         self.due: list[float] = []       # when each node asked for is started (monotonic seconds)
-        self.started: dict[int, str] = {}  # node -> zone of the newcomers started here
+        self.started: dict[int, str] = {}  # the launcher's key -> zone of each newcomer started here
 
     def tick(self, cluster: Cluster) -> None:
         decisions = cluster.children(RELEASES())
@@ -35,7 +37,8 @@ class Regrow:
         for _ in [t for t in self.due if t <= now]:
             self.due.remove(min(self.due))
             self._start_one(cluster)
-        missing = newest.desired - self._held(cluster) - len(self.due)
+        # at most the job's first size: a decision read from etcd is checked for its type only
+        missing = min(newest.desired, newest.ceiling) - self._held(cluster) - len(self.due)
         if missing > 0:
             wait = self.launcher.cfg.cluster.acquire_seconds
             print(f"bamboo-train: the job asks for {newest.desired} nodes: {missing} more in {wait:g} s "
@@ -43,23 +46,26 @@ class Regrow:
             self.due += [now + wait] * missing
 
     def _held(self, cluster: Cluster) -> int:
-        """Nodes whose agent runs and that are neither dead nor leaving."""
+        """Nodes whose agent runs and that are neither dead nor leaving (a newcomer's
+        id is not known here: it counts while its agent runs)."""
         gone = set(cluster.children(FAILED())) | set(cluster.children(DRAIN()))
-        return sum(p.poll() is None and k not in gone for k, p in self.launcher.procs.items())
+        return sum(p.poll() is None and (k in self.started or k not in gone)
+                   for k, p in self.launcher.procs.items())
 
     def _start_one(self, cluster: Cluster) -> None:
         local = self.launcher.local
-        node = max({*cluster.children(IDS()), *self.launcher.procs}) + 1  # ids are never reused
-        zones = {n: m.zone for n, m in cluster.children(MEMBERS()).items()}
-        zones.update({n: z for n, z in self.started.items() if n not in zones})  # not registered yet
+        key = FIRST_KEY + len(self.started)
         gone = set(cluster.children(FAILED())) | set(cluster.children(DRAIN()))
         load = {zone: 0 for zone in local.zones}
-        for n, zone in zones.items():
-            if n not in gone and zone in load:
+        for n, member in cluster.children(MEMBERS()).items():
+            if n not in gone and member.zone in load:
+                load[member.zone] += 1
+        for k, zone in self.started.items():  # newcomers not registered yet count where they start
+            if self.launcher.procs[k].poll() is None and zone in load:
                 load[zone] += 1
         zone = min(local.zones, key=lambda z: (load[z], local.zones.index(z)))
-        args = local.agent_args(node)
+        args = local.agent_args(key)
         args[args.index("--zone") + 1] = zone
-        self.started[node] = zone
-        print(f"bamboo-train: node {node} starts in zone {zone}, asked for by the job", file=sys.stderr, flush=True)
-        self.launcher._start(cluster, node, self.agent, *args, "--log-dir", self.launcher.logs)
+        self.started[key] = zone
+        print(f"bamboo-train: a node starts in zone {zone}, asked for by the job", file=sys.stderr, flush=True)
+        self.launcher._start(cluster, key, self.agent, *args, "--log-dir", self.launcher.logs, named=False)

@@ -35,7 +35,7 @@ def test_ec2_release_lowers_and_grow_raises_the_desired_capacity(moto_endpoint, 
     assert group_size(*grow, "--desired", "4").returncode == 0
     assert state(provider, ec2, name, etcd_instance)[0] == 5  # it only grows: a release lowers it
     out = group_size(*grow, "--desired", "0")
-    assert out.returncode == 1 and out.stderr.count("\n") == 1 and "--desired must be at least 1" in out.stderr
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--desired must be at least 1" in out.stderr
 
 
 def test_gcp_release_lowers_and_grow_raises_the_target_size(etcd, gcp_group):
@@ -47,6 +47,8 @@ def test_gcp_release_lowers_and_grow_raises_the_target_size(etcd, gcp_group):
     out = group_size(*grow, "--desired", "4")
     assert out.returncode == 0, out.stderr
     assert compute.groups["gcp-group"]["targetSize"] == 4
+    assert group_size(*grow, "--desired", "3").returncode == 0
+    assert compute.groups["gcp-group"]["targetSize"] == 4  # from the target size: never lowered
 
 
 def test_an_unknown_group_is_one_line(moto_endpoint, monkeypatch):

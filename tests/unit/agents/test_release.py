@@ -2,7 +2,6 @@
 releases, keeps and asks for, against counts worked out independently (the
 standby from the summed-convolution tail of tests/unit/agents/test_surplus.py)."""
 from agents.release import bursts, decide_release
-from agents.surplus import BurstModel
 from bamboo.control.assignment import Assignment
 from bamboo.control.config import JobConfig
 from bamboo.control.protocol import Failure, Release
@@ -15,8 +14,8 @@ EPOCH = Assignment(0, 0, ((0, 2, 1), (3, 5, 4)), standby=(6, 7))
 
 
 def test_with_no_burst_seen_every_node_in_no_pipeline_goes():
-    out = decide_release(CFG, EPOCH, EIGHT, None, BurstModel((), 30.0))
-    assert out == Release((6, 7), 0, 6, 8)
+    out = decide_release(CFG, EPOCH, EIGHT, None, (), 1000.0)
+    assert out == Release((6, 7), 0, 6, 8, 1000.0)
 
 
 def test_after_a_death_the_request_stands_and_the_idle_node_waits():
@@ -24,7 +23,7 @@ def test_after_a_death_the_request_stands_and_the_idle_node_waits():
     job still asks for six (the last decision's), so nothing goes."""
     live = {n: z for n, z in EIGHT.items() if n in ("0", "3", "4", "5")}
     epoch = Assignment(1, 6, ((3, 5, 4),), standby=(0,))
-    out = decide_release(CFG, epoch, live, Release((6, 7), 0, 6, 8), BurstModel((2,), 30.0))
+    out = decide_release(CFG, epoch, live, Release((6, 7), 0, 6, 8, 1000.0), (2,), 1030.0)
     assert out.nodes == () and out.desired == 6
 
 
@@ -36,8 +35,20 @@ def test_after_a_burst_the_rule_asks_for_a_standby_up_to_the_first_size():
     live = {n: EIGHT.get(n, "c") for n in ("0", "8", "9", "3", "5", "4")}
     mass = by_convolution((2,), 30.0, 2.0, 10)
     k = next(k for k in range(11) if 1 - mass[:k + 1].sum() <= 0.01)
-    out = decide_release(CFG, epoch, live, Release((), 0, 6, 8), BurstModel((2,), 30.0))
+    out = decide_release(CFG, epoch, live, Release((), 0, 6, 8, 1000.0), (2,), 1030.0)
     assert out.standby == min(k, 2) and out.desired == 6 + min(k, 2) and out.nodes == ()
+
+
+def test_nodes_released_before_are_gone_even_if_still_registered():
+    """Nodes 6 and 7 were released but have not left yet: a new epoch's decision
+    neither counts them held nor releases them again."""
+    out = decide_release(CFG, EPOCH, EIGHT, Release((6, 7), 0, 6, 8, 1000.0), (), 1010.0)
+    assert out == Release((), 0, 6, 8, 1000.0)
+
+
+def test_fixed_keeps_its_count():
+    cfg = JobConfig.of(surplus="fixed", fixed_standby=1)
+    assert decide_release(cfg, EPOCH, EIGHT, None, (), 0.0) == Release((7,), 1, 7, 8, 0.0)
 
 
 def test_bursts_are_the_deaths_of_one_iteration():

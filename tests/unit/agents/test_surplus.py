@@ -87,8 +87,12 @@ def test_the_rules_count_as_named():
     assert standby_count(SurplusRule.KEEP, seen, 300.0, 0.01, 12, 5) == 5
     assert standby_count(SurplusRule.FIXED, seen, 300.0, 0.01, 12, 5, fixed=2) == 2
     assert standby_count(SurplusRule.FIXED, seen, 300.0, 0.01, 12, 1, fixed=2) == 1
-    assert standby_count(SurplusRule.BINOMIAL, seen, 300.0, 0.01, 12, 5) == \
-        min(5, binomial_standby(12, 6 / 7_200.0 / 12, 300.0, 0.01))
+    # by hand: 6 nodes lost over 12 nodes x 7200 s, so p = 1 - exp(-rate x 300 s) per node, and
+    # the smallest k with P(more than k of 12 lost) <= 0.01, summed term by term
+    p = 1 - math.exp(-6 / 7_200.0 / 12 * 300.0)
+    tail = lambda k: sum(math.comb(12, j) * p ** j * (1 - p) ** (12 - j) for j in range(k + 1, 13))  # noqa: E731
+    assert standby_count(SurplusRule.BINOMIAL, seen, 300.0, 0.01, 12, 5) == min(5, next(k for k in range(13)
+                                                                                      if tail(k) <= 0.01))
 
 
 def test_the_burst_rule_keeps_a_standby_only_while_it_earns_its_price():

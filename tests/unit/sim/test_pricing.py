@@ -100,7 +100,7 @@ def test_bamboo_sim_takes_a_bamboo_train_model_counted_as_transformers_counts_it
     (["--model", "hf:llama-tiny", "--batch", "0"], "--batch and --seq must be at least 1"),
     (["--model", "hf:llama-tiny", "--microbatches", "0"], "--microbatches must be at least 1"),
     (["--model", "gpt2", "--stages", "0"], "--stages must be at least 2"),
-    (["--acquire-seconds", "-1"], "--acquire-seconds must not be negative"),
+    (["--acquire-seconds", "-1"], "--acquire-seconds must be a finite number, not negative"),
     (["--fixed-standby", "-1"], "--fixed-standby must not be negative"),
     (["--spot-price", "-1"], "--spot-price must be positive"),
 ])
