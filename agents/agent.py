@@ -63,7 +63,7 @@ class BambooAgent(SimpleElasticAgent):
         self.exit_code: int | None = None  # the worker's, once it exited
         self._fence_checked = 0.0          # when FAILED(node) was last read
         self.returns = 0                   # times this machine came back under a new id
-        self.releaser = Releaser(self.cluster, cfg)  # the surplus rule's decision of each epoch
+        self.releaser = Releaser(self.cluster, cfg, membership.hosts)  # the surplus rule's decision of each epoch
         self.released = False              # this node was released: it drains, and its machine leaves
         self.grow_group = grow_group       # "MODULE ARGS": how this node's group grows (run with --desired N)
         self.growing: subprocess.Popen | None = None  # that command, while it runs

@@ -39,12 +39,14 @@ def bursts(failed: dict) -> tuple[int, ...]:
 
 
 def decide_release(cfg: JobConfig, epoch: Assignment, live: dict[str, str], previous: Release | None,
-                   bursts_seen: tuple[int, ...], now: float) -> Release:
+                   bursts_seen: tuple[int, ...], now: float, shared: frozenset[str] = frozenset()) -> Release:
     """The decision for `epoch` over the `live` nodes (node -> zone) at `now` (epoch
     seconds): the standby the rule asks for, up to the group's first size (more
     are asked for when too few are idle); the nodes in no pipeline beyond it go,
     unless fewer are held than asked for (they wait for the newcomers). Nodes the
-    previous decision released are gone, whether or not they have left yet."""
+    previous decision released are gone, whether or not they have left yet. A node
+    of a machine of several workers (`shared`) is never released: the machine
+    leaves whole or not at all."""
     if previous is not None:
         live = {n: z for n, z in live.items() if int(n) not in previous.nodes}
     trainers = {str(n): live[str(n)] for pipe in epoch.pipelines for n in pipe if str(n) in live}
@@ -56,7 +58,7 @@ def decide_release(cfg: JobConfig, epoch: Assignment, live: dict[str, str], prev
     desired = max(len(live) if previous is None else previous.desired, len(trainers) + keep)
     if len(live) < desired:
         return Release((), keep, desired, ceiling, since)
-    gone = assign_surplus(idle, trainers, keep).release
+    gone = assign_surplus({n: z for n, z in idle.items() if n not in shared}, trainers, keep).release
     return Release(tuple(int(n) for n in gone), keep, desired - len(gone), ceiling, since)
 
 
@@ -64,8 +66,8 @@ class Releaser:
     """One agent's part: decide an epoch's release if no agent has yet, and say
     whether its own node is released."""
 
-    def __init__(self, cluster: Cluster, cfg: JobConfig):
-        self.cluster, self.cfg = cluster, cfg
+    def __init__(self, cluster: Cluster, cfg: JobConfig, hosts: Callable[[], dict[str, str]] = dict):
+        self.cluster, self.cfg, self.hosts = cluster, cfg, hosts  # hosts(): node -> machine, of shared machines
         self.decided = -1               # the newest epoch whose decision this agent has read ...
         self.decision: Release | None = None  # ... and that decision
         self.grown: int | None = None   # nodes asked for beyond the last decision's, by a decision this agent wrote
@@ -86,11 +88,12 @@ class Releaser:
             return self.decision
         earlier = self.cluster.children(RELEASES())
         previous = earlier[max(earlier)] if earlier else None
-        nodes = live()
-        decision = decide_release(self.cfg, epoch, nodes, previous, bursts(self.cluster.failed()), time.time())
+        nodes, shared = live(), frozenset(self.hosts())
+        decision = decide_release(self.cfg, epoch, nodes, previous, bursts(self.cluster.failed()), time.time(), shared)
         self.decision, wrote = self.cluster.create_or_get(RELEASES(epoch.epoch), decision)
         self.decided = epoch.epoch
-        if wrote and self.decision.desired > (previous.desired if previous else len(nodes)):
+        # a group of machines of several workers is sized in machines, not nodes: it is not grown from here
+        if wrote and not shared and self.decision.desired > (previous.desired if previous else len(nodes)):
             self.grown = self.decision.desired  # the group must grow: its writer says so, once
         return self.decision
 

@@ -175,7 +175,8 @@ class ClusterSimulator:
     def bound(self, events: list[Event], horizon: float) -> dict:
         """What a scheduler could reach that loses nothing on a preemption and runs the
         policy's pipelines on every node at once (and, unless --surplus keep, pays
-        for no other node, as if its releases and acquisitions were instant): `goodput_bound`, with `goodput` of
+        for no other node, as if its releases and acquisitions were instant):
+        `throughput_bound`, and `goodput_bound`, with `goodput` of
         the same reference (fault-free throughput per node of an on-demand cluster)."""
         live: dict[str, str] = {}
         config: Config | None = None
@@ -190,8 +191,8 @@ class ClusterSimulator:
             paid = len(live) if self.opt.surplus == SurplusRule.KEEP or not self.running(config) \
                 else len(used_nodes(config))  # with release, only the nodes that train are paid
             node_seconds += paid * max(0.0, until - e.time)
-        mean_nodes = node_seconds / horizon if horizon else 0.0
-        return {"goodput_bound": round(self.goodput(samples / horizon if horizon else 0.0, mean_nodes), 4)}
+        mean_nodes, rate = (node_seconds / horizon, samples / horizon) if horizon else (0.0, 0.0)
+        return {"goodput_bound": round(self.goodput(rate, mean_nodes), 4), "throughput_bound": round(rate, 4)}
 
     def replay(self, events: list[Event], horizon: float) -> dict:
         """Spot nodes: train between batches of simultaneous events (sorted by time),

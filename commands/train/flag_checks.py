@@ -175,9 +175,6 @@ def check_liveness(args) -> None:
         raise ValueError(f"--standby-epsilon must be above 0 and below 1 (got {args.standby_epsilon})")
     if args.fixed_standby < 0:
         raise ValueError(f"--fixed-standby must not be negative (got {args.fixed_standby})")
-    if args.surplus != "keep" and args.local_hosts:
-        raise ValueError("--surplus releases single nodes: not with --local-hosts (a machine of several workers "
-                         "leaves whole), use --surplus keep")
     if not math.isfinite(args.last_call) or args.last_call < 0:
         raise ValueError(f"--last-call must be a finite number of seconds, not negative (got {args.last_call})")
     if args.lease_ttl <= args.failure_timeout:

@@ -26,6 +26,7 @@ EXAMPLES = {
     p.CHECKPOINTED: p.Timestamp(12.5), p.COMPLETED: p.Timestamp(13.5), p.PREEMPTED: p.Preempted(2, 9.0),
     p.ERROR: p.WorkerError("TimeoutError: x"), p.IDS: p.Mark(), p.MEMBERS: p.Member("a", "host", 9),
     p.ZONES: p.Zone("b"), p.DRAIN: p.Timestamp(1.0), p.NOTICES: p.Notice("ec2", 2.0, "terminate"),
+    p.RELEASES: p.Release((6, 7), 1, 7, 8, 1000.0),
     p.COPIES: p.Copies(6, (2, 3), {"scale": 1024.0, "good": 3, "overflow": False}),
 }
 

@@ -54,3 +54,9 @@ def test_fixed_keeps_its_count():
 def test_bursts_are_the_deaths_of_one_iteration():
     failed = {1: Failure(6, 0), 2: Failure(6, 3), 7: Failure(9, 0), 4: Failure(2, 5)}
     assert bursts(failed) == (1, 2, 1)
+
+
+def test_a_node_of_a_shared_machine_is_never_released():
+    """Node 6 shares a machine with others: only node 7 goes."""
+    out = decide_release(CFG, EPOCH, EIGHT, None, (), 0.0, shared=frozenset({"6"}))
+    assert out.nodes == (7,) and out.desired == 7

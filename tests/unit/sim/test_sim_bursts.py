@@ -136,7 +136,7 @@ def events_of(counts: list[tuple[int, int]], zones: str, removal_picks: list[int
 def test_every_strategy_runs_any_count_series_to_its_end(counts, picks, depth, interval, notice):
     """Property: whatever the fleet does, every strategy runs to the end; no count is
     negative or above the deaths seen; a strategy that follows the agents' policy
-    never beats the bound that runs the same policy and loses nothing."""
+    never trains faster than the bound that runs the same policy and loses nothing."""
     events = events_of(counts, "abc", picks)
     for strategy in STRATEGIES:
         out = run(strategy, events, depth=depth, checkpoint_seconds=interval, notice_seconds=notice)
@@ -151,4 +151,6 @@ def test_every_strategy_runs_any_count_series_to_its_end(counts, picks, depth, i
         length = sum(gap for gap, _ in counts[:-1])
         if strategy in FOLLOWS_POLICY and length >= 600:
             slack = ClusterSimulator(GPT2, depth, strategy, Options()).iteration_seconds(1, merged=True) / length
-            assert out["goodput"] <= out["goodput_bound"] * (1 + FOLLOWS_POLICY[strategy] + slack) + 1e-3, strategy
+            # in samples/s: a job that releases nodes may train fewer of them, each better used, than the bound
+            assert out["throughput"] <= out["throughput_bound"] * (1 + FOLLOWS_POLICY[strategy] + slack) + 1e-3, \
+                strategy
