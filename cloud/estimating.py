@@ -109,7 +109,7 @@ def run_estimate(args, train_argv: list[str]) -> int:
                       job.checkpoint_bytes * keep / GIB if cfg.checkpoints.checkpoint else 0.0,
                       args.boot_minutes * 60)
     options = Options(spot_price=kind.spot, on_demand_price=kind.on_demand,
-                      notice_seconds=NOTICE_SECONDS[args.command], surplus="keep")  # a launch keeps its group's nodes
+                      notice_seconds=NOTICE_SECONDS[args.command], surplus=cfg.cluster.surplus)  # as the launch will
     result = estimate((job.profile, job.links, job.tokens_per_sample), args.nodes, cfg.schedule.stages, zones,
                       options, charges, market)
     print("\n".join(describe(result, kind, zones, job, market, charges)))

@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     duration = args.hours * 3600 / args.speedup
     cfg = JobConfig.of(name=args.model, stages=args.stages, microbatches=args.microbatches, iterations=10 ** 6,
-                       seed=args.seed, elastic=True, job="replay")
+                       seed=args.seed, elastic=True, job="replay", surplus="keep")  # the trace adds and removes
     zones = tuple(z for z in args.zones.split(",") if z)
     replay = Replay(events, duration, cfg, zones)
     launcher = Launcher(cfg, metrics_out=args.metrics_out, progress=False, cluster=replay.local)
