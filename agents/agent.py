@@ -213,8 +213,9 @@ class BambooAgent(SimpleElasticAgent):
         if decision is None or self.node not in decision.nodes or self.draining:
             return
         self.draining = self.released = True
-        print(f"bamboo-agent: node {self.node} released: in no pipeline, beyond the {decision.standby} standby the "
-              f"burst rule keeps ({decision.desired} nodes asked for)", file=sys.stderr, flush=True)
+        print(f"bamboo-agent: node {self.node} released: in no pipeline, beyond the {decision.standby} standby "
+              f"--surplus {self.cfg.cluster.surplus} keeps ({decision.desired} nodes asked for)", file=sys.stderr,
+              flush=True)
 
     def _leaving(self) -> bool:
         """Whether this machine leaves rather than coming back: it drains, or the job ended."""

@@ -32,13 +32,14 @@ class Regrow:
             for node in sorted(set(decision.nodes) - self.said):
                 self.said.add(node)
                 print(f"bamboo-train: node {node} released: in no pipeline, beyond the {decision.standby} standby "
-                      f"the burst rule keeps", file=sys.stderr, flush=True)
+                      f"--surplus {self.launcher.cfg.cluster.surplus} keeps", file=sys.stderr, flush=True)
         now = time.monotonic()
         for _ in [t for t in self.due if t <= now]:
             self.due.remove(min(self.due))
             self._start_one(cluster)
-        # at most the job's first size: a decision read from etcd is checked for its type only
-        missing = min(newest.desired, newest.ceiling) - self._held(cluster) - len(self.due)
+        # at most the nodes this launcher started with: a decision from etcd is checked for its types only
+        most = self.launcher.local.nodes + sum(count for count, _ in self.launcher.local.joins)
+        missing = min(newest.desired, most) - self._held(cluster) - len(self.due)
         if missing > 0:
             wait = self.launcher.cfg.cluster.acquire_seconds
             print(f"bamboo-train: the job asks for {newest.desired} nodes: {missing} more in {wait:g} s "
@@ -60,7 +61,7 @@ class Regrow:
         for n, member in cluster.children(MEMBERS()).items():
             if n not in gone and member.zone in load:
                 load[member.zone] += 1
-        for k, zone in self.started.items():  # newcomers not registered yet count where they start
+        for k, zone in self.started.items():  # newcomers count where they start (a registered one twice: a bias only)
             if self.launcher.procs[k].poll() is None and zone in load:
                 load[zone] += 1
         zone = min(local.zones, key=lambda z: (load[z], local.zones.index(z)))
