@@ -143,6 +143,10 @@ def cost(s: dict) -> str:
                   _usd(c.get("on_demand"))),
                  ("on-demand cost per million samples", _usd(c.get("on_demand_per_million"))),
                  ("on-demand cost of the whole job, projected", _usd(c.get("on_demand_projected")))]
+    parts = c.get("ledger") or {}
+    if parts:  # where the paid node-hours went (and their dollars, with a price)
+        worth = (lambda h: f" ({_usd(h * c['spot_price'])})") if c["spot_price"] is not None else (lambda h: "")
+        rows += [(f"node-hours: {part}", _num(hours, ".4g") + worth(hours)) for part, hours in parts.items()]
     hint = "" if c["spot_price"] is not None else \
         '<p class="hint">dollars: bamboo-status --serve ... --price SPOT[,ONDEMAND] (per node-hour)</p>'
     return ("<h2>Cost</h2><table class=cost>" + "".join(f"<tr><th>{escape(k)}</th><td>{v}</td></tr>"

@@ -185,20 +185,42 @@ def auto_estimates(look, iteration: int | None = None) -> dict | None:
                           "expected": expected_seconds(seconds[m], pause[m], rate, nodes)} for m in seconds}}
 
 
-def cost(look, series: list[dict], price: tuple[float | None, float | None]) -> dict:
-    """Paid node-hours (every node of the epoch, standby included, until it died),
-    goodput, and with prices the cost so far, per million samples, projected to
-    the job's end, and what the same samples would cost on on-demand nodes."""
-    node_seconds = samples = 0.0
+def ledger(look, series: list[dict], paused: dict[int, float]) -> dict[str, float]:
+    """Paid node-seconds of the timed iterations (every node of the epoch, standby
+    included, until it died) by what they went to: the nodes with a stage train,
+    but for the iteration's pause beyond the typical one, booked by its cause (the
+    epoch it starts: a reconfiguration, or a redo; a failover in it; else a
+    slowdown); the nodes in standby wait."""
+    starts = {a.start: a for a in look.assignments.values()}
+    parts: dict[str, float] = {}
+    add = lambda part, seconds: parts.__setitem__(part, parts.get(part, 0.0) + seconds)  # noqa: E731
     for r, f in zip(series, look.done):
-        if r["seconds"]:
-            a = look.assignments[f.epoch]
-            paid = [n for n in (*a.members, *a.standby)
-                    if n not in look.failed or look.failed[n].iteration >= r["iteration"]]
-            node_seconds += r["seconds"] * len(paid)
-            samples += r["samples"]
+        if not r["seconds"]:
+            continue
+        a = look.assignments[f.epoch]
+        alive = lambda nodes: [n for n in nodes  # noqa: E731
+                               if n not in look.failed or look.failed[n].iteration >= r["iteration"]]
+        trainers, pause = len(alive(a.members)), min(r["seconds"], paused.get(r["iteration"], 0.0))
+        begun = starts.get(r["iteration"])
+        why = ("redo" if begun.redo else "reconfiguration") if begun and begun.epoch else \
+            "failover" if f.events else "slowdown"
+        add("training", trainers * (r["seconds"] - pause))
+        add(why, trainers * pause)
+        add("standby", len(alive(a.standby)) * r["seconds"])
+    return {part: seconds for part, seconds in parts.items() if seconds}
+
+
+def cost(look, series: list[dict], price: tuple[float | None, float | None], paused: dict[int, float]) -> dict:
+    """Paid node-hours (every node of the epoch, standby included, until it died)
+    and what they went to, goodput, and with prices the cost so far, per million
+    samples, projected to the job's end, and what the same samples would cost on
+    on-demand nodes."""
+    parts = ledger(look, series, paused)
+    node_seconds = sum(parts.values())
+    samples = sum(r["samples"] for r in series if r["seconds"])
     per_node = _fault_free_per_node(look, series)
     out = {"node_hours": node_seconds / 3600, "samples": samples, "fault_free_per_node": per_node,
+           "ledger": {part: seconds / 3600 for part, seconds in sorted(parts.items())},
            "goodput": samples / node_seconds / per_node if node_seconds and per_node else None,
            "spot_price": price[0], "on_demand_price": price[1]}
     total = look.cfg.schedule.iterations * look.cfg.schedule.samples  # the whole job's samples
@@ -239,5 +261,5 @@ def summary(look, price: tuple[float | None, float | None] = (None, None), epoch
             "counts": {k: sum(e["type"] == k for e in timeline) for k in EVENT_ORDER if k != "start"},
             "epochs": [grid(look, e) for e in shown],
             "nodes": [_place(look, n) for n in known],
-            "series": series, "events": timeline, "cost": cost(look, series, price),
+            "series": series, "events": timeline, "cost": cost(look, series, price, paused),
             "auto": auto_estimates(look)}

@@ -101,6 +101,10 @@ def test_the_reader_keeps_iterations_forgets_a_redo_and_never_writes(etcd, job, 
     assert cost["goodput"] == pytest.approx(16 / 13 / 2) and cost["spot"] == pytest.approx(13 / 3600 * 0.9)
     assert cost["on_demand"] == pytest.approx(16 / 2 / 3600 * 3.06)
     assert cost["on_demand_projected"] == pytest.approx(8 * 4 / 2 / 3600 * 3.06)
+    # where they went, by hand: nodes 0 and 1 train in iterations 1 and 2 while node 2 waits in standby;
+    # 0 and 2 train in 3 and 4, but for iteration 3's 1.5 s beyond the typical 1 s: epoch 1's handover
+    assert {k: v * 3600 for k, v in cost["ledger"].items()} == pytest.approx(
+        {"training": 2 + 2 + 2 * 1.0 + 2, "reconfiguration": 2 * 1.5, "standby": 1 + 1})
     (cell0, cell1), = first["epochs"][-1]["pipelines"]
     assert (cell1["node"], cell1["state"], cell1["replaces"]) == (2, "training", {"node": 1, "state": "dead"})
     old = first["epochs"][0]["pipelines"][0][1]
@@ -464,6 +468,32 @@ def test_a_browser_shows_html_from_records_as_text_and_its_script_runs_under_the
         text = driver.execute_script("return document.querySelector('main').innerText")
         for name in ("zone", "host", "how"):
             assert PAYLOADS[name] in text, name
+    finally:
+        driver.quit()
+        server.shutdown()
+        dashboard.stop(server)
+
+
+@pytest.mark.skipif(NO_BROWSER is not None, reason=NO_BROWSER or "")
+def test_a_browser_shows_where_the_paid_node_hours_went(etcd, job):
+    """The cost panel, in headless Chromium, as the page's own script draws it: the
+    synthetic job's node-hours by part, with their dollars at 0.9 a node-hour, the
+    parts as counted by hand (8 s training, 3 s of the reconfiguration, 2 s of
+    standby, 13 s paid)."""
+    server, url = serving(etcd.endpoint, "synthetic", "127.0.0.1:0", price=(0.9, 3.06), refresh=0.2)
+    driver = browser()
+    try:
+        driver.get(url)
+        until(lambda: int(driver.execute_script("return document.body.dataset.polls")) >= 2,
+              "two polls of the panels by the page's script", timeout=60)
+        rows = driver.execute_script(
+            "return [...document.querySelectorAll('table.cost tr')].map(r => [r.cells[0].innerText, r.cells[1]"
+            ".innerText])")
+        shown = dict(rows)
+        for part, seconds in (("training", 8), ("reconfiguration", 3), ("standby", 2)):
+            hours = seconds / 3600
+            assert shown[f"node-hours: {part}"] == f"{hours:.4g} (${hours * 0.9:,.4g})", part
+        assert shown["paid node-hours (standby included)"] == f"{13 / 3600:.4g}"
     finally:
         driver.quit()
         server.shutdown()
