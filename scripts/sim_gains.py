@@ -8,6 +8,8 @@ thing at a time, so that the gain is not only ours to claim:
   +short    pipelines shorter than P (--max-stages-per-node 2) where faster
   +memory   a stage lost everywhere comes back from a checkpoint copy in a peer's memory
   +notice   the trace's cloud notice (EC2 120 s): drain ahead, or checkpoint on notice
+  +release  the nodes in no pipeline released but for the burst rule's standby, asked
+            for again --acquire-seconds away (--surplus burst; the steps before keep every node)
 
 It prints goodput (samples/s per paid node, relative to an on-demand node's),
 idle_fraction, value (samples/s per $/h) and the bound a scheduler that loses
@@ -32,10 +34,11 @@ from results import check_target, whole_numbers, write_json  # scripts/results.p
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the traces are the repository's
 TRACES = tuple(os.path.join(ROOT, "traces", name) for name in ("ec2-p3-trace.csv", "ec2-g4dn-trace.csv"))
 STRATEGIES = ("checkpoint", "redo", "bamboo", "lazy", "auto")
-STEPS = {"whole": dict(max_stages=1, notice_seconds=0.0, rollback="relaunch"),
-         "+short": dict(max_stages=2, notice_seconds=0.0, rollback="relaunch"),
-         "+memory": dict(max_stages=2, notice_seconds=0.0, rollback="memory"),
-         "+notice": dict(max_stages=2, notice_seconds=NOTICE_SECONDS["ec2"], rollback="memory")}
+STEPS = {"whole": dict(max_stages=1, notice_seconds=0.0, rollback="relaunch", surplus="keep"),
+         "+short": dict(max_stages=2, notice_seconds=0.0, rollback="relaunch", surplus="keep"),
+         "+memory": dict(max_stages=2, notice_seconds=0.0, rollback="memory", surplus="keep"),
+         "+notice": dict(max_stages=2, notice_seconds=NOTICE_SECONDS["ec2"], rollback="memory", surplus="keep"),
+         "+release": dict(max_stages=2, notice_seconds=NOTICE_SECONDS["ec2"], rollback="memory", surplus="burst")}
 
 
 def run(model: str, depths: list[int]) -> list[dict]:
@@ -53,7 +56,7 @@ def run(model: str, depths: list[int]) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| trace | P | strategy | " + " | ".join(STEPS) + " | bound | idle |",
+    lines = ["| trace | P | strategy | " + " | ".join(STEPS) + " | bound (kept) | idle (kept) |",
              "| --- | --- | --- | " + " | ".join("---" for _ in STEPS) + " | --- | --- |"]
     keys = sorted({(r["trace"], r["stages"], r["strategy"]) for r in rows},
                   key=lambda k: (k[0], k[1], STRATEGIES.index(k[2])))
