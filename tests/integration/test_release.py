@@ -7,7 +7,7 @@ import pytest
 
 from tests.training import bamboo_train
 
-ITERS, KILLED_IN = 16, 6
+ITERS, KILLED_IN = 24, 4  # twenty iterations after the burst: time for the newcomers to join on a loaded machine
 COMMON = ["--model", "tiny", "--microbatches", "8", "--seed", "11", "--dtype", "float64", "--iterations", str(ITERS)]
 AGENTS = ["--stages", "3", "--local-nodes", "8", "--zones", "a,b,c", "--failure-timeout", "10",
           "--straggler-factor", "0", "--max-stages-per-node", "1", "--surplus", "burst", "--acquire-seconds", "2"]
