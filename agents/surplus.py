@@ -131,7 +131,8 @@ def standby_count(rule: SurplusRule, bursts: BurstModel, window: float, epsilon:
 def assign_surplus(idle: Mapping[str, str], trainers: Mapping[str, str], standby: int) -> Roles:
     """Which of the `idle` nodes (node -> zone) stay as the `standby`: those in the
     zones with the fewest `trainers` (node -> zone) first, so that a burst that
-    takes a zone's trainers leaves the standby that replaces them; the rest go."""
+    takes a zone's trainers leaves the standby that replaces them; the rest go.
+    The simulator picks the free nodes an acquisition brings the same way."""
     load = {zone: 0 for zone in idle.values()}
     for zone in trainers.values():
         if zone in load:

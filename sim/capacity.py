@@ -50,16 +50,12 @@ class Capacity:
             self.arriving += count
             bisect.insort(queue, Event(now + delay, ACQUIRE, str(count)), key=lambda e: e.time)
 
-    def arrive(self, count: int, held_zones: list[str]) -> dict[str, str]:
+    def arrive(self, count: int, held: dict[str, str]) -> dict[str, str]:
         """The `count` requested nodes come, from the free ones still there: those
-        in the zones the job holds fewest nodes in first."""
+        in the zones the job holds fewest nodes in first (`held`: node -> zone), as
+        the standby is placed."""
         self.arriving -= count
-        load = {zone: held_zones.count(zone) for zone in self.free.values()}
-        got: dict[str, str] = {}
-        while self.free and len(got) < count:
-            node = min(self.free, key=lambda n: (load[self.free[n]], self.free[n], n))
-            got[node] = self.free.pop(node)
-            load[got[node]] += 1
+        got = {n: self.free.pop(n) for n in assign_surplus(self.free, held, count).standby}
         self.acquired += len(got)
         return got
 

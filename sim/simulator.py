@@ -228,7 +228,7 @@ class ClusterSimulator:
     def _apply(self, s: RunState, batch: list[Event], live: dict[str, str]) -> set[str]:
         """The batch's arrivals and removals: the job's nodes it took (returned)."""
         if batch[0].action == ACQUIRE:
-            live.update(self.capacity.arrive(int(batch[0].node), list(live.values())))
+            live.update(self.capacity.arrive(int(batch[0].node), live))
             return set()
         for e in batch:
             if e.action == "add":
