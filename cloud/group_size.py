@@ -19,14 +19,11 @@ import argparse
 import sys
 
 from bamboo.control.parser import OneLineParser
+from cloud.node_exit import node_client
 
 
 def grow_ec2(args) -> int:
-    import boto3
-    from botocore.config import Config
-
-    scaling = boto3.client("autoscaling", region_name=args.region, endpoint_url=args.endpoint_url,
-                           config=Config(connect_timeout=5, read_timeout=20, retries={"max_attempts": 3}))
+    scaling = node_client("autoscaling", args.region, args.endpoint_url)
     groups = scaling.describe_auto_scaling_groups(AutoScalingGroupNames=[args.group])["AutoScalingGroups"]
     if not groups:
         raise LookupError(f"no autoscaling group {args.group!r} in {args.region}")

@@ -73,17 +73,22 @@ def job_completed(etcd: str, job: str, patience: float = 600.0) -> bool:
         return False
 
 
-def act_ec2(action: Action, args) -> None:
-    """`action` through the EC2 and Auto Scaling APIs, as the instance's role."""
+def node_client(service: str, region: str, endpoint_url: str | None):
+    """A boto3 client as the instance's role, with short time-outs: a node's end
+    (or its group's growth) should not wait on a slow API."""
     import boto3
     from botocore.config import Config
 
     config = Config(connect_timeout=5, read_timeout=20, retries={"max_attempts": 3})
-    scaling = boto3.client("autoscaling", region_name=args.region, endpoint_url=args.endpoint_url, config=config)
+    return boto3.client(service, region_name=region, endpoint_url=endpoint_url, config=config)
+
+
+def act_ec2(action: Action, args) -> None:
+    """`action` through the EC2 and Auto Scaling APIs, as the instance's role."""
+    scaling = node_client("autoscaling", args.region, args.endpoint_url)
     if action is Action.FINISH:  # etcd first: scaling in takes this very instance too
         if args.etcd_instance:
-            ec2 = boto3.client("ec2", region_name=args.region, endpoint_url=args.endpoint_url, config=config)
-            ec2.stop_instances(InstanceIds=list(args.etcd_instance))
+            node_client("ec2", args.region, args.endpoint_url).stop_instances(InstanceIds=list(args.etcd_instance))
         scaling.update_auto_scaling_group(AutoScalingGroupName=args.group, MinSize=0, DesiredCapacity=0)
     elif action in (Action.LEAVE, Action.REPLACE):
         scaling.terminate_instance_in_auto_scaling_group(
