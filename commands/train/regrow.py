@@ -19,7 +19,7 @@ FIRST_KEY = 1_000_000  # the launcher's keys of newcomers' processes (their node
 class Regrow:
     def __init__(self, launcher, agent_module: str):
         self.launcher, self.agent = launcher, agent_module
-        self.said: set[int] = set()      # released nodes already printed
+        self.read = -1                   # the newest epoch whose decision was read (its releases printed)
         self.due: list[float] = []       # when each node asked for is started (monotonic seconds)
         self.started: dict[int, str] = {}  # the launcher's key -> zone of each newcomer started here
 
@@ -28,35 +28,34 @@ class Regrow:
         if not decisions:
             return
         newest = decisions[max(decisions)]
-        for decision in decisions.values():
-            for node in sorted(set(decision.nodes) - self.said):
-                self.said.add(node)
-                print(f"bamboo-train: node {node} released: in no pipeline, beyond the {decision.standby} standby "
-                      f"--surplus {self.launcher.cfg.cluster.surplus} keeps", file=sys.stderr, flush=True)
+        for epoch in sorted(e for e in decisions if e > self.read):
+            for node in decisions[epoch].nodes:
+                print(f"bamboo-train: node {node} released: in no pipeline, beyond the {decisions[epoch].standby} "
+                      f"standby --surplus {self.launcher.cfg.cluster.surplus} keeps", file=sys.stderr, flush=True)
+        self.read = max(decisions)
+        gone = set(cluster.children(FAILED())) | set(cluster.children(DRAIN()))  # dead or leaving
         now = time.monotonic()
         for _ in [t for t in self.due if t <= now]:
             self.due.remove(min(self.due))
-            self._start_one(cluster)
+            self._start_one(cluster, gone)
         # at most the nodes this launcher started with: a decision from etcd is checked for its types only
         most = self.launcher.local.nodes + sum(count for count, _ in self.launcher.local.joins)
-        missing = min(newest.desired, most) - self._held(cluster) - len(self.due)
+        missing = min(newest.desired, most) - self._held(gone) - len(self.due)
         if missing > 0:
             wait = self.launcher.cfg.cluster.acquire_seconds
             print(f"bamboo-train: the job asks for {newest.desired} nodes: {missing} more in {wait:g} s "
                   "(--acquire-seconds)", file=sys.stderr, flush=True)
             self.due += [now + wait] * missing
 
-    def _held(self, cluster: Cluster) -> int:
-        """Nodes whose agent runs and that are neither dead nor leaving (a newcomer's
-        id is not known here: it counts while its agent runs)."""
-        gone = set(cluster.children(FAILED())) | set(cluster.children(DRAIN()))
+    def _held(self, gone: set[int]) -> int:
+        """Nodes whose agent runs and that are not `gone` (a newcomer's id is not
+        known here: it counts while its agent runs)."""
         return sum(p.poll() is None and (k in self.started or k not in gone)
                    for k, p in self.launcher.procs.items())
 
-    def _start_one(self, cluster: Cluster) -> None:
+    def _start_one(self, cluster: Cluster, gone: set[int]) -> None:
         local = self.launcher.local
         key = FIRST_KEY + len(self.started)
-        gone = set(cluster.children(FAILED())) | set(cluster.children(DRAIN()))
         load = {zone: 0 for zone in local.zones}
         for n, member in cluster.children(MEMBERS()).items():
             if n not in gone and member.zone in load:
