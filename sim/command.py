@@ -124,7 +124,9 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--acquire-seconds", type=float, default=d.acquire_seconds,
                    help="a node's wait, request to join: how long a node asked for from the trace's free ones "
                         "takes, and the window the burst rule sizes the standby for")
-    p.add_argument("--surplus", choices=[rule.value for rule in SurplusRule], default=d.surplus,
+    p.add_argument("--standby-epsilon", type=float, default=d.standby_epsilon,
+                   help="the burst rule: the standby covers losses within --acquire-seconds but with this chance")
+    p.add_argument("--surplus", choices=SurplusRule.values(), default=d.surplus,
                    help="the nodes beyond the pipelines: a standby sized by the observed bursts, each kept while it "
                         "earns its price, the rest released (burst); ByteRobust's binomial quantile (binomial); "
                         "--fixed-standby nodes (fixed); or every node the trace grants, never released (keep)")
@@ -133,8 +135,6 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--price-series", metavar="FILE",
                    help='the spot price over time instead of --spot-price: JSON {"metadata": {"gap_seconds": G}, '
                         '"data": [USD per node-hour, ...]}, each node-second paid at the price of its time')
-    p.add_argument("--standby-epsilon", type=float, default=d.standby_epsilon,
-                   help="the burst rule: the standby covers losses within --acquire-seconds but with this chance")
     p.add_argument("--rollback", choices=ROLLBACKS, default=d.rollback,
                    help="a stage lost everywhere: survivors stay up and load checkpoint copies held in peers' "
                         "memory (memory), or every process relaunches (relaunch)")
