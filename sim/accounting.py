@@ -7,6 +7,7 @@ strategy reports in the same shape.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from schedules.deaths import PATHS
@@ -35,7 +36,7 @@ class RunState:
     bursts: list = field(default_factory=list)  # nodes each batch of losses took from the job, so far
     rewound: float = 0.0        # samples a fatal failure sent back (trained, then lost)
     pauses: list = field(default_factory=list)  # (start, end, reason) of each pause, in order, not overlapping
-    booked: dict = field(default_factory=dict)  # paid node-seconds by what they went to (book())
+    booked: dict = field(default_factory=lambda: defaultdict(float))  # paid node-seconds by what they went to (book())
     drained: int = 0            # announced preemptions acted on before they came
     skipped_checkpoints: int = 0  # fell due while no pipeline could train: nothing to write
     survived: dict = field(default_factory=lambda: dict.fromkeys(PATHS, 0))  # deaths of nodes in use, by path
@@ -114,20 +115,20 @@ def book(s: RunState, span: tuple[float, float], nodes: tuple[int, int, int], st
     start, end = span
     if end <= start:
         return
-    add = lambda key, seconds: s.booked.__setitem__(key, s.booked.get(key, 0.0) + seconds)  # noqa: E731
+    booked = s.booked
     held, used, acquiring = nodes
     idle = held - used
-    add("standby", min(idle, standby) * (end - start))
-    add("idle", (idle - min(idle, standby)) * (end - start))
-    add("acquisition waits", acquiring * (end - start))
+    booked["standby"] += min(idle, standby) * (end - start)
+    booked["idle"] += (idle - min(idle, standby)) * (end - start)
+    booked["acquisition waits"] += acquiring * (end - start)
     paused = 0.0
     for first, last, reason in s.pauses:
         overlap = min(end, last) - max(start, first)
         if overlap > 0:
-            add(reason, used * overlap)
+            booked[reason] += used * overlap
             paused += overlap
-    add("redundancy", used * (end - start - paused) * redundant)
-    add("training", used * (end - start - paused) * (1 - redundant))
+    booked["redundancy"] += used * (end - start - paused) * redundant
+    booked["training"] += used * (end - start - paused) * (1 - redundant)
     s.pauses = [p for p in s.pauses if p[1] > end]  # the rest is behind us
 
 

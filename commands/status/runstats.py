@@ -12,6 +12,7 @@ undisturbed iteration its iteration took.
 from __future__ import annotations
 
 import statistics
+from collections import defaultdict
 
 from bamboo.control.assignment import Restore
 from bamboo.control.protocol import STRAGGLER
@@ -192,8 +193,7 @@ def ledger(look, series: list[dict], paused: dict[int, float]) -> dict[str, floa
     epoch it starts: a reconfiguration, or a redo; a failover in it; else a
     slowdown); the nodes in standby wait."""
     starts = {a.start: a for a in look.assignments.values()}
-    parts: dict[str, float] = {}
-    add = lambda part, seconds: parts.__setitem__(part, parts.get(part, 0.0) + seconds)  # noqa: E731
+    parts: dict[str, float] = defaultdict(float)
     for r, f in zip(series, look.done):
         if not r["seconds"]:
             continue
@@ -204,9 +204,9 @@ def ledger(look, series: list[dict], paused: dict[int, float]) -> dict[str, floa
         begun = starts.get(r["iteration"])
         why = ("redo" if begun.redo else "reconfiguration") if begun and begun.epoch else \
             "failover" if f.events else "slowdown"
-        add("training", trainers * (r["seconds"] - pause))
-        add(why, trainers * pause)
-        add("standby", len(alive(a.standby)) * r["seconds"])
+        parts["training"] += trainers * (r["seconds"] - pause)
+        parts[why] += trainers * pause
+        parts["standby"] += len(alive(a.standby)) * r["seconds"]
     return {part: seconds for part, seconds in parts.items() if seconds}
 
 
