@@ -186,6 +186,8 @@ class ClusterSimulator:
                 live[e.node] = e.zone or self.opt.zones[len(live) % len(self.opt.zones)]
             else:
                 live.pop(e.node, None)
+            if until == e.time:
+                continue  # events at one time land together, as the replay's batches
             config = self.next_config(live, config) if live else None
             samples += self.config_throughput(config, mode="off") * max(0.0, until - e.time)
             paid = len(live) if self.opt.surplus == SurplusRule.KEEP or not self.running(config) \

@@ -154,3 +154,18 @@ def test_every_strategy_runs_any_count_series_to_its_end(counts, picks, depth, i
             # in samples/s: a job that releases nodes may train fewer of them, each better used, than the bound
             assert out["throughput"] <= out["throughput_bound"] * (1 + FOLLOWS_POLICY[strategy] + slack) + 1e-3, \
                 strategy
+
+
+def test_the_bound_places_nodes_that_arrive_together_at_once():
+    """Eleven nodes at once at P=6: the bound trains the policy's configuration of all
+    eleven (two pipelines), not the one it would have kept had they come one by one
+    (a second pipeline of nine nodes forms; the eleventh would not move it)."""
+    sim = ClusterSimulator(GPT2, 6, "redo", Options())
+    live = {f"n{i}": "abc"[i % 3] for i in range(11)}
+    events = events_of([(3600, 11), (1, 10)], "abc", [])  # an hour of eleven, then one goes
+    at_once = sim.config_throughput(sim.next_config(live, None), mode="off")
+    one_by_one = None
+    for k in range(1, 12):
+        one_by_one = sim.next_config(dict(list(live.items())[:k]), one_by_one)
+    assert at_once > sim.config_throughput(one_by_one, mode="off")  # the case is one that tells them apart
+    assert run("redo", events, depth=6)["throughput_bound"] == round(at_once, 4)
