@@ -15,7 +15,7 @@ from agents.modes import ModeStats, choose, job_estimates, observe
 from agents.policy import Config, next_config, slot_estimate
 from bamboo.control.assignment import Assignment, Restore
 from bamboo.control.cluster import Cluster
-from bamboo.control.config import JobConfig
+from bamboo.control.config import JobConfig, Surplus
 from bamboo.control.liveness import Heartbeat, lease_ages
 from bamboo.control.protocol import (ABORT, ABORTED, ALIVE, ASSIGNMENT, CONFIG, COPIES, DONE, DRAIN, HANDOVER,
                                      HOST_LOST, IDS, ITERATION_FAMILIES, MEMBERS, MODE, REGROUP, START, ZONES, Failure,
@@ -237,7 +237,8 @@ class Membership:
         """The policy's next configuration for this job (pipelines: each needs a microbatch)."""
         s = cfg.schedule
         return next_config(live, previous, s.stages, s.microbatches, s.max_stages_per_node,
-                           slot_estimate(s.microbatches), hosts=self.hosts())
+                           slot_estimate(s.microbatches), hosts=self.hosts(),
+                           per_node=cfg.cluster.surplus != Surplus.KEEP)  # what no pipeline uses is released
 
     def _taken(self, cfg: JobConfig, previous: Assignment, basis: Assignment | None, it: int,
                redo: bool) -> tuple[int, ...] | None:

@@ -8,7 +8,9 @@ Rules, in priority order:
      left over form a pipeline shorter than P, each on a contiguous range of at
      most two stages (`pipelines[j]` names the node of every stage, so such a node
      appears twice), or, too few for one, join a full pipeline's nodes in two
-     short ones; each only where an estimate of the iteration finds it no slower.
+     short ones; each only where an estimate of the iteration finds it no slower
+     and, when the nodes no pipeline uses are released (`per_node`), only where
+     it trains as many samples per node as without it.
      Only when too few nodes are left for one pipeline is the depth reduced (to
      all of them), and the configuration says so.
   2. Move as little as possible: a surviving node keeps its (pipeline, stage);
@@ -106,14 +108,16 @@ def nodes_for_a_pipeline(depth: int, max_stages: int = 1) -> int:
 
 
 def pipeline_lengths(nodes: int, depth: int, max_stages: int, most: int | None, merge: bool = True,
-                     iteration: Estimate | None = None) -> list[int]:
+                     iteration: Estimate | None = None, per_node: bool = False) -> list[int]:
     """How many nodes each pipeline has (full ones first): as many full pipelines of
     `depth` as fit, and the nodes left over either wait in standby, or form one
     shorter pipeline when they can hold every stage at `max_stages` per node, or,
     when they are too few and `merge` allows, join the last full pipeline's nodes in
     two short ones. Of these the one that uses the most nodes, unless the `iteration`
-    estimate finds it more than 1% slower. Never more than `most` pipelines: each
-    needs a microbatch."""
+    estimate finds it more than 1% slower, or, with `per_node` (the nodes left over
+    are released, not kept), unless it trains fewer samples per node: a node that
+    earns less than the others lowers the job's value per dollar. Never more than
+    `most` pipelines: each needs a microbatch."""
     full, rest = divmod(nodes, depth)
     shortest = nodes_for_a_pipeline(depth, max_stages)
     choices = [[depth] * full]
@@ -127,8 +131,8 @@ def pipeline_lengths(nodes: int, depth: int, max_stages: int, most: int | None, 
         return choices[-1]
     best = choices[0]
     for lengths in choices[1:]:
-        shaped = [lay_out(tuple(range(n)), depth) for n in lengths]
-        if iteration(shaped) <= 1.01 * iteration([lay_out(tuple(range(n)), depth) for n in best]):
+        seconds, best_seconds = (iteration([lay_out(tuple(range(n)), depth) for n in c]) for c in (lengths, best))
+        if seconds <= 1.01 * best_seconds and (not per_node or seconds * sum(lengths) <= best_seconds * sum(best)):
             best = lengths
     return best
 
@@ -150,13 +154,14 @@ def lay_out(nodes: tuple[str, ...], depth: int) -> tuple[str, ...]:
 
 def next_config(live: Mapping[str, str], previous: Config | None, depth: int,
                 max_pipelines: int | None = None, max_stages: int = 1, iteration: Estimate | None = None,
-                hosts: Mapping[str, str] | None = None) -> Config:
+                hosts: Mapping[str, str] | None = None, per_node: bool = False) -> Config:
     """`live`: node -> zone. `previous`: the configuration in force (None at start).
     `hosts`: node -> host, for nodes that share a machine (default: each its own).
     `max_pipelines`: at most this many pipelines (the global microbatch count).
     `max_stages`: the most stages one node may hold (above 1, short pipelines, formed
     where `iteration` estimates them faster: by default, the stage-slot estimate of
-    the `max_pipelines` microbatches)."""
+    the `max_pipelines` microbatches, and with `per_node`, where they also train as
+    many samples per node)."""
     if depth < 1:
         raise ValueError(f"depth must be at least 1 (got {depth})")
     if not 1 <= max_stages <= MAX_STAGES:
@@ -172,7 +177,7 @@ def next_config(live: Mapping[str, str], previous: Config | None, depth: int,
     if iteration is None and max_pipelines is not None:
         iteration = slot_estimate(max_pipelines)
     plan = _plan(live, previous, Config(epoch, P, notes=tuple(notes)), max_stages if P == depth else 1,
-                 max_pipelines, iteration, hosts)
+                 max_pipelines, (iteration, per_node), hosts)
     stay = _unchanged(previous, live, epoch, P) if max_stages > 1 and iteration and P == depth else None
     if stay and plan.pipelines != stay.pipelines and iteration(list(plan.pipelines)) > (
             1 - MIN_GAIN) * iteration(list(stay.pipelines)):
@@ -193,13 +198,14 @@ def _unchanged(previous: Config | None, live: Mapping[str, str], epoch: int, dep
 
 
 def _plan(live: Mapping[str, str], previous: Config | None, base: Config, max_stages: int,
-          max_pipelines: int | None, iteration: Estimate | None, hosts: Mapping[str, str] | None) -> Config:
-    """The pipelines `live` forms at `base`'s depth, moving as few nodes as rules 2 to 5 allow."""
+          max_pipelines: int | None, weigh: tuple[Estimate | None, bool], hosts: Mapping[str, str] | None) -> Config:
+    """The pipelines `live` forms at `base`'s depth, moving as few nodes as rules 2 to 5
+    allow; `weigh`: the estimate and whether short pipelines must earn per node (pipeline_lengths)."""
     P = base.depth
     # a full pipeline that lost nodes is mended (from a short pipeline if need be) before two short ones replace it
     mend = bool(previous) and previous.depth == P and any(
         len(set(p)) == P and not all(n in live for n in p) for p in previous.pipelines)
-    lengths = pipeline_lengths(len(live), P, max_stages, max_pipelines, not mend, iteration)
+    lengths = pipeline_lengths(len(live), P, max_stages, max_pipelines, not mend, *weigh)
     notes = list(base.notes)
     kept: list[list[str | None]] = []
     leftover: list[str] = []

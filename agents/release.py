@@ -7,7 +7,8 @@ The standby is the burst rule's count (`BurstModel.standby`, without the
 simulator's price weighing, which needs the throughput of configurations the
 runtime has not run): bursts are the job's recorded deaths grouped by the
 iteration they happened in, observed since the job's first decision (a time in
-the decisions, so every writer divides by the same span). The nodes
+the decisions, so every writer divides by the same span), from auto's prior
+(--auto-prior-rate, --auto-prior-hours). The nodes
 the job asks for (its group's desired capacity) stand through a preemption, so a
 lost node is replaced; a release lowers them. While fewer nodes are held than
 asked for, the nodes in no pipeline wait for the newcomers instead of going.
@@ -52,7 +53,9 @@ def decide_release(cfg: JobConfig, epoch: Assignment, live: dict[str, str], prev
     trainers = {str(n): live[str(n)] for pipe in epoch.pipelines for n in pipe if str(n) in live}
     idle = {n: z for n, z in live.items() if n not in trainers}
     ceiling, since = (len(live), now) if previous is None else (previous.ceiling, previous.since)
-    keep = standby_count(SurplusRule(cfg.cluster.surplus), BurstModel(bursts_seen, max(0.0, now - since)),
+    seen = BurstModel.seen(bursts_seen, max(0.0, now - since), len(trainers), cfg.schedule.auto_prior_rate,
+                           cfg.schedule.auto_prior_hours)
+    keep = standby_count(SurplusRule(cfg.cluster.surplus), seen,
                          cfg.cluster.acquire_seconds, cfg.cluster.standby_epsilon, len(trainers),
                          max(len(idle), ceiling - len(trainers)), fixed=cfg.cluster.fixed_standby)
     desired = max(len(live) if previous is None else previous.desired, len(trainers) + keep)

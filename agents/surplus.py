@@ -6,7 +6,9 @@ can lose before a replacement arrives are not a binomial of independent failures
 process, bursts per second of observation) and each takes a number of nodes drawn
 from the sizes seen. The standby it asks for is the smallest k such that losing
 more than k nodes within one acquisition delay has probability at most epsilon: a
-compound Poisson tail, computed exactly by Panjer's recursion.
+compound Poisson tail, computed exactly by Panjer's recursion. Before the job has
+seen a preemption it starts from auto's prior (a rate per node-hour, one node at a
+time), which the bursts it sees then outweigh.
 
 `binomial_standby` is the rule for independent hardware faults (ByteRobust's:
 a quantile of a binomial over the fleet), kept as the baseline it is measured
@@ -41,15 +43,43 @@ class Roles:
 class BurstModel:
     sizes: tuple[int, ...]   # nodes each observed burst took (one batch of simultaneous losses)
     elapsed: float           # seconds observed
+    prior_bursts: float = 0.0   # single-node bursts assumed before any are seen ...
+    prior_seconds: float = 0.0  # ... over this many seconds, as if observed
 
     def __post_init__(self):
         if any(size < 1 for size in self.sizes):
             raise ValueError(f"a burst takes one node or more (got {min(self.sizes)})")
 
+    @classmethod
+    def seen(cls, sizes: tuple[int, ...], elapsed: float, nodes: int, prior_rate: float,
+             prior_hours: float) -> BurstModel:
+        """The bursts seen over `elapsed` seconds by a job of `nodes` nodes, with the
+        prior auto also starts from: `prior_rate` deaths per node-hour (one node at a
+        time, the cautious guess: nothing says bursts come) weighing as much as
+        `prior_hours` node-hours of observation. Without it, a job that has seen no
+        preemption yet would keep no standby."""
+        return cls(sizes, elapsed, prior_rate * prior_hours, prior_hours * 3600 / max(1, nodes))
+
     def rate(self, window: float) -> float:
         """Bursts per second, over at least one `window` of observation (a burst
         seen in the first seconds is not a rate of one a second)."""
-        return len(self.sizes) / max(self.elapsed, window) if window > 0 else 0.0
+        bursts = len(self.sizes) + self.prior_bursts
+        return bursts / max(self.elapsed + self.prior_seconds, window) if window > 0 else 0.0
+
+    def nodes_per_second(self, window: float) -> float:
+        """Nodes lost per second, over at least one `window`: the binomial baseline's
+        rate, from the same observations."""
+        return (sum(self.sizes) + self.prior_bursts) / max(self.elapsed + self.prior_seconds, window)
+
+    def size_distribution(self) -> list[float]:
+        """P(a burst takes j nodes), j = 0..the largest seen: the sizes seen, and the
+        prior's bursts of one node."""
+        weights = [0.0] * (max(self.sizes, default=1) + 1)
+        weights[1] += self.prior_bursts
+        for size in self.sizes:
+            weights[size] += 1
+        total = sum(weights)
+        return [w / total for w in weights] if total else weights
 
     def loss_distribution(self, window: float, limit: int, epsilon: float = 0.0) -> list[float]:
         """P(exactly s nodes lost within `window` seconds), s = 0..limit, or up to
@@ -57,11 +87,9 @@ class BurstModel:
         beyond the last)."""
         mean = self.rate(window) * window
         out = [math.exp(-mean)]
-        if not self.sizes or mean == 0:
+        if mean == 0:
             return out
-        size_p = [0.0] * (max(self.sizes) + 1)
-        for size in self.sizes:
-            size_p[size] += 1 / len(self.sizes)
+        size_p = self.size_distribution()
         total = out[0]
         for s in range(1, limit + 1):  # Panjer: f(s) = (mean / s) * sum_j j p(j) f(s - j)
             if epsilon > 0 and 1 - total <= epsilon:
@@ -114,8 +142,7 @@ def standby_count(rule: SurplusRule, bursts: BurstModel, window: float, epsilon:
     if window <= 0:
         return 0  # a replacement comes at once: no standby is needed
     if rule == SurplusRule.BINOMIAL:
-        elapsed = max(bursts.elapsed, window)
-        rate = sum(bursts.sizes) / elapsed / max(1, trainers)  # nodes lost per node-second
+        rate = bursts.nodes_per_second(window) / max(1, trainers)  # nodes lost per node-second
         return min(limit, binomial_standby(trainers, rate, window, epsilon))
     ceiling = bursts.standby(window, epsilon, limit)
     if economics is None or ceiling == 0:

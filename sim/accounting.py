@@ -104,10 +104,10 @@ class RunState:
         self.iteration_start = self.samples
 
 
-def book(s: RunState, span: tuple[float, float], nodes: tuple[int, int, int], standby: int,
+def book(s: RunState, span: tuple[float, float], nodes: tuple[int, int, int], standby: float,
          redundant: float) -> None:
     """Book `span` (from, to) of the paid `nodes` (held, of them in pipelines, and
-    acquiring): the held ones in no pipeline as standby (up to `standby`) or idle;
+    acquiring): the held ones in no pipeline as standby (`standby` node-seconds of them) or idle;
     those asked for and not yet here as acquisition waits; those in pipelines by
     the pauses overlapping it, and the rest as training, of which the share
     `redundant` is redundancy: what FRC and replica syncs add to an iteration
@@ -118,8 +118,9 @@ def book(s: RunState, span: tuple[float, float], nodes: tuple[int, int, int], st
     booked = s.booked
     held, used, acquiring = nodes
     idle = held - used
-    booked["standby"] += min(idle, standby) * (end - start)
-    booked["idle"] += (idle - min(idle, standby)) * (end - start)
+    standby = min(standby, idle * (end - start))
+    booked["standby"] += standby
+    booked["idle"] += idle * (end - start) - standby
     booked["acquisition waits"] += acquiring * (end - start)
     paused = 0.0
     for first, last, reason in s.pauses:

@@ -20,7 +20,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from agents.policy import Config
-from agents.surplus import BurstModel, Economics, SurplusRule, assign_surplus, standby_count
+from agents.surplus import Economics, SurplusRule, assign_surplus, standby_count
 from sim.accounting import RunState
 from sim.reconfiguration import used_nodes
 from sim.traces import Event
@@ -154,5 +154,5 @@ def standby_of(sim, s: RunState, config: Config, limit: int, paid: int) -> int:
     fewer = {n: sim.zones[n] for n in sorted(used)[1:] if n not in sim.noticed}
     economics = Economics(rate - sim.config_throughput(sim.next_config(fewer, config)),
                           rate / max(1, paid + sim.capacity.arriving))
-    return standby_count(SurplusRule(sim.opt.surplus), BurstModel(tuple(s.bursts), s.t), sim.opt.acquire_seconds,
+    return standby_count(SurplusRule(sim.opt.surplus), sim.bursts_seen(s, len(used)), sim.opt.acquire_seconds,
                          sim.opt.standby_epsilon, len(used), limit, economics, sim.opt.fixed_standby)

@@ -26,7 +26,7 @@ from schedules.split import estimated_slots, merged, split_by_speed
 from agents.policy import Config, next_config
 from agents.surplus import BurstModel, SurplusRule
 from sim.accounting import RunState, book, ledger, summary
-from sim.auto import Auto
+from sim.auto import PRIOR_HOURS, PRIOR_RATE, Auto
 from sim.capacity import ACQUIRE, Capacity, next_batch, settle, with_notices
 from sim.checkpointing import TraceStats, checkpoint_costs, checkpoint_report, optimal_interval, trace_stats
 from sim.options import Options
@@ -113,7 +113,8 @@ class ClusterSimulator:
 
     def next_config(self, live: dict[str, str], previous: Config | None) -> Config:
         """The agents' own policy, as this run sets it (short pipelines up to --max-stages-per-node)."""
-        return next_config(live, previous, self.P, self.profile_microbatches(), self.opt.max_stages, self._estimate)
+        return next_config(live, previous, self.P, self.profile_microbatches(), self.opt.max_stages, self._estimate,
+                           per_node=self.opt.surplus != SurplusRule.KEEP)  # what no pipeline uses is released
 
     def _estimate(self, pipelines: list[tuple], mode: str | None = None) -> float:
         """Milliseconds of an iteration of `pipelines` (each: the node of every stage):
@@ -121,6 +122,11 @@ class ClusterSimulator:
         shapes = tuple(shape(pipe) for pipe in pipelines)
         mode = mode or self.rules.redundancy
         return _config_ms(self.profile, self.P, shapes, mode, self.opt.frc, self._sync(mode))
+
+    def bursts_seen(self, s: RunState, nodes: int, at: float | None = None) -> BurstModel:
+        """The bursts of preemptions seen by a job training on `nodes` nodes, by `at`
+        (default: now), from the runtime's prior (--auto-prior-rate, --auto-prior-hours)."""
+        return BurstModel.seen(tuple(s.bursts), s.t if at is None else at, nodes, PRIOR_RATE, PRIOR_HOURS)
 
     def profile_microbatches(self) -> int | None:
         return getattr(self.profile, "microbatches", None)
@@ -285,12 +291,9 @@ class ClusterSimulator:
         waiting = min(idle, self.capacity.waiting)  # held for a pipeline that waits on acquisitions
         acquiring = self.capacity.arriving + waiting
         s.idle_seconds += (idle + self.capacity.arriving) * max(0.0, to - s.t)
-        needed = 0
-        if idle - waiting:  # the standby the bursts seen so far justify, at most the idle nodes
-            needed = BurstModel(tuple(s.bursts), s.t).standby(self.opt.acquire_seconds, self.opt.standby_epsilon,
-                                                              idle - waiting)
-            s.standby_seconds += needed * max(0.0, to - s.t)
         span = (s.t, to)
+        justified = self.justified_standby(s, used, idle - waiting, span)
+        s.standby_seconds += justified
         while s.t < to:
             step_to = min(to, max(s.t, s.next_checkpoint))
             working = max(0.0, step_to - max(s.t, s.paused_until))
@@ -300,7 +303,24 @@ class ClusterSimulator:
                 s.skip_checkpoint()  # rearmed when training resumes
             elif s.t >= s.next_checkpoint:
                 self.take_checkpoint(s, used, config)
-        book(s, span, (len(live) - waiting, used, acquiring), needed, self._redundant_share(config) if used else 0.0)
+        book(s, span, (len(live) - waiting, used, acquiring), justified,
+             self._redundant_share(config) if used else 0.0)
+
+    def justified_standby(self, s: RunState, used: int, idle: int, span: tuple[float, float]) -> float:
+        """Node-seconds of `span` that the burst rule justifies of `idle` nodes beside
+        `used` ones. With no burst in the span its count only falls (the rate seen
+        thins), so each count's end is found by bisection, to a second."""
+        count = lambda at: self.bursts_seen(s, used, at).standby(  # noqa: E731
+            self.opt.acquire_seconds, self.opt.standby_epsilon, idle)
+        t, end = span
+        total = 0.0
+        while idle and t < end and (k := count(t)):
+            lo, hi = (end, end) if count(end) == k else (t, end)
+            while hi - lo > 1.0:
+                lo, hi = ((lo + hi) / 2, hi) if count((lo + hi) / 2) == k else (lo, (lo + hi) / 2)
+            total += k * (hi - t)
+            t = hi
+        return total
 
     def _redundant_share(self, config: Config) -> float:
         """The share of an iteration of `config` that its redundancy adds (FRC, replica

@@ -188,7 +188,7 @@ class ClusterSpec(Section):
     job: str = "job"
     elastic: bool = False          # agents decide the configuration (else P x D fixed nodes)
     last_call: float = 10.0        # agents: once one pipeline's nodes met, the first configuration waits this long
-    surplus: Surplus = Surplus.KEEP  # agents: nodes in no pipeline kept, or released but for a burst-sized standby
+    surplus: Surplus = Surplus.BURST  # agents: nodes in no pipeline released but for a burst-sized standby, or kept
     acquire_seconds: float = 300.0  # a node asked for comes this long after (the burst rule's window)
     standby_epsilon: float = 0.01  # the burst rule: the chance of losing more than the standby within that window
     fixed_standby: int = 2         # --surplus fixed: the standby kept

@@ -173,10 +173,11 @@ def _cluster_flags(g) -> None:
     g.add_argument("--last-call", type=float, default=10.0, metavar="SECONDS",
                    help="with --local-nodes: when not every node came, the first configuration starts this long "
                         "after one pipeline's nodes met, with those alive (docs/faults.md)")
-    g.add_argument("--surplus", choices=Surplus.values(), default=Surplus.KEEP.value,
-                   help="every node is kept (keep); or the nodes in no pipeline are released but for the standby the "
-                        "burst rule sizes from the deaths seen (burst; binomial: ByteRobust's quantile; fixed: "
-                        "--fixed-standby), nodes asked for again coming --acquire-seconds later (docs/faults.md)")
+    g.add_argument("--surplus", choices=Surplus.values(), default=Surplus.BURST.value,
+                   help="the nodes in no pipeline are released but for the standby the burst rule sizes from the "
+                        "deaths seen and auto's prior (burst; binomial: ByteRobust's quantile; fixed: "
+                        "--fixed-standby), nodes asked for again coming --acquire-seconds later; or every node is "
+                        "kept (keep) (docs/faults.md)")
     g.add_argument("--fixed-standby", type=int, default=2, metavar="N",
                    help="with --surplus fixed: the standby kept")
     g.add_argument("--acquire-seconds", type=float, default=300.0, metavar="S",

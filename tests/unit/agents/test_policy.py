@@ -198,6 +198,25 @@ def test_a_short_pipeline_is_formed_only_where_the_estimate_finds_it_faster():
     assert next_config(live, None, 12, max_pipelines=1, max_stages=2).pipelines == slower.pipelines
 
 
+def test_when_the_nodes_over_are_released_a_short_pipeline_must_train_as_much_per_node():
+    """M=4, P=3. Eight nodes: a short pipeline of the two over takes no slot off the
+    iteration (4 stage slots with it or without, by the estimate), so it is formed
+    when every node is kept and not when they would be released. Eleven nodes: a
+    pipeline of two takes the fourth microbatch (3 slots against 4), and the
+    iteration's slots times its nodes is lower than with three pipelines of three:
+    it is formed either way."""
+    from agents.policy import lay_out, slot_estimate
+    est = slot_estimate(4)
+    slots = lambda lengths: est([lay_out(tuple(range(n)), 3) for n in lengths])  # noqa: E731
+    assert slots([3, 3, 2]) == slots([3, 3]) == 4
+    assert slots([3, 3, 3, 2]) * 11 < slots([3, 3, 3]) * 9
+    for n, kept, released in ((8, [3, 3, 2], [3, 3]), (11, [3, 3, 3, 2], [3, 3, 3, 2])):
+        live = {f"n{i}": "abc"[i % 3] for i in range(n)}
+        for per_node, lengths in ((False, kept), (True, released)):
+            cfg = next_config(live, None, 3, max_pipelines=4, max_stages=2, per_node=per_node)
+            assert [len(set(p)) for p in cfg.pipelines] == lengths, (n, per_node)
+
+
 def test_max_stages_out_of_range_is_refused():
     import pytest
     for bad in (0, 3):

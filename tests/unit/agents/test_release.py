@@ -28,15 +28,28 @@ def test_after_a_death_the_request_stands_and_the_idle_node_waits():
 
 
 def test_after_a_burst_the_rule_asks_for_a_standby_up_to_the_first_size():
-    """Six nodes in two pipelines after a burst of two in 30 s: the standby is the
-    smallest k whose tail of losses within 2 s is within 0.01 (by convolution),
-    at most 8 - 6, and the job asks for that many more."""
+    """Six nodes in two pipelines after a burst of two in 30 s, replacements 300 s
+    away: the standby is the smallest k whose tail of losses within 300 s is within
+    0.01 (by convolution, with auto's prior: 0.05 deaths per node-hour over 2
+    node-hours of six nodes, 0.1 single bursts in 1200 s), at most 8 - 6, and the
+    job asks for that many more."""
+    cfg = JobConfig.of(surplus="burst", acquire_seconds=300.0, standby_epsilon=0.01)
     epoch = Assignment(2, 9, ((0, 8, 9), (3, 5, 4)))
     live = {n: EIGHT.get(n, "c") for n in ("0", "8", "9", "3", "5", "4")}
-    mass = by_convolution((2,), 30.0, 2.0, 10)
+    mass = by_convolution((2,), 30.0, 300.0, 10, 0.1, 1200.0)
     k = next(k for k in range(11) if 1 - mass[:k + 1].sum() <= 0.01)
-    out = decide_release(CFG, epoch, live, Release((), 0, 6, 8, 1000.0), (2,), 1030.0)
-    assert out.standby == min(k, 2) and out.desired == 6 + min(k, 2) and out.nodes == ()
+    out = decide_release(cfg, epoch, live, Release((), 0, 6, 8, 1000.0), (2,), 1030.0)
+    assert k > 0 and out.standby == min(k, 2) and out.desired == 6 + min(k, 2) and out.nodes == ()
+
+
+def test_before_any_preemption_the_prior_keeps_a_standby():
+    """Eight nodes, two pipelines of three, replacements 300 s away, no death yet:
+    auto's prior (six trainers at 0.05 per node-hour) loses one node within 300 s
+    with chance 1 - exp(-0.025) > 0.01 and two within 0.01, so one of the two idle
+    nodes stays (every zone has two trainers: 6, of zone a, first by name) and the other goes."""
+    cfg = JobConfig.of(surplus="burst", acquire_seconds=300.0, standby_epsilon=0.01)
+    out = decide_release(cfg, EPOCH, EIGHT, None, (), 1000.0)
+    assert out == Release((7,), 1, 7, 8, 1000.0)
 
 
 def test_nodes_released_before_are_gone_even_if_still_registered():

@@ -9,13 +9,15 @@ import pytest
 from agents.surplus import BurstModel, binomial_standby
 
 
-def by_convolution(sizes, elapsed, window, limit) -> np.ndarray:
+def by_convolution(sizes, elapsed, window, limit, prior_bursts=0.0, prior_seconds=0.0) -> np.ndarray:
     """P(s nodes lost), s = 0..limit, as the sum over n bursts of Pois(n) times
-    the n-fold convolution of the size distribution."""
-    p = np.zeros(max(sizes) + 1)
+    the n-fold convolution of the size distribution (the prior's bursts: one node each)."""
+    p = np.zeros(max(sizes, default=1) + 1)
     for size in sizes:
-        p[size] += 1 / len(sizes)
-    mean = len(sizes) / elapsed * window
+        p[size] += 1
+    p[1] += prior_bursts
+    p /= p.sum()
+    mean = (len(sizes) + prior_bursts) / (elapsed + prior_seconds) * window
     out, n_fold = np.zeros(limit + 1), np.array([1.0])
     for n in range(0, 60):
         poisson = math.exp(-mean) * mean ** n / math.factorial(n)
@@ -66,6 +68,21 @@ def test_bursts_need_more_standby_than_the_same_losses_independent():
 def test_nothing_seen_asks_for_nothing_and_the_limit_caps():
     assert BurstModel((), 3_600.0).standby(300.0, 0.01, 10) == 0
     assert BurstModel((20,), 60.0).standby(3_600.0, 0.01, 10) == 10
+
+
+def test_before_any_preemption_the_prior_sizes_the_standby():
+    """Six nodes at auto's prior, 0.05 deaths per node-hour weighing 2 node-hours:
+    0.1 single-node bursts over 20 minutes. In a 300 s wait one node is lost with
+    chance 1 - exp(-0.025) > 0.01, two within 0.01: one standby. A burst of four
+    seen after an hour outweighs it: the convolution with the prior's bursts."""
+    prior = BurstModel.seen((), 0.0, 6, 0.05, 2.0)
+    assert (prior.prior_bursts, prior.prior_seconds) == pytest.approx((0.1, 1200.0))
+    assert 1 - math.exp(-0.025) > 0.01 and prior.standby(300.0, 0.01, 10) == 1
+    assert BurstModel.seen((), 0.0, 6, 0.001, 2.0).standby(300.0, 0.01, 10) == 0
+    seen = BurstModel.seen((4,), 3_600.0, 6, 0.05, 2.0)
+    mass = by_convolution((4,), 3_600.0, 300.0, 20, 0.1, 1200.0)
+    assert seen.loss_distribution(300.0, 20) == pytest.approx(list(mass), abs=1e-12)
+    assert seen.standby(300.0, 0.01, 20) == next(k for k in range(21) if 1 - mass[:k + 1].sum() <= 0.01) == 4
 
 
 def test_sizes_below_one_are_refused_and_a_large_fleet_does_not_overflow():
