@@ -339,7 +339,8 @@ def cell(driver, pipeline: int, stage: int, table: str = "#grid-current") -> dic
 # (the job's flags, the node killed, and whether the test kills it from outside once
 # iteration 3 is done, or the job's own --preempt does)
 SMALL = (["--model", "tiny", "--stages", "2", "--microbatches", "4", "--iterations", "40", "--local-nodes", "3",
-          "--zones", "a,b", "--max-stages-per-node", "1", "--eval-every", "10"], 1, True)
+          "--zones", "a,b", "--max-stages-per-node", "1", "--eval-every", "10",
+          "--surplus", "keep"], 1, True)  # two trainers justify no standby by the burst rule: kept, it waits
 DEMO = (["--model", "tiny", "--stages", "4", "--microbatches", "8", "--iterations", "30", "--local-nodes", "6",
          "--zones", "a,b,c", "--preempt", "2@15:10"], 2, False)  # make demo's job: the README's screenshot
 
