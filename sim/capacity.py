@@ -156,3 +156,20 @@ def standby_of(sim, s: RunState, config: Config, limit: int, paid: int) -> int:
                           rate / max(1, paid + sim.capacity.arriving))
     return standby_count(SurplusRule(sim.opt.surplus), sim.bursts_seen(s, len(used)), sim.opt.acquire_seconds,
                          sim.opt.standby_epsilon, len(used), limit, economics, sim.opt.fixed_standby)
+
+
+def justified_standby(sim, s: RunState, used: int, idle: int, span: tuple[float, float]) -> float:
+    """Node-seconds of `span` that the burst rule justifies of `idle` nodes beside
+    `used` ones. With no burst in the span its count only falls (the rate seen
+    thins), so each count's end is found by bisection, to a second."""
+    count = lambda at: sim.bursts_seen(s, used, at).standby(  # noqa: E731
+        sim.opt.acquire_seconds, sim.opt.standby_epsilon, idle)
+    t, end = span
+    total = 0.0
+    while idle and t < end and (k := count(t)):
+        lo, hi = (end, end) if count(end) == k else (t, end)
+        while hi - lo > 1.0:
+            lo, hi = ((lo + hi) / 2, hi) if count((lo + hi) / 2) == k else (lo, (lo + hi) / 2)
+        total += k * (hi - t)
+        t = hi
+    return total

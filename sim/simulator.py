@@ -27,7 +27,7 @@ from agents.policy import Config, next_config
 from agents.surplus import BurstModel, SurplusRule
 from sim.accounting import RunState, book, ledger, summary
 from sim.auto import PRIOR_HOURS, PRIOR_RATE, Auto
-from sim.capacity import ACQUIRE, Capacity, next_batch, settle, with_notices
+from sim.capacity import ACQUIRE, Capacity, justified_standby, next_batch, settle, with_notices
 from sim.checkpointing import TraceStats, checkpoint_costs, checkpoint_report, optimal_interval, trace_stats
 from sim.options import Options
 from sim.profiles import MeasuredProfile, Profile
@@ -292,7 +292,7 @@ class ClusterSimulator:
         acquiring = self.capacity.arriving + waiting
         s.idle_seconds += (idle + self.capacity.arriving) * max(0.0, to - s.t)
         span = (s.t, to)
-        justified = self.justified_standby(s, used, idle - waiting, span)
+        justified = justified_standby(self, s, used, idle - waiting, span)
         s.standby_seconds += justified
         while s.t < to:
             step_to = min(to, max(s.t, s.next_checkpoint))
@@ -305,22 +305,6 @@ class ClusterSimulator:
                 self.take_checkpoint(s, used, config)
         book(s, span, (len(live) - waiting, used, acquiring), justified,
              self._redundant_share(config) if used else 0.0)
-
-    def justified_standby(self, s: RunState, used: int, idle: int, span: tuple[float, float]) -> float:
-        """Node-seconds of `span` that the burst rule justifies of `idle` nodes beside
-        `used` ones. With no burst in the span its count only falls (the rate seen
-        thins), so each count's end is found by bisection, to a second."""
-        count = lambda at: self.bursts_seen(s, used, at).standby(  # noqa: E731
-            self.opt.acquire_seconds, self.opt.standby_epsilon, idle)
-        t, end = span
-        total = 0.0
-        while idle and t < end and (k := count(t)):
-            lo, hi = (end, end) if count(end) == k else (t, end)
-            while hi - lo > 1.0:
-                lo, hi = ((lo + hi) / 2, hi) if count((lo + hi) / 2) == k else (lo, (lo + hi) / 2)
-            total += k * (hi - t)
-            t = hi
-        return total
 
     def _redundant_share(self, config: Config) -> float:
         """The share of an iteration of `config` that its redundancy adds (FRC, replica
