@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import grpc
 from pyetcd.utils import prefix_range_end
@@ -310,7 +311,7 @@ class Cluster:
         node's leases revoked: its keys go now, so nothing in a recovery waits out
         their TTL, and should the node come back its heartbeat finds its lease
         gone and stops it, saying why."""
-        wrote = self.create(FAILED(node), failure)
+        wrote = self.create(FAILED(node), failure if failure.time else replace(failure, time=time.time()))
         for record in (self.get(ALIVE(node)), self.get(MEMBERS(node))):
             if record is not None and record.lease:
                 self._revoke(record.lease)

@@ -35,6 +35,7 @@ The agents' half:
   4. a cloud's preemption notice: NOTICES; leave on SIGTERM or a notice: DRAIN
   5. --redundancy auto: after each iteration's REGROUP, the mode wanted: MODE; a
      boundary that finds it differs from its epoch's asks to reconfigure
+  6. on its way out (done, released, drained): LEFT
 """
 from __future__ import annotations
 
@@ -97,6 +98,7 @@ class Failure(Record):
     iteration: int
     by: int                        # the node that detected it
     how: str = ""
+    time: float = 0.0              # wall clock when it was recorded (0: not known)
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,7 @@ class Member(Record):
 class Zone(Record):
     zone: str
     host: str = ""                 # the machine it shares with other nodes (bamboo-agent --host); "": its own
+    since: float = 0.0             # wall clock when its agent's process started: its paid time (0: not known)
 
 
 @dataclass(frozen=True)
@@ -329,6 +332,7 @@ IDS = Family("ids", ("node",), Mark, "the node id is taken (never reused)")
 MEMBERS = Family("members", ("node",), Member, "an agent runs the node (under the agent's lease)")
 ZONES = Family("zones", ("node",), Zone, "the node's zone, kept after it is gone")
 DRAIN = Family("drain", ("node",), Timestamp, "the node asked to leave (SIGTERM, a notice)")
+LEFT = Family("left", ("node",), Timestamp, "the node's agent stopped (done, released, drained): its paid time ends")
 NOTICES = Family("notices", ("node",), Notice, "the cloud's preemption notice")
 RELEASES = Family("releases", ("epoch",), Release,
                   "the surplus rule's decision for an epoch's nodes in no pipeline (first writer wins)")
@@ -337,7 +341,7 @@ COPIES = Family("copies", ("node",), Copies,
 
 FAMILIES = (CONFIG, START, ASSIGNMENT, ALIVE, FAILED, CUT, FINISHED, LOSS, VAL_LOSS, DONE, ABORT, ABORTED, REGROUP,
             HANDED, HANDOVER, REDUCED, TIED, NORM, SCALE, MODE, CHECKPOINTED, COMPLETED, PREEMPTED, ERROR, IDS,
-            MEMBERS, ZONES, DRAIN, NOTICES, COPIES, RELEASES)
+            MEMBERS, ZONES, DRAIN, LEFT, NOTICES, COPIES, RELEASES)
 
 # One attempt at an iteration: cleared when the iteration (or a checkpoint's span) runs again.
 ITERATION_FAMILIES = (DONE, LOSS, VAL_LOSS, FINISHED, CUT, REDUCED, TIED, NORM, SCALE, REGROUP, ABORT, ABORTED)

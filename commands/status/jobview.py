@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from commands.train.reference import mean_loss
 from bamboo.control.cluster import Cluster, in_force
 from bamboo.control.config import JobConfig
-from bamboo.control.protocol import (ALIVE, ASSIGNMENT, CONFIG, DONE, DRAIN, FAILED, LOSS, MEMBERS, MODE, NOTICES,
-                                     PREEMPTED, VAL_LOSS, ZONES, scan)
+from bamboo.control.protocol import (ALIVE, ASSIGNMENT, CONFIG, DONE, DRAIN, FAILED, LEFT, LOSS, MEMBERS, MODE,
+                                     NOTICES, PREEMPTED, VAL_LOSS, ZONES, scan)
 
 
 CHUNK = 100  # iterations a transaction reads at most (its reply stays far below gRPC's 4 MB)
@@ -58,6 +58,7 @@ class Look:
     members: dict = field(default_factory=dict)      # node -> Member (its agent runs)
     modes: dict = field(default_factory=dict)        # iteration -> ModeChoice: auto's changes, and the newest
     done: list = field(default_factory=list)         # Finished, in iteration order
+    left: dict = field(default_factory=dict)         # node -> Timestamp: its agent stopped
 
 
 def open_job(endpoint: str, job: str | None, patience: float = 2.0) -> "JobView":
@@ -109,15 +110,15 @@ class JobView:
         while True:
             first = self.next
             small, tail = self._spans(first, ASSIGNMENT(), FAILED(), ZONES(), DRAIN(), NOTICES(), PREEMPTED(),
-                                      ALIVE(), MEMBERS())
+                                      ALIVE(), MEMBERS(), LEFT())
             if self._rewound(small[0]):
                 continue  # the kept tail was forgotten: read it again as it stands now
             self._keep(small[0], small[1], tail)
             if self.next < first + CHUNK:
                 break
-        assignments, failed, zones, drains, notices, preempted, alive, members = small
+        assignments, failed, zones, drains, notices, preempted, alive, members, left = small
         return Look(self.job, self.cfg, time.time(), assignments, failed, zones, drains, notices, preempted,
-                    set(alive), members, dict(self.modes), list(self.kept))
+                    set(alive), members, dict(self.modes), list(self.kept), left)
 
     def _spans(self, first: int, *whole) -> tuple[list[dict], tuple[dict, dict, dict]]:
         """Every family of `whole`, and the iterations first .. first + CHUNK - 1 of

@@ -187,27 +187,65 @@ def auto_estimates(look, iteration: int | None = None) -> dict | None:
 
 
 def ledger(look, series: list[dict], paused: dict[int, float]) -> dict[str, float]:
-    """Paid node-seconds of the timed iterations (every node of the epoch, standby
-    included, until it died) by what they went to: the nodes with a stage train,
-    but for the iteration's pause beyond the typical one, booked by its cause (the
-    epoch it starts: a reconfiguration, or a redo; a failover in it; else a
-    slowdown); the nodes in standby wait."""
+    """Paid node-seconds by what they went to. In the timed iterations (every node of
+    the epoch, standby included, until it died): the nodes with a stage train, but
+    for the iteration's pause beyond the typical one, booked by its cause (the epoch
+    it starts: a reconfiguration, a redo or a rollback; a failover in it; else a
+    slowdown); the nodes in standby wait. Outside them, from each node's paid span
+    (`paid_spans`): its `start-up` before the first iteration booked to it (process
+    start, model build, the untimed first iteration, a newcomer's joining) and its
+    `leaving` after the last (a release's drain, the job's end, a death's detection)."""
     starts = {a.start: a for a in look.assignments.values()}
     parts: dict[str, float] = defaultdict(float)
+    booked: dict[int, list[float]] = {}  # node -> [first booked second, seconds booked]
     for r, f in zip(series, look.done):
         if not r["seconds"]:
             continue
-        a = look.assignments[f.epoch]
-        alive = lambda nodes: [n for n in nodes  # noqa: E731
-                               if n not in look.failed or look.failed[n].iteration >= r["iteration"]]
+        a, began = look.assignments[f.epoch], r["end"] - r["seconds"]
+        alive = lambda nodes: [n for n in nodes  # noqa: E731  (not dead before it, nor gone: released, drained)
+                               if (n not in look.failed or look.failed[n].iteration >= r["iteration"])
+                               and (n not in look.left or look.left[n].time > began)]
         trainers, pause = len(alive(a.members)), min(r["seconds"], paused.get(r["iteration"], 0.0))
-        begun = starts.get(r["iteration"])
-        why = ("redo" if begun.redo else "reconfiguration") if begun and begun.epoch else \
-            "failover" if f.events else "slowdown"
         parts["training"] += trainers * (r["seconds"] - pause)
-        parts[why] += trainers * pause
+        parts[_pause_cause(starts.get(r["iteration"]), f)] += trainers * pause
         parts["standby"] += len(alive(a.standby)) * r["seconds"]
+        for n in {*alive(a.members), *alive(a.standby)}:
+            first, seconds = booked.get(n, (began, 0.0))
+            booked[n] = [min(first, began), seconds + r["seconds"]]
+    for node, (since, end) in paid_spans(look).items():
+        first, seconds = booked.get(node, (end, 0.0))
+        unbooked = max(0.0, end - since - seconds)
+        parts["start-up"] += min(unbooked, max(0.0, first - since))
+        parts["leaving"] += unbooked - min(unbooked, max(0.0, first - since))
     return {part: seconds for part, seconds in parts.items() if seconds}
+
+
+def _pause_cause(begun, finished) -> str:
+    """Why an iteration took longer than the typical one: the epoch it begins, else a failover in it."""
+    if begun is not None and begun.epoch:
+        return ("redo" if begun.restore == Restore.PEERS else "rollback") if begun.redo else "reconfiguration"
+    return "failover" if finished.events else "slowdown"
+
+
+def paid_spans(look) -> dict[int, tuple[float, float]]:
+    """Each node's paid time (wall clock), from its agent's process start (ZONES) to
+    its end: an injected kill's time, else its agent's LEFT, else the time its death
+    was recorded (detection comes a failure timeout after the death), else now.
+    Nodes of agents that did not stamp their start are left out."""
+    spans = {}
+    for node, zone in look.zones.items():
+        if not zone.since:
+            continue
+        if node in look.preempted:
+            end = look.preempted[node].time
+        elif node in look.left:
+            end = look.left[node].time
+        elif node in look.failed and look.failed[node].time:
+            end = look.failed[node].time
+        else:
+            end = look.at
+        spans[node] = (zone.since, max(zone.since, end))
+    return spans
 
 
 def cost(look, series: list[dict], price: tuple[float | None, float | None], paused: dict[int, float]) -> dict:

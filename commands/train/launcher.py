@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from agents.policy import nodes_for_a_pipeline
 from commands.train.metrics import LaunchError, MetricsWriter, add_loss_scale, add_validation, iteration_record
 from commands.train.progress import ProgressBar
+from commands.train.process_clock import ProcessClock
 from commands.train.regrow import Regrow
 from bamboo.control.assignment import Assignment
 from bamboo.control.changes import Changes
@@ -124,6 +125,7 @@ class Launcher:
         self.etcd_tls: str | None = None  # with --etcd: the credentials every process of the job presents
         self._own_tls = False     # made here for the embedded etcd: removed with it
         self.procs: dict[int, subprocess.Popen] = {}
+        self.clock = ProcessClock()  # each agent's run, timed from outside: the local cluster's paid node-seconds
         self.slots: dict[int, int] = {}  # node -> its LOCAL_RANK, the device it takes (bamboo/transport/devices.py)
         self.on_tick = None    # called while waiting for iterations (a trace replay adds and kills nodes)
         # --surplus: released nodes said, and the ones the job asks for started (commands/train/regrow.py)
@@ -184,6 +186,8 @@ class Launcher:
         cluster.close()
         summary["total_seconds"] = round(time.monotonic() - start, 3)
         summary["mean_iteration_seconds"] = round(summary["total_seconds"] / max(1, summary["iterations"]), 4)
+        if self.clock.spans:
+            summary["agent_seconds"] = self.clock.seconds()
         self.metrics.write({"summary": summary})
         return summary
 
@@ -308,6 +312,8 @@ class Launcher:
                  *(["--node", str(node)] if named else []), *args], stdout=log, stderr=subprocess.STDOUT,
                 preexec_fn=die_with_parent, env={**os.environ, LOCAL_RANK: str(self.slots[node]),
                                                  **({TLS_ENV: self.etcd_tls} if self.etcd_tls else {})})
+        if module == AGENT:
+            self.clock.started(str(node), self.procs[node].pid)
 
     def _start_etcd(self) -> None:
         """The embedded etcd, secured for this job alone: a CA of its own, TLS with

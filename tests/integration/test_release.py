@@ -1,8 +1,8 @@
 """--surplus burst on real processes (agents, workers, etcd, SIGKILLs): the nodes
-in no pipeline are released at the start (no burst seen: no standby), a burst
-kills two nodes of one pipeline, the job asks for replacements that the launcher
-starts --acquire-seconds later under fresh ids, the burst rule then asks for a
-standby of its own, and every loss equals the single-process reference's."""
+in no pipeline are released at the start (no burst seen, and within a 2 s wait
+auto's prior justifies no standby), a burst kills two nodes of one pipeline, the
+job asks for replacements that the launcher starts --acquire-seconds later under
+fresh ids, and every loss equals the single-process reference's."""
 import pytest
 
 from tests.training import bamboo_train
@@ -21,14 +21,14 @@ def test_release_a_burst_and_growing_back_keep_the_reference_s_losses(tmp_path):
     epochs = [e for r in records for e in r["events"] if e["type"] == "reconfigure"]
     first = epochs[0]
     assert len(first["pipelines"]) == 2 and len(first["standby"]) == 2  # eight nodes: two over
-    for node in first["standby"]:  # no burst seen yet: the burst rule keeps none
+    for node in first["standby"]:  # no burst seen yet: the burst rule keeps none within a 2 s wait
         assert f"node {node} released: in no pipeline, beyond the 0 standby" in out.stderr
     newcomers = [e for e in epochs[1:] if any(n >= 8 for p in e["pipelines"] for n in p)]
     assert newcomers, (epochs, out.stderr[-3000:])  # the replacements took the dead nodes' stages
     assert all(len(p) == 3 for p in newcomers[0]["pipelines"]) and len(newcomers[0]["pipelines"]) == 2
-    # after the burst the rule asks for a standby of its own: two more nodes (when they are placed in an
-    # epoch before the job ends depends on the machine's speed, so that is not asserted)
-    assert "the job asks for 6 nodes" in out.stderr and "the job asks for 8 nodes" in out.stderr, out.stderr[-3000:]
+    # the request stands through the burst: the two dead nodes are asked for again. One burst in the job's
+    # first seconds, weighed with the prior's half hour of six nodes, does not justify a standby for a 2 s wait
+    assert "the job asks for 6 nodes" in out.stderr and "asks for 8 nodes" not in out.stderr, out.stderr[-3000:]
     ids = [n for e in epochs for p in e["pipelines"] for n in p] + [n for e in epochs for n in e["standby"]]
     assert not {1, 2} & {n for e in epochs[1:] for p in e["pipelines"] for n in p}  # dead ids never come back
     assert max(ids) >= 9
