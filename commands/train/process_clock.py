@@ -29,7 +29,7 @@ class ProcessClock:
         try:
             os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
         except ChildProcessError:
-            pass  # reaped already by the launcher: it has just exited
+            pass  # reaped already by the launcher (or not its child): it has exited
         span[1] = time.time()
 
     def seconds(self) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """Device selection (bamboo/transport/devices.py): one GPU per worker of a host, the
 --devices list, --share-gpu, the transport, and the launcher's LOCAL_RANK."""
+import os
 import subprocess
 import sys
 
@@ -75,6 +76,7 @@ def test_the_launcher_gives_each_local_process_the_lowest_free_index(tmp_path, m
     class Popen:
         def __init__(self, args, env=None, **kwargs):
             self.exited = None
+            self.pid = os.getpid()  # not a child: the launcher's clock finds it gone at once
             started.append((self, env))
 
         def poll(self):

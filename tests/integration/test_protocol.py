@@ -25,7 +25,8 @@ EXAMPLES = {
     p.SCALE: p.LossScale(32768.0, 7, True), p.MODE: p.ModeChoice("lazy", {"deaths": 1.5, "seconds": {"off": 0.2}}),
     p.CHECKPOINTED: p.Timestamp(12.5), p.COMPLETED: p.Timestamp(13.5), p.PREEMPTED: p.Preempted(2, 9.0),
     p.ERROR: p.WorkerError("TimeoutError: x"), p.IDS: p.Mark(), p.MEMBERS: p.Member("a", "host", 9),
-    p.ZONES: p.Zone("b"), p.DRAIN: p.Timestamp(1.0), p.NOTICES: p.Notice("ec2", 2.0, "terminate"),
+    p.ZONES: p.Zone("b", "", 5.0), p.DRAIN: p.Timestamp(1.0), p.LEFT: p.Timestamp(3.0),
+    p.NOTICES: p.Notice("ec2", 2.0, "terminate"),
     p.RELEASES: p.Release((6, 7), 1, 7, 8, 1000.0),
     p.COPIES: p.Copies(6, (2, 3), {"scale": 1024.0, "good": 3, "overflow": False}),
 }
