@@ -147,10 +147,20 @@ def cost(s: dict) -> str:
     if parts:  # where the paid node-hours went (and their dollars, with a price)
         worth = (lambda h: f" ({_usd(h * c['spot_price'])})") if c["spot_price"] is not None else (lambda h: "")
         rows += [(f"node-hours: {part}", _num(hours, ".4g") + worth(hours)) for part, hours in parts.items()]
+    rows += _network_rows(c.get("network") or {})
     hint = "" if c["spot_price"] is not None else \
         '<p class="hint">dollars: bamboo-status --serve ... --price SPOT[,ONDEMAND] (per node-hour)</p>'
     return ("<h2>Cost</h2><table class=cost>" + "".join(f"<tr><th>{escape(k)}</th><td>{v}</td></tr>"
                                                         for k, v in rows) + "</table>" + hint)
+
+
+def _network_rows(n: dict) -> list[tuple[str, str]]:
+    """The workers' bytes sent, and those between zones (with --cross-zone-price, their dollars)."""
+    if not n.get("sent_bytes"):
+        return []
+    dollars = f" ({_usd(n['cross_zone_dollars'])})" if n.get("cross_zone_dollars") is not None else ""
+    return [("bytes sent (the workers' counters)", _num(n["sent_bytes"] / 1e9, ".4g") + " GB"),
+            ("bytes between zones", _num(n["cross_zone_bytes"] / 1e9, ".4g") + " GB" + dollars)]
 
 
 def _usd(v) -> str:

@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from commands.status.network import NetworkTally
 from commands.train.reference import mean_loss
 from bamboo.control.cluster import Cluster, in_force
 from bamboo.control.config import JobConfig
@@ -59,6 +60,7 @@ class Look:
     modes: dict = field(default_factory=dict)        # iteration -> ModeChoice: auto's changes, and the newest
     done: list = field(default_factory=list)         # Finished, in iteration order
     left: dict = field(default_factory=dict)         # node -> Timestamp: its agent stopped
+    network: dict = field(default_factory=dict)      # bytes sent by kind, and those that crossed a zone (network.py)
 
 
 def open_job(endpoint: str, job: str | None, patience: float = 2.0) -> "JobView":
@@ -90,6 +92,7 @@ class JobView:
         self.kept: list[Finished] = []   # complete iterations, in order
         self.modes: dict = {}            # iteration -> ModeChoice, of the changes and the newest
         self.redone = 0                  # the newest redo epoch already accounted for
+        self.network = NetworkTally()    # the workers' byte counters over the iterations kept
         self._lock = threading.Lock()
         self._last: Look | None = None
 
@@ -113,12 +116,12 @@ class JobView:
                                       ALIVE(), MEMBERS(), LEFT())
             if self._rewound(small[0]):
                 continue  # the kept tail was forgotten: read it again as it stands now
-            self._keep(small[0], small[1], tail)
+            self._keep(small[0], small[1], small[2], tail)
             if self.next < first + CHUNK:
                 break
         assignments, failed, zones, drains, notices, preempted, alive, members, left = small
         return Look(self.job, self.cfg, time.time(), assignments, failed, zones, drains, notices, preempted,
-                    set(alive), members, dict(self.modes), list(self.kept), left)
+                    set(alive), members, dict(self.modes), list(self.kept), left, self.network.snapshot())
 
     def _spans(self, first: int, *whole) -> tuple[list[dict], tuple[dict, dict, dict]]:
         """Every family of `whole`, and the iterations first .. first + CHUNK - 1 of
@@ -143,8 +146,9 @@ class JobView:
         self.modes = {it: m for it, m in self.modes.items() if it < newest.start}
         return True
 
-    def _keep(self, assignments: dict, failed: dict, tail: tuple[dict, dict, dict]) -> None:
-        """Keep each iteration from `next` on whose every member reported or died."""
+    def _keep(self, assignments: dict, failed: dict, zones: dict, tail: tuple[dict, dict, dict]) -> None:
+        """Keep each iteration from `next` on whose every member reported or died,
+        and count the bytes its reports say were sent."""
         cfg, (done, losses, val_losses) = self.cfg, tail
         it = self.next
         while it in done and assignments and any(a.start <= it for a in assignments.values()):
@@ -160,6 +164,8 @@ class JobView:
                 if cfg.evaluates(it) and sorted(val) == list(range(cfg.data.eval_batches)) else None
             live = sum(n not in failed or failed[n].iteration > it for n in epoch.members)
             events = tuple(e for r in reports.values() for e in r.events)
+            for n, r in reports.items():
+                self.network.add(epoch.pipelines, n, r.sent_bytes, zones)
             self.kept.append(Finished(it, max(r.time for r in reports.values()), epoch.epoch, mean, validated,
                                       events, live))
             it += 1

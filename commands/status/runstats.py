@@ -248,11 +248,12 @@ def paid_spans(look) -> dict[int, tuple[float, float]]:
     return spans
 
 
-def cost(look, series: list[dict], price: tuple[float | None, float | None], paused: dict[int, float]) -> dict:
+def cost(look, series: list[dict], price: tuple, paused: dict[int, float]) -> dict:
     """Paid node-hours (every node of the epoch, standby included, until it died)
-    and what they went to, goodput, and with prices the cost so far, per million
-    samples, projected to the job's end, and what the same samples would cost on
-    on-demand nodes."""
+    and what they went to, goodput, and with prices (`price`: spot and on-demand per
+    node-hour, and optionally cross-zone per GiB) the cost so far, per million
+    samples, projected to the job's end, what the same samples would cost on
+    on-demand nodes, and the bytes sent and those between zones."""
     parts = ledger(look, series, paused)
     node_seconds = sum(parts.values())
     samples = sum(r["samples"] for r in series if r["seconds"])
@@ -270,6 +271,19 @@ def cost(look, series: list[dict], price: tuple[float | None, float | None], pau
         out["on_demand"] = samples / per_node / 3600 * price[1]
         out["on_demand_per_million"] = price[1] / per_node / 3600 * 1e6
         out["on_demand_projected"] = total / per_node / 3600 * price[1]
+    out["network"] = network(look, price[2] if len(price) > 2 else None)
+    return out
+
+
+def network(look, per_gib: float | None) -> dict:
+    """The bytes the workers' counters say they sent, by kind, those of them that
+    crossed a zone (commands/status/network.py), and with a price per GiB their dollars."""
+    sent, crossed = look.network.get("sent", {}), look.network.get("crossed", {})
+    out = {"sent_bytes": sum(sent.values()), "cross_zone_bytes": sum(crossed.values()),
+           "by_kind": {kind: {"sent": sent[kind], "crossed": crossed.get(kind, 0.0)} for kind in sorted(sent)},
+           "cross_zone_price": per_gib}
+    if per_gib is not None:
+        out["cross_zone_dollars"] = out["cross_zone_bytes"] / 2 ** 30 * per_gib
     return out
 
 

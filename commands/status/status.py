@@ -4,7 +4,7 @@ stage, in which zone), the standby queue, live, draining and failed nodes, the
 last finished iteration and the recent iteration rate.
 
 `--serve [HOST:]PORT` serves one job's live dashboard instead
-(commands/status/dashboard.py), with --token, --price and --refresh."""
+(commands/status/dashboard.py), with --token, --price, --cross-zone-price and --refresh."""
 from __future__ import annotations
 
 import argparse
@@ -114,6 +114,17 @@ def prices(text: str) -> tuple[float, float | None]:
     return values[0], values[1] if len(values) == 2 else None
 
 
+def per_gib(text: str) -> float:
+    """--cross-zone-price: dollars per GiB, a finite number at least 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected dollars per GiB, a number at least 0")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="bamboo-status", description=__doc__.splitlines()[0])
     ap.add_argument("--etcd", required=True, metavar="HOST:PORT[,HOST:PORT...]", help="the jobs' etcd")
@@ -128,6 +139,9 @@ def parser() -> argparse.ArgumentParser:
                                      "on 127.0.0.1, else one made up and printed with the URL)")
     web.add_argument("--price", type=prices, metavar="SPOT[,ONDEMAND]",
                      help="dollars per node-hour of a spot node (and an on-demand one), for the cost panel")
+    web.add_argument("--cross-zone-price", type=per_gib, metavar="USD_PER_GIB",
+                     help="dollars per GiB that crosses a zone (AWS and GCP: 0.01 each way), for the bytes the "
+                          "cost panel counts between zones")
     web.add_argument("--refresh", type=float, default=2.0, metavar="SECONDS",
                      help="how often the page fetches its panels again")
     return ap
@@ -146,14 +160,15 @@ def main(argv: list[str] | None = None) -> int:
         except CredentialError as e:
             ap.error(str(e))
         os.environ[TLS_ENV] = args.etcd_tls  # this process's clients (the dashboard's too) present them
-    if args.serve is None and (args.token or args.price or args.refresh != 2.0):
-        ap.error("--token, --price and --refresh go with --serve")
+    if args.serve is None and (args.token or args.price or args.refresh != 2.0 or args.cross_zone_price is not None):
+        ap.error("--token, --price, --cross-zone-price and --refresh go with --serve")
     if args.serve is not None:
         from commands.status.dashboard import serve
         if not 0 < args.refresh < math.inf:
             ap.error(f"--refresh {args.refresh}: expected a finite number of seconds above 0")
 
-        return serve(args.etcd, args.job, args.serve, args.token, args.price or (None, None), args.refresh)
+        price = (*(args.price or (None, None)), args.cross_zone_price)
+        return serve(args.etcd, args.job, args.serve, args.token, price, args.refresh)
     try:
         names = [args.job] if args.job else jobs(args.etcd)
         for name in names:

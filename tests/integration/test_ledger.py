@@ -1,11 +1,12 @@
-"""The dashboard's ledger of paid node-seconds on a real local job (agents, workers,
-etcd, a SIGKILL), read from etcd alone, against the launcher's own clock of its
-agents' processes, timed from outside to the moment each exits: the parts sum to
-the node-seconds paid within 1%.
-
-Eight nodes at P=3 under the default --surplus burst: two pipelines, the prior's
-standby kept and the other node over released (it drains and leaves at once); a
-node of a pipeline SIGKILLed in iteration 5, the standby taking its place."""
+"""The dashboard's ledger on real local jobs (agents, workers, etcd), read from etcd
+alone. Its paid node-seconds against the launcher's own clock of its agents'
+processes, timed from outside to the moment each exits: the parts sum to the
+node-seconds paid within 1% (eight nodes at P=3 under the default --surplus burst:
+two pipelines, the prior's standby kept and the other node over released; a node
+of a pipeline SIGKILLed in iteration 5, the standby taking its place). Its bytes
+between zones against the workers' own counts, attributed independently
+(tests/integration/test_estimate_network.py: every activation, input gradient and
+replica sync crosses, no reduce does): within 10%."""
 import json
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from bamboo.control.etcd import EtcdServer
 from commands.status.jobview import open_job
 from commands.status.runstats import summary
+from tests.integration.test_estimate_network import ITERATIONS, MODEL, measured_cross_zone_bytes
 from tests.training import bamboo_train
 
 ARGS = ["--model", "tiny", "--stages", "3", "--microbatches", "4", "--iterations", "14", "--local-nodes", "8",
@@ -36,3 +38,24 @@ def test_the_ledger_sums_to_the_node_seconds_the_launcher_timed(tmp_path):
     print(f"ledger {sum(parts.values()) * 3600:.1f} node-seconds, launcher {paid:.1f}; parts (hours): {parts}")
     assert abs(sum(parts.values()) * 3600 - paid) <= 0.01 * paid, (parts, timed["agent_seconds"])
     assert shown["cost"]["node_hours"] == pytest.approx(sum(parts.values()), rel=1e-9)  # the panel's total is theirs
+
+
+@pytest.mark.slow  # eight processes starting (about 25 s): make test-slow
+def test_the_ledger_s_bytes_between_zones_are_those_the_workers_sent(tmp_path):
+    """Four nodes in zones a, b: two pipelines of two stages, each stage's nodes in
+    one zone (test_estimate_network's layout)."""
+    metrics = tmp_path / "m.jsonl"
+    with EtcdServer() as etcd:
+        bamboo_train(metrics, *MODEL, "--local-nodes", "4", "--zones", "a,b", "--iterations", str(ITERATIONS),
+                     "--etcd", etcd.endpoint, "--job", "bytes", timeout=300)
+        view = open_job(etcd.endpoint, "bytes")
+        try:
+            network = summary(view.look(), (None, None, 0.01))["cost"]["network"]
+        finally:
+            view.cluster.close()
+    sent = next(json.loads(line)["summary"] for line in metrics.read_text().splitlines() if "summary" in line)
+    counted = measured_cross_zone_bytes(sent["sent_bytes"]) * ITERATIONS
+    print(f"bytes between zones: ledger {network['cross_zone_bytes']:.0f}, workers' counts {counted:.0f}")
+    assert abs(network["cross_zone_bytes"] - counted) <= 0.10 * counted, network
+    assert network["cross_zone_dollars"] == pytest.approx(network["cross_zone_bytes"] / 2 ** 30 * 0.01)
+    assert network["by_kind"]["reduce"]["crossed"] == 0 < network["by_kind"]["reduce"]["sent"]
