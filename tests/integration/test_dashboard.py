@@ -48,11 +48,13 @@ except ImportError:
 # -- a job written key by key ----------------------------------------------------------
 def write_iterations(cluster: Cluster, its, losses, nodes=(0, 1), epoch=0) -> None:
     """Iteration `it` ends at 1000 + it seconds, 1.5 s later from iteration 3 on (its
-    epoch's handover: a pause)."""
+    epoch's handover: a pause). Every node's counter of activations sent stands at
+    (it + 1) GB: 1 GB an iteration, the whole of it in a node's first report."""
     for it in its:
         end = 1000.0 + it + (1.5 if it >= 3 else 0.0)
         cluster.put_all({**{LOSS(it, g): Loss(losses[it] + g) for g in range(2)},
-                         **{DONE(it, n): Report(rss_mb=1.0, time=end, epoch=epoch) for n in nodes}})
+                         **{DONE(it, n): Report(rss_mb=1.0, time=end, epoch=epoch,
+                                                sent_bytes={"send_act": (it + 1) * 10 ** 9}) for n in nodes}})
 
 
 @pytest.fixture
@@ -480,8 +482,11 @@ def test_a_browser_shows_where_the_paid_node_hours_went(etcd, job):
     """The cost panel, in headless Chromium, as the page's own script draws it: the
     synthetic job's node-hours by part, with their dollars at 0.9 a node-hour, the
     parts as counted by hand (8 s training, 3 s of the reconfiguration, 2 s of
-    standby, 13 s paid)."""
-    server, url = serving(etcd.endpoint, "synthetic", "127.0.0.1:0", price=(0.9, 3.06), refresh=0.2)
+    standby, 13 s paid); and its bytes by hand: node 0 sent 5 GB of activations, 3
+    of them in epoch 0 to node 1 in zone b (crossing), 2 in epoch 1 to node 2 in its
+    own zone a; nodes 1 and 2 ran the last stage (2 and 5 GB counted, none sent on).
+    12 GB sent, 3 GB between zones, at 0.01 a GiB."""
+    server, url = serving(etcd.endpoint, "synthetic", "127.0.0.1:0", price=(0.9, 3.06, 0.01), refresh=0.2)
     driver = browser()
     try:
         driver.get(url)
@@ -495,6 +500,8 @@ def test_a_browser_shows_where_the_paid_node_hours_went(etcd, job):
             hours = seconds / 3600
             assert shown[f"node-hours: {part}"] == f"{hours:.4g} (${hours * 0.9:,.4g})", part
         assert shown["paid node-hours (standby included)"] == f"{13 / 3600:.4g}"
+        assert shown["bytes sent (the workers' counters)"] == "12 GB"
+        assert shown["bytes between zones"] == f"3 GB (${3e9 / 2 ** 30 * 0.01:,.4g})"
     finally:
         driver.quit()
         server.shutdown()
