@@ -35,7 +35,10 @@ def reference(tmp_path_factory, microbatches: int):
 
 
 def train(tmp_path, *args):
-    _, records = bamboo_train(tmp_path / "m.jsonl", *COMMON, "--save-dir", str(tmp_path / "params"), *args)
+    """The agents' job, every node kept (--surplus keep): these tests are about the
+    standby (test_release.py, the release of what the burst rule does not keep)."""
+    _, records = bamboo_train(tmp_path / "m.jsonl", *COMMON, "--save-dir", str(tmp_path / "params"),
+                              "--surplus", "keep", *args)
     return records
 
 
