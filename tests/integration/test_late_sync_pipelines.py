@@ -20,7 +20,8 @@ from schedules.options import ScheduleOptions
 P, M, ITERS = 2, 4, 8
 COMMON = ["--model", "tiny", "--stages", str(P), "--microbatches", str(M), "--iterations", str(ITERS),
           "--seed", "7", "--dtype", "float64", "--lr-schedule", "cosine", "--warmup", "3", "--replica-sync", "next"]
-AGENTS = ["--local-nodes", "5", "--zones", "a,b", "--max-stages-per-node", "1"]  # two pipelines and a spare
+AGENTS = ["--local-nodes", "5", "--zones", "a,b", "--max-stages-per-node", "1",
+          "--surplus", "keep"]  # two pipelines and a spare, kept
 RTOL = 1e-5
 
 

@@ -53,7 +53,7 @@ def test_a_notice_hands_the_stage_over_before_the_kill(tmp_path, tmp_path_factor
         proc = subprocess.Popen([sys.executable, "-m", "commands.train.cli", "--no-progress", "--etcd", etcd.endpoint,
                                  "--metrics-out", str(tmp_path / "m.jsonl"), "--save-dir", str(tmp_path / "params"),
                                  *COMMON, "--microbatches", "4", "--local-nodes", "3", "--zones", "a,b",
-                                 "--max-stages-per-node", "1",
+                                 "--max-stages-per-node", "1", "--surplus", "keep",  # the standby stays
                                  "--notice", "ec2", "--metadata-url", metadata.url + "/{node}"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         _wait_for_iteration(etcd, 3, proc)

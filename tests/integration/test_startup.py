@@ -28,7 +28,7 @@ COMMON = ["--model", "tiny", "--stages", "2", "--microbatches", "4", "--iteratio
 
 def _launch(tmp_path, etcd, *args):
     return subprocess.Popen([sys.executable, "-m", "commands.train.cli", "--no-progress", "--etcd", etcd.endpoint,
-                             "--metrics-out", str(tmp_path / "m.jsonl"), *COMMON, *args],
+                             "--metrics-out", str(tmp_path / "m.jsonl"), *COMMON, "--surplus", "keep", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -30,7 +30,8 @@ def test_status_of_a_finished_job_with_a_preemption(tmp_path):
 def test_status_of_a_local_cluster_shows_zones_assignment_and_standby(tmp_path):
     with EtcdServer() as etcd:
         bamboo_train(tmp_path / "m.jsonl", "--stages", "2", "--microbatches", "4", "--iterations", "3",
-                     "--local-nodes", "3", "--zones", "a,b", "--etcd", etcd.endpoint, "--max-stages-per-node", "1")
+                     "--local-nodes", "3", "--zones", "a,b", "--etcd", etcd.endpoint, "--max-stages-per-node", "1",
+                     "--surplus", "keep")  # the standby stays: two trainers justify none by the burst rule
         out = subprocess.run([sys.executable, "-m", "commands.status.status", "--etcd", etcd.endpoint, "--json"],
                              capture_output=True, text=True, timeout=60)
         (status,) = [json.loads(line) for line in out.stdout.splitlines()]
