@@ -44,10 +44,14 @@ def decide_release(cfg: JobConfig, epoch: Assignment, live: dict[str, str], prev
     """The decision for `epoch` over the `live` nodes (node -> zone) at `now` (epoch
     seconds): the standby the rule asks for, up to the group's first size (more
     are asked for when too few are idle); the nodes in no pipeline beyond it go,
-    unless fewer are held than asked for (they wait for the newcomers). Nodes the
-    previous decision released are gone, whether or not they have left yet. A node
+    unless fewer are held than asked for (they wait for the newcomers). Only the
+    epoch's own nodes count: one that joined after it was made waits for the next
+    epoch. Nodes the previous decision released are gone, whether or not they have
+    left yet. A node
     of a machine of several workers (`shared`) is never released: the machine
     leaves whole or not at all."""
+    # a node that joined after the epoch was made waits for the next one to place it: neither held nor idle yet
+    live = {n: z for n, z in live.items() if int(n) in epoch.members or int(n) in epoch.standby}
     if previous is not None:
         live = {n: z for n, z in live.items() if int(n) not in previous.nodes}
     trainers = {str(n): live[str(n)] for pipe in epoch.pipelines for n in pipe if str(n) in live}

@@ -73,3 +73,14 @@ def test_a_node_of_a_shared_machine_is_never_released():
     """Node 6 shares a machine with others: only node 7 goes."""
     out = decide_release(CFG, EPOCH, EIGHT, None, (), 0.0, shared=frozenset({"6"}))
     assert out.nodes == (7,) and out.desired == 7
+
+
+def test_a_node_that_joined_after_the_epoch_is_neither_held_nor_released_by_it():
+    """After a burst the job asks for six. Epoch 3 has one pipeline and nodes 3 and
+    8 in standby; newcomer 9 registered after it was made. The epoch holds five of
+    the six asked for, so its standby waits for the next epoch, which places 3, 8
+    and 9 as a pipeline; counting 9 would have released 3 and 8."""
+    epoch = Assignment(3, 9, ((0, 2, 1),), standby=(3, 8))
+    live = {n: EIGHT.get(n, "a") for n in ("0", "1", "2", "3", "8", "9")}
+    out = decide_release(CFG, epoch, live, Release((6, 7), 0, 6, 8, 1000.0), (2,), 1030.0)
+    assert out.nodes == () and out.desired == 6
