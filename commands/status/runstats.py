@@ -24,11 +24,12 @@ FENCED_HOW = (STRAGGLER,)
 
 
 def node_state(look, node: int) -> str:
-    """training, standby, draining, dead, fenced, or left (it holds no place now)."""
+    """training, standby, draining, dead, fenced, or left (it drained and its agent
+    stopped, or it holds no place now)."""
     if node in look.failed:
         return "fenced" if look.failed[node].how in FENCED_HOW else "dead"
     if node in look.drains:
-        return "draining"
+        return "left" if node in look.left else "draining"
     newest = look.assignments[max(look.assignments)] if look.assignments else None
     if newest and node in newest.members:
         return "training"
