@@ -31,8 +31,7 @@ class RunState:
     iteration_start: float = 0.0  # samples when the iteration under way began
     lost_partial: float = 0.0   # samples of abandoned partial iterations
     preemptions: int = 0
-    idle_seconds: float = 0.0   # node-seconds paid for by nodes in no pipeline
-    standby_seconds: float = 0.0  # ... of which the burst rule (agents/surplus.py) justified as standby
+    idle_seconds: float = 0.0   # node-seconds paid for by nodes in no pipeline (those justified: booked["standby"])
     bursts: list = field(default_factory=list)  # nodes each batch of losses took from the job, so far
     rewound: float = 0.0        # samples a fatal failure sent back (trained, then lost)
     pauses: list = field(default_factory=list)  # (start, end, reason) of each pause, in order, not overlapping

@@ -292,8 +292,7 @@ class ClusterSimulator:
         acquiring = self.capacity.arriving + waiting
         s.idle_seconds += (idle + self.capacity.arriving) * max(0.0, to - s.t)
         span = (s.t, to)
-        justified = justified_standby(self, s, used, idle - waiting, span)
-        s.standby_seconds += justified
+        justified = justified_standby(self, s, used, idle - waiting, span)  # booked as standby (book)
         while s.t < to:
             step_to = min(to, max(s.t, s.next_checkpoint))
             working = max(0.0, step_to - max(s.t, s.paused_until))
@@ -336,7 +335,7 @@ class ClusterSimulator:
         paid = s.node_seconds or 1.0
         out["idle_fraction"] = round(s.idle_seconds / paid, 4) if s.node_seconds else 0.0
         out["ledger"] = ledger(s)  # paid node-hours by what they went to
-        out["idle_unjustified_fraction"] = round((s.idle_seconds - s.standby_seconds) / paid, 4) \
+        out["idle_unjustified_fraction"] = round((s.idle_seconds - s.booked.get("standby", 0.0)) / paid, 4) \
             if s.node_seconds else 0.0  # idle beyond the standby the burst rule asks for
         out["notices_drained"] = s.drained
         out.update(self.capacity.describe(), surplus=self.opt.surplus)

@@ -206,11 +206,12 @@ def ledger(look, series: list[dict], paused: dict[int, float]) -> dict[str, floa
         alive = lambda nodes: [n for n in nodes  # noqa: E731  (not dead before it, nor gone: released, drained)
                                if (n not in look.failed or look.failed[n].iteration >= r["iteration"])
                                and (n not in look.left or look.left[n].time > began)]
-        trainers, pause = len(alive(a.members)), min(r["seconds"], paused.get(r["iteration"], 0.0))
-        parts["training"] += trainers * (r["seconds"] - pause)
-        parts[_pause_cause(starts.get(r["iteration"]), f)] += trainers * pause
-        parts["standby"] += len(alive(a.standby)) * r["seconds"]
-        for n in {*alive(a.members), *alive(a.standby)}:
+        trainers, standby = alive(a.members), alive(a.standby)
+        pause = min(r["seconds"], paused.get(r["iteration"], 0.0))
+        parts["training"] += len(trainers) * (r["seconds"] - pause)
+        parts[_pause_cause(starts.get(r["iteration"]), f)] += len(trainers) * pause
+        parts["standby"] += len(standby) * r["seconds"]
+        for n in {*trainers, *standby}:
             first, seconds = booked.get(n, (began, 0.0))
             booked[n] = [min(first, began), seconds + r["seconds"]]
     for node, (since, end) in paid_spans(look).items():
