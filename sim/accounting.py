@@ -104,23 +104,24 @@ class RunState:
 
 
 def book(s: RunState, span: tuple[float, float], nodes: tuple[int, int, int], standby: float,
-         redundant: float) -> None:
+         redundant: float, waiting: bool = False) -> None:
     """Book `span` (from, to) of the paid `nodes` (held, of them in pipelines, and
-    acquiring): the held ones in no pipeline as standby (`standby` node-seconds of them) or idle;
-    those asked for and not yet here as acquisition waits; those in pipelines by
-    the pauses overlapping it, and the rest as training, of which the share
-    `redundant` is redundancy: what FRC and replica syncs add to an iteration
-    without them."""
+    arriving): the held ones in no pipeline as standby (`standby` node-seconds of
+    them), the rest of them as acquisition waits while they `wait` for the nodes
+    asked for, else as idle; those asked for and not yet here as acquisition waits;
+    those in pipelines by the pauses overlapping it, and the rest as training, of
+    which the share `redundant` is redundancy: what FRC and replica syncs add to an
+    iteration without them."""
     start, end = span
     if end <= start:
         return
     booked = s.booked
-    held, used, acquiring = nodes
+    held, used, arriving = nodes
     idle = held - used
     standby = min(standby, idle * (end - start))
     booked["standby"] += standby
-    booked["idle"] += idle * (end - start) - standby
-    booked["acquisition waits"] += acquiring * (end - start)
+    booked["acquisition waits" if waiting else "idle"] += idle * (end - start) - standby
+    booked["acquisition waits"] += arriving * (end - start)
     paused = 0.0
     for first, last, reason in s.pauses:
         overlap = min(end, last) - max(start, first)

@@ -34,7 +34,7 @@ class Capacity:
     free: dict[str, str] = field(default_factory=dict)  # node -> zone: the trace has it, the job does not
     desired: int | None = None  # the standing request: nodes the job wants to hold (None: all it is granted)
     arriving: int = 0         # nodes asked for from the free ones, not yet here (paid)
-    waiting: int = 0          # held nodes in no pipeline kept for the nodes asked for
+    waiting: bool = False     # the held nodes in no pipeline are kept for the nodes asked for
     give_up_at: float | None = None  # when a request that nothing could fill is given up
     released: int = 0         # nodes given back, so far
     acquired: int = 0         # nodes that came from a request, so far
@@ -42,6 +42,11 @@ class Capacity:
     def wants(self, held: int) -> bool:
         """Whether a node the trace adds now is taken: the request is not yet met."""
         return self.desired is None or held + self.arriving < self.desired
+
+    def short_of(self, held: int) -> bool:
+        """Whether the job holds fewer than it asked for: its nodes in no pipeline
+        wait for the newcomers (they are paid either way) instead of going."""
+        return self.desired is not None and held < self.desired
 
     def request(self, queue: list[Event], now: float, count: int, delay: float) -> None:
         """Ask for `count` of the free nodes: they come `delay` seconds from `now`."""
@@ -105,7 +110,7 @@ def settle(sim, s: RunState, config: Config | None, live: dict[str, str], queue:
     if sim.opt.surplus == SurplusRule.KEEP:
         return
     if not sim.running(config):  # too few nodes to train: they hold the state, and all are wanted
-        cap.desired, cap.waiting, cap.give_up_at = None, 0, None
+        cap.desired, cap.waiting, cap.give_up_at = None, False, None
     else:
         usable, used = sim.usable(live), used_nodes(config)
         idle = {n: z for n, z in usable.items() if n not in used}
@@ -116,7 +121,7 @@ def settle(sim, s: RunState, config: Config | None, live: dict[str, str], queue:
         given_up = _given_up(cap, s.t, len(live), queue, sim.opt.acquire_seconds)
         if given_up:
             cap.desired = useful  # what is held beyond it goes below
-        cap.waiting = len(idle) if len(live) + cap.arriving < cap.desired else 0  # for the nodes asked for
+        cap.waiting = cap.short_of(len(live))  # for the nodes asked for
         if not cap.waiting:
             for n in assign_surplus(idle, {n: live[n] for n in used}, standby).release:
                 cap.free[n] = live.pop(n)

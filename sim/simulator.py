@@ -288,11 +288,9 @@ class ClusterSimulator:
         s.timeline.append((s.t, nodes, rate))
         s.node_seconds += nodes * max(0.0, to - s.t)
         idle = max(0, len(live) - used)
-        waiting = min(idle, self.capacity.waiting)  # held for a pipeline that waits on acquisitions
-        acquiring = self.capacity.arriving + waiting
         s.idle_seconds += (idle + self.capacity.arriving) * max(0.0, to - s.t)
         span = (s.t, to)
-        justified = justified_standby(self, s, used, idle - waiting, span)  # booked as standby (book)
+        justified = justified_standby(self, s, used, idle, span)  # booked as standby (book)
         while s.t < to:
             step_to = min(to, max(s.t, s.next_checkpoint))
             working = max(0.0, step_to - max(s.t, s.paused_until))
@@ -302,8 +300,8 @@ class ClusterSimulator:
                 s.skip_checkpoint()  # rearmed when training resumes
             elif s.t >= s.next_checkpoint:
                 self.take_checkpoint(s, used, config)
-        book(s, span, (len(live) - waiting, used, acquiring), justified,
-             self._redundant_share(config) if used else 0.0)
+        book(s, span, (len(live), used, self.capacity.arriving), justified,
+             self._redundant_share(config) if used else 0.0, waiting=self.capacity.waiting)
 
     def _redundant_share(self, config: Config) -> float:
         """The share of an iteration of `config` that its redundancy adds (FRC, replica

@@ -38,8 +38,9 @@ def test_a_node_in_no_pipeline_is_released_and_no_longer_paid():
 
 def test_a_replacement_comes_after_the_acquisition_and_is_paid_while_it_comes():
     """n1 dies at 1000 s: one pipeline is left, and the released node is asked for.
-    It comes at 1000 + 300 s; until then it is paid (acquisition waits), and so is
-    the survivor of the broken pipeline that waits for it."""
+    It comes at 1000 + 300 s; until then it is paid (acquisition waits). The
+    survivor of the broken pipeline waits for it, paid too: after a death the burst
+    rule asks for one standby, so that node is booked as standby, not as idle."""
     events = start(5) + [Event(1000.0, "remove", "n1", "b")]
     out = run(events, acquire_seconds=300.0)
     one, two = [(t, n) for t, n, rate in out["timeline"] if t >= 1000.0][:2]
@@ -47,7 +48,9 @@ def test_a_replacement_comes_after_the_acquisition_and_is_paid_while_it_comes():
     rates = {t: rate for t, _, rate in out["timeline"]}
     assert rates[1000.0] < rates[1300.0] == rates[0.0]  # one pipeline while it comes, two after
     assert out["nodes_acquired"] == 1
-    assert out["ledger"]["acquisition waits"] == pytest.approx(2 * 300 / 3600, abs=1e-4)
+    assert out["ledger"]["acquisition waits"] == pytest.approx(300 / 3600, abs=1e-4)
+    assert out["ledger"]["standby"] == pytest.approx(300 / 3600, abs=1e-4)
+    assert out["idle_unjustified_fraction"] == pytest.approx(300 / (4 * 3600), abs=1e-4)  # the node coming
     assert out["mean_nodes"] == pytest.approx(4.0)
 
 
@@ -63,24 +66,32 @@ def test_a_request_the_trace_cannot_fill_takes_its_next_node_at_once():
     preemption does not lower the request), the survivor of the broken pipeline
     waits for the replacement rather than being released, and the node the trace
     adds 200 s later (within --acquire-seconds) is taken then: as if every node
-    were kept."""
+    were kept. The survivor's wait is the standby the burst rule asks for after a
+    death; where the rule asks for none (a loss allowed half the time), an
+    acquisition wait."""
     events = start(4) + [Event(1000.0, "remove", "n1", "b"), Event(1200.0, "add", "n9", "b")]
     out, kept = run(events, acquire_seconds=300.0), run(events, surplus="keep")
     assert out["samples"] == kept["samples"] and out["mean_nodes"] == kept["mean_nodes"]
     assert out["nodes_released"] == out["nodes_acquired"] == 0
-    assert out["ledger"]["acquisition waits"] == pytest.approx(200 / 3600, abs=1e-4)  # the survivor, waiting
+    assert out["ledger"]["standby"] == pytest.approx(200 / 3600, abs=1e-4)  # the survivor, waiting
+    none = run(events, standby_epsilon=0.5, acquire_seconds=300.0)
+    assert none["samples"] == kept["samples"] and "standby" not in none["ledger"]
+    assert none["ledger"]["acquisition waits"] == pytest.approx(200 / 3600, abs=1e-4)
 
 
 def test_a_request_nothing_fills_for_the_acquisition_time_is_given_up():
     """The same death, but the trace has no node for 1000 s: the survivor waits
     300 s (what re-acquiring it would cost), is released, and comes back with the
-    new node: both asked for at 2000 s, here at 2300 s."""
+    new node: both asked for at 2000 s, here at 2300 s. Its wait is booked as the
+    standby the burst rule asks for after a death (the price weighing, not the
+    rule's count, let it go); the two nodes coming as acquisition waits."""
     events = start(4) + [Event(1000.0, "remove", "n1", "b"), Event(2000.0, "add", "n9", "b")]
     out = run(events, acquire_seconds=300.0)
     paid = [(t, n) for t, n, _ in out["timeline"] if t >= 1000.0]
     assert paid[:4] == [(1000.0, 3), (1300.0, 2), (2000.0, 4), (2300.0, 4)]
     assert out["nodes_released"] == 1 and out["nodes_acquired"] == 2
-    assert out["ledger"]["acquisition waits"] == pytest.approx((300 + 2 * 300) / 3600, abs=1e-4)
+    assert out["ledger"]["acquisition waits"] == pytest.approx(2 * 300 / 3600, abs=1e-4)
+    assert out["ledger"]["standby"] == pytest.approx(300 / 3600, abs=1e-4)
 
 
 @pytest.mark.parametrize("surplus", ["burst", "binomial", "fixed", "keep"])
