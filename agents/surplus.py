@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 from bamboo.control.config import Surplus as SurplusRule  # burst, binomial, fixed, keep: the rules below
 
@@ -124,11 +124,29 @@ def _smallest_covering(mass: list[float], epsilon: float) -> int:
     return len(mass) - 1
 
 
-@dataclass(frozen=True)
 class Economics:
-    """What the burst rule weighs a standby by, in samples per second."""
-    loss_per_node: float    # a node missing from the pipelines until its replacement comes
-    earned_per_node: float  # the job's throughput over the nodes it pays for
+    """What the burst rule weighs a standby by, in samples per second: the job's
+    throughput with its first j trainers gone, in the order a burst takes them
+    (`throughput(j)`, asked for lazily and once each), over the nodes it pays for."""
+
+    def __init__(self, throughput: Callable[[int], float], paid: int):
+        self._throughput, self.paid = throughput, max(1, paid)
+        self._seen: dict[int, float] = {}
+
+    def throughput(self, gone: int) -> float:
+        if gone not in self._seen:
+            self._seen[gone] = self._throughput(gone)
+        return self._seen[gone]
+
+    @property
+    def earned_per_node(self) -> float:
+        """The samples/s a paid node earns on average."""
+        return self.throughput(0) / self.paid
+
+    def loss(self, j: int) -> float:
+        """What the j-th node missing from the pipelines costs (j from 1) until its
+        replacement comes: a burst's later losses often fall in a pipeline already broken."""
+        return max(0.0, self.throughput(j - 1) - self.throughput(j))
 
 
 def standby_count(rule: SurplusRule, bursts: BurstModel, window: float, epsilon: float, trainers: int,
@@ -150,9 +168,18 @@ def standby_count(rule: SurplusRule, bursts: BurstModel, window: float, epsilon:
     tail = 1.0  # P(at least j nodes lost within the window)
     for j, p in enumerate(bursts.loss_distribution(window, ceiling), start=1):
         tail -= p
-        if tail * economics.loss_per_node < economics.earned_per_node:
+        if tail * economics.loss(j) < economics.earned_per_node:
             return j - 1
     return ceiling
+
+
+def burst_order(trainers: Mapping[str, str]) -> list[str]:
+    """The `trainers` (node -> zone) in the order a burst takes them: the zone with
+    the most of them first (spot capacity leaves a zone at a time)."""
+    count: dict[str, int] = {}
+    for zone in trainers.values():
+        count[zone] = count.get(zone, 0) + 1
+    return sorted(trainers, key=lambda n: (-count[trainers[n]], trainers[n], n))
 
 
 def assign_surplus(idle: Mapping[str, str], trainers: Mapping[str, str], standby: int) -> Roles:

@@ -20,7 +20,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from agents.policy import Config
-from agents.surplus import Economics, SurplusRule, assign_surplus, standby_count
+from agents.surplus import Economics, SurplusRule, assign_surplus, burst_order, standby_count
 from sim.accounting import RunState
 from sim.reconfiguration import used_nodes
 from sim.traces import Event
@@ -151,16 +151,20 @@ def _given_up(cap: Capacity, now: float, held: int, queue: list[Event], delay: f
 
 def standby_of(sim, s: RunState, config: Config, limit: int, paid: int) -> int:
     """The standby the surplus rule keeps, of at most `limit` nodes beyond the
-    pipelines of `config`, weighed (burst rule) by what a missing node costs it:
-    its throughput against that of the policy's next configuration without one of
-    its nodes."""
+    pipelines of `config`, weighed (burst rule) by what each missing node costs it:
+    the throughput of the policy's next configuration with one more of its nodes
+    gone, as a burst takes them."""
     used = used_nodes(config)
-    rate = sim.config_throughput(config)
-    fewer = {n: sim.zones[n] for n in sorted(used)[1:] if n not in sim.noticed}
-    economics = Economics(rate - sim.config_throughput(sim.next_config(fewer, config)),
-                          rate / max(1, paid + sim.capacity.arriving))
+    order = burst_order({n: sim.zones[n] for n in used})
+
+    def throughput(gone: int) -> float:
+        if not gone:
+            return sim.config_throughput(config)
+        return sim.config_throughput(sim.next_config({n: sim.zones[n] for n in order[gone:]
+                                                     if n not in sim.noticed}, config))
     return standby_count(SurplusRule(sim.opt.surplus), sim.bursts_seen(s, len(used)), sim.opt.acquire_seconds,
-                         sim.opt.standby_epsilon, len(used), limit, economics, sim.opt.fixed_standby)
+                         sim.opt.standby_epsilon, len(used), limit, Economics(throughput, paid + sim.capacity.arriving),
+                         sim.opt.fixed_standby)
 
 
 def justified_standby(sim, s: RunState, used: int, idle: int, span: tuple[float, float]) -> float:

@@ -114,20 +114,31 @@ def test_the_rules_count_as_named():
 
 def test_the_burst_rule_keeps_a_standby_only_while_it_earns_its_price():
     """The j-th standby stays while P(at least j lost within the window) times what
-    a missing node costs is at least what a paid node earns: checked against the
-    tail of the independent convolution."""
+    the j-th missing node costs is at least what a paid node earns: checked against
+    the tail of the independent convolution, with every loss costing the same and
+    with only the first costing (the second falls in the pipeline already broken)."""
     from agents.surplus import Economics, SurplusRule, standby_count
     sizes, elapsed, window = (1, 1, 2, 5), 20_000.0, 600.0
     model = BurstModel(sizes, elapsed)
     ceiling = model.standby(window, 0.01, 30)
     mass = by_convolution(sizes, elapsed, window, 40)
-    for loss, earned in ((10.0, 1.0), (10.0, 0.5), (1.0, 1.0), (100.0, 0.01)):
-        expected = 0
-        while expected < ceiling and (1 - mass[:expected + 1].sum()) * loss >= earned:
-            expected += 1
-        got = standby_count(SurplusRule.BURST, model, window, 0.01, 20, 30, Economics(loss, earned))
-        assert got == expected, (loss, earned)
+    at_least = lambda j: 1 - mass[:j].sum()  # noqa: E731  P(j or more lost)
+    base = 100.0
+    for loss, paid in ((10.0, 10), (10.0, 200), (1.0, 100), (30.0, 4), (100.0, 10_000)):
+        for cost in (lambda j: loss, lambda j: loss if j == 1 else 0.0):  # noqa: B023
+            expected = 0
+            while expected < ceiling and at_least(expected + 1) * cost(expected + 1) >= base / paid:
+                expected += 1
+            left = lambda gone: base - sum(cost(j) for j in range(1, gone + 1))  # noqa: E731,B023
+            got = standby_count(SurplusRule.BURST, model, window, 0.01, 20, 30, Economics(left, paid))
+            assert got == expected, (loss, paid, cost(2))
     assert standby_count(SurplusRule.BURST, model, window, 0.01, 20, 30) == ceiling  # no economics: the ceiling
+
+
+def test_a_burst_takes_the_zone_with_the_most_trainers_first():
+    from agents.surplus import burst_order
+    trainers = {"t1": "b", "t2": "a", "t3": "b", "t4": "c", "t5": "a", "t6": "b"}
+    assert burst_order(trainers) == ["t1", "t3", "t6", "t2", "t5", "t4"]
 
 
 def test_the_standby_goes_to_the_zones_with_fewest_trainers():
