@@ -27,7 +27,7 @@ $(BROWSER): $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m schedules demo
-	@echo "--- tiny, P=4, on 6 local nodes (agents) in zones a,b,c: a pipeline, one standby, one node released;"
+	@echo "--- tiny, P=4, on 6 local nodes (agents) in zones a,b,c: a pipeline, two nodes released;"
 	@echo "--- node 2 (agent and worker) is SIGKILLed in iteration 15 ---"
 	$(VENV)/bin/bamboo-train --model tiny --stages 4 --microbatches 8 --iterations 30 \
 		--local-nodes 6 --zones a,b,c --preempt 2@15:10 --metrics-out out/metrics.jsonl

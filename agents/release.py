@@ -3,9 +3,10 @@ keeps as warm standby and which it gives back, decided once per epoch by the
 first agent to write it, with the same pure functions the simulator runs
 (agents/surplus.py).
 
-The standby is the burst rule's count (`BurstModel.standby`, without the
-simulator's price weighing, which needs the throughput of configurations the
-runtime has not run): bursts are the job's recorded deaths grouped by the
+The standby is the burst rule's count (`BurstModel.standby`), each node of it
+kept only while it earns its price (`Economics`, the simulator's weighing, here
+with the throughputs the policy's own stage-slot estimate gives the pipelines
+left after each loss): bursts are the job's recorded deaths grouped by the
 iteration they happened in, observed since the job's first decision (a time in
 the decisions, so every writer divides by the same span), from auto's prior
 (--auto-prior-rate, --auto-prior-hours). The nodes
@@ -22,7 +23,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from agents.surplus import BurstModel, SurplusRule, assign_surplus, standby_count
+from agents.policy import next_config, slot_estimate
+from agents.surplus import BurstModel, Economics, SurplusRule, assign_surplus, burst_order, standby_count
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster, latest
 from bamboo.control.config import JobConfig
@@ -61,12 +63,32 @@ def decide_release(cfg: JobConfig, epoch: Assignment, live: dict[str, str], prev
                            cfg.schedule.auto_prior_hours)
     keep = standby_count(SurplusRule(cfg.cluster.surplus), seen,
                          cfg.cluster.acquire_seconds, cfg.cluster.standby_epsilon, len(trainers),
-                         max(len(idle), ceiling - len(trainers)), fixed=cfg.cluster.fixed_standby)
+                         max(len(idle), ceiling - len(trainers)), economics(cfg, epoch, trainers, len(live)),
+                         fixed=cfg.cluster.fixed_standby)
     desired = max(len(live) if previous is None else previous.desired, len(trainers) + keep)
     if len(live) < desired:
         return Release((), keep, desired, ceiling, since)
     gone = assign_surplus({n: z for n, z in idle.items() if n not in shared}, trainers, keep).release
     return Release(tuple(int(n) for n in gone), keep, desired - len(gone), ceiling, since)
+
+
+def economics(cfg: JobConfig, epoch: Assignment, trainers: dict[str, str], paid: int) -> Economics:
+    """What a standby earns: the iteration rate of the epoch's pipelines, and of the
+    policy's configuration with its first j `trainers` gone as a burst takes them,
+    from the stage-slot estimate the policy places pipelines by (the samples of an
+    iteration are the same in each, so its rate measures throughput)."""
+    s = cfg.schedule
+    estimate, order = slot_estimate(s.microbatches), burst_order(trainers)
+
+    def rate(gone: int) -> float:
+        if gone == 0:
+            pipelines = [tuple(str(n) for n in pipe) for pipe in epoch.pipelines]
+        else:
+            config = next_config({n: trainers[n] for n in order[gone:]}, None, s.stages, s.microbatches,
+                                 s.max_stages_per_node, estimate, per_node=True)
+            pipelines = list(config.pipelines) if config.depth == s.stages else []
+        return 1.0 / estimate(pipelines) if pipelines else 0.0
+    return Economics(rate, paid)
 
 
 class Releaser:

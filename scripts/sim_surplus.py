@@ -3,7 +3,7 @@ and growing back gives `auto`, against the baselines' surplus rules, on the
 repository's traces (docs/simulator.md, "Capacity is a decision: release, standby,
 grow back").
 
-It prints two tables and a summary:
+It prints three tables and a summary:
 
   rules    for each trace, depth P and --surplus rule (keep, burst, binomial, fixed):
            auto's mean paid nodes, goodput, value, idle_fraction,
@@ -11,8 +11,10 @@ It prints two tables and a summary:
            (its ledger), nodes released, and auto's value over the best of the other
            spot strategies (checkpoint, redo, bamboo, lazy) under the same rule
   acquire  auto under --surplus burst on the EC2 traces at each --acquire-seconds
+  fixed    the fixed over-provisioning at its best: auto's value under --surplus
+           fixed at each --fixed-standby 0..4, the best count, and burst's value
   summary  per trace and P: auto's goodput under burst over under keep, and whether
-           burst's value beats binomial's and fixed's
+           burst's value beats binomial's and fixed's (at 2, and at its best count)
 
 Each run is what `bamboo-sim --trace T --strategy all --model M --stages P --surplus
 RULE [--acquire-seconds A] --json` reports, bamboo-sim's defaults otherwise: the
@@ -52,12 +54,17 @@ STRATEGIES = ("checkpoint", "redo", "bamboo", "lazy", "auto")
 OTHERS = STRATEGIES[:-1]
 RULES = ("keep", "burst", "binomial", "fixed")
 ACQUIRE = "60,120,300,600"
+FIXED_COUNTS = (0, 1, 2, 3, 4)  # the --fixed-standby values searched for the fixed rule's best
 VARIED = ("surplus", "acquire_seconds", "notice_seconds")  # set per run; every other option is Options()'s
 RULE_COLUMNS = (("trace", "trace"), ("P", "stages"), ("--surplus", "surplus"), ("mean paid nodes", "mean_nodes"),
                 ("goodput", "goodput"), ("value", "value"), ("idle_fraction", "idle_fraction"),
                 ("idle_unjustified_fraction", "idle_unjustified_fraction"),
                 ("acquisition waits (share)", "waits_share"), ("nodes released", "nodes_released"),
                 ("auto / best other", lambda r: f"{r['auto_over_best_other']} ({r['best_other']})"))
+FIXED_COLUMNS = (("trace", "trace"), ("P", "stages"),
+                 *((f"fixed {n}", lambda r, n=n: r["values"][n]) for n in FIXED_COUNTS),
+                 ("best count", "best"), ("burst", "burst"),
+                 ("burst / fixed at its best", lambda r: round(r["burst"] / r["best_value"], 4)))
 ACQUIRE_COLUMNS = (("trace", "trace"), ("P", "stages"), ("--acquire-seconds", "acquire_seconds"),
                    ("goodput", "goodput"), ("value", "value"), ("mean paid nodes", "mean_nodes"),
                    ("idle_unjustified_fraction", "idle_unjustified_fraction"),
@@ -107,6 +114,22 @@ def acquire_rows(model: str, traces: list[tuple], depths: list[int], waits: list
     return rows
 
 
+def fixed_rows(model: str, traces: list[tuple], depths: list[int], rules: list[dict]) -> list[dict]:
+    """auto under --surplus fixed at each of FIXED_COUNTS: the baseline at its best
+    count, beside burst's value (from `rules`)."""
+    rows = []
+    for name, fmt, events in traces:
+        for depth in depths:
+            values = {n: ClusterSimulator(profile(model), depth, "auto", Options(
+                surplus="fixed", fixed_standby=n, notice_seconds=NOTICE_SECONDS[fmt])).run(events)["value"]
+                for n in FIXED_COUNTS}
+            best = max(values, key=values.get)  # the smallest count of a tie
+            burst = next(r["value"] for r in rules if (r["trace"], r["stages"], r["surplus"]) == (name, depth, "burst"))
+            rows.append({"trace": name, "stages": depth, "values": values, "best": best, "best_value": values[best],
+                         "burst": burst})
+    return rows
+
+
 def table(columns: tuple, rows: list[dict]) -> str:
     """A markdown table; a column's key is a row's field or a function of the row."""
     def cell(row: dict, key) -> str:
@@ -115,15 +138,20 @@ def table(columns: tuple, rows: list[dict]) -> str:
     return "\n".join([*lines, *("| " + " | ".join(cell(r, key) for _, key in columns) + " |" for r in rows)])
 
 
-def summary(rows: list[dict]) -> list[str]:
-    """Per trace and P: goodput under burst over keep; burst's value against binomial's and fixed's."""
+def summary(rows: list[dict], fixed: list[dict]) -> list[str]:
+    """Per trace and P: goodput under burst over keep; burst's value against
+    binomial's, fixed's and fixed's at its best count."""
     lines = []
+    best = {(r["trace"], r["stages"]): r for r in fixed}
     for trace, depth in dict.fromkeys((r["trace"], r["stages"]) for r in rows):
         by = {r["surplus"]: r for r in rows if (r["trace"], r["stages"]) == (trace, depth)}
         keep, burst = by["keep"]["goodput"], by["burst"]["goodput"]
         gain = f"×{burst / keep:.3f}" if keep > 0 else "n/a (keep's goodput is 0)"
         against = "; ".join(f"{'beats' if by['burst']['value'] > by[rule]['value'] else 'does not beat'} {rule} "
                             f"({by['burst']['value']} against {by[rule]['value']})" for rule in ("binomial", "fixed"))
+        top = best[(trace, depth)]
+        against += (f"; {'beats' if top['burst'] > top['best_value'] else 'does not beat'} fixed at its best "
+                    f"count, {top['best']} ({top['burst']} against {top['best_value']})")
         lines.append(f"- {trace} P={depth}: auto's goodput, burst over keep {gain}; burst's value {against}")
     return lines
 
@@ -177,6 +205,7 @@ def main() -> None:
                   "traces": {name: {"format": fmt, "notice_seconds": NOTICE_SECONDS[fmt]} for name, fmt, _ in traces},
                   "options": {k: v for k, v in asdict(Options()).items() if k not in VARIED}}
     rules, acquire = rules_rows(args.model, traces, depths), acquire_rows(args.model, traces, depths, waits)
+    fixed = fixed_rows(args.model, traces, depths, rules)
     print(f"model {args.model}, profile {parameters['profile']}; traces (format, notice seconds): "
           + ", ".join(f"{n} ({t['format']}, {t['notice_seconds']:g})" for n, t in parameters["traces"].items()))
     print(f"rules: --acquire-seconds {Options.acquire_seconds:g}, every spot strategy under each --surplus; "
@@ -186,9 +215,11 @@ def main() -> None:
     print()
     print(table(ACQUIRE_COLUMNS, acquire))
     print()
-    print("\n".join(summary(rules)))
+    print(table(FIXED_COLUMNS, fixed))
+    print()
+    print("\n".join(summary(rules, fixed)))
     if args.json:
-        write_json(args.json, {"parameters": parameters, "rules": rules, "acquire": acquire})
+        write_json(args.json, {"parameters": parameters, "rules": rules, "acquire": acquire, "fixed": fixed})
 
 
 if __name__ == "__main__":

@@ -189,14 +189,20 @@ def auto_estimates(look, iteration: int | None = None) -> dict | None:
 
 def ledger(look, series: list[dict], paused: dict[int, float]) -> dict[str, float]:
     """Paid node-seconds by what they went to. In the timed iterations (every node of
-    the epoch, standby included, until it died): the nodes with a stage train, but
-    for the iteration's pause beyond the typical one, booked by its cause (the epoch
-    it starts: a reconfiguration, a redo or a rollback; a failover in it; else a
-    slowdown); the nodes in standby wait. Outside them, from each node's paid span
-    (`paid_spans`): its `start-up` before the first iteration booked to it (process
-    start, model build, the untimed first iteration, a newcomer's joining) and its
-    `leaving` after the last (a release's drain, the job's end, a death's detection)."""
+    the epoch, standby included, from its process start until it died or left): the
+    nodes with a stage train, but for the iteration's pause beyond the typical one,
+    booked by its cause (the epoch it starts: a reconfiguration, a redo or a
+    rollback; a failover in it; else a slowdown); the nodes in standby wait. Outside
+    them, from each node's paid span (`paid_spans`): its `start-up` before the first
+    iteration booked to it (process start, model build, the untimed first
+    iteration) and its `leaving` after the last (a release's drain, the job's end, a
+    death's detection). A node the job asked for later (not of the first epoch)
+    books its boot and joining, to its first iteration's end less the typical
+    iteration, as an `acquisition wait` instead of start-up and pause."""
     starts = {a.start: a for a in look.assignments.values()}
+    spans = paid_spans(look)
+    first_epoch = look.assignments[min(look.assignments)] if look.assignments else None
+    founders = {*first_epoch.members, *first_epoch.standby} if first_epoch else set()
     parts: dict[str, float] = defaultdict(float)
     booked: dict[int, list[float]] = {}  # node -> [first booked second, seconds booked]
     for r, f in zip(series, look.done):
@@ -206,19 +212,24 @@ def ledger(look, series: list[dict], paused: dict[int, float]) -> dict[str, floa
         alive = lambda nodes: [n for n in nodes  # noqa: E731  (not dead before it, nor gone: released, drained)
                                if (n not in look.failed or look.failed[n].iteration >= r["iteration"])
                                and (n not in look.left or look.left[n].time > began)]
-        trainers, standby = alive(a.members), alive(a.standby)
         pause = min(r["seconds"], paused.get(r["iteration"], 0.0))
-        parts["training"] += len(trainers) * (r["seconds"] - pause)
-        parts[_pause_cause(starts.get(r["iteration"]), f)] += len(trainers) * pause
-        parts["standby"] += len(standby) * r["seconds"]
-        for n in {*trainers, *standby}:
-            first, seconds = booked.get(n, (began, 0.0))
-            booked[n] = [min(first, began), seconds + r["seconds"]]
-    for node, (since, end) in paid_spans(look).items():
+        cause = _pause_cause(starts.get(r["iteration"]), f)
+        for n, role in [(n, "training") for n in alive(a.members)] + [(n, "standby") for n in alive(a.standby)]:
+            since = max(began, spans[n][0]) if n in spans else began  # a newcomer is paid from its start
+            seconds = r["end"] - since
+            waited = min(seconds, max(0.0, pause - (since - began)))  # its share of the pause
+            joining = n not in booked and founders and n not in founders
+            parts[role] += seconds - (waited if role == "training" or joining else 0.0)
+            if role == "training" or joining:
+                parts["acquisition waits" if joining else cause] += waited
+            first, total = booked.get(n, (since, 0.0))
+            booked[n] = [min(first, since), total + seconds]
+    for node, (since, end) in spans.items():
         first, seconds = booked.get(node, (end, 0.0))
         unbooked = max(0.0, end - since - seconds)
-        parts["start-up"] += min(unbooked, max(0.0, first - since))
-        parts["leaving"] += unbooked - min(unbooked, max(0.0, first - since))
+        before = min(unbooked, max(0.0, first - since))
+        parts["start-up" if node in founders or not founders else "acquisition waits"] += before
+        parts["leaving"] += unbooked - before
     return {part: seconds for part, seconds in parts.items() if seconds}
 
 

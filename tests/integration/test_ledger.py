@@ -1,8 +1,8 @@
 """The dashboard's ledger on real local jobs (agents, workers, etcd), read from etcd
 alone. Its paid node-seconds against the launcher's own clock of its agents'
 processes, timed from outside to the moment each exits: the parts sum to the
-node-seconds paid within 1% (eight nodes at P=3 under the default --surplus burst:
-two pipelines, the prior's standby kept and the other node over released; a node
+node-seconds paid within 1% (eight nodes at P=3 keeping one standby, --surplus
+fixed: two pipelines, the standby kept and the other node over released; a node
 of a pipeline SIGKILLed in iteration 5, the standby taking its place). Its bytes
 between zones against the workers' own counts, attributed independently
 (tests/integration/test_estimate_network.py: every activation, input gradient and
@@ -18,7 +18,7 @@ from tests.integration.test_estimate_network import ITERATIONS, MODEL, measured_
 from tests.training import bamboo_train
 
 ARGS = ["--model", "tiny", "--stages", "3", "--microbatches", "4", "--iterations", "14", "--local-nodes", "8",
-        "--zones", "a,b,c", "--preempt", "1@5:3", "--job", "ledger"]
+        "--zones", "a,b,c", "--preempt", "1@5:3", "--job", "ledger", "--surplus", "fixed", "--fixed-standby", "1"]
 
 
 def test_the_ledger_sums_to_the_node_seconds_the_launcher_timed(tmp_path):

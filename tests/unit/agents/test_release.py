@@ -1,6 +1,9 @@
 """The run-time surplus decision (agents/release.py) on hand-built epochs: what it
 releases, keeps and asks for, against counts worked out independently (the
 standby from the summed-convolution tail of tests/unit/agents/test_surplus.py)."""
+import math
+
+from agents.policy import slot_estimate
 from agents.release import bursts, decide_release
 from bamboo.control.assignment import Assignment
 from bamboo.control.config import JobConfig
@@ -27,29 +30,39 @@ def test_after_a_death_the_request_stands_and_the_idle_node_waits():
     assert out.nodes == () and out.desired == 6
 
 
-def test_after_a_burst_the_rule_asks_for_a_standby_up_to_the_first_size():
-    """Six nodes in two pipelines after a burst of two in 30 s, replacements 300 s
-    away: the standby is the smallest k whose tail of losses within 300 s is within
-    0.01 (by convolution, with auto's prior: 0.05 deaths per node-hour over 2
-    node-hours of six nodes, 0.1 single bursts in 1200 s), at most 8 - 6, and the
-    job asks for that many more."""
-    cfg = JobConfig.of(surplus="burst", acquire_seconds=300.0, standby_epsilon=0.01)
+def test_after_bursts_the_rule_keeps_the_standby_that_earns_its_price():
+    """Six nodes in two pipelines of three (a node holds one stage) after four
+    bursts of two in 30 s, replacements 300 s away. The rule's ceiling is the
+    smallest k whose tail of losses within 300 s is within 0.01 (by convolution,
+    with auto's prior: 0.05 deaths per node-hour over 2 node-hours of six nodes,
+    0.1 single bursts in 1200 s), at most 8 - 6 = 2. A first loss breaks a
+    pipeline: the job trains at one pipeline's rate (the stage-slot estimate) until
+    the replacement comes, which the first standby saves whenever a node goes; a
+    second loss costs nothing more (four nodes still make one pipeline), so a second
+    standby earns nothing and only one is kept, and asked for."""
+    cfg = JobConfig.of(surplus="burst", acquire_seconds=300.0, standby_epsilon=0.01, stages=3,
+                       max_stages_per_node=1)
     epoch = Assignment(2, 9, ((0, 8, 9), (3, 5, 4)))
     live = {n: EIGHT.get(n, "c") for n in ("0", "8", "9", "3", "5", "4")}
-    mass = by_convolution((2,), 30.0, 300.0, 10, 0.1, 1200.0)
+    mass = by_convolution((2, 2, 2, 2), 30.0, 300.0, 10, 0.1, 1200.0)
     k = next(k for k in range(11) if 1 - mass[:k + 1].sum() <= 0.01)
-    out = decide_release(cfg, epoch, live, Release((), 0, 6, 8, 1000.0), (2,), 1030.0)
-    assert k > 0 and out.standby == min(k, 2) and out.desired == 6 + min(k, 2) and out.nodes == ()
+    estimate = slot_estimate(cfg.schedule.microbatches)
+    two, one = 1 / estimate([("0", "8", "9"), ("3", "5", "4")]), 1 / estimate([("0", "8", "9")])
+    assert min(k, 2) == 2 and (1 - mass[0]) * (two - one) >= two / 6  # the first earns its price
+    out = decide_release(cfg, epoch, live, Release((), 0, 6, 8, 1000.0), (2, 2, 2, 2), 1030.0)
+    assert out.standby == 1 and out.desired == 7 and out.nodes == ()
 
 
-def test_before_any_preemption_the_prior_keeps_a_standby():
+def test_before_any_preemption_the_prior_justifies_no_standby_worth_its_price():
     """Eight nodes, two pipelines of three, replacements 300 s away, no death yet:
     auto's prior (six trainers at 0.05 per node-hour) loses one node within 300 s
-    with chance 1 - exp(-0.025) > 0.01 and two within 0.01, so one of the two idle
-    nodes stays (every zone has two trainers: 6, of zone a, first by name) and the other goes."""
+    with chance 1 - exp(-0.025), so the rule's ceiling is one standby; but that
+    node would save under 2.5% of the throughput for an eighth of the bill, so both
+    idle nodes go."""
     cfg = JobConfig.of(surplus="burst", acquire_seconds=300.0, standby_epsilon=0.01)
+    assert 1 - math.exp(-0.025) < 1 / 8
     out = decide_release(cfg, EPOCH, EIGHT, None, (), 1000.0)
-    assert out == Release((7,), 1, 7, 8, 1000.0)
+    assert out == Release((6, 7), 0, 6, 8, 1000.0)
 
 
 def test_nodes_released_before_are_gone_even_if_still_registered():
