@@ -15,6 +15,7 @@ import statistics
 from collections import defaultdict
 
 from bamboo.control.assignment import Restore
+from bamboo.control.config import Redundancy
 from bamboo.control.protocol import STRAGGLER
 
 # A node recorded dead without being seen to die (found silent, or slow) may still
@@ -188,49 +189,86 @@ def auto_estimates(look, iteration: int | None = None) -> dict | None:
 
 
 def ledger(look, series: list[dict], paused: dict[int, float]) -> dict[str, float]:
-    """Paid node-seconds by what they went to. In the timed iterations (every node of
-    the epoch, standby included, from its process start until it died or left): the
-    nodes with a stage train, but for the iteration's pause beyond the typical one,
-    booked by its cause (the epoch it starts: a reconfiguration, a redo or a
-    rollback; a failover in it; else a slowdown); the nodes in standby wait. Outside
-    them, from each node's paid span (`paid_spans`): its `start-up` before the first
-    iteration booked to it (process start, model build, the untimed first
-    iteration) and its `leaving` after the last (a release's drain, the job's end, a
-    death's detection). A node the job asked for later (not of the first epoch)
-    books its boot and joining, to its first iteration's end less the typical
-    iteration, as an `acquisition wait` instead of start-up and pause."""
+    """Paid node-seconds by what they went to. In the timed iterations (`_book`):
+    the nodes with a stage train (the share `redundant_share` of it as redundancy),
+    but for the iteration's pause beyond the typical one, booked by its cause (the
+    epoch it starts: a reconfiguration, a redo or a rollback; a failover in it; else
+    a slowdown); the nodes in standby wait. Outside them, from each node's paid span
+    (`paid_spans`): its `start-up` before the first iteration booked to it (process
+    start, model build, the untimed first iteration) and its `leaving` after the
+    last (a release's drain, the job's end, a death's detection). A node the job
+    asked for later (not of the first epoch) books its boot and joining, to its first
+    iteration's end less the typical iteration, as `acquisition waits` instead."""
     starts = {a.start: a for a in look.assignments.values()}
     spans = paid_spans(look)
-    first_epoch = look.assignments[min(look.assignments)] if look.assignments else None
-    founders = {*first_epoch.members, *first_epoch.standby} if first_epoch else set()
+    first = look.assignments[min(look.assignments)] if look.assignments else None
+    founders = {*first.members, *first.standby} if first else set()
     parts: dict[str, float] = defaultdict(float)
     booked: dict[int, list[float]] = {}  # node -> [first booked second, seconds booked]
+    shares: dict[int, float] = {}  # epoch -> the share of its training that is redundancy
     for r, f in zip(series, look.done):
         if not r["seconds"]:
             continue
-        a, began = look.assignments[f.epoch], r["end"] - r["seconds"]
-        alive = lambda nodes: [n for n in nodes  # noqa: E731  (not dead before it, nor gone: released, drained)
-                               if (n not in look.failed or look.failed[n].iteration >= r["iteration"])
-                               and (n not in look.left or look.left[n].time > began)]
-        pause = min(r["seconds"], paused.get(r["iteration"], 0.0))
-        cause = _pause_cause(starts.get(r["iteration"]), f)
-        for n, role in [(n, "training") for n in alive(a.members)] + [(n, "standby") for n in alive(a.standby)]:
-            since = max(began, spans[n][0]) if n in spans else began  # a newcomer is paid from its start
-            seconds = r["end"] - since
-            waited = min(seconds, max(0.0, pause - (since - began)))  # its share of the pause
-            joining = n not in booked and founders and n not in founders
-            parts[role] += seconds - (waited if role == "training" or joining else 0.0)
-            if role == "training" or joining:
-                parts["acquisition waits" if joining else cause] += waited
-            first, total = booked.get(n, (since, 0.0))
-            booked[n] = [min(first, since), total + seconds]
+        a = look.assignments[f.epoch]
+        if a.epoch not in shares:
+            shares[a.epoch] = redundant_share(look, a)
+        pause = (min(r["seconds"], paused.get(r["iteration"], 0.0)), _pause_cause(starts.get(r["iteration"]), f))
+        _book(look, r, a, pause, shares[a.epoch], {n: spans[n][0] for n in spans}, founders, (parts, booked))
     for node, (since, end) in spans.items():
-        first, seconds = booked.get(node, (end, 0.0))
+        start, seconds = booked.get(node, (end, 0.0))
         unbooked = max(0.0, end - since - seconds)
-        before = min(unbooked, max(0.0, first - since))
+        before = min(unbooked, max(0.0, start - since))
         parts["start-up" if node in founders or not founders else "acquisition waits"] += before
         parts["leaving"] += unbooked - before
     return {part: seconds for part, seconds in parts.items() if seconds}
+
+
+def _book(look, r: dict, a, pause: tuple[float, str], share: float, since: dict, founders: set,
+          tally: tuple[dict, dict]) -> None:
+    """One timed iteration `r` of epoch `a` into `tally` (parts, booked): each node of
+    it (standby included; not dead before it, nor gone), from its process start
+    (`since`) if later. A node with a stage trains, the `share` of it as redundancy,
+    and its share of the `pause` (seconds, cause) goes to the cause; a node joining
+    (in its first iteration, not of the `founders`) books that share as acquisition
+    waits, whatever its role."""
+    parts, booked = tally
+    began = r["end"] - r["seconds"]
+    seconds_of_pause, cause = pause
+    for n, role in [(n, "training") for n in a.members] + [(n, "standby") for n in a.standby]:
+        if (n in look.failed and look.failed[n].iteration < r["iteration"]) or (
+                n in look.left and look.left[n].time <= began):
+            continue
+        start = max(began, since.get(n, began))  # a newcomer is paid from its start
+        seconds = r["end"] - start
+        waited = min(seconds, max(0.0, seconds_of_pause - (start - began)))  # its share of the pause
+        new = bool(founders) and n not in founders and n not in booked
+        if role == "training" or new:
+            parts["acquisition waits" if new else cause] += waited
+            seconds_left = seconds - waited
+        else:
+            seconds_left = seconds
+        if role == "training":
+            parts["training"] += seconds_left * (1 - share)
+            parts["redundancy"] += seconds_left * share
+        else:
+            parts["standby"] += seconds_left
+        first, total = booked.get(n, (start, 0.0))
+        booked[n] = [min(first, start), total + seconds]
+
+
+def redundant_share(look, epoch) -> float:
+    """The share of an iteration of `epoch` that its redundancy adds (FRC, swaps,
+    replica syncs): 1 - an off iteration's seconds over its mode's, from the times
+    auto measured where it ran (the newest choice before the epoch) and the cost
+    model's ratios elsewhere (agents/modes.py `job_estimates`)."""
+    from agents.modes import ModeStats, job_estimates
+    mode = epoch.mode(look.cfg.schedule.redundancy)
+    if mode == Redundancy.OFF or not epoch.pipelines:
+        return 0.0
+    before = [it for it in look.modes if it < epoch.start]
+    stats = ModeStats(**look.modes[max(before)].stats) if before else ModeStats()
+    seconds, _, _ = job_estimates(look.cfg, stats, epoch.depth, len(epoch.pipelines))
+    return max(0.0, 1 - seconds[Redundancy.OFF] / seconds[mode]) if seconds[mode] > 0 else 0.0
 
 
 def _pause_cause(begun, finished) -> str:
