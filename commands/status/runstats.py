@@ -268,7 +268,8 @@ def redundant_share(look, epoch) -> float:
     before = [it for it in look.modes if it < epoch.start]
     stats = ModeStats(**look.modes[max(before)].stats) if before else ModeStats()
     seconds, _, _ = job_estimates(look.cfg, stats, epoch.depth, len(epoch.pipelines))
-    return max(0.0, 1 - seconds[Redundancy.OFF] / seconds[mode]) if seconds[mode] > 0 else 0.0
+    known = {str(m): t for m, t in seconds.items()}  # a mode read from etcd is untrusted: an unknown one adds nothing
+    return max(0.0, 1 - known[Redundancy.OFF] / known[mode]) if known.get(mode, 0) > 0 else 0.0
 
 
 def _pause_cause(begun, finished) -> str:

@@ -59,11 +59,12 @@ def write_iterations(cluster: Cluster, its, losses, nodes=(0, 1), epoch=0) -> No
 
 @pytest.fixture
 def job(etcd):
-    """Job `synthetic` (P=2, M=2): epoch 0 is nodes 0, 1 and standby 2; node 1 dies
-    in iteration 2 and epoch 1 puts node 2 in its place from iteration 3."""
+    """Job `synthetic` (P=2, M=2, no redundancy: its training has no share of it):
+    epoch 0 is nodes 0, 1 and standby 2; node 1 dies in iteration 2 and epoch 1 puts
+    node 2 in its place from iteration 3."""
     cluster = Cluster(etcd.endpoint, "synthetic")
     cluster.put(CONFIG(), JobConfig.of(name="tiny", stages=2, microbatches=2, iterations=8, elastic=True,
-                                       job="synthetic"))
+                                       job="synthetic", redundancy="off"))
     cluster.put(ASSIGNMENT(0), Assignment(0, 0, ((0, 1),), standby=(2,)))
     for n, zone in enumerate("aba"):
         cluster.put(ZONES(n), Zone(zone))
