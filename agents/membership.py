@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict
 
 from agents.modes import ModeStats, choose, job_estimates, observe
-from agents.policy import Config, next_config, slot_estimate
+from agents.policy import Config, Priced, next_config, slot_estimate
 from bamboo.control.assignment import Assignment, Restore
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig, Surplus
@@ -253,7 +253,7 @@ class Membership:
         s = cfg.schedule
         return next_config(live, previous, s.stages, s.microbatches, s.max_stages_per_node,
                            slot_estimate(s.microbatches), hosts=self.hosts(),
-                           per_node=cfg.cluster.surplus != Surplus.KEEP)  # what no pipeline uses is released
+                           priced=Priced(per_node=cfg.cluster.surplus != Surplus.KEEP))  # what no pipeline uses is released
 
     def _taken(self, cfg: JobConfig, previous: Assignment, basis: Assignment | None, it: int,
                redo: bool) -> tuple[int, ...] | None:

@@ -71,10 +71,10 @@ def choose(candidates: list[str], k: int, zones: Mapping[str, str], hosts: Mappi
 
 
 def _ranked(spares: list[str], pipe: list, s: int, zones: Mapping[str, str],
-            hosts: Mapping[str, str] | None) -> list[str]:
-    """Spares for hole s, best first: neither a neighbour's host nor zone, then not
-    its host, then the rest; one of each (host, zone) kind (the others would do
-    the same), in queue order."""
+            hosts: Mapping[str, str] | None, pack: bool = False) -> list[str]:
+    """Spares for hole s, best first: neither a neighbour's host nor zone (with
+    `pack`: of a neighbour's zone), then not its host, then the rest; one of each
+    (host, zone) kind (the others would do the same), in queue order."""
     P = len(pipe)
     near = [x for x in (pipe[(s - 1) % P], pipe[(s + 1) % P]) if x]
     avoid_hosts, avoid_zones = {host_of(hosts, x) for x in near}, {zones[x] for x in near}
@@ -84,13 +84,14 @@ def _ranked(spares: list[str], pipe: list, s: int, zones: Mapping[str, str],
         if (host_of(hosts, n), zones[n]) not in seen:
             seen.add((host_of(hosts, n), zones[n]))
             kinds.append(n)
-    return sorted(kinds, key=lambda n: (host_of(hosts, n) in avoid_hosts, zones[n] in avoid_zones))
+    return sorted(kinds, key=lambda n: (host_of(hosts, n) in avoid_hosts, (zones[n] in avoid_zones) != pack))
 
 
 def fill_holes(partial: list[list[str | None]], spares: list[str], zones: Mapping[str, str],
-               hosts: Mapping[str, str] | None) -> None:
+               hosts: Mapping[str, str] | None, pack: bool = False) -> None:
     """Fill the holes (None) from `spares` (taken from it) in stage order, each
-    with a node from a zone unlike its neighbours', and never beside a node of
+    with a node from a zone unlike its neighbours' (with `pack`, of their zone:
+    bytes between zones cost more than spreading saves), and never beside a node of
     its own host where some way of filling them all allows (a bounded search;
     past its bound, or with no such way, the greedy choice)."""
     holes = [(p, s) for p, pipe in enumerate(partial) for s, n in enumerate(pipe) if n is None][:len(spares)]
@@ -103,7 +104,7 @@ def fill_holes(partial: list[list[str | None]], spares: list[str], zones: Mappin
         if budget[0] < 0:
             return False
         p, s = holes[i]
-        for n in _ranked(spares, partial[p], s, zones, hosts):
+        for n in _ranked(spares, partial[p], s, zones, hosts, pack):
             partial[p][s] = n
             if not _clashes(partial[p], s, hosts):
                 at = spares.index(n)
@@ -117,7 +118,7 @@ def fill_holes(partial: list[list[str | None]], spares: list[str], zones: Mappin
     if search(0):
         return
     for p, s in holes:  # the hosts allow no better: best first, conflicts and all
-        n = _ranked(spares, partial[p], s, zones, hosts)[0]
+        n = _ranked(spares, partial[p], s, zones, hosts, pack)[0]
         partial[p][s] = n
         spares.remove(n)
 

@@ -24,7 +24,10 @@ Rules, in priority order:
   5. Neighbouring stages (cyclically: node P-1 keeps stage 0's replica) sit in
      different zones whenever the zones allow: new pipelines are dealt zones
      evenly and arranged so, and a hole takes a node from a zone unlike its
-     neighbours' when one is available.
+     neighbours' when one is available. Unless bytes between zones cost more than
+     that spread saves (`Priced.pack_zones`, agents/spread.py): then each new
+     pipeline takes the nodes of as few zones as it can, the pipelines in
+     different zones, and a hole takes a node of its neighbours' zone.
   6. Before zones, hosts (`hosts`: node -> machine, for machines of several
      workers): no host holds neighbouring stages of a pipeline whenever the
      hosts allow it (agents/placement.py); where they cannot, the fewest such
@@ -44,6 +47,13 @@ Estimate = Callable[[list[tuple]], float]  # pipelines (each: the node of every 
 
 MAX_STAGES = 2  # a node holds at most its stage and one more (the memory eager needs for a replica)
 MIN_GAIN = 0.05  # with short pipelines, a reconfiguration no death forces must make iterations this much faster
+
+
+@dataclass(frozen=True)
+class Priced:
+    """What the job pays for, as the policy weighs it."""
+    per_node: bool = False    # the nodes no pipeline uses are released: a short pipeline must train as much per node
+    pack_zones: bool = False  # bytes between zones cost more than spreading saves: a pipeline in as few zones as it can
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,60 @@ def _deal(nodes: list[str], zones: Mapping[str, str], count: int, hosts: Mapping
     return groups
 
 
+class Spread:
+    """New pipelines with their zones spread: each zone dealt evenly over them, and
+    no two neighbours in one zone where the zones allow (rule 5)."""
+
+    def __init__(self, zones: Mapping[str, str], hosts: Mapping[str, str] | None):
+        self.zones, self.hosts = zones, hosts
+
+    def choose(self, candidates: list[str], k: int, most: int) -> list[str]:
+        return choose(candidates, k, self.zones, self.hosts, most)
+
+    def deal(self, nodes: list[str], count: int) -> list[list[str]]:
+        return _deal(nodes, self.zones, count, self.hosts)
+
+    def arrange(self, nodes: list[str]) -> tuple[str, ...]:
+        return arrange(nodes, self.zones, self.hosts)
+
+
+class Packed(Spread):
+    """New pipelines packed in zones: the nodes of the zones with the most spares
+    first, each pipeline cut from them in zone order (so in as few zones as it can),
+    arranged zone by zone with its hosts apart."""
+
+    def _zone_major(self, nodes: list[str]) -> list[str]:
+        size: dict[str, int] = {}
+        for n in nodes:
+            size[self.zones[n]] = size.get(self.zones[n], 0) + 1
+        return sorted(nodes, key=lambda n: (-size[self.zones[n]], self.zones[n]))  # stable: queue order in a zone
+
+    def __init__(self, zones: Mapping[str, str], hosts: Mapping[str, str] | None, depth: int):
+        super().__init__(zones, hosts)
+        self.depth = depth
+
+    def choose(self, candidates: list[str], k: int, most: int) -> list[str]:
+        """Whole pipelines of one zone first (the largest zones'), then the rest in zone order."""
+        ordered = self._zone_major(candidates)
+        runs: dict[str, list[str]] = {}
+        for n in ordered:
+            runs.setdefault(self.zones[n], []).append(n)
+        whole = [n for run in runs.values() for n in run[:len(run) - len(run) % self.depth]]
+        first = whole + [n for n in ordered if n not in whole]
+        return choose(first, k, dict.fromkeys(candidates, ""), self.hosts, most)
+
+    def deal(self, nodes: list[str], count: int) -> list[list[str]]:
+        ordered, size = self._zone_major(nodes), len(nodes) // count
+        return [ordered[i * size:(i + 1) * size] for i in range(count)]
+
+    def arrange(self, nodes: list[str]) -> tuple[str, ...]:
+        one = dict.fromkeys(nodes, "")  # inside a zone only the hosts are kept apart
+        runs: dict[str, list[str]] = {}
+        for n in self._zone_major(nodes):
+            runs.setdefault(self.zones[n], []).append(n)
+        return tuple(n for run in runs.values() for n in arrange(run, one, self.hosts))
+
+
 def nodes_for_a_pipeline(depth: int, max_stages: int = 1) -> int:
     """The fewest live nodes that make a pipeline of `depth` stages, at most `max_stages` per node
     (fewer make one only by reducing the depth): what the first configuration waits for."""
@@ -154,14 +218,14 @@ def lay_out(nodes: tuple[str, ...], depth: int) -> tuple[str, ...]:
 
 def next_config(live: Mapping[str, str], previous: Config | None, depth: int,
                 max_pipelines: int | None = None, max_stages: int = 1, iteration: Estimate | None = None,
-                hosts: Mapping[str, str] | None = None, per_node: bool = False) -> Config:
+                hosts: Mapping[str, str] | None = None, priced: Priced = Priced()) -> Config:
     """`live`: node -> zone. `previous`: the configuration in force (None at start).
     `hosts`: node -> host, for nodes that share a machine (default: each its own).
     `max_pipelines`: at most this many pipelines (the global microbatch count).
     `max_stages`: the most stages one node may hold (above 1, short pipelines, formed
     where `iteration` estimates them faster: by default, the stage-slot estimate of
-    the `max_pipelines` microbatches, and with `per_node`, where they also train as
-    many samples per node)."""
+    the `max_pipelines` microbatches, and with `priced.per_node`, where they also train
+    as many samples per node). `priced.pack_zones`: pipelines packed in zones (rule 5)."""
     if depth < 1:
         raise ValueError(f"depth must be at least 1 (got {depth})")
     if not 1 <= max_stages <= MAX_STAGES:
@@ -177,7 +241,7 @@ def next_config(live: Mapping[str, str], previous: Config | None, depth: int,
     if iteration is None and max_pipelines is not None:
         iteration = slot_estimate(max_pipelines)
     plan = _plan(live, previous, Config(epoch, P, notes=tuple(notes)), max_stages if P == depth else 1,
-                 max_pipelines, (iteration, per_node), hosts)
+                 max_pipelines, (iteration, priced), hosts)
     stay = _unchanged(previous, live, epoch, P) if max_stages > 1 and iteration and P == depth else None
     if stay and plan.pipelines != stay.pipelines and iteration(list(plan.pipelines)) > (
             1 - MIN_GAIN) * iteration(list(stay.pipelines)):
@@ -198,14 +262,16 @@ def _unchanged(previous: Config | None, live: Mapping[str, str], epoch: int, dep
 
 
 def _plan(live: Mapping[str, str], previous: Config | None, base: Config, max_stages: int,
-          max_pipelines: int | None, weigh: tuple[Estimate | None, bool], hosts: Mapping[str, str] | None) -> Config:
+          max_pipelines: int | None, weigh: tuple[Estimate | None, Priced], hosts: Mapping[str, str] | None) -> Config:
     """The pipelines `live` forms at `base`'s depth, moving as few nodes as rules 2 to 5
-    allow; `weigh`: the estimate and whether short pipelines must earn per node (pipeline_lengths)."""
+    allow; `weigh`: the estimate and what is priced (short pipelines earning per node, zones packed)."""
     P = base.depth
+    iteration, priced = weigh
+    place = Packed(live, hosts, P) if priced.pack_zones else Spread(live, hosts)
     # a full pipeline that lost nodes is mended (from a short pipeline if need be) before two short ones replace it
     mend = bool(previous) and previous.depth == P and any(
         len(set(p)) == P and not all(n in live for n in p) for p in previous.pipelines)
-    lengths = pipeline_lengths(len(live), P, max_stages, max_pipelines, not mend, *weigh)
+    lengths = pipeline_lengths(len(live), P, max_stages, max_pipelines, not mend, iteration, priced.per_node)
     notes = list(base.notes)
     kept: list[list[str | None]] = []
     leftover: list[str] = []
@@ -219,7 +285,7 @@ def _plan(live: Mapping[str, str], previous: Config | None, base: Config, max_st
     standby = [n for n in (previous.standby if previous else ()) if n in live and n not in placed]
     newcomers = sorted(n for n in live if n not in placed and n not in standby and n not in leftover)
     spares = standby + newcomers + [n for n in leftover if n not in standby]
-    pipelines = _fill_holes(kept, spares, live, hosts)
+    pipelines = _fill_holes(kept, spares, live, hosts, priced.pack_zones)
     # New pipelines from what is left: as many zones as possible, dealt evenly, arranged.
     short = [n for n in lengths if n < P]
     for pipe in pipelines:
@@ -227,14 +293,14 @@ def _plan(live: Mapping[str, str], previous: Config | None, base: Config, max_st
             short.remove(len(set(pipe)))
     new_count = min(len(lengths) - len(short) - sum(len(set(p)) == P for p in pipelines), len(spares) // P)
     if new_count > 0:
-        chosen = choose(spares, new_count * P, live, hosts, cap(P, new_count))
+        chosen = place.choose(spares, new_count * P, cap(P, new_count))
         spares = [n for n in spares if n not in chosen]
-        pipelines += [arrange(group, live, hosts) for group in _deal(chosen, live, new_count, hosts)]
+        pipelines += [place.arrange(group) for group in place.deal(chosen, new_count)]
     for length in short:
         if len(spares) >= length:
-            chosen = choose(spares, length, live, hosts, cap(length, 1))
+            chosen = place.choose(spares, length, cap(length, 1))
             spares = [n for n in spares if n not in chosen]
-            pipelines.append(lay_out(arrange(chosen, live, hosts), P))
+            pipelines.append(lay_out(place.arrange(chosen), P))
     return Config(base.epoch, P, tuple(pipelines), tuple(spares), tuple(notes))
 
 
@@ -264,10 +330,11 @@ def _survivors(previous: Config, live: Mapping[str, str], lengths: list[int]):
 
 
 def _fill_holes(partial: list[list[str | None]], spares: list[str], live: Mapping[str, str],
-                hosts: Mapping[str, str] | None) -> list[tuple[str, ...]]:
-    """Fill holes (agents/placement.py: zones unlike the neighbours', hosts apart);
-    a pipeline that cannot be completed dissolves (its nodes go back to `spares`)."""
-    fill_holes(partial, spares, live, hosts)
+                hosts: Mapping[str, str] | None, pack: bool) -> list[tuple[str, ...]]:
+    """Fill holes (agents/placement.py: zones unlike the neighbours', or with `pack`
+    like them; hosts apart); a pipeline that cannot be completed dissolves (its
+    nodes go back to `spares`)."""
+    fill_holes(partial, spares, live, hosts, pack)
     spares[:0] = [n for p in partial if not all(p) for n in p if n]
     return [tuple(p) for p in partial if all(p)]
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from agents.policy import next_config, slot_estimate
+from agents.policy import Priced, next_config, slot_estimate
 from agents.surplus import BurstModel, Economics, SurplusRule, assign_surplus, burst_order, standby_count
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster, latest
@@ -85,7 +85,7 @@ def economics(cfg: JobConfig, epoch: Assignment, trainers: dict[str, str], paid:
             pipelines = [tuple(str(n) for n in pipe) for pipe in epoch.pipelines]
         else:
             config = next_config({n: trainers[n] for n in order[gone:]}, None, s.stages, s.microbatches,
-                                 s.max_stages_per_node, estimate, per_node=True)
+                                 s.max_stages_per_node, estimate, priced=Priced(per_node=True))
             pipelines = list(config.pipelines) if config.depth == s.stages else []
         return 1.0 / estimate(pipelines) if pipelines else 0.0
     return Economics(rate, paid)

@@ -31,14 +31,15 @@ from schedules.syncs import SYNC_MODES
 from commands.train.flag_checks import changed_flags, check_finite, check_not_a_file, said_idle
 from bamboo.control.parser import OneLineParser
 
-from agents.policy import next_config
+from agents.policy import Config, Priced, next_config
+from agents.spread import pack_zones
 from agents.surplus import SurplusRule
 from sim import model_spec
 from sim.checkpointing import FORMULAS
 from sim.interval_search import BEST, best_run
 from sim.job_model import JobModel
 from sim.pricing import cross_zone_bytes, crossing_shares, ledger_dollars, priced, replica_share, sent
-from sim.options import NOTICE_SECONDS, ROLLBACKS
+from sim.options import NOTICE_SECONDS, PACK, PRICED, ROLLBACKS, ZONE_SPREADS
 from sim.price_series import series_from
 from sim.profiles import PROFILES, SOURCES, Profile, profile
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
@@ -135,6 +136,10 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--price-series", metavar="FILE",
                    help='the spot price over time instead of --spot-price: JSON {"metadata": {"gap_seconds": G}, '
                         '"data": [USD per node-hour, ...]}, each node-second paid at the price of its time')
+    p.add_argument("--zone-spread", choices=ZONE_SPREADS, default=d.zone_spread,
+                   help="neighbouring stages in different zones (spread), each pipeline packed in as few zones as it "
+                        "can (pack), or whichever costs less: the bytes between zones at --cross-zone-price against "
+                        "the bursts spreading survives (auto; with no price, spread)")
     p.add_argument("--rollback", choices=ROLLBACKS, default=d.rollback,
                    help="a stage lost everywhere: survivors stay up and load checkpoint copies held in peers' "
                         "memory (memory), or every process relaunches (relaunch)")
@@ -165,7 +170,8 @@ def options_from(args, kind=None) -> Options:
         notice_seconds=args.notice_seconds or 0.0, rollback=args.rollback, frc=args.frc,
         acquire_seconds=args.acquire_seconds, standby_epsilon=args.standby_epsilon,
         surplus=args.surplus, fixed_standby=args.fixed_standby, replica_sync=args.replica_sync,
-        price_series=series_from(args.price_series, args.spot_price != Options.spot_price))
+        price_series=series_from(args.price_series, args.spot_price != Options.spot_price),
+        zone_spread=args.zone_spread, cross_zone_price=args.cross_zone_price)
     try:
         options.check()
     except ValueError as e:
@@ -277,7 +283,7 @@ def simulate(args, options: Options) -> dict:
     job = model_of(args, len(first))
     check_depth(job.profile, args.stages)
     bill = model_spec.charges(args, job.checkpoint_bytes)
-    shares = crossing_shares(next_config(first, None, args.stages, job.profile.microbatches), first)
+    options = replace(options, zone_bytes=tuple(job.links.items()))  # what --zone-spread auto prices
     name = strategy_name(args)
     results, stats = {}, {}
 
@@ -290,7 +296,9 @@ def simulate(args, options: Options) -> dict:
         searched = args.checkpoint_formula == BEST and strategy != "on-demand"  # on-demand takes no checkpoint
         run = results[strategy] = best_run(lambda o: one(strategy, o), options) if searched else one(strategy, options)
         on_demand = strategy == "on-demand"  # in one zone, its best placement: nothing crosses
-        cross = 0.0 if on_demand else cross_zone_bytes(sent(job.links, replica_share(strategy, [run])), shares)
+        links = sent(job.links, replica_share(strategy, [run]))
+        shares = crossing_shares(first_config(first, args.stages, job.profile.microbatches, options, links), first)
+        cross = 0.0 if on_demand else cross_zone_bytes(links, shares)
         arrivals = round(run["mean_nodes"]) if on_demand else sum(e.action == "add" and e.time <= run["hours"] * 3600
                                                                    for e in events)
         price = options.on_demand_price if on_demand else run.get("mean_spot_price", options.spot_price)
@@ -313,6 +321,21 @@ def simulate(args, options: Options) -> dict:
     if name == "all":
         return {**context, "strategies": results}
     return {**results[name], **context}
+
+
+def first_config(first: dict[str, str], depth: int, microbatches: int, options: Options,
+                 links: dict[str, float]) -> Config:
+    """The first configuration's placement, which the bill's bytes between zones
+    follow: --zone-spread's, and under auto packed where it sends fewer of the
+    `links` bytes between zones at a price (no burst of more than one node is seen
+    yet, so spreading saves no failover yet: agents/spread.py)."""
+    plan = lambda pack: next_config(first, None, depth, microbatches, priced=Priced(pack_zones=pack))  # noqa: E731
+    if options.zone_spread != PRICED:
+        return plan(options.zone_spread == PACK)
+    spread, packed = plan(False), plan(True)
+    saved = cross_zone_bytes(links, crossing_shares(spread, first)) - cross_zone_bytes(
+        links, crossing_shares(packed, first))
+    return packed if pack_zones(saved, options.cross_zone_price, 0.0, 0.0, options.spot_price) else spread
 
 
 def first_nodes(events, zones: tuple[str, ...]) -> dict[str, str]:

@@ -13,6 +13,7 @@ from sim.price_series import PriceSeries
 from sim.profiles import NETWORK, PCIE
 
 ROLLBACKS = ("memory", "relaunch")
+ZONE_SPREADS = (PRICED, SPREAD, PACK) = ("auto", "spread", "pack")  # --zone-spread (agents/spread.py)
 NOTICE_SECONDS = {"ec2": 120.0, "gcp": 30.0, "events": 0.0, "zone-counts": 0.0}  # by trace format: what each cloud announces
 
 
@@ -46,6 +47,10 @@ class Options:
     price_series: PriceSeries | None = None  # the spot price over time (--price-series), instead of spot_price
     replica_sync: str = "end"           # eager and lazy: each replica's sync at the iteration's end, or in the next
                                         # one (its window charged: sim/windows.py)
+    zone_spread: str = "auto"           # neighbours in different zones (spread), pipelines packed in zones (pack),
+                                        # or whichever costs less (auto: agents/spread.py)
+    cross_zone_price: float = 0.0       # USD per GiB between zones: what auto weighs (0: spreading is free)
+    zone_bytes: tuple[tuple[str, float], ...] = ()  # the job's bytes per iteration by kind (sim/pricing.py)
 
     def check(self) -> None:
         """Raise ValueError naming the first option that cannot be used."""
@@ -73,6 +78,10 @@ class Options:
             raise ValueError(f"--frc must be one of {', '.join(FRC_MODES)} (got {self.frc!r})")
         if self.replica_sync not in SYNC_MODES:
             raise ValueError(f"--replica-sync must be one of {', '.join(SYNC_MODES)} (got {self.replica_sync!r})")
+        if self.zone_spread not in ZONE_SPREADS:
+            raise ValueError(f"--zone-spread must be one of {', '.join(ZONE_SPREADS)} (got {self.zone_spread!r})")
+        if not 0 <= self.cross_zone_price < 1e6:
+            raise ValueError(f"--cross-zone-price must be from 0 up (got {self.cross_zone_price})")
         if self.rollback not in ROLLBACKS:
             raise ValueError(f"--rollback must be one of {', '.join(ROLLBACKS)} (got {self.rollback!r})")
         if self.checkpoint_seconds is not None and not self.checkpoint_seconds > 0:

@@ -12,6 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agents.policy import Config
+from agents.spread import pack_zones, zone_bursts_per_hour
+from schedules.options import Redundancy
+from sim.reconfiguration import used_nodes
 
 GIB = 1 << 30   # the clouds price bytes per GiB (2^30)
 HOURS_PER_MONTH = 730.0
@@ -94,3 +97,29 @@ def priced(run: dict, arrivals: int, spot_price: float, tokens_per_sample: int, 
             "dollars_per_hour": {k: round(v, 4) for k, v in per_hour.items()},
             "total_per_hour": round(total, 4), "cross_zone_bytes_per_iteration": round(cross_bytes),
             "dollars_per_billion_tokens": round(total / (tokens * 3600) * 1e9, 2) if tokens else None}
+
+
+def packing_pays(sim, spread: Config, packed: Config) -> bool:
+    """--zone-spread auto (agents/spread.py): the bytes between zones that packing
+    `spread`'s pipelines (as `packed`) saves an hour, at --cross-zone-price, against
+    the bursts of more than one node it survives less well. Spreading helps only
+    where no pipeline has two nodes in one zone (more stages than zones: a zone's
+    burst takes two of a pipeline either way, and that pipeline is redone) and only
+    with redundancy (off redoes any death); there a burst packing puts on
+    neighbours costs a redo from a peer pipeline (with one pipeline, a restart)
+    instead of a failover."""
+    if not sim.running(spread) or not sim.opt.zone_bytes:
+        return False
+    fails_over = sim.rules.redundancy != Redundancy.OFF  # off syncs no replica, and redoes any death
+    links = {kind: count for kind, count in sim.opt.zone_bytes if fails_over or kind != "replica syncs"}
+    saved = cross_zone_bytes(links, crossing_shares(spread, sim.zones)) - cross_zone_bytes(
+        links, crossing_shares(packed, sim.zones))
+    pipelines, used = len(spread.pipelines), len(used_nodes(spread))
+    seconds = sim.iteration_seconds(pipelines)
+    protects = fails_over and all(len({sim.zones[n] for n in set(p)}) == len(set(p)) for p in spread.pipelines)
+    redo = sim.opt.failure_timeout + seconds + (sim.restart_seconds if pipelines == 1 else 0.0)
+    failover = sim.iteration_seconds(pipelines, merged=True) - seconds
+    lost = max(0.0, redo - failover) * used if protects else 0.0
+    bursts = zone_bursts_per_hour(sim.bursts_seen(sim.state, used), sim.opt.acquire_seconds)
+    return pack_zones(saved * 3600 / seconds, sim.opt.cross_zone_price, bursts, lost, sim.opt.spot_price)
+

@@ -23,13 +23,14 @@ from schedules.compiler import simulate as simulate_schedule
 from schedules.deaths import MEMORY, STORAGE
 from schedules.split import estimated_slots, merged, split_by_speed
 
-from agents.policy import Config, next_config
+from agents.policy import Config, Priced, next_config
 from agents.surplus import BurstModel, SurplusRule
 from sim.accounting import RunState, book, ledger, summary
 from sim.auto import PRIOR_HOURS, PRIOR_RATE, Auto
 from sim.capacity import ACQUIRE, Capacity, justified_standby, next_batch, settle, with_notices
 from sim.checkpointing import TraceStats, checkpoint_costs, checkpoint_report, optimal_interval, trace_stats
-from sim.options import Options
+from sim.options import PACK, PRICED, SPREAD, Options
+from sim.pricing import packing_pays
 from sim.profiles import MeasuredProfile, Profile
 from sim.strategies import STRATEGIES as SPOT_AND_ON_DEMAND
 from sim.strategies import Spot
@@ -60,6 +61,7 @@ class ClusterSimulator:
         self.copies: dict[int, set[str]] = {}  # stage -> the nodes holding the last checkpoint's copy in memory
         self.noticed: dict[str, float] = {}   # node -> when its preemption was announced
         self.capacity = Capacity()            # the trace's nodes the job does not hold (set by replay())
+        self.state = RunState()               # the replay's run so far (set by replay())
         self.reference_nodes = 0.0            # the trace's mean count of nodes: the on-demand cluster compared with
 
     # -- iteration times -------------------------------------------------------------------
@@ -112,9 +114,18 @@ class ClusterSimulator:
         return throughput / mean_nodes / (on_demand / (pipelines * self.P))
 
     def next_config(self, live: dict[str, str], previous: Config | None) -> Config:
-        """The agents' own policy, as this run sets it (short pipelines up to --max-stages-per-node)."""
-        return next_config(live, previous, self.P, self.profile_microbatches(), self.opt.max_stages, self._estimate,
-                           per_node=self.opt.surplus != SurplusRule.KEEP)  # what no pipeline uses is released
+        """The agents' own policy, as this run sets it (short pipelines up to
+        --max-stages-per-node; what no pipeline uses is released unless --surplus
+        keep), with the pipelines packed in zones where that costs less
+        (--zone-spread, agents/spread.py)."""
+        priced = Priced(per_node=self.opt.surplus != SurplusRule.KEEP)
+        plan = lambda how: next_config(live, previous, self.P, self.profile_microbatches(),  # noqa: E731
+                                       self.opt.max_stages, self._estimate, priced=how)
+        spread = plan(priced)
+        if self.opt.zone_spread == SPREAD or (self.opt.zone_spread == PRICED and not self.opt.cross_zone_price):
+            return spread
+        packed = plan(replace(priced, pack_zones=True))
+        return packed if self.opt.zone_spread == PACK or packing_pays(self, spread, packed) else spread
 
     def _estimate(self, pipelines: list[tuple], mode: str | None = None) -> float:
         """Milliseconds of an iteration of `pipelines` (each: the node of every stage):
@@ -207,7 +218,7 @@ class ClusterSimulator:
         letting the strategy react to each batch, then settle the nodes beyond the
         pipelines (sim/capacity.py). A noticed node is paid for until it goes, but
         the policy no longer counts on it."""
-        s = RunState()
+        s = self.state = RunState()
         self.zones, self.copies, self.noticed, self.capacity = {}, {}, {}, Capacity()
         live: dict[str, str] = {}
         config: Config | None = None

@@ -4,7 +4,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.policy import Config, arrange, moves, next_config, zone_conflicts
+from agents.policy import Config, Priced, arrange, moves, next_config, zone_conflicts
 
 
 def min_conflicts(nodes, zones):
@@ -213,7 +213,7 @@ def test_when_the_nodes_over_are_released_a_short_pipeline_must_train_as_much_pe
     for n, kept, released in ((8, [3, 3, 2], [3, 3]), (11, [3, 3, 3, 2], [3, 3, 3, 2])):
         live = {f"n{i}": "abc"[i % 3] for i in range(n)}
         for per_node, lengths in ((False, kept), (True, released)):
-            cfg = next_config(live, None, 3, max_pipelines=4, max_stages=2, per_node=per_node)
+            cfg = next_config(live, None, 3, max_pipelines=4, max_stages=2, priced=Priced(per_node=per_node))
             assert [len(set(p)) for p in cfg.pipelines] == lengths, (n, per_node)
 
 

@@ -131,3 +131,27 @@ def test_the_ledger_in_dollars_is_the_whole_bill_by_part(capsys):
         nodes = sum(v for k, v in bill.items() if k not in ("boot", "network", "etcd", "storage"))
         assert nodes == pytest.approx(run["cost_per_hour"] * run["hours"], rel=1e-3), strategy
         assert ("network" in bill) == (strategy != "on-demand")
+
+
+def test_zone_spread_auto_prices_each_strategy_s_placement_at_the_cheaper_bill(capsys):
+    """bursty-zones, two hours, GPT-2 at P=6, bytes between zones at $0.02/GiB:
+    under --zone-spread auto each strategy's bill per billion tokens is within 2% of
+    the cheaper of spread and pack, each run on its own; and eager Bamboo, whose
+    replica syncs cross every boundary spread, is cheaper packed."""
+    bills = {}
+    for how in ("spread", "pack", "auto"):
+        code = command.main(["--trace", "traces/bursty-zones.csv", "--hours", "2", "--stages", "6", "--model", "gpt2",
+                             "--strategy", "all", "--cross-zone-price", "0.02", "--zone-spread", how])
+        assert code == 0
+        bills[how] = {s: r["priced"]["dollars_per_billion_tokens"]
+                      for s, r in json.loads(capsys.readouterr().out)["strategies"].items() if s != "on-demand"}
+    for strategy, auto in bills["auto"].items():
+        assert auto <= 1.02 * min(bills["spread"][strategy], bills["pack"][strategy]), (strategy, bills)
+    assert bills["pack"]["bamboo"] < bills["spread"]["bamboo"]
+
+
+def test_an_unknown_zone_spread_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit:
+        command.main(["--trace", "traces/bursty-zones.csv", "--zone-spread", "wide"])
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and err.count("\n") == 1 and "invalid choice: 'wide'" in err
