@@ -9,7 +9,8 @@ checkpoint-restart and on-demand nodes.
                [--model-config FILE.json] [--seq N] [--batch N] [--precision fp32|bf16|fp16] \\
                [--instance-type TYPE [--prices FILE.json]] [--cross-zone-price $/GiB] [--etcd-price $/h] \\
                [--storage-price $/GiB-month] [--boot-seconds S] [--acquire-seconds S] [--standby-epsilon E] \\
-               [--surplus burst|binomial|fixed|keep] [--fixed-standby N] [--price-series FILE]
+               [--surplus burst|binomial|fixed|keep] [--fixed-standby N] [--price-series FILE] \\
+               [--zone-spread auto|spread|pack]
     bamboo-sim --sweep-rates --model gpt2 --stages P [--plot DIR]
 
 Checkpoints are taken at Young's or Daly's optimal interval unless --checkpoint-minutes
