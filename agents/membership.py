@@ -16,7 +16,7 @@ from agents.modes import ModeStats, choose, job_estimates, observe
 from agents.policy import Config, Priced, next_config, slot_estimate
 from bamboo.control.assignment import Assignment, Restore
 from bamboo.control.cluster import Cluster
-from bamboo.control.config import JobConfig, Surplus
+from bamboo.control.config import JobConfig, Surplus, ZoneSpread
 from bamboo.control.liveness import Heartbeat, lease_ages
 from bamboo.control.protocol import (ABORT, ABORTED, ALIVE, ASSIGNMENT, CONFIG, COPIES, DONE, DRAIN, HANDOVER,
                                      HOST_LOST, IDS, ITERATION_FAMILIES, MEMBERS, MODE, REGROUP, START, ZONES, Failure,
@@ -253,7 +253,8 @@ class Membership:
         s = cfg.schedule
         return next_config(live, previous, s.stages, s.microbatches, s.max_stages_per_node,
                            slot_estimate(s.microbatches), hosts=self.hosts(),
-                           priced=Priced(per_node=cfg.cluster.surplus != Surplus.KEEP))  # what no pipeline uses is released
+                           priced=Priced(per_node=cfg.cluster.surplus != Surplus.KEEP,  # no pipeline's nodes released
+                                         pack_zones=cfg.cluster.zone_spread == ZoneSpread.PACK))
 
     def _taken(self, cfg: JobConfig, previous: Assignment, basis: Assignment | None, it: int,
                redo: bool) -> tuple[int, ...] | None:

@@ -41,6 +41,12 @@ class Surplus(Choice):
     KEEP = "keep"          # every node the cloud grants is kept (no release)
 
 
+class ZoneSpread(Choice):
+    """--zone-spread: neighbouring stages in different zones, or each pipeline in as few zones as it can."""
+    SPREAD = "spread"  # a zone's burst takes no node with its replica's holder; boundaries cross zones (billed)
+    PACK = "pack"      # only the data-parallel reduce crosses a zone (agents/spread.py weighs the two)
+
+
 class Transport(Choice):
     """--transport: the workers' payloads over gloo, or NCCL (a GPU per worker); auto is gloo."""
     AUTO = "auto"
@@ -192,6 +198,7 @@ class ClusterSpec(Section):
     acquire_seconds: float = 300.0  # a node asked for comes this long after (the burst rule's window)
     standby_epsilon: float = 0.01  # the burst rule: the chance of losing more than the standby within that window
     fixed_standby: int = 2         # --surplus fixed: the standby kept
+    zone_spread: ZoneSpread = ZoneSpread.SPREAD  # agents: new pipelines' zones spread, or packed (agents/policy.py)
 
 
 @dataclass(frozen=True)
@@ -217,7 +224,8 @@ DERIVED = {"name": "--model, or hf:config with --model-config", "config_json": "
            "run": "a fresh name per run", "memory_copies": "not --no-memory-copies", "names": "--devices, parsed",
            "job": "--job, or job", "elastic": "--local-nodes given", "preempt": "--preempt, parsed"}
 _ENUMS = {"redundancy": JobRedundancy, "frc": Frc, "replica_sync": ReplicaSync, "backward_split": BackwardSplit,
-          "lr_schedule": LrSchedule, "precision": Precision, "transport": Transport, "surplus": Surplus}
+          "lr_schedule": LrSchedule, "precision": Precision, "transport": Transport, "surplus": Surplus,
+          "zone_spread": ZoneSpread}
 
 
 def _tuples(kept: dict) -> dict:

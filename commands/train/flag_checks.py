@@ -27,9 +27,9 @@ SINGLE_IGNORES = ("redundancy", "frc", "replica_sync", "backward_split", "sync_b
                   "straggler_factor", "straggler_slack", "stall_timeout", "check_replicas", "no_memory_copies",
                   "etcd", "etcd_tls", "etcd_members", "job", "local_nodes", "local_hosts", "workers_per_host",
                   "zones", "notice", "metadata_url", "last_call", "log_dir", "transport", "share_gpu", "surplus",
-                  "acquire_seconds", "standby_epsilon", "fixed_standby")
+                  "acquire_seconds", "standby_epsilon", "fixed_standby", "zone_spread")
 AGENT_ONLY = ("zones", "notice", "metadata_url", "last_call", "max_stages_per_node", "surplus", "acquire_seconds",
-              "standby_epsilon", "fixed_standby")
+              "standby_epsilon", "fixed_standby", "zone_spread")
 
 
 def _flag(dest: str) -> str:

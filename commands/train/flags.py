@@ -12,7 +12,7 @@ from schedules.redundancy import FRC_MODES
 from schedules.syncs import SYNC_MODES
 
 from commands.train import jobfile, plan_report
-from bamboo.control.config import DTYPES, Surplus
+from bamboo.control.config import DTYPES, Surplus, ZoneSpread
 from bamboo.data.corpus import TOKEN_DTYPES
 from bamboo.control.parser import OneLineParser  # bamboo-launch parses these options too
 from bamboo.model.builtin import MODELS
@@ -185,6 +185,11 @@ def _cluster_flags(g) -> None:
     g.add_argument("--standby-epsilon", type=float, default=0.01, metavar="E",
                    help="with --surplus burst: the standby covers the losses within --acquire-seconds but with "
                         "this chance")
+    g.add_argument("--zone-spread", choices=ZoneSpread.values(), default=ZoneSpread.SPREAD.value,
+                   help="with --zones: neighbouring stages in different zones, so a zone's burst never takes a "
+                        "node with its replica's holder (spread); or each pipeline in as few zones as it can, the "
+                        "pipelines in different zones, so that only the data-parallel reduce crosses a zone, "
+                        "which clouds bill (pack; bamboo-sim --zone-spread auto prices the two)")
     g.add_argument("--join", action="append", default=[], metavar="COUNT@ITER",
                    help="with --local-nodes: COUNT more nodes join after iteration ITER (repeatable)")
     g.add_argument("--log-dir", metavar="DIR", help="keep every agent's and worker's log in DIR (default: a temp "
