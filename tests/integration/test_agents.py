@@ -189,7 +189,8 @@ def test_every_member_gone_at_once_is_redone_by_the_standbys(tmp_path, tmp_path_
 def _launch(tmp_path, etcd, *args):
     return subprocess.Popen([sys.executable, "-m", "commands.train.cli", "--no-progress", "--etcd", etcd.endpoint,
                              "--metrics-out", str(tmp_path / "m.jsonl"), "--save-dir", str(tmp_path / "params"),
-                             *COMMON, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             *COMMON, "--surplus", "keep", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
 
 
 def _wait_for_iteration(etcd, it: int, proc) -> None:

@@ -26,7 +26,8 @@ COMMON = ["--model", "tiny", "--microbatches", "8", "--seed", "11", "--stages", 
           "--iterations", str(ITERS)]
 # Eighteen processes on the machine: a loaded one must not find a slow node dead (a
 # SIGKILL is seen at once whatever the timeout) nor judge it a straggler
-AGENTS = ["--local-nodes", "9", "--zones", "a,b,c", "--failure-timeout", "10", "--straggler-factor", "0"]
+AGENTS = ["--local-nodes", "9", "--zones", "a,b,c", "--failure-timeout", "10", "--straggler-factor", "0",
+          "--surplus", "keep"]  # every node kept: the full pipeline and two short ones
 FULL = [0, 1, 3, 2]  # the full pipeline the policy lays out for these nine nodes
 RTOL = 1e-9
 

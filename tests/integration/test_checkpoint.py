@@ -236,7 +236,7 @@ def test_a_job_of_agents_restarted_with_resume_continues_exactly(tmp_path):
 
     whole = train("--iterations", "6")  # the single pipeline without agents: the same math
     ck = str(tmp_path / "ck")
-    agents = ["--local-nodes", "3", "--zones", "a,b", "--checkpoint", ck]
+    agents = ["--local-nodes", "3", "--zones", "a,b", "--checkpoint", ck, "--surplus", "keep"]
     first = train("--iterations", "4", *agents, "--checkpoint-every", "3")
     assert [r["iteration"] for r in first] == [0, 1, 2, 3]
     resumed = train("--iterations", "6", *agents, "--resume")

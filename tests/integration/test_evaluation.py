@@ -124,6 +124,6 @@ def test_a_node_killed_during_an_evaluation(tmp_path, tokens, val_file):
 @pytest.mark.slow  # make test-slow: the same death under agents, a standby node takes the stage
 def test_a_node_killed_during_an_evaluation_is_replaced_by_a_standby_node(tmp_path, tokens, reference):
     got = train(tmp_path, tokens, "agents", "--stages", "4", "--local-nodes", "5", "--eval-every", "2",
-                "--max-stages-per-node", "1", "--preempt", "2@3:eval4")
+                "--max-stages-per-node", "1", "--preempt", "2@3:eval4", "--surplus", "keep")
     assert_same(got, reference, skipped=[3])
     assert any(e["type"] == "reconfigure" for e in got[0][4]["events"])

@@ -31,7 +31,8 @@ def reference(tmp_path_factory):
 
 def _start(etcd, metrics, *args) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "commands.train.cli", *ARGS, "--etcd", etcd.endpoint,
-                             "--job", "faults", "--no-progress", "--metrics-out", str(metrics), *args],
+                             "--job", "faults", "--no-progress", "--metrics-out", str(metrics),
+                             "--surplus", "keep", *args],  # every node kept: these tests are about the standby
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

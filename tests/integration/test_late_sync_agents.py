@@ -18,7 +18,7 @@ from schedules.options import ScheduleOptions
 P, M, ITERS = 3, 6, 12
 COMMON = ["--model", "tiny", "--stages", str(P), "--microbatches", str(M), "--iterations", str(ITERS),
           "--seed", "7", "--dtype", "float64", "--lr-schedule", "cosine", "--warmup", "3"]
-AGENTS = ["--replica-sync", "next", "--zones", "a,b", "--max-stages-per-node", "1"]
+AGENTS = ["--replica-sync", "next", "--zones", "a,b", "--max-stages-per-node", "1", "--surplus", "keep"]
 RTOL = 1e-5
 
 

@@ -32,7 +32,8 @@ def test_off_with_agents_redoes_the_iteration_from_a_peer_pipeline(tmp_path, ref
     the iteration is abandoned everywhere, redone with the standby holding stage 1
     (copied from pipeline 1's owner), and no sample is lost or counted twice."""
     _, got = bamboo_train(tmp_path / "off.jsonl", *COMMON, "--stages", "2", "--local-nodes", "5",
-                          "--redundancy", "off", "--preempt", "1@2:5", "--check-replicas", "--max-stages-per-node", "1")
+                          "--redundancy", "off", "--preempt", "1@2:5", "--check-replicas", "--max-stages-per-node", "1",
+                          "--surplus", "keep")
     assert [r["iteration"] for r in got] == list(range(8))
     assert losses(got) == pytest.approx(losses(reference), rel=1e-9)
     assert {"redo", "preemption", "reconfigure"} <= events(got, 2)
@@ -46,7 +47,7 @@ def test_lazy_with_agents_recovers_inside_the_iteration(tmp_path, reference):
     stage at the boundary and replicas are whole again."""
     _, got = bamboo_train(tmp_path / "lazy.jsonl", *COMMON, "--stages", "2", "--local-nodes", "5",
                           "--redundancy", "lazy", "--preempt", "1@2:5", "--check-replicas",
-                          "--max-stages-per-node", "1")
+                          "--max-stages-per-node", "1", "--surplus", "keep")
     assert losses(got) == pytest.approx(losses(reference), rel=1e-9)
     assert "failover" in events(got, 2) and "redo" not in events(got, 2)
     assert "reconfigure" in events(got, 3)
@@ -61,7 +62,7 @@ def test_auto_starts_without_redundancy_and_switches_live_after_a_death(tmp_path
     the handover; the losses stay the reference's and replicas equal owners."""
     _, got = bamboo_train(tmp_path / "auto.jsonl", *COMMON, "--stages", "2",
                           "--local-nodes", "5", "--redundancy", "auto", "--auto-prior-rate", "0",
-                          "--auto-prior-hours", "0.00001", "--preempt", "1@3:5", "--check-replicas")
+                          "--auto-prior-hours", "0.00001", "--preempt", "1@3:5", "--check-replicas", "--surplus", "keep")
     assert losses(got) == pytest.approx(losses(reference), rel=1e-9)
     modes = [e for r in got for e in r["events"] if e["type"] == "reconfigure"]
     assert modes[0]["redundancy"] == "off"

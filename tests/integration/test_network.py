@@ -55,7 +55,7 @@ class LabJob:
             [sys.executable, "-m", "commands.train.cli", "--no-progress", *COMMON, "--etcd", self.etcd.endpoint,
              "--job", self.job, "--local-nodes", str(nodes), "--zones", "a,b,c", "--local-prefix", prefix,
              "--lease-ttl", str(TTL), "--failure-timeout", str(TIMEOUT), "--metrics-out", str(self.metrics),
-             "--log-dir", str(self.logs), *args], stdout=self.log, stderr=subprocess.STDOUT)
+             "--log-dir", str(self.logs), "--surplus", "keep", *args], stdout=self.log, stderr=subprocess.STDOUT)
         self.cluster = Cluster(self.etcd.endpoint, self.job, wait=True)
 
     def processes(self, node: int) -> list[psutil.Process]:
@@ -115,7 +115,7 @@ def test_a_vanished_machine_costs_the_failure_timeout_not_its_lease(tmp_path, tm
     beside it, the same job with node 1 SIGKILLed on loopback), not the TTL."""
     ref = reference(tmp_path_factory)
     _, killed = bamboo_train(tmp_path / "kill.jsonl", *COMMON, "--local-nodes", "3", "--zones", "a,b,c",
-                             "--max-stages-per-node", "1", "--preempt", "1@4:0", "--lease-ttl", str(TTL),
+                             "--max-stages-per-node", "1", "--preempt", "1@4:0", "--lease-ttl", str(TTL), "--surplus", "keep",
                              "--failure-timeout", str(TIMEOUT))
     job = LabJob(tmp_path, lab, 3, "--max-stages-per-node", "1")
     try:

@@ -18,8 +18,8 @@ from bamboo.control.protocol import ABORT, ASSIGNMENT, CHECKPOINTED, DONE, LOSS,
 from tests.integration.test_faults import _finish, _node_processes, _start, _until, reference  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow
-# two pipelines and a standby node
-AGENTS = ["--local-nodes", "5", "--zones", "a,b,c", "--stages", "2", "--max-stages-per-node", "1"]
+# two pipelines and a standby node, every node kept
+AGENTS = ["--local-nodes", "5", "--zones", "a,b,c", "--stages", "2", "--max-stages-per-node", "1", "--surplus", "keep"]
 
 
 def _kill(proc, nodes, worker_only: bool = False) -> None:
@@ -92,7 +92,7 @@ def test_a_death_at_the_redo_decision(tmp_path, reference):
         return list(cluster.latest_assignment().pipelines[0][:2])
     metrics = tmp_path / "m.jsonl"
     with EtcdServer() as etcd:
-        proc = _start(etcd, metrics, "--local-nodes", "7", "--zones", "a,b,c", "--stages", "3",
+        proc = _start(etcd, metrics, "--local-nodes", "7", "--zones", "a,b,c", "--stages", "3", "--surplus", "keep",
                       "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "2")
         cluster = Cluster(etcd.endpoint, "faults")
         _until(proc, lambda: cluster.children(LOSS(4)), "iteration 4's first loss")
@@ -130,7 +130,7 @@ def test_a_stage_lost_everywhere_before_any_checkpoint_goes_back_to_the_start(tm
     def neighbours(cluster):
         return list(cluster.latest_assignment().pipelines[0][:2])
     records, _ = _phase(tmp_path, reference, ["--local-nodes", "5", "--zones", "a,b,c", "--stages", "3",
-                                                  "--max-stages-per-node", "1"],
+                                                  "--max-stages-per-node", "1", "--surplus", "keep"],
                         lambda c: c.children(LOSS(3)), neighbours)
     redo = [e for r in records for e in r["events"] if e["type"] == "redo"]
     assert redo and redo[-1]["restore"] == "initial" and redo[-1]["from"] == 0

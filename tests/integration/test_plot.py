@@ -20,7 +20,7 @@ from tests.training import bamboo_train
 
 WIDTH, HEIGHT = 1000, 800  # plot.FIGSIZE at plot.DPI
 AGENTS = ["--model", "tiny", "--stages", "2", "--microbatches", "4", "--iterations", "5", "--local-nodes", "3",
-          "--preempt", "1@2:5", "--max-stages-per-node", "1"]
+          "--preempt", "1@2:5", "--max-stages-per-node", "1", "--surplus", "keep"]
 SINGLE = ["--model", "tiny", "--stages", "1", "--pipelines", "1", "--microbatches", "4", "--iterations", "3"]
 
 

@@ -108,7 +108,7 @@ def test_the_agents_prefer_memory_unless_storage_is_newer(etcd, tmp_path):
 # One pipeline of four (the policy lays it out (0, 1, 3, 2) over zones a, b, c), a
 # checkpoint every two iterations; stages 1 and 2 die at once in iteration 5, so
 # stage 2 is lost everywhere and the job goes back to the checkpoint taken before 4.
-JOB = ["--local-nodes", "4", "--zones", "a,b,c", "--stages", "4", "--max-stages-per-node", "1",
+JOB = ["--local-nodes", "4", "--zones", "a,b,c", "--stages", "4", "--max-stages-per-node", "1", "--surplus", "keep",
        "--checkpoint-every", "2", "--preempt", "1@5:3", "--preempt", "3@5:3"]
 
 

@@ -14,7 +14,7 @@ import pytest
 from tests.training import bamboo_train
 
 COMMON = ["--model", "tiny", "--microbatches", "6", "--seed", "3", "--stages", "3", "--dtype", "float64"]
-NODES = ["--local-nodes", "6", "--redundancy", "eager", "--hang-timeout", "120"]
+NODES = ["--local-nodes", "6", "--redundancy", "eager", "--hang-timeout", "120", "--surplus", "keep"]
 RTOL = 1e-9
 
 
