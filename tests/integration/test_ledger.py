@@ -34,7 +34,8 @@ def test_the_ledger_sums_to_the_node_seconds_the_launcher_timed(tmp_path):
     paid = sum(timed["agent_seconds"].values())
     parts = shown["cost"]["ledger"]
     assert "released: in no pipeline, beyond the 1 standby" in out.stderr, out.stderr[-2000:]
-    assert len(timed["agent_seconds"]) == 8 and {"training", "redundancy", "standby", "start-up", "leaving"} <= set(parts)
+    assert len(timed["agent_seconds"]) == 8
+    assert {"training", "redundancy", "standby", "start-up", "leaving"} <= set(parts), parts
     print(f"ledger {sum(parts.values()) * 3600:.1f} node-seconds, launcher {paid:.1f}; parts (hours): {parts}")
     assert abs(sum(parts.values()) * 3600 - paid) <= 0.01 * paid, (parts, timed["agent_seconds"])
     assert shown["cost"]["node_hours"] == pytest.approx(sum(parts.values()), rel=1e-9)  # the panel's total is theirs

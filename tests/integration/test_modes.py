@@ -62,7 +62,8 @@ def test_auto_starts_without_redundancy_and_switches_live_after_a_death(tmp_path
     the handover; the losses stay the reference's and replicas equal owners."""
     _, got = bamboo_train(tmp_path / "auto.jsonl", *COMMON, "--stages", "2",
                           "--local-nodes", "5", "--redundancy", "auto", "--auto-prior-rate", "0",
-                          "--auto-prior-hours", "0.00001", "--preempt", "1@3:5", "--check-replicas", "--surplus", "keep")
+                          "--auto-prior-hours", "0.00001", "--preempt", "1@3:5", "--check-replicas",
+                          "--surplus", "keep")
     assert losses(got) == pytest.approx(losses(reference), rel=1e-9)
     modes = [e for r in got for e in r["events"] if e["type"] == "reconfigure"]
     assert modes[0]["redundancy"] == "off"

@@ -115,7 +115,8 @@ def test_a_vanished_machine_costs_the_failure_timeout_not_its_lease(tmp_path, tm
     beside it, the same job with node 1 SIGKILLed on loopback), not the TTL."""
     ref = reference(tmp_path_factory)
     _, killed = bamboo_train(tmp_path / "kill.jsonl", *COMMON, "--local-nodes", "3", "--zones", "a,b,c",
-                             "--max-stages-per-node", "1", "--preempt", "1@4:0", "--lease-ttl", str(TTL), "--surplus", "keep",
+                             "--max-stages-per-node", "1", "--preempt", "1@4:0", "--lease-ttl", str(TTL),
+                             "--surplus", "keep",
                              "--failure-timeout", str(TIMEOUT))
     job = LabJob(tmp_path, lab, 3, "--max-stages-per-node", "1")
     try:
