@@ -32,15 +32,13 @@ from schedules.syncs import SYNC_MODES
 from commands.train.flag_checks import changed_flags, check_finite, check_not_a_file, said_idle
 from bamboo.control.parser import OneLineParser
 
-from agents.policy import Config, Priced, next_config
-from agents.spread import pack_zones
 from agents.surplus import SurplusRule
 from sim import model_spec
 from sim.checkpointing import FORMULAS
 from sim.interval_search import BEST, best_run
 from sim.job_model import JobModel
-from sim.pricing import cross_zone_bytes, crossing_shares, ledger_dollars, priced, replica_share, sent
-from sim.options import NOTICE_SECONDS, PACK, PRICED, ROLLBACKS, ZONE_SPREADS
+from sim.pricing import cross_zone_bytes, crossing_shares, first_config, ledger_dollars, priced, replica_share, sent
+from sim.options import NOTICE_SECONDS, ROLLBACKS, ZONE_SPREADS
 from sim.price_series import series_from
 from sim.profiles import PROFILES, SOURCES, Profile, profile
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
@@ -322,21 +320,6 @@ def simulate(args, options: Options) -> dict:
     if name == "all":
         return {**context, "strategies": results}
     return {**results[name], **context}
-
-
-def first_config(first: dict[str, str], depth: int, microbatches: int, options: Options,
-                 links: dict[str, float]) -> Config:
-    """The first configuration's placement, which the bill's bytes between zones
-    follow: --zone-spread's, and under auto packed where it sends fewer of the
-    `links` bytes between zones at a price (no burst of more than one node is seen
-    yet, so spreading saves no failover yet: agents/spread.py)."""
-    plan = lambda pack: next_config(first, None, depth, microbatches, priced=Priced(pack_zones=pack))  # noqa: E731
-    if options.zone_spread != PRICED:
-        return plan(options.zone_spread == PACK)
-    spread, packed = plan(False), plan(True)
-    saved = cross_zone_bytes(links, crossing_shares(spread, first)) - cross_zone_bytes(
-        links, crossing_shares(packed, first))
-    return packed if pack_zones(saved, options.cross_zone_price, 0.0, 0.0, options.spot_price) else spread
 
 
 def first_nodes(events, zones: tuple[str, ...]) -> dict[str, str]:

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from agents.policy import Config
+from agents.policy import Config, Priced, next_config
 from agents.spread import pack_zones, zone_bursts_per_hour
 from schedules.options import Redundancy
+from sim.options import PACK, PRICED, Options
 from sim.reconfiguration import used_nodes
 
 GIB = 1 << 30   # the clouds price bytes per GiB (2^30)
@@ -123,3 +124,17 @@ def packing_pays(sim, spread: Config, packed: Config) -> bool:
     bursts = zone_bursts_per_hour(sim.bursts_seen(sim.state, used), sim.opt.acquire_seconds)
     return pack_zones(saved * 3600 / seconds, sim.opt.cross_zone_price, bursts, lost, sim.opt.spot_price)
 
+
+def first_config(first: dict[str, str], depth: int, microbatches: int, options: Options,
+                 links: dict[str, float]) -> Config:
+    """The first configuration's placement, which the bill's bytes between zones
+    follow: --zone-spread's, and under auto packed where it sends fewer of the
+    `links` bytes between zones at a price (no burst of more than one node is seen
+    yet, so spreading saves no failover yet: agents/spread.py)."""
+    plan = lambda pack: next_config(first, None, depth, microbatches, priced=Priced(pack_zones=pack))  # noqa: E731
+    if options.zone_spread != PRICED:
+        return plan(options.zone_spread == PACK)
+    spread, packed = plan(False), plan(True)
+    saved = cross_zone_bytes(links, crossing_shares(spread, first)) - cross_zone_bytes(
+        links, crossing_shares(packed, first))
+    return packed if pack_zones(saved, options.cross_zone_price, 0.0, 0.0, options.spot_price) else spread
