@@ -183,7 +183,7 @@ def test_bamboo_train_help_shows_every_flag_once_in_its_group():
     assert groups[PLAN_GROUP][1] == ["--plan", "--propose", "--instance-type", "--gpu-memory", "--host-memory"]
     shown = [name for _, names in groups.values() for name in names]
     every = [name for action in cli.build_parser()._actions for name in action.option_strings]
-    assert len(shown) == len(set(shown)) and sorted(shown) == sorted(every) and len(every) == 85
+    assert len(shown) == len(set(shown)) and sorted(shown) == sorted(every) and len(every) == 86
     assert groups["options"][1] == ["-h", "--help", "--config"]
     for title, flag in (("model", "--model"), ("schedule and redundancy", "--redundancy"), ("recipe", "--lr"),
                         ("data", "--val-data"), ("checkpoints and outputs", "--checkpoint"),
