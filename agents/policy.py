@@ -133,15 +133,15 @@ class Packed(Spread):
     first, each pipeline cut from them in zone order (so in as few zones as it can),
     arranged zone by zone with its hosts apart."""
 
+    def __init__(self, zones: Mapping[str, str], hosts: Mapping[str, str] | None, depth: int):
+        super().__init__(zones, hosts)
+        self.depth = depth
+
     def _zone_major(self, nodes: list[str]) -> list[str]:
         size: dict[str, int] = {}
         for n in nodes:
             size[self.zones[n]] = size.get(self.zones[n], 0) + 1
         return sorted(nodes, key=lambda n: (-size[self.zones[n]], self.zones[n]))  # stable: queue order in a zone
-
-    def __init__(self, zones: Mapping[str, str], hosts: Mapping[str, str] | None, depth: int):
-        super().__init__(zones, hosts)
-        self.depth = depth
 
     def choose(self, candidates: list[str], k: int, most: int) -> list[str]:
         """Whole pipelines of one zone first (the largest zones'), then the rest in zone order."""

@@ -9,7 +9,10 @@ For a billion-parameter model that is hundreds of dollars an hour against a few
 for the nodes (docs/cost.md). Packing costs bursts: a burst that takes a zone's
 nodes takes neighbours together, so the iteration is redone from a peer pipeline
 (or, with one pipeline, rolled back) instead of failed over. `pack_zones` weighs
-the one against the other per hour; the agents and the simulator call it.
+the one against the other per hour: the simulator's `--zone-spread auto` calls it
+at every reconfiguration. The agents take the placement as `bamboo-train
+--zone-spread spread|pack`; weighing it at run time, from the workers' measured
+bytes, is not built yet.
 """
 from __future__ import annotations
 
