@@ -191,9 +191,8 @@ def auto_estimates(look, iteration: int | None = None) -> dict | None:
 def ledger(look, series: list[dict], paused: dict[int, float]) -> dict[str, float]:
     """Paid node-seconds by what they went to. In the timed iterations (`_book`):
     the nodes with a stage train (the share `redundant_share` of it as redundancy),
-    but for the iteration's pause beyond the typical one, booked by its cause (the
-    epoch it starts: a reconfiguration, a redo or a rollback; a failover in it; else
-    a slowdown); the nodes in standby wait. Outside them, from each node's paid span
+    but for the iteration's pause beyond the typical one, booked by its cause
+    (`_pause_cause`); the nodes in standby wait. Outside them, from each node's paid span
     (`paid_spans`): its `start-up` before the first iteration booked to it (process
     start, model build, the untimed first iteration) and its `leaving` after the
     last (a release's drain, the job's end, a death's detection). A node the job
@@ -212,7 +211,8 @@ def ledger(look, series: list[dict], paused: dict[int, float]) -> dict[str, floa
         a = look.assignments[f.epoch]
         if a.epoch not in shares:
             shares[a.epoch] = redundant_share(look, a)
-        pause = (min(r["seconds"], paused.get(r["iteration"], 0.0)), _pause_cause(starts.get(r["iteration"]), f))
+        cause = _pause_cause(starts.get(r["iteration"]), f, _after_checkpoint(look.cfg, r["iteration"]))
+        pause = (min(r["seconds"], paused.get(r["iteration"], 0.0)), cause)
         _book(look, r, a, pause, shares[a.epoch], {n: spans[n][0] for n in spans}, founders, (parts, booked))
     for node, (since, end) in spans.items():
         start, seconds = booked.get(node, (end, 0.0))
@@ -272,11 +272,23 @@ def redundant_share(look, epoch) -> float:
     return max(0.0, 1 - known[Redundancy.OFF] / known[mode]) if known.get(mode, 0) > 0 else 0.0
 
 
-def _pause_cause(begun, finished) -> str:
-    """Why an iteration took longer than the typical one: the epoch it begins, else a failover in it."""
+def _pause_cause(begun, finished, after_checkpoint: bool = False) -> str:
+    """Why an iteration took longer than the typical one: the epoch it begins, else a
+    failover in it, else the checkpoint taken before it (its snapshot and memory
+    copies fall in its time), else a slowdown."""
     if begun is not None and begun.epoch:
         return ("redo" if begun.restore == Restore.PEERS else "rollback") if begun.redo else "reconfiguration"
-    return "failover" if finished.events else "slowdown"
+    if finished.events:
+        return "failover"
+    return "checkpoint writes" if after_checkpoint else "slowdown"
+
+
+def _after_checkpoint(cfg, iteration: int) -> bool:
+    """Whether a checkpoint was taken right before `iteration`: every
+    --checkpoint-every iterations (one taken every --checkpoint-seconds is not known
+    from the iterations alone)."""
+    every = cfg.checkpoints.checkpoint_every if cfg.checkpoints.checkpoint else 0
+    return bool(every) and iteration > 0 and iteration % every == 0
 
 
 def paid_spans(look) -> dict[int, tuple[float, float]]:

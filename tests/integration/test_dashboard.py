@@ -80,6 +80,35 @@ def job(etcd):
     client.close()
 
 
+def test_the_pause_after_a_checkpoint_is_booked_as_checkpoint_writes(etcd):
+    """Job `ckpt` (P=2, two nodes, no redundancy, --checkpoint-every 2): iterations 2
+    and 4 follow a checkpoint and take 1.5 s against the usual 1 s. By hand: 2 nodes
+    x 0.5 s in each is checkpoint writes, the rest of 5 timed iterations training."""
+    cluster = Cluster(etcd.endpoint, "ckpt")
+    try:
+        cluster.put(CONFIG(), JobConfig.of(name="tiny", stages=2, microbatches=2, iterations=6, elastic=True,
+                                           job="ckpt", redundancy="off", checkpoint="/tmp/unused",
+                                           checkpoint_every=2))
+        cluster.put(ASSIGNMENT(0), Assignment(0, 0, ((0, 1),)))
+        end = 1000.0
+        for it in range(6):
+            end += 1.5 if it in (2, 4) else 1.0
+            cluster.put_all({**{LOSS(it, g): Loss(1.0) for g in range(2)},
+                             **{DONE(it, n): Report(rss_mb=1.0, time=end, epoch=0) for n in (0, 1)}})
+        view = open_job(etcd.endpoint, "ckpt")
+        try:
+            ledger = summary(view.look())["cost"]["ledger"]
+        finally:
+            view.cluster.close()
+        assert {k: v * 3600 for k, v in ledger.items()} == pytest.approx(
+            {"training": 2 * 5 * 1.0, "checkpoint writes": 2 * 2 * 0.5})
+    finally:
+        client = connect(etcd.endpoint)
+        client.delete_prefix(job_root("ckpt"))
+        client.close()
+        cluster.close()
+
+
 def revision(endpoint: str) -> int:
     client = connect(endpoint)
     try:
