@@ -85,7 +85,7 @@ def test_auto_with_the_sync_in_the_next_iteration_keeps_a_replica_and_survives(t
     _, got = bamboo_train(tmp_path / "auto.jsonl", *COMMON, "--stages", "2", "--local-nodes", "3",
                           "--redundancy", "auto", "--replica-sync", "next", "--checkpoint", str(tmp_path / "ck"),
                           "--checkpoint-every", "2", "--auto-prior-rate", "0", "--auto-prior-hours", "0.00001",
-                          "--preempt", "1@3:5", "--preempt", "2@6:12")
+                          "--preempt", "1@3:5", "--preempt", "2@6:12", "--surplus", "keep")
     assert losses(got) == pytest.approx(losses(reference), rel=1e-9)
     assert [e for e in got[0]["events"] if e["type"] == "reconfigure"][0]["redundancy"] == "eager"
     assert "failover" in events(got, 3) and "failover" in events(got, 6)
