@@ -143,14 +143,17 @@ class Packed(Spread):
             size[self.zones[n]] = size.get(self.zones[n], 0) + 1
         return sorted(nodes, key=lambda n: (-size[self.zones[n]], self.zones[n]))  # stable: queue order in a zone
 
+    def _runs(self, nodes: list[str]) -> list[list[str]]:
+        """`nodes` by zone, the largest zone first, each in queue order."""
+        runs: dict[str, list[str]] = {}
+        for n in self._zone_major(nodes):
+            runs.setdefault(self.zones[n], []).append(n)
+        return list(runs.values())
+
     def choose(self, candidates: list[str], k: int, most: int) -> list[str]:
         """Whole pipelines of one zone first (the largest zones'), then the rest in zone order."""
-        ordered = self._zone_major(candidates)
-        runs: dict[str, list[str]] = {}
-        for n in ordered:
-            runs.setdefault(self.zones[n], []).append(n)
-        whole = [n for run in runs.values() for n in run[:len(run) - len(run) % self.depth]]
-        first = whole + [n for n in ordered if n not in whole]
+        whole = [n for run in self._runs(candidates) for n in run[:len(run) - len(run) % self.depth]]
+        first = whole + [n for n in self._zone_major(candidates) if n not in whole]
         return choose(first, k, dict.fromkeys(candidates, ""), self.hosts, most)
 
     def deal(self, nodes: list[str], count: int) -> list[list[str]]:
@@ -159,10 +162,7 @@ class Packed(Spread):
 
     def arrange(self, nodes: list[str]) -> tuple[str, ...]:
         one = dict.fromkeys(nodes, "")  # inside a zone only the hosts are kept apart
-        runs: dict[str, list[str]] = {}
-        for n in self._zone_major(nodes):
-            runs.setdefault(self.zones[n], []).append(n)
-        return tuple(n for run in runs.values() for n in arrange(run, one, self.hosts))
+        return tuple(n for run in self._runs(nodes) for n in arrange(run, one, self.hosts))
 
 
 def nodes_for_a_pipeline(depth: int, max_stages: int = 1) -> int:

@@ -100,6 +100,12 @@ def priced(run: dict, arrivals: int, spot_price: float, tokens_per_sample: int, 
             "dollars_per_billion_tokens": round(total / (tokens * 3600) * 1e9, 2) if tokens else None}
 
 
+def saved_by_packing(links: Mapping[str, float], spread: Config, packed: Config, zones: Mapping[str, str]) -> float:
+    """Bytes per iteration between zones that `packed` sends fewer than `spread`."""
+    return (cross_zone_bytes(links, crossing_shares(spread, zones))
+            - cross_zone_bytes(links, crossing_shares(packed, zones)))
+
+
 def packing_pays(sim, spread: Config, packed: Config) -> bool:
     """--zone-spread auto (agents/spread.py): the bytes between zones that packing
     `spread`'s pipelines (as `packed`) saves an hour, at --cross-zone-price, against
@@ -113,8 +119,7 @@ def packing_pays(sim, spread: Config, packed: Config) -> bool:
         return False
     fails_over = sim.rules.redundancy != Redundancy.OFF  # off syncs no replica, and redoes any death
     links = {kind: count for kind, count in sim.opt.zone_bytes if fails_over or kind != "replica syncs"}
-    saved = cross_zone_bytes(links, crossing_shares(spread, sim.zones)) - cross_zone_bytes(
-        links, crossing_shares(packed, sim.zones))
+    saved = saved_by_packing(links, spread, packed, sim.zones)
     pipelines, used = len(spread.pipelines), len(used_nodes(spread))
     seconds = sim.iteration_seconds(pipelines)
     protects = fails_over and all(len({sim.zones[n] for n in set(p)}) == len(set(p)) for p in spread.pipelines)
@@ -135,6 +140,5 @@ def first_config(first: dict[str, str], depth: int, microbatches: int, options: 
     if options.zone_spread != PRICED:
         return plan(options.zone_spread == PACK)
     spread, packed = plan(False), plan(True)
-    saved = cross_zone_bytes(links, crossing_shares(spread, first)) - cross_zone_bytes(
-        links, crossing_shares(packed, first))
+    saved = saved_by_packing(links, spread, packed, first)
     return packed if pack_zones(saved, options.cross_zone_price, 0.0, 0.0, options.spot_price) else spread

@@ -29,7 +29,7 @@ from sim.accounting import RunState, book, ledger, summary
 from sim.auto import PRIOR_HOURS, PRIOR_RATE, Auto
 from sim.capacity import ACQUIRE, Capacity, justified_standby, next_batch, settle, with_notices
 from sim.checkpointing import TraceStats, checkpoint_costs, checkpoint_report, optimal_interval, trace_stats
-from sim.options import PACK, PRICED, SPREAD, Options
+from sim.options import PACK, SPREAD, Options
 from sim.pricing import packing_pays
 from sim.profiles import MeasuredProfile, Profile
 from sim.strategies import STRATEGIES as SPOT_AND_ON_DEMAND
@@ -121,11 +121,13 @@ class ClusterSimulator:
         priced = Priced(per_node=self.opt.surplus != SurplusRule.KEEP)
         plan = lambda how: next_config(live, previous, self.P, self.profile_microbatches(),  # noqa: E731
                                        self.opt.max_stages, self._estimate, priced=how)
+        if self.opt.zone_spread == PACK:
+            return plan(replace(priced, pack_zones=True))
         spread = plan(priced)
-        if self.opt.zone_spread == SPREAD or (self.opt.zone_spread == PRICED and not self.opt.cross_zone_price):
+        if self.opt.zone_spread == SPREAD or not self.opt.cross_zone_price:
             return spread
         packed = plan(replace(priced, pack_zones=True))
-        return packed if self.opt.zone_spread == PACK or packing_pays(self, spread, packed) else spread
+        return packed if packing_pays(self, spread, packed) else spread
 
     def _estimate(self, pipelines: list[tuple], mode: str | None = None) -> float:
         """Milliseconds of an iteration of `pipelines` (each: the node of every stage):

@@ -202,6 +202,7 @@ def ledger(look, series: list[dict], paused: dict[int, float]) -> dict[str, floa
     spans = paid_spans(look)
     first = look.assignments[min(look.assignments)] if look.assignments else None
     founders = {*first.members, *first.standby} if first else set()
+    since = {node: span[0] for node, span in spans.items()}
     parts: dict[str, float] = defaultdict(float)
     booked: dict[int, list[float]] = {}  # node -> [first booked second, seconds booked]
     shares: dict[int, float] = {}  # epoch -> the share of its training that is redundancy
@@ -213,7 +214,7 @@ def ledger(look, series: list[dict], paused: dict[int, float]) -> dict[str, floa
             shares[a.epoch] = redundant_share(look, a)
         cause = _pause_cause(starts.get(r["iteration"]), f, _after_checkpoint(look.cfg, r["iteration"]))
         pause = (min(r["seconds"], paused.get(r["iteration"], 0.0)), cause)
-        _book(look, r, a, pause, shares[a.epoch], {n: spans[n][0] for n in spans}, founders, (parts, booked))
+        _book(look, r, a, pause, shares[a.epoch], since, founders, (parts, booked))
     for node, (since, end) in spans.items():
         start, seconds = booked.get(node, (end, 0.0))
         unbooked = max(0.0, end - since - seconds)
