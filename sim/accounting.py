@@ -39,6 +39,7 @@ class RunState:
     drained: int = 0            # announced preemptions acted on before they came
     skipped_checkpoints: int = 0  # fell due while no pipeline could train: nothing to write
     survived: dict = field(default_factory=lambda: dict.fromkeys(PATHS, 0))  # deaths of nodes in use, by path
+    storage_reloads: float = 0.0  # node-seconds rollbacks read storage beyond what a copy in memory takes
     timeline: list = field(default_factory=list)  # (time, nodes, samples/s)
 
     def pause(self, seconds: float, reason: str = "pause") -> None:

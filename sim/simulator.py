@@ -163,9 +163,12 @@ class ClusterSimulator:
         storage where no copy lives. With --rollback relaunch: the restart."""
         if self.opt.rollback == "relaunch" or not isinstance(self.profile, Profile):
             return self.restart_seconds
-        from_peer = self.profile.stage_state_bytes(self.P) / self.opt.peer_bandwidth
-        load = from_peer if self.rollback_path(live) == MEMORY else self.costs.load_seconds
+        load = self.copy_load_seconds() if self.rollback_path(live) == MEMORY else self.costs.load_seconds
         return self.opt.failure_timeout + self.opt.reconfigure_seconds + load
+
+    def copy_load_seconds(self) -> float:
+        """A stage's state from a copy in a peer's memory, over --peer-bandwidth."""
+        return self.profile.stage_state_bytes(self.P) / self.opt.peer_bandwidth
 
     def checkpoint_interval(self, used_nodes: int) -> float:
         """Training seconds between checkpoints while `used_nodes` nodes compute."""
@@ -353,6 +356,7 @@ class ClusterSimulator:
         if series is not None:
             out["mean_spot_price"] = round(cost_per_hour / mean_nodes, 6) if mean_nodes else series.prices[0]
         out["deaths_survived"] = dict(s.survived)
+        out["storage_reload_node_hours"] = round(s.storage_reloads / 3600, 4)  # what a state holder could save
         out.update(self.rules.report(self, s))
         out["checkpointing"] = checkpoint_report(self.opt, self.costs, s)
         return out

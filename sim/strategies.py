@@ -71,6 +71,7 @@ class Simulation(Protocol):
     def restart_seconds(self) -> float: ...
     def rollback_seconds(self, lost: frozenset[int], live: dict[str, str]) -> float: ...
     def rollback_path(self, live: dict[str, str]) -> str: ...
+    def copy_load_seconds(self) -> float: ...
     def replay(self, events: list[Event], horizon: float) -> dict: ...
     def take_checkpoint(self, s: RunState, used_nodes: int, config: Config | None = None) -> None: ...
 
@@ -202,8 +203,14 @@ class Lazy(Bamboo):
 
 def count_rollback(sim: Simulation, s: RunState, live: dict[str, str], deaths: int) -> None:
     """Count `deaths` as survived by a rollback, from memory or from storage as
-    `rollback_seconds` charges it."""
-    s.survive(sim.rollback_path(live), deaths)
+    `rollback_seconds` charges it. One from storage (--rollback memory) adds what
+    its reads take beyond a copy in a peer's memory, for every `live` node (at
+    most the nodes it pauses), to what a node holding copies of every stage, in
+    no pipeline, could have saved (`storage_reload_node_hours`)."""
+    path = sim.rollback_path(live)
+    s.survive(path, deaths)
+    if path == STORAGE and sim.opt.rollback == "memory" and isinstance(sim.profile, Profile):
+        s.storage_reloads += max(0.0, sim.costs.load_seconds - sim.copy_load_seconds()) * len(live)
 
 
 def lazy_forwards_seconds(sim: Simulation, config: Config | None, removed: set[str]) -> float:

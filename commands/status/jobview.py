@@ -20,7 +20,7 @@ from commands.train.reference import mean_loss
 from bamboo.control.cluster import Cluster, in_force
 from bamboo.control.config import JobConfig
 from bamboo.control.protocol import (ALIVE, ASSIGNMENT, CONFIG, DONE, DRAIN, FAILED, LEFT, LOSS, MEMBERS, MODE,
-                                     NOTICES, PREEMPTED, VAL_LOSS, ZONES, scan)
+                                     NOTICES, PREEMPTED, REGROUP, VAL_LOSS, ZONES, scan)
 
 
 CHUNK = 100  # iterations a transaction reads at most (its reply stays far below gRPC's 4 MB)
@@ -41,6 +41,7 @@ class Finished:
     val_loss: float | None        # after its step, when it was evaluated and every validation loss came
     events: tuple = ()            # the workers' failover events, as their reports carried them
     live: int = 0                 # nodes with a stage that lived through it
+    checkpointed: bool = False    # a checkpoint was taken at the boundary before it: its writes fall in its time
 
 
 @dataclass
@@ -123,12 +124,15 @@ class JobView:
         return Look(self.job, self.cfg, time.time(), assignments, failed, zones, drains, notices, preempted,
                     set(alive), members, dict(self.modes), list(self.kept), left, self.network.snapshot())
 
-    def _spans(self, first: int, *whole) -> tuple[list[dict], tuple[dict, dict, dict]]:
+    def _spans(self, first: int, *whole) -> tuple[list[dict], tuple[dict, dict, dict, dict]]:
         """Every family of `whole`, and the iterations first .. first + CHUNK - 1 of
-        reports, losses and validation losses, in one transaction (the modes are kept)."""
+        reports, losses, validation losses and boundary agreements (from the one
+        before: it says whether a checkpoint precedes `first`), in one transaction
+        (the modes are kept)."""
         end = first + CHUNK
         read = self.cluster.read_spans(*[(family, None) for family in whole], (DONE(first), DONE(end)),
                                        (LOSS(first), LOSS(end)), (VAL_LOSS(first), VAL_LOSS(end)),
+                                       (REGROUP(max(0, first - 1)), REGROUP(end)),
                                        (MODE(max(0, first - MODE_LAG)), MODE(end)))
         self.modes = _mode_changes({**self.modes, **read[-1]})
         return read[:len(whole)], tuple(_by_iteration(r) for r in read[len(whole):-1])
@@ -146,10 +150,10 @@ class JobView:
         self.modes = {it: m for it, m in self.modes.items() if it < newest.start}
         return True
 
-    def _keep(self, assignments: dict, failed: dict, zones: dict, tail: tuple[dict, dict, dict]) -> None:
+    def _keep(self, assignments: dict, failed: dict, zones: dict, tail: tuple[dict, dict, dict, dict]) -> None:
         """Keep each iteration from `next` on whose every member reported or died,
         and count the bytes its reports say were sent."""
-        cfg, (done, losses, val_losses) = self.cfg, tail
+        cfg, (done, losses, val_losses, regroups) = self.cfg, tail
         it = self.next
         while it in done and assignments and any(a.start <= it for a in assignments.values()):
             epoch = in_force(assignments, it)
@@ -167,7 +171,7 @@ class JobView:
             for n, r in reports.items():
                 self.network.add(epoch.pipelines, n, r.sent_bytes, zones)
             self.kept.append(Finished(it, max(r.time for r in reports.values()), epoch.epoch, mean, validated,
-                                      events, live))
+                                      events, live, _checkpoint_before(regroups.get(it - 1, {}))))
             it += 1
 
     def close(self) -> None:
@@ -185,6 +189,11 @@ def _mode_changes(modes: dict) -> dict:
     if modes:
         kept[max(modes)] = modes[max(modes)]
     return kept
+
+
+def _checkpoint_before(tries: dict) -> bool:
+    """Whether the boundary agreed (its last try: try -> Regroup) on a checkpoint."""
+    return bool(tries) and tries[max(tries)].checkpoint is True
 
 
 def _by_iteration(records: dict) -> dict:

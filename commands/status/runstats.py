@@ -192,7 +192,9 @@ def ledger(look, series: list[dict], paused: dict[int, float]) -> dict[str, floa
     """Paid node-seconds by what they went to. In the timed iterations (`_book`):
     the nodes with a stage train (the share `redundant_share` of it as redundancy),
     but for the iteration's pause beyond the typical one, booked by its cause
-    (`_pause_cause`); the nodes in standby wait. Outside them, from each node's paid span
+    (`_pause_cause`; an iteration run again after a redo or a rollback first books
+    what was trained from its start until the death as `redone work`); the nodes
+    in standby wait. Outside them, from each node's paid span
     (`paid_spans`): its `start-up` before the first iteration booked to it (process
     start, model build, the untimed first iteration) and its `leaving` after the
     last (a release's drain, the job's end, a death's detection). A node the job
@@ -203,18 +205,20 @@ def ledger(look, series: list[dict], paused: dict[int, float]) -> dict[str, floa
     first = look.assignments[min(look.assignments)] if look.assignments else None
     founders = {*first.members, *first.standby} if first else set()
     since = {node: span[0] for node, span in spans.items()}
+    deaths = sorted(look.preempted[n].time if n in look.preempted else f.time for n, f in look.failed.items())
     parts: dict[str, float] = defaultdict(float)
     booked: dict[int, list[float]] = {}  # node -> [first booked second, seconds booked]
     shares: dict[int, float] = {}  # epoch -> the share of its training that is redundancy
     for r, f in zip(series, look.done):
         if not r["seconds"]:
             continue
-        a = look.assignments[f.epoch]
+        a, begun = look.assignments[f.epoch], starts.get(r["iteration"])
         if a.epoch not in shares:
             shares[a.epoch] = redundant_share(look, a)
-        cause = _pause_cause(starts.get(r["iteration"]), f, _after_checkpoint(look.cfg, r["iteration"]))
-        pause = (min(r["seconds"], paused.get(r["iteration"], 0.0)), cause)
-        _book(look, r, a, pause, shares[a.epoch], since, founders, (parts, booked))
+        pause = min(r["seconds"], paused.get(r["iteration"], 0.0))
+        redone = _redone(deaths, r) if begun is not None and begun.redo else 0.0
+        pieces = ((min(pause, redone), "redone work"), (pause - min(pause, redone), _pause_cause(begun, f)))
+        _book(look, r, a, pieces, shares[a.epoch], since, founders, (parts, booked))
     for node, (since, end) in spans.items():
         start, seconds = booked.get(node, (end, 0.0))
         unbooked = max(0.0, end - since - seconds)
@@ -224,35 +228,45 @@ def ledger(look, series: list[dict], paused: dict[int, float]) -> dict[str, floa
     return {part: seconds for part, seconds in parts.items() if seconds}
 
 
-def _book(look, r: dict, a, pause: tuple[float, str], share: float, since: dict, founders: set,
+def _redone(deaths: list[float], r: dict) -> float:
+    """Of an iteration run again (`r`: it spans the first runs since the iteration
+    it starts from, the death, the recovery and the run again), the seconds trained
+    before the first death in it: thrown away, as the samples they trained."""
+    began = r["end"] - r["seconds"]
+    death = next((t for t in deaths if began < t <= r["end"]), None)
+    return death - began if death is not None else 0.0
+
+
+def _book(look, r: dict, a, pieces: tuple[tuple[float, str], ...], share: float, since: dict, founders: set,
           tally: tuple[dict, dict]) -> None:
     """One timed iteration `r` of epoch `a` into `tally` (parts, booked): each node of
     it (standby included; not dead before it, nor gone), from its process start
     (`since`) if later. A node with a stage trains, the `share` of it as redundancy,
-    and its share of the `pause` (seconds, cause) goes to the cause; a node joining
-    (in its first iteration, not of the `founders`) books that share as acquisition
+    but for its share of the pause: the `pieces` (seconds, cause) one after the
+    other from the iteration's start, each to its cause; a node joining (in its
+    first iteration, not of the `founders`) books that share as acquisition
     waits, whatever its role."""
     parts, booked = tally
     began = r["end"] - r["seconds"]
-    seconds_of_pause, cause = pause
     for n, role in [(n, "training") for n in a.members] + [(n, "standby") for n in a.standby]:
         if (n in look.failed and look.failed[n].iteration < r["iteration"]) or (
                 n in look.left and look.left[n].time <= began):
             continue
         start = max(began, since.get(n, began))  # a newcomer is paid from its start
-        seconds = r["end"] - start
-        waited = min(seconds, max(0.0, seconds_of_pause - (start - began)))  # its share of the pause
+        seconds, late, at = r["end"] - start, start - began, 0.0
         new = bool(founders) and n not in founders and n not in booked
-        if role == "training" or new:
-            parts["acquisition waits" if new else cause] += waited
-            seconds_left = seconds - waited
-        else:
-            seconds_left = seconds
+        waited = 0.0
+        for length, cause in pieces:  # its share of each piece of the pause: the part after its start
+            part = min(seconds - waited, max(0.0, at + length - max(at, late)))
+            at += length
+            if part > 0 and (role == "training" or new):
+                parts["acquisition waits" if new else cause] += part
+                waited += part
         if role == "training":
-            parts["training"] += seconds_left * (1 - share)
-            parts["redundancy"] += seconds_left * share
+            parts["training"] += (seconds - waited) * (1 - share)
+            parts["redundancy"] += (seconds - waited) * share
         else:
-            parts["standby"] += seconds_left
+            parts["standby"] += seconds - waited
         first, total = booked.get(n, (start, 0.0))
         booked[n] = [min(first, start), total + seconds]
 
@@ -273,23 +287,15 @@ def redundant_share(look, epoch) -> float:
     return max(0.0, 1 - known[Redundancy.OFF] / known[mode]) if known.get(mode, 0) > 0 else 0.0
 
 
-def _pause_cause(begun, finished, after_checkpoint: bool = False) -> str:
+def _pause_cause(begun, finished) -> str:
     """Why an iteration took longer than the typical one: the epoch it begins, else a
-    failover in it, else the checkpoint taken before it (its snapshot and memory
-    copies fall in its time), else a slowdown."""
+    failover in it, else the checkpoint taken at the boundary before it (its
+    snapshot and memory copies fall in its time), else a slowdown."""
     if begun is not None and begun.epoch:
         return ("redo" if begun.restore == Restore.PEERS else "rollback") if begun.redo else "reconfiguration"
     if finished.events:
         return "failover"
-    return "checkpoint writes" if after_checkpoint else "slowdown"
-
-
-def _after_checkpoint(cfg, iteration: int) -> bool:
-    """Whether a checkpoint was taken right before `iteration`: every
-    --checkpoint-every iterations (one taken every --checkpoint-seconds is not known
-    from the iterations alone)."""
-    every = cfg.checkpoints.checkpoint_every if cfg.checkpoints.checkpoint else 0
-    return bool(every) and iteration > 0 and iteration % every == 0
+    return "checkpoint writes" if finished.checkpointed else "slowdown"
 
 
 def paid_spans(look) -> dict[int, tuple[float, float]]:

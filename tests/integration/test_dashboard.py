@@ -33,8 +33,8 @@ from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster, ReadOnly
 from bamboo.control.config import JobConfig
 from bamboo.control.etcd import EtcdServer, connect
-from bamboo.control.protocol import (ASSIGNMENT, CONFIG, DONE, FAILED, ITERATION_FAMILIES, LOSS, ZONES, Failure, Loss,
-                                     Report, Zone, job_root)
+from bamboo.control.protocol import (ASSIGNMENT, CONFIG, DONE, FAILED, ITERATION_FAMILIES, LOSS, PREEMPTED, REGROUP,
+                                     ZONES, Failure, Loss, Preempted, Regroup, Report, Zone, job_root)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -80,32 +80,71 @@ def job(etcd):
     client.close()
 
 
+def _ledger_of(etcd, job: str) -> dict[str, float]:
+    """The dashboard's ledger of `job`, in node-seconds."""
+    view = open_job(etcd.endpoint, job)
+    try:
+        return {k: v * 3600 for k, v in summary(view.look())["cost"]["ledger"].items()}
+    finally:
+        view.cluster.close()
+
+
+def _forget(etcd, job: str) -> None:
+    client = connect(etcd.endpoint)
+    client.delete_prefix(job_root(job))
+    client.close()
+
+
 def test_the_pause_after_a_checkpoint_is_booked_as_checkpoint_writes(etcd):
-    """Job `ckpt` (P=2, two nodes, no redundancy, --checkpoint-every 2): iterations 2
-    and 4 follow a checkpoint and take 1.5 s against the usual 1 s. By hand: 2 nodes
-    x 0.5 s in each is checkpoint writes, the rest of 5 timed iterations training."""
+    """Job `ckpt` (P=2, two nodes, no redundancy, --checkpoint-seconds 2): the
+    boundaries after iterations 1 and 3 agreed on a checkpoint (REGROUP), so
+    iterations 2 and 4 take 1.5 s against the usual 1 s. By hand: 2 nodes x 0.5 s
+    in each is checkpoint writes, the rest of 5 timed iterations training."""
     cluster = Cluster(etcd.endpoint, "ckpt")
     try:
         cluster.put(CONFIG(), JobConfig.of(name="tiny", stages=2, microbatches=2, iterations=6, elastic=True,
                                            job="ckpt", redundancy="off", checkpoint="/tmp/unused",
-                                           checkpoint_every=2))
+                                           checkpoint_seconds=2))
         cluster.put(ASSIGNMENT(0), Assignment(0, 0, ((0, 1),)))
         end = 1000.0
         for it in range(6):
             end += 1.5 if it in (2, 4) else 1.0
             cluster.put_all({**{LOSS(it, g): Loss(1.0) for g in range(2)},
-                             **{DONE(it, n): Report(rss_mb=1.0, time=end, epoch=0) for n in (0, 1)}})
-        view = open_job(etcd.endpoint, "ckpt")
-        try:
-            ledger = summary(view.look())["cost"]["ledger"]
-        finally:
-            view.cluster.close()
-        assert {k: v * 3600 for k, v in ledger.items()} == pytest.approx(
-            {"training": 2 * 5 * 1.0, "checkpoint writes": 2 * 2 * 0.5})
+                             **{DONE(it, n): Report(rss_mb=1.0, time=end, epoch=0) for n in (0, 1)},
+                             REGROUP(it, 0): Regroup((), False, checkpoint=it in (1, 3))})
+        assert _ledger_of(etcd, "ckpt") == pytest.approx({"training": 2 * 5 * 1.0, "checkpoint writes": 2 * 2 * 0.5})
     finally:
-        client = connect(etcd.endpoint)
-        client.delete_prefix(job_root("ckpt"))
-        client.close()
+        _forget(etcd, "ckpt")
+        cluster.close()
+
+
+def test_a_rolled_back_iteration_books_what_it_threw_away_as_redone_work(etcd):
+    """Job `back` (P=2, nodes 0 and 1, then 0 and 2): iterations 0-4 end a second
+    apart; iteration 5 was under way when node 1 was killed 0.75 s into it, and
+    epoch 1 rolls back to the checkpoint before iteration 4 with node 2 (started at
+    the job's start, in standby). Iteration 4 run again ends 5 s after iteration 3:
+    its first run (1 s), 0.75 s of iteration 5, then 2.25 s of recovery and its
+    1 s. By hand: 2 nodes x 1.75 s redone work, 2 x 2.25 s rollback."""
+    cluster = Cluster(etcd.endpoint, "back")
+    try:
+        cluster.put(CONFIG(), JobConfig.of(name="tiny", stages=2, microbatches=2, iterations=8, elastic=True,
+                                           job="back", redundancy="off"))
+        cluster.put(ASSIGNMENT(0), Assignment(0, 0, ((0, 1),), standby=(2,)))
+        for it in range(4):
+            cluster.put_all({**{LOSS(it, g): Loss(1.0) for g in range(2)},
+                             **{DONE(it, n): Report(rss_mb=1.0, time=1000.0 + it, epoch=0) for n in (0, 1)}})
+        cluster.put(PREEMPTED(1), Preempted(5, 1003.0 + 1.75))
+        cluster.put(FAILED(1), Failure(5, 0, "killed", time=1003.0 + 1.75 + 0.5))
+        cluster.put(ASSIGNMENT(1), Assignment(1, 4, ((0, 2),), failed=(1,), restore="checkpoint", redo=True))
+        for it, end in ((4, 1008.0), (5, 1009.0)):
+            cluster.put_all({**{LOSS(it, g): Loss(1.0) for g in range(2)},
+                             **{DONE(it, n): Report(rss_mb=1.0, time=end, epoch=1) for n in (0, 2)}})
+        ledger = _ledger_of(etcd, "back")
+        assert ledger["redone work"] == pytest.approx(2 * 1.75)
+        assert ledger["rollback"] == pytest.approx(2 * 2.25)
+        assert ledger["training"] == pytest.approx(2 * 3 + 2 * 2)  # iterations 1-3, then 4 and 5 again
+    finally:
+        _forget(etcd, "back")
         cluster.close()
 
 

@@ -82,12 +82,19 @@ def test_a_stage_lost_everywhere_rolls_back_from_copies_in_memory_or_else_from_s
     victims = next(d for d in sets if lost_everywhere(config.pipelines, d, True)
                    and all(copies[s] - d for s in range(4)))
     start = fleet(8, zones="abc")
-    memory = run("bamboo", start + gone(sorted(victims), 1800), depth=4, checkpoint_seconds=600)["deaths_survived"]
+    from_memory = run("bamboo", start + gone(sorted(victims), 1800), depth=4, checkpoint_seconds=600)
+    memory = from_memory["deaths_survived"]
     assert memory["rolled_back_from_memory"] == len(victims) and sum(memory.values()) == len(victims)
+    assert from_memory["storage_reload_node_hours"] == 0
     holder = min(h for s in range(4) for h in copies[s] - victims if not copies[s] - victims - {h})
     one_more = sorted(victims | {holder})
-    storage = run("bamboo", start + gone(one_more, 1800), depth=4, checkpoint_seconds=600)["deaths_survived"]
+    from_storage = run("bamboo", start + gone(one_more, 1800), depth=4, checkpoint_seconds=600)
+    storage = from_storage["deaths_survived"]
     assert storage["rolled_back_from_storage"] == len(one_more) and sum(storage.values()) == len(one_more)
+    # what a copy in memory would have saved: a stage's state read from storage, not from a peer, on each survivor
+    state = GPT2.stage_params(4) * Options().checkpoint_bytes_per_param
+    saved = state / Options().storage_bandwidth - GPT2.stage_state_bytes(4) / Options().peer_bandwidth
+    assert from_storage["storage_reload_node_hours"] == round(saved * (8 - len(one_more)) / 3600, 4)
 
 
 def test_a_node_back_after_an_outage_holds_no_copy():
