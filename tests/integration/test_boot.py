@@ -121,13 +121,14 @@ def test_a_node_boots_from_the_ec2_user_data_and_trains(aws, etcd, tmp_path):
 
 @pytest.mark.slow
 def test_three_nodes_boot_train_and_one_drains_on_a_spot_notice(aws, etcd, tmp_path):
-    """Three nodes from the script (P=2: a pipeline and a standby). After
-    iteration 2 the IMDS of a node in the pipeline posts spot/instance-action: its
-    agent drains it, the standby takes the stage, and the losses are the reference's."""
+    """Three nodes from the script (P=2: a pipeline and a standby, kept: --surplus
+    keep, as the priced rule keeps none before any preemption). After iteration 2
+    the IMDS of a node in the pipeline posts spot/instance-action: its agent drains
+    it, the standby takes the stage, and the losses are the reference's."""
     iterations = 10
     # with a role, the nodes read the wheel from S3 with it (boto3, the fake IMDS's credentials), no URL
     script = launch_ec2(aws, etcd, tmp_path, "boot-three", 3, iterations, "--max-stages-per-node", "1",
-                        "--iam-profile", "bamboo-node")
+                        "--surplus", "keep", "--iam-profile", "bamboo-node")
     assert "download_file" in script and "curl -fsS --retry 5 -o" not in script
     (tmp_path / "wheelhouse").mkdir()
     metas = {z: FakeMetadata(z, f"i-0{z[-1]}") for z in ("us-east-1a", "us-east-1b", "us-east-1c")}
