@@ -2,6 +2,7 @@
 leader SIGKILLed mid-run costs no iteration and fences nobody; two of three lost
 pause the job until one is back. Losses and parameters equal the single-process
 reference (float64) either way."""
+import os
 import subprocess
 import sys
 import time
@@ -9,6 +10,7 @@ import time
 import psutil
 import pytest
 
+from bamboo.control.credentials import ClientFiles
 from bamboo.control.etcd import EtcdError, connect, etcd_errors
 from bamboo.control.protocol import DONE, scan
 from tests.integration.test_agents import COMMON, ITERS, _records, assert_same_training, reference
@@ -23,8 +25,12 @@ def _launch(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+TLS: dict = {}  # "files": the root credentials of the launcher's etcd (it makes them for its own, TLS on)
+
+
 def _members(proc) -> dict[str, psutil.Process]:
-    """The launcher's etcd members, {client endpoint: process}, once all three answer."""
+    """The launcher's etcd members, {client endpoint: process}, once all three answer
+    (with the root credentials the launcher made beside its server's, in TLS)."""
     deadline = time.monotonic() + 60
     while True:
         found = {}
@@ -34,16 +40,21 @@ def _members(proc) -> dict[str, psutil.Process]:
             except psutil.NoSuchProcess:
                 continue
             if cmd and cmd[0].endswith("/etcd"):
-                found[cmd[cmd.index("--listen-client-urls") + 1].removeprefix("http://")] = p
+                found[cmd[cmd.index("--listen-client-urls") + 1].split("://")[-1]] = p
+                TLS["files"] = ClientFiles.in_dir(os.path.dirname(cmd[cmd.index("--cert-file") + 1]), "root")
         if len(found) == 3 and _answers(",".join(found)):
             return found
         assert time.monotonic() < deadline and proc.poll() is None, "the launcher started no etcd of 3 members"
         time.sleep(0.05)
 
 
+def _connect(endpoints: str, timeout: float = 5.0):
+    return connect(endpoints, timeout=timeout, tls=TLS["files"])
+
+
 def _answers(endpoints: str) -> bool:
     try:
-        connect(endpoints).close()
+        _connect(endpoints).close()
         return True
     except EtcdError:
         return False
@@ -56,7 +67,7 @@ def _leader(endpoints) -> str:
         ids = {}
         for endpoint in endpoints:
             try:
-                client = connect(endpoint, timeout=1.0)
+                client = _connect(endpoint, timeout=1.0)
                 reply = client.maintenancestub.Status(etcdrpc.StatusRequest(), 1.0)
                 client.close()
             except Exception:  # noqa: BLE001 -- dead, or no leader yet
@@ -101,7 +112,7 @@ def test_killing_the_etcd_leader_mid_run_costs_no_iteration(tmp_path, tmp_path_f
     proc = _launch(tmp_path)
     try:
         members = _members(proc)
-        client = connect(",".join(members))
+        client = _connect(",".join(members))
         _wait_for_iteration(client, 4, proc)
         leader = _leader(members)
         members[leader].kill()
@@ -121,7 +132,7 @@ def test_two_of_three_lost_pause_the_job_and_one_back_resumes_it(tmp_path, tmp_p
     restarted = None
     try:
         members = _members(proc)
-        client = connect(",".join(members))
+        client = _connect(",".join(members))
         _wait_for_iteration(client, 4, proc)
         client.close()
         gone = list(members)[:2]
