@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from agents.modes import ModeStats, choose, job_estimates, observe
+from agents.modes import ModeStats, choose, job_estimates, observe, parts, setting
 from agents.policy import Config, Priced, next_config, slot_estimate
 from bamboo.control.assignment import Assignment, Restore
 from bamboo.control.cluster import Cluster
@@ -295,10 +295,10 @@ class Membership:
         reports = self.cluster.children(DONE(it))
         epoch = self.cluster.assignment_at(it)
         before = self.cluster.get(MODE(it - 1))
-        mode = epoch.mode(cfg.schedule.redundancy)
+        ran = setting(epoch.mode(cfg.schedule.redundancy), cfg.schedule.replica_sync)
         disturbed = epoch.start == it or any(r.events for r in reports.values())  # a new epoch: its handover
         stats = observe(ModeStats(**before.stats) if before else ModeStats(), max(r.time for r in reports.values()),
-                        len(reports), len(self.cluster.failed()), mode, disturbed)
+                        len(reports), len(self.cluster.failed()), ran, disturbed)
         return ModeChoice(self._mode_for(cfg, it, epoch, stats), asdict(stats))
 
     def _mode_for(self, cfg: JobConfig, it: int, epoch: Assignment, stats: ModeStats | None,
@@ -312,9 +312,10 @@ class Membership:
         seconds, pause, rollback = job_estimates(cfg, stats, epoch.depth, pipelines)
         if wanted is not None and (wanted.mode != Redundancy.OFF or pipelines >= 2 or rollback is not None):
             return wanted.mode
-        current = epoch.redundancy  # "" for the first epoch: no mode to keep, the best one
+        # "" for the first epoch: no mode to keep, the best one
+        current = setting(epoch.redundancy, cfg.schedule.replica_sync) if epoch.redundancy else ""
         rate = stats.rate(cfg.schedule.auto_prior_rate, cfg.schedule.auto_prior_hours)
-        return choose(current, rate, len(epoch.members), pipelines, seconds, pause, rollback)
+        return parts(choose(current, rate, len(epoch.members), pipelines, seconds, pause, rollback))[0]
 
     def _restore_point(self, cfg: JobConfig, start: int, holders=()) -> tuple[int, Restore]:
         """(iteration, restore) to go back to when a stage is lost on every node: the

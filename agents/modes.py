@@ -15,9 +15,10 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from schedules.options import Redundancy, ReplicaSync, ScheduleOptions
+from schedules.options import JobReplicaSync, Redundancy, ReplicaSync, ScheduleOptions
 
 MODES = tuple(Redundancy)  # eager, lazy, off: the order breaks ties
+SYNCS = (ReplicaSync.END, ReplicaSync.NEXT)  # a replica's sync: at the iteration's end first, as ties go
 MARGIN = 0.05            # a switch must save this share of an iteration: it costs a reconfiguration
 HALF_LIFE_HOURS = 1.0    # of the weights of past deaths and node-hours
 SMOOTHING = 0.3          # of the measured times: new = (1 - s) * old + s * sample
@@ -29,8 +30,8 @@ class ModeStats:
     """What a job observed, after some iteration."""
     deaths: float = 0.0                          # weighted deaths
     node_hours: float = 0.0                      # weighted node-hours run
-    seconds: dict = field(default_factory=dict)  # mode -> fault-free iteration seconds
-    pause: dict = field(default_factory=dict)    # mode -> seconds a death added to its iteration
+    seconds: dict = field(default_factory=dict)  # setting (mode, or mode+sync) -> fault-free iteration seconds
+    pause: dict = field(default_factory=dict)    # setting -> seconds a death added to its iteration
     time: float = 0.0                            # when the last observed iteration ended (0: none yet)
     dead: int = 0                                # deaths recorded in the job so far
 
@@ -40,14 +41,41 @@ class ModeStats:
         return (self.deaths + prior_rate * prior_hours) / (self.node_hours + prior_hours)
 
 
+def setting(mode: str, sync: str) -> str:
+    """A mode and its replica sync as one name, what times are measured and chosen
+    by: the mode alone with the sync at the iteration's end (and off, which syncs
+    nothing), "<mode>+next" with the sync in the next iteration."""
+    if sync == ReplicaSync.NEXT and mode != Redundancy.OFF:
+        return f"{mode}+{ReplicaSync.NEXT}"
+    return str(mode)
+
+
+def parts(name: str) -> tuple[str, str]:
+    """(mode, sync) of a `setting` name."""
+    mode, _, sync = name.partition("+")
+    return mode, sync or str(ReplicaSync.END)
+
+
+def settings(syncs) -> tuple[str, ...]:
+    """The settings to choose from, each mode with each of `syncs`, in the order
+    that breaks ties."""
+    return tuple(dict.fromkeys(setting(m, sync) for m in MODES for sync in syncs))
+
+
+def job_syncs(sync: str) -> tuple[ReplicaSync, ...]:
+    """The syncs a run's --replica-sync lets the agents choose from."""
+    return SYNCS if sync == JobReplicaSync.AUTO else (ReplicaSync(sync),)
+
+
 def _smooth(old: float | None, sample: float) -> float:
     return sample if old is None else (1 - SMOOTHING) * old + SMOOTHING * sample
 
 
 def observe(stats: ModeStats, now: float, nodes: int, dead: int, mode: str, disturbed: bool) -> ModeStats:
-    """`stats` after one more iteration in `mode` that ended at `now` on `nodes`
-    nodes, with `dead` deaths recorded job-wide by then; `disturbed`: it had a
-    failover, a redo or a new epoch, so its time is not a fault-free sample."""
+    """`stats` after one more iteration in `mode` (a `setting`: a mode with its sync)
+    that ended at `now` on `nodes` nodes, with `dead` deaths recorded job-wide by
+    then; `disturbed`: it had a failover, a redo or a new epoch, so its time is not
+    a fault-free sample."""
     if not stats.time:
         return ModeStats(stats.deaths, stats.node_hours, stats.seconds, stats.pause, now, dead)
     elapsed = max(0.0, now - stats.time)
@@ -101,30 +129,37 @@ def window_share(stages: int, microbatches: int, pipelines: int = 1) -> float:
     return sum(w.share for w in windows(report, CostModel(), stages, pipelines)) / stages
 
 
-def estimates(stats: ModeStats, stages: int, microbatches: int, sync: str = "end",
+def estimates(stats: ModeStats, stages: int, microbatches: int, syncs=(ReplicaSync.END,),
               rollback=None, pipelines: int = 1) -> tuple[dict, dict]:
-    """Iteration seconds and seconds per death of every mode: measured where a mode
-    ran, else the simulator's ratio to a measured one (1 s units before any). With
-    --replica-sync next a simulated death of eager or lazy costs, in the window's
-    share of deaths, what a death costs off: a redo from a peer pipeline with two
-    or more (as if the stage were never lost in every pipeline at once: an
-    approximation), else `rollback(seconds, pause)`, its rollback to the checkpoint
-    (None without a checkpoint interval: then nothing is charged). A mode's measured pause
-    is taken as measured (what its iterations with a death took beyond the usual)."""
-    times, pauses = simulated(stages, microbatches, sync)
-    known = next((m for m in MODES if m in stats.seconds), None)
+    """Iteration seconds and seconds per death of every setting (each mode with each
+    of `syncs`): measured where a setting ran, else the simulator's ratio to a
+    measured one (1 s units before any). With the sync in the next iteration a
+    simulated death of eager or lazy costs, in the window's share of deaths, what
+    a death costs off: a redo from a peer pipeline with two or more (as if the
+    stage were never lost in every pipeline at once: an approximation), else
+    `rollback(seconds, pause)`, its rollback to the checkpoint (None without a
+    checkpoint interval: then nothing is charged). A setting's measured pause is
+    taken as measured (what its iterations with a death took beyond the usual)."""
+    names = settings(syncs)
+    times, pauses = {}, {}
+    for sync in syncs:
+        sync_times, sync_pauses = simulated(stages, microbatches, sync)
+        for m in MODES:
+            times.setdefault(setting(m, sync), sync_times[m])
+            pauses.setdefault(setting(m, sync), sync_pauses[m])
+    known = next((n for n in names if n in stats.seconds), None)
     unit = stats.seconds[known] / times[known] if known else 1.0  # seconds of an off iteration
-    seconds = {m: stats.seconds.get(m, times[m] * unit) for m in MODES}
-    pause = {m: stats.pause.get(m, pauses[m] * unit) for m in MODES}
+    seconds = {n: stats.seconds.get(n, times[n] * unit) for n in names}
+    pause = {n: stats.pause.get(n, pauses[n] * unit) for n in names}
+    late = [n for n in names if parts(n)[1] == ReplicaSync.NEXT and n not in stats.pause]
     lost = None
-    if sync == ReplicaSync.NEXT and pipelines >= 2:
+    if late and pipelines >= 2:
         lost = pause[Redundancy.OFF]  # a redo from a peer pipeline
-    elif sync == ReplicaSync.NEXT and rollback is not None:
+    elif late and rollback is not None:
         lost = rollback(seconds, pause)
     if lost is not None:
         share = window_share(stages, microbatches, pipelines)
-        pause.update({m: (1 - share) * pause[m] + share * lost
-                      for m in (Redundancy.EAGER, Redundancy.LAZY) if m not in stats.pause})
+        pause.update({n: (1 - share) * pause[n] + share * lost for n in late})
     return seconds, pause
 
 
@@ -155,27 +190,30 @@ def weighed_pauses(pause: dict, pipelines: int, rollback: float | None) -> dict:
 
 def choose(current: str, rate: float, nodes: int, pipelines: int, seconds: dict, pause: dict,
            rollback: float | None = None) -> str:
-    """The mode with the fewest expected seconds per iteration, kept unless another
-    saves more than MARGIN of it (`current` "": none yet). Off redoes a death from
-    a second pipeline's copy of the stage; with one pipeline a death sends it back
-    to its last checkpoint, which it may risk only when there is one: `rollback`
-    is then what such a death costs (None: no checkpoint, off needs two pipelines)."""
-    allowed = [m for m in MODES if m != Redundancy.OFF or pipelines >= 2 or rollback is not None]
+    """Of the settings `seconds` names (modes, or `setting`s: a mode with its sync),
+    the one with the fewest expected seconds per iteration, kept unless another
+    saves more than MARGIN of it (`current` "": none yet); ties go by the order of
+    `seconds`. Off redoes a death from a second pipeline's copy of the stage; with
+    one pipeline a death sends it back to its last checkpoint, which it may risk
+    only when there is one: `rollback` is then what such a death costs (None: no
+    checkpoint, off needs two pipelines)."""
+    allowed = [n for n in seconds if parts(n)[0] != Redundancy.OFF or pipelines >= 2 or rollback is not None]
     pause = weighed_pauses(pause, pipelines, rollback)
-    cost = {m: expected_seconds(seconds[m], pause[m], rate, nodes) for m in allowed}
-    best = min(allowed, key=lambda m: (cost[m], MODES.index(m)))
+    cost = {n: expected_seconds(seconds[n], pause[n], rate, nodes) for n in allowed}
+    best = min(allowed, key=lambda n: (cost[n], allowed.index(n)))
     if current in cost and not math.isclose(cost[current], 0.0) and cost[best] >= cost[current] * (1 - MARGIN):
         return current
     return best
 
 
 def job_estimates(cfg, stats: ModeStats, stages: int, pipelines: int = 1) -> tuple[dict, dict, float | None]:
-    """`estimates` for a job's settings (JobConfig `cfg`: its sync, its checkpoints,
+    """`estimates` for a job's settings (JobConfig `cfg`: its syncs, its checkpoints,
     its global microbatches, split over `pipelines`), and what a rollback costs off
     on one pipeline (None: no checkpoint interval)."""
     def rollback(seconds: dict, pause: dict) -> float | None:
         c = cfg.checkpoints
         return rollback_cost(c.checkpoint_every, c.checkpoint_seconds, seconds, pause) if c.checkpoint else None
     microbatches = max(1, cfg.schedule.microbatches // max(1, pipelines))
-    seconds, pause = estimates(stats, stages, microbatches, cfg.schedule.replica_sync, rollback, pipelines)
+    seconds, pause = estimates(stats, stages, microbatches, job_syncs(cfg.schedule.replica_sync), rollback,
+                               pipelines)
     return seconds, pause, rollback(seconds, pause)

@@ -68,6 +68,14 @@ class ReplicaSync(Choice):
 SYNC_CHOICES = (ReplicaSync.END.value, ReplicaSync.NEXT.value)  # a user's; NONE is compiled only
 
 
+class JobReplicaSync(Choice):
+    """--replica-sync of a run: a schedule's sync, or auto (chosen epoch by epoch
+    from the measured costs and death rate, agents/modes.py)."""
+    END = "end"
+    NEXT = "next"
+    AUTO = "auto"
+
+
 class BackwardSplit(Choice):
     """--backward-split: each node's last backwards split (input gradients first),
     as deep as the cost model says, or none."""

@@ -22,31 +22,35 @@ only the handover.
 """
 from __future__ import annotations
 
-from agents.modes import HALF_LIFE_HOURS, choose
+from agents.modes import HALF_LIFE_HOURS, MODES, choose, job_syncs, parts, setting, settings
 from agents.policy import Config
 from sim.accounting import RunState
 from sim.checkpointing import optimal_interval
 from sim.reconfiguration import dead_stages, handover_seconds, lost_everywhere, stages_moved, used_nodes
 from sim.strategies import Bamboo, RedoFromPeers, Simulation, lazy_forwards_seconds, peer_reload_seconds
 from sim.windows import mean_share
-from schedules.options import Redundancy
+from schedules.options import Redundancy, ReplicaSync
 
 PRIOR_RATE, PRIOR_HOURS = 0.05, 2.0  # the runtime's defaults (--auto-prior-rate, --auto-prior-hours)
 
 
 class Auto(Bamboo):
-    def __init__(self, state: RunState | None = None):
+    def __init__(self, state: RunState | None = None, modes: tuple[str, ...] = MODES):
+        self.modes = modes       # the modes it chooses from (one: Bamboo's eager or lazy, its sync chosen)
         self.state = state       # the run these observations belong to (a strategy may replay twice)
-        self.redundancy = Redundancy.OFF  # until the first choice
+        self.redundancy = modes[0] if len(modes) == 1 else Redundancy.OFF  # until the first choice
+        self.sync: str | None = None  # the replica sync chosen (--replica-sync auto); None: the run's
         self.failures = self.node_hours = self.last = 0.0  # weighted batches with deaths
         self.fatal = 0.0     # ... of them a stage of which no replica is left (eager, lazy: a rollback)
         self.redone = 0.0    # ... or two nodes of one pipeline died (eager, lazy: a redo)
-        self.switches: list[tuple[float, str]] = []  # (time, the mode switched to)
+        self.late = 0.0      # weighted batches with deaths while replicas synced in the next iteration ...
+        self.stale = 0.0     # ... of them redone or rolled back only for a replica a step behind (a window's)
+        self.switches: list[tuple[float, str]] = []  # (time, the setting switched to)
 
     def react(self, sim: Simulation, s: RunState, config: Config | None, live: dict[str, str],
               removed: set[str]) -> Config | None:
         if s is not self.state:
-            self.__init__(s)  # a new replay starts afresh
+            self.__init__(s, self.modes)  # a new replay starts afresh
         used = used_nodes(config)
         decay = 0.5 ** ((s.t - self.last) / 3600 / HALF_LIFE_HOURS)
         self.node_hours = self.node_hours * decay + len(used) * (s.t - self.last) / 3600
@@ -54,11 +58,18 @@ class Auto(Bamboo):
         deaths = dead_stages(config, removed) if used & removed else []
         fatal = bool(lost_everywhere(config.depth, deaths)) if deaths else False
         self.fatal = self.fatal * decay + fatal
-        self.redone = self.redone * decay + (not fatal and any(len(dead) > 1 for dead in deaths))
+        covered = not fatal and not any(len(dead) > 1 for dead in deaths)  # by the replicas, were they current
+        self.redone = self.redone * decay + (not fatal and not covered)
         self.last = s.t
         rules = RedoFromPeers if self.redundancy == Redundancy.OFF else Bamboo
-        fatal_before = s.fatal
+        fatal_before, redos_before = s.fatal, s.redos
         nxt = rules.react(self, sim, s, config, live, removed)
+        if self.redundancy != Redundancy.OFF and sim.compiled_sync(self.redundancy) == ReplicaSync.NEXT:
+            self.late = self.late * decay + bool(deaths)
+            self.stale = self.stale * decay + (bool(deaths) and covered and (s.fatal, s.redos) != (fatal_before,
+                                                                                                redos_before))
+        else:
+            self.late, self.stale = self.late * decay, self.stale * decay
         if self.redundancy == Redundancy.LAZY:
             s.pause(lazy_forwards_seconds(sim, config, removed), "recomputation")
         if nxt and nxt.depth == sim.P and nxt.pipelines:
@@ -69,34 +80,51 @@ class Auto(Bamboo):
 
     def _choose(self, sim: Simulation, s: RunState, config: Config, reconfigured: bool) -> None:
         pipelines, nodes = len(config.pipelines), len(used_nodes(config))
-        seconds = {m: sim.config_seconds(config, mode=m) for m in (Redundancy.EAGER, Redundancy.LAZY, Redundancy.OFF)}
-        merged = sim.iteration_seconds(pipelines, merged=True, mode=Redundancy.EAGER)
+        names = [n for n in settings(job_syncs(sim.opt.replica_sync)) if parts(n)[0] in self.modes]
+        seconds = {n: sim.config_seconds(config, *parts(n)) for n in names}
         rate = (self.failures + PRIOR_RATE * PRIOR_HOURS) / (self.node_hours + PRIOR_HOURS)
         rollback = rollback_seconds(sim, rate, nodes)
-        # What a batch of deaths costs a redundant mode, as the runtime measures it in
-        # that mode: its failover, or the redo or rollback of the batches seen so far
-        # that its replicas did not cover.
-        fatal, redone = (self.fatal / self.failures, self.redone / self.failures) if self.failures else (0.0, 0.0)
+        off = sim.config_seconds(config, Redundancy.OFF)
+        pause = {n: self._pause(sim, (pipelines, nodes, rate), (seconds[n], off, rollback), *parts(n)) for n in names}
+        current = setting(self.redundancy, sim.compiled_sync(self.redundancy)) if self.switches else ""
+        mode, sync = parts(choose(current, rate, nodes, pipelines, seconds, pause, rollback))
+        sync = None if mode == Redundancy.OFF else sync  # off syncs nothing: the run's, should a mode follow
+        if (mode, sync) != (self.redundancy, self.sync) or not self.switches:
+            if self.switches:  # the new setting rides a reconfiguration under way, or needs one; replicas
+                # are built from off, and sent again from their owners after a late sync (a step behind)
+                build = self.redundancy == Redundancy.OFF or self.sync == ReplicaSync.NEXT != sync
+                s.pause((0.0 if reconfigured else sim.opt.reconfigure_seconds)
+                        + (handover_seconds(sim.profile, sim.P) if build and mode != Redundancy.OFF else 0.0),
+                        "reconfiguration")
+            self.redundancy, self.sync = mode, sync
+            self.switches.append((s.t, setting(mode, sync)))
 
-        def redundant(failover: float, mode: str) -> float:
-            redo = sim.opt.failure_timeout + seconds[mode]
-            # --replica-sync next: a death in its stage's window is redone, or rolled back with one pipeline
-            window = mean_share(sim.windows(pipelines, mode))
-            failover = (1 - window) * failover + window * (redo if pipelines > 1 else rollback)
-            return (1 - fatal - redone) * failover + redone * redo + fatal * rollback
-        # recomputing the dead stage's forwards: all with lazy, eager's without FRC
-        forwards = seconds[Redundancy.OFF] / (3 * sim.P)
-        pause = {Redundancy.EAGER: redundant(merged + sim.uncovered(pipelines) * forwards, Redundancy.EAGER),
-                 Redundancy.LAZY: redundant(merged + forwards, Redundancy.LAZY),
-                 Redundancy.OFF: sim.opt.failure_timeout + seconds[Redundancy.OFF] / 2 + peer_reload_seconds(sim)}
-        mode = choose(self.redundancy if self.switches else "", rate, nodes, pipelines, seconds, pause,
-                      rollback)
-        if mode != self.redundancy or not self.switches:
-            if self.switches:  # the new mode rides a reconfiguration under way, or needs one
-                build = handover_seconds(sim.profile, sim.P) if self.redundancy == Redundancy.OFF else 0.0
-                s.pause((0.0 if reconfigured else sim.opt.reconfigure_seconds) + build, "reconfiguration")
-            self.redundancy = mode
-            self.switches.append((s.t, mode))
+    def _pause(self, sim: Simulation, job: tuple[int, int, float], costs: tuple[float, float, float], mode: str,
+               sync: str) -> float:
+        """What a batch of deaths costs `mode` with `sync` (`job`: its pipelines, nodes
+        and deaths per node-hour; `costs`: its iteration, off's and a rollback, in
+        seconds), as the runtime measures it in that setting: off's redo from a peer;
+        a redundant mode's failover (eager: a merged iteration and the dead stage's
+        forwards no bubble held FRC for; lazy: all of them), or, for the share of the
+        batches seen so far that its replicas did not cover, their redo or rollback;
+        a death in a late sync's window (its stage's, sim/windows.py, or the share
+        of deaths seen to fall in one, if more) is redone, or rolled back with one
+        pipeline (`window_rollback`: with the checkpoints it makes necessary)."""
+        (pipelines, nodes, rate), (seconds, off, rollback) = job, costs
+        if mode == Redundancy.OFF:
+            return sim.opt.failure_timeout + off / 2 + peer_reload_seconds(sim)
+        forwards = off / (3 * sim.P)  # recomputing the dead stage's forwards: all with lazy, eager's without FRC
+        merged = sim.iteration_seconds(pipelines, merged=True, mode=Redundancy.EAGER, sync=sync)
+        failover = merged + forwards * (sim.uncovered(pipelines, sync) if mode == Redundancy.EAGER else 1.0)
+        redo = sim.opt.failure_timeout + seconds
+        window = mean_share(sim.windows(pipelines, mode, sync))
+        if sync == ReplicaSync.NEXT and self.late:  # the share of deaths seen in a window, where more
+            window = max(window, self.stale / self.late)  # (deaths between iterations find every sync owed)
+        if window:
+            lost = redo if pipelines > 1 else window_rollback(sim, rate * window, nodes)
+            failover = (1 - window) * failover + window * lost
+        fatal, redone = (self.fatal / self.failures, self.redone / self.failures) if self.failures else (0.0, 0.0)
+        return (1 - fatal - redone) * failover + redone * redo + fatal * rollback
 
     def report(self, sim: Simulation, s: RunState) -> dict:
         time_in = {}
@@ -116,3 +144,15 @@ def rollback_seconds(sim: Simulation, rate: float, nodes: int) -> float:
     interval = sim.opt.checkpoint_seconds or optimal_interval(sim.opt.checkpoint_formula,
                                                               sim.costs.write_seconds, mtbf)
     return sim.rollback_seconds(frozenset(), {}) + interval / 2
+
+
+def window_rollback(sim: Simulation, rate: float, nodes: int) -> float:
+    """What a death in a late sync's window costs one pipeline, `rate` such deaths a
+    node-hour on `nodes`: the rollback, half an interval of work and, unless the
+    interval is fixed, the writes of the checkpoints these deaths make necessary
+    (at the formula's interval, as much again as the work lost: Young's optimum)."""
+    mtbf = 3600 / (max(rate, 1e-9) * nodes)
+    if sim.opt.checkpoint_seconds:
+        return sim.rollback_seconds(frozenset(), {}) + sim.opt.checkpoint_seconds / 2
+    interval = optimal_interval(sim.opt.checkpoint_formula, sim.costs.write_seconds, mtbf)
+    return sim.rollback_seconds(frozenset(), {}) + interval / 2 + sim.costs.write_seconds * mtbf / interval

@@ -27,7 +27,7 @@ import tempfile
 from dataclasses import replace
 
 from schedules.redundancy import FRC_MODES
-from schedules.syncs import SYNC_MODES
+from schedules.options import JobReplicaSync
 
 from commands.train.flag_checks import changed_flags, check_finite, check_not_a_file, said_idle
 from bamboo.control.parser import OneLineParser
@@ -117,10 +117,11 @@ def _cost_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frc", choices=FRC_MODES, default=d.frc,
                    help="eager: FRC only where the schedule's cost model says it fits the bubbles, the rest "
                         "recomputed after a death (bubbles); or for every microbatch, in a longer iteration (all)")
-    p.add_argument("--replica-sync", choices=SYNC_MODES, default=d.replica_sync,
+    p.add_argument("--replica-sync", choices=JobReplicaSync.values(), default=d.replica_sync,
                    help="eager and lazy: each replica's sync at the iteration's end (end), or in the next iteration, "
                         "off the critical path, a death before it landed charged a redo from peers or, with one "
-                        "pipeline, a rollback (next; bamboo-train runs it alike)")
+                        "pipeline, a rollback (next; bamboo-train runs it alike); or chosen at every "
+                        "reconfiguration from the costs and the deaths seen, as auto chooses its mode (auto)")
     p.add_argument("--acquire-seconds", type=float, default=d.acquire_seconds,
                    help="a node's wait, request to join: how long a node asked for from the trace's free ones "
                         "takes, and the window the burst rule sizes the standby for")

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from schedules.redundancy import FRC_MODES
-from schedules.syncs import SYNC_MODES
+from schedules.options import JobReplicaSync
 
 from agents.surplus import SurplusRule
 from sim.price_series import PriceSeries
@@ -46,7 +46,7 @@ class Options:
     fixed_standby: int = 2              # --surplus fixed: the standby kept (SpotHedge's over-provisioning)
     price_series: PriceSeries | None = None  # the spot price over time (--price-series), instead of spot_price
     replica_sync: str = "end"           # eager and lazy: each replica's sync at the iteration's end, or in the next
-                                        # one (its window charged: sim/windows.py)
+                                        # one (its window charged: sim/windows.py), or chosen (auto: sim/auto.py)
     zone_spread: str = "auto"           # neighbours in different zones (spread), pipelines packed in zones (pack),
                                         # or whichever costs less (auto: agents/spread.py)
     cross_zone_price: float = 0.0       # USD per GiB between zones: what auto weighs (0: spreading is free)
@@ -76,8 +76,9 @@ class Options:
             raise ValueError(f"--fixed-standby must not be negative (got {self.fixed_standby})")
         if self.frc not in FRC_MODES:
             raise ValueError(f"--frc must be one of {', '.join(FRC_MODES)} (got {self.frc!r})")
-        if self.replica_sync not in SYNC_MODES:
-            raise ValueError(f"--replica-sync must be one of {', '.join(SYNC_MODES)} (got {self.replica_sync!r})")
+        if self.replica_sync not in JobReplicaSync.values():
+            raise ValueError(f"--replica-sync must be one of {', '.join(JobReplicaSync.values())} "
+                             f"(got {self.replica_sync!r})")
         if self.zone_spread not in ZONE_SPREADS:
             raise ValueError(f"--zone-spread must be one of {', '.join(ZONE_SPREADS)} (got {self.zone_spread!r})")
         if not 0 <= self.cross_zone_price < 1e6:

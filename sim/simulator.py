@@ -37,11 +37,20 @@ from sim.strategies import Spot
 from sim.reconfiguration import memory_copies, shape, used_nodes
 from sim.traces import Event
 from sim.windows import Window, full_pipeline, stage_windows
-from schedules.options import Frc, Redundancy, ReplicaSync, ScheduleOptions
+from schedules.options import Frc, JobReplicaSync, Redundancy, ReplicaSync, ScheduleOptions
 
 __all__ = ["STRATEGIES", "ClusterSimulator", "Options"]
 
 STRATEGIES = {**SPOT_AND_ON_DEMAND, "auto": Auto}
+
+
+def rules_of(strategy: str, options: Options):
+    """What `strategy` does about a trace. With --replica-sync auto, Bamboo's eager
+    and lazy choose their sync epoch by epoch as auto does (sim/auto.py), their
+    mode fixed."""
+    if options.replica_sync == JobReplicaSync.AUTO and strategy in ("bamboo", "lazy"):
+        return Auto(modes=(STRATEGIES[strategy].redundancy,))
+    return STRATEGIES[strategy]()
 
 
 class ClusterSimulator:
@@ -53,7 +62,7 @@ class ClusterSimulator:
         options.check()
         self.profile, self.P, self.opt = profile, depth, options
         self.strategy = strategy              # the name, as the result reports it
-        self.rules = STRATEGIES[strategy]()   # what this strategy does about the trace
+        self.rules = rules_of(strategy, options)  # what this strategy does about the trace
         self.costs = checkpoint_costs(profile, depth, options)
         self.trace = TraceStats(0.0, 0)       # set by run()
         self.job_mtbf: float = math.inf       # the failures this strategy must checkpoint against, per node
@@ -65,15 +74,18 @@ class ClusterSimulator:
         self.reference_nodes = 0.0            # the trace's mean count of nodes: the on-demand cluster compared with
 
     # -- iteration times -------------------------------------------------------------------
-    def iteration_seconds(self, pipelines: int, merged: bool = False, mode: str | None = None) -> float:
-        """One iteration of `pipelines` full pipelines in `mode` (default: the strategy's)."""
+    def iteration_seconds(self, pipelines: int, merged: bool = False, mode: str | None = None,
+                          sync: str | None = None) -> float:
+        """One iteration of `pipelines` full pipelines in `mode` with `sync` (default:
+        the strategy's)."""
         mode = mode or self.rules.redundancy
-        return _iteration_ms(self.profile, self.P, pipelines, mode, merged, self.opt.frc, self._sync(mode)) / 1000
+        return _iteration_ms(self.profile, self.P, pipelines, mode, merged, self.opt.frc,
+                             self._sync(mode, sync)) / 1000
 
-    def config_seconds(self, config: Config, mode: str | None = None) -> float:
+    def config_seconds(self, config: Config, mode: str | None = None, sync: str | None = None) -> float:
         """One iteration of `config`'s pipelines, short ones included, the microbatches
         split by speed (schedules/split.py): the slowest pipeline's."""
-        return self._estimate(list(config.pipelines), mode) / 1000
+        return self._estimate(list(config.pipelines), mode, sync) / 1000
 
     def throughput(self, pipelines: int) -> float:
         """Samples per second of `pipelines` healthy full pipelines."""
@@ -81,21 +93,28 @@ class ClusterSimulator:
             return 0.0
         return self.profile.samples_per_iteration() / self.iteration_seconds(pipelines)
 
-    def uncovered(self, pipelines: int) -> float:
+    def uncovered(self, pipelines: int, sync: str | None = None) -> float:
         """The share of a pipeline's microbatches that eager runs no FRC for (a death
         then recomputes their forwards as lazy does): 0 with --frc all; with
         bubbles, what the schedule's placement leaves out, over the nodes."""
-        return _uncovered(self.profile, self.P, pipelines, self.opt.frc, self._sync("eager"))
+        return _uncovered(self.profile, self.P, pipelines, self.opt.frc, self._sync(Redundancy.EAGER, sync))
 
-    def windows(self, pipelines: int, mode: str | None = None) -> tuple[Window, ...]:
+    def windows(self, pipelines: int, mode: str | None = None, sync: str | None = None) -> tuple[Window, ...]:
         """Each stage's window of deaths not survivable in the iteration (sim/windows.py):
-        none unless --replica-sync next."""
+        none unless the sync is in the next iteration."""
         mode = mode or self.rules.redundancy
-        return stage_windows(self.profile, self.P, pipelines, mode, self.opt.frc, self._sync(mode))
+        return stage_windows(self.profile, self.P, pipelines, mode, self.opt.frc, self._sync(mode, sync))
 
-    def _sync(self, mode: str) -> str:
-        """The replica sync the schedules of `mode` compile with (off has none)."""
-        return ReplicaSync.END if mode == Redundancy.OFF else self.opt.replica_sync
+    def compiled_sync(self, mode: str) -> str:
+        """The replica sync `mode`'s schedules compile with now."""
+        return self._sync(mode)
+
+    def _sync(self, mode: str, sync: str | None = None) -> str:
+        """The replica sync the schedules of `mode` compile with: `sync`, else the
+        strategy's choice (--replica-sync auto) or the run's; off has none, nor auto
+        before its first choice."""
+        chosen = sync or getattr(self.rules, "sync", None) or self.opt.replica_sync
+        return ReplicaSync.END if mode == Redundancy.OFF or chosen == JobReplicaSync.AUTO else ReplicaSync(chosen)
 
     def config_throughput(self, config: Config | None, mode: str | None = None) -> float:
         """Samples per second of `config` while nothing fails (0 while it cannot train)."""
@@ -129,12 +148,12 @@ class ClusterSimulator:
         packed = plan(replace(priced, pack_zones=True))
         return packed if packing_pays(self, spread, packed) else spread
 
-    def _estimate(self, pipelines: list[tuple], mode: str | None = None) -> float:
+    def _estimate(self, pipelines: list[tuple], mode: str | None = None, sync: str | None = None) -> float:
         """Milliseconds of an iteration of `pipelines` (each: the node of every stage):
         the schedule simulator's, and the policy's estimate."""
         shapes = tuple(shape(pipe) for pipe in pipelines)
         mode = mode or self.rules.redundancy
-        return _config_ms(self.profile, self.P, shapes, mode, self.opt.frc, self._sync(mode))
+        return _config_ms(self.profile, self.P, shapes, mode, self.opt.frc, self._sync(mode, sync))
 
     def bursts_seen(self, s: RunState, nodes: int, at: float | None = None) -> BurstModel:
         """The bursts of preemptions seen by a job training on `nodes` nodes, by `at`

@@ -49,9 +49,9 @@ def full_pipeline(profile, depth: int, pipelines: int, redundancy: str, frc: str
 def stage_windows(profile, depth: int, pipelines: int, redundancy: str, frc: str,
                   sync: str) -> tuple[Window, ...]:
     """Each stage's window in a fault-free iteration of one of `pipelines` full
-    pipelines; none (empty) with the sync at the end or without replicas."""
-    if sync != ReplicaSync.NEXT or redundancy == Redundancy.OFF:
-        return ()
+    pipelines; none (empty) with the sync at the end, without replicas or pipelines."""
+    if sync != ReplicaSync.NEXT or redundancy == Redundancy.OFF or pipelines < 1:
+        return ()  # (no pipeline: the fleet fell below one, nothing trains to die in a window)
     schedule, cost = full_pipeline(profile, depth, pipelines, redundancy, frc, sync)
     return syncs.windows(simulate_schedule(schedule), cost, depth, pipelines)
 

@@ -276,15 +276,15 @@ def redundant_share(look, epoch) -> float:
     replica syncs): 1 - an off iteration's seconds over its mode's, from the times
     auto measured where it ran (the newest choice before the epoch) and the cost
     model's ratios elsewhere (agents/modes.py `job_estimates`)."""
-    from agents.modes import ModeStats, job_estimates
+    from agents.modes import ModeStats, job_estimates, setting
     mode = epoch.mode(look.cfg.schedule.redundancy)
     if mode == Redundancy.OFF or not epoch.pipelines:
         return 0.0
     before = [it for it in look.modes if it < epoch.start]
     stats = ModeStats(**look.modes[max(before)].stats) if before else ModeStats()
     seconds, _, _ = job_estimates(look.cfg, stats, epoch.depth, len(epoch.pipelines))
-    known = {str(m): t for m, t in seconds.items()}  # a mode read from etcd is untrusted: an unknown one adds nothing
-    return max(0.0, 1 - known[Redundancy.OFF] / known[mode]) if known.get(mode, 0) > 0 else 0.0
+    ran = setting(mode, look.cfg.schedule.replica_sync)  # a mode read from etcd is untrusted: an unknown one adds nothing
+    return max(0.0, 1 - seconds[Redundancy.OFF] / seconds[ran]) if seconds.get(ran, 0) > 0 else 0.0
 
 
 def _pause_cause(begun, finished) -> str:

@@ -161,8 +161,11 @@ def test_on_demand_runs_the_mean_cluster_without_preemptions():
 
 @pytest.mark.slow
 def test_ec2_p3_trace_gpt2_p12_all_strategies():
+    """Every strategy on the same fleet (--surplus keep: each holds every node the
+    trace grants, so each sees the trace's 167 preemptions)."""
     res = subprocess.run([sys.executable, "-m", "sim.command", "--trace", P3, "--strategy", "all", "--model", "gpt2",
-                          "--stages", "12", "--json"], capture_output=True, text=True, timeout=120)
+                          "--stages", "12", "--surplus", "keep", "--json"], capture_output=True, text=True,
+                         timeout=120)
     assert res.returncode == 0, res.stderr
     top = json.loads(res.stdout)
     out = top["strategies"]
@@ -343,14 +346,17 @@ def test_bad_frc_is_one_line_and_status_2(capsys):
 
 def test_auto_picks_eager_once_the_sync_is_off_the_critical_path(capsys):
     """Whole pipelines on the p3 trace: with the sync at the end auto runs off (redo),
-    with it in the next iteration eager, whose iteration is then off's."""
+    with it in the next iteration eager, whose iteration is then off's; left to
+    choose the sync too (auto), it takes eager with the late sync, and runs as that."""
     whole = ["--trace", P3, "--hours", "3", "--strategy", "auto", "--max-stages-per-node", "1",
              "--notice-seconds", "0", "--rollback", "relaunch"]
-    modes = {}
-    for sync in ("end", "next"):
+    modes, values = {}, {}
+    for sync in ("end", "next", "auto"):
         assert main(whole + ["--replica-sync", sync]) == 0
-        modes[sync] = set(json.loads(capsys.readouterr().out)["hours_per_mode"])
-    assert modes == {"end": {"off"}, "next": {"eager"}}
+        out = json.loads(capsys.readouterr().out)
+        modes[sync], values[sync] = set(out["hours_per_mode"]), out["value"]
+    assert modes == {"end": {"off"}, "next": {"eager+next"}, "auto": {"eager+next"}}
+    assert values["auto"] == values["next"] > values["end"]
 
 
 def test_a_generated_trace_with_hourly_outages_and_zone_bursts_runs_to_the_end():

@@ -105,11 +105,12 @@ def test_a_late_sync_charges_a_rollback_to_the_deaths_in_its_window():
     share = window_share(4, 8)
     # the cluster simulator's windows of the same schedule (one pipeline, the default cost model)
     assert share == pytest.approx(mean_share(stage_windows(Eight(), 4, 1, "eager", "bubbles", "next")), rel=1e-9)
-    _, plain = estimates(ModeStats(seconds={"off": 2.0}), 4, 8, "next")
-    _, charged = estimates(ModeStats(seconds={"off": 2.0}, pause={"lazy": 1.0}), 4, 8, "next", lambda s, p: 100.0)
-    assert charged["eager"] == pytest.approx((1 - share) * plain["eager"] + share * 100.0)
-    assert charged["lazy"] == 1.0 and charged["off"] == plain["off"]
-    _, at_end = estimates(ModeStats(seconds={"off": 2.0}), 4, 8, "end", lambda s, p: 100.0)
+    _, plain = estimates(ModeStats(seconds={"off": 2.0}), 4, 8, ("next",))
+    _, charged = estimates(ModeStats(seconds={"off": 2.0}, pause={"lazy+next": 1.0}), 4, 8, ("next",),
+                           lambda s, p: 100.0)
+    assert charged["eager+next"] == pytest.approx((1 - share) * plain["eager+next"] + share * 100.0)
+    assert charged["lazy+next"] == 1.0 and charged["off"] == plain["off"]
+    _, at_end = estimates(ModeStats(seconds={"off": 2.0}), 4, 8, ("end",), lambda s, p: 100.0)
     assert at_end["eager"] == pytest.approx(estimates(ModeStats(seconds={"off": 2.0}), 4, 8)[1]["eager"])
 
 
@@ -128,9 +129,9 @@ def test_with_two_pipelines_a_death_in_a_window_costs_a_redo_and_the_window_grow
     assert share == pytest.approx(mean_share(stage_windows(Eight(), 4, 2, "eager", "bubbles", "next")), rel=1e-9)
     assert share > window_share(4, 4, 1)
     stats = ModeStats(seconds={"off": 2.0})
-    _, plain = estimates(stats, 4, 4, "next")
-    _, charged = estimates(stats, 4, 4, "next", lambda s, p: 100.0, pipelines=2)
-    assert charged["eager"] == pytest.approx((1 - share) * plain["eager"] + share * plain["off"])
+    _, plain = estimates(stats, 4, 4, ("next",))
+    _, charged = estimates(stats, 4, 4, ("next",), lambda s, p: 100.0, pipelines=2)
+    assert charged["eager+next"] == pytest.approx((1 - share) * plain["eager+next"] + share * plain["off"])
     assert charged["off"] == plain["off"] < 100.0
 
 
@@ -140,9 +141,38 @@ def test_a_job_with_the_sync_next_and_checkpoints_gets_its_rollback_charged():
     cfg = JobConfig.of(stages=4, microbatches=8, replica_sync="next", redundancy="auto", checkpoint="/tmp/ck",
                        checkpoint_every=4)
     seconds, pause, rollback = job_estimates(cfg, ModeStats(seconds={"off": 2.0}), 4)
-    _, plain = estimates(ModeStats(seconds={"off": 2.0}), 4, 8, "next")
-    assert rollback == pytest.approx(rollback_cost(4, 0, seconds, plain)) and rollback > plain["eager"]
+    _, plain = estimates(ModeStats(seconds={"off": 2.0}), 4, 8, ("next",))
+    assert rollback == pytest.approx(rollback_cost(4, 0, seconds, plain)) and rollback > plain["eager+next"]
     share = window_share(4, 8)
-    assert pause["eager"] == pytest.approx((1 - share) * plain["eager"] + share * rollback)
+    assert pause["eager+next"] == pytest.approx((1 - share) * plain["eager+next"] + share * rollback)
     no_interval = JobConfig.of(stages=4, microbatches=8, replica_sync="next", redundancy="auto", checkpoint="/tmp/ck")
     assert job_estimates(no_interval, ModeStats(seconds={"off": 2.0}), 4)[1:] == (plain, None)
+
+
+def test_with_both_syncs_every_mode_is_weighed_with_each_and_rare_deaths_take_the_late_sync():
+    """--replica-sync auto: each mode with its sync at the iteration's end and in the
+    next one, each estimated as the single sync estimates it; the late sync's
+    shorter iteration wins while deaths are rare, the end's whole failover once they
+    are frequent (a death in the late sync's window costs a rollback here); and the
+    choice over the five agrees with the brute force."""
+    from agents.modes import parts, settings
+    stats, rollback = ModeStats(seconds={"off": 2.0}), (lambda s, p: 100.0)
+    seconds, pause = estimates(stats, 4, 8, ("end", "next"), rollback)
+    assert tuple(seconds) == settings(("end", "next")) == ("eager", "eager+next", "lazy", "lazy+next", "off")
+    for name in seconds:
+        alone = estimates(stats, 4, 8, (parts(name)[1],), rollback)
+        assert (seconds[name], pause[name]) == (alone[0][name], alone[1][name])
+    assert seconds["eager+next"] < seconds["eager"] and pause["eager+next"] > pause["eager"]
+    assert choose("", 0.0, 4, 1, seconds, pause) == "eager+next"
+    assert choose("", 100.0, 4, 1, seconds, pause) == "eager"
+    rng = random.Random(7)
+    names = list(seconds)
+    for _ in range(500):
+        s = {n: rng.uniform(0.5, 2.0) for n in names}
+        p = {n: rng.uniform(0.0, 60.0) for n in names}
+        rate, pipelines, current = rng.choice([0, 1, 100]), rng.randint(1, 3), rng.choice(names + [""])
+        cost = {n: s[n] * (1 + rate * 4 * p[n] / 3600) for n in names if n != "off" or pipelines >= 2}
+        best = min(cost.values())
+        want = {current} if current in cost and best >= cost[current] * (1 - MARGIN) else \
+            {n for n, c in cost.items() if c == best}
+        assert choose(current, rate, 4, pipelines, s, p) in want

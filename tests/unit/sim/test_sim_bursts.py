@@ -40,8 +40,8 @@ def test_every_strategy_survives_a_fleet_at_zero_while_a_checkpoint_is_due():
     nodes = [f"n{i}" for i in range(4)]
     events = fleet(4) + gone(nodes, 1500) + [Event(8700, "add", n, "ab"[i % 2]) for i, n in enumerate(nodes)] \
         + gone(nodes, 9000)
-    for strategy in SPOT:
-        out = run(strategy, events, checkpoint_seconds=600, notice_seconds=30)
+    for strategy, sync in [(s, "end") for s in SPOT] + [(s, sync) for s in ("bamboo", "auto") for sync in ("next", "auto")]:
+        out = run(strategy, events, checkpoint_seconds=600, notice_seconds=30, replica_sync=sync)
         assert out["checkpointing"]["checkpoints_skipped"] >= 1, strategy
         assert out["samples"] > 0 and math.isfinite(out["value"]), strategy
         during = [rate for t, _, rate in out["timeline"] if 1500 <= t < 8700]

@@ -1,0 +1,46 @@
+"""bamboo-sim --replica-sync auto: eager Bamboo chooses its replica sync at every
+reconfiguration with the agents' own choice (agents/modes.py `choose`), against
+the same runs with the sync fixed at the end and in the next iteration."""
+from sim.profiles import profile
+from sim.simulator import ClusterSimulator, Options
+from sim.traces import Event
+
+GPT2 = profile("gpt2", "calibrated")
+
+
+def churn(gap: float, hours: float = 2.0, nodes: int = 5) -> list[Event]:
+    """`nodes` nodes in zones a and b; every `gap` seconds one of them is preempted
+    (in turn) and a new one comes 10 s later."""
+    events = [Event(0.0, "add", f"n{i}", "ab"[i % 2]) for i in range(nodes)]
+    alive, t, k = [f"n{i}" for i in range(nodes)], gap, nodes
+    while t < hours * 3600:
+        victim = alive.pop(0)
+        events += [Event(t, "remove", victim), Event(t + 10, "add", f"n{k}", "ab"[k % 2])]
+        alive.append(f"n{k}")
+        t, k = t + gap, k + 1
+    return events
+
+
+def runs(events: list[Event]) -> dict[str, dict]:
+    return {sync: ClusterSimulator(GPT2, 4, "bamboo", Options(replica_sync=sync, surplus="keep")).run(events)
+            for sync in ("end", "next", "auto")}
+
+
+def test_rare_deaths_take_the_late_sync_and_run_as_it_does():
+    """One death an hour: the sync off the critical path is worth its window, and
+    the run is the fixed `next` run, to the sample."""
+    out = runs(churn(3600))
+    assert set(out["auto"]["hours_per_mode"]) == {"eager+next"} and out["auto"]["mode_switches"] == 0
+    assert out["auto"]["samples"] == out["next"]["samples"] and out["auto"]["value"] > out["end"]["value"]
+
+
+def test_deaths_that_keep_landing_in_the_window_move_the_sync_back_to_the_end():
+    """A death every 30 s on one pipeline: with the late sync a death often finds a
+    replica a step behind (in a window, or between iterations) and rolls the job
+    back, so the fixed `next` run trains less than the fixed `end` run; auto,
+    counting the deaths it sees fall in windows, switches to the sync at the end
+    within minutes and stays there."""
+    out = runs(churn(30))
+    assert out["next"]["samples"] < out["end"]["samples"]
+    hours = out["auto"]["hours_per_mode"]
+    assert out["auto"]["mode_switches"] == 1 and hours["eager"] > 5 * hours["eager+next"]
