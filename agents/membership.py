@@ -298,8 +298,16 @@ class Membership:
         ran = setting(epoch.mode(cfg.schedule.redundancy), cfg.schedule.replica_sync)
         disturbed = epoch.start == it or any(r.events for r in reports.values())  # a new epoch: its handover
         stats = observe(ModeStats(**before.stats) if before else ModeStats(), max(r.time for r in reports.values()),
-                        len(reports), len(self.cluster.failed()), ran, disturbed)
+                        len(reports), len(self.cluster.failed()), ran, disturbed, self._agreed_costs(it))
         return ModeChoice(self._mode_for(cfg, it, epoch, stats), asdict(stats))
+
+    def _agreed_costs(self, it: int) -> dict | None:
+        """The cost model the boundary after `it` agreed from the nodes' measured op
+        times (its first pipeline's, CostModel keywords), if it agreed one."""
+        tries = self.cluster.children(REGROUP(it))
+        costs = tries[max(tries)].costs if tries else None
+        found = costs.get("0") if isinstance(costs, dict) else None
+        return found if isinstance(found, dict) else None
 
     def _mode_for(self, cfg: JobConfig, it: int, epoch: Assignment, stats: ModeStats | None,
                   wanted: ModeChoice | None = None) -> str:

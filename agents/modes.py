@@ -34,6 +34,8 @@ class ModeStats:
     pause: dict = field(default_factory=dict)    # setting -> seconds a death added to its iteration
     time: float = 0.0                            # when the last observed iteration ended (0: none yet)
     dead: int = 0                                # deaths recorded in the job so far
+    costs: dict | None = None                    # the newest cost model the job's op times gave (CostModel
+                                                 # keywords, its first pipeline's): windows are weighed on it
 
     def rate(self, prior_rate: float, prior_hours: float) -> float:
         """Deaths per node-hour: the weighted observation, and `prior_rate` with the
@@ -71,13 +73,16 @@ def _smooth(old: float | None, sample: float) -> float:
     return sample if old is None else (1 - SMOOTHING) * old + SMOOTHING * sample
 
 
-def observe(stats: ModeStats, now: float, nodes: int, dead: int, mode: str, disturbed: bool) -> ModeStats:
+def observe(stats: ModeStats, now: float, nodes: int, dead: int, mode: str, disturbed: bool,
+            costs: dict | None = None) -> ModeStats:
     """`stats` after one more iteration in `mode` (a `setting`: a mode with its sync)
     that ended at `now` on `nodes` nodes, with `dead` deaths recorded job-wide by
     then; `disturbed`: it had a failover, a redo or a new epoch, so its time is not
-    a fault-free sample."""
+    a fault-free sample; `costs`: the cost model its boundary agreed from measured
+    op times, if it did (kept as the newest)."""
+    costs = costs or stats.costs
     if not stats.time:
-        return ModeStats(stats.deaths, stats.node_hours, stats.seconds, stats.pause, now, dead)
+        return ModeStats(stats.deaths, stats.node_hours, stats.seconds, stats.pause, now, dead, costs)
     elapsed = max(0.0, now - stats.time)
     decay = 0.5 ** (elapsed / 3600 / HALF_LIFE_HOURS)
     new_deaths = max(0, dead - stats.dead)
@@ -87,7 +92,7 @@ def observe(stats: ModeStats, now: float, nodes: int, dead: int, mode: str, dist
     elif not new_deaths and not disturbed:
         seconds[mode] = _smooth(seconds.get(mode), elapsed)
     return ModeStats(stats.deaths * decay + new_deaths, stats.node_hours * decay + nodes * elapsed / 3600,
-                     seconds, pause, now, dead)
+                     seconds, pause, now, dead, costs)
 
 
 @functools.lru_cache(maxsize=64)
@@ -111,22 +116,44 @@ def simulated(stages: int, microbatches: int, sync: str = "end") -> tuple[dict, 
 
 
 @functools.lru_cache(maxsize=64)
-def window_share(stages: int, microbatches: int, pipelines: int = 1) -> float:
+def window_share(stages: int, microbatches: int, pipelines: int = 1, cost=None) -> float:
     """--replica-sync next: the share of an iteration, mean over the stages, in
     which an owner's death is not survivable in the iteration (schedules/syncs.py
     `windows`): before its sync of the iteration before has landed on its holder,
-    and with two pipelines or more after its reduce. Eager's schedule on the
-    default cost model (lazy's lands alike), where a sync flies a tenth of a
-    forward: a share of 0.3 to 1.5% at P=2..8 on one pipeline, where the calibrated
-    GPU profiles give 5 to 28% (docs/simulator.md); this job's measured costs are
-    not used yet."""
+    and with two pipelines or more after its reduce. Eager's schedule (lazy's lands
+    alike) on `cost`, the job's measured cost model (`measured_cost`), or else the
+    default one, where a sync flies a tenth of a forward: a share of 0.3 to 1.5% at
+    P=2..8 on one pipeline, where the calibrated GPU profiles give 5 to 28%
+    (docs/simulator.md)."""
     from schedules.compiler import compile_schedule, simulate
     from schedules.cost import CostModel
     from schedules.syncs import windows
 
+    cost = cost or CostModel()
     options = ScheduleOptions(redundancy=Redundancy.EAGER, sync=ReplicaSync.NEXT)
-    report = simulate(compile_schedule(stages, microbatches, (), options))
-    return sum(w.share for w in windows(report, CostModel(), stages, pipelines)) / stages
+    report = simulate(compile_schedule(stages, microbatches, (), options, cost))
+    return sum(w.share for w in windows(report, cost, stages, pipelines)) / stages
+
+
+COST_FIELDS = ("forward", "backward", "transfer", "send", "swap", "load", "reduce", "step", "sync_transfer",
+               "frc_factor", "brc_factor", "input_share")  # what a calibration agrees (bamboo/runtime/calibration.py)
+
+
+def measured_cost(costs: dict | None, stages: int):
+    """The CostModel of `costs` (its keywords, as the boundary agreed them from the
+    nodes' measured op times, read back from etcd: untrusted), or None where they
+    are missing, malformed or for another depth."""
+    from schedules.cost import CostModel
+    from schedules.layout import ScheduleError
+
+    if not isinstance(costs, dict) or set(costs) - set(COST_FIELDS):
+        return None
+    try:
+        cost = CostModel(**costs)
+        cost.check_stages(stages)
+    except (TypeError, ValueError, ScheduleError):
+        return None
+    return cost if all(isinstance(getattr(cost, f), tuple) for f in ("forward", "backward")) else None
 
 
 def estimates(stats: ModeStats, stages: int, microbatches: int, syncs=(ReplicaSync.END,),
@@ -158,7 +185,7 @@ def estimates(stats: ModeStats, stages: int, microbatches: int, syncs=(ReplicaSy
     elif late and rollback is not None:
         lost = rollback(seconds, pause)
     if lost is not None:
-        share = window_share(stages, microbatches, pipelines)
+        share = window_share(stages, microbatches, pipelines, measured_cost(stats.costs, stages))
         pause.update({n: (1 - share) * pause[n] + share * lost for n in late})
     return seconds, pause
 

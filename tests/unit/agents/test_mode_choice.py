@@ -176,3 +176,62 @@ def test_with_both_syncs_every_mode_is_weighed_with_each_and_rare_deaths_take_th
         want = {current} if current in cost and best >= cost[current] * (1 - MARGIN) else \
             {n for n, c in cost.items() if c == best}
         assert choose(current, rate, 4, pipelines, s, p) in want
+
+
+MEASURED = {"forward": [1.0, 1.2, 1.1, 1.4], "backward": [2.0, 2.3, 2.2, 2.9], "transfer": 0.02, "send": 0.02,
+            "swap": 0.3, "load": 0.0, "reduce": 0.0, "step": 0.2, "sync_transfer": 1.5, "frc_factor": 1.25,
+            "brc_factor": 1.0, "input_share": 0.5}  # a sync that flies a forward and a half
+
+
+def test_the_window_is_weighed_on_the_jobs_measured_cost_model():
+    """The cost model the boundary agreed from the nodes' op times (ModeStats.costs)
+    sets the window: the schedule's own windows on that model (schedules/syncs.py,
+    simulated here directly), larger than the default model's where the sync flies
+    longer; a death in it is charged on that share."""
+    from agents.modes import measured_cost, window_share
+    from schedules.cost import CostModel
+    from schedules.syncs import windows
+    cost = CostModel(**MEASURED)
+    report = simulate(compile_schedule(4, 8, (), ScheduleOptions(redundancy="eager", sync="next"), cost))
+    direct = sum(w.share for w in windows(report, cost, 4, 1)) / 4
+    assert measured_cost(MEASURED, 4) == cost and window_share(4, 8, 1, cost) == pytest.approx(direct, rel=1e-12)
+    assert direct > 2 * window_share(4, 8)
+    stats = ModeStats(seconds={"off": 2.0}, costs=MEASURED)
+    _, plain = estimates(stats, 4, 8, ("next",))
+    _, charged = estimates(stats, 4, 8, ("next",), lambda s, p: 100.0)
+    assert charged["eager+next"] == pytest.approx((1 - direct) * plain["eager+next"] + direct * 100.0)
+
+
+@pytest.mark.parametrize("costs", [
+    None, "fast", {**MEASURED, "extra": 1.0}, {**MEASURED, "sync_transfer": -1.0}, {**MEASURED, "step": "x"},
+    {**MEASURED, "forward": [1.0, 1.0]}, {**MEASURED, "forward": 1.0}, {**MEASURED, "backward": ["a"] * 4},
+])
+def test_a_cost_model_read_from_etcd_that_is_not_one_is_not_used(costs):
+    from agents.modes import measured_cost
+    assert measured_cost(costs, 4) is None
+    _, pause = estimates(ModeStats(seconds={"off": 2.0}, costs=costs), 4, 8, ("next",), lambda s, p: 100.0)
+    assert pause == estimates(ModeStats(seconds={"off": 2.0}), 4, 8, ("next",), lambda s, p: 100.0)[1]
+
+
+def test_observe_keeps_the_newest_agreed_cost_model():
+    s = observe(ModeStats(), 1000.0, 4, 0, "eager+next", False, costs=MEASURED)
+    assert s.costs == MEASURED
+    s = observe(s, 1002.0, 4, 0, "eager+next", False)
+    assert s.costs == MEASURED  # a boundary that agreed none leaves it
+    newer = {**MEASURED, "sync_transfer": 0.1}
+    assert observe(s, 1004.0, 4, 0, "eager+next", False, costs=newer).costs == newer
+
+
+def test_the_agents_read_the_cost_model_their_boundary_agreed():
+    """Membership._agreed_costs: the last try's record, its first pipeline's model;
+    none where the boundary agreed none or the record is not one."""
+    from types import SimpleNamespace
+
+    from agents.membership import Membership
+    from bamboo.control.protocol import Regroup
+    records = {4: {0: Regroup((), False, costs={"0": {"step": 1.0}}), 1: Regroup((), False, costs={"0": MEASURED})},
+               5: {0: Regroup((), False)}, 6: {0: Regroup((), False, costs={"0": "junk"})}}
+    agent = SimpleNamespace(cluster=SimpleNamespace(children=lambda key: records.get(key.parts[0], {})))
+    assert Membership._agreed_costs(agent, 4) == MEASURED
+    assert Membership._agreed_costs(agent, 5) is None and Membership._agreed_costs(agent, 6) is None
+    assert Membership._agreed_costs(agent, 7) is None
