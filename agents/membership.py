@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from agents.modes import ModeStats, choose, job_estimates, observe, parts, setting
+from agents.modes import MODES, ModeStats, choose, job_estimates, observe, parts, setting
 from agents.policy import Config, Priced, next_config, slot_estimate
 from bamboo.control.assignment import Assignment, Restore
 from bamboo.control.cluster import Cluster
@@ -23,7 +23,7 @@ from bamboo.control.protocol import (ABORT, ABORTED, ALIVE, ASSIGNMENT, CONFIG, 
                                      Mark, Member, ModeChoice, Timestamp, Zone)
 from bamboo.data.checkpoint_files import latest, newest_listed, storage_for
 from bamboo.state.copies import newest_covered
-from schedules.options import JobRedundancy, Redundancy
+from schedules.options import JobRedundancy, JobReplicaSync, Redundancy
 
 
 def to_policy(a: Assignment) -> Config:
@@ -118,8 +118,8 @@ class Membership:
         cfg = self.cluster.get(CONFIG())
         config = self._policy(cfg, live, None)
         first = from_policy(config, self._resumed(cfg), ())
-        mode = self._mode_for(cfg, 0, first, ModeStats())
-        self.cluster.create(ASSIGNMENT(0), Assignment(**{**first.__dict__, "redundancy": mode}))
+        mode, sync = self._setting_for(cfg, first, ModeStats())
+        self.cluster.create(ASSIGNMENT(0), Assignment(**{**first.__dict__, "redundancy": mode, "sync": sync}))
 
     @staticmethod
     def _resumed(cfg: JobConfig) -> int:
@@ -242,9 +242,9 @@ class Membership:
             (start, restore), redo = self._restore_point(cfg, start, holders), True
         new = from_policy(config, start, before, failed, restore)
         wanted = self.cluster.get(MODE(it - 1))  # what the boundary of `it` compared with (auto)
-        mode = self._mode_for(cfg, it, new, ModeStats(**wanted.stats) if wanted else None, wanted)
+        mode, sync = self._setting_for(cfg, new, ModeStats(**wanted.stats) if wanted else None, wanted)
         new = Assignment(**{**new.__dict__, "redo": redo, "layers_from": basis.epoch, "redundancy": mode,
-                            "taken": None if taken is None else tuple(sorted(taken))})
+                            "sync": sync, "taken": None if taken is None else tuple(sorted(taken))})
         clear = [(family(start), family(it + 1)) for family in ITERATION_FAMILIES]  # iterations start..it
         self.cluster.create_clearing(ASSIGNMENT(new.epoch), new, clear)
 
@@ -264,7 +264,7 @@ class Membership:
         other death (in a sync's window, or between iterations) took the stage's
         newest weights along. None where every replica counts: with the sync at the
         end, and after an epoch's first iteration was undone (nothing was owed)."""
-        if not cfg.schedule.late_sync:
+        if not cfg.schedule.late_in(previous):
             return None
         if basis is not None and basis is not previous:  # nobody entered `previous`: its basis's holds
             return previous.taken
@@ -275,10 +275,11 @@ class Membership:
         return tuple(sorted({e["node"] for r in reports for e in r.events if e["type"] == "failover"}))
 
     def observe_modes(self, cfg: JobConfig) -> None:
-        """--redundancy auto: fold every iteration whose boundary was reached into the
-        job's observations and record the mode wanted after it (MODE, first writer
-        wins; every agent computes the same from the same keys)."""
-        if cfg.schedule.redundancy != JobRedundancy.AUTO:
+        """--redundancy auto or --replica-sync auto: fold every iteration whose
+        boundary was reached into the job's observations and record the mode and
+        sync wanted after it (MODE, first writer wins; every agent computes the same
+        from the same keys)."""
+        if not cfg.schedule.chooses:
             return
         if self._observed is None:
             first = self.cluster.get(START())
@@ -295,11 +296,12 @@ class Membership:
         reports = self.cluster.children(DONE(it))
         epoch = self.cluster.assignment_at(it)
         before = self.cluster.get(MODE(it - 1))
-        ran = setting(epoch.mode(cfg.schedule.redundancy), cfg.schedule.replica_sync)
+        ran = setting(epoch.mode(cfg.schedule.redundancy), cfg.schedule.epoch_sync(epoch))
         disturbed = epoch.start == it or any(r.events for r in reports.values())  # a new epoch: its handover
         stats = observe(ModeStats(**before.stats) if before else ModeStats(), max(r.time for r in reports.values()),
                         len(reports), len(self.cluster.failed()), ran, disturbed, self._agreed_costs(it))
-        return ModeChoice(self._mode_for(cfg, it, epoch, stats), asdict(stats))
+        mode, sync = self._setting_for(cfg, epoch, stats)
+        return ModeChoice(mode, asdict(stats), sync)
 
     def _agreed_costs(self, it: int) -> dict | None:
         """The cost model the boundary after `it` agreed from the nodes' measured op
@@ -309,21 +311,29 @@ class Membership:
         found = costs.get("0") if isinstance(costs, dict) else None
         return found if isinstance(found, dict) else None
 
-    def _mode_for(self, cfg: JobConfig, it: int, epoch: Assignment, stats: ModeStats | None,
-                  wanted: ModeChoice | None = None) -> str:
-        """The job's mode, or with auto the one `choose` picks for `epoch` from
-        `stats` (`wanted`: already picked after the iteration before `it`)."""
-        if cfg.schedule.redundancy != JobRedundancy.AUTO:
-            return cfg.schedule.redundancy
+    def _setting_for(self, cfg: JobConfig, epoch: Assignment, stats: ModeStats | None,
+                     wanted: ModeChoice | None = None) -> tuple[str, str]:
+        """(mode, sync) for `epoch`: the job's, or where it leaves them to the agents
+        (auto) what `choose` picks from `stats` over the settings it allows (`wanted`:
+        picked already, after the iteration before the epoch's first). The sync is
+        "" where the job fixes it (the epoch runs the job's)."""
+        s = cfg.schedule
+        if not s.chooses:
+            return s.redundancy, ""
         stats = stats or ModeStats()
         pipelines = len(epoch.pipelines)
         seconds, pause, rollback = job_estimates(cfg, stats, epoch.depth, pipelines)
+        own = lambda sync: sync if s.replica_sync == JobReplicaSync.AUTO else ""  # noqa: E731
         if wanted is not None and (wanted.mode != Redundancy.OFF or pipelines >= 2 or rollback is not None):
-            return wanted.mode
-        # "" for the first epoch: no mode to keep, the best one
-        current = setting(epoch.redundancy, cfg.schedule.replica_sync) if epoch.redundancy else ""
-        rate = stats.rate(cfg.schedule.auto_prior_rate, cfg.schedule.auto_prior_hours)
-        return parts(choose(current, rate, len(epoch.members), pipelines, seconds, pause, rollback))[0]
+            return wanted.mode, own(wanted.sync or s.fixed_sync)
+        modes = MODES if s.redundancy == JobRedundancy.AUTO else (s.redundancy,)
+        names = [n for n in seconds if parts(n)[0] in modes]
+        # "" for the first epoch: no setting to keep, the best one
+        current = setting(epoch.redundancy, s.epoch_sync(epoch)) if epoch.redundancy else ""
+        rate = stats.rate(s.auto_prior_rate, s.auto_prior_hours)
+        mode, sync = parts(choose(current, rate, len(epoch.members), pipelines, {n: seconds[n] for n in names},
+                                  pause, rollback))
+        return mode, own(sync)
 
     def _restore_point(self, cfg: JobConfig, start: int, holders=()) -> tuple[int, Restore]:
         """(iteration, restore) to go back to when a stage is lost on every node: the

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from schedules.layout import Layout
-from schedules.options import keeps_replicas
+from schedules.options import SYNC_CHOICES, keeps_replicas
 from schedules.split import merged, split_by_speed
 
 
@@ -46,6 +46,7 @@ class Assignment:
     redo: bool = False                          # the epoch starts by running again an abandoned iteration
     layers_from: int = -1                       # the epoch whose layout the nodes' layers follow (-1: none yet)
     redundancy: str = ""                        # the epoch's mode (eager, lazy, off); "": the job's --redundancy
+    sync: str = ""                              # the epoch's replica sync (end, next); "": the job's --replica-sync
     taken: tuple[int, ...] | None = None        # of `failed`, those a survivor took over inside an iteration that
                                                 # completed (--replica-sync next: see `holders`); None: every
                                                 # replica is up to date (an epoch's first iteration owed no sync)
@@ -138,15 +139,18 @@ class Assignment:
         return {"epoch": self.epoch, "start": self.start, "pipelines": [list(p) for p in self.pipelines],
                 "standby": list(self.standby), "failed": list(self.failed), "gone": list(self.gone),
                 "restore": self.restore.value, "redo": self.redo, "layers_from": self.layers_from,
-                "redundancy": self.redundancy, "taken": None if self.taken is None else list(self.taken)}
+                "redundancy": self.redundancy, "sync": self.sync,
+                "taken": None if self.taken is None else list(self.taken)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Assignment":
-        for name in ("restore", "redundancy"):  # shown and compared as text
+        for name in ("restore", "redundancy", "sync"):  # shown and compared as text
             if not isinstance(d.get(name, ""), str):
                 raise ValueError(f"an assignment's {name} is {type(d[name]).__name__}, not a string")
+        if d.get("sync", "") not in ("", *SYNC_CHOICES):
+            raise ValueError(f"an assignment's sync is {d['sync'][:20]!r}, not one of {', '.join(SYNC_CHOICES)}")
         return cls(int(d["epoch"]), int(d["start"]), tuple(tuple(int(n) for n in p) for p in d["pipelines"]),
                    tuple(int(n) for n in d.get("standby", ())), tuple(int(n) for n in d.get("failed", ())),
                    tuple(int(n) for n in d.get("gone", ())), Restore(d.get("restore", "peers")), bool(d.get("redo")),
-                   int(d.get("layers_from", -1)), d.get("redundancy", ""),
+                   int(d.get("layers_from", -1)), d.get("redundancy", ""), d.get("sync", ""),
                    None if d.get("taken") is None else tuple(int(n) for n in d["taken"]))

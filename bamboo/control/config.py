@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
-from schedules.options import (BackwardSplit, Choice, Frc, JobRedundancy, Redundancy, ReplicaSync, ScheduleOptions,
-                               make_members)
+from schedules.options import (BackwardSplit, Choice, Frc, JobRedundancy, JobReplicaSync, Redundancy, ReplicaSync,
+                               ScheduleOptions, make_members)
 from bamboo.control.records import BadRecord, checked
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -104,7 +104,8 @@ class ScheduleSpec(Section):
     redundancy: JobRedundancy = JobRedundancy.EAGER
     frc: Frc = Frc.BUBBLES         # eager: FRC only where it fits the bubbles, or for every microbatch
     sync_bucket_mb: float = 4.0    # a replica's sync posted in buckets this large (bamboo/runtime/sync.py)
-    replica_sync: ReplicaSync = ReplicaSync.END  # at the iteration's end, or in the next one (schedules/syncs.py)
+    replica_sync: JobReplicaSync = JobReplicaSync.END  # at the iteration's end, in the next one (schedules/syncs.py),
+                                                       # or chosen per epoch by the agents (auto)
     backward_split: BackwardSplit = BackwardSplit.LAST  # the last backwards send input gradients first
     auto_prior_rate: float = 0.05  # --redundancy auto: deaths per node-hour assumed before any are seen ...
     auto_prior_hours: float = 2.0  # ... weighing as much as this many node-hours of observation
@@ -120,14 +121,40 @@ class ScheduleSpec(Section):
         return self.microbatches * self.batch
 
     @property
-    def late_sync(self) -> bool:
-        """--replica-sync next with replicas to sync (not --redundancy off): the one
-        test the executor, the handover and the agents read."""
-        return self.replica_sync is ReplicaSync.NEXT and self.redundancy is not JobRedundancy.OFF
+    def fixed_sync(self) -> ReplicaSync:
+        """The sync every epoch runs, where the job fixes it (with auto, before the
+        agents choose: at the end)."""
+        return ReplicaSync.END if self.replica_sync == JobReplicaSync.AUTO else ReplicaSync(self.replica_sync)
 
-    def options(self, redundancy: Redundancy | str) -> ScheduleOptions:
-        """The compiler's options for a stream run in `redundancy` (auto's pick of the epoch)."""
-        return ScheduleOptions(redundancy=redundancy, frc=self.frc, sync=self.replica_sync, split=self.backward_split)
+    def epoch_sync(self, epoch) -> ReplicaSync:
+        """The replica sync `epoch` (an Assignment) runs: the agents' choice, else the
+        job's; at the end without replicas (off)."""
+        if epoch.mode(self.redundancy) == Redundancy.OFF:
+            return ReplicaSync.END
+        return ReplicaSync(epoch.sync) if epoch.sync else self.fixed_sync
+
+    def late_in(self, epoch) -> bool:
+        """Whether `epoch`'s replicas take their syncs in the next iteration: the one
+        test the executor, the handover and the agents read."""
+        return self.epoch_sync(epoch) is ReplicaSync.NEXT
+
+    @property
+    def may_sync_late(self) -> bool:
+        """Whether some epoch may take its syncs in the next iteration (next, or auto's
+        choice), with replicas to sync: what memory plans for."""
+        return self.replica_sync != JobReplicaSync.END and self.redundancy != JobRedundancy.OFF
+
+    @property
+    def chooses(self) -> bool:
+        """Whether the agents choose something per epoch: the mode (--redundancy
+        auto) or the sync (--replica-sync auto)."""
+        return self.redundancy == JobRedundancy.AUTO or self.replica_sync == JobReplicaSync.AUTO
+
+    def options(self, redundancy: Redundancy | str, sync: ReplicaSync | str | None = None) -> ScheduleOptions:
+        """The compiler's options for a stream run in `redundancy` (auto's pick of the
+        epoch) with `sync` (the epoch's; default: the job's fixed one)."""
+        return ScheduleOptions(redundancy=redundancy, frc=self.frc, sync=sync or self.fixed_sync,
+                               split=self.backward_split)
 
 
 @dataclass(frozen=True)
@@ -223,7 +250,7 @@ DERIVED = {"name": "--model, or hf:config with --model-config", "config_json": "
            "layers": "the model's layer count", "data_files": "--data", "val_files": "--val-data",
            "run": "a fresh name per run", "memory_copies": "not --no-memory-copies", "names": "--devices, parsed",
            "job": "--job, or job", "elastic": "--local-nodes given", "preempt": "--preempt, parsed"}
-_ENUMS = {"redundancy": JobRedundancy, "frc": Frc, "replica_sync": ReplicaSync, "backward_split": BackwardSplit,
+_ENUMS = {"redundancy": JobRedundancy, "frc": Frc, "replica_sync": JobReplicaSync, "backward_split": BackwardSplit,
           "lr_schedule": LrSchedule, "precision": Precision, "transport": Transport, "surplus": Surplus,
           "zone_spread": ZoneSpread}
 

@@ -74,14 +74,15 @@ class Reconfigured(Event):
     standby: list
     redundancy: str
     microbatches: list = ()        # each pipeline's share of the global M (by speed: a short one runs fewer)
+    sync: str = "end"              # its replica sync: at the iteration's end, or in the next one
 
 
 @dataclass(frozen=True)
 class ModeSwitched(Event):
     TYPE = "mode"
     epoch: int
-    from_: str
-    to: str
+    from_: str                     # a setting (agents/modes.py): the mode, "eager+next" with the sync in the next
+    to: str                        # iteration
 
 
 @dataclass(frozen=True)

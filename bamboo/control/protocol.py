@@ -145,10 +145,12 @@ class LossScale(Record):
 
 @dataclass(frozen=True)
 class ModeChoice(Record):
-    """--redundancy auto: the mode the agents want after an iteration, and what
-    they observed to choose it (agents.modes.ModeStats as a dict)."""
+    """--redundancy auto or --replica-sync auto: the mode and sync the agents want
+    after an iteration ("": the job's sync), and what they observed to choose them
+    (agents.modes.ModeStats as a dict)."""
     mode: str
     stats: dict = field(default_factory=dict)
+    sync: str = ""
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ class Boundary:
                  changes: Changes | None = None):
         self.cluster, self.node, self.elastic = cluster, node, elastic
         self.changes = changes  # raised by a watch on done/, failed/ and abort/ (None: read every 20 ms)
-        self.auto = auto  # --redundancy auto: the agents may want another mode (agents/modes.py)
+        self.auto = auto  # --redundancy or --replica-sync auto: the agents may want another setting (agents/modes.py)
         self.checkpoints = checkpoints  # says whether a checkpoint is due
         self.straggler_factor, self.straggler_slack = straggler_factor, straggler_slack
         self.seen: tuple[dict, dict] | None = None  # (reports, deaths) read with this node's report
@@ -159,10 +159,11 @@ class Boundary:
         return agreed
 
     def _mode_change(self, iteration: int, assignment: Assignment) -> bool:
-        """--redundancy auto: the agents, having seen the iteration before this one,
-        want another mode than this epoch's (the next epoch switches to it)."""
+        """--redundancy auto or --replica-sync auto: the agents, having seen the
+        iteration before this one, want another mode or sync than this epoch's (the
+        next epoch switches to it)."""
         wanted = self.cluster.get(MODE(iteration - 1)) if self.auto and iteration > 0 else None
-        return wanted is not None and wanted.mode != assignment.redundancy
+        return wanted is not None and (wanted.mode, wanted.sync) != (assignment.redundancy, assignment.sync)
 
     def _wants_change(self, assignment: Assignment, failed: tuple[NodeId, ...]) -> bool:
         """Under agents: a node of this epoch died or is draining, or a node joined

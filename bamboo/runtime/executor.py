@@ -63,9 +63,9 @@ class Executor(StepPhase):
         self.keep_undo = cfg.cluster.elastic  # with agents every step can be undone, for a redo
         self.tied = list(stages.tied)     # per tied weight: its stages, stage -> this node's copy
         self.owed: dict[int, float] = {}  # replica stage -> the rate of the step it owes (settle)
-        # --replica-sync next: each replica's sync goes in the next iteration, of the
-        # owner's stepped gradients kept here
-        self.late = cfg.schedule.late_sync
+        # the sync in the next iteration (the epoch's: the worker sets it): each replica's
+        # sync goes in the next iteration, of the owner's stepped gradients kept here
+        self.late = False
         self.kept_grads: dict[int, torch.Tensor] = {}
         self.overflowed_before = False  # fp16: the iteration before's steps were skipped (so are its late syncs')
         # With clipping, ties (the model's, on every node) or fp16's loss scale, steps

@@ -28,7 +28,7 @@ from collections import Counter
 import torch
 
 from schedules.layout import Layout
-from schedules.options import JobRedundancy, Redundancy
+from schedules.options import Redundancy, ReplicaSync
 
 from bamboo.control.assignment import Assignment, Restore
 from bamboo.control.cluster import Cluster
@@ -74,7 +74,7 @@ class Worker(EpochMoves):
         self.failures = cluster.changes(FAILED(), ABORT())
         self.finishes = cluster.changes(FINISHED(), FAILED(), ABORT())
         self.boundary = Boundary(cluster, node, cfg.cluster.elastic, self.checkpoints, cfg.faults.straggler_factor,
-                                 cfg.faults.straggler_slack, auto=cfg.schedule.redundancy == JobRedundancy.AUTO,
+                                 cfg.faults.straggler_slack, auto=cfg.schedule.chooses,
                                  changes=cluster.changes(DONE(), FAILED(), ABORT()))
         self.assignment: Assignment | None = None  # the epoch this node runs in
         self.failed: tuple[int, ...] = ()          # nodes dead job-wide, as the last boundary agreed
@@ -148,7 +148,7 @@ class Worker(EpochMoves):
         nodes = assignment.pipelines[self.pipeline]
         # by speed: short pipelines run fewer
         self.mbs = assignment.microbatches(self.cfg.schedule.microbatches, self.pipeline)
-        options = self.cfg.schedule.options(self.holdings.mode(assignment))
+        options = self.cfg.schedule.options(self.holdings.mode(assignment), self.cfg.schedule.epoch_sync(assignment))
         self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, options, self.cfg,
                                  Watches(self.failures, self.finishes), report_of=lambda: self._report(digests=False))
         if self.executor is not None:
@@ -160,6 +160,7 @@ class Worker(EpochMoves):
         # finish is redone from the copies the survivors hold.
         self.executor = Executor(self.cfg, nodes, self.me, self.holdings.stages(), self.corpus, reducer,
                                  self.cluster, self.stager)
+        self.executor.late = self.failover.sync is ReplicaSync.NEXT  # the epoch's sync: in the next iteration
         self.evaluator = Evaluator(self.cfg, nodes, self.me, self.holdings.modules, self.corpus, self.device,
                                    self.cluster)
 

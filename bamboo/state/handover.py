@@ -128,7 +128,7 @@ def exchange(cluster: Cluster, node: int, holdings, new: Assignment, old: Assign
     checkpoint copies the live nodes keep, and every layer a member needs comes
     from them (its own copy, or a peer's), none from the layers it runs."""
     if copies is None:
-        live = sources(new, old, holdings.mode(old), holdings.cfg.schedule.late_sync).items() if old else ()
+        live = sources(new, old, holdings.mode(old), holdings.cfg.schedule.late_in(old)).items() if old else ()
         have = {n: holdings.layers_of(old.depth, stages) for n, stages in live}
     else:
         have = copies.held(new, old)

@@ -64,7 +64,7 @@ def grid(epoch: dict, current: bool) -> str:
     how = f', layers from {epoch["restore"]}' if epoch["redo"] else ""
     table = (f'<table class="grid{" grid-current" if current else " grid-old"}" data-epoch="{epoch["epoch"]}"'
              f'{" id=grid-current" if current else ""}><caption>epoch {epoch["epoch"]}, from iteration '
-             f'{epoch["start"]}: {epoch["mode"]} redundancy{how}</caption><tr><th></th>'
+             f'{epoch["start"]}: {epoch["mode"]} redundancy, sync {epoch.get("sync", "?")}{how}</caption><tr><th></th>'
              + "".join(f"<th>stage {s}</th>" for s in range(stages)) + f"</tr>{rows}</table>"
              f'<p class="standby-list">standby: {standby}</p>')
     return table if current else f'<details><summary>epoch {epoch["epoch"]}</summary>{table}</details>'

@@ -68,7 +68,8 @@ def grid(look, epoch: int) -> dict:
                 cell["replaces"] = {"node": old, "state": node_state(look, old)}
             row.append(cell)
         rows.append(row)
-    return {"epoch": epoch, "start": a.start, "mode": mode, "restore": a.restore, "redo": a.redo,
+    return {"epoch": epoch, "start": a.start, "mode": mode, "sync": look.cfg.schedule.epoch_sync(a),
+            "restore": a.restore, "redo": a.redo,
             "pipelines": rows, "standby": [_place(look, n) for n in a.standby]}
 
 
@@ -142,9 +143,10 @@ EVENT_ORDER = ("start", "notice", "drain", "preemption", "fenced", "failover", "
 def _epoch_events(look, add) -> None:
     """One event per epoch: start, reconfigure, redo (from peers) or rollback (to a
     checkpoint or its copies); and a mode switch with what `auto` estimated."""
+    from agents.modes import setting
     previous = None
     for epoch, a in sorted(look.assignments.items()):
-        mode = a.mode(look.cfg.schedule.redundancy)
+        mode = setting(a.mode(look.cfg.schedule.redundancy), look.cfg.schedule.epoch_sync(a))
         shape = f"{len(a.pipelines)} pipeline(s) {[list(p) for p in a.pipelines]}, standby {list(a.standby)}"
         if previous is None:
             add("start", a.start, f"epoch {epoch}: {shape}, {mode}", epoch=epoch)
@@ -155,7 +157,9 @@ def _epoch_events(look, add) -> None:
         else:
             add("reconfigure", a.start, f"epoch {epoch}: {shape}", epoch=epoch)
         if previous is not None and mode != previous:
-            choice = max((it for it, m in look.modes.items() if it < a.start and m.mode == mode), default=None)
+            choice = max((it for it, m in look.modes.items()
+                          if it < a.start and setting(m.mode, m.sync or look.cfg.schedule.fixed_sync) == mode),
+                         default=None)
             add("mode", a.start, f"redundancy {previous} -> {mode}" + (f" (auto's choice after iteration {choice})"
                                                                       if choice is not None else ""),
                 epoch=epoch, estimates=auto_estimates(look, choice) if choice is not None else None)
@@ -171,7 +175,7 @@ def auto_estimates(look, iteration: int | None = None) -> dict | None:
     """What `--redundancy auto` weighed after `iteration` (default: the newest):
     each mode's iteration seconds, seconds per death and expected seconds per
     iteration at the observed death rate, and the mode it chose."""
-    from agents.modes import ModeStats, expected_seconds, job_estimates, weighed_pauses
+    from agents.modes import ModeStats, expected_seconds, job_estimates, setting, weighed_pauses
     if not look.modes:
         return None
     it = max(look.modes) if iteration is None else iteration
@@ -183,7 +187,8 @@ def auto_estimates(look, iteration: int | None = None) -> dict | None:
     pause = weighed_pauses(pause, pipelines, rollback)
     rate = stats.rate(cfg.schedule.auto_prior_rate, cfg.schedule.auto_prior_hours)
     nodes = len(epoch.members) if epoch else cfg.schedule.stages
-    return {"iteration": it, "chosen": choice.mode, "rate_per_node_hour": rate, "deaths": stats.dead,
+    chosen = setting(choice.mode, choice.sync or cfg.schedule.fixed_sync)
+    return {"iteration": it, "chosen": chosen, "rate_per_node_hour": rate, "deaths": stats.dead,
             "modes": {m: {"seconds": seconds[m], "pause": pause[m],
                           "expected": expected_seconds(seconds[m], pause[m], rate, nodes)} for m in seconds}}
 
@@ -283,7 +288,7 @@ def redundant_share(look, epoch) -> float:
     before = [it for it in look.modes if it < epoch.start]
     stats = ModeStats(**look.modes[max(before)].stats) if before else ModeStats()
     seconds, _, _ = job_estimates(look.cfg, stats, epoch.depth, len(epoch.pipelines))
-    ran = setting(mode, look.cfg.schedule.replica_sync)  # a mode read from etcd is untrusted: an unknown one adds nothing
+    ran = setting(mode, look.cfg.schedule.epoch_sync(epoch))  # read from etcd, untrusted: an unknown one adds nothing
     return max(0.0, 1 - seconds[Redundancy.OFF] / seconds[ran]) if seconds.get(ran, 0) > 0 else 0.0
 
 

@@ -52,6 +52,7 @@ def job_status(endpoint: str, job: str, tls=FROM_ENV) -> dict:
     rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None
     losses = [r.value for r in cluster.children(LOSS(last)).values()] if last is not None else []
     redundancy = cfg and (current.mode(cfg.schedule.redundancy) if current else cfg.schedule.redundancy)
+    sync = cfg and (cfg.schedule.epoch_sync(current) if current else cfg.schedule.replica_sync)
     status = {"job": job, "state": job_state(cfg, last, assignments), "model": cfg and cfg.model.name,
               "stages": cfg and cfg.schedule.stages, "pipelines": cfg and cfg.schedule.pipelines,
               "microbatches": cfg and cfg.schedule.microbatches,
@@ -67,7 +68,7 @@ def job_status(endpoint: str, job: str, tls=FROM_ENV) -> dict:
               "epoch": current.epoch if current else None,
               "assignment": [list(p) for p in current.pipelines] if current else [],
               "standby": list(current.standby) if current else [],
-              "redundancy": redundancy}
+              "redundancy": redundancy, "replica_sync": sync}
     if current:
         status["pipelines"] = len(current.pipelines)
     cluster.close()

@@ -36,7 +36,7 @@ from bamboo.model.api import ModelSource
 from bamboo.model.builtin import fp16_allowed
 from bamboo.model.recipe import check as check_recipe
 from bamboo.transport import devices
-from schedules.options import Frc, JobRedundancy, Redundancy, ReplicaSync
+from schedules.options import Frc, JobRedundancy, JobReplicaSync, Redundancy, ReplicaSync
 
 
 def local_cluster(args):
@@ -123,8 +123,9 @@ def metric_sinks(args) -> tuple:
 
 
 def late_sync(args) -> bool:
-    """Whether replicas take their syncs in the next iteration (there are replicas)."""
-    return args.replica_sync == ReplicaSync.NEXT and args.stages > 1 and args.redundancy != Redundancy.OFF
+    """Whether replicas may take their syncs in the next iteration (next, or auto's
+    choice; there are replicas)."""
+    return args.replica_sync != ReplicaSync.END and args.stages > 1 and args.redundancy != Redundancy.OFF
 
 
 def start_pipelines(args) -> int:
@@ -136,11 +137,15 @@ def check_replica_sync(args) -> None:
     """--replica-sync next runs, for now, without --compute-ahead and --check-replicas."""
     if not late_sync(args):
         return
+    chosen = args.replica_sync
+    if chosen == JobReplicaSync.AUTO and args.local_nodes is None:
+        raise ValueError("--replica-sync auto needs agents (--local-nodes N): they choose the sync between "
+                         "iterations")
     for bad, why in ((args.compute_ahead, "--compute-ahead"), (args.check_replicas, "--check-replicas")):
         if bad:
-            raise ValueError(f"--replica-sync next does not run with {why} yet: use --replica-sync end")
+            raise ValueError(f"--replica-sync {chosen} does not run with {why} yet: use --replica-sync end")
     if args.local_nodes is not None and not args.checkpoint:
-        raise ValueError("--replica-sync next with agents needs --checkpoint DIR|s3://BUCKET/PREFIX|gs://BUCKET/"
+        raise ValueError(f"--replica-sync {chosen} with agents needs --checkpoint DIR|s3://BUCKET/PREFIX|gs://BUCKET/"
                          "PREFIX: a death before a sync landed loses its stage, and without a checkpoint training "
                          "would start again from iteration 0")
 

@@ -13,7 +13,7 @@ import math
 import os
 
 from schedules.layout import MICROBATCHES_MAX
-from schedules.options import JobRedundancy, Redundancy, ReplicaSync
+from schedules.options import JobRedundancy, JobReplicaSync, Redundancy, ReplicaSync
 
 from bamboo.control.config import LrSchedule, Precision
 from bamboo.control.protocol import check_job_name
@@ -104,8 +104,8 @@ def idle_notes(args) -> list[str]:
     rules = (
         (args.stages == 1, SINGLE_IGNORES, "--stages 1 runs one process: no pipeline, redundancy, agents or etcd"),
         (args.local_nodes is None, AGENT_ONLY, "they are for the agents of --local-nodes or --local-hosts"),
-        (args.redundancy != JobRedundancy.AUTO, ("auto_prior_rate", "auto_prior_hours"),
-         "they are for --redundancy auto"),
+        (args.redundancy != JobRedundancy.AUTO and args.replica_sync != JobReplicaSync.AUTO,
+         ("auto_prior_rate", "auto_prior_hours"), "they are for --redundancy auto and --replica-sync auto"),
         (args.redundancy == Redundancy.OFF, ("replica_sync",), "--redundancy off keeps no replica to sync"),
         (args.precision != Precision.FP16, ("initial_loss_scale", "loss_scale_window", "min_loss_scale"),
          "the loss scale is --precision fp16's"),

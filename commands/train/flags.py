@@ -7,9 +7,8 @@ import argparse
 import functools
 
 from schedules.early_grads import SPLITS
-from schedules.options import JobRedundancy
+from schedules.options import JobRedundancy, JobReplicaSync
 from schedules.redundancy import FRC_MODES
-from schedules.syncs import SYNC_MODES
 
 from commands.train import jobfile, plan_report
 from bamboo.control.config import DTYPES, Surplus, ZoneSpread
@@ -52,9 +51,10 @@ def _schedule_flags(g) -> None:
     g.add_argument("--sync-bucket-mb", type=float, default=4.0, metavar="MB",
                    help="lazy and eager with one pipeline and no clipping, ties or fp16: a replica's sync is posted "
                         "in buckets of this many MB as its stage's last backward fills them")
-    g.add_argument("--replica-sync", choices=SYNC_MODES, default="end",
+    g.add_argument("--replica-sync", choices=JobReplicaSync.values(), default="end",
                    help="a replica takes its owner's gradients at the iteration's end, or in the next iteration, off "
-                        "the critical path, with limits for now (next: docs/redundancy.md)")
+                        "the critical path, with limits for now (next: docs/redundancy.md); or, with agents, as "
+                        "they choose epoch by epoch from the measured costs and deaths (auto)")
     g.add_argument("--backward-split", choices=SPLITS, default="last",
                    help="last: a node's last backwards (as many as the schedule's cost model says shorten the "
                         "iteration) send their input gradient first and compute their weight gradients one slot "

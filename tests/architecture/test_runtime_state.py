@@ -97,7 +97,7 @@ SCHEMA = {
     "redo": ["type", "abandoned", "from", "restore"],
     "preemption": ["type", "node", "pause_seconds"],
     "notice": ["type", "node", "source", "action"],
-    "reconfigure": ["type", "epoch", "pipelines", "standby", "redundancy", "microbatches"],
+    "reconfigure": ["type", "epoch", "pipelines", "standby", "redundancy", "microbatches", "sync"],  # sync: added last
     "mode": ["type", "epoch", "from", "to"],
     "overflow": ["type", "iteration", "loss_scale"],
     "eval_skipped": ["type", "iteration", "arrived", "of"],

@@ -76,7 +76,8 @@ def test_deaths_after_a_reduce_or_before_a_sync_landed_are_redone_from_a_peer_pi
     assert events(records, "redo") == [(2, {"abandoned": 2, "from": 2, "restore": "peers"}),
                                        (4, {"abandoned": 4, "from": 4, "restore": "peers"})]
     assert events(records, "reconfigure")[1] == (2, {"epoch": 1, "pipelines": [[0, 1], [4, 3]], "standby": [],
-                                                     "redundancy": "eager", "microbatches": [2, 2]})
+                                                     "redundancy": "eager", "microbatches": [2, 2],
+                                                     "sync": "next"})
     assert not events(records, "failover")
     assert_same_losses(records, reference)
 

@@ -92,11 +92,40 @@ def test_auto_with_the_sync_in_the_next_iteration_keeps_a_replica_and_survives(t
     assert not any(e["type"] in ("mode", "redo") for r in got for e in r["events"])
 
 
+@pytest.mark.slow  # make test-slow: the choice itself is tests/unit/agents/test_mode_choice.py's
+def test_the_agents_choose_the_sync_and_move_it_to_the_end_after_a_death_in_its_window(tmp_path, reference):
+    """--redundancy eager --replica-sync auto (one pipeline of whole stages, a node in
+    standby): with
+    no preemption assumed the agents take the sync in the next iteration (its
+    iteration is the shorter). Node 1 is killed in iteration 3 before its sync of
+    iteration 2 left: the replica is a step behind, so the job goes back to the
+    checkpoint before iteration 2. What that death cost makes the sync at the end
+    the cheaper, and a later epoch runs it, its replicas sent again from their
+    owners. The losses stay the reference's."""
+    _, got = bamboo_train(tmp_path / "sync.jsonl", *COMMON, "--stages", "2", "--local-nodes", "3",
+                          "--redundancy", "eager", "--replica-sync", "auto", "--checkpoint", str(tmp_path / "ck"),
+                          "--checkpoint-every", "2", "--auto-prior-rate", "0", "--auto-prior-hours", "0.00001",
+                          "--preempt", "1@3:0", "--surplus", "keep", "--max-stages-per-node", "1")
+    final = list({r["iteration"]: r for r in got}.values())
+    assert losses(final) == pytest.approx(losses(reference), rel=1e-9)
+    assert [e for r in got for e in r["events"] if e["type"] == "redo"] == [
+        {"type": "redo", "abandoned": 3, "from": 2, "restore": "checkpoint"}]
+    epochs = [e for r in got for e in r["events"] if e["type"] == "reconfigure"]
+    assert epochs[0]["sync"] == "next" and epochs[-1]["sync"] == "end"
+    assert all(e["redundancy"] == "eager" for e in epochs)
+    switches = [e for r in got for e in r["events"] if e["type"] == "mode"]
+    assert switches and switches[0]["from"] == "eager+next" and switches[-1]["to"] == "eager"
+
+
 @pytest.mark.parametrize("args, named", [
     (["--stages", "2", "--redundancy", "off", "--preempt", "1@1:3"], "no agents"),
     (["--stages", "2", "--redundancy", "off", "--local-nodes", "3"], "2 pipelines"),
     (["--stages", "2", "--redundancy", "auto"], "needs agents"),
     (["--stages", "2", "--redundancy", "auto", "--local-nodes", "4", "--auto-prior-hours", "0"], "--auto-prior-hours"),
+    (["--stages", "2", "--replica-sync", "auto"], "--replica-sync auto needs agents"),
+    (["--stages", "2", "--replica-sync", "auto", "--local-nodes", "3"], "--replica-sync auto with agents needs "
+                                                                        "--checkpoint"),
+    (["--stages", "2", "--replica-sync", "sometimes", "--local-nodes", "3"], "--replica-sync"),
 ])
 def test_off_where_a_death_cannot_be_survived_is_refused(tmp_path, args, named):
     out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--no-progress", "--metrics-out",

@@ -7,7 +7,7 @@ from dataclasses import fields
 
 import pytest
 
-from schedules.options import Choice, JobRedundancy, ReplicaSync
+from schedules.options import Choice, JobRedundancy, JobReplicaSync
 from bamboo.control import config as C
 from bamboo.control.config import JobConfig, Precision
 from bamboo.control.records import BadRecord
@@ -42,7 +42,7 @@ def test_the_flags_make_the_sections_and_the_defaults_agree():
                                              "--replica-sync", "next", "--precision", "bf16", "--job", "j"])
     cfg = config_from_args(args)
     assert (cfg.schedule.stages, cfg.schedule.microbatches, cfg.schedule.nodes) == (3, 6, 3)
-    assert cfg.schedule.redundancy is JobRedundancy.LAZY and cfg.schedule.replica_sync is ReplicaSync.NEXT
+    assert cfg.schedule.redundancy is JobRedundancy.LAZY and cfg.schedule.replica_sync is JobReplicaSync.NEXT
     assert cfg.recipe.precision is Precision.BF16 and cfg.cluster.job == "j" and not cfg.cluster.elastic
     defaults = config_from_args(parse_args(flags.build_parser(), []))
     built = JobConfig.of(run=defaults.checkpoints.run, layers=defaults.model.layers, val_fraction=0.05)
