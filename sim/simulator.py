@@ -16,12 +16,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from functools import lru_cache
 
-from schedules.compiler import compile_schedule
-from schedules.compiler import simulate as simulate_schedule
 from schedules.deaths import MEMORY, STORAGE
-from schedules.split import estimated_slots, merged, split_by_speed
 
 from agents.policy import Config, Priced, next_config
 from agents.surplus import BurstModel, SurplusRule
@@ -36,8 +32,9 @@ from sim.strategies import STRATEGIES as SPOT_AND_ON_DEMAND
 from sim.strategies import Spot
 from sim.reconfiguration import memory_copies, shape, used_nodes
 from sim.traces import Event
-from sim.windows import Window, full_pipeline, stage_windows
-from schedules.options import Frc, JobReplicaSync, Redundancy, ReplicaSync, ScheduleOptions
+from sim.iteration_times import config_ms, iteration_ms, uncovered_share
+from sim.windows import Window, stage_windows
+from schedules.options import JobReplicaSync, Redundancy, ReplicaSync
 
 __all__ = ["STRATEGIES", "ClusterSimulator", "Options"]
 
@@ -79,7 +76,7 @@ class ClusterSimulator:
         """One iteration of `pipelines` full pipelines in `mode` with `sync` (default:
         the strategy's)."""
         mode = mode or self.rules.redundancy
-        return _iteration_ms(self.profile, self.P, pipelines, mode, merged, self.opt.frc,
+        return iteration_ms(self.profile, self.P, pipelines, mode, merged, self.opt.frc,
                              self._sync(mode, sync)) / 1000
 
     def config_seconds(self, config: Config, mode: str | None = None, sync: str | None = None) -> float:
@@ -97,7 +94,7 @@ class ClusterSimulator:
         """The share of a pipeline's microbatches that eager runs no FRC for (a death
         then recomputes their forwards as lazy does): 0 with --frc all; with
         bubbles, what the schedule's placement leaves out, over the nodes."""
-        return _uncovered(self.profile, self.P, pipelines, self.opt.frc, self._sync(Redundancy.EAGER, sync))
+        return uncovered_share(self.profile, self.P, pipelines, self.opt.frc, self._sync(Redundancy.EAGER, sync))
 
     def windows(self, pipelines: int, mode: str | None = None, sync: str | None = None) -> tuple[Window, ...]:
         """Each stage's window of deaths not survivable in the iteration (sim/windows.py):
@@ -153,7 +150,7 @@ class ClusterSimulator:
         the schedule simulator's, and the policy's estimate."""
         shapes = tuple(shape(pipe) for pipe in pipelines)
         mode = mode or self.rules.redundancy
-        return _config_ms(self.profile, self.P, shapes, mode, self.opt.frc, self._sync(mode, sync))
+        return config_ms(self.profile, self.P, shapes, mode, self.opt.frc, self._sync(mode, sync))
 
     def bursts_seen(self, s: RunState, nodes: int, at: float | None = None) -> BurstModel:
         """The bursts of preemptions seen by a job training on `nodes` nodes, by `at`
@@ -379,56 +376,3 @@ class ClusterSimulator:
         out.update(self.rules.report(self, s))
         out["checkpointing"] = checkpoint_report(self.opt, self.costs, s)
         return out
-
-
-@lru_cache(maxsize=None)
-def _config_ms(profile, depth: int, shapes: tuple[tuple[int, ...], ...], redundancy: str, frc: str,
-               sync: str) -> float:
-    """The slowest pipeline's iteration, each pipeline given its share of the global
-    microbatches by speed; `shapes`: each pipeline's stages per node, in stage order."""
-    pipelines = [tuple(i for i, count in enumerate(sizes) for _ in range(count)) for sizes in shapes]
-    total = getattr(profile, "microbatches", None) or 4 * len(pipelines)
-    if isinstance(profile, MeasuredProfile):  # measured full pipelines, scaled by the estimate
-        shares = split_by_speed(total, pipelines)
-        full = _iteration_ms(profile, depth, len(pipelines), redundancy, False, frc, sync)
-        even = estimated_slots(tuple(range(depth)), -(-total // len(pipelines)))
-        return full * max(estimated_slots(p, len(m)) for p, m in zip(pipelines, shares)) / even
-
-    def duration(pipeline, microbatches: int) -> float:
-        return _pipeline_ms(profile, depth, len(pipelines), tuple(sorted(merged(pipeline))), microbatches, redundancy,
-                            frc, sync)
-    shares = split_by_speed(total, pipelines, duration)
-    return max(duration(p, len(m)) for p, m in zip(pipelines, shares))
-
-
-@lru_cache(maxsize=None)
-def _pipeline_ms(profile, depth: int, pipelines: int, merged_stages: tuple[int, ...], microbatches: int,
-                 redundancy: str, frc: str, sync: str) -> float:
-    """One pipeline's iteration under the cost model of `pipelines` pipelines."""
-    options = ScheduleOptions(redundancy=redundancy, frc=frc, sync=sync)
-    schedule = compile_schedule(depth, microbatches, merged_stages, options, profile.cost(depth, pipelines))
-    return simulate_schedule(schedule).makespan
-
-
-@lru_cache(maxsize=None)
-def _iteration_ms(profile, depth: int, pipelines: int, redundancy: str, merged: bool, frc: str, sync: str) -> float:
-    if isinstance(profile, MeasuredProfile):
-        known = dict(profile.iteration_ms)
-        return known.get(pipelines) or known[min(known, key=lambda d: abs(d - pipelines))]
-    microbatches = math.ceil(profile.microbatches / pipelines)
-    cost = profile.cost(depth, pipelines)
-    failed = (1,) if merged else ()
-    options = ScheduleOptions(redundancy=redundancy if not merged else "eager", frc=frc, sync=sync)
-    schedule = compile_schedule(depth, microbatches, failed, options, cost)
-    return simulate_schedule(schedule).makespan
-
-
-@lru_cache(maxsize=None)
-def _uncovered(profile, depth: int, pipelines: int, frc: str, sync: str) -> float:
-    """The mean share of microbatches without FRC over the nodes of a full pipeline
-    (a measured profile: placed on the compiler's default cost model)."""
-    if frc == Frc.ALL:
-        return 0.0
-    schedule, _ = full_pipeline(profile, depth, pipelines, "eager", frc, sync)
-    covered = [len(schedule.frc_microbatches(n)) for n in schedule.streams]
-    return 1 - sum(covered) / (len(covered) * schedule.microbatches)
