@@ -23,7 +23,7 @@ from bamboo.control.protocol import (ABORT, ABORTED, ALIVE, ASSIGNMENT, CONFIG, 
                                      Mark, Member, ModeChoice, Timestamp, Zone)
 from bamboo.data.checkpoint_files import latest, newest_listed, storage_for
 from bamboo.state.copies import newest_covered
-from schedules.options import JobRedundancy, JobReplicaSync, Redundancy
+from schedules.options import JobRedundancy, JobReplicaSync, Redundancy, ReplicaSync
 
 
 def to_policy(a: Assignment) -> Config:
@@ -327,7 +327,8 @@ class Membership:
         if wanted is not None and (wanted.mode != Redundancy.OFF or pipelines >= 2 or rollback is not None):
             return wanted.mode, own(wanted.sync or s.fixed_sync)
         modes = MODES if s.redundancy == JobRedundancy.AUTO else (s.redundancy,)
-        names = [n for n in seconds if parts(n)[0] in modes]
+        syncs = syncs_allowed(cfg, pipelines)  # of those the job's --replica-sync gives (job_estimates)
+        names = [n for n in seconds if parts(n)[0] in modes and (parts(n)[0] == Redundancy.OFF or parts(n)[1] in syncs)]
         # "" for the first epoch: no setting to keep, the best one
         current = setting(epoch.redundancy, s.epoch_sync(epoch)) if epoch.redundancy else ""
         rate = stats.rate(s.auto_prior_rate, s.auto_prior_hours)
@@ -399,3 +400,15 @@ class Membership:
 
     def leave(self) -> None:
         self.heartbeat.stop()
+
+
+def syncs_allowed(cfg: JobConfig, pipelines: int) -> tuple[str, ...]:
+    """The syncs an epoch of `pipelines` may run: the job's; with --replica-sync auto
+    the sync in the next iteration only where it runs (not with --compute-ahead or
+    --check-replicas) and where a death in its window has somewhere to go back to
+    (a peer pipeline, or a checkpoint), else at the end."""
+    if cfg.schedule.replica_sync != JobReplicaSync.AUTO:
+        return (str(cfg.schedule.replica_sync),)
+    t = cfg.testing
+    late = not (t.compute_ahead or t.check_replicas) and (pipelines >= 2 or cfg.checkpoints.checkpoint is not None)
+    return (str(ReplicaSync.END), str(ReplicaSync.NEXT)) if late else (str(ReplicaSync.END),)

@@ -134,18 +134,21 @@ def start_pipelines(args) -> int:
 
 
 def check_replica_sync(args) -> None:
-    """--replica-sync next runs, for now, without --compute-ahead and --check-replicas."""
+    """--replica-sync next runs, for now, without --compute-ahead and --check-replicas,
+    and with agents needs a checkpoint; auto needs agents, which keep the sync at
+    the end where the next would not do (agents/membership.py `syncs_allowed`)."""
     if not late_sync(args):
         return
-    chosen = args.replica_sync
-    if chosen == JobReplicaSync.AUTO and args.local_nodes is None:
-        raise ValueError("--replica-sync auto needs agents (--local-nodes N): they choose the sync between "
-                         "iterations")
+    if args.replica_sync == JobReplicaSync.AUTO:  # the agents keep to the end where the next would not do
+        if args.local_nodes is None:
+            raise ValueError("--replica-sync auto needs agents (--local-nodes N): they choose the sync between "
+                             "iterations")
+        return
     for bad, why in ((args.compute_ahead, "--compute-ahead"), (args.check_replicas, "--check-replicas")):
         if bad:
-            raise ValueError(f"--replica-sync {chosen} does not run with {why} yet: use --replica-sync end")
+            raise ValueError(f"--replica-sync next does not run with {why} yet: use --replica-sync end or auto")
     if args.local_nodes is not None and not args.checkpoint:
-        raise ValueError(f"--replica-sync {chosen} with agents needs --checkpoint DIR|s3://BUCKET/PREFIX|gs://BUCKET/"
+        raise ValueError("--replica-sync next with agents needs --checkpoint DIR|s3://BUCKET/PREFIX|gs://BUCKET/"
                          "PREFIX: a death before a sync landed loses its stage, and without a checkpoint training "
                          "would start again from iteration 0")
 

@@ -59,3 +59,22 @@ def test_the_agents_pick_a_setting_the_job_allows_as_choose_does(redundancy, syn
 def test_a_job_that_fixes_both_is_not_chosen_for():
     cfg = JobConfig.of(stages=2, redundancy="lazy", replica_sync="next")
     assert not cfg.schedule.chooses and Membership._setting_for(None, cfg, epoch(), None) == ("lazy", "")
+
+
+@pytest.mark.parametrize("testing, pipelines, checkpoint, allowed", [
+    ({}, 2, None, ("end", "next")), ({}, 1, "/tmp/ck", ("end", "next")), ({}, 1, None, ("end",)),
+    ({"compute_ahead": True}, 2, "/tmp/ck", ("end",)), ({"check_replicas": True}, 3, "/tmp/ck", ("end",)),
+])
+def test_auto_takes_the_late_sync_only_where_it_runs_and_a_window_death_has_a_way_back(testing, pipelines,
+                                                                                     checkpoint, allowed):
+    """--replica-sync auto: the late sync needs a peer pipeline or a checkpoint for a
+    death in its window, and does not run with --compute-ahead or --check-replicas;
+    where it may not, the agents keep the sync at the end, whatever the estimates."""
+    from agents.membership import syncs_allowed
+    cfg = JobConfig.of(stages=4, microbatches=8, redundancy="eager", replica_sync="auto", checkpoint=checkpoint,
+                       auto_prior_rate=0.0, **testing)
+    assert syncs_allowed(cfg, pipelines) == allowed
+    now = Assignment(2, 8, tuple(tuple(range(j * 4, j * 4 + 4)) for j in range(pipelines)))
+    assert Membership._setting_for(None, cfg, now, ModeStats(seconds={"off": 2.0})) == ("eager", allowed[-1])
+    fixed = JobConfig.of(stages=4, redundancy="eager", replica_sync="next", checkpoint="/tmp/ck")
+    assert syncs_allowed(fixed, 1) == ("next",)
