@@ -324,10 +324,11 @@ class Membership:
         pipelines = len(epoch.pipelines)
         seconds, pause, rollback = job_estimates(cfg, stats, epoch.depth, pipelines)
         own = lambda sync: sync if s.replica_sync == JobReplicaSync.AUTO else ""  # noqa: E731
-        if wanted is not None and (wanted.mode != Redundancy.OFF or pipelines >= 2 or rollback is not None):
-            return wanted.mode, own(wanted.sync or s.fixed_sync)
-        modes = MODES if s.redundancy == JobRedundancy.AUTO else (s.redundancy,)
         syncs = syncs_allowed(cfg, pipelines)  # of those the job's --replica-sync gives (job_estimates)
+        if wanted is not None and (wanted.mode != Redundancy.OFF or pipelines >= 2 or rollback is not None) \
+                and (wanted.mode == Redundancy.OFF or (wanted.sync or s.fixed_sync) in syncs):
+            return wanted.mode, own(wanted.sync or s.fixed_sync)  # (a sync read from etcd: one of `syncs`)
+        modes = MODES if s.redundancy == JobRedundancy.AUTO else (s.redundancy,)
         names = [n for n in seconds if parts(n)[0] in modes and (parts(n)[0] == Redundancy.OFF or parts(n)[1] in syncs)]
         # "" for the first epoch: no setting to keep, the best one
         current = setting(epoch.redundancy, s.epoch_sync(epoch)) if epoch.redundancy else ""

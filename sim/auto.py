@@ -1,5 +1,7 @@
 """The `auto` strategy: Bamboo with `--redundancy auto`, the mode re-chosen at every
 batch of trace events by the agents' own pure function (`agents.modes.choose`).
+With `--replica-sync auto` it chooses a *setting*, the mode with its sync; eager
+and lazy then run as an `Auto` of their one mode, choosing only the sync.
 
 The rate it chooses from is weighted as the agents weigh it (node-hours of the
 nodes in use, a one-hour half-life, from the same prior), counting a batch of

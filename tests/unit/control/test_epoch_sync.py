@@ -78,3 +78,18 @@ def test_auto_takes_the_late_sync_only_where_it_runs_and_a_window_death_has_a_wa
     assert Membership._setting_for(None, cfg, now, ModeStats(seconds={"off": 2.0})) == ("eager", allowed[-1])
     fixed = JobConfig.of(stages=4, redundancy="eager", replica_sync="next", checkpoint="/tmp/ck")
     assert syncs_allowed(fixed, 1) == ("next",)
+
+
+def test_a_wanted_sync_is_kept_only_where_the_new_epoch_allows_it():
+    """The setting picked after the iteration before an epoch (`wanted`) stands, but
+    a late sync wanted for two pipelines is chosen again for an epoch left with one
+    and no checkpoint (it may not run there), and a sync read from etcd that is no
+    sync at all is not written into an epoch."""
+    from bamboo.control.protocol import ModeChoice
+    cfg = JobConfig.of(stages=4, microbatches=8, redundancy="eager", replica_sync="auto", auto_prior_rate=0.0)
+    two = Assignment(2, 8, ((0, 1, 2, 3), (4, 5, 6, 7)))
+    one = Assignment(3, 9, ((0, 1, 2, 3),))
+    wanted = ModeChoice("eager", {}, "next")
+    assert Membership._setting_for(None, cfg, two, ModeStats(), wanted) == ("eager", "next")
+    assert Membership._setting_for(None, cfg, one, ModeStats(), wanted) == ("eager", "end")
+    assert Membership._setting_for(None, cfg, two, ModeStats(), ModeChoice("eager", {}, "later"))[1] in ("end", "next")
