@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from agents.modes import MODES, ModeStats, choose, job_estimates, observe, parts, setting
+from agents.modes import ModeStats, observe, setting, setting_for
 from agents.policy import Config, Priced, next_config, slot_estimate
 from bamboo.control.assignment import Assignment, Restore
 from bamboo.control.cluster import Cluster
@@ -23,7 +23,6 @@ from bamboo.control.protocol import (ABORT, ABORTED, ALIVE, ASSIGNMENT, CONFIG, 
                                      Mark, Member, ModeChoice, Timestamp, Zone)
 from bamboo.data.checkpoint_files import latest, newest_listed, storage_for
 from bamboo.state.copies import newest_covered
-from schedules.options import JobRedundancy, JobReplicaSync, Redundancy, ReplicaSync
 
 
 def to_policy(a: Assignment) -> Config:
@@ -118,7 +117,7 @@ class Membership:
         cfg = self.cluster.get(CONFIG())
         config = self._policy(cfg, live, None)
         first = from_policy(config, self._resumed(cfg), ())
-        mode, sync = self._setting_for(cfg, first, ModeStats())
+        mode, sync = setting_for(cfg, first, ModeStats())
         self.cluster.create(ASSIGNMENT(0), Assignment(**{**first.__dict__, "redundancy": mode, "sync": sync}))
 
     @staticmethod
@@ -242,7 +241,7 @@ class Membership:
             (start, restore), redo = self._restore_point(cfg, start, holders), True
         new = from_policy(config, start, before, failed, restore)
         wanted = self.cluster.get(MODE(it - 1))  # what the boundary of `it` compared with (auto)
-        mode, sync = self._setting_for(cfg, new, ModeStats(**wanted.stats) if wanted else None, wanted)
+        mode, sync = setting_for(cfg, new, ModeStats(**wanted.stats) if wanted else None, wanted)
         new = Assignment(**{**new.__dict__, "redo": redo, "layers_from": basis.epoch, "redundancy": mode,
                             "sync": sync, "taken": None if taken is None else tuple(sorted(taken))})
         clear = [(family(start), family(it + 1)) for family in ITERATION_FAMILIES]  # iterations start..it
@@ -300,7 +299,7 @@ class Membership:
         disturbed = epoch.start == it or any(r.events for r in reports.values())  # a new epoch: its handover
         stats = observe(ModeStats(**before.stats) if before else ModeStats(), max(r.time for r in reports.values()),
                         len(reports), len(self.cluster.failed()), ran, disturbed, self._agreed_costs(it))
-        mode, sync = self._setting_for(cfg, epoch, stats)
+        mode, sync = setting_for(cfg, epoch, stats)
         return ModeChoice(mode, asdict(stats), sync)
 
     def _agreed_costs(self, it: int) -> dict | None:
@@ -310,32 +309,6 @@ class Membership:
         costs = tries[max(tries)].costs if tries else None
         found = costs.get("0") if isinstance(costs, dict) else None
         return found if isinstance(found, dict) else None
-
-    def _setting_for(self, cfg: JobConfig, epoch: Assignment, stats: ModeStats | None,
-                     wanted: ModeChoice | None = None) -> tuple[str, str]:
-        """(mode, sync) for `epoch`: the job's, or where it leaves them to the agents
-        (auto) what `choose` picks from `stats` over the settings it allows (`wanted`:
-        picked already, after the iteration before the epoch's first). The sync is
-        "" where the job fixes it (the epoch runs the job's)."""
-        s = cfg.schedule
-        if not s.chooses:
-            return s.redundancy, ""
-        stats = stats or ModeStats()
-        pipelines = len(epoch.pipelines)
-        seconds, pause, rollback = job_estimates(cfg, stats, epoch.depth, pipelines)
-        own = lambda sync: sync if s.replica_sync == JobReplicaSync.AUTO else ""  # noqa: E731
-        syncs = syncs_allowed(cfg, pipelines)  # of those the job's --replica-sync gives (job_estimates)
-        if wanted is not None and (wanted.mode != Redundancy.OFF or pipelines >= 2 or rollback is not None) \
-                and (wanted.mode == Redundancy.OFF or (wanted.sync or s.fixed_sync) in syncs):
-            return wanted.mode, own(wanted.sync or s.fixed_sync)  # (a sync read from etcd: one of `syncs`)
-        modes = MODES if s.redundancy == JobRedundancy.AUTO else (s.redundancy,)
-        names = [n for n in seconds if parts(n)[0] in modes and (parts(n)[0] == Redundancy.OFF or parts(n)[1] in syncs)]
-        # "" for the first epoch: no setting to keep, the best one
-        current = setting(epoch.redundancy, s.epoch_sync(epoch)) if epoch.redundancy else ""
-        rate = stats.rate(s.auto_prior_rate, s.auto_prior_hours)
-        mode, sync = parts(choose(current, rate, len(epoch.members), pipelines, {n: seconds[n] for n in names},
-                                  pause, rollback))
-        return mode, own(sync)
 
     def _restore_point(self, cfg: JobConfig, start: int, holders=()) -> tuple[int, Restore]:
         """(iteration, restore) to go back to when a stage is lost on every node: the
@@ -401,15 +374,3 @@ class Membership:
 
     def leave(self) -> None:
         self.heartbeat.stop()
-
-
-def syncs_allowed(cfg: JobConfig, pipelines: int) -> tuple[str, ...]:
-    """The syncs an epoch of `pipelines` may run: the job's; with --replica-sync auto
-    the sync in the next iteration only where it runs (not with --compute-ahead or
-    --check-replicas) and where a death in its window has somewhere to go back to
-    (a peer pipeline, or a checkpoint), else at the end."""
-    if cfg.schedule.replica_sync != JobReplicaSync.AUTO:
-        return (str(cfg.schedule.replica_sync),)
-    t = cfg.testing
-    late = not (t.compute_ahead or t.check_replicas) and (pipelines >= 2 or cfg.checkpoints.checkpoint is not None)
-    return (str(ReplicaSync.END), str(ReplicaSync.NEXT)) if late else (str(ReplicaSync.END),)

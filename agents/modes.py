@@ -9,13 +9,17 @@ what a death cost in it), and `choose` picks the mode with the fewest expected
 seconds per iteration. Modes not measured yet are estimated from the schedule
 simulator's ratios to the one that was. `choose` is pure, and bamboo-sim's auto
 strategy calls it too, as both call `agents.policy.next_config`.
+
+With `--replica-sync auto` the same choice is made over *settings*, a mode with
+its replica sync (`eager+next`: the sync in the next iteration); `setting_for` is
+what the agents write into an epoch.
 """
 from __future__ import annotations
 
 import functools
 import math
 from dataclasses import dataclass, field
-from schedules.options import JobReplicaSync, Redundancy, ReplicaSync, ScheduleOptions
+from schedules.options import JobRedundancy, JobReplicaSync, Redundancy, ReplicaSync, ScheduleOptions
 
 MODES = tuple(Redundancy)  # eager, lazy, off: the order breaks ties
 SYNCS = (ReplicaSync.END, ReplicaSync.NEXT)  # a replica's sync: at the iteration's end first, as ties go
@@ -244,3 +248,42 @@ def job_estimates(cfg, stats: ModeStats, stages: int, pipelines: int = 1) -> tup
     seconds, pause = estimates(stats, stages, microbatches, job_syncs(cfg.schedule.replica_sync), rollback,
                                pipelines)
     return seconds, pause, rollback(seconds, pause)
+
+
+def setting_for(cfg, epoch, stats: ModeStats | None, wanted=None) -> tuple[str, str]:
+    """(mode, sync) for `epoch` (an Assignment) of the job `cfg` (a JobConfig): the
+    job's, or where it leaves them to the agents (auto) what `choose` picks from
+    `stats` over the settings it allows (`wanted`: a ModeChoice picked already,
+    after the iteration before the epoch's first). The sync is "" where the job
+    fixes it (the epoch runs the job's)."""
+    s = cfg.schedule
+    if not s.chooses:
+        return s.redundancy, ""
+    stats = stats or ModeStats()
+    pipelines = len(epoch.pipelines)
+    seconds, pause, rollback = job_estimates(cfg, stats, epoch.depth, pipelines)
+    own = lambda sync: sync if s.replica_sync == JobReplicaSync.AUTO else ""  # noqa: E731
+    syncs = syncs_allowed(cfg, pipelines)  # of those the job's --replica-sync gives (job_estimates)
+    if wanted is not None and (wanted.mode != Redundancy.OFF or pipelines >= 2 or rollback is not None) \
+            and (wanted.mode == Redundancy.OFF or (wanted.sync or s.fixed_sync) in syncs):
+        return wanted.mode, own(wanted.sync or s.fixed_sync)  # (a sync read from etcd: one of `syncs`)
+    modes = MODES if s.redundancy == JobRedundancy.AUTO else (s.redundancy,)
+    names = [n for n in seconds if parts(n)[0] in modes and (parts(n)[0] == Redundancy.OFF or parts(n)[1] in syncs)]
+    # "" for the first epoch: no setting to keep, the best one
+    current = setting(epoch.redundancy, s.epoch_sync(epoch)) if epoch.redundancy else ""
+    rate = stats.rate(s.auto_prior_rate, s.auto_prior_hours)
+    mode, sync = parts(choose(current, rate, len(epoch.members), pipelines, {n: seconds[n] for n in names},
+                              pause, rollback))
+    return mode, own(sync)
+
+
+def syncs_allowed(cfg, pipelines: int) -> tuple[str, ...]:
+    """The syncs an epoch of `pipelines` may run: the job's; with --replica-sync auto
+    the sync in the next iteration only where it runs (not with --compute-ahead or
+    --check-replicas) and where a death in its window has somewhere to go back to
+    (a peer pipeline, or a checkpoint), else at the end."""
+    if cfg.schedule.replica_sync != JobReplicaSync.AUTO:
+        return (str(cfg.schedule.replica_sync),)
+    t = cfg.testing
+    late = not (t.compute_ahead or t.check_replicas) and (pipelines >= 2 or cfg.checkpoints.checkpoint is not None)
+    return (str(ReplicaSync.END), str(ReplicaSync.NEXT)) if late else (str(ReplicaSync.END),)

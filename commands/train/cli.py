@@ -136,7 +136,7 @@ def start_pipelines(args) -> int:
 def check_replica_sync(args) -> None:
     """--replica-sync next runs, for now, without --compute-ahead and --check-replicas,
     and with agents needs a checkpoint; auto needs agents, which keep the sync at
-    the end where the next would not do (agents/membership.py `syncs_allowed`)."""
+    the end where the next would not do (agents/modes.py `syncs_allowed`)."""
     if not late_sync(args):
         return
     if args.replica_sync == JobReplicaSync.AUTO:  # the agents keep to the end where the next would not do

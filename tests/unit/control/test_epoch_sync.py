@@ -1,10 +1,9 @@
 """The replica sync of an epoch: the agents' choice (`Assignment.sync`) or the
 job's --replica-sync, what the worker compiles and the handover reads; and the
-agents' choice of it (`Membership._setting_for`) against `choose` run by hand."""
+agents' choice of it (`agents.modes.setting_for`) against `choose` run by hand."""
 import pytest
 
-from agents.membership import Membership
-from agents.modes import ModeStats, choose, job_estimates
+from agents.modes import ModeStats, choose, job_estimates, setting_for
 from bamboo.control.assignment import Assignment
 from bamboo.control.config import JobConfig
 
@@ -40,7 +39,7 @@ def test_an_assignments_sync_goes_through_etcd_and_a_bad_one_is_refused():
     ("auto", "next", 1e4), ("lazy", "auto", 50.0),
 ])
 def test_the_agents_pick_a_setting_the_job_allows_as_choose_does(redundancy, sync, rate):
-    """`_setting_for` gives `choose` the settings the job allows (its one mode, or
+    """`setting_for` gives `choose` the settings the job allows (its one mode, or
     every mode; each sync it allows) and returns the mode and, where the job leaves
     it to them, the sync ("" where the job fixes it)."""
     cfg = JobConfig.of(stages=4, microbatches=8, redundancy=redundancy, replica_sync=sync, checkpoint="/tmp/ck",
@@ -49,7 +48,7 @@ def test_the_agents_pick_a_setting_the_job_allows_as_choose_does(redundancy, syn
     seconds, pause, rollback = job_estimates(cfg, stats, 4, 1)
     allowed = {n: t for n, t in seconds.items() if redundancy == "auto" or n.split("+")[0] == redundancy}
     want = choose("", rate, 4, 1, allowed, pause, rollback)
-    mode, chosen = Membership._setting_for(None, cfg, now, stats)
+    mode, chosen = setting_for(cfg, now, stats)
     assert mode == want.split("+")[0]
     assert chosen == ("" if sync != "auto" else ("next" if "+next" in want else "end"))
     if redundancy == "eager":  # no deaths: the late sync's shorter iteration; many: the end's whole failover
@@ -58,7 +57,7 @@ def test_the_agents_pick_a_setting_the_job_allows_as_choose_does(redundancy, syn
 
 def test_a_job_that_fixes_both_is_not_chosen_for():
     cfg = JobConfig.of(stages=2, redundancy="lazy", replica_sync="next")
-    assert not cfg.schedule.chooses and Membership._setting_for(None, cfg, epoch(), None) == ("lazy", "")
+    assert not cfg.schedule.chooses and setting_for(cfg, epoch(), None) == ("lazy", "")
 
 
 @pytest.mark.parametrize("testing, pipelines, checkpoint, allowed", [
@@ -70,12 +69,12 @@ def test_auto_takes_the_late_sync_only_where_it_runs_and_a_window_death_has_a_wa
     """--replica-sync auto: the late sync needs a peer pipeline or a checkpoint for a
     death in its window, and does not run with --compute-ahead or --check-replicas;
     where it may not, the agents keep the sync at the end, whatever the estimates."""
-    from agents.membership import syncs_allowed
+    from agents.modes import syncs_allowed
     cfg = JobConfig.of(stages=4, microbatches=8, redundancy="eager", replica_sync="auto", checkpoint=checkpoint,
                        auto_prior_rate=0.0, **testing)
     assert syncs_allowed(cfg, pipelines) == allowed
     now = Assignment(2, 8, tuple(tuple(range(j * 4, j * 4 + 4)) for j in range(pipelines)))
-    assert Membership._setting_for(None, cfg, now, ModeStats(seconds={"off": 2.0})) == ("eager", allowed[-1])
+    assert setting_for(cfg, now, ModeStats(seconds={"off": 2.0})) == ("eager", allowed[-1])
     fixed = JobConfig.of(stages=4, redundancy="eager", replica_sync="next", checkpoint="/tmp/ck")
     assert syncs_allowed(fixed, 1) == ("next",)
 
@@ -90,6 +89,6 @@ def test_a_wanted_sync_is_kept_only_where_the_new_epoch_allows_it():
     two = Assignment(2, 8, ((0, 1, 2, 3), (4, 5, 6, 7)))
     one = Assignment(3, 9, ((0, 1, 2, 3),))
     wanted = ModeChoice("eager", {}, "next")
-    assert Membership._setting_for(None, cfg, two, ModeStats(), wanted) == ("eager", "next")
-    assert Membership._setting_for(None, cfg, one, ModeStats(), wanted) == ("eager", "end")
-    assert Membership._setting_for(None, cfg, two, ModeStats(), ModeChoice("eager", {}, "later"))[1] in ("end", "next")
+    assert setting_for(cfg, two, ModeStats(), wanted) == ("eager", "next")
+    assert setting_for(cfg, one, ModeStats(), wanted) == ("eager", "end")
+    assert setting_for(cfg, two, ModeStats(), ModeChoice("eager", {}, "later"))[1] in ("end", "next")
