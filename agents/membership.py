@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from agents.modes import ModeStats, observe, setting, setting_for
+from agents.modes import ModeStats, epoch_setting, observe, setting_for
 from agents.policy import Config, Priced, next_config, slot_estimate
 from bamboo.control.assignment import Assignment, Restore
 from bamboo.control.cluster import Cluster
@@ -295,7 +295,7 @@ class Membership:
         reports = self.cluster.children(DONE(it))
         epoch = self.cluster.assignment_at(it)
         before = self.cluster.get(MODE(it - 1))
-        ran = setting(epoch.mode(cfg.schedule.redundancy), cfg.schedule.epoch_sync(epoch))
+        ran = epoch_setting(cfg.schedule, epoch)
         disturbed = epoch.start == it or any(r.events for r in reports.values())  # a new epoch: its handover
         stats = observe(ModeStats(**before.stats) if before else ModeStats(), max(r.time for r in reports.values()),
                         len(reports), len(self.cluster.failed()), ran, disturbed, self._agreed_costs(it))

@@ -56,6 +56,12 @@ def setting(mode: str, sync: str) -> str:
     return str(mode)
 
 
+def epoch_setting(schedule, epoch) -> str:
+    """The setting `epoch` (an Assignment) runs under the job's `schedule` (its
+    ScheduleSpec): its mode with its sync."""
+    return setting(epoch.mode(schedule.redundancy), schedule.epoch_sync(epoch))
+
+
 def parts(name: str) -> tuple[str, str]:
     """(mode, sync) of a `setting` name."""
     mode, _, sync = name.partition("+")

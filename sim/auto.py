@@ -142,10 +142,7 @@ def rollback_seconds(sim: Simulation, rate: float, nodes: int) -> float:
     checkpoint: the restart and, on average, half an interval of work. The interval
     is the fixed one or the formula's for `rate` on `nodes`; its writes are left
     out, as every mode takes them at the same interval."""
-    mtbf = 3600 / (max(rate, 1e-9) * nodes)
-    interval = sim.opt.checkpoint_seconds or optimal_interval(sim.opt.checkpoint_formula,
-                                                              sim.costs.write_seconds, mtbf)
-    return sim.rollback_seconds(frozenset(), {}) + interval / 2
+    return sim.rollback_seconds(frozenset(), {}) + _interval(sim, rate, nodes) / 2
 
 
 def window_rollback(sim: Simulation, rate: float, nodes: int) -> float:
@@ -153,8 +150,18 @@ def window_rollback(sim: Simulation, rate: float, nodes: int) -> float:
     node-hour on `nodes`: the rollback, half an interval of work and, unless the
     interval is fixed, the writes of the checkpoints these deaths make necessary
     (at the formula's interval, as much again as the work lost: Young's optimum)."""
-    mtbf = 3600 / (max(rate, 1e-9) * nodes)
     if sim.opt.checkpoint_seconds:
-        return sim.rollback_seconds(frozenset(), {}) + sim.opt.checkpoint_seconds / 2
-    interval = optimal_interval(sim.opt.checkpoint_formula, sim.costs.write_seconds, mtbf)
-    return sim.rollback_seconds(frozenset(), {}) + interval / 2 + sim.costs.write_seconds * mtbf / interval
+        return rollback_seconds(sim, rate, nodes)
+    writes = sim.costs.write_seconds * _mtbf(rate, nodes) / _interval(sim, rate, nodes)
+    return rollback_seconds(sim, rate, nodes) + writes
+
+
+def _mtbf(rate: float, nodes: int) -> float:
+    return 3600 / (max(rate, 1e-9) * nodes)
+
+
+def _interval(sim: Simulation, rate: float, nodes: int) -> float:
+    """Seconds between checkpoints: the fixed interval, or the formula's at `rate`
+    deaths a node-hour on `nodes`."""
+    return sim.opt.checkpoint_seconds or optimal_interval(sim.opt.checkpoint_formula, sim.costs.write_seconds,
+                                                          _mtbf(rate, nodes))

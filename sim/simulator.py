@@ -77,7 +77,7 @@ class ClusterSimulator:
         the strategy's)."""
         mode = mode or self.rules.redundancy
         return iteration_ms(self.profile, self.P, pipelines, mode, merged, self.opt.frc,
-                             self._sync(mode, sync)) / 1000
+                             self.compiled_sync(mode, sync)) / 1000
 
     def config_seconds(self, config: Config, mode: str | None = None, sync: str | None = None) -> float:
         """One iteration of `config`'s pipelines, short ones included, the microbatches
@@ -94,22 +94,18 @@ class ClusterSimulator:
         """The share of a pipeline's microbatches that eager runs no FRC for (a death
         then recomputes their forwards as lazy does): 0 with --frc all; with
         bubbles, what the schedule's placement leaves out, over the nodes."""
-        return uncovered_share(self.profile, self.P, pipelines, self.opt.frc, self._sync(Redundancy.EAGER, sync))
+        return uncovered_share(self.profile, self.P, pipelines, self.opt.frc, self.compiled_sync(Redundancy.EAGER, sync))
 
     def windows(self, pipelines: int, mode: str | None = None, sync: str | None = None) -> tuple[Window, ...]:
         """Each stage's window of deaths not survivable in the iteration (sim/windows.py):
         none unless the sync is in the next iteration."""
         mode = mode or self.rules.redundancy
-        return stage_windows(self.profile, self.P, pipelines, mode, self.opt.frc, self._sync(mode, sync))
+        return stage_windows(self.profile, self.P, pipelines, mode, self.opt.frc, self.compiled_sync(mode, sync))
 
-    def compiled_sync(self, mode: str) -> str:
-        """The replica sync `mode`'s schedules compile with now."""
-        return self._sync(mode)
-
-    def _sync(self, mode: str, sync: str | None = None) -> str:
+    def compiled_sync(self, mode: str, sync: str | None = None) -> str:
         """The replica sync the schedules of `mode` compile with: `sync`, else the
-        strategy's choice (--replica-sync auto) or the run's; off has none, nor auto
-        before its first choice."""
+        strategy's choice now (--replica-sync auto) or the run's; off has none, nor
+        auto before its first choice."""
         chosen = sync or getattr(self.rules, "sync", None) or self.opt.replica_sync
         return ReplicaSync.END if mode == Redundancy.OFF or chosen == JobReplicaSync.AUTO else ReplicaSync(chosen)
 
@@ -150,7 +146,7 @@ class ClusterSimulator:
         the schedule simulator's, and the policy's estimate."""
         shapes = tuple(shape(pipe) for pipe in pipelines)
         mode = mode or self.rules.redundancy
-        return config_ms(self.profile, self.P, shapes, mode, self.opt.frc, self._sync(mode, sync))
+        return config_ms(self.profile, self.P, shapes, mode, self.opt.frc, self.compiled_sync(mode, sync))
 
     def bursts_seen(self, s: RunState, nodes: int, at: float | None = None) -> BurstModel:
         """The bursts of preemptions seen by a job training on `nodes` nodes, by `at`

@@ -143,10 +143,10 @@ EVENT_ORDER = ("start", "notice", "drain", "preemption", "fenced", "failover", "
 def _epoch_events(look, add) -> None:
     """One event per epoch: start, reconfigure, redo (from peers) or rollback (to a
     checkpoint or its copies); and a mode switch with what `auto` estimated."""
-    from agents.modes import setting
+    from agents.modes import epoch_setting, setting
     previous = None
     for epoch, a in sorted(look.assignments.items()):
-        mode = setting(a.mode(look.cfg.schedule.redundancy), look.cfg.schedule.epoch_sync(a))
+        mode = epoch_setting(look.cfg.schedule, a)
         shape = f"{len(a.pipelines)} pipeline(s) {[list(p) for p in a.pipelines]}, standby {list(a.standby)}"
         if previous is None:
             add("start", a.start, f"epoch {epoch}: {shape}, {mode}", epoch=epoch)
@@ -281,14 +281,13 @@ def redundant_share(look, epoch) -> float:
     replica syncs): 1 - an off iteration's seconds over its mode's, from the times
     auto measured where it ran (the newest choice before the epoch) and the cost
     model's ratios elsewhere (agents/modes.py `job_estimates`)."""
-    from agents.modes import ModeStats, job_estimates, setting
-    mode = epoch.mode(look.cfg.schedule.redundancy)
-    if mode == Redundancy.OFF or not epoch.pipelines:
+    from agents.modes import ModeStats, epoch_setting, job_estimates
+    if epoch.mode(look.cfg.schedule.redundancy) == Redundancy.OFF or not epoch.pipelines:
         return 0.0
     before = [it for it in look.modes if it < epoch.start]
     stats = ModeStats(**look.modes[max(before)].stats) if before else ModeStats()
     seconds, _, _ = job_estimates(look.cfg, stats, epoch.depth, len(epoch.pipelines))
-    ran = setting(mode, look.cfg.schedule.epoch_sync(epoch))  # read from etcd, untrusted: an unknown one adds nothing
+    ran = epoch_setting(look.cfg.schedule, epoch)  # read from etcd, untrusted: an unknown one adds nothing
     return max(0.0, 1 - seconds[Redundancy.OFF] / seconds[ran]) if seconds.get(ran, 0) > 0 else 0.0
 
 

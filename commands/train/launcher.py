@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from agents.modes import setting
+from agents.modes import epoch_setting
 from agents.policy import nodes_for_a_pipeline
 from commands.train.metrics import LaunchError, MetricsWriter, add_loss_scale, add_validation, iteration_record
 from commands.train.progress import ProgressBar
@@ -252,13 +252,12 @@ class Launcher:
                 assignment = in_force(assignments, it)
                 live = sum(n not in failed or failed[n].iteration > it for n in assignment.members)
                 if assignment.epoch != epoch:
-                    epoch, before = assignment.epoch, mode
                     sch = self.cfg.schedule
-                    chosen, sync = assignment.mode(sch.redundancy), sch.epoch_sync(assignment)
-                    mode = setting(chosen, sync)
-                    shares = [len(assignment.microbatches(self.cfg.schedule.microbatches, j))
+                    epoch, before, mode = assignment.epoch, mode, epoch_setting(sch, assignment)
+                    shares = [len(assignment.microbatches(sch.microbatches, j))
                               for j in range(len(assignment.pipelines))]
-                    events.append(Reconfigured(epoch, assignment.pipelines, assignment.standby, chosen, shares, sync))
+                    events.append(Reconfigured(epoch, assignment.pipelines, assignment.standby,
+                                               assignment.mode(sch.redundancy), shares, sch.epoch_sync(assignment)))
                     if before not in (None, mode):  # --redundancy auto or --replica-sync auto switched
                         events.append(ModeSwitched(epoch, before, mode))
                 record = iteration_record(self.cfg, it, losses, reports, now - last, live,
