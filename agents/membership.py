@@ -285,30 +285,22 @@ class Membership:
             if first is None:
                 return
             self._observed = first.iteration - 1
-        while self.cluster.children(REGROUP(self._observed + 1)):
+        while tries := self.cluster.children(REGROUP(self._observed + 1)):
             it = self._observed + 1
             if self.cluster.get(MODE(it)) is None:
-                self.cluster.create(MODE(it), self._observation(cfg, it))
+                self.cluster.create(MODE(it), self._observation(cfg, it, agreed_costs(tries)))
             self._observed = it
 
-    def _observation(self, cfg: JobConfig, it: int) -> ModeChoice:
+    def _observation(self, cfg: JobConfig, it: int, costs: dict | None) -> ModeChoice:
         reports = self.cluster.children(DONE(it))
         epoch = self.cluster.assignment_at(it)
         before = self.cluster.get(MODE(it - 1))
         ran = epoch_setting(cfg.schedule, epoch)
         disturbed = epoch.start == it or any(r.events for r in reports.values())  # a new epoch: its handover
         stats = observe(ModeStats(**before.stats) if before else ModeStats(), max(r.time for r in reports.values()),
-                        len(reports), len(self.cluster.failed()), ran, disturbed, self._agreed_costs(it))
+                        len(reports), len(self.cluster.failed()), ran, disturbed, costs)
         mode, sync = setting_for(cfg, epoch, stats)
         return ModeChoice(mode, asdict(stats), sync)
-
-    def _agreed_costs(self, it: int) -> dict | None:
-        """The cost model the boundary after `it` agreed from the nodes' measured op
-        times (its first pipeline's, CostModel keywords), if it agreed one."""
-        tries = self.cluster.children(REGROUP(it))
-        costs = tries[max(tries)].costs if tries else None
-        found = costs.get("0") if isinstance(costs, dict) else None
-        return found if isinstance(found, dict) else None
 
     def _restore_point(self, cfg: JobConfig, start: int, holders=()) -> tuple[int, Restore]:
         """(iteration, restore) to go back to when a stage is lost on every node: the
@@ -374,3 +366,11 @@ class Membership:
 
     def leave(self) -> None:
         self.heartbeat.stop()
+
+
+def agreed_costs(tries: dict) -> dict | None:
+    """The cost model a boundary (its tries: try -> Regroup) agreed from the nodes'
+    measured op times, its first pipeline's (CostModel keywords), if it agreed one."""
+    costs = tries[max(tries)].costs if tries else None
+    found = costs.get("0") if isinstance(costs, dict) else None
+    return found if isinstance(found, dict) else None

@@ -223,15 +223,12 @@ def test_observe_keeps_the_newest_agreed_cost_model():
 
 
 def test_the_agents_read_the_cost_model_their_boundary_agreed():
-    """Membership._agreed_costs: the last try's record, its first pipeline's model;
-    none where the boundary agreed none or the record is not one."""
-    from types import SimpleNamespace
-
-    from agents.membership import Membership
+    """agreed_costs: the last try's record, its first pipeline's model; none where
+    the boundary agreed none or the record is not one."""
+    from agents.membership import agreed_costs
     from bamboo.control.protocol import Regroup
     records = {4: {0: Regroup((), False, costs={"0": {"step": 1.0}}), 1: Regroup((), False, costs={"0": MEASURED})},
                5: {0: Regroup((), False)}, 6: {0: Regroup((), False, costs={"0": "junk"})}}
-    agent = SimpleNamespace(cluster=SimpleNamespace(children=lambda key: records.get(key.parts[0], {})))
-    assert Membership._agreed_costs(agent, 4) == MEASURED
-    assert Membership._agreed_costs(agent, 5) is None and Membership._agreed_costs(agent, 6) is None
-    assert Membership._agreed_costs(agent, 7) is None
+    assert agreed_costs(records[4]) == MEASURED
+    assert agreed_costs(records[5]) is None and agreed_costs(records[6]) is None
+    assert agreed_costs({}) is None
