@@ -21,8 +21,9 @@ from typing import NamedTuple
 
 from schedules import ir
 from schedules.cost import CostModel
+from schedules.timing.bubbles import makespan
 from schedules.timing.engine import start_times
-from schedules.ir import Instr, Op, RECVS
+from schedules.ir import Instr, Op, RECVS, SENDS
 from schedules.layout import Layout
 from schedules.options import SYNC_CHOICES, ReplicaSync
 
@@ -38,38 +39,88 @@ def late_sends(layout: Layout, node: int) -> list[Instr]:
     return [ir.send_sync(s, h) for s, h in holders if h is not None and h != node]
 
 
+# Up to this many instructions in all streams, a holder's waits the node cannot make
+# up alone are also tried on the whole iteration (its peers may have the slack);
+# beyond, that search would cost more than the compile path may spend.
+WHOLE_SEARCH_INSTRUCTIONS = 1024
+WHOLE_SEARCH_PLACES = 32
+
+
 def defer_syncs(layout: Layout, streams: dict[int, list[Instr]], cost: CostModel) -> dict[int, list[Instr]]:
     """`streams` (tails without syncs) with each sync placed in the next iteration:
-    the owners' sends first, each holder's receive and replica step where they delay
-    nothing if such a wait exists."""
+    the owners' sends first, each holder's receive and replica step in the first
+    wait after the sync lands from which they delay nothing, else at the end."""
     out = {n: late_sends(layout, n) + list(stream) for n, stream in streams.items()}
     starts = start_times(out, cost)
-    for node, stream in out.items():
+    end = makespan(out, starts, cost)
+    whole = sum(map(len, out.values())) <= WHOLE_SEARCH_INSTRUCTIONS
+    for node, stream in list(out.items()):
         r = layout.replica(node)
-        if r is None:
+        if r is None or layout.owner(r) == node:
             continue
         owner = layout.owner(r)
-        if owner == node:
-            continue
         sent = next(i for i, ins in enumerate(out[owner]) if ins.op is Op.SEND_SYNC and ins.stage == r)
         landed = starts[owner][sent] + cost.duration(out[owner][sent]) + cost.sync_transfer
-        out[node] = _placed(stream, starts[node], landed, [ir.recv_sync(r, owner), ir.optimizer_step(r, True)],
-                            cost)
+        ops = [ir.recv_sync(r, owner), ir.optimizer_step(r, True)]
+        need = sum(cost.duration(op) for op in ops)
+        waits = _waits(stream, starts[node], landed, cost)
+        at = next((i for i, idle in waits if _absorbed(stream, starts[node], i, idle + need, cost, end)), None)
+        if at is None and whole:  # the wait the whole iteration makes up best, else the end
+            at = _least_delay(out, node, _after(stream, starts[node], landed, cost)[:WHOLE_SEARCH_PLACES], ops, cost)
+            out[node] = stream[:at] + ops + stream[at:]
+            starts = start_times(out, cost)
+            continue
+        at = len(stream) if at is None else at
+        out[node] = stream[:at] + ops + stream[at:]
     return out
 
 
-def _placed(stream: list[Instr], starts: list[float], landed: float, ops: list[Instr],
-            cost: CostModel) -> list[Instr]:
-    """`ops` before the first receive whose wait, from `landed` on, holds them whole;
-    else at the end of the stream."""
-    need = sum(cost.duration(op) for op in ops)
+def _waits(stream: list[Instr], starts: list[float], landed: float, cost: CostModel) -> list[tuple[int, float]]:
+    """The receives the node waits for after the sync has landed, each with when the
+    node could begin the sync's ops there."""
+    out = []
     for i, ins in enumerate(stream):
-        if ins.op not in RECVS or i == 0:
-            continue
-        idle_from = max(starts[i - 1] + cost.duration(stream[i - 1]), landed)
-        if idle_from + need <= starts[i] + 1e-9:
-            return stream[:i] + ops + stream[i:]
-    return stream + ops
+        if ins.op in RECVS and i > 0:
+            idle_from = max(starts[i - 1] + cost.duration(stream[i - 1]), landed)
+            if idle_from < starts[i]:
+                out.append((i, idle_from))
+    return out
+
+
+def _after(stream: list[Instr], starts: list[float], landed: float, cost: CostModel) -> list[int]:
+    """The places in the stream from the sync's landing on: the ops that start after
+    it, and the receive the node waits at while it lands."""
+    return [i for i in range(1, len(stream) + 1)
+            if starts[i - 1] + cost.duration(stream[i - 1]) >= landed
+            or (i < len(stream) and stream[i].op in RECVS and starts[i] > landed)]
+
+
+def _absorbed(stream: list[Instr], starts: list[float], i: int, clock: float, cost: CostModel,
+              end: float) -> bool:
+    """Whether the node's ops from `i` on, resumed at `clock`, make up the delay in its
+    own waits before a peer sees it (a send, a reduce) and end by `end`: a receive's
+    message arrives when it started (it waited) or earlier (it did not), so its
+    new start is max(clock, old start)."""
+    for j in range(i, len(stream)):
+        ins = stream[j]
+        if clock <= starts[j] + 1e-9:
+            return True  # caught up: every op from here keeps its time
+        if ins.op in SENDS or ins.op is Op.REDUCE_GRADS:
+            return False
+        clock += cost.duration(ins)
+    return clock <= end + 1e-9
+
+
+def _least_delay(streams: dict[int, list[Instr]], node: int, waits: list[int], ops: list[Instr],
+                 cost: CostModel) -> int:
+    """Of `waits` and the end of `node`'s stream, the first place for `ops` after which
+    the iteration ends soonest."""
+    def ending(i: int) -> float:
+        trial = {**streams, node: streams[node][:i] + ops + streams[node][i:]}
+        return makespan(trial, start_times(trial, cost), cost)
+    places = [*waits, len(streams[node])]
+    times = [ending(i) for i in places]
+    return places[times.index(min(times))]
 
 
 def sync_landed_first(stream: list[Instr], replica: int) -> bool:

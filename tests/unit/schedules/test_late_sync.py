@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from schedules.timing.checks import ValidationError
 from schedules.compiler import compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
-from schedules.timing.engine import Engine
+from schedules.timing.bubbles import makespan
+from schedules.timing.engine import Engine, start_times
 from schedules.ir import Instr, Op
 from schedules.layout import ScheduleError
 from schedules.syncs import sync_landed_first
@@ -140,3 +141,49 @@ def test_the_validator_refuses_a_recovery_whose_new_owner_only_steps_the_replica
     streams = {**rec.streams, p: [x for x in rec.streams[p] if x != own_step], 1: base.streams[1][:5]}
     with pytest.raises(ValidationError, match="stage 1 never stepped on its owner, node 0"):
         Engine(rec.layout, 4, rec.cost, dead=(1, 5), expect_frc=False, late_sync=True).run(streams)
+
+
+def _engine_makespan(sched, streams) -> float:
+    return Engine(sched.layout, sched.microbatches, sched.cost, expect_frc=False, late_sync=True).run(streams).makespan
+
+
+def _pairs_at_the_end(streams):
+    """Each holder's receive of its sync and replica step moved to its stream's end."""
+    out = {}
+    for node, stream in streams.items():
+        at = [i for i, x in enumerate(stream) if x.op is Op.RECV_SYNC]
+        out[node] = stream if not at else stream[:at[0]] + stream[at[0] + 2:] + stream[at[0]:at[0] + 2]
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts(), costs, st.sampled_from(["off", "last"]))
+def test_a_replica_step_is_placed_no_worse_than_at_the_end(layout, cost, split):
+    """Against the placement that needs no search (every replica step at the end of
+    its holder's stream, where nobody waits for it but the iteration's end)."""
+    P, M, failed = layout
+    sched = compile_schedule(P, M, failed, options=ScheduleOptions(redundancy="lazy", sync="next", split=split), cost=cost)
+    assert _engine_makespan(sched, sched.streams) <= _engine_makespan(sched, _pairs_at_the_end(sched.streams)) * (1 + 1e-9) + 1e-9
+
+
+# gpt2's calibrated model at P=6 of 4 pipelines (sim/profiles.py): a replica step
+# (35 ms) longer than each wait of 1F1B's steady phase (27 ms)
+GPT2_P6 = CostModel(forward=27.09, backward=56.32, transfer=6.55, swap=89.22, reduce=737.28, step=35.18,
+                    sync_transfer=491.52)
+
+
+@pytest.mark.parametrize("redundancy", ["lazy", "eager"])
+def test_a_replica_step_longer_than_every_wait_still_delays_nothing(redundancy):
+    """The step fits no single wait after the sync lands, on any node (checked on
+    the iteration without redundancy), yet the iteration is as long as without
+    redundancy: the delay is made up in the waits after it, on the node or its peers.
+    With every step at the end it would be one step longer."""
+    off = simulate(compile_schedule(6, 6, (), options=ScheduleOptions(redundancy="off"), cost=GPT2_P6))
+    for node in range(6):
+        spans = sorted((s for s in off.spans if s.node == node), key=lambda s: s.start)
+        gaps = [b.start - a.end for a, b in zip(spans, spans[1:]) if a.end >= GPT2_P6.sync_transfer]
+        assert max(gaps, default=0.0) < GPT2_P6.step
+    sched = compile_schedule(6, 6, (), options=ScheduleOptions(redundancy=redundancy, sync="next"), cost=GPT2_P6)
+    assert simulate(sched).makespan == pytest.approx(off.makespan, rel=1e-12)
+    lazy = compile_schedule(6, 6, (), options=ScheduleOptions(redundancy="lazy", sync="next"), cost=GPT2_P6)
+    assert _engine_makespan(lazy, _pairs_at_the_end(lazy.streams)) >= off.makespan + GPT2_P6.step - 1e-9
