@@ -44,6 +44,7 @@ class Auto(Bamboo):
         self.sync: str | None = None  # the replica sync chosen (--replica-sync auto); None: the run's
         self.failures = self.node_hours = self.last = 0.0  # weighted batches with deaths
         self.fatal = 0.0     # ... of them a stage of which no replica is left (eager, lazy: a rollback)
+        self.bare = 0.0      # ... of them a stage dead in every pipeline (off, which keeps no replica: a rollback)
         self.redone = 0.0    # ... or two nodes of one pipeline died (eager, lazy: a redo)
         self.late = 0.0      # weighted batches with deaths while replicas synced in the next iteration ...
         self.stale = 0.0     # ... of them redone or rolled back only for a replica a step behind (a window's)
@@ -60,6 +61,7 @@ class Auto(Bamboo):
         deaths = dead_stages(config, removed) if used & removed else []
         fatal = bool(lost_everywhere(config.depth, deaths)) if deaths else False
         self.fatal = self.fatal * decay + fatal
+        self.bare = self.bare * decay + (bool(frozenset.intersection(*map(frozenset, deaths))) if deaths else False)
         covered = not fatal and not any(len(dead) > 1 for dead in deaths)  # by the replicas, were they current
         self.redone = self.redone * decay + (not fatal and not covered)
         self.last = s.t
@@ -105,7 +107,8 @@ class Auto(Bamboo):
                sync: str) -> float:
         """What a batch of deaths costs `mode` with `sync` (`job`: its pipelines, nodes
         and deaths per node-hour; `costs`: its iteration, off's and a rollback, in
-        seconds), as the runtime measures it in that setting: off's redo from a peer;
+        seconds), as the runtime measures it in that setting: off's redo from a peer
+        (a rollback for the share of batches that left a stage in no pipeline);
         a redundant mode's failover (eager: a merged iteration and the dead stage's
         forwards no bubble held FRC for; lazy: all of them), or, for the share of the
         batches seen so far that its replicas did not cover, their redo or rollback;
@@ -113,8 +116,9 @@ class Auto(Bamboo):
         of deaths seen to fall in one, if more) is redone, or rolled back with one
         pipeline (`window_rollback`: with the checkpoints it makes necessary)."""
         (pipelines, nodes, rate), (seconds, off, rollback) = job, costs
-        if mode == Redundancy.OFF:
-            return sim.opt.failure_timeout + off / 2 + peer_reload_seconds(sim)
+        if mode == Redundancy.OFF:  # a stage dead in every pipeline has no peer to redo from
+            bare = self.bare / self.failures if self.failures else 0.0
+            return (1 - bare) * (sim.opt.failure_timeout + off / 2 + peer_reload_seconds(sim)) + bare * rollback
         forwards = off / (3 * sim.P)  # recomputing the dead stage's forwards: all with lazy, eager's without FRC
         merged = sim.iteration_seconds(pipelines, merged=True, mode=Redundancy.EAGER, sync=sync)
         failover = merged + forwards * (sim.uncovered(pipelines, sync) if mode == Redundancy.EAGER else 1.0)

@@ -44,3 +44,30 @@ def test_deaths_that_keep_landing_in_the_window_move_the_sync_back_to_the_end():
     assert out["next"]["samples"] < out["end"]["samples"]
     hours = out["auto"]["hours_per_mode"]
     assert out["auto"]["mode_switches"] == 1 and hours["eager"] > 5 * hours["eager+next"]
+
+
+def zone_bursts(gap: float, hours: float = 2.0, nodes: int = 8) -> list[Event]:
+    """`nodes` nodes in zones a and b; every `gap` seconds zone a loses all its nodes
+    at once, and as many new ones come back 60 s later."""
+    events = [Event(0.0, "add", f"n{i}", "ab"[i % 2]) for i in range(nodes)]
+    in_a, t, k = [f"n{i}" for i in range(0, nodes, 2)], gap, nodes
+    while t < hours * 3600:
+        events += [Event(t, "remove", n) for n in in_a]
+        in_a = [f"n{k + j}" for j in range(len(in_a))]
+        events += [Event(t + 60, "add", n, "a") for n in in_a]
+        t, k = t + gap, k + len(in_a)
+    return events
+
+
+def test_zone_bursts_that_take_a_stage_from_every_pipeline_move_auto_to_the_replicas():
+    """Bursts that kill a stage in both pipelines at once: off has no peer to redo
+    from and rolls back, which eager's replicas (a neighbour's copy) avoid, so the
+    fixed eager run trains more than redo from peers. Auto, which starts in off,
+    counts those rollbacks against off and moves to the replicas after the first
+    burst, for most of the run (had it charged off a redo, it would stay in off)."""
+    events = zone_bursts(900)
+    opt = Options(surplus="keep")
+    out = {s: ClusterSimulator(GPT2, 4, s, opt).run(events) for s in ("bamboo", "redo", "auto")}
+    assert out["bamboo"]["value"] > out["redo"]["value"]
+    hours = out["auto"]["hours_per_mode"]
+    assert sum(h for m, h in hours.items() if m != "off") > 4 * hours.get("off", 0.0), hours
