@@ -45,7 +45,7 @@ class Options:
     surplus: str = "burst"              # the nodes beyond the pipelines: agents/surplus.py's SurplusRule
     fixed_standby: int = 2              # --surplus fixed: the standby kept (SpotHedge's over-provisioning)
     price_series: PriceSeries | None = None  # the spot price over time (--price-series), instead of spot_price
-    replica_sync: str = "end"           # eager and lazy: each replica's sync at the iteration's end, or in the next
+    replica_sync: str = "auto"          # eager and lazy: each replica's sync at the iteration's end, or in the next
                                         # one (its window charged: sim/windows.py), or chosen (auto: sim/auto.py)
     zone_spread: str = "auto"           # neighbours in different zones (spread), pipelines packed in zones (pack),
                                         # or whichever costs less (auto: agents/spread.py)

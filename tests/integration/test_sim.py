@@ -23,7 +23,7 @@ P3 = os.path.join(os.path.dirname(__file__), "..", "..", "traces", "ec2-p3-trace
 BERT = PROFILES["bert-large"]
 # The hand-computed cases of whole pipelines and relaunching rollbacks (the new
 # short pipelines, notices and rollbacks from memory have cases of their own)
-WHOLE = {"max_stages": 1, "rollback": "relaunch", "surplus": "keep"}
+WHOLE = {"max_stages": 1, "rollback": "relaunch", "surplus": "keep", "replica_sync": "end"}  # the failover of `end`
 
 
 def rate(pipelines, redundancy, frc="bubbles"):
@@ -281,14 +281,27 @@ def test_auto_stays_without_redundancy_without_preemptions_and_adds_it_when_they
     """No preemption: off all along (two pipelines), the value of redo from peers.
     A preemption every 18 s per node: a redundant mode most of the time."""
     calm = [Event(0, "add", f"n{i}", "ab"[i % 2]) for i in range(4)]
-    quiet = ClusterSimulator(BERT, 2, "auto").run(calm, hours=1.0)
+    end = Options(replica_sync="end")  # the sync at the end makes redundancy cost something
+    quiet = ClusterSimulator(BERT, 2, "auto", end).run(calm, hours=1.0)
     assert quiet["hours_per_mode"] == {"off": 1.0} and quiet["mode_switches"] == 0
     assert quiet["samples"] == pytest.approx(ClusterSimulator(BERT, 2, "redo").run(calm, hours=1.0)["samples"])
     from sim.traces import synthetic
     stormy = synthetic(1.0, 8, ("a", "b", "c"), rate=200.0, seed=1, refill_seconds=10)
-    r = ClusterSimulator(BERT, 2, "auto").run(stormy, hours=1.0)
+    r = ClusterSimulator(BERT, 2, "auto", end).run(stormy, hours=1.0)
     redundant = sum(h for m, h in r["hours_per_mode"].items() if m != "off")
     assert redundant > r["hours_per_mode"].get("off", 0.0), r["hours_per_mode"]
+
+
+def test_auto_keeps_eager_with_the_late_sync_where_it_costs_what_off_costs():
+    """With the default sync (auto), eager's sync in the next iteration adds nothing
+    to this iteration, so auto keeps the replicas at no cost: it trains exactly
+    what redo from peers (no replicas at all) trains without preemptions."""
+    calm = [Event(0, "add", f"n{i}", "ab"[i % 2]) for i in range(4)]
+    sim = ClusterSimulator(BERT, 2, "auto")
+    assert sim.iteration_seconds(2, mode="eager", sync="next") == pytest.approx(sim.iteration_seconds(2, mode="off"))
+    quiet = sim.run(calm, hours=1.0)
+    assert quiet["hours_per_mode"] == {"eager+next": 1.0}
+    assert quiet["samples"] == pytest.approx(ClusterSimulator(BERT, 2, "redo").run(calm, hours=1.0)["samples"])
 
 
 def test_auto_on_one_pipeline_risks_off_with_a_checkpoint_while_deaths_are_rare():

@@ -23,7 +23,7 @@ def test_steady_nodes_book_checkpoint_writes_and_redundancy_as_the_run_did():
     the checkpoints taken times one write on every node; eager's redundant share is
     what the schedule adds to an iteration without redundancy."""
     steady = synthetic(2, 12, ("a", "b", "c"), 0.0, 0)
-    sim = ClusterSimulator(profile("gpt2", "arithmetic"), 6, "bamboo", Options(checkpoint_seconds=600.0))
+    sim = ClusterSimulator(profile("gpt2", "arithmetic"), 6, "bamboo", Options(checkpoint_seconds=600.0, replica_sync="end"))
     out = sim.run(steady, 2)
     taken = out["checkpointing"]["checkpoints_taken"]
     assert taken > 0 and set(out["ledger"]) == {"checkpoint writes", "redundancy", "training"}
