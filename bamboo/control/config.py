@@ -104,8 +104,8 @@ class ScheduleSpec(Section):
     redundancy: JobRedundancy = JobRedundancy.EAGER
     frc: Frc = Frc.BUBBLES         # eager: FRC only where it fits the bubbles, or for every microbatch
     sync_bucket_mb: float = 4.0    # a replica's sync posted in buckets this large (bamboo/runtime/sync.py)
-    replica_sync: JobReplicaSync = JobReplicaSync.END  # at the iteration's end, in the next one (schedules/syncs.py),
-                                                       # or chosen per epoch by the agents (auto)
+    replica_sync: JobReplicaSync = JobReplicaSync.AUTO  # at the iteration's end, in the next one (schedules/syncs.py),
+                                                        # or chosen per epoch by the agents (auto; without them: end)
     backward_split: BackwardSplit = BackwardSplit.LAST  # the last backwards send input gradients first
     auto_prior_rate: float = 0.05  # --redundancy auto: deaths per node-hour assumed before any are seen ...
     auto_prior_hours: float = 2.0  # ... weighing as much as this many node-hours of observation

@@ -135,14 +135,10 @@ def start_pipelines(args) -> int:
 
 def check_replica_sync(args) -> None:
     """--replica-sync next runs, for now, without --compute-ahead and --check-replicas,
-    and with agents needs a checkpoint; auto needs agents, which keep the sync at
-    the end where the next would not do (agents/modes.py `syncs_allowed`)."""
-    if not late_sync(args):
-        return
-    if args.replica_sync == JobReplicaSync.AUTO:  # the agents keep to the end where the next would not do
-        if args.local_nodes is None:
-            raise ValueError("--replica-sync auto needs agents (--local-nodes N): they choose the sync between "
-                             "iterations")
+    and with agents needs a checkpoint. auto (the default) is the agents' choice,
+    which keeps the sync at the end where the next would not do (agents/modes.py
+    `syncs_allowed`); without agents nobody chooses and it stays at the end."""
+    if not late_sync(args) or args.replica_sync == JobReplicaSync.AUTO:
         return
     for bad, why in ((args.compute_ahead, "--compute-ahead"), (args.check_replicas, "--check-replicas")):
         if bad:

@@ -51,10 +51,11 @@ def _schedule_flags(g) -> None:
     g.add_argument("--sync-bucket-mb", type=float, default=4.0, metavar="MB",
                    help="lazy and eager with one pipeline and no clipping, ties or fp16: a replica's sync is posted "
                         "in buckets of this many MB as its stage's last backward fills them")
-    g.add_argument("--replica-sync", choices=JobReplicaSync.values(), default="end",
+    g.add_argument("--replica-sync", choices=JobReplicaSync.values(), default="auto",
                    help="a replica takes its owner's gradients at the iteration's end, or in the next iteration, off "
-                        "the critical path, with limits for now (next: docs/redundancy.md); or, with agents, as "
-                        "they choose epoch by epoch from the measured costs and deaths (auto)")
+                        "the critical path, with limits for now (next: docs/redundancy.md); or as the agents "
+                        "choose epoch by epoch from the measured costs and deaths (auto, the default; without "
+                        "agents it stays at the end)")
     g.add_argument("--backward-split", choices=SPLITS, default="last",
                    help="last: a node's last backwards (as many as the schedule's cost model says shorten the "
                         "iteration) send their input gradient first and compute their weight gradients one slot "

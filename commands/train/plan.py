@@ -183,7 +183,7 @@ def make_plan(cfg: JobConfig, costs: list[float], layers: list[LayerBytes], shap
         if nodes % P else []
     if cfg.schedule.redundancy is JobRedundancy.AUTO:
         notes.append("--redundancy auto is planned as eager, the mode that holds the most")
-    if cfg.schedule.replica_sync is JobReplicaSync.AUTO:
+    if cfg.schedule.replica_sync is JobReplicaSync.AUTO and cfg.cluster.elastic:
         notes.append("--replica-sync auto is planned with the sync at the end, its memory as in the next iteration")
     return Plan(stages, sum(timed.bubble.values()) / len(timed.bubble), sch.microbatches * batch * seq, links,
                 int(sum(costs)), per_pipeline, timed.makespan / (sch.microbatches * batch * seq), notes)
@@ -213,7 +213,8 @@ def _stage_memory(cfg: JobConfig, s: int, sizes: StageBytes, stream, pipelines: 
                 "reduce copy": sizes.params[s] * width if pipelines > 1 else 0,
                 "activations": acts, "backward working set": sizes.working[s]}
     states = 4 * held * width
-    late = m.device["sync message"] if cfg.schedule.may_sync_late else 0
+    may_choose = cfg.cluster.elastic or cfg.schedule.replica_sync is not JobReplicaSync.AUTO  # auto: agents' choice
+    late = m.device["sync message"] if cfg.schedule.may_sync_late and may_choose else 0
     m.compute_peak = states + late + acts + sizes.working[s]
     m.tail_peak = states + m.device["undo copies (agents)"] + m.device["sync message"] + m.device["reduce copy"]
     copies = cfg.cluster.elastic and cfg.checkpoints.memory_copies and cfg.checkpoints.checkpoint is not None

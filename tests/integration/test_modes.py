@@ -122,7 +122,6 @@ def test_the_agents_choose_the_sync_and_move_it_to_the_end_after_a_death_in_its_
     (["--stages", "2", "--redundancy", "off", "--local-nodes", "3"], "2 pipelines"),
     (["--stages", "2", "--redundancy", "auto"], "needs agents"),
     (["--stages", "2", "--redundancy", "auto", "--local-nodes", "4", "--auto-prior-hours", "0"], "--auto-prior-hours"),
-    (["--stages", "2", "--replica-sync", "auto"], "--replica-sync auto needs agents"),
     (["--stages", "2", "--replica-sync", "sometimes", "--local-nodes", "3"], "--replica-sync"),
 ])
 def test_off_where_a_death_cannot_be_survived_is_refused(tmp_path, args, named):
