@@ -111,14 +111,14 @@ def _absorbed(stream: list[Instr], starts: list[float], i: int, clock: float, co
     return clock <= end + 1e-9
 
 
-def _least_delay(streams: dict[int, list[Instr]], node: int, waits: list[int], ops: list[Instr],
+def _least_delay(streams: dict[int, list[Instr]], node: int, places: list[int], ops: list[Instr],
                  cost: CostModel) -> int:
-    """Of `waits` and the end of `node`'s stream, the first place for `ops` after which
+    """Of `places` and the end of `node`'s stream, the first place for `ops` after which
     the iteration ends soonest."""
     def ending(i: int) -> float:
         trial = {**streams, node: streams[node][:i] + ops + streams[node][i:]}
         return makespan(trial, start_times(trial, cost), cost)
-    places = [*waits, len(streams[node])]
+    places = [*places, len(streams[node])]
     times = [ending(i) for i in places]
     return places[times.index(min(times))]
 

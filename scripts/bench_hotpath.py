@@ -2,7 +2,8 @@
 and torch.distributed.pipelining's Schedule1F1B, then where Bamboo's time goes.
 
 The model is the project's own GPT layers (bamboo/model/builtin.py: Embedding, 4 Blocks,
-Head; dim 256, 4 heads, seq 128, byte vocabulary, dropout 0: 3.32M parameters),
+Head; dim 256, 4 heads, seq 128, byte vocabulary, dropout 0: 3.32M parameters; with
+--shape large 12 Blocks of dim 768, 12 heads, seq 256, 2 sequences per microbatch),
 given to bamboo-train by this file's factory (`--model scripts.bench_hotpath:gpt`).
 The baselines build layer i from (seed, i) the same way (ModelSource.layer), split
 the stages as Bamboo does and draw Bamboo's samples (Corpus.microbatch(i, g)).
@@ -28,8 +29,8 @@ the same single stage per rank: torch's own split backwards, its best setting he
 requests (by difference of an N- and a 2N-iteration run), and each main
 thread's time under cProfile (a sitecustomize again: bamboo/ is not changed).
 
-    python scripts/bench_hotpath.py [--rounds 3] [--iterations 12] [--warm 3] [--systems off,deepspeed,...]
-                                     [--profile DIR]
+    python scripts/bench_hotpath.py [--shape small|large] [--rounds 3] [--iterations 12] [--warm 3]
+                                     [--systems off,deepspeed,...] [--profile DIR]
 """
 from __future__ import annotations
 
@@ -53,8 +54,14 @@ import torch.nn as nn
 from bamboo.model.builtin import Block, Embedding, GPTConfig, Head, token_loss
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CFG = GPTConfig(vocab=256, seq=128, dim=256, layers=4, heads=4, dropout=0.0)
-MODEL, P, M, BATCH = "scripts.bench_hotpath:gpt", 2, 8, 8
+# --shape: the model and the sequences per microbatch. "large" is where per-message and
+# per-op overheads weigh less against the compute. The workers and the baselines' ranks
+# read the shape from SHAPE_ENV, which main sets for every process it starts.
+SHAPES = {"small": (GPTConfig(vocab=256, seq=128, dim=256, layers=4, heads=4, dropout=0.0), 8),
+          "large": (GPTConfig(vocab=256, seq=256, dim=768, layers=12, heads=12, dropout=0.0), 2)}
+SHAPE_ENV = "BAMBOO_BENCH_SHAPE"
+CFG, BATCH = SHAPES.get(os.environ.get(SHAPE_ENV, "small"), SHAPES["small"])
+MODEL, P, M = "scripts.bench_hotpath:gpt", 2, 8
 SYSTEMS = ("off", "deepspeed", "torch", "eager", "lazy", "off-poll1s", "off-ahead", "off-whole",
            "torch-zb")  # the first round's order
 BASELINES = ("deepspeed", "torch", "torch-zb")
@@ -153,7 +160,8 @@ def run_baseline(system: str, a, iterations: int | None = None, env=ENV) -> dict
     with tempfile.TemporaryDirectory() as d:
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", system, "--rank", str(r),
                                    "--port", str(port), "--out", f"{d}/{r}.json", "--iterations",
-                                   str(iterations or a.iterations), "--seed", str(a.seed)], cwd=ROOT, env=env,
+                                   str(iterations or a.iterations), "--seed", str(a.seed), "--shape", a.shape],
+                                  cwd=ROOT, env=env,
                                   stdout=subprocess.DEVNULL, stderr=open(f"{d}/{r}.log", "w")) for r in range(P)]
         failed = [r for r, p in enumerate(procs) if p.wait()]
         if failed:
@@ -361,6 +369,8 @@ def profile(a, etcd: str, out: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=tuple(SHAPES), default="small",
+                    help="small: dim 256, 4 blocks, seq 128, batch 8; large: dim 768, 12 blocks, seq 256, batch 2")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=14)
     ap.add_argument("--warm", type=int, default=5,
@@ -378,6 +388,9 @@ def main() -> None:
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    global CFG, BATCH
+    CFG, BATCH = SHAPES[a.shape]
+    ENV[SHAPE_ENV] = a.shape  # every process started from here builds this shape
     if a.role:
         return baseline_rank(a)
     a.systems = tuple(a.systems.split(","))
