@@ -390,7 +390,7 @@ def main() -> None:
     a = ap.parse_args()
     global CFG, BATCH
     CFG, BATCH = SHAPES[a.shape]
-    ENV[SHAPE_ENV] = a.shape  # every process started from here builds this shape
+    ENV[SHAPE_ENV] = os.environ[SHAPE_ENV] = a.shape  # every process started here, and the factory here
     if a.role:
         return baseline_rank(a)
     a.systems = tuple(a.systems.split(","))
