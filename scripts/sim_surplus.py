@@ -38,7 +38,7 @@ import argparse
 import json
 import math
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from sim.options import NOTICE_SECONDS
 from sim.profiles import PROFILES, profile
@@ -55,7 +55,8 @@ OTHERS = STRATEGIES[:-1]
 RULES = ("keep", "burst", "binomial", "fixed")
 ACQUIRE = "60,120,300,600"
 FIXED_COUNTS = (0, 1, 2, 3, 4)  # the --fixed-standby values searched for the fixed rule's best
-VARIED = ("surplus", "acquire_seconds", "notice_seconds")  # set per run; every other option is Options()'s
+VARIED = ("surplus", "acquire_seconds", "notice_seconds")  # set per run; every other option is BASE's
+BASE = Options(replica_sync="end")  # the sync at the end, as docs/simulator.md's tables of this script were taken
 RULE_COLUMNS = (("trace", "trace"), ("P", "stages"), ("--surplus", "surplus"), ("mean paid nodes", "mean_nodes"),
                 ("goodput", "goodput"), ("value", "value"), ("idle_fraction", "idle_fraction"),
                 ("idle_unjustified_fraction", "idle_unjustified_fraction"),
@@ -89,7 +90,7 @@ def rules_rows(model: str, traces: list[tuple], depths: list[int]) -> list[dict]
     for name, fmt, events in traces:
         for depth in depths:
             for rule in RULES:
-                options = Options(surplus=rule, notice_seconds=NOTICE_SECONDS[fmt])
+                options = replace(BASE, surplus=rule, notice_seconds=NOTICE_SECONDS[fmt])
                 runs = {s: ClusterSimulator(profile(model), depth, s, options).run(events) for s in STRATEGIES}
                 best = max(OTHERS, key=lambda s: runs[s]["value"])  # the first of a tie
                 ratio = runs["auto"]["value"] / runs[best]["value"] if runs[best]["value"] > 0 else math.nan
@@ -107,7 +108,7 @@ def acquire_rows(model: str, traces: list[tuple], depths: list[int], waits: list
             continue
         for depth in depths:
             for seconds in waits:
-                options = Options(surplus="burst", acquire_seconds=seconds, notice_seconds=NOTICE_SECONDS[fmt])
+                options = replace(BASE, surplus="burst", acquire_seconds=seconds, notice_seconds=NOTICE_SECONDS[fmt])
                 run = ClusterSimulator(profile(model), depth, "auto", options).run(events)
                 shown = int(seconds) if seconds.is_integer() else seconds  # 60, as the flag was given
                 rows.append({"trace": name, "stages": depth, "acquire_seconds": shown, **auto_figures(run)})
@@ -120,8 +121,8 @@ def fixed_rows(model: str, traces: list[tuple], depths: list[int], rules: list[d
     rows = []
     for name, fmt, events in traces:
         for depth in depths:
-            values = {n: ClusterSimulator(profile(model), depth, "auto", Options(
-                surplus="fixed", fixed_standby=n, notice_seconds=NOTICE_SECONDS[fmt])).run(events)["value"]
+            values = {n: ClusterSimulator(profile(model), depth, "auto", replace(
+                BASE, surplus="fixed", fixed_standby=n, notice_seconds=NOTICE_SECONDS[fmt])).run(events)["value"]
                 for n in FIXED_COUNTS}
             best = max(values, key=values.get)  # the smallest count of a tie
             burst = next(r["value"] for r in rules if (r["trace"], r["stages"], r["surplus"]) == (name, depth, "burst"))
@@ -203,7 +204,7 @@ def main() -> None:
     parameters = {"model": args.model, "profile": profile(args.model).sources()["source"], "stages": depths,
                   "strategies": STRATEGIES, "rules": RULES, "acquire_seconds": waits,
                   "traces": {name: {"format": fmt, "notice_seconds": NOTICE_SECONDS[fmt]} for name, fmt, _ in traces},
-                  "options": {k: v for k, v in asdict(Options()).items() if k not in VARIED}}
+                  "options": {k: v for k, v in asdict(BASE).items() if k not in VARIED}}
     rules, acquire = rules_rows(args.model, traces, depths), acquire_rows(args.model, traces, depths, waits)
     fixed = fixed_rows(args.model, traces, depths, rules)
     print(f"model {args.model}, profile {parameters['profile']}; traces (format, notice seconds): "
