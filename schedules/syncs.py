@@ -65,13 +65,13 @@ def defer_syncs(layout: Layout, streams: dict[int, list[Instr]], cost: CostModel
         need = sum(cost.duration(op) for op in ops)
         waits = _waits(stream, starts[node], landed, cost)
         at = next((i for i, idle in waits if _absorbed(stream, starts[node], i, idle + need, cost, end)), None)
-        if at is None and whole:  # the wait the whole iteration makes up best, else the end
+        searched = at is None and whole  # the wait the whole iteration makes up best, else the end
+        if searched:
             at = _least_delay(out, node, _after(stream, starts[node], landed, cost)[:WHOLE_SEARCH_PLACES], ops, cost)
-            out[node] = stream[:at] + ops + stream[at:]
-            starts = start_times(out, cost)
-            continue
         at = len(stream) if at is None else at
         out[node] = stream[:at] + ops + stream[at:]
+        if searched:  # the peers' times may have moved
+            starts = start_times(out, cost)
     return out
 
 

@@ -139,12 +139,6 @@ class ScheduleSpec(Section):
         return self.epoch_sync(epoch) is ReplicaSync.NEXT
 
     @property
-    def may_sync_late(self) -> bool:
-        """Whether some epoch may take its syncs in the next iteration (next, or auto's
-        choice), with replicas to sync: what memory plans for."""
-        return self.replica_sync != JobReplicaSync.END and self.redundancy != JobRedundancy.OFF
-
-    @property
     def chooses(self) -> bool:
         """Whether the agents choose something per epoch: the mode (--redundancy
         auto) or the sync (--replica-sync auto)."""
@@ -286,6 +280,20 @@ class JobConfig:
                 raise TypeError(f"JobConfig has no setting {name!r}")
             changes.setdefault(_SECTION_OF[name], {})[name] = value
         return replace(self, **{s: replace(getattr(self, s), **c) for s, c in changes.items()})
+
+    @property
+    def agents_choose(self) -> bool:
+        """Whether agents choose the mode or the sync per epoch: the job leaves one to
+        them (ScheduleSpec.chooses) and has agents; without, its fixed ones run."""
+        return self.schedule.chooses and self.cluster.elastic
+
+    @property
+    def may_sync_late(self) -> bool:
+        """Whether some epoch may take its syncs in the next iteration (next, or auto
+        where agents choose), with replicas to sync: what memory plans for."""
+        s = self.schedule
+        late = s.replica_sync == JobReplicaSync.NEXT or (s.replica_sync == JobReplicaSync.AUTO and self.cluster.elastic)
+        return late and s.redundancy != JobRedundancy.OFF
 
     def evaluates(self, iteration: int) -> bool:
         """Whether the validation loss is computed after `iteration`'s step."""

@@ -74,7 +74,7 @@ class Worker(EpochMoves):
         self.failures = cluster.changes(FAILED(), ABORT())
         self.finishes = cluster.changes(FINISHED(), FAILED(), ABORT())
         self.boundary = Boundary(cluster, node, cfg.cluster.elastic, self.checkpoints, cfg.faults.straggler_factor,
-                                 cfg.faults.straggler_slack, auto=cfg.schedule.chooses and cfg.cluster.elastic,
+                                 cfg.faults.straggler_slack, auto=cfg.agents_choose,
                                  changes=cluster.changes(DONE(), FAILED(), ABORT()))
         self.assignment: Assignment | None = None  # the epoch this node runs in
         self.failed: tuple[int, ...] = ()          # nodes dead job-wide, as the last boundary agreed

@@ -36,7 +36,7 @@ from bamboo.model.api import ModelSource
 from bamboo.model.builtin import fp16_allowed
 from bamboo.model.recipe import check as check_recipe
 from bamboo.transport import devices
-from schedules.options import Frc, JobRedundancy, JobReplicaSync, Redundancy, ReplicaSync
+from schedules.options import Frc, JobRedundancy, Redundancy, ReplicaSync
 
 
 def local_cluster(args):
@@ -122,12 +122,6 @@ def metric_sinks(args) -> tuple:
     return tuple(sinks)
 
 
-def late_sync(args) -> bool:
-    """Whether replicas may take their syncs in the next iteration (next, or auto's
-    choice; there are replicas)."""
-    return args.replica_sync != ReplicaSync.END and args.stages > 1 and args.redundancy != Redundancy.OFF
-
-
 def start_pipelines(args) -> int:
     """With agents, the pipelines at the start: as many as the nodes make."""
     return max(1, args.local_nodes // max(1, args.stages))
@@ -138,7 +132,7 @@ def check_replica_sync(args) -> None:
     and with agents needs a checkpoint. auto (the default) is the agents' choice,
     which keeps the sync at the end where the next would not do (agents/modes.py
     `syncs_allowed`); without agents nobody chooses and it stays at the end."""
-    if not late_sync(args) or args.replica_sync == JobReplicaSync.AUTO:
+    if args.replica_sync != ReplicaSync.NEXT or args.stages == 1 or args.redundancy == Redundancy.OFF:
         return
     for bad, why in ((args.compute_ahead, "--compute-ahead"), (args.check_replicas, "--check-replicas")):
         if bad:

@@ -213,8 +213,7 @@ def _stage_memory(cfg: JobConfig, s: int, sizes: StageBytes, stream, pipelines: 
                 "reduce copy": sizes.params[s] * width if pipelines > 1 else 0,
                 "activations": acts, "backward working set": sizes.working[s]}
     states = 4 * held * width
-    may_choose = cfg.cluster.elastic or cfg.schedule.replica_sync is not JobReplicaSync.AUTO  # auto: agents' choice
-    late = m.device["sync message"] if cfg.schedule.may_sync_late and may_choose else 0
+    late = m.device["sync message"] if cfg.may_sync_late else 0
     m.compute_peak = states + late + acts + sizes.working[s]
     m.tail_peak = states + m.device["undo copies (agents)"] + m.device["sync message"] + m.device["reduce copy"]
     copies = cfg.cluster.elastic and cfg.checkpoints.memory_copies and cfg.checkpoints.checkpoint is not None
