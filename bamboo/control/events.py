@@ -41,6 +41,9 @@ class FailedOver(Event):
     died_before: int               # the dead node ran its stream up to this instruction
     by: int
     agree_seconds: float           # from the death seen to the recovery plan agreed
+    lent_by: int | None = None     # a death in a late sync's window: the other pipeline's owner that lent ...
+    lent: str = ""                 # ... its kept or reduced gradients of the stage (bamboo/runtime/lending.py)
+    lend_seconds: float = 0.0      # from the ask to the gradients here
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,9 @@ The workers' half, one iteration at a time:
   3. on a peer's death: FAILED (first detector wins); the receivers of the dead
      node's messages publish CUT; every survivor derives the same (dead, k)
   4. a data-parallel reduce done (inside the stream): REDUCED; a tied weight's
-     copies summed: TIED; the stream ran: FINISHED, with the node's report so far
+     copies summed: TIED; a holder whose stage's owner died in a late sync's
+     window asks another pipeline's owner for the stage's gradients: LOAN, answered
+     by LENT; the stream ran: FINISHED, with the node's report so far
   5. fp16: the loss scale it ran with, and whether it overflowed: SCALE; the
      iteration's report: DONE (in an epoch's calibration iteration with eager, the
      median op times); the first to see every live node's writes REGROUP (the failed
@@ -192,6 +194,25 @@ class Reduced(Record):
         object.__setattr__(self, "members", _ints(self.members))
 
 
+# What a stage's owner in another pipeline lends a holder whose owner died in a late
+# sync's window (bamboo/runtime/lending.py): the gradients it stepped with in the
+# iteration before, or this iteration's reduced sum.
+LOANS = ("kept", "reduced")
+
+
+@dataclass(frozen=True)
+class Loan(Record):
+    stage: int
+    what: str                      # one of LOANS (a lender answers any other with sent=False)
+
+
+@dataclass(frozen=True)
+class Lent(Record):
+    stage: int
+    what: str                      # one of LOANS
+    sent: bool                     # False: the lender holds none (the borrower asks another)
+
+
 @dataclass(frozen=True)
 class Timestamp(Record):
     time: float                    # wall clock, seconds
@@ -319,6 +340,9 @@ HANDED = Family("handed", ("epoch", "node"), Mark, "node got and sent every laye
 HANDOVER = Family("handover", ("epoch",), Outcome,
                   "the epoch's handover completed everywhere, or failed (a participant died); one decision stands")
 REDUCED = Family("reduced", ("iteration", "stage"), Reduced, "a data-parallel reduce of stage finished")
+LOAN = Family("loan", ("iteration", "lender", "borrower"), Loan,
+              "borrower asks lender for a stage's gradients (its owner died in a late sync's window)")
+LENT = Family("lent", ("iteration", "lender", "borrower"), Lent, "lender's answer to a loan: sent, or none held")
 NORM = Family("norm", ("iteration", "stage"), Loss, "stage's squared gradient norm, reduced and tied (clipping)")
 SCALE = Family("scale", ("iteration",), LossScale,
                "fp16: the loss scale the iteration ran with and whether it overflowed (at its boundary)")
@@ -342,11 +366,12 @@ COPIES = Family("copies", ("node",), Copies,
                 "the newest checkpoint's layers the node keeps in host memory (a rollback's first source)")
 
 FAMILIES = (CONFIG, START, ASSIGNMENT, ALIVE, FAILED, CUT, FINISHED, LOSS, VAL_LOSS, DONE, ABORT, ABORTED, REGROUP,
-            HANDED, HANDOVER, REDUCED, TIED, NORM, SCALE, MODE, CHECKPOINTED, COMPLETED, PREEMPTED, ERROR, IDS,
-            MEMBERS, ZONES, DRAIN, LEFT, NOTICES, COPIES, RELEASES)
+            HANDED, HANDOVER, REDUCED, LOAN, LENT, TIED, NORM, SCALE, MODE, CHECKPOINTED, COMPLETED, PREEMPTED, ERROR,
+            IDS, MEMBERS, ZONES, DRAIN, LEFT, NOTICES, COPIES, RELEASES)
 
 # One attempt at an iteration: cleared when the iteration (or a checkpoint's span) runs again.
-ITERATION_FAMILIES = (DONE, LOSS, VAL_LOSS, FINISHED, CUT, REDUCED, TIED, NORM, SCALE, REGROUP, ABORT, ABORTED)
+ITERATION_FAMILIES = (DONE, LOSS, VAL_LOSS, FINISHED, CUT, REDUCED, LOAN, LENT, TIED, NORM, SCALE, REGROUP, ABORT,
+                      ABORTED)
 
 
 JOB_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # one rule for etcd prefixes, buckets and cloud labels

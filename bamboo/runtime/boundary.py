@@ -113,6 +113,7 @@ class Boundary:
                 done, failed = self.cluster.read(DONE(iteration), FAILED())
             pending = [n for n in members if n not in done and n not in failed]
             failover.check_abort()  # another pipeline could not finish: this iteration is redone
+            failover.serve_loans(failed)  # a pipeline still recovering may need this node's gradients
             if not pending:
                 return done, set(failed)
             if self.unwritten:  # the others may be waiting for them

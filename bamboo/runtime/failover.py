@@ -10,6 +10,7 @@ each survivor how to finish the iteration from where it stands.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -29,6 +30,7 @@ from bamboo.control.exits import Fenced
 from bamboo.control.protocol import (ABORT, CUT, DONE, FAILED, FINISHED, LEASE_EXPIRED, Abort, Cut, Failure, Finished,
                                      Local, NodeId)
 from bamboo.runtime.cuts import Unsurvivable, died_before
+from bamboo.runtime.lending import Loans
 from bamboo.transport.comm import Comm
 
 LEASE_WAIT = 0.5  # seconds a wait on peers lasts before their leases are asked, and between asks
@@ -97,6 +99,7 @@ class Watch:
     streams: dict[Local, list[Instr]]  # every node's stream, compiled once
     cost: CostModel = CostModel()      # what eager's FRC was placed with (the recovery assumes the same)
     baseline: dict = field(default_factory=dict)  # messages received before this iteration
+    dead_before: frozenset = frozenset()  # the nodes recorded dead as of its start (a lender serves after more)
     dead: Local | None = None          # the death being recovered from
     seen_finished: dict | None = None  # the finished marks read with this node's own
     read_with_mark: tuple[dict, dict] | None = None  # the reports and deaths read with this node's last mark
@@ -118,9 +121,11 @@ class Watches(NamedTuple):
 
 class Failover:
     def __init__(self, cluster: Cluster, nodes: tuple[int, ...], pipeline: int, me: int,
-                 options: ScheduleOptions, cfg: JobConfig, watches: Watches | None = None, report_of=None):
+                 options: ScheduleOptions, cfg: JobConfig, watches: Watches | None = None, report_of=None,
+                 loans: Loans | None = None):
         """`options`: how this epoch's streams are compiled (its mode may be auto's
-        choice); `cfg`: the job's --failure-timeout, and whether agents run it."""
+        choice); `cfg`: the job's --failure-timeout, and whether agents run it;
+        `loans`: what this node lends and borrows for a death in a late sync's window."""
         self.cluster, self.nodes, self.pipeline, self.me = cluster, nodes, pipeline, me
         self.P = len(nodes)
         self.options = options
@@ -133,6 +138,7 @@ class Failover:
         self.failures = watches.failures if watches else None
         self.finishes = watches.finishes if watches else None
         self.report_of = report_of  # () -> this node's Report as it stands, for its finished mark (None: none)
+        self.loans = loans
         self.events: list[FailedOver] = []  # this node's, until its next report
         self.now: Watch | None = None       # the iteration under way (begin)
         self._recorded: set[NodeId] = set()  # recorded dead, as of the last look
@@ -184,7 +190,10 @@ class Failover:
         # etcd is read at the next poll whatever the watch says, unless the last look
         # stands: then the watch would have said so (abort/'s keys are per iteration)
         due = self.failures is None or self.elastic or not self._looked
-        self.now = Watch(iteration, microbatches, failed, comm, streams, cost, baseline=comm.counts(), due=due)
+        self.now = Watch(iteration, microbatches, failed, comm, streams, cost, baseline=comm.counts(), due=due,
+                         dead_before=frozenset(self._recorded))
+        if self.loans is not None:
+            self.loans.begin(iteration, comm)
         if not due:
             self.now.event = self._judge(self._recorded)
 
@@ -235,7 +244,14 @@ class Failover:
         if abort is not None:
             return AbortPosted(abort.why)
         self._recorded, self._looked = set(self.cluster.failed()), True
+        self.serve_loans(self._recorded)
         return self._judge(self._recorded)
+
+    def serve_loans(self, recorded) -> None:
+        """Lend what peers of other pipelines asked for, once a node died in this
+        iteration (bamboo/runtime/lending.py): read in every look, and by the boundary."""
+        if self.loans is not None and self.loans.lends and set(recorded) - self.now.dead_before:
+            self.loans.serve()
 
     def _judge(self, recorded: set[NodeId]):
         """The event that the nodes `recorded` dead make for this iteration."""
@@ -367,6 +383,7 @@ class Failover:
         if self.me == (dead - 1) % self.P:  # the node that takes the stage over tells
             self.events.append(FailedOver(node, self.iteration, k, self.node_of(self.me),
                                           round(time.monotonic() - began, 4)))
+            self.record_loan()
         self.now.failed = tuple(sorted(self.failed + (dead,)))  # the rest of the job runs merged
         self.now.recovered = True
         self.now.dead = self.now.event = None
@@ -383,7 +400,22 @@ class Failover:
             time.sleep(0.01)
         counts = {kind.value: n - self.now.baseline.get((peer, kind), 0)
                   for (peer, kind), n in self.now.comm.counts().items() if peer == node}
+        if self.compiled_sync is ReplicaSync.NEXT and self.loans is not None:  # a sync not landed: borrowed
+            counts = self.loans.late_sync(self.now.streams[self.local_of(node)], self.me, counts, self.pipeline,
+                                          self.lender_alive)
         self.cluster.put(CUT(self.iteration, node, self.node_of(self.me)), Cut(counts))
+
+    def lender_alive(self, node: NodeId) -> bool:
+        """Whether a lender is still worth waiting for (Aborted: the iteration was abandoned)."""
+        self.check_abort()
+        return node not in self.cluster.failed() and not self.cluster.record_silent([node], self.iteration,
+                                                                                    self.node_of(self.me))
+
+    def record_loan(self) -> None:
+        """The loan this node took for the death it took over, on that death's event."""
+        if self.loans is not None and self.loans.last and self.events:
+            by, what, seconds = self.loans.last
+            self.events[-1] = dataclasses.replace(self.events[-1], lent_by=by, lent=what, lend_seconds=seconds)
 
     def _cuts(self, node: NodeId, receivers: list[Local]) -> dict[Local, dict[str, int]]:
         """Every receiver's report on the dead `node`, by receiver."""

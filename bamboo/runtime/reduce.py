@@ -28,6 +28,7 @@ from bamboo.control.cluster import Cluster
 from bamboo.control.protocol import REDUCED, TIED, Reduced, reduce_store, tie_store
 from bamboo.model import recipe
 from bamboo.runtime.failover import Aborted
+from bamboo.runtime.lending import REDUCED_SUM, NoLender
 from bamboo.transport.comm import Interrupted
 from bamboo.transport.groups import GroupMaker, Opening, lease_check, start_group
 
@@ -180,10 +181,9 @@ class Reducer:
         while True:
             members = self.members(stage)
             done = self.cluster.get(REDUCED(iteration, stage))
-            if done is not None and done.members != members:
-                self.failover.unsurvivable(f"a node died after its data-parallel reduce of stage {stage} in "
-                                           f"iteration {iteration} and before its replica had the reduced "
-                                           "gradients: its share of the sum is lost")
+            if done is not None and done.members != members:  # the sum is done: lent, as its record says
+                flat, members = self._lent_sum(iteration, stage), done.members
+                break
             key = reduce_store(self.assignment.epoch, stage, members)
             try:
                 work, flat = self._reduce_work(iteration, key, members, module)
@@ -206,8 +206,26 @@ class Reducer:
                     return self.members(stage) != members or self.cluster.get(REDUCED(iteration, stage))
                 self.cluster.wait_for(regrouped, timeout=max(60.0, 20 * self.timeout),
                                       what=f"the failed member of stage {stage}'s group to be recorded", poll=0.05)
+        if self.failover.loans is not None:  # another pipeline's taker of the stage may borrow the sum
+            self.failover.loans.keep(REDUCED_SUM, stage, iteration, flat)
         recipe.set_flat_grads(module.parameters(), flat)
         self.cluster.put(REDUCED(iteration, stage), Reduced(members))
+
+    def _lent_sum(self, iteration: int, stage: int):
+        """The sum of a reduce a member of this pipeline took part in before it died:
+        this pipeline's share is in it, and only the other pipelines' owners have it
+        (bamboo/runtime/lending.py). Without one to lend it the iteration is lost."""
+        loans = self.failover.loans
+        try:
+            if loans is None or not loans.lends:
+                raise NoLender("one pipeline")
+            flat = loans.borrow(REDUCED_SUM, stage, self.pipeline, self.failover.lender_alive)
+        except NoLender as e:
+            self.failover.unsurvivable(f"a node died after its data-parallel reduce of stage {stage} in iteration "
+                                       f"{iteration} and before its replica had the reduced gradients: its share of "
+                                       f"the sum is lost ({e})")
+        self.failover.record_loan()
+        return flat
 
     def _wait(self, work, iteration: int, members: tuple[int, ...], leave=lambda: False) -> None:
         """Wait for the allreduce, noticing meanwhile an abort, a member gone silent

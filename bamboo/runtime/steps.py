@@ -17,6 +17,7 @@ from schedules.ir import WEIGHT_GRADS, Instr, Op
 
 from bamboo.control.protocol import NORM, Loss
 from bamboo.model import recipe
+from bamboo.runtime.lending import KEPT
 from bamboo.runtime.sync import EarlySync, receive, sync_params
 from bamboo.transport.comm import Interrupted
 from schedules.options import Redundancy
@@ -115,6 +116,8 @@ class StepPhase:
         knows the iteration overflowed: `overflowed_before`)."""
         if self.late and self.it.failover.redundancy != Redundancy.OFF:
             self.kept_grads[stage] = recipe.flat_grads(sync_params(self.modules[stage]))
+            if self.it.failover.loans is not None:  # lent in the next iteration, should a peer's owner die
+                self.it.failover.loans.keep(KEPT, stage, self.it.iteration + 1, self.kept_grads[stage])
 
     def _defers_replica_steps(self) -> bool:
         """Lazy runs no replica in the fault-free path, and eager only in its FRC, so a
@@ -195,7 +198,11 @@ class StepPhase:
         """The sync's parts (one, or its buckets: bamboo/runtime/sync.py), kept across an
         interrupted wait, joined into the replica's gradients."""
         key = (ins.stage, ins.peer)  # parts from an owner that died since are not another's
-        flat = receive(self.it.sync_parts.setdefault(key, []), lambda: self.it.comm.recv_noted(
+        parts = self.it.sync_parts.setdefault(key, [])
+        loans = self.it.failover.loans
+        if self.late and loans is not None and ins.stage in loans.borrowed:  # lent by another pipeline's owner
+            parts[:] = [(loans.borrowed.pop(ins.stage), None)]
+        flat = receive(parts, lambda: self.it.comm.recv_noted(
             self.peer(ins.peer), Op.SEND_SYNC, self.it.failover.keep_waiting))
         del self.it.sync_parts[key]
         recipe.set_flat_grads(sync_params(self.modules[ins.stage]), flat)

@@ -35,8 +35,8 @@ from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig, Transport
 from bamboo.control.exits import FENCED, WorkerExit
 from bamboo.control.liveness import hang_deadline
-from bamboo.control.protocol import (ABORT, ABORTED, COMPLETED, CONFIG, DONE, ERROR, FAILED, FINISHED, SCALE, START,
-                                     LossScale, Mark, Regroup, Report, Start, Timestamp, WorkerError, world_store)
+from bamboo.control.protocol import (ABORT, ABORTED, COMPLETED, CONFIG, DONE, ERROR, FAILED, FINISHED, LOAN, SCALE,
+                                     START, LossScale, Mark, Regroup, Report, Start, Timestamp, WorkerError, world_store)
 from bamboo.control.store import EtcdStore, RendezvousAborted
 from bamboo.data.corpus import corpus_of
 from bamboo.model.api import ModelSource
@@ -49,6 +49,7 @@ from bamboo.state.epochs import EpochMoves
 from bamboo.runtime.evaluator import Evaluator
 from bamboo.runtime.executor import Executor
 from bamboo.runtime.failover import Aborted, Failover, Watches
+from bamboo.runtime.lending import Loans
 from bamboo.state.holdings import Holdings
 from bamboo.runtime.reduce import Reducer
 from bamboo.transport import devices
@@ -71,7 +72,7 @@ class Worker(EpochMoves):
         # checkpoints kept in memory too
         self.copies = MemoryCopies(cluster, node, cfg.faults.hang_timeout, self.holdings.blob_bound)
         # Watches the failover and the boundary read instead of polling etcd (docs/HOTPATH.md)
-        self.failures = cluster.changes(FAILED(), ABORT())
+        self.failures = cluster.changes(FAILED(), ABORT(), LOAN())  # a loan asked wakes a lender's next look
         self.finishes = cluster.changes(FINISHED(), FAILED(), ABORT())
         self.boundary = Boundary(cluster, node, cfg.cluster.elastic, self.checkpoints, cfg.faults.straggler_factor,
                                  cfg.faults.straggler_slack, auto=cfg.agents_choose,
@@ -149,8 +150,13 @@ class Worker(EpochMoves):
         # by speed: short pipelines run fewer
         self.mbs = assignment.microbatches(self.cfg.schedule.microbatches, self.pipeline)
         options = self.cfg.schedule.options(self.holdings.mode(assignment), self.cfg.schedule.epoch_sync(assignment))
+        stages = self.holdings.stages()
+        recipe = self.cfg.recipe
+        loans = Loans(self.cluster, assignment, self.node, stages.modules, options.redundancy != Redundancy.OFF,
+                      copies=bool(recipe.grad_clip) or recipe.loss_scaling)
         self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, options, self.cfg,
-                                 Watches(self.failures, self.finishes), report_of=lambda: self._report(digests=False))
+                                 Watches(self.failures, self.finishes), report_of=lambda: self._report(digests=False),
+                                 loans=loans)
         if self.executor is not None:
             self.executor.reducer.close()  # the last epoch's groups (NCCL: their GPU memory)
         groups = nccl_groups(self.cfg.faults.hang_timeout) if self.transport == Transport.NCCL else None  # the reduce's
@@ -158,7 +164,7 @@ class Worker(EpochMoves):
                           self.cfg.faults.hang_timeout, groups, sent=self.sent)
         # With agents, each step can be undone, so that an iteration no pipeline can
         # finish is redone from the copies the survivors hold.
-        self.executor = Executor(self.cfg, nodes, self.me, self.holdings.stages(), self.corpus, reducer,
+        self.executor = Executor(self.cfg, nodes, self.me, stages, self.corpus, reducer,
                                  self.cluster, self.stager)
         self.executor.late = self.failover.sync is ReplicaSync.NEXT  # the epoch's sync: in the next iteration
         self.evaluator = Evaluator(self.cfg, nodes, self.me, self.holdings.modules, self.corpus, self.device,
