@@ -121,11 +121,9 @@ class Watches(NamedTuple):
 
 class Failover:
     def __init__(self, cluster: Cluster, nodes: tuple[int, ...], pipeline: int, me: int,
-                 options: ScheduleOptions, cfg: JobConfig, watches: Watches | None = None, report_of=None,
-                 loans: Loans | None = None):
+                 options: ScheduleOptions, cfg: JobConfig, watches: Watches | None = None, report_of=None):
         """`options`: how this epoch's streams are compiled (its mode may be auto's
-        choice); `cfg`: the job's --failure-timeout, and whether agents run it;
-        `loans`: what this node lends and borrows for a death in a late sync's window."""
+        choice); `cfg`: the job's --failure-timeout, and whether agents run it."""
         self.cluster, self.nodes, self.pipeline, self.me = cluster, nodes, pipeline, me
         self.P = len(nodes)
         self.options = options
@@ -138,7 +136,7 @@ class Failover:
         self.failures = watches.failures if watches else None
         self.finishes = watches.finishes if watches else None
         self.report_of = report_of  # () -> this node's Report as it stands, for its finished mark (None: none)
-        self.loans = loans
+        self.loans: Loans | None = None  # what this node lends and borrows for a death in a late sync's window
         self.events: list[FailedOver] = []  # this node's, until its next report
         self.now: Watch | None = None       # the iteration under way (begin)
         self._recorded: set[NodeId] = set()  # recorded dead, as of the last look

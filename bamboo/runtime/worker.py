@@ -155,8 +155,8 @@ class Worker(EpochMoves):
         loans = Loans(self.cluster, assignment, self.node, stages.modules, options.redundancy != Redundancy.OFF,
                       copies=bool(recipe.grad_clip) or recipe.loss_scaling)
         self.failover = Failover(self.cluster, nodes, self.pipeline, self.me, options, self.cfg,
-                                 Watches(self.failures, self.finishes), report_of=lambda: self._report(digests=False),
-                                 loans=loans)
+                                 Watches(self.failures, self.finishes), report_of=lambda: self._report(digests=False))
+        self.failover.loans = loans
         if self.executor is not None:
             self.executor.reducer.close()  # the last epoch's groups (NCCL: their GPU memory)
         groups = nccl_groups(self.cfg.faults.hang_timeout) if self.transport == Transport.NCCL else None  # the reduce's

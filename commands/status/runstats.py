@@ -108,9 +108,11 @@ def pauses(series: list[dict], typical: float | None) -> dict[int, float]:
     return {r["iteration"]: round(max(0.0, r["seconds"] - typical), 4) for r in series if r["seconds"]}
 
 
-def events(look, series: list[dict], paused: dict[int, float]) -> list[dict]:
+def events(look, series: list[dict], paused: dict[int, float], typical: float | None = None) -> list[dict]:
     """The timeline, in order: deaths, failovers, epochs (reconfigure, redo,
-    rollback, mode switch), notices and drains, each with its iteration's pause."""
+    rollback, mode switch), notices and drains, each with its iteration's pause
+    (a failover on lent gradients also with the redo it spared: `typical`, an
+    undisturbed iteration's seconds, again after the failure timeout)."""
     ends = {r["iteration"]: r["end"] for r in series}
     out = []
 
@@ -125,7 +127,8 @@ def events(look, series: list[dict], paused: dict[int, float]) -> list[dict]:
         for e in f.events:
             if e.get("type") == "failover":
                 add("failover", f.iteration, f"node {e['by']} took node {e['node']}'s stage over (agreed in "
-                    f"{e['agree_seconds']:.3f} s)", node=e["node"], by=e["by"])
+                    f"{e['agree_seconds']:.3f} s)" + _loan(e, look.cfg.faults.failure_timeout, typical),
+                    node=e["node"], by=e["by"])
     _epoch_events(look, add)
     for node, n in sorted(look.notices.items()):
         add("notice", _iteration_at(series, n.time), f"{n.source} preemption notice for node {node}"
@@ -134,6 +137,16 @@ def events(look, series: list[dict], paused: dict[int, float]) -> list[dict]:
         add("drain", _iteration_at(series, d.time), f"node {node} asked to leave", node=node, time=d.time)
     return sorted(out, key=lambda e: (e["iteration"] if e["iteration"] is not None else 1 << 60,
                                       EVENT_ORDER.index(e["type"])))
+
+
+def _loan(event: dict, timeout: float, typical: float | None) -> str:
+    """What a failover in a late sync's window borrowed, and the redo that spared."""
+    if event.get("lent_by") is None:
+        return ""
+    redo = "" if typical is None else f" (a redo would take about {timeout + typical:.3f} s: the failure " \
+        f"timeout, then the iteration again)"
+    return f" with its stage's {event.get('lent')} gradients lent by node {event['lent_by']} in " \
+        f"{event.get('lend_seconds', 0.0):.3f} s instead of a redo" + redo
 
 
 EVENT_ORDER = ("start", "notice", "drain", "preemption", "fenced", "failover", "redo", "rollback", "reconfigure",
@@ -375,7 +388,7 @@ def summary(look, price: tuple[float | None, float | None] = (None, None), epoch
     series = iterations(look)
     typical = typical_seconds(look, series)
     paused = pauses(series, typical)
-    timeline = events(look, series, paused)
+    timeline = events(look, series, paused, typical)
     last = series[-1]["iteration"] if series else None
     shown = sorted(look.assignments)[-epochs:]
     known = sorted(set(look.zones) | {n for a in look.assignments.values() for n in (*a.members, *a.standby)})

@@ -93,7 +93,8 @@ def test_the_attribute_check_sees_an_attribute_first_set_elsewhere():
 # The metrics file's events as they were written before they were typed records:
 # the same keys, in the same order (a reader of metrics.jsonl sees no change).
 SCHEMA = {
-    "failover": ["type", "node", "iteration", "died_before", "by", "agree_seconds"],
+    "failover": ["type", "node", "iteration", "died_before", "by", "agree_seconds", "lent_by", "lent",
+                 "lend_seconds"],  # lent_by, lent, lend_seconds: added last
     "redo": ["type", "abandoned", "from", "restore"],
     "preemption": ["type", "node", "pause_seconds"],
     "notice": ["type", "node", "source", "action"],
