@@ -139,10 +139,13 @@ class Loans:
                        f"(asked: {lenders or 'none alive'})")
 
     def _answer(self, lender: NodeId, stage: int, what: str, alive) -> Lent | None:
+        """The lender's answer (None: it died first). Meanwhile this node serves: the
+        lender may be borrowing from it (two pipelines each lost a stage's owner)."""
         while alive(lender):
             answer = self.cluster.get(LENT(self.iteration, lender, self.me))
             if answer is not None and (answer.stage, answer.what) == (stage, what):
                 return answer
+            self.serve()
             self.cluster.progress()
             time.sleep(ASK_EVERY)
         return None
@@ -154,6 +157,7 @@ class Loans:
         while not done.wait(ASK_EVERY):
             if not alive(lender):
                 return False
+            self.serve()
         return done.ok
 
 

@@ -120,3 +120,16 @@ def test_without_agents_deaths_in_both_windows_borrow_and_go_on(tmp_path, refere
                               "--preempt", f"1@5:{after_reduce(1)}")
     assert failovers(records) == [(2, 3, 2, 1, "kept"), (5, 1, 0, 2, "reduced")]
     assert_same_losses(records, reference)
+
+
+@pytest.mark.slow
+def test_without_agents_each_pipeline_borrows_from_the_other_at_once(tmp_path, reference):
+    """A burst in iteration 2, before either sync left: node 0 (stage 0 of pipeline
+    0) and node 3 (stage 1 of pipeline 1). Node 1 borrows stage 0's kept gradients
+    from node 2 while node 2 borrows stage 1's from node 1: each serves while it
+    waits for its own loan. Both pipelines then run merged, and the losses are the
+    reference's."""
+    _, records = bamboo_train(tmp_path / "m.jsonl", *COMMON, "--pipelines", "2", "--preempt", "0@2:0",
+                              "--preempt", "3@2:0")
+    assert sorted(failovers(records)) == [(2, 0, 1, 2, "kept"), (2, 3, 2, 1, "kept")]
+    assert_same_losses(records, reference)
