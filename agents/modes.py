@@ -128,9 +128,11 @@ def simulated(stages: int, microbatches: int, sync: str = "end") -> tuple[dict, 
 @functools.lru_cache(maxsize=64)
 def window_share(stages: int, microbatches: int, pipelines: int = 1, cost=None) -> float:
     """--replica-sync next: the share of an iteration, mean over the stages, in
-    which an owner's death is not survivable in the iteration (schedules/syncs.py
+    which an owner's death leaves its holder's replica a step behind (schedules/syncs.py
     `windows`): before its sync of the iteration before has landed on its holder,
-    and with two pipelines or more after its reduce. Eager's schedule (lazy's lands
+    and with two pipelines or more after its reduce. `estimates` charges it a
+    rollback on one pipeline only: with two or more, another pipeline's owner of
+    the stage lends the holder what it misses. Eager's schedule (lazy's lands
     alike) on `cost`, the job's measured cost model (`measured_cost`), or else the
     default one, where a sync flies a tenth of a forward: a share of 0.3 to 1.5% at
     P=2..8 on one pipeline, where the calibrated GPU profiles give 5 to 28%
@@ -170,13 +172,14 @@ def estimates(stats: ModeStats, stages: int, microbatches: int, syncs=(ReplicaSy
               rollback=None, pipelines: int = 1) -> tuple[dict, dict]:
     """Iteration seconds and seconds per death of every setting (each mode with each
     of `syncs`): measured where a setting ran, else the simulator's ratio to a
-    measured one (1 s units before any). With the sync in the next iteration a
-    simulated death of eager or lazy costs, in the window's share of deaths, what
-    a death costs off: a redo from a peer pipeline with two or more (as if the
-    stage were never lost in every pipeline at once: an approximation), else
-    `rollback(seconds, pause)`, its rollback to the checkpoint (None without a
-    checkpoint interval: then nothing is charged). A setting's measured pause is
-    taken as measured (what its iterations with a death took beyond the usual)."""
+    measured one (1 s units before any). With the sync in the next iteration on one
+    pipeline a simulated death of eager or lazy costs, in the window's share of
+    deaths, `rollback(seconds, pause)`, its rollback to the checkpoint (None without
+    a checkpoint interval: then nothing is charged); with two pipelines or more
+    nothing beyond its failover, as another pipeline's owner of the stage lends the
+    holder what it misses (as if one were always alive: an approximation; the
+    transfer it costs is left out). A setting's measured pause is taken as measured
+    (what its iterations with a death took beyond the usual)."""
     names = settings(syncs)
     times, pauses = {}, {}
     for sync in syncs:
@@ -190,9 +193,7 @@ def estimates(stats: ModeStats, stages: int, microbatches: int, syncs=(ReplicaSy
     pause = {n: stats.pause.get(n, pauses[n] * unit) for n in names}
     late = [n for n in names if parts(n)[1] == ReplicaSync.NEXT and n not in stats.pause]
     lost = None
-    if late and pipelines >= 2:
-        lost = pause[Redundancy.OFF]  # a redo from a peer pipeline
-    elif late and rollback is not None:
+    if late and pipelines < 2 and rollback is not None:  # with two pipelines or more a peer's owner lends
         lost = rollback(seconds, pause)
     if lost is not None:
         share = window_share(stages, microbatches, pipelines, measured_cost(stats.costs, stages))
@@ -286,8 +287,8 @@ def setting_for(cfg, epoch, stats: ModeStats | None, wanted=None) -> tuple[str, 
 def syncs_allowed(cfg, pipelines: int) -> tuple[str, ...]:
     """The syncs an epoch of `pipelines` may run: the job's; with --replica-sync auto
     the sync in the next iteration only where it runs (not with --compute-ahead or
-    --check-replicas) and where a death in its window has somewhere to go back to
-    (a peer pipeline, or a checkpoint), else at the end."""
+    --check-replicas) and where a death in its window has somewhere to turn (a peer
+    pipeline's owner of the stage to borrow from, or a checkpoint), else at the end."""
     if cfg.schedule.replica_sync != JobReplicaSync.AUTO:
         return (str(cfg.schedule.replica_sync),)
     t = cfg.testing

@@ -15,8 +15,12 @@ on two stages of a short pipeline appears twice). Deaths are node names.
    stage's copy, else from storage (`STORAGE`).
 
 With --replica-sync next a death in its window (before the owner's sync landed, or
-after its reduce with D > 1) also leaves the holder's replica a step behind: that
-pipeline cannot absorb it, and the stage counts as lost in it (schedules/syncs.py).
+after its reduce with D > 1) also leaves the holder's replica a step behind. With
+two pipelines or more the holder borrows what it misses from another pipeline's
+owner of the stage, if one is alive, and the death is absorbed in the iteration
+(bamboo/runtime/lending.py); with one pipeline, between iterations, or where the
+batch took that stage's owner in every pipeline, the stage counts as lost in that
+pipeline (schedules/syncs.py).
 """
 from __future__ import annotations
 

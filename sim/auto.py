@@ -12,8 +12,10 @@ cost of a death, the simulator knows them from its profile: the iteration of eac
 mode's schedule; a death costs a merged iteration with eager (plus the dead
 stage's forwards that no bubble held FRC for, with --frc bubbles), that plus all
 the dead stage's forwards (a third of its share of the work) with lazy (with
---replica-sync next, the share of deaths in a window, sim/windows.py, costs a redo,
-or a rollback with one pipeline, instead), and a redo
+--replica-sync next, a death in a window, sim/windows.py, costs with two pipelines
+or more also the transfer of what another pipeline lends, and the share of deaths
+seen to find a replica a step behind a redo; with one pipeline the window costs a
+rollback instead), and a redo
 with off (the failure timeout, half an iteration lost and a stage reloaded from a
 peer; the reconfiguration after a death is paid in every mode, so it is left out
 of the comparison), or with off on one pipeline a rollback to the checkpoint. A switch
@@ -30,7 +32,7 @@ from sim.accounting import RunState
 from sim.checkpointing import optimal_interval
 from sim.reconfiguration import dead_stages, handover_seconds, lost_everywhere, stages_moved, used_nodes
 from sim.strategies import Bamboo, RedoFromPeers, Simulation, lazy_forwards_seconds, peer_reload_seconds
-from sim.windows import mean_share
+from sim.windows import lend_seconds, mean_share
 from schedules.options import Redundancy, ReplicaSync
 
 PRIOR_RATE, PRIOR_HOURS = 0.05, 2.0  # the runtime's defaults (--auto-prior-rate, --auto-prior-hours)
@@ -112,9 +114,12 @@ class Auto(Bamboo):
         a redundant mode's failover (eager: a merged iteration and the dead stage's
         forwards no bubble held FRC for; lazy: all of them), or, for the share of the
         batches seen so far that its replicas did not cover, their redo or rollback;
-        a death in a late sync's window (its stage's, sim/windows.py, or the share
-        of deaths seen to fall in one, if more) is redone, or rolled back with one
-        pipeline (`window_rollback`: with the checkpoints it makes necessary)."""
+        a death in a late sync's window (its stage's, sim/windows.py) costs, with two
+        pipelines or more, the failover and the transfer of what another pipeline's
+        owner of the stage lends (as if one were alive: an approximation), but the
+        share of deaths seen to find a replica a step behind is redone; with one
+        pipeline it is rolled back (`window_rollback`: with the checkpoints it makes
+        necessary), on the larger of the two shares."""
         (pipelines, nodes, rate), (seconds, off, rollback) = job, costs
         if mode == Redundancy.OFF:  # a stage dead in every pipeline has no peer to redo from
             bare = self.bare / self.failures if self.failures else 0.0
@@ -124,11 +129,12 @@ class Auto(Bamboo):
         failover = merged + forwards * (sim.uncovered(pipelines, sync) if mode == Redundancy.EAGER else 1.0)
         redo = sim.opt.failure_timeout + seconds
         window = mean_share(sim.windows(pipelines, mode, sync))
-        if sync == ReplicaSync.NEXT and self.late:  # the share of deaths seen in a window, where more
-            window = max(window, self.stale / self.late)  # (deaths between iterations find every sync owed)
-        if window:
-            lost = redo if pipelines > 1 else window_rollback(sim, rate * window, nodes)
-            failover = (1 - window) * failover + window * lost
+        # the share of deaths seen to find a replica a step behind (between iterations every sync is owed)
+        seen = self.stale / self.late if sync == ReplicaSync.NEXT and self.late else 0.0
+        if pipelines > 1:
+            failover = (1 - seen) * (failover + window * lend_seconds(sim.profile, sim.P)) + seen * redo
+        elif window := max(window, seen):
+            failover = (1 - window) * failover + window * window_rollback(sim, rate * window, nodes)
         fatal, redone = (self.fatal / self.failures, self.redone / self.failures) if self.failures else (0.0, 0.0)
         return (1 - fatal - redone) * failover + redone * redo + fatal * rollback
 

@@ -44,7 +44,7 @@ from sim.profiles import MeasuredProfile, Profile
 from sim.reconfiguration import (dead_stages, handover_seconds, lost_everywhere, nodes_dead, positions_dead,
                                  stages_moved, used_nodes)
 from sim.traces import Event
-from sim.windows import Window, stale
+from sim.windows import Window, lend_seconds, lent, stale
 from schedules.options import Redundancy
 
 
@@ -158,20 +158,25 @@ class Bamboo(PeerRecovery):
                   removed: set[str]) -> float:
         """Seconds lost to the deaths in `removed`: a merged iteration where one node of a
         pipeline died and its replicas cover it (with eager, plus the dead stage's
-        forwards that had no FRC), a redo where they do not (a replica a step behind,
-        with --replica-sync next, included), a rollback where a stage died everywhere.
+        forwards that had no FRC; with --replica-sync next and a death in its window,
+        plus the transfer of what another pipeline's owner of the stage lends the
+        holder, sim/windows.py), a redo where they do not (a replica a step behind
+        that nobody lends to included), a rollback where a stage died everywhere.
         The deaths are counted under that path (schedules/deaths.py) while it trains."""
         depth = config.depth  # below P when too few nodes were left: they wait, holding the state
         pipelines = len(config.pipelines)
         deaths = dead_stages(config, removed)
-        behind = stale(sim.windows(pipelines, self.redundancy), positions_dead(config, removed),
-                       s.phase(sim.profile.samples_per_iteration()), between=s.paused_until > s.t)
+        where = (sim.windows(pipelines, self.redundancy), positions_dead(config, removed),
+                 s.phase(sim.profile.samples_per_iteration()), s.paused_until > s.t)
+        behind, borrowed = stale(*where), lent(*where)
         redo = [count > 1 or bool(Layout.lost(depth, dead) | late)
                 for count, dead, late in zip(nodes_dead(config, removed), deaths, behind)]
         pause = 0.0
-        for dead, redone in zip(deaths, redo):
+        for dead, redone, lends in zip(deaths, redo, borrowed):
             if dead and not redone:
-                pause = max(pause, sim.iteration_seconds(pipelines, merged=True) + self._unplaced(sim, config, removed))
+                lend = lend_seconds(sim.profile, sim.P) if lends else 0.0
+                pause = max(pause, sim.iteration_seconds(pipelines, merged=True) + self._unplaced(sim, config, removed)
+                            + lend)
             elif redone:  # abandoned: redone from copies elsewhere
                 pause = max(pause, sim.opt.failure_timeout + sim.iteration_seconds(pipelines))
         killed = sum(nodes_dead(config, removed)) if depth == sim.P else 0  # waiting: no iteration runs

@@ -3,8 +3,8 @@ not survivable within it, and what the cluster simulator charges for it.
 
 The sync of iteration i lands in iteration i+1 (schedules/syncs.py). Until the sync
 a stage's owner sends at the start of its stream has landed on the holder, the
-holder's replica is a step behind: an owner that dies then cannot be taken over in
-the iteration (schedules/recovery.py refuses it). With more than one pipeline a
+holder's replica is a step behind: an owner that dies then cannot be taken over
+from that replica alone (schedules/recovery.py refuses it). With more than one pipeline a
 death after the owner's reduce is one too: its share of the sum went into the
 reduce, and the holder can recompute only its own pipeline's (HOTPATH.md, piece 4).
 
@@ -13,9 +13,16 @@ profile's cost model (a measured profile: the compiler's default model), stage b
 stage. Where in its iteration a death falls is read from the samples trained since
 the last iteration began (`RunState.phase`), so a replay stays deterministic; a
 death during a pause (a failover, a reconfiguration, a checkpoint's stall) comes
-between iterations, when every sync is owed. A death in its window makes the stage
-count as lost in that pipeline: redone from a peer pipeline, or, where every
-pipeline lost it (one pipeline included), rolled back to the checkpoint. (Not
+between iterations, when every sync is owed.
+
+What a death in its window costs: with two pipelines or more, the holder borrows
+what it misses from another pipeline's owner of the stage (its kept gradients of
+the iteration before, or this iteration's reduced sum), so the death is survived
+in the iteration at a failover's cost plus one transfer of the stage's gradients
+(`lend_seconds`), as long as such an owner is still alive; where the batch of
+deaths took the stage's owner in every pipeline, or with one pipeline, or between
+iterations, the stage counts as lost in its pipeline (`stale`): redone from a peer
+pipeline, or, where every pipeline lost it, rolled back to the checkpoint. (Not
 modelled: a new epoch's first iteration owes no sync, so it has no window.)
 """
 from __future__ import annotations
@@ -56,12 +63,38 @@ def stage_windows(profile, depth: int, pipelines: int, redundancy: str, frc: str
     return syncs.windows(simulate_schedule(schedule), cost, depth, pipelines)
 
 
-def stale(windows: tuple[Window, ...], dead: list[set[int]], phase: float, between: bool = False) -> list[set[int]]:
+def _caught(windows: tuple[Window, ...], dead: list[set[int]], phase: float, between: bool) -> list[set[int]]:
     """Of each pipeline's dead stage positions, those whose death fell in their window
     (all of them `between` iterations)."""
     if not windows:
         return [set() for _ in dead]
     return [{st for st in stages if st < len(windows) and (between or windows[st].holds(phase))} for stages in dead]
+
+
+def stale(windows: tuple[Window, ...], dead: list[set[int]], phase: float, between: bool = False) -> list[set[int]]:
+    """Of each pipeline's dead stage positions (`dead`: one set a pipeline), those left
+    a step behind: dead in their window with no other pipeline's owner of the stage
+    alive to lend what the holder misses (so all of them with one pipeline); all of
+    them `between` iterations, when every sync is owed."""
+    caught = _caught(windows, dead, phase, between)
+    if between:
+        return caught
+    return [{st for st in late if all(st in other for j, other in enumerate(dead) if j != i)}
+            for i, late in enumerate(caught)]
+
+
+def lent(windows: tuple[Window, ...], dead: list[set[int]], phase: float, between: bool = False) -> list[set[int]]:
+    """Of each pipeline's dead stage positions, those dead in their window that another
+    pipeline's live owner of the stage lends to: survived in the iteration."""
+    return [caught - behind for caught, behind in zip(_caught(windows, dead, phase, between),
+                                                       stale(windows, dead, phase, between))]
+
+
+def lend_seconds(profile, depth: int) -> float:
+    """What a lent death adds to its failover: one transfer of the stage's gradients
+    from the lender to the holder, the profile's sync transfer; none for a measured
+    profile, which has iteration times but no transfer of its own."""
+    return profile.cost(depth).sync_transfer / 1000 if isinstance(profile, Profile) else 0.0
 
 
 def mean_share(windows: tuple[Window, ...]) -> float:

@@ -119,10 +119,11 @@ class Eight:
     microbatches = 8
 
 
-def test_with_two_pipelines_a_death_in_a_window_costs_a_redo_and_the_window_grows_by_the_reduce():
+def test_with_two_pipelines_a_death_in_a_window_is_lent_to_and_the_window_grows_by_the_reduce():
     """Two pipelines: a stage's window also covers the time after its owner's reduce,
-    as the cluster simulator's does (each pipeline runs 4 of the 8 microbatches), and
-    a death in it costs what off's redo from a peer costs, not the rollback."""
+    as the cluster simulator's does (each pipeline runs 4 of the 8 microbatches), but
+    a death in it borrows from another pipeline's owner of the stage (taken to be
+    alive): no redo, no rollback, its failover as simulated."""
     from agents.modes import window_share
     from sim.windows import mean_share, stage_windows
     share = window_share(4, 4, 2)
@@ -131,8 +132,24 @@ def test_with_two_pipelines_a_death_in_a_window_costs_a_redo_and_the_window_grow
     stats = ModeStats(seconds={"off": 2.0})
     _, plain = estimates(stats, 4, 4, ("next",))
     _, charged = estimates(stats, 4, 4, ("next",), lambda s, p: 100.0, pipelines=2)
-    assert charged["eager+next"] == pytest.approx((1 - share) * plain["eager+next"] + share * plain["off"])
-    assert charged["off"] == plain["off"] < 100.0
+    assert charged == plain and charged["eager+next"] < charged["off"] < 100.0
+
+
+def test_a_late_setting_s_pause_is_raised_by_the_window_on_one_pipeline_only():
+    """The same job's late settings on one pipeline and on two: on one a death in the
+    window rolls back (its pause raised); on two it is lent to (not raised)."""
+    from agents.modes import job_estimates
+    from bamboo.control.config import JobConfig
+    cfg = JobConfig.of(stages=4, microbatches=8, replica_sync="auto", redundancy="auto", checkpoint="/tmp/ck",
+                       checkpoint_every=4)
+    stats = ModeStats(seconds={"off": 2.0})
+    for pipelines, microbatches in ((1, 8), (2, 4)):
+        _, plain = estimates(stats, 4, microbatches, ("end", "next"))
+        _, pause, rollback = job_estimates(cfg, stats, 4, pipelines)
+        assert rollback > pause["eager"] and pause["eager"] == plain["eager"]
+        for name in ("eager+next", "lazy+next"):
+            assert (pause[name] > plain[name]) == (pipelines == 1), (pipelines, name)
+            assert pause[name] >= plain[name]
 
 
 def test_a_job_with_the_sync_next_and_checkpoints_gets_its_rollback_charged():

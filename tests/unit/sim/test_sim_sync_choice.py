@@ -1,6 +1,8 @@
 """bamboo-sim --replica-sync auto: eager Bamboo chooses its replica sync at every
 reconfiguration with the agents' own choice (agents/modes.py `choose`), against
 the same runs with the sync fixed at the end and in the next iteration."""
+import pytest
+
 from sim.profiles import profile
 from sim.simulator import ClusterSimulator, Options
 from sim.traces import Event
@@ -71,3 +73,31 @@ def test_zone_bursts_that_take_a_stage_from_every_pipeline_move_auto_to_the_repl
     assert out["bamboo"]["value"] > out["redo"]["value"]
     hours = out["auto"]["hours_per_mode"]
     assert sum(h for m, h in hours.items() if m != "off") > 4 * hours.get("off", 0.0), hours
+
+
+def test_auto_charges_a_window_death_on_two_pipelines_a_lent_failover_unless_seen_stale():
+    """Two pipelines: a death in a late sync's window is lent to by another
+    pipeline's owner of the stage (taken to be alive), so eager+next pays its
+    failover and the transfer in the window's share, no redo; the share of deaths
+    the run has seen find a replica a step behind is still redone. One pipeline
+    rolls the window back, as before."""
+    from sim.auto import window_rollback
+    from sim.windows import mean_share
+    sim = ClusterSimulator(GPT2, 4, "auto", Options())
+    auto, off = sim.rules, sim.iteration_seconds(2, mode="off")
+    seconds = sim.iteration_seconds(2, mode="eager", sync="next")
+    failover = sim.iteration_seconds(2, merged=True, mode="eager", sync="next") + off / 12 * sim.uncovered(2, "next")
+    window = mean_share(sim.windows(2, "eager", "next"))
+    lent = failover + window * GPT2.cost(4).sync_transfer / 1000
+    redo = sim.opt.failure_timeout + seconds
+    assert 0 < window and failover < lent < redo
+    assert auto._pause(sim, (2, 8, 0.05), (seconds, off, 1e6), "eager", "next") == pytest.approx(lent)
+    auto.late, auto.stale = 4.0, 1.0  # a quarter of the late batches seen redone for a stale replica
+    assert auto._pause(sim, (2, 8, 0.05), (seconds, off, 1e6), "eager", "next") == \
+        pytest.approx(0.75 * lent + 0.25 * redo)
+    auto.late = auto.stale = 0.0
+    one, off = sim.iteration_seconds(1, mode="eager", sync="next"), sim.iteration_seconds(1, mode="off")
+    failover = sim.iteration_seconds(1, merged=True, mode="eager", sync="next") + off / 12 * sim.uncovered(1, "next")
+    window = mean_share(sim.windows(1, "eager", "next"))
+    assert auto._pause(sim, (1, 4, 0.05), (one, off, 1e6), "eager", "next") == \
+        pytest.approx((1 - window) * failover + window * window_rollback(sim, 0.05 * window, 4))

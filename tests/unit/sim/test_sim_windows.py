@@ -1,6 +1,8 @@
 """The cluster simulator with `--replica-sync next` (sim/windows.py): the fault-free
 iteration is off's, and a death before the owner's sync landed (or, with two
-pipelines, after its reduce) is charged a rollback or a redo instead of a failover."""
+pipelines, after its reduce) is charged a rollback on one pipeline; with two or
+more a failover and a transfer while another pipeline's owner of the stage lives
+to lend, else a redo or a rollback."""
 import json
 
 import pytest
@@ -15,6 +17,7 @@ from sim.command import main
 from sim.profiles import PROFILES, profile
 from sim.simulator import ClusterSimulator, Options
 from sim.windows import Window, stale, stage_windows
+from schedules.deaths import IN_ITERATION, PEERS
 from schedules.options import ScheduleOptions
 
 BERT = PROFILES["bert-large"]
@@ -64,12 +67,31 @@ def test_a_fault_free_iteration_costs_off_s_with_the_sync_in_the_next_one():
         assert end.iteration_seconds(pipelines) > 1.04 * off  # the sync at the end is on the critical path
 
 
-def test_stale_keeps_the_dead_stages_whose_death_fell_in_their_window():
+def test_stale_keeps_the_dead_stages_whose_death_fell_in_their_window_and_nobody_lends_to():
     windows = (Window(0.2, 1.0), Window(0.2, 0.9))
-    assert stale(windows, [{0, 1}, {1}], 0.1) == [{0, 1}, {1}]
+    assert stale(windows, [{0, 1}], 0.1) == [{0, 1}]  # one pipeline: nobody to lend
+    assert stale(windows, [{0, 1}], 0.95) == [{1}]
+    assert stale(windows, [{0, 1}, {1}], 0.1) == [{1}, {1}]  # stage 0: the second pipeline's owner lends
     assert stale(windows, [{0, 1}, {1}], 0.5) == [set(), set()]
-    assert stale(windows, [{0, 1}, set()], 0.95) == [{1}, set()]
+    assert stale(windows, [{0, 1}, set()], 0.95) == [set(), set()]
+    assert stale(windows, [{0, 1}, {1}, {0}], 0.1) == [set(), set(), set()]  # a third pipeline lends stage 1
+    assert stale(windows, [{1}, {1}, {0, 1}], 0.1) == [{1}, {1}, {1}]  # stage 1 dead in all three
     assert stale((), [{0}], 0.1) == [set()]
+
+
+def test_between_iterations_every_dead_stage_is_stale_whoever_lives():
+    windows = (Window(0.2, 1.0), Window(0.2, 0.9))
+    assert stale(windows, [{0}, set()], 0.5, between=True) == [{0}, set()]
+    assert stale(windows, [{0, 1}, {1}], 0.5, between=True) == [{0, 1}, {1}]
+
+
+def test_lent_are_the_window_deaths_another_pipeline_covers():
+    from sim.windows import lent
+    windows = (Window(0.2, 1.0), Window(0.2, 0.9))
+    assert lent(windows, [{0, 1}, {1}], 0.1) == [{0}, set()]
+    assert lent(windows, [{0, 1}, set()], 0.95) == [{1}, set()]
+    assert lent(windows, [{0, 1}], 0.1) == [set()]
+    assert lent(windows, [{0}, set()], 0.1, between=True) == [set(), set()]
 
 
 def react(sync, pipelines, removed, phase):
@@ -109,19 +131,45 @@ def test_a_death_during_a_pause_comes_between_iterations():
         assert s.fatal == fatal
 
 
-def test_two_pipelines_redo_a_death_after_the_reduce_and_roll_back_a_stage_stale_in_both():
+def failovers(s):
+    return [end - start for start, end, why in s.pauses if why == "failover"]
+
+
+@pytest.mark.parametrize("place", ["before the sync landed", "after the reduce"])
+def test_two_pipelines_survive_a_window_death_another_pipeline_lends_to(place):
+    """Stage 1's owner of the first pipeline dies in its window while the second
+    pipeline's (n3) lives: it lends the holder what it misses, and the death is
+    survived in the iteration, its failover one sync transfer dearer than outside
+    the window."""
     window = stage_windows(BERT, 2, 2, "eager", "bubbles", "next")[1]
-    assert window.reduced < 1.0
-    late = (window.reduced + 1) / 2
-    sim, s = react("next", 2, {"n1"}, late)  # stage 1 of the first pipeline, after its reduce
-    assert (s.fatal, s.redos) == (0, 1)
-    assert s.paused_until == pytest.approx(sim.opt.failure_timeout + sim.iteration_seconds(2))
-    _, s = react("end", 2, {"n1"}, late)
-    assert (s.fatal, s.redos) == (0, 0)
-    _, s = react("next", 2, {"n1", "n3"}, window.landed / 2)  # stage 1 a step behind in both pipelines
-    assert (s.fatal, s.samples) == (1, 50.0)
-    _, s = react("end", 2, {"n1", "n3"}, window.landed / 2)  # nodes 0 and 2 hold stage 1 current
-    assert s.fatal == 0
+    assert window.landed < window.reduced < 1.0
+    phase = window.landed / 2 if place == "before the sync landed" else (window.reduced + 1) / 2
+    sim, s = react("next", 2, {"n1"}, phase)
+    assert (s.fatal, s.redos, s.samples > 50.0) == (0, 0, True)
+    assert s.survived[IN_ITERATION] == 1 and s.survived[PEERS] == 0
+    _, outside = react("next", 2, {"n1"}, (window.landed + window.reduced) / 2)
+    transfer = BERT.cost(2).sync_transfer / 1000  # the stage's gradients over the network
+    assert transfer > 0 and failovers(s) == [pytest.approx(failovers(outside)[0] + transfer)]
+    assert failovers(outside)[0] < sim.opt.failure_timeout + sim.iteration_seconds(2)  # cheaper than a redo
+
+
+def test_two_pipelines_roll_back_a_stage_stale_in_both_and_redo_one_dead_between_iterations():
+    """Nobody lends where the batch took stage 1's owner in both pipelines: back to
+    the checkpoint, before the sync landed or after the reduce. Between iterations
+    (a death during a pause) every sync is owed: a redo, with a lender alive."""
+    window = stage_windows(BERT, 2, 2, "eager", "bubbles", "next")[1]
+    for phase in (window.landed / 2, (window.reduced + 1) / 2):
+        _, s = react("next", 2, {"n1", "n3"}, phase)
+        assert (s.fatal, s.samples) == (1, 50.0)
+        _, s = react("end", 2, {"n1", "n3"}, phase)  # nodes 0 and 2 hold stage 1 current
+        assert s.fatal == 0
+    sim = ClusterSimulator(BERT, 2, "bamboo", Options(replica_sync="next", **WHOLE))
+    per = BERT.samples_per_iteration()
+    s = RunState(t=100.0, samples=100 * per + (window.landed + window.reduced) / 2 * per, saved=50.0,
+                 paused_until=120.0)
+    nodes = ("n0", "n1", "n2", "n3")
+    sim.rules.react(sim, s, Config(0, 2, (nodes[:2], nodes[2:])), {n: "a" for n in nodes if n != "n1"}, {"n1"})
+    assert (s.fatal, s.redos) == (0, 1) and s.survived[PEERS] == 1
 
 
 def test_bamboo_sim_prints_the_sync_and_notes_it_where_no_replica_is_synced(capsys):
