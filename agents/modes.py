@@ -286,11 +286,10 @@ def setting_for(cfg, epoch, stats: ModeStats | None, wanted=None) -> tuple[str, 
 
 def syncs_allowed(cfg, pipelines: int) -> tuple[str, ...]:
     """The syncs an epoch of `pipelines` may run: the job's; with --replica-sync auto
-    the sync in the next iteration only where it runs (not with --compute-ahead or
-    --check-replicas) and where a death in its window has somewhere to turn (a peer
+    the sync in the next iteration only where it runs (not with --check-replicas) and where a death in its window has somewhere to turn (a peer
     pipeline's owner of the stage to borrow from, or a checkpoint), else at the end."""
     if cfg.schedule.replica_sync != JobReplicaSync.AUTO:
         return (str(cfg.schedule.replica_sync),)
     t = cfg.testing
-    late = not (t.compute_ahead or t.check_replicas) and (pipelines >= 2 or cfg.checkpoints.checkpoint is not None)
+    late = not t.check_replicas and (pipelines >= 2 or cfg.checkpoints.checkpoint is not None)
     return (str(ReplicaSync.END), str(ReplicaSync.NEXT)) if late else (str(ReplicaSync.END),)

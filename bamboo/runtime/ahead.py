@@ -1,19 +1,21 @@
 """Compute ahead: the next iteration's first forward runs while the boundary agrees.
 
-Stage 0's owner is the last node of its pipeline to finish an iteration (1F1B's
-drain), and the pipeline's next iteration waits for its first activation. Its
-report and the agreement (a few etcd round trips, docs/HOTPATH.md) therefore lie
-on the critical path. The next stream begins with LOAD and FORWARD, which need
-nothing the boundary decides: the step was taken, the samples and the dropout
-seeds follow from the iteration. So a thread runs them while the main thread
+The pipeline's next iteration waits for stage 0's first activation, and stage 0's
+owner computes it only after the boundary: after the last stage's tail (with split
+backwards, its weight passes and step, which stage 0 waits through) and the
+agreement (a few etcd round trips, docs/HOTPATH.md). The next stream begins, after
+its late syncs if any, with LOAD and FORWARD, which need nothing the boundary
+decides: the step was taken, the samples and the dropout seeds follow from the
+iteration. So a thread runs them while the main thread
 agrees, on a private IterationState, and the next iteration takes their results
 if its stream begins with the same instructions for the same samples; otherwise
 (a death changed the pipeline, the agents reconfigure, the iteration is
 abandoned) they are dropped. Nothing is sent before the agreement.
 
-Opt-in (--compute-ahead): on this project's 2-core machine it measured no faster,
-the forward's Python holding the GIL the boundary's etcd client needs, and each
-iteration's thread added to the peak memory (docs/HOTPATH.md). CPU only: on CUDA
+Opt-in (--compute-ahead): each iteration's thread adds to the peak memory, and on
+this project's 2-core machine it measured no faster while stage 0's owner finished
+last; with split backwards stage 0 waits at the boundary for the last stage's tail,
+and the forward run ahead fills that wait (docs/HOTPATH.md). CPU only: on CUDA
 the forward's time is kernel launches that overlap anyway, and what runs on which
 stream from a second thread was never checked on a GPU."""
 from __future__ import annotations
@@ -30,12 +32,19 @@ from bamboo.runtime.iteration import IterationState
 AHEAD_OPS = frozenset({Op.LOAD, Op.FORWARD})
 
 
+def leading_syncs(stream: list[Instr]) -> int:
+    """How many late syncs (--replica-sync next) the stream begins with: the owner's
+    sends of the iteration before's gradients, which the forwards after them do not
+    read. They go once the agreement is in; what follows them may run ahead."""
+    return next((i for i, ins in enumerate(stream) if ins.op is not Op.SEND_SYNC), len(stream))
+
+
 def prefix_ahead(stream: list[Instr]) -> list[Instr]:
-    """The stream's leading loads and forwards (not FRC's redundant ones, whose saved
-    tensors go to host memory): empty unless a forward is among them, which only a
-    stream that begins at stage 0 has."""
+    """The stream's leading loads and forwards after its late syncs (not FRC's
+    redundant ones, whose saved tensors go to host memory): empty unless a forward
+    is among them, which only a stream that begins at stage 0 has."""
     prefix = []
-    for ins in stream:
+    for ins in stream[leading_syncs(stream):]:
         if ins.op not in AHEAD_OPS or ins.redundant:
             break
         prefix.append(ins)
@@ -50,6 +59,7 @@ class Ahead:
     def __init__(self, executor, ops: dict, iteration: int, stream: list[Instr], prefix: list[Instr],
                  microbatches: range):
         self.ops, self.iteration, self.prefix, self.microbatches = ops, iteration, list(prefix), microbatches
+        self.first = leading_syncs(stream)  # where the prefix begins in the stream
         self.shadow = copy.copy(executor)
         self.shadow.it = IterationState(iteration, microbatches, comm=None, failover=None, stream=stream)
         self.error: BaseException | None = None
@@ -58,7 +68,7 @@ class Ahead:
 
     def _run(self) -> None:
         try:
-            for pc, ins in enumerate(self.prefix):
+            for pc, ins in enumerate(self.prefix, self.first):
                 self.shadow.it.pc = pc
                 began = time.monotonic()
                 self.ops[ins.op](self.shadow, ins)
@@ -70,12 +80,13 @@ class Ahead:
         self.thread.join()
 
     def take(self, it: IterationState, stream: list[Instr]) -> int:
-        """Move the results into `it` if `stream` begins with what ran, for the same
-        iteration and samples; return how many of its instructions ran (0: dropped).
-        The thread's error is raised here, unless its work was not wanted anyway."""
+        """Move the results into `it` if `stream`, after its late syncs, begins with
+        what ran, for the same iteration and samples; return how many of its
+        instructions ran (0: dropped). The thread's error is raised here, unless
+        its work was not wanted anyway."""
         self.join()
-        n = len(self.prefix)
-        if (it.iteration, it.mbs) != (self.iteration, self.microbatches) or stream[:n] != self.prefix:
+        first, n = leading_syncs(stream), len(self.prefix)
+        if (it.iteration, it.mbs) != (self.iteration, self.microbatches) or stream[first:first + n] != self.prefix:
             return 0
         if self.error is not None:
             raise self.error

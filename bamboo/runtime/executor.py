@@ -28,7 +28,7 @@ from bamboo.control.exits import preempt_if_due
 from bamboo.control.protocol import LOSS, Local, Loss, NodeId
 from bamboo.model import recipe
 from bamboo.model.builtin import dropout_seed, mixed_precision
-from bamboo.runtime.ahead import Ahead, prefix_ahead
+from bamboo.runtime.ahead import Ahead, leading_syncs, prefix_ahead
 from bamboo.runtime.calibration import OpTimes
 from bamboo.runtime.failover import Failover, PeersSilent, TooManyDead
 from bamboo.runtime.iteration import IterationState
@@ -107,9 +107,12 @@ class Executor(StepPhase):
         sent = {i.stage for i in stream if i.op is Op.SEND_SYNC}  # a stage with no holder now keeps none
         self.kept_grads = {s: g for s, g in self.kept_grads.items() if s in sent}
         self._expect(stream)
-        pc = ahead.take(self.it, stream) if ahead is not None else 0
-        self.ahead_taken += pc > 0
+        taken = ahead.take(self.it, stream) if ahead is not None else 0
+        self.ahead_taken += taken > 0
         try:
+            pc = 0
+            if taken:  # the late syncs before the work run ahead go first
+                pc = self._send_leading_syncs(stream, failover) + taken
             self._run_stream(stream, pc, comm, failover)
         finally:
             self._close_syncs()
@@ -147,6 +150,17 @@ class Executor(StepPhase):
             if (event := failover.linger(idle=self.settle_replicas)) is None:  # owed steps fit in the wait
                 break
             stream = self._on_event(event, stream, pc)
+
+    def _send_leading_syncs(self, stream: list[Instr], failover: Failover) -> int:
+        """Before the work run ahead is taken: the late syncs the stream begins with
+        (bamboo/runtime/ahead.py), each a send whose outcome comes later; their count."""
+        first = leading_syncs(stream)
+        for ins in stream[:first]:
+            try:
+                self._execute(ins)
+            except PeerFailure as e:  # lost with its holder, as any send to a dead node
+                failover.detected(e.node, str(e))
+        return first
 
     def compute_ahead(self, iteration: int, stream: list[Instr], microbatches: range) -> None:
         """Start the first loads and forward of iteration `iteration`, expected to run

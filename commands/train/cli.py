@@ -128,15 +128,14 @@ def start_pipelines(args) -> int:
 
 
 def check_replica_sync(args) -> None:
-    """--replica-sync next runs, for now, without --compute-ahead and --check-replicas,
-    and with agents needs a checkpoint. auto (the default) is the agents' choice,
+    """--replica-sync next runs, for now, without --check-replicas, and with agents
+    needs a checkpoint. auto (the default) is the agents' choice,
     which keeps the sync at the end where the next would not do (agents/modes.py
     `syncs_allowed`); without agents nobody chooses and it stays at the end."""
     if args.replica_sync != ReplicaSync.NEXT or args.stages == 1 or args.redundancy == Redundancy.OFF:
         return
-    for bad, why in ((args.compute_ahead, "--compute-ahead"), (args.check_replicas, "--check-replicas")):
-        if bad:
-            raise ValueError(f"--replica-sync next does not run with {why} yet: use --replica-sync end or auto")
+    if args.check_replicas:
+        raise ValueError("--replica-sync next does not run with --check-replicas yet: use --replica-sync end or auto")
     if args.local_nodes is not None and not args.checkpoint:
         raise ValueError("--replica-sync next with agents needs --checkpoint DIR|s3://BUCKET/PREFIX|gs://BUCKET/"
                          "PREFIX: a death before a sync landed loses its stage, and without a checkpoint training "

@@ -10,6 +10,8 @@ what is missing from the other pipeline's owner of the stage (its kept gradients
 or the reduced sum: bamboo/runtime/lending.py) and takes the stage over inside the
 iteration; the failover event names the lender. Anywhere else its predecessor takes
 it over and joins the stage's reduce in its place."""
+import re
+
 import pytest
 
 from schedules.compiler import compile_schedule
@@ -132,4 +134,19 @@ def test_without_agents_each_pipeline_borrows_from_the_other_at_once(tmp_path, r
     _, records = bamboo_train(tmp_path / "m.jsonl", *COMMON, "--pipelines", "2", "--preempt", "0@2:0",
                               "--preempt", "3@2:0")
     assert sorted(failovers(records)) == [(2, 0, 1, 2, "kept"), (2, 3, 2, 1, "kept")]
+    assert_same_losses(records, reference)
+
+
+def test_without_agents_stage_0_runs_ahead_past_its_late_sync_and_a_loan_keeps_the_math(tmp_path, reference):
+    """--compute-ahead with the sync in the next iteration: stage 0's stream begins
+    with its late sync, and the forward after it runs while the boundary agrees
+    (bamboo/runtime/ahead.py). Node 3 dies in iteration 2 before its sync left:
+    node 2 borrows node 1's kept gradients. The losses are the reference's."""
+    logs = tmp_path / "logs"
+    _, records = bamboo_train(tmp_path / "m.jsonl", *COMMON, "--pipelines", "2", "--compute-ahead",
+                              "--log-dir", str(logs), "--preempt", "3@2:0")
+    assert failovers(records) == [(2, 3, 2, 1, "kept")]
+    said = [line for f in sorted(logs.iterdir()) for line in f.read_text().splitlines() if "run while the" in line]
+    began = [int(re.search(r"(\d+) iterations began", line)[1]) for line in said]
+    assert began and min(began) >= ITERS // 2, said  # node 0 (and node 2, stage 0 of merged pipeline 1)
     assert_same_losses(records, reference)

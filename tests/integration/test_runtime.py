@@ -174,8 +174,8 @@ def test_random_kill_point(tmp_path, reference):
     (["--stages", "2", "--local-nodes", "2", "--join", "1@0"], "the job's last is 0", 2),
     (["--stages", "2", "--redundancy", "lazy", "--frc", "all"], "--frc all with --redundancy lazy: only eager", 2),
     (["--stages", "2", "--sync-bucket-mb", "0"], "--sync-bucket-mb must be a positive number of MB (got 0.0)", 2),
-    (["--stages", "2", "--replica-sync", "next", "--compute-ahead"], "--replica-sync next does not run with "
-     "--compute-ahead yet", 2),
+    (["--stages", "2", "--replica-sync", "next", "--check-replicas"], "--replica-sync next does not run with "
+     "--check-replicas yet", 2),
     (["--stages", "2", "--replica-sync", "next", "--local-nodes", "2"], "with agents needs --checkpoint", 2),
     # a run's first iteration owes no sync: node 1's stream is 24 instructions there, 27 after
     (["--stages", "2", "--replica-sync", "next", "--preempt", "1@0:29"], "node 1 runs 28 instructions", 2),

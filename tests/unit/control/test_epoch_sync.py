@@ -62,12 +62,12 @@ def test_a_job_that_fixes_both_is_not_chosen_for():
 
 @pytest.mark.parametrize("testing, pipelines, checkpoint, allowed", [
     ({}, 2, None, ("end", "next")), ({}, 1, "/tmp/ck", ("end", "next")), ({}, 1, None, ("end",)),
-    ({"compute_ahead": True}, 2, "/tmp/ck", ("end",)), ({"check_replicas": True}, 3, "/tmp/ck", ("end",)),
+    ({"compute_ahead": True}, 2, "/tmp/ck", ("end", "next")), ({"check_replicas": True}, 3, "/tmp/ck", ("end",)),
 ])
 def test_auto_takes_the_late_sync_only_where_it_runs_and_a_window_death_has_a_way_back(testing, pipelines,
                                                                                      checkpoint, allowed):
     """--replica-sync auto: the late sync needs a peer pipeline or a checkpoint for a
-    death in its window, and does not run with --compute-ahead or --check-replicas;
+    death in its window, and does not run with --check-replicas (it does with --compute-ahead);
     where it may not, the agents keep the sync at the end, whatever the estimates."""
     from agents.modes import syncs_allowed
     cfg = JobConfig.of(stages=4, microbatches=8, redundancy="eager", replica_sync="auto", checkpoint=checkpoint,

@@ -94,3 +94,21 @@ def test_an_error_in_work_that_is_dropped_is_not_raised(executor):
     stream = compile_schedule(2, 4, (), options=ScheduleOptions(redundancy="off")).streams[0]
     ahead = Ahead(executor, {**OPS, Op.FORWARD: broken}, 2, stream, prefix_ahead(stream), MBS)
     assert ahead.take(IterationState(3, MBS, None, None), stream) == 0  # another iteration: not wanted
+
+
+def test_with_the_sync_in_the_next_iteration_the_forward_after_the_late_sync_runs_ahead(executor):
+    """Stage 0's stream begins with its late sync (the owner's send of the iteration
+    before's gradients): what follows runs ahead, is taken as the main thread would
+    have run it, and the sync goes first."""
+    late = ScheduleOptions(redundancy="eager", sync="next")
+    stream = compile_schedule(2, 4, (), options=late).streams[0]
+    assert stream[0].op is Op.SEND_SYNC and prefix_ahead(stream) == [ir.load(0), Instr(Op.FORWARD, 0, 0)]
+    want = on_main_thread(executor, 2, [stream[0]] + stream[1:])
+    ahead = Ahead(executor, OPS, 2, stream, prefix_ahead(stream), MBS)
+    got = IterationState(2, MBS, None, None)
+    assert ahead.take(got, stream) == 2
+    assert torch.equal(got.acts[(0, 0)], want.acts[(0, 0)]) and sorted(got.drawn) == [1, 2, 3]
+    # an iteration that owes no sync (an epoch's first) begins with the same forward: taken alike
+    first = compile_schedule(2, 4, (), options=late.with_(sync="none")).streams[0]
+    assert Ahead(executor, OPS, 2, stream, prefix_ahead(stream), MBS).take(IterationState(2, MBS, None, None),
+                                                                           first) == 2
