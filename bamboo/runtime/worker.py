@@ -36,7 +36,8 @@ from bamboo.control.config import JobConfig, Transport
 from bamboo.control.exits import FENCED, WorkerExit
 from bamboo.control.liveness import hang_deadline
 from bamboo.control.protocol import (ABORT, ABORTED, COMPLETED, CONFIG, DONE, ERROR, FAILED, FINISHED, LOAN, SCALE,
-                                     START, LossScale, Mark, Regroup, Report, Start, Timestamp, WorkerError, world_store)
+                                     START, LossScale, Mark, Regroup, Report, Start, Timestamp, WorkerError,
+                                     world_store)
 from bamboo.control.store import EtcdStore, RendezvousAborted
 from bamboo.data.corpus import corpus_of
 from bamboo.model.api import ModelSource
