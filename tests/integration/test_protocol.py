@@ -21,6 +21,7 @@ EXAMPLES = {
     p.DONE: p.Report(300.5, 1.5, 2, [{"type": "failover"}], digests={"0": "ab"}),
     p.ABORT: p.Abort("two died", 3), p.ABORTED: p.Mark(), p.REGROUP: p.Regroup((1, 5), True, False),
     p.HANDED: p.Mark(), p.HANDOVER: p.Outcome(False, "node 3 died"), p.REDUCED: p.Reduced((0, 4)),
+    p.LOAN: p.Loan(2, "kept"), p.LENT: p.Lent(2, "reduced", False),
     p.TIED: p.Reduced((0, 3)), p.NORM: p.Loss(2.5),
     p.SCALE: p.LossScale(32768.0, 7, True), p.MODE: p.ModeChoice("lazy", {"deaths": 1.5, "seconds": {"off": 0.2}}),
     p.CHECKPOINTED: p.Timestamp(12.5), p.COMPLETED: p.Timestamp(13.5), p.PREEMPTED: p.Preempted(2, 9.0),
