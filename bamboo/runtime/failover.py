@@ -319,6 +319,8 @@ class Failover:
         of the reports and deaths, which the boundary starts from if this mark
         completes the pipeline."""
         mark = FINISHED(self.iteration, self.node_of(self.me))
+        if self.loans is not None:
+            self.loans.done = True  # a sum it has not reduced by now it will not (unless it takes a stage over)
         if self.finishes is not None:
             self.finishes.take(own=mark)  # lowered before the read: a finish after it wakes the linger
         record = Finished(self.report_of().to_dict() if self.report_of else None)
@@ -371,6 +373,8 @@ class Failover:
         recovery stream and the index where its recovery part starts."""
         dead, began = self.now.dead, time.monotonic()
         node = self.node_of(dead)
+        if self.loans is not None:
+            self.loans.done = False  # the recovery may reduce a stage taken over
         receivers = sorted(Local(n) for n, s in self.now.streams.items()
                            if n != dead and any(i.op in RECVS and i.peer == dead for i in s))
         if self.me in receivers:

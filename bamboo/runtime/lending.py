@@ -59,12 +59,15 @@ class Loans:
         self.answered: set[tuple[NodeId, int, str]] = set()  # (borrower, stage, loan) answered this iteration
         self.borrowed: dict[int, torch.Tensor] = {}  # replica stage -> its sync of the iteration before, lent
         self.last: tuple[NodeId, str, float] | None = None  # the last loan taken: lender, what, seconds
+        self.done = False      # this node's stream ran to its end: a sum not held now never will be
+        self.waiting = False   # an ask for a sum this node has yet to reduce is unanswered
 
     def begin(self, iteration: int, comm: Comm) -> None:
         """A new iteration: what was held for an earlier one is dropped."""
         self.iteration, self.comm = iteration, comm
         self.held = {k: t for k, t in self.held.items() if k[2] >= iteration}
         self.answered, self.borrowed, self.last = set(), {}, None
+        self.done = self.waiting = False
 
     def keep(self, what: str, stage: int, iteration: int, tensor: torch.Tensor) -> None:
         """Hold `tensor` to lend in `iteration`: the kept gradients of a step, asked for
@@ -72,18 +75,24 @@ class Loans:
         if self.lends:
             copy = what == REDUCED_SUM and self.copies
             self.held[(what, stage, iteration)] = tensor.clone() if copy else tensor
+            if self.waiting:  # a peer asked for it before this node's own reduce ended
+                self.serve()
 
     def serve(self) -> None:
         """Answer every ask for this node in this iteration not answered yet: send what
         it holds (over the world group, on the loan's own tag), else say it has none."""
         if not self.lends or self.comm is None:
             return
+        self.waiting = False
         for borrower, loan in self.cluster.children(LOAN(self.iteration, self.me)).items():
             key = (NodeId(borrower), loan.stage, loan.what)
             if key in self.answered or loan.what not in LOANS or borrower not in self.comm.rank_of:
                 continue
-            self.answered.add(key)
             tensor = self.held.get((loan.what, loan.stage, self.iteration))
+            if tensor is None and loan.what == REDUCED_SUM and not self.done:
+                self.waiting = True  # its own reduce of the stage may be still to end: answered then
+                continue
+            self.answered.add(key)
             if tensor is not None:
                 lent = tensor.detach().to("cpu").contiguous()
                 _in_background(self.comm.pg.send([lent], self.comm.rank_of[borrower], tag(loan.stage, loan.what)),
