@@ -14,7 +14,7 @@ from dataclasses import asdict
 
 from agents.modes import ModeStats, epoch_setting, observe, setting_for
 from agents.policy import Config, Priced, next_config, slot_estimate
-from bamboo.control.assignment import Assignment, Restore
+from bamboo.control.assignment import WHY_CHARS, Assignment, Restore
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig, Surplus, ZoneSpread
 from bamboo.control.liveness import Heartbeat, lease_ages
@@ -242,8 +242,10 @@ class Membership:
         new = from_policy(config, start, before, failed, restore)
         wanted = self.cluster.get(MODE(it - 1))  # what the boundary of `it` compared with (auto)
         mode, sync = setting_for(cfg, new, ModeStats(**wanted.stats) if wanted else None, wanted)
+        abort = self.cluster.get(ABORT(it)) if redo else None  # cleared with the iteration: kept in the epoch
         new = Assignment(**{**new.__dict__, "redo": redo, "layers_from": basis.epoch, "redundancy": mode,
-                            "sync": sync, "taken": None if taken is None else tuple(sorted(taken))})
+                            "sync": sync, "taken": None if taken is None else tuple(sorted(taken)),
+                            "why": abort.why[:WHY_CHARS] if abort else ""})
         clear = [(family(start), family(it + 1)) for family in ITERATION_FAMILIES]  # iterations start..it
         self.cluster.create_clearing(ASSIGNMENT(new.epoch), new, clear)
 

@@ -41,6 +41,9 @@ def _schedule_args(p: argparse.ArgumentParser) -> None:
                    help="each node's last backwards send their input gradients before their weight passes "
                         "(last: as many as the cost model says shorten the iteration), or none (off)")
     p.add_argument("--order", choices=tuple(ORDERS), default="1f1b")
+    p.add_argument("--compute-ahead", action="store_true",
+                   help="the order bamboo-train --compute-ahead runs: more forwards first, weight passes held back "
+                        "(schedules/overlap.py)")
     p.add_argument("--eval", action="store_true", help="the forward-only streams of a validation loss")
     p.add_argument("--forward", type=float, default=1.0, help="cost of one stage forward")
     p.add_argument("--backward", type=float, default=2.0, help="cost of one stage backward")
@@ -57,9 +60,11 @@ def _build(args):
     if args.eval:
         if args.fail_node is not None:
             raise ScheduleError("--eval streams have no mid-iteration failure: leave out --fail-node")
+        if args.compute_ahead:
+            raise ScheduleError("--compute-ahead orders training streams: --eval streams have no backward to order")
         return compile_eval(args.stages, args.microbatches, tuple(args.failed), args.redundancy, cost), cost
     options = ScheduleOptions(redundancy=args.redundancy, order=args.order, frc=args.frc, sync=args.replica_sync,
-                              split=args.backward_split)
+                              split=args.backward_split, ahead=args.compute_ahead)
     failed = tuple(args.failed)
     if args.fail_node is None:
         return compile_schedule(args.stages, args.microbatches, failed, options, cost), cost

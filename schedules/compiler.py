@@ -3,6 +3,8 @@
     plain_streams      pass (a) order + (b) communication, groups merged   lower.py
     split_backwards    a node's last input gradients sent first,      early_grads.py
                        their weights after (as deep as the cost model says)
+    overlapped_streams (--compute-ahead) instead of the two above: the       overlap.py
+                       order whose next first forwards fill the tail
     defer_syncs        (--replica-sync next) the sync in the next iteration syncs.py
     insert_frc         pass (c) eager FRC in bubbles + (d) swap-out         redundancy.py
     check_in_bubbles   (--frc bubbles) no FRC delays anything: `simulate`    bubbles.py
@@ -28,6 +30,7 @@ from schedules.ir import Instr
 from schedules.layout import Layout, ScheduleError, check_microbatches
 from schedules.lower import plain_streams
 from schedules.options import BackwardSplit, Frc, Redundancy, ReplicaSync, ScheduleOptions
+from schedules.overlap import overlapped_streams
 from schedules.recovery import recover
 from schedules.redundancy import frc_microbatches, insert_frc, lazy_brc
 from schedules.syncs import defer_syncs
@@ -81,6 +84,8 @@ class Schedule:
             out["replica_sync"] = self.sync.value
         if self.split is not BackwardSplit.LAST:
             out["backward_split"] = self.split.value
+        if self.options.ahead:
+            out["compute_ahead"] = True
         if self.fail_node is not None:
             out.update(fail_node=self.fail_node, fail_before=self.fail_before)
         if self.evaluation:
@@ -109,9 +114,12 @@ def _makespan(streams: dict[int, list[Instr]], cost: CostModel) -> float:
 def base_streams(layout: Layout, microbatches: int, options: ScheduleOptions, cost: CostModel) -> dict:
     """The streams before FRC: plain, last backwards split as the options say, with
     the replica sync where they say."""
-    streams = plain_streams(layout, microbatches, options.order, cost, options.sync)
-    if options.split is BackwardSplit.LAST:
-        streams = split_backwards(streams, lambda s: _makespan(s, cost))
+    if options.ahead:
+        streams = overlapped_streams(layout, microbatches, options, cost)
+    else:
+        streams = plain_streams(layout, microbatches, options.order, cost, options.sync)
+        if options.split is BackwardSplit.LAST:
+            streams = split_backwards(streams, lambda s: _makespan(s, cost))
     return defer_syncs(layout, streams, cost) if options.sync is ReplicaSync.NEXT else streams
 
 

@@ -44,25 +44,27 @@ def split_backwards(streams: dict[int, list[Instr]], makespan: Callable[[dict], 
         last, depth = candidate, depth * 2
 
 
-def split_last(stream: list[Instr], depth: int) -> list[Instr]:
+def split_last(stream: list[Instr], depth: int, lag: int = 1) -> list[Instr]:
     """`stream` with its last `depth` (>= 1) backwards that send a gradient split,
-    each weight pass after the next split one's send, the last after the last send;
-    unchanged unless only the tail follows the node's last backward and its send."""
+    each weight pass after the send of the split one `lag` (>= 1) later, the last
+    ones after the last send; unchanged unless only the tail follows the node's last
+    backward and its send."""
     sends = [pc for pc, i in enumerate(stream) if i.op is Op.SEND_GRAD and pc > 0
              and stream[pc - 1] == ir.backward(i.stage, i.mb)]
     if not sends or any(not is_tail(i) for i in stream[sends[-1] + 1:]):
         return stream
     split = set(sends[-depth:])
     out: list[Instr] = []
-    owed: list[Instr] = []  # the weight pass of the last split backward, until the next one's send
+    owed: list[Instr] = []  # the weight passes of the last `lag` split backwards, oldest first
     for pc, ins in enumerate(stream):
         if pc + 1 in split:
             out.append(ir.backward_input(ins.stage, ins.mb))
             continue
         out.append(ins)
         if pc in split:
-            out += owed
-            owed = [ir.backward_weight(ins.stage, ins.mb)]
+            owed.append(ir.backward_weight(ins.stage, ins.mb))
+            if len(owed) > lag:
+                out.append(owed.pop(0))
         if pc == sends[-1]:
             out += owed
     return out

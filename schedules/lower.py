@@ -69,13 +69,14 @@ def is_tail(ins: Instr) -> bool:
 
 
 def plain_streams(layout: Layout, microbatches: int, order: str = "1f1b",
-                  cost: CostModel | None = None, sync: str = "end") -> dict[int, list[Instr]]:
+                  cost: CostModel | None = None, sync: str = "end", extra: int = 0) -> dict[int, list[Instr]]:
     """Streams without redundancy for every live node: groups lowered, then merged.
-    `sync` "next": the tails leave the replica sync out (schedules/syncs.py adds it)."""
+    `sync` "next": the tails leave the replica sync out (schedules/syncs.py adds it);
+    `extra`: forwards added to the warm-up (schedules/order.py)."""
     groups = layout.groups()
     per_node: dict[int, list[list[Instr]]] = {}
     for v, group in enumerate(groups):
-        steps = ORDERS[order](len(groups), microbatches, v)
+        steps = ORDERS[order](len(groups), microbatches, v, extra)
         per_node.setdefault(group.node, []).append(lower_group(layout, group, steps))
     streams = {n: bodies[0] + tail(layout, n, sync) for n, bodies in per_node.items() if len(bodies) == 1}
     multi = {n: Chains([], bodies, tail(layout, n, sync)) for n, bodies in per_node.items() if len(bodies) > 1}

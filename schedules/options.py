@@ -104,7 +104,7 @@ def keeps_replicas(redundancy: str) -> bool:
 
 
 FLAGS = {"redundancy": "--redundancy", "order": "--order", "frc": "--frc", "sync": "--replica-sync",
-         "split": "--backward-split"}
+         "split": "--backward-split", "ahead": "--compute-ahead"}
 
 
 @dataclass(frozen=True)
@@ -116,12 +116,15 @@ class ScheduleOptions:
     frc: Frc = Frc.BUBBLES
     sync: ReplicaSync = ReplicaSync.END
     split: BackwardSplit = BackwardSplit.LAST
+    ahead: bool = False  # the next iteration's first forwards run during this one's tail (schedules/overlap.py)
 
     def __post_init__(self):
         def refused(name: str, kind: type[Choice], value) -> ScheduleError:
             shown = kind.values() if kind is not ReplicaSync else SYNC_CHOICES
             return ScheduleError(f"{FLAGS[name]} must be one of {', '.join(shown)} (got {value!r})")
         make_members(self, _KINDS, refused)
+        if not isinstance(self.ahead, bool):
+            raise ScheduleError(f"{FLAGS['ahead']} is on or off (got {self.ahead!r})")
 
     def with_(self, **changes) -> ScheduleOptions:
         return replace(self, **changes)

@@ -14,3 +14,9 @@ def bamboo_train(metrics, *args, check=True, timeout=600):
         assert out.returncode == 0, out.stderr[-2000:]
     lines = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
     return out, [r for r in lines if "summary" not in r]
+
+
+def redos(records) -> list[dict]:
+    """The redo events of `records`, each without its abort's reason (`why`: the
+    words of the node that gave the iteration up, checked where a test knows them)."""
+    return [{k: v for k, v in e.items() if k != "why"} for r in records for e in r["events"] if e["type"] == "redo"]

@@ -23,6 +23,9 @@ from schedules.options import SYNC_CHOICES, keeps_replicas
 from schedules.split import merged, split_by_speed
 
 
+WHY_CHARS = 400  # a redo's reason is kept to this many characters
+
+
 class Restore(str, Enum):
     """Where an epoch's layers come from."""
     PEERS = "peers"            # the live nodes' layers and replicas, moved in a handover
@@ -50,6 +53,7 @@ class Assignment:
     taken: tuple[int, ...] | None = None        # of `failed`, those a survivor took over inside an iteration that
                                                 # completed (--replica-sync next: see `holders`); None: every
                                                 # replica is up to date (an epoch's first iteration owed no sync)
+    why: str = ""                               # a redo's cause: the reason the node that gave the iteration up wrote
 
     def __post_init__(self):
         object.__setattr__(self, "restore", Restore(self.restore))  # given as text: checked here
@@ -140,11 +144,11 @@ class Assignment:
                 "standby": list(self.standby), "failed": list(self.failed), "gone": list(self.gone),
                 "restore": self.restore.value, "redo": self.redo, "layers_from": self.layers_from,
                 "redundancy": self.redundancy, "sync": self.sync,
-                "taken": None if self.taken is None else list(self.taken)}
+                "taken": None if self.taken is None else list(self.taken), "why": self.why}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Assignment":
-        for name in ("restore", "redundancy", "sync"):  # shown and compared as text
+        for name in ("restore", "redundancy", "sync", "why"):  # shown and compared as text
             if not isinstance(d.get(name, ""), str):
                 raise ValueError(f"an assignment's {name} is {type(d[name]).__name__}, not a string")
         if d.get("sync", "") not in ("", *SYNC_CHOICES):
@@ -153,4 +157,4 @@ class Assignment:
                    tuple(int(n) for n in d.get("standby", ())), tuple(int(n) for n in d.get("failed", ())),
                    tuple(int(n) for n in d.get("gone", ())), Restore(d.get("restore", "peers")), bool(d.get("redo")),
                    int(d.get("layers_from", -1)), d.get("redundancy", ""), d.get("sync", ""),
-                   None if d.get("taken") is None else tuple(int(n) for n in d["taken"]))
+                   None if d.get("taken") is None else tuple(int(n) for n in d["taken"]), d.get("why", "")[:WHY_CHARS])

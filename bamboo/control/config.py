@@ -295,6 +295,11 @@ class JobConfig:
         late = s.replica_sync == JobReplicaSync.NEXT or (s.replica_sync == JobReplicaSync.AUTO and self.cluster.elastic)
         return late and s.redundancy != JobRedundancy.OFF
 
+    def options(self, redundancy: Redundancy | str, sync: ReplicaSync | str | None = None) -> ScheduleOptions:
+        """The compiler's options for the job's streams (ScheduleSpec.options), with
+        the order compute ahead overlaps when it is on (schedules/overlap.py)."""
+        return self.schedule.options(redundancy, sync).with_(ahead=self.testing.compute_ahead)
+
     def evaluates(self, iteration: int) -> bool:
         """Whether the validation loss is computed after `iteration`'s step."""
         return evaluated(iteration, self.data.eval_every, self.schedule.iterations)

@@ -52,6 +52,7 @@ class Redone(Event):
     abandoned: int                 # the iteration no pipeline could finish
     from_: int                     # where the agents restarted the job
     restore: int | None            # the checkpoint they loaded, if any
+    why: str = ""                  # the abort's reason, as the node that gave the iteration up wrote it (Assignment)
 
 
 @dataclass(frozen=True)

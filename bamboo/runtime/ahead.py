@@ -1,21 +1,24 @@
-"""Compute ahead: the next iteration's first forward runs while the boundary agrees.
+"""Compute ahead: the next iteration's first forwards run while the boundary agrees.
 
 The pipeline's next iteration waits for stage 0's first activation, and stage 0's
 owner computes it only after the boundary: after the last stage's tail (with split
 backwards, its weight passes and step, which stage 0 waits through) and the
 agreement (a few etcd round trips, docs/HOTPATH.md). The next stream begins, after
-its late syncs if any, with LOAD and FORWARD, which need nothing the boundary
-decides: the step was taken, the samples and the dropout seeds follow from the
-iteration. So a thread runs them while the main thread
+its late syncs if any, with loads, forwards and their sends; the loads and forwards
+need nothing the boundary decides: the step was taken, the samples and the dropout
+seeds follow from the iteration. So a thread runs them while the main thread
 agrees, on a private IterationState, and the next iteration takes their results
 if its stream begins with the same instructions for the same samples; otherwise
 (a death changed the pipeline, the agents reconfigure, the iteration is
-abandoned) they are dropped. Nothing is sent before the agreement.
+abandoned) they are dropped. Nothing is sent before the agreement: once it is in,
+the main thread posts each send as soon as the thread has run the forward before it,
+while the thread runs on. The compiler gives such a run its own order
+(schedules/overlap.py): stage 0 begins with more forwards, and the last stage's tail
+holds more weight passes, so that the forwards run ahead fill the last stage's wait.
 
-Opt-in (--compute-ahead): each iteration's thread adds to the peak memory, and on
-this project's 2-core machine it measured no faster while stage 0's owner finished
-last; with split backwards stage 0 waits at the boundary for the last stage's tail,
-and the forward run ahead fills that wait (docs/HOTPATH.md). CPU only: on CUDA
+Opt-in (--compute-ahead): each iteration's thread adds to the peak memory, and so
+does the order (a microbatch's activations per extra forward, a microbatch's graph
+per weight pass held back; docs/HOTPATH.md). CPU only: on CUDA
 the forward's time is kernel launches that overlap anyway, and what runs on which
 stream from a second thread was never checked on a GPU."""
 from __future__ import annotations
@@ -28,8 +31,10 @@ from schedules.ir import Instr, Op
 
 from bamboo.runtime.iteration import IterationState
 
-# What a thread may run ahead: local compute whose inputs the agreement cannot change.
+# What a thread may run ahead: local compute whose inputs the agreement cannot change;
+# and what may sit between them in the prefix, posted by the main thread after the agreement.
 AHEAD_OPS = frozenset({Op.LOAD, Op.FORWARD})
+POSTED_AFTER = frozenset({Op.SEND_ACT})
 
 
 def leading_syncs(stream: list[Instr]) -> int:
@@ -40,21 +45,22 @@ def leading_syncs(stream: list[Instr]) -> int:
 
 
 def prefix_ahead(stream: list[Instr]) -> list[Instr]:
-    """The stream's leading loads and forwards after its late syncs (not FRC's
-    redundant ones, whose saved tensors go to host memory): empty unless a forward
-    is among them, which only a stream that begins at stage 0 has."""
+    """The stream's leading loads, forwards and their sends after its late syncs (not
+    FRC's redundant forwards, whose saved tensors go to host memory): empty unless a
+    forward is among them, which only a stream that begins at stage 0 has."""
     prefix = []
     for ins in stream[leading_syncs(stream):]:
-        if ins.op not in AHEAD_OPS or ins.redundant:
+        if ins.op not in AHEAD_OPS | POSTED_AFTER or ins.redundant:
             break
         prefix.append(ins)
     return prefix if any(i.op is Op.FORWARD for i in prefix) else []
 
 
 class Ahead:
-    """`prefix` of iteration `iteration`'s `stream`, run by `executor`'s op methods (`ops`) on
-    a thread of its own, into a state of its own (a shallow copy of the executor
-    shares its modules, corpus and device, not its iteration)."""
+    """`prefix` of iteration `iteration`'s `stream`, its loads and forwards run by
+    `executor`'s op methods (`ops`) on a thread of its own, into a state of its own (a
+    shallow copy of the executor shares its modules, corpus and device, not its
+    iteration). `ran` counts the prefix's instructions behind the thread."""
 
     def __init__(self, executor, ops: dict, iteration: int, stream: list[Instr], prefix: list[Instr],
                  microbatches: range):
@@ -63,31 +69,55 @@ class Ahead:
         self.shadow = copy.copy(executor)
         self.shadow.it = IterationState(iteration, microbatches, comm=None, failover=None, stream=stream)
         self.error: BaseException | None = None
+        self.ran = 0
+        self.progress = threading.Condition()
         self.thread = threading.Thread(target=self._run, daemon=True, name=f"ahead-{iteration}")
         self.thread.start()
 
     def _run(self) -> None:
         try:
-            for pc, ins in enumerate(self.prefix, self.first):
-                self.shadow.it.pc = pc
-                began = time.monotonic()
-                self.ops[ins.op](self.shadow, ins)
-                self.shadow.it.busy += time.monotonic() - began
+            for k, ins in enumerate(self.prefix):
+                if ins.op in AHEAD_OPS:
+                    self.shadow.it.pc = self.first + k
+                    began = time.monotonic()
+                    self.ops[ins.op](self.shadow, ins)
+                    self.shadow.it.busy += time.monotonic() - began
+                with self.progress:
+                    self.ran = k + 1
+                    self.progress.notify_all()
         except BaseException as e:  # raised where the results are taken
             self.error = e
+        finally:
+            with self.progress:
+                self.ran = len(self.prefix)
+                self.progress.notify_all()
 
     def join(self) -> None:
         self.thread.join()
 
     def take(self, it: IterationState, stream: list[Instr]) -> int:
-        """Move the results into `it` if `stream`, after its late syncs, begins with
-        what ran, for the same iteration and samples; return how many of its
-        instructions ran (0: dropped). The thread's error is raised here, unless
-        its work was not wanted anyway."""
-        self.join()
+        """How many of `stream`'s instructions, after its late syncs, ran ahead: the
+        prefix's length if the stream begins with it for the same iteration and
+        samples, else 0 (dropped, once the thread has ended)."""
         first, n = leading_syncs(stream), len(self.prefix)
         if (it.iteration, it.mbs) != (self.iteration, self.microbatches) or stream[first:first + n] != self.prefix:
+            self.join()
             return 0
+        return n
+
+    def activation(self, k: int):
+        """The activation that the prefix's send `k` posts, once the thread has run
+        everything before it (its error raised here)."""
+        with self.progress:
+            self.progress.wait_for(lambda: self.ran >= k)
+        if self.error is not None:
+            raise self.error
+        ins = self.prefix[k]
+        return self.shadow.it.acts[(ins.stage, ins.mb)]
+
+    def finish(self, it: IterationState) -> None:
+        """Wait for the thread and move its results into `it` (its error raised here)."""
+        self.join()
         if self.error is not None:
             raise self.error
         ran = self.shadow.it
@@ -97,4 +127,3 @@ class Ahead:
         it.states.update(ran.states)
         it.acts.update(ran.acts)
         it.busy += ran.busy
-        return n

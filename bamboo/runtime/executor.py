@@ -28,7 +28,7 @@ from bamboo.control.exits import preempt_if_due
 from bamboo.control.protocol import LOSS, Local, Loss, NodeId
 from bamboo.model import recipe
 from bamboo.model.builtin import dropout_seed, mixed_precision
-from bamboo.runtime.ahead import Ahead, leading_syncs, prefix_ahead
+from bamboo.runtime.ahead import AHEAD_OPS, Ahead, leading_syncs, prefix_ahead
 from bamboo.runtime.calibration import OpTimes
 from bamboo.runtime.failover import Failover, PeersSilent, TooManyDead
 from bamboo.runtime.iteration import IterationState
@@ -95,9 +95,7 @@ class Executor(StepPhase):
         """Run `stream` to its end, and through every recovery a death in the
         pipeline brings, until every node of the pipeline has finished. `times`: where
         each op's duration goes (an epoch's calibration, bamboo/runtime/calibration.py)."""
-        ahead, self.ahead = self.ahead, None
-        if ahead is not None:
-            ahead.join()  # before anything here changes what it reads
+        ahead, self.ahead = self.ahead, None  # its thread runs on: nothing below changes what it reads
         self._release()
         for s, m in self.modules.items():
             if s not in self.owed:  # an owed step's gradients stay until it is taken
@@ -112,7 +110,7 @@ class Executor(StepPhase):
         try:
             pc = 0
             if taken:  # the late syncs before the work run ahead go first
-                pc = self._send_leading_syncs(stream, failover) + taken
+                pc = self._run_taken(ahead, stream, self._send_leading_syncs(stream, failover), failover)
             self._run_stream(stream, pc, comm, failover)
         finally:
             self._close_syncs()
@@ -162,8 +160,27 @@ class Executor(StepPhase):
                 failover.detected(e.node, str(e))
         return first
 
+    def _run_taken(self, ahead: Ahead, stream: list[Instr], pc: int, failover: Failover) -> int:
+        """The instructions run ahead, from `pc` on: each send posted as soon as the
+        thread has run the forward before it (the agreement is in), the thread's
+        results taken at the end; where the stream goes on."""
+        try:
+            for k, ins in enumerate(ahead.prefix):
+                self.it.stream, self.it.pc = stream, pc + k
+                self._maybe_preempt(pc + k)
+                if ins.op in AHEAD_OPS:
+                    continue
+                self.it.acts[(ins.stage, ins.mb)] = ahead.activation(k)
+                try:
+                    self._execute(ins)
+                except PeerFailure as e:  # lost with the dead node, as any send to it
+                    failover.detected(e.node, str(e))
+        finally:
+            ahead.finish(self.it)
+        return pc + len(ahead.prefix)
+
     def compute_ahead(self, iteration: int, stream: list[Instr], microbatches: range) -> None:
-        """Start the first loads and forward of iteration `iteration`, expected to run
+        """Start the first loads and forwards of iteration `iteration`, expected to run
         `stream`, on a thread (bamboo/runtime/ahead.py); `run` takes them if they fit."""
         prefix = prefix_ahead(stream)
         if prefix and self.device.type == "cpu":

@@ -150,7 +150,7 @@ class Worker(EpochMoves):
         nodes = assignment.pipelines[self.pipeline]
         # by speed: short pipelines run fewer
         self.mbs = assignment.microbatches(self.cfg.schedule.microbatches, self.pipeline)
-        options = self.cfg.schedule.options(self.holdings.mode(assignment), self.cfg.schedule.epoch_sync(assignment))
+        options = self.cfg.options(self.holdings.mode(assignment), self.cfg.schedule.epoch_sync(assignment))
         stages = self.holdings.stages()
         recipe = self.cfg.recipe
         loans = Loans(self.cluster, assignment, self.node, stages.modules, options.redundancy != Redundancy.OFF,

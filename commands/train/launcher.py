@@ -240,7 +240,7 @@ class Launcher:
                 try:
                     found = self._wait_iteration(cluster, it, since=last)
                 except Rewind as r:  # abandoned: the agents redo it (or restart from a checkpoint)
-                    redo.append(Redone(it, r.assignment.start, r.assignment.restore))
+                    redo.append(Redone(it, r.assignment.start, r.assignment.restore, r.assignment.why))
                     it = r.assignment.start
                     continue
                 if found is None:

@@ -169,7 +169,7 @@ def make_plan(cfg: JobConfig, costs: list[float], layers: list[LayerBytes], shap
     mode = _mode(cfg)
     keeps = mode is not Redundancy.OFF
     cost = _cost_model(sizes.params, batch * seq)
-    streams = compile_schedule(P, per_pipeline, options=sch.options(mode), cost=cost).streams
+    streams = compile_schedule(P, per_pipeline, options=cfg.options(mode), cost=cost).streams
     plain = compile_schedule(P, per_pipeline, options=sch.options(Redundancy.LAZY if keeps else mode), cost=cost)
     timed = simulate(plain)
     stages = [_stage_memory(cfg, s, sizes, streams[s], pipelines) for s in range(P)]

@@ -16,7 +16,7 @@ import torch
 
 from bamboo.control.etcd import EtcdServer, connect
 from bamboo.control.protocol import ASSIGNMENT, DONE, REGROUP, scan
-from tests.training import bamboo_train
+from tests.training import bamboo_train, redos
 
 ITERS = 30
 LONG = 200  # a job that must outlast newcomers started from outside it
@@ -136,7 +136,7 @@ def test_adjacent_failures_recovered_from_the_other_pipeline(tmp_path, tmp_path_
     records = train(tmp_path, "--microbatches", "4", "--local-nodes", "4", "--zones", "a,b",
                     "--preempt", "0@6:3", "--preempt", "1@6:3")
     assert [r["iteration"] for r in records] == list(range(ITERS))  # nothing repeated in the metrics
-    redo = [e for r in records for e in r["events"] if e["type"] == "redo"]
+    redo = redos(records)
     assert redo == [{"type": "redo", "abandoned": 6, "from": 6, "restore": "peers"}]
     assert records[6]["nodes"] == 2
     assert_same_training(records, tmp_path, reference(tmp_path_factory, 4))
@@ -151,7 +151,7 @@ def test_a_stage_lost_everywhere_restarts_from_the_checkpoint(tmp_path, tmp_path
                     "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "4",
                     "--preempt", "1@9:2", "--preempt", "2@9:2", "--max-stages-per-node", "1")
     assert [r["iteration"] for r in records] == list(range(9)) + list(range(8, ITERS))
-    redo = [e for r in records for e in r["events"] if e["type"] == "redo"]
+    redo = redos(records)
     assert redo == [{"type": "redo", "abandoned": 9, "from": 8, "restore": "checkpoint"}]
     assert records[8]["loss"] == records[9]["loss"]  # the redone iteration computes the same
     assert_same_training(final(records), tmp_path, reference(tmp_path_factory, 4))
@@ -181,7 +181,7 @@ def test_every_member_gone_at_once_is_redone_by_the_standbys(tmp_path, tmp_path_
     records = train(tmp_path, "--stages", "2", "--microbatches", "4", "--local-nodes", "2", "--join", "2@5",
                     "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "4",
                     "--preempt", "0@6:0", "--preempt", "1@6:0")
-    redo = [e for r in records for e in r["events"] if e["type"] == "redo"]
+    redo = redos(records)
     assert redo == [{"type": "redo", "abandoned": 6, "from": 4, "restore": "checkpoint"}]
     assert sorted(reconfigurations(records)[-1][1]["pipelines"][0]) == [2, 3]
     assert_same_training(final(records), tmp_path, reference(tmp_path_factory, 4))

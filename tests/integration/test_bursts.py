@@ -17,7 +17,7 @@ from bamboo.control.cluster import Cluster
 from bamboo.control.protocol import Failure, Local
 from bamboo.runtime.failover import Failover, PeerDead, TooManyDead, Watch
 
-from tests.training import bamboo_train
+from tests.training import bamboo_train, redos
 from schedules.options import ScheduleOptions
 from bamboo.control.config import JobConfig
 
@@ -51,7 +51,7 @@ def two_deaths(tmp_path, reference, mode: str, k1: int, k2: int):
                               "--preempt", f"1@{KILLED_IN}:{k1}", "--preempt", f"2@{KILLED_IN}:{k2}")
     first = [e for e in records[0]["events"] if e["type"] == "reconfigure"][0]
     assert first["pipelines"][0] == FULL and first["microbatches"] == [4, 2, 2]
-    redos = [e for r in records for e in r["events"] if e["type"] == "redo"]
+    redos = redos(records)
     assert {"type": "redo", "abandoned": KILLED_IN, "from": KILLED_IN, "restore": "peers"} in redos, redos
     assert all(e["restore"] == "peers" for e in redos), redos  # nothing went back to a checkpoint
     last = list({r["iteration"]: r for r in records}.values())  # a redone iteration as it last ran
@@ -117,7 +117,7 @@ def test_a_pipeline_lost_whole_after_its_reduce_still_counts_its_losses(tmp_path
     first = [e for e in records[0]["events"] if e["type"] == "reconfigure"][0]
     assert first["pipelines"] == [[0, 2], [1, 3]]  # nodes 1 and 3 are the whole second pipeline
     assert [e["type"] for e in records[3]["events"]].count("preemption") == 2
-    assert not [e for r in records for e in r["events"] if e["type"] == "redo"]  # iteration 3 was complete
+    assert not redos(records)  # iteration 3 was complete
     assert [r["iteration"] for r in records] == list(range(6))
     for got, want in zip(records, reference):
         assert got["loss"] == pytest.approx(want["loss"], rel=RTOL), f"iteration {got['iteration']}"

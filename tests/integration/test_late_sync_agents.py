@@ -12,7 +12,7 @@ from schedules.compiler import compile_schedule
 from schedules.ir import INPUT_GRADS, Op
 
 from bamboo.control.assignment import Assignment
-from tests.training import bamboo_train
+from tests.training import bamboo_train, redos
 from schedules.options import ScheduleOptions
 
 P, M, ITERS = 3, 6, 12
@@ -62,7 +62,7 @@ def test_replicas_kept_across_an_epoch_are_refreshed_from_their_owners(tmp_path,
     assert_same_losses(records, reference)
     failovers = [(r["iteration"], e["node"], e["by"]) for r in records for e in r["events"] if e["type"] == "failover"]
     assert failovers == [(3, 1, 0), (8, 0, 2)]
-    assert not [e for r in records for e in r["events"] if e["type"] == "redo"]
+    assert not redos(records)
 
 
 @pytest.mark.slow  # make test-slow: keeps make test near 15 min; the choice itself is test_taken_...'s
@@ -74,7 +74,7 @@ def test_a_death_in_the_window_goes_back_to_the_checkpoint(tmp_path, reference):
     _, records = bamboo_train(tmp_path / "m.jsonl", *COMMON, *AGENTS, "--local-nodes", "4",
                               "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "4",
                               "--preempt", "1@6:0")
-    redo = [e for r in records for e in r["events"] if e["type"] == "redo"]
+    redo = redos(records)
     assert redo == [{"type": "redo", "abandoned": 6, "from": 4, "restore": "checkpoint"}]
     assert_same_losses(records, reference)
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.training import bamboo_train
+from tests.training import bamboo_train, redos
 
 COMMON = ["--model", "tiny", "--microbatches", "4", "--iterations", "8", "--dtype", "float64"]
 
@@ -108,7 +108,7 @@ def test_the_agents_choose_the_sync_and_move_it_to_the_end_after_a_death_in_its_
                           "--preempt", "1@3:0", "--surplus", "keep", "--max-stages-per-node", "1")
     final = list({r["iteration"]: r for r in got}.values())
     assert losses(final) == pytest.approx(losses(reference), rel=1e-9)
-    assert [e for r in got for e in r["events"] if e["type"] == "redo"] == [
+    assert redos(got) == [
         {"type": "redo", "abandoned": 3, "from": 2, "restore": "checkpoint"}]
     epochs = [e for r in got for e in r["events"] if e["type"] == "reconfigure"]
     assert epochs[0]["sync"] == "next" and epochs[-1]["sync"] == "end"

@@ -16,6 +16,7 @@ from bamboo.control.cluster import Cluster
 from bamboo.control.etcd import EtcdServer
 from bamboo.control.protocol import ABORT, ASSIGNMENT, CHECKPOINTED, DONE, LOSS, REGROUP, world_store
 from tests.integration.test_faults import _finish, _node_processes, _start, _until, reference  # noqa: F401 (a fixture)
+from tests.training import redos
 
 pytestmark = pytest.mark.slow
 # two pipelines and a standby node, every node kept
@@ -132,6 +133,6 @@ def test_a_stage_lost_everywhere_before_any_checkpoint_goes_back_to_the_start(tm
     records, _ = _phase(tmp_path, reference, ["--local-nodes", "5", "--zones", "a,b,c", "--stages", "3",
                                                   "--max-stages-per-node", "1", "--surplus", "keep"],
                         lambda c: c.children(LOSS(3)), neighbours)
-    redo = [e for r in records for e in r["events"] if e["type"] == "redo"]
+    redo = redos(records)
     assert redo and redo[-1]["restore"] == "initial" and redo[-1]["from"] == 0
     assert account(records, len(reference), 12) == (0, 0)

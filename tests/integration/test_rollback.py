@@ -20,6 +20,7 @@ from bamboo.control.protocol import ASSIGNMENT, COPIES, HANDOVER, PREEMPTED, STA
 from bamboo.data.checkpoint_files import Attempt, LocalStorage, write_part
 from bamboo.state.copies import holders, newest_covered
 from tests.integration.test_faults import _finish, _node_processes, _start, _until, reference  # noqa: F401 (a fixture)
+from tests.training import redos
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -148,7 +149,7 @@ def _rollback(tmp_path, reference, memory: bool):
         finally:
             stop.set()
             watcher.join()
-    return [e for r in records for e in r["events"] if e["type"] == "redo"], seen
+    return redos(records), seen
 
 
 @pytest.mark.slow  # make test-slow: 45 s here (make test keeps the quicker rollback cases)
@@ -183,5 +184,5 @@ def test_a_copy_holder_killed_in_the_rollback_sends_it_to_storage(tmp_path, refe
         assert rollback.restore == "memory" and cluster.get(ASSIGNMENT(0)).pipelines == ((0, 1, 3, 2),)
         records = _finish(proc, metrics, reference)
         assert not cluster.get(HANDOVER(1)).complete
-    redo = [e for r in records for e in r["events"] if e["type"] == "redo"]
+    redo = redos(records)
     assert [(e["from"], e["restore"]) for e in redo][-1] == (4, "checkpoint"), redo

@@ -14,7 +14,7 @@ import pytest
 
 from bamboo.control.assignment import Assignment
 from tests.integration.test_agents import assert_same_training, reconfigurations
-from tests.training import bamboo_train
+from tests.training import bamboo_train, redos
 
 ITERS = 5
 M = 8
@@ -97,8 +97,10 @@ def test_a_death_in_the_short_pipeline_is_redone_from_the_full_one(tmp_path, ref
     (it0, first), (it1, second) = reconfigurations(records)
     assert it0 == 0 and first["pipelines"] == [[0, 2, 1], [3, 3, 4]] and first["microbatches"] == [5, 3]
     assert [r["nodes"] for r in records[:2]] == [5, 5]
-    redo = [e for r in records for e in r["events"] if e["type"] == "redo"]
+    redo = redos(records)
     assert redo == [{"type": "redo", "abandoned": 2, "from": 2, "restore": "peers"}]
+    why = [e["why"] for r in records for e in r["events"] if e["type"] == "redo"]
+    assert "stage 1 has no copy left in this pipeline" in why[0], why  # the reason of the node that gave up
     assert it1 == 2 and 3 not in sum(second["pipelines"], []) and second["standby"] == []
     assert [len(set(p)) for p in second["pipelines"]] == [2, 2] and second["microbatches"] == [4, 4]
     assert_same(final(records), tmp_path, reference)
@@ -113,7 +115,7 @@ def test_a_death_in_the_full_pipeline_takes_a_node_of_the_short_one(tmp_path, re
     (it0, first), (it1, second) = reconfigurations(records)
     assert first["pipelines"] == [[0, 2, 1], [3, 3, 4]] and first["microbatches"] == [5, 3]
     assert [e["type"] for e in records[2]["events"]].count("failover") == 1
-    assert not [e for r in records for e in r["events"] if e["type"] == "redo"]
+    assert not redos(records)
     assert it1 == 3 and len(second["pipelines"]) == 1 and second["microbatches"] == [M]
     mended = second["pipelines"][0]
     assert mended[0] == 0 and mended[2] == 1 and mended[1] in (3, 4) and second["standby"] == [7 - mended[1]]
