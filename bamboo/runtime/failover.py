@@ -184,7 +184,7 @@ class Failover:
         self._check_owed(iteration, failed, owed)
         self.compiled_sync = self.sync if self.sync is ReplicaSync.END or owed else ReplicaSync.NONE
         cost = self._placement(microbatches, failed, kills)
-        streams = self._compile(microbatches, failed, cost)
+        streams = self.streams_for(microbatches, failed, cost)
         # etcd is read at the next poll whatever the watch says, unless the last look
         # stands: then the watch would have said so (abort/'s keys are per iteration)
         due = self.failures is None or self.elastic or not self._looked
@@ -210,11 +210,12 @@ class Failover:
         here = [(self.nodes.index(n), k) for n, k in kills if n in self.nodes]
         if self.cost is None or not here:
             return self.cost or CostModel()
-        measured, default = (self._compile(microbatches, failed, c) for c in (self.cost, CostModel()))
+        measured, default = (self.streams_for(microbatches, failed, c) for c in (self.cost, CostModel()))
         moved = any(measured.get(me, [])[:k + 1] != default.get(me, [])[:k + 1] for me, k in here)
         return CostModel() if moved else self.cost
 
-    def _compile(self, microbatches: int, failed: tuple[Local, ...], cost: CostModel) -> dict[int, list[Instr]]:
+    def streams_for(self, microbatches: int, failed: tuple[Local, ...], cost: CostModel) -> dict[int, list[Instr]]:
+        """Every node's fault-free stream of an iteration of this epoch with `failed` merged."""
         return compile_schedule(self.P, microbatches, failed, self._compiled(), cost).streams
 
     def _compiled(self) -> ScheduleOptions:

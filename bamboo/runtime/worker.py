@@ -203,7 +203,7 @@ class Worker(EpochMoves):
 
     def end_iteration(self, it: int) -> Regroup:
         """Report, and agree with every live node on what the next iteration runs with;
-        with --compute-ahead, stage 0's owner runs the next iteration's first forward meanwhile."""
+        with --compute-ahead, stage 0's owner runs the next iteration's first forwards meanwhile."""
         self._compute_ahead(it + 1)
         if self.loss_scale and self.executor.overflow is not None:  # every node decided alike: first wins
             self.cluster.create(SCALE(it), dataclasses.replace(self.loss_scale, overflow=self.executor.overflow))
@@ -258,7 +258,7 @@ class Worker(EpochMoves):
         self.executor.drop_ahead()
         if self.executor.ahead_taken:
             print(f"bamboo.runtime.worker: node {self.node}: {self.executor.ahead_taken} iterations began with "
-                  "their first forward run while the boundary agreed", flush=True)
+                  "their first forwards run while the boundary agreed", flush=True)
         self.executor.settle_replicas()  # a stage taken over at the last boundary is saved stepped
         self.checkpoints.wait()
         if self.cfg.checkpoints.save_dir and self.pipeline == 0:
@@ -306,14 +306,16 @@ class Worker(EpochMoves):
         return self.failover.redundancy == Redundancy.EAGER and index in calibration.CALIBRATION
 
     def _compute_ahead(self, it: int) -> None:
-        """--compute-ahead: start iteration `it`'s first forward while the boundary agrees
+        """--compute-ahead: start iteration `it`'s first forwards while the boundary agrees
         (bamboo/runtime/ahead.py): not past the job's end, nor into a timed calibration
         iteration, nor with a --preempt of this node in it (counted from its stream's start)."""
         last = it >= self.cfg.schedule.iterations
         if not self.cfg.testing.compute_ahead or last or self._timed(self.epoch_iterations):
             return
         if not any(node == self.node for node, _ in self._kills(it)):
-            self.executor.compute_ahead(it, self.failover.now.streams[self.me], self.mbs)
+            now = self.failover.now  # after a death it recovered from, the next iteration runs merged
+            streams = self.failover.streams_for(now.microbatches, now.failed, now.cost) if now.recovered else now.streams
+            self.executor.compute_ahead(it, streams[self.me], self.mbs)
 
     def _op_ms(self) -> dict | None:
         """Eager, at the last of the epoch's calibration iterations: the median time
