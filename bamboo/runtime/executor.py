@@ -72,7 +72,8 @@ class Executor(StepPhase):
         # and syncs wait for the rest of the stream (STEP_PHASE).
         self.step_after_reduces = bool(cfg.recipe.grad_clip) or bool(self.tied) or cfg.recipe.loss_scaling
         self.it: IterationState | None = None  # the iteration under way, or the last one run
-        self.ahead: Ahead | None = None   # the next iteration's first forward, run while the boundary agrees
+        self.ahead: Ahead | None = None   # the next iteration's first forwards, run while the boundary agrees
+        self.ahead_next: int | None = None  # the iteration whose forwards start as this stream ends (worker)
         self.ahead_taken = 0              # iterations that began with work run ahead
 
     @property
@@ -141,6 +142,9 @@ class Executor(StepPhase):
                     pass
                 if (event := failover.poll()) is not None:
                     stream = self._on_event(event, stream, pc)
+            if self.ahead_next is not None:  # this node's stream ended: the next one's forwards may begin
+                self.start_ahead(self.ahead_next, failover)
+                self.ahead_next = None
             # Done here, but a neighbour may still die before the pipeline is: stay
             # available to re-send what it needs until every node has finished.
             self._maybe_preempt(pc)  # INSTRUCTION = stream length: after the stream
@@ -179,12 +183,18 @@ class Executor(StepPhase):
             ahead.finish(self.it)
         return pc + len(ahead.prefix)
 
-    def compute_ahead(self, iteration: int, stream: list[Instr], microbatches: range) -> None:
-        """Start the first loads and forwards of iteration `iteration`, expected to run
-        `stream`, on a thread (bamboo/runtime/ahead.py); `run` takes them if they fit."""
-        prefix = prefix_ahead(stream)
-        if prefix and self.device.type == "cpu":
-            self.ahead = Ahead(self, OPS, iteration, stream, prefix, microbatches)
+    def start_ahead(self, iteration: int, failover: Failover) -> None:
+        """Start the first loads and forwards of iteration `iteration` on a thread
+        (bamboo/runtime/ahead.py), on the stream it runs if the boundary changes
+        nothing: this one's or, after a death the pipeline recovered from, the merged
+        pipeline's; `run` takes them if they fit."""
+        now = failover.now
+        if self.ahead is not None or self.device.type != "cpu":
+            return
+        streams = failover.streams_for(now.microbatches, now.failed, now.cost) if now.recovered else now.streams
+        prefix = prefix_ahead(streams[self.me])
+        if prefix:
+            self.ahead = Ahead(self, OPS, iteration, streams[self.me], prefix, self.it.mbs)
 
     def drop_ahead(self) -> None:
         """Forget the work run ahead (the next iteration will not run that stream)."""

@@ -182,6 +182,7 @@ class Worker(EpochMoves):
         stream = self.failover.now.streams[self.me]  # the failover keeps every node's stream: one compile
         self.loss_scale = self._loss_scale_of(it)
         timed = self._timed(self.epoch_iterations - 1)
+        self.executor.ahead_next = None if self.cfg.evaluates(it) else self._ahead_of(it + 1)  # not beside an eval
         self.executor.run(it, stream, self.mbs, self.comm, self.failover,
                           self.loss_scale.scale if self.loss_scale else 1.0, self.op_times if timed else None)
         self.iteration_seconds.append(time.monotonic() - began)
@@ -203,8 +204,10 @@ class Worker(EpochMoves):
 
     def end_iteration(self, it: int) -> Regroup:
         """Report, and agree with every live node on what the next iteration runs with;
-        with --compute-ahead, stage 0's owner runs the next iteration's first forwards meanwhile."""
-        self._compute_ahead(it + 1)
+        with --compute-ahead, stage 0's owner runs the next iteration's first forwards
+        meanwhile (begun as its stream ended, or after the evaluation)."""
+        if (ahead := self._ahead_of(it + 1)) is not None:
+            self.executor.start_ahead(ahead, self.failover)
         if self.loss_scale and self.executor.overflow is not None:  # every node decided alike: first wins
             self.cluster.create(SCALE(it), dataclasses.replace(self.loss_scale, overflow=self.executor.overflow))
         self.boundary.report(it, self._report(), self.failover.now.completed if self._promotes(it) else None)
@@ -305,17 +308,14 @@ class Worker(EpochMoves):
         calibration iterations (bamboo/runtime/calibration.py)."""
         return self.failover.redundancy == Redundancy.EAGER and index in calibration.CALIBRATION
 
-    def _compute_ahead(self, it: int) -> None:
-        """--compute-ahead: start iteration `it`'s first forwards while the boundary agrees
-        (bamboo/runtime/ahead.py): not past the job's end, nor into a timed calibration
-        iteration, nor with a --preempt of this node in it (counted from its stream's start)."""
+    def _ahead_of(self, it: int) -> int | None:
+        """--compute-ahead: `it`, if its first forwards may run ahead (bamboo/runtime/ahead.py):
+        not past the job's end, nor into a timed calibration iteration, nor with a
+        --preempt of this node in it (counted from its stream's start); else None."""
         last = it >= self.cfg.schedule.iterations
         if not self.cfg.testing.compute_ahead or last or self._timed(self.epoch_iterations):
-            return
-        if not any(node == self.node for node, _ in self._kills(it)):
-            now = self.failover.now  # after a death it recovered from, the next iteration runs merged
-            streams = self.failover.streams_for(now.microbatches, now.failed, now.cost) if now.recovered else now.streams
-            self.executor.compute_ahead(it, streams[self.me], self.mbs)
+            return None
+        return None if any(node == self.node for node, _ in self._kills(it)) else it
 
     def _op_ms(self) -> dict | None:
         """Eager, at the last of the epoch's calibration iterations: the median time
