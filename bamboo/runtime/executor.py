@@ -216,6 +216,8 @@ class Executor(StepPhase):
 
     def _on_event(self, event, stream: list[Instr], pc: int) -> list[Instr]:
         """Act on what the failover saw; return the stream to go on with."""
+        self.drop_ahead()  # begun as the stream ended, on a layout now changing; and its dropout
+        # seeds the one global generator that a recovery's forwards also draw from
         self.settle_replicas()  # a recovery runs on the replicas
         self.it.failover.settle(event)  # an abort, this node's death, silent peers
         if isinstance(event, PeersSilent):
