@@ -223,7 +223,8 @@ def report_times(runs: dict, a) -> None:
           f"Executor.busy: {busy * 1e3:.1f} ms)")
     pairs = [(x, y) for x, y in (("off", "deepspeed"), ("off", "torch"), ("off", "torch-zb"), ("eager", "off"),
                                  ("lazy", "off"), ("off-poll1s", "off"), ("off-poll1s", "deepspeed"),
-                                 ("off-ahead", "off"), ("off-ahead", "deepspeed"), ("off-whole", "off"),
+                                 ("off-ahead", "off"), ("off-ahead", "deepspeed"), ("off-ahead", "torch"),
+                                 ("off-ahead", "torch-zb"), ("off-whole", "off"),
                                  ("off-whole", "deepspeed")) if x in runs and y in runs]
     print("ratios: " + "   ".join(f"{x}/{y} {t[x] / t[y]:.3f}" for x, y in pairs))
     # The systems alternate within a round: a ratio inside one round is the least
