@@ -51,9 +51,9 @@ def two_deaths(tmp_path, reference, mode: str, k1: int, k2: int):
                               "--preempt", f"1@{KILLED_IN}:{k1}", "--preempt", f"2@{KILLED_IN}:{k2}")
     first = [e for e in records[0]["events"] if e["type"] == "reconfigure"][0]
     assert first["pipelines"][0] == FULL and first["microbatches"] == [4, 2, 2]
-    redos = redos(records)
-    assert {"type": "redo", "abandoned": KILLED_IN, "from": KILLED_IN, "restore": "peers"} in redos, redos
-    assert all(e["restore"] == "peers" for e in redos), redos  # nothing went back to a checkpoint
+    redone = redos(records)
+    assert {"type": "redo", "abandoned": KILLED_IN, "from": KILLED_IN, "restore": "peers"} in redone, redone
+    assert all(e["restore"] == "peers" for e in redone), redone  # nothing went back to a checkpoint
     last = list({r["iteration"]: r for r in records}.values())  # a redone iteration as it last ran
     assert [r["iteration"] for r in last] == list(range(ITERS))
     for got, want in zip(last, reference):
