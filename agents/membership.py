@@ -242,12 +242,19 @@ class Membership:
         new = from_policy(config, start, before, failed, restore)
         wanted = self.cluster.get(MODE(it - 1))  # what the boundary of `it` compared with (auto)
         mode, sync = setting_for(cfg, new, ModeStats(**wanted.stats) if wanted else None, wanted)
-        abort = self.cluster.get(ABORT(it)) if redo else None  # cleared with the iteration: kept in the epoch
         new = Assignment(**{**new.__dict__, "redo": redo, "layers_from": basis.epoch, "redundancy": mode,
                             "sync": sync, "taken": None if taken is None else tuple(sorted(taken)),
-                            "why": abort.why[:WHY_CHARS] if abort else ""})
+                            "why": self._why(it, restore) if redo else ""})
         clear = [(family(start), family(it + 1)) for family in ITERATION_FAMILIES]  # iterations start..it
         self.cluster.create_clearing(ASSIGNMENT(new.epoch), new, clear)
+
+    def _why(self, it: int, restore: Restore) -> str:
+        """A redo's cause, kept in its epoch: the abort's reason (abort/<it> is cleared
+        with the iteration), or a restore no abort asked for."""
+        abort = self.cluster.get(ABORT(it))
+        if abort is not None:
+            return abort.why[:WHY_CHARS]
+        return f"no live node holds a current copy of every stage: restored from {restore}"
 
     def _policy(self, cfg: JobConfig, live: dict[str, str], previous: Config | None) -> Config:
         """The policy's next configuration for this job (pipelines: each needs a microbatch)."""

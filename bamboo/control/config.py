@@ -226,7 +226,7 @@ class ClusterSpec(Section):
 class TestingSpec(Section):
     preempt: tuple[Preempt, ...] = ()  # kills at chosen instructions
     check_replicas: bool = False   # digest owners and replicas after every step
-    compute_ahead: bool = False    # stage 0's next forward run while the boundary agrees (bamboo/runtime/ahead.py)
+    compute_ahead: bool = False    # stage 0's next forwards run while it waits (bamboo/runtime/ahead.py)
 
     @classmethod
     def from_dict(cls, d):

@@ -4,56 +4,36 @@ The pipeline's next iteration waits for stage 0's first activation, and stage 0'
 owner computes it only after the boundary: after the last stage's tail (with split
 backwards, its weight passes and step, which stage 0 waits through) and the
 agreement (a few etcd round trips, docs/HOTPATH.md). The next stream begins, after
-its late syncs if any, with loads, forwards and their sends; the loads and forwards
-need nothing the boundary decides: the step was taken, the samples and the dropout
-seeds follow from the iteration. So a thread runs them while the main thread
-agrees, on a private IterationState, and the next iteration takes their results
-if its stream begins with the same instructions for the same samples; otherwise
-(a death changed the pipeline, the agents reconfigure, the iteration is
-abandoned) they are dropped. Nothing is sent before the agreement: once it is in,
-the main thread posts each send as soon as the thread has run the forward before it,
-while the thread runs on. The compiler gives such a run its own order
-(schedules/overlap.py): stage 0 begins with more forwards, and the last stage's tail
-holds more weight passes, so that the forwards run ahead fill the last stage's wait.
+its late syncs if any, with loads, forwards and their sends (`prefix_ahead`,
+schedules/overlap.py); the loads and forwards need nothing the boundary decides:
+the step was taken, the samples and the dropout seeds follow from the iteration. So
+a thread runs them from the moment the node's own stream has ended, while it waits
+for its pipeline and agrees, on a private IterationState, and the next iteration
+takes their results if its stream begins with the same instructions for the same
+samples; otherwise (a death changed the pipeline, the agents reconfigure, the
+iteration is abandoned) they are dropped. Nothing is sent before the agreement:
+once it is in, the main thread posts each send as soon as the thread has run the
+forward before it, while the thread runs on. The compiler gives such a run its own
+order (schedules/overlap.py): stage 0 begins with more forwards, and the last
+stage's tail holds more weight passes, so that the forwards run ahead fill the last
+stage's wait.
 
 Opt-in (--compute-ahead): each iteration's thread adds to the peak memory, and so
 does the order (a microbatch's activations per extra forward, a microbatch's graph
-per weight pass held back; docs/HOTPATH.md). CPU only: on CUDA
-the forward's time is kernel launches that overlap anyway, and what runs on which
-stream from a second thread was never checked on a GPU."""
+per weight pass held back; docs/HOTPATH.md). CPU only: on CUDA the forward's time
+is kernel launches that overlap anyway, and what runs on which stream from a
+second thread was never checked on a GPU."""
 from __future__ import annotations
 
 import copy
 import threading
 import time
 
-from schedules.ir import Instr, Op
+from schedules.ir import Instr
+from schedules.overlap import AHEAD_OPS, leading_syncs
 
 from bamboo.runtime.iteration import IterationState
-
-# What a thread may run ahead: local compute whose inputs the agreement cannot change;
-# and what may sit between them in the prefix, posted by the main thread after the agreement.
-AHEAD_OPS = frozenset({Op.LOAD, Op.FORWARD})
-POSTED_AFTER = frozenset({Op.SEND_ACT})
-
-
-def leading_syncs(stream: list[Instr]) -> int:
-    """How many late syncs (--replica-sync next) the stream begins with: the owner's
-    sends of the iteration before's gradients, which the forwards after them do not
-    read. They go once the agreement is in; what follows them may run ahead."""
-    return next((i for i, ins in enumerate(stream) if ins.op is not Op.SEND_SYNC), len(stream))
-
-
-def prefix_ahead(stream: list[Instr]) -> list[Instr]:
-    """The stream's leading loads, forwards and their sends after its late syncs (not
-    FRC's redundant forwards, whose saved tensors go to host memory): empty unless a
-    forward is among them, which only a stream that begins at stage 0 has."""
-    prefix = []
-    for ins in stream[leading_syncs(stream):]:
-        if ins.op not in AHEAD_OPS | POSTED_AFTER or ins.redundant:
-            break
-        prefix.append(ins)
-    return prefix if any(i.op is Op.FORWARD for i in prefix) else []
+from bamboo.transport.comm import PeerFailure
 
 
 class Ahead:
@@ -114,6 +94,27 @@ class Ahead:
             raise self.error
         ins = self.prefix[k]
         return self.shadow.it.acts[(ins.stage, ins.mb)]
+
+    def post(self, executor, stream: list[Instr], pc: int, failover) -> int:
+        """The main thread's part, once the agreement is in: the prefix from `pc` on in
+        `executor`'s iteration, each send posted as soon as the thread has run the
+        forward before it, the thread's results taken at the end; where the stream goes on."""
+        try:
+            for k, ins in enumerate(self.prefix):
+                executor.it.stream, executor.it.pc = stream, pc + k
+                executor._maybe_preempt(pc + k)
+                if ins.op in AHEAD_OPS:
+                    continue
+                executor.it.acts[(ins.stage, ins.mb)] = self.activation(k)
+                try:
+                    executor._execute(ins)
+                except PeerFailure as e:  # lost with the dead node, as any send to it
+                    failover.detected(e.node, str(e))
+        except BaseException:
+            self.join()  # nothing runs on past what raised
+            raise
+        self.finish(executor.it)
+        return pc + len(self.prefix)
 
     def finish(self, it: IterationState) -> None:
         """Wait for the thread and move its results into `it` (its error raised here)."""

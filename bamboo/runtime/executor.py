@@ -21,6 +21,7 @@ import torch
 
 from schedules.ir import RECVS, SENDS, Instr, Op
 from schedules.layout import Layout
+from schedules.overlap import leading_syncs, prefix_ahead
 from schedules.recovery import sends_first, tails_last
 
 from bamboo.control.config import JobConfig, dropout_seed_for
@@ -28,7 +29,7 @@ from bamboo.control.exits import preempt_if_due
 from bamboo.control.protocol import LOSS, Local, Loss, NodeId
 from bamboo.model import recipe
 from bamboo.model.builtin import dropout_seed, mixed_precision
-from bamboo.runtime.ahead import AHEAD_OPS, Ahead, leading_syncs, prefix_ahead
+from bamboo.runtime.ahead import Ahead
 from bamboo.runtime.calibration import OpTimes
 from bamboo.runtime.failover import Failover, PeersSilent, TooManyDead
 from bamboo.runtime.iteration import IterationState
@@ -72,7 +73,7 @@ class Executor(StepPhase):
         # and syncs wait for the rest of the stream (STEP_PHASE).
         self.step_after_reduces = bool(cfg.recipe.grad_clip) or bool(self.tied) or cfg.recipe.loss_scaling
         self.it: IterationState | None = None  # the iteration under way, or the last one run
-        self.ahead: Ahead | None = None   # the next iteration's first forwards, run while the boundary agrees
+        self.ahead: Ahead | None = None   # the next iteration's first forwards, run while this node waits
         self.ahead_next: int | None = None  # the iteration whose forwards start as this stream ends (worker)
         self.ahead_taken = 0              # iterations that began with work run ahead
 
@@ -96,7 +97,7 @@ class Executor(StepPhase):
         """Run `stream` to its end, and through every recovery a death in the
         pipeline brings, until every node of the pipeline has finished. `times`: where
         each op's duration goes (an epoch's calibration, bamboo/runtime/calibration.py)."""
-        ahead, self.ahead = self.ahead, None  # its thread runs on: nothing below changes what it reads
+        ahead = self.ahead  # its thread runs on (nothing below changes what it reads): held to drop if this raises
         self._release()
         for s, m in self.modules.items():
             if s not in self.owed:  # an owed step's gradients stay until it is taken
@@ -111,7 +112,8 @@ class Executor(StepPhase):
         try:
             pc = 0
             if taken:  # the late syncs before the work run ahead go first
-                pc = self._run_taken(ahead, stream, self._send_leading_syncs(stream, failover), failover)
+                pc = ahead.post(self, stream, self._send_leading_syncs(stream, failover), failover)
+            self.ahead = None
             self._run_stream(stream, pc, comm, failover)
         finally:
             self._close_syncs()
@@ -142,13 +144,13 @@ class Executor(StepPhase):
                     pass
                 if (event := failover.poll()) is not None:
                     stream = self._on_event(event, stream, pc)
-            if self.ahead_next is not None:  # this node's stream ended: the next one's forwards may begin
-                self.start_ahead(self.ahead_next, failover)
-                self.ahead_next = None
             # Done here, but a neighbour may still die before the pipeline is: stay
             # available to re-send what it needs until every node has finished.
             self._maybe_preempt(pc)  # INSTRUCTION = stream length: after the stream
             failover.finished(also=self._losses_to_write())
+            if self.ahead_next is not None:  # the next iteration's forwards may begin meanwhile
+                self.start_ahead(self.ahead_next, failover)
+                self.ahead_next = None
             if (event := failover.linger(idle=self.settle_replicas)) is None:  # owed steps fit in the wait
                 break
             stream = self._on_event(event, stream, pc)
@@ -163,25 +165,6 @@ class Executor(StepPhase):
             except PeerFailure as e:  # lost with its holder, as any send to a dead node
                 failover.detected(e.node, str(e))
         return first
-
-    def _run_taken(self, ahead: Ahead, stream: list[Instr], pc: int, failover: Failover) -> int:
-        """The instructions run ahead, from `pc` on: each send posted as soon as the
-        thread has run the forward before it (the agreement is in), the thread's
-        results taken at the end; where the stream goes on."""
-        try:
-            for k, ins in enumerate(ahead.prefix):
-                self.it.stream, self.it.pc = stream, pc + k
-                self._maybe_preempt(pc + k)
-                if ins.op in AHEAD_OPS:
-                    continue
-                self.it.acts[(ins.stage, ins.mb)] = ahead.activation(k)
-                try:
-                    self._execute(ins)
-                except PeerFailure as e:  # lost with the dead node, as any send to it
-                    failover.detected(e.node, str(e))
-        finally:
-            ahead.finish(self.it)
-        return pc + len(ahead.prefix)
 
     def start_ahead(self, iteration: int, failover: Failover) -> None:
         """Start the first loads and forwards of iteration `iteration` on a thread
@@ -216,12 +199,12 @@ class Executor(StepPhase):
 
     def _on_event(self, event, stream: list[Instr], pc: int) -> list[Instr]:
         """Act on what the failover saw; return the stream to go on with."""
-        self.drop_ahead()  # begun as the stream ended, on a layout now changing; and its dropout
-        # seeds the one global generator that a recovery's forwards also draw from
         self.settle_replicas()  # a recovery runs on the replicas
         self.it.failover.settle(event)  # an abort, this node's death, silent peers
         if isinstance(event, PeersSilent):
             return stream
+        self.drop_ahead()  # begun as the stream ended, on a layout now changing; and its dropout
+        # seeds the one global generator that a recovery's forwards also draw from
         if isinstance(event, TooManyDead):
             self.it.failover.unsurvivable(event.why)
         return self._replan(self.it.failover, stream, pc)

@@ -85,6 +85,9 @@ def check_on_face(args) -> None:
     local_checkpoint = args.checkpoint if args.checkpoint and "://" not in args.checkpoint else None
     for flag, path in (("--save-dir", args.save_dir), ("--log-dir", args.log_dir), ("--checkpoint", local_checkpoint)):
         check_not_a_file(path, flag)
+    if args.compute_ahead and args.devices and args.devices.strip() != "cpu":
+        raise ValueError("--compute-ahead runs its thread on CPU workers only, and --devices names GPUs: there it "
+                         "would only reorder the streams, holding more activations for nothing")
     from commands.train.preempts import parse_spec
     for spec in args.preempt:
         if spec != "random":

@@ -204,9 +204,10 @@ def _testing_flags(g) -> None:
     g.add_argument("--check-replicas", action="store_true",
                    help="compare digests of every copy of every stage after each step")
     g.add_argument("--compute-ahead", action="store_true",
-                   help="on the CPU, stage 0's owner runs the next iteration's first forward on a thread while the "
-                        "iteration boundary agrees (1.6 percent faster on the hot path's small shape, nothing on "
-                        "its large one; more memory: docs/HOTPATH.md)")
+                   help="on CPU workers, stage 0's owner runs the next iteration's first forwards on a thread once "
+                        "its own stream has ended, sent once the iteration boundary agrees; the streams get an order "
+                        "that leaves room for them (more forwards first, weight passes held back: more memory). "
+                        "On the hot path's benchmark 4 percent faster than without (docs/HOTPATH.md)")
     g.add_argument("--local-prefix", default="", metavar="CMD",
                    help="with --local-nodes: run each agent under this command, {node} replaced by its id "
                         "(the network namespaces of bamboo-chaos --network)")

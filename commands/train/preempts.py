@@ -25,7 +25,8 @@ def fault_free_stream(args, node: int, first: bool = False) -> list:
     m = len(split_microbatches(args.microbatches, args.pipelines)[node // args.stages])
     sync = ReplicaSync.NONE if first and args.replica_sync == ReplicaSync.NEXT else args.replica_sync
     sync = ReplicaSync.END if sync == JobReplicaSync.AUTO else sync  # the agents' first choice is unknown here
-    options = ScheduleOptions(redundancy=stream_mode(args), frc=args.frc, sync=sync, split=args.backward_split)
+    options = ScheduleOptions(redundancy=stream_mode(args), frc=args.frc, sync=sync, split=args.backward_split,
+                              ahead=args.compute_ahead)
     return compile_schedule(args.stages, m, (), options).streams[node % args.stages]
 
 

@@ -306,12 +306,15 @@ def validate(layout: Layout, microbatches: int, streams: dict[int, list[Instr]],
     return Engine(layout, microbatches, cost, dead, expect_frc).run(streams)
 
 
-def start_times(streams: dict[int, list[Instr]], cost: CostModel) -> dict[int, list[float]]:
+def start_times(streams: dict[int, list[Instr]], cost: CostModel,
+                begin: dict[int, float] | None = None) -> dict[int, list[float]]:
     """Start time of every instruction, assuming the streams are valid. A lean copy of
-    the engine's timing rule with no checks, fast enough for the compile path."""
+    the engine's timing rule with no checks, fast enough for the compile path.
+    `begin`: nodes that start before 0 (compute run ahead, schedules/overlap.py);
+    nothing they send leaves before 0, when the iteration's agreement is in."""
     channels: dict[tuple, deque] = defaultdict(deque)
     pcs = {n: 0 for n in streams}
-    clocks = {n: 0.0 for n in streams}
+    clocks = {n: (begin or {}).get(n, 0.0) for n in streams}
     starts: dict[int, list[float]] = {n: [] for n in streams}
     duration, latency = cost.duration, cost.latency
     progress = True
@@ -333,7 +336,7 @@ def start_times(streams: dict[int, list[Instr]], cost: CostModel) -> dict[int, l
                 out.append(start)
                 clock = start + duration(ins)
                 if op in SENDS:
-                    channels[(n, ins.peer, op)].append(clock + latency(ins))
+                    channels[(n, ins.peer, op)].append(max(clock, 0.0) + latency(ins))
                 pc += 1
             progress |= pc != pcs[n]
             pcs[n], clocks[n] = pc, clock

@@ -14,10 +14,11 @@ from bamboo.data.corpus import corpus_of
 from bamboo.model.api import ModelSource
 from bamboo.model.builtin import Stage
 from bamboo.model.partition import partition
-from bamboo.runtime.ahead import Ahead, prefix_ahead
+from bamboo.runtime.ahead import Ahead
 from bamboo.runtime.executor import OPS, Executor
 from bamboo.runtime.iteration import IterationState
 from schedules.options import ScheduleOptions
+from schedules.overlap import prefix_ahead
 from bamboo.state.holdings import Stages
 from bamboo.transport.staging import Stager
 

@@ -10,6 +10,8 @@ from schedules.cost import CostModel
 from schedules.ir import Op
 from schedules.options import ScheduleOptions
 from schedules.overlap import period
+from schedules.timing.bubbles import makespan
+from schedules.timing.engine import start_times
 
 AHEAD = ScheduleOptions(redundancy="off", ahead=True)
 LARGE = CostModel(forward=486.7, backward=1038.0, input_share=563 / 1038, step=150.0, transfer=5.0)  # bench_passes
@@ -87,3 +89,23 @@ def test_every_failure_point_of_the_order_recovers(mode, P, M):
         for k in range(len(base.streams[d]) + 1):
             rec = compile_recovery(P, M, d, k, options=options)
             assert all(simulate(rec).finished.values())  # raises on any violation
+
+
+@pytest.mark.parametrize("P,M", [(2, 8), (3, 6), (4, 8)])
+def test_the_period_waits_for_the_agreement(P, M):
+    """Run back to back with no agreement at all, stage 0's owner would send its first
+    activations as soon as they exist: the period counts them from the last node's end
+    instead, so it is never shorter, the same with two stages (the last stage asks for
+    its first activation after its own step) and longer with more."""
+    streams = compile_schedule(P, M, options=AHEAD).streams
+    cost = CostModel()
+
+    def span(k):
+        repeated = {n: s * k for n, s in streams.items()}
+        return makespan(repeated, start_times(repeated, cost), cost)
+    back_to_back = span(4) - span(3)
+    assert period(streams, cost) >= back_to_back - 1e-9
+    if P == 2:
+        assert period(streams, cost) == pytest.approx(back_to_back)
+    single = makespan(streams, start_times(streams, cost), cost)
+    assert period(streams, cost) <= single + 1e-9  # what runs ahead never costs time
