@@ -74,7 +74,9 @@ def period(streams: dict[int, list[Instr]], cost: CostModel) -> float:
     for _ in range(ROUNDS):
         starts = start_times(streams, cost, {n: -h for n, h in head.items()})
         span = makespan(streams, starts, cost)
-        head = {n: min(ahead[n], span - (starts[n][-1] + cost.duration(streams[n][-1]))) for n in ahead}
+        settled, head = head, {n: min(ahead[n], span - (starts[n][-1] + cost.duration(streams[n][-1]))) for n in ahead}
+        if all(abs(head[n] - settled[n]) < 1e-9 for n in head):
+            break
     return span
 
 
