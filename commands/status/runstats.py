@@ -165,7 +165,8 @@ def _epoch_events(look, add) -> None:
             add("start", a.start, f"epoch {epoch}: {shape}, {mode}", epoch=epoch)
         elif a.redo:
             kind = "redo" if a.restore == Restore.PEERS else "rollback"
-            add(kind, a.start, f"epoch {epoch} runs iteration {a.start} again, layers from {a.restore}: {shape}",
+            why = f" (why: {a.why})" if a.why else ""
+            add(kind, a.start, f"epoch {epoch} runs iteration {a.start} again, layers from {a.restore}: {shape}{why}",
                 epoch=epoch)
         else:
             add("reconfigure", a.start, f"epoch {epoch}: {shape}", epoch=epoch)

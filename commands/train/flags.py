@@ -207,7 +207,8 @@ def _testing_flags(g) -> None:
                    help="on CPU workers, stage 0's owner runs the next iteration's first forwards on a thread once "
                         "its own stream has ended, sent once the iteration boundary agrees; the streams get an order "
                         "that leaves room for them (more forwards first, weight passes held back: more memory). "
-                        "On the hot path's benchmark 4 percent faster than without (docs/HOTPATH.md)")
+                        "On the hot path's benchmark 4 percent faster on its small shape, nothing on its large one "
+                        "(docs/HOTPATH.md)")
     g.add_argument("--local-prefix", default="", metavar="CMD",
                    help="with --local-nodes: run each agent under this command, {node} replaced by its id "
                         "(the network namespaces of bamboo-chaos --network)")

@@ -95,7 +95,7 @@ def test_the_attribute_check_sees_an_attribute_first_set_elsewhere():
 SCHEMA = {
     "failover": ["type", "node", "iteration", "died_before", "by", "agree_seconds", "lent_by", "lent",
                  "lend_seconds"],  # lent_by, lent, lend_seconds: added last
-    "redo": ["type", "abandoned", "from", "restore"],
+    "redo": ["type", "abandoned", "from", "restore", "why"],
     "preemption": ["type", "node", "pause_seconds"],
     "notice": ["type", "node", "source", "action"],
     "reconfigure": ["type", "epoch", "pipelines", "standby", "redundancy", "microbatches", "sync"],  # sync: added last
