@@ -86,6 +86,15 @@ def test_dump_mid_iteration_failure():
     assert all("resume_at" in s for s in doc["streams"])
 
 
+def test_dump_with_compute_ahead_begins_stage_0_with_more_forwards():
+    doc = dump("--stages", "2", "--microbatches", "8", "--redundancy", "off", "--compute-ahead")
+    check_channels(doc)
+    assert doc["compute_ahead"] is True
+    first = doc["streams"][0]["instructions"]
+    warm = next(k for k, i in enumerate(first) if i["op"] == "recv_grad")
+    assert [i["mb"] for i in first[:warm] if i["op"] == "forward"] == [0, 1, 2, 3]  # 1F1B's warm-up: 0 and 1
+
+
 def test_dump_evaluation_streams_forward_only():
     doc = dump("--eval", "--stages", "4", "--microbatches", "3", "--failed", "0")
     assert doc["evaluation"] is True and [s["node"] for s in doc["streams"]] == [1, 2, 3]
@@ -107,6 +116,7 @@ def test_dump_evaluation_streams_forward_only():
     (["--redundancy", "auto"], "invalid choice"),
     (["--frc", "some"], "invalid choice"),
     (["--eval", "--fail-node", "1", "--fail-before", "2"], "no mid-iteration failure"),
+    (["--eval", "--compute-ahead"], "no backward to order"),
     (["--forward", "nan"], "forward must be a finite number"),  # once printed as JSON no parser reads
     (["--transfer", "inf"], "transfer must be a finite number"),
 ])

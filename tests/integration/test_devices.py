@@ -58,6 +58,7 @@ def test_the_transport_is_gloo_unless_nccl_is_asked_and_possible():
     (["--devices", "0,x"], "--devices takes GPU indices"),
     (["--transport", "nccl"], "--transport nccl needs a GPU"),
     (["--transport", "nccl", "--share-gpu"], "--transport nccl cannot share a GPU"),
+    (["--compute-ahead", "--devices", "0"], "--compute-ahead runs its thread on CPU workers only"),
 ])
 def test_bamboo_train_refuses_device_flags_in_one_line(flags, says):
     out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--stages", "2", "--iterations", "1", *flags],
