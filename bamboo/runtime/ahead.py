@@ -51,12 +51,15 @@ class Ahead:
         self.error: BaseException | None = None
         self.ran = 0
         self.progress = threading.Condition()
+        self.cancelled = threading.Event()  # dropped: stop before the next instruction
         self.thread = threading.Thread(target=self._run, daemon=True, name=f"ahead-{iteration}")
         self.thread.start()
 
     def _run(self) -> None:
         try:
             for k, ins in enumerate(self.prefix):
+                if self.cancelled.is_set():
+                    break
                 if ins.op in AHEAD_OPS:
                     self.shadow.it.pc = self.first + k
                     began = time.monotonic()
@@ -75,13 +78,18 @@ class Ahead:
     def join(self) -> None:
         self.thread.join()
 
+    def drop(self) -> None:
+        """Stop the thread after the instruction it runs (a recovery waits for no more)."""
+        self.cancelled.set()
+        self.join()
+
     def take(self, it: IterationState, stream: list[Instr]) -> int:
         """How many of `stream`'s instructions, after its late syncs, ran ahead: the
         prefix's length if the stream begins with it for the same iteration and
         samples, else 0 (dropped, once the thread has ended)."""
         first, n = leading_syncs(stream), len(self.prefix)
         if (it.iteration, it.mbs) != (self.iteration, self.microbatches) or stream[first:first + n] != self.prefix:
-            self.join()
+            self.drop()
             return 0
         return n
 

@@ -182,7 +182,7 @@ class Executor(StepPhase):
     def drop_ahead(self) -> None:
         """Forget the work run ahead (the next iteration will not run that stream)."""
         if self.ahead is not None:
-            self.ahead.join()
+            self.ahead.drop()
             self.ahead = None
 
     def _execute(self, ins: Instr) -> None:

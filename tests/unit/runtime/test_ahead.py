@@ -2,6 +2,8 @@
 a thread while the boundary agrees, their sends posted after it. Checked against the
 same instructions run by the executor on the main thread, on the real `tiny` model
 with its dropout."""
+import threading
+
 import pytest
 import torch
 
@@ -149,3 +151,22 @@ def test_with_the_sync_in_the_next_iteration_the_forward_after_the_late_sync_run
     again, it = Ahead(executor, OPS, 2, stream, prefix_ahead(stream), MBS), IterationState(2, MBS, None, None)
     assert again.take(it, first) == n
     again.finish(it)
+
+
+def test_dropped_work_stops_after_the_instruction_under_way(executor):
+    """A recovery drops the work run ahead and should not wait for every forward of
+    the prefix: the thread stops after the one it runs."""
+    stream = compile_schedule(2, 4, (), options=ScheduleOptions(redundancy="off", ahead=True)).streams[0]
+    began, release, ran = threading.Event(), threading.Event(), []
+
+    def forward(shadow, ins):
+        ran.append(ins.mb)
+        began.set()
+        release.wait(10)
+        OPS[Op.FORWARD](shadow, ins)
+    ahead = Ahead(executor, {**OPS, Op.FORWARD: forward}, 2, stream, prefix_ahead(stream), MBS)
+    assert began.wait(10)
+    ahead.cancelled.set()
+    release.set()
+    ahead.drop()
+    assert ran == [0] and len([i for i in ahead.prefix if i.op is Op.FORWARD]) > 1
