@@ -3,8 +3,8 @@
     plain_streams      pass (a) order + (b) communication, groups merged   lower.py
     split_backwards    a node's last input gradients sent first,      early_grads.py
                        their weights after (as deep as the cost model says)
-    overlapped_streams (--compute-ahead) instead of the two above: the       overlap.py
-                       order whose next first forwards fill the tail
+    overlapped_streams (--compute-ahead) the above, or another order whose   overlap.py
+                       next first forwards fill the tail
     defer_syncs        (--replica-sync next) the sync in the next iteration syncs.py
     insert_frc         pass (c) eager FRC in bubbles + (d) swap-out         redundancy.py
     check_in_bubbles   (--frc bubbles) no FRC delays anything: `simulate`    bubbles.py
@@ -114,12 +114,11 @@ def _makespan(streams: dict[int, list[Instr]], cost: CostModel) -> float:
 def base_streams(layout: Layout, microbatches: int, options: ScheduleOptions, cost: CostModel) -> dict:
     """The streams before FRC: plain, last backwards split as the options say, with
     the replica sync where they say."""
+    streams = plain_streams(layout, microbatches, options.order, cost, options.sync)
+    if options.split is BackwardSplit.LAST:
+        streams = split_backwards(streams, lambda s: _makespan(s, cost))
     if options.ahead:
-        streams = overlapped_streams(layout, microbatches, options, cost)
-    else:
-        streams = plain_streams(layout, microbatches, options.order, cost, options.sync)
-        if options.split is BackwardSplit.LAST:
-            streams = split_backwards(streams, lambda s: _makespan(s, cost))
+        streams = overlapped_streams(layout, microbatches, options, cost, first=streams)
     return defer_syncs(layout, streams, cost) if options.sync is ReplicaSync.NEXT else streams
 
 

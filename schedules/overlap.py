@@ -27,7 +27,7 @@ microbatches, in another order.
 from __future__ import annotations
 
 from schedules.cost import CostModel
-from schedules.early_grads import split_backwards, split_last
+from schedules.early_grads import split_last
 from schedules.ir import Instr, Op
 from schedules.layout import Layout
 from schedules.lower import plain_streams
@@ -80,25 +80,18 @@ def period(streams: dict[int, list[Instr]], cost: CostModel) -> float:
     return span
 
 
-def overlapped_streams(layout: Layout, microbatches: int, options: ScheduleOptions,
-                       cost: CostModel) -> dict[int, list[Instr]]:
+def overlapped_streams(layout: Layout, microbatches: int, options: ScheduleOptions, cost: CostModel,
+                       first: dict[int, list[Instr]]) -> dict[int, list[Instr]]:
     """The streams before FRC and late syncs, their order chosen for compute ahead:
-    the candidate with the shortest period, the fewest extra forwards and the
-    shortest lag among equals."""
-    def plain(extra: int) -> dict[int, list[Instr]]:
-        return plain_streams(layout, microbatches, options.order, cost, options.sync, extra)
-
-    def split(streams: dict[int, list[Instr]], lag: int) -> dict[int, list[Instr]]:
-        return {n: split_last(s, microbatches, lag) for n, s in streams.items()}
-
+    of `first` (the order compiled without compute ahead) and the candidates above,
+    the one with the shortest period, the fewest extra forwards and the shortest lag
+    among equals."""
     splits = options.split is BackwardSplit.LAST
-    first = plain(0)
-    if splits:
-        first = split_backwards(first, lambda s: makespan(s, start_times(s, cost), cost))
     best, best_time = first, period(first, cost)
     for extra in range(min(len(layout.groups()), EXTRA) + 1):
-        streams = plain(extra)
-        for candidate in ([split(streams, lag) for lag in LAGS] if splits else [streams]):
+        streams = plain_streams(layout, microbatches, options.order, cost, options.sync, extra)
+        candidates = [{n: split_last(s, microbatches, lag) for n, s in streams.items()} for lag in LAGS]
+        for candidate in candidates if splits else [streams]:
             time = period(candidate, cost)
             if time < best_time - 1e-9:
                 best, best_time = candidate, time
