@@ -146,7 +146,7 @@ class Membership:
             self._epoch, self._next = latest.epoch, latest.start
         aborted = self.cluster.children(ABORT())
         if aborted:
-            self._redo(cfg, latest, min(aborted))
+            self._redo(cfg, latest, min(aborted), aborted[min(aborted)].why)
             return
         while True:
             tries = self.cluster.children(REGROUP(self._next))
@@ -185,9 +185,10 @@ class Membership:
         left = [n for n in latest.members if n not in failed]
         if left and self.cluster.record_silent(left, it, self.node, starting=left) != sorted(left):
             return  # an agent whose worker is still starting: not gone
-        self._redo(cfg, latest, it)
+        self._redo(cfg, latest, it, f"every member of epoch {latest.epoch} gone in iteration {it} before any "
+                                    "wrote an abort")
 
-    def _redo(self, cfg: JobConfig, previous: Assignment, it: int) -> None:
+    def _redo(self, cfg: JobConfig, previous: Assignment, it: int, why: str) -> None:
         """Iteration `it` was abandoned. Once every live node has undone its steps,
         configure the survivors to redo it from their copies, or, when a stage has
         no copy left on any node, from the newest complete checkpoint. (Another
@@ -212,7 +213,7 @@ class Membership:
             if not tries:
                 return  # cleared: another agent decided
             before = tries[max(tries)].failed
-        self._next_epoch(cfg, previous, it, before, failed, redo=True, basis=basis)
+        self._next_epoch(cfg, previous, it, before, failed, redo=True, basis=basis, why=why)
 
     def _entered(self, epoch: Assignment) -> bool:
         """Whether the nodes entered `epoch` (hold their layers as it lays them out):
@@ -223,13 +224,14 @@ class Membership:
         return outcome is not None and outcome.complete
 
     def _next_epoch(self, cfg: JobConfig, previous: Assignment, it: int, before, failed, redo: bool,
-                    basis: Assignment | None = None) -> None:
+                    basis: Assignment | None = None, why: str = "") -> None:
         """Write the epoch after iteration `it` (before it, with `redo`): the policy
         over the live nodes; layers from the survivors, whose holdings follow the
         layout of `basis` (default: `previous`) after the failures `before`, or,
         when some stage is held by no live node, from the newest complete
         checkpoint, in the live nodes' memory or else in storage (the iterations
-        after it are run again)."""
+        after it are run again). `why`: a redo's cause, kept in the epoch (abort/<it>
+        is cleared with the iteration)."""
         taken = self._taken(cfg, previous, basis, it, redo)
         basis = basis or previous
         config = self._policy(cfg, self.live(failed), to_policy(previous))
@@ -239,22 +241,15 @@ class Membership:
         if lost_everywhere(basis, set(before) | set(failed), basis.mode(cfg.schedule.redundancy), taken):
             holders = (set(basis.members) | {int(n) for p in config.pipelines for n in p}) - set(failed) - set(before)
             (start, restore), redo = self._restore_point(cfg, start, holders), True
+            why = why or f"no live node holds a current copy of every stage: restored from {restore}"
         new = from_policy(config, start, before, failed, restore)
         wanted = self.cluster.get(MODE(it - 1))  # what the boundary of `it` compared with (auto)
         mode, sync = setting_for(cfg, new, ModeStats(**wanted.stats) if wanted else None, wanted)
         new = Assignment(**{**new.__dict__, "redo": redo, "layers_from": basis.epoch, "redundancy": mode,
                             "sync": sync, "taken": None if taken is None else tuple(sorted(taken)),
-                            "why": self._why(it, restore) if redo else ""})
+                            "why": why[:WHY_CHARS]})
         clear = [(family(start), family(it + 1)) for family in ITERATION_FAMILIES]  # iterations start..it
         self.cluster.create_clearing(ASSIGNMENT(new.epoch), new, clear)
-
-    def _why(self, it: int, restore: Restore) -> str:
-        """A redo's cause, kept in its epoch: the abort's reason (abort/<it> is cleared
-        with the iteration), or a restore no abort asked for."""
-        abort = self.cluster.get(ABORT(it))
-        if abort is not None:
-            return abort.why[:WHY_CHARS]
-        return f"no live node holds a current copy of every stage: restored from {restore}"
 
     def _policy(self, cfg: JobConfig, live: dict[str, str], previous: Config | None) -> Config:
         """The policy's next configuration for this job (pipelines: each needs a microbatch)."""
