@@ -4,7 +4,8 @@ The cut. Node d ran instructions [0, k) and every message it sent then arrived.
 Every survivor runs its own stream as far as it can without d's later work (sends
 to d are lost, receives from d block forever): that maximal cut is where each
 survivor switches to its recovery stream, so a runtime only needs (d, k) to know
-where every node stands. A message of d that its receiver had not taken in at the
+where every node stands. It is found by counting messages (timing/cut.py), not by
+running the iteration. A message of d that its receiver had not taken in at the
 cut is dropped; the new owner sends it again.
 
 The recovery. Node d's weight gradients died with it, so its predecessor p runs
@@ -17,7 +18,9 @@ rest to p. p interleaves chains by list scheduling: whichever chain's next
 instruction can start first, ties broken in this order: receive gradients, send
 activations q waits for, its own remaining work, BRC its own backward waits for,
 and last the BRC nothing waits for. Other nodes go on unchanged; every tail is re-made
-for the new owners, minus what already ran.
+for the new owners, minus what already ran. Only p's choices are checked as they are
+made (the engine's `lean` run times the rest): the other streams are validated ones,
+rerouted, and the tests validate whole plans (compiler.simulate).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from typing import Callable
 
 from schedules import ir
 from schedules.cost import CostModel
+from schedules.timing.cut import Matches
 from schedules.timing.engine import Chains, Engine, Report
 from schedules.ir import SENDS, Instr, Op
 from schedules.layout import Layout, ScheduleError
@@ -85,8 +89,8 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
         _check_late_syncs(base, d, k, p)
     ends = is_tail if sync == ReplicaSync.END else _late_tail  # the iteration's own reduces and steps
     check = dict(expect_frc=expect_frc, late_sync=late, expect_syncs=synced)
-    cut = Engine(layout, M, cost, dead=(d, k), **check)
-    prefix = {n: s for n, s in cut.run(base, allow_stuck=True).streams.items() if n != d}
+    cut = Matches(base).cut(d, k)
+    prefix = {n: s[:cut[n]] for n, s in base.items() if n != d}
     dead_ran = base[d][:k]
     # What survivors took in from d counts; a message of d still queued at the cut
     # (its receiver waits on something else first) is dropped and sent again by p.
@@ -104,7 +108,7 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
         new_tail = _without(tail(after, n, sync), [i for i in pre if ends(i)])
         full[n] = pre + _reroute(n, body, d, p, q) + new_tail
     if stage_done:
-        report = Engine(layout, M, cost, dead=(d, k), expect_frc=expect_frc).run({**full, d: dead_ran})
+        report = Engine(layout, M, cost, dead=(d, k), expect_frc=expect_frc).run({**full, d: dead_ran}, lean=True)
         return full, {n: len(prefix[n]) for n in prefix}, report
 
     resend = [ir.send_grad(i.stage, i.mb, p) for i in prefix[q] if i.op is Op.SEND_GRAD and i.peer == d]
@@ -119,7 +123,7 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
     p_tail = [i for i in full[p][len(prefix[p]):] if ends(i)]
     recvs, acts, urgent, deferred = chains
     scheduled = {p: Chains(prefix[p] + first, [recvs, acts, own, urgent, deferred], p_tail)}
-    report = Engine(layout, M, cost, dead=(d, k), **check).run({**full, d: dead_ran}, scheduled)
+    report = Engine(layout, M, cost, dead=(d, k), **check).run({**full, d: dead_ran}, scheduled, lean=True)
     full[p] = report.streams[p]
     return full, {n: len(prefix[n]) for n in prefix}, report
 

@@ -109,6 +109,13 @@ class Engine:
         # For list-scheduled senders: the order in which each fixed receiver takes
         # their messages, so that the chosen order keeps every channel FIFO.
         self.expected: dict[tuple, deque] = {}
+        self.awake: deque = deque()  # nodes that may run on: never tried yet, or sent something since
+        self.is_awake: set = set()
+
+    def wake(self, node: int) -> None:
+        if node not in self.is_awake:
+            self.is_awake.add(node)
+            self.awake.append(node)
 
     # -- one instruction -------------------------------------------------------------
     def missing(self, node: int, ins: Instr) -> tuple[str, str] | None:
@@ -152,6 +159,7 @@ class Engine:
             self.channels[channel(ins, node)].append((ins, end + self.cost.latency(ins), end))
             if channel(ins, node) in self.expected:
                 self.expected[channel(ins, node)].popleft()
+            self.wake(ins.peer)
         self.checks.on_execute(node, st, ins)
         self._apply(node, st, ins)
         st.peak_live = max(st.peak_live, st.live)
@@ -207,14 +215,17 @@ class Engine:
 
     # -- whole streams ---------------------------------------------------------------
     def run(self, streams: dict[int, list[Instr]], scheduled: dict[int, Chains] | None = None,
-            allow_stuck: bool = False) -> Report:
+            allow_stuck: bool = False, lean: bool = False) -> Report:
         """Run every node to its end; a ValidationError carries the timeline so far,
-        the instruction that broke a check marked."""
+        the instruction that broke a check marked. `lean`: only the list-scheduled
+        nodes are checked and recorded (their choices need their state); the fixed
+        streams are only timed, as streams already validated (recovery.py)."""
         fixed, chains = self._queues(streams, scheduled or {})
         marked: dict[int, Instr] = {}
+        checked = set(chains) if lean else set(self.nodes)
         try:
-            self._run(fixed, chains, marked)
-            return self._finish(fixed, chains, allow_stuck, marked)
+            self._run(fixed, chains, marked, checked)
+            return self._finish(fixed, chains, allow_stuck, marked, lean)
         except ValidationError as e:
             e.timeline = timeline({n: st.done for n, st in self.nodes.items()}, marked)
             raise
@@ -234,25 +245,62 @@ class Engine:
             fixed[self.dead_node] = deque(list(fixed[self.dead_node])[:self.dead_at])
         return fixed, chains
 
-    def _run(self, fixed: dict, chains: dict, marked: dict[int, Instr]) -> None:
+    def _run(self, fixed: dict, chains: dict, marked: dict[int, Instr], checked: set[int]) -> None:
+        """Run the fixed streams as far as they go (a node runs again only once it was
+        sent something), then one instruction of the list-scheduled chains; repeat."""
+        for n in fixed:
+            self.wake(n)
         while True:
-            progress = False
-            for n, todo in fixed.items():
-                while todo:
-                    why = self.missing(n, todo[0])
-                    if why is None:
-                        self._step(n, todo.popleft(), marked)
-                        progress = True
-                    elif why[0] == "wait":
-                        break
-                    else:
-                        marked[n] = todo[0]
-                        raise ValidationError("out-of-order" if why[0] == "order" else "use-before-produce", why[1])
+            while self.awake:
+                n = self.awake.popleft()
+                self.is_awake.discard(n)
+                todo = fixed[n]
+                if todo:
+                    self._advance(n, todo, marked) if n in checked else self._advance_timed(n, todo)
                 if not todo and n in chains and not chains[n][0]:
                     fixed[n] = chains.pop(n)[1]
-                    progress = True
-            if not progress and not self._schedule_one(fixed, chains, marked):
+                    self.wake(n)
+            if not self._schedule_one(fixed, chains, marked):
                 break
+
+    def _advance(self, n: int, todo: deque, marked: dict[int, Instr]) -> None:
+        """Run node n's fixed stream, each instruction checked, until it waits."""
+        while todo:
+            why = self.missing(n, todo[0])
+            if why is None:
+                self._step(n, todo.popleft(), marked)
+            elif why[0] == "wait":
+                break
+            else:
+                marked[n] = todo[0]
+                raise ValidationError("out-of-order" if why[0] == "order" else "use-before-produce", why[1])
+
+    def _advance_timed(self, n: int, todo: deque) -> None:
+        """`_advance` for a stream already validated: the same times and messages,
+        no checks and no record but the order it ran."""
+        st, channels, duration, latency = self.nodes[n], self.channels, self.cost.duration, self.cost.latency
+        clock = st.clock
+        while todo:
+            ins = todo[0]
+            op = ins.op
+            if op in RECVS:
+                q = channels.get((ins.peer, n, RECVS[op]))
+                if not q:
+                    break
+                sent, arrival, _ = q.popleft()
+                if sent.stage != ins.stage or sent.mb != ins.mb:
+                    raise ValidationError("out-of-order", f"node {n} expects {ins} but node {ins.peer} sent {sent} first")
+                start = clock if clock > arrival else arrival
+            else:
+                start = clock
+            end = start + duration(ins)
+            if op in SENDS:
+                channels[(n, ins.peer, op)].append((ins, end + latency(ins), end))
+                self.wake(ins.peer)
+            st.busy += end - start
+            clock = end
+            st.done.append(todo.popleft())
+        st.clock = clock
 
     def _step(self, node: int, ins: Instr, marked: dict[int, Instr]) -> None:
         try:
@@ -275,16 +323,18 @@ class Engine:
             return False
         _, n, chain = best
         self._step(n, chain.popleft(), marked)
+        self.wake(n)
         chains[n] = ([c for c in chains[n][0] if c], chains[n][1])
         return True
 
-    def _finish(self, fixed: dict, chains: dict, allow_stuck: bool, marked: dict[int, Instr]) -> Report:
+    def _finish(self, fixed: dict, chains: dict, allow_stuck: bool, marked: dict[int, Instr],
+                lean: bool = False) -> Report:
         live = [n for n in self.nodes if n != self.dead_node]
         stuck = {n: (fixed[n][0] if fixed[n] else "a chain") for n in live if fixed[n] or n in chains}
         if stuck and not allow_stuck:
             marked.update({n: i for n, i in stuck.items() if isinstance(i, Instr)})
             raise ValidationError("deadlock", "; ".join(f"node {n} blocked at {i}" for n, i in stuck.items()))
-        if not allow_stuck:
+        if not allow_stuck and not lean:
             self.checks.at_end(live)
         makespan = max((self.nodes[n].clock for n in live), default=0.0)
         return Report(
