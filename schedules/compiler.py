@@ -34,6 +34,7 @@ from schedules.overlap import overlapped_streams
 from schedules.recovery import recover
 from schedules.redundancy import frc_microbatches, insert_frc, lazy_brc
 from schedules.syncs import defer_syncs
+from schedules.timing.cut import Matches
 from schedules.timing.engine import start_times
 
 REDUNDANCY = Redundancy.values()
@@ -158,14 +159,22 @@ def compile_recovery(stages: int, microbatches: int, fail_node: int, fail_before
     """The survivors' streams for an iteration in which `fail_node` dies before its
     instruction `fail_before`: what they ran up to the cut, then the recovery. The
     dead stage's microbatches whose FRC ran are swapped in, the rest recomputed."""
-    base = compile_schedule(stages, microbatches, failed, options, cost)
+    key = (stages, microbatches, tuple(failed), options, cost)
+    base = _compile(*key)  # the cached schedule itself: recover() only reads it
     if options.redundancy is Redundancy.OFF:
         raise ScheduleError(f"node {fail_node} failing mid-iteration is not survivable with "
                             "--redundancy off: no other node holds its layers")
     streams, resume_at, _ = recover(base.layout, microbatches, base.streams, fail_node, fail_before, cost,
-                                    expect_frc=options.every_frc, sync=options.sync)
+                                    options, _matches(*key))
     return Schedule(stages, microbatches, base.failed, dict(sorted(streams.items())), options,
                     fail_node=fail_node, fail_before=fail_before, resume_at=resume_at, cost=cost)
+
+
+@lru_cache(maxsize=64)
+def _matches(stages: int, microbatches: int, failed: tuple[int, ...], options: ScheduleOptions,
+             cost: CostModel) -> Matches:
+    """A schedule's message tables, the first step of every recovery plan from it."""
+    return Matches(_compile(stages, microbatches, failed, options, cost).streams)
 
 
 @lru_cache(maxsize=64)

@@ -34,7 +34,7 @@ from schedules.timing.engine import Chains, Engine, Report
 from schedules.ir import SENDS, Instr, Op
 from schedules.layout import Layout, ScheduleError
 from schedules.lower import is_tail, tail
-from schedules.options import ReplicaSync
+from schedules.options import ReplicaSync, ScheduleOptions
 
 
 def _without(ops: list[Instr], done: list[Instr]) -> list[Instr]:
@@ -73,23 +73,24 @@ def _check_late_syncs(base: dict[int, list[Instr]], d: int, k: int, p: int) -> N
 
 
 def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: int, k: int,
-            cost: CostModel | None = None, expect_frc: bool = True,
-            sync: str = "end") -> tuple[dict[int, list[Instr]], dict[int, int], Report]:
+            cost: CostModel | None = None, options: ScheduleOptions = ScheduleOptions(),
+            matches: Matches | None = None) -> tuple[dict[int, list[Instr]], dict[int, int], Report]:
     """Full streams of the survivors (prefix + recovery), where each recovery starts,
-    and the engine's report of the whole iteration. p swaps in the FRC results
-    of stage d that ran before the cut and recomputes every other forward it needs
-    (all of them with lazy). `expect_frc`: the validator checks that every replica
-    holder ran FRC for every microbatch (eager with --frc all). `sync` "next": the
-    syncs in the streams are the iteration before's (syncs.py); p takes d's first."""
-    P, M = layout.stages, microbatches
+    and the engine's report of the whole iteration (only p's choices checked). p swaps
+    in the FRC results of stage d that ran before the cut and recomputes every other
+    forward it needs (all of them with lazy). With --replica-sync next the syncs in
+    the streams are the iteration before's (syncs.py); p takes d's first. `base` is
+    only read; `matches`: its message tables, when the caller keeps them."""
+    P, M, sync = layout.stages, microbatches, options.sync
     after = check_failure(layout, base, d, k)
     p, q = (d - 1) % P, (d + 1) % P
     late, synced = sync == ReplicaSync.NEXT, sync != ReplicaSync.NONE  # "none": no sync in the streams (syncs.py)
     if late:
         _check_late_syncs(base, d, k, p)
     ends = is_tail if sync == ReplicaSync.END else _late_tail  # the iteration's own reduces and steps
-    check = dict(expect_frc=expect_frc, late_sync=late, expect_syncs=synced)
-    cut = Matches(base).cut(d, k)
+    check = dict(expect_frc=options.every_frc, late_sync=late, expect_syncs=synced)
+    matches = matches or Matches(base)
+    cut = matches.cut(d, k)
     prefix = {n: s[:cut[n]] for n, s in base.items() if n != d}
     dead_ran = base[d][:k]
     # What survivors took in from d counts; a message of d still queued at the cut
@@ -106,9 +107,9 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
             continue
         body = [i for i in rest if not ends(i)]
         new_tail = _without(tail(after, n, sync), [i for i in pre if ends(i)])
-        full[n] = pre + _reroute(n, body, d, p, q) + new_tail
+        full[n] = pre + (_reroute(n, body, d, p, q) if matches.talk(n, d) else body) + new_tail
     if stage_done:
-        report = Engine(layout, M, cost, dead=(d, k), expect_frc=expect_frc).run({**full, d: dead_ran}, lean=True)
+        report = Engine(layout, M, cost, dead=(d, k), expect_frc=options.every_frc).run({**full, d: dead_ran}, lean=True)
         return full, {n: len(prefix[n]) for n in prefix}, report
 
     resend = [ir.send_grad(i.stage, i.mb, p) for i in prefix[q] if i.op is Op.SEND_GRAD and i.peer == d]

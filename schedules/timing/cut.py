@@ -47,6 +47,10 @@ class Matches:
             self.inbound[dst].append(Inbound(src, sent.get((src, dst, op), []), at))
             self.outbound[src].add(dst)
 
+    def talk(self, a: int, b: int) -> bool:
+        """Whether nodes a and b send each other anything."""
+        return b in self.outbound[a] or a in self.outbound[b]
+
     def cut(self, dead: int, before: int) -> dict[int, int]:
         """How many instructions each node runs when `dead` runs only its first
         `before` (it may stop earlier, on a receive that never comes)."""
