@@ -1,0 +1,81 @@
+"""What etcd saw, counted from outside the nodes: a watch on the job's root that
+tallies every write by key family and iteration and notes when the keys of a death
+appeared, and etcd's own counters. Nothing here trusts the nodes' account of what
+they wrote, so the harness's figures (and its test against a real job) do not
+restate the code they measure."""
+from __future__ import annotations
+
+import re
+import threading
+import time
+import urllib.request
+from collections import Counter, defaultdict
+
+from bamboo.control.cluster import Cluster
+from bamboo.control.protocol import ITERATION_FAMILIES, job_root, parse
+
+# etcd's request counters by gRPC method, and its disk syncs
+_METHOD = re.compile(r'^grpc_server_msg_received_total\{.*grpc_method="(\w+)".*\} (\S+)$')
+_FSYNCS = "etcd_disk_wal_fsync_duration_seconds_count "
+
+
+class Census:
+    """A watch on `job`'s keys from a client of its own. `writes[it][family]`: puts
+    and deletes of an iteration's keys (families whose first part is the iteration);
+    `other[family]`: the rest; `first[(family, parts)]`: when a key first appeared."""
+
+    def __init__(self, endpoint: str, job: str):
+        self.cluster = Cluster(endpoint, job)
+        self.writes: dict[int, Counter] = defaultdict(Counter)
+        self.other: Counter = Counter()
+        self.events = 0
+        self.first: dict[tuple, float] = {}
+        self.lock = threading.Lock()
+        self.watch = self.cluster.client.add_watch_prefix_callback(job_root(job), self._on_response)
+
+    def _on_response(self, response) -> None:
+        if response is None or isinstance(response, Exception):
+            return
+        now = time.monotonic()
+        with self.lock:
+            for event in response.events:
+                found = parse(event.key.decode(errors="replace"))
+                if found is None:
+                    continue  # a process group's store key, below the job's root
+                _, family, parts = found
+                self.events += 1
+                self.first.setdefault((family.name, parts), now)
+                if family in ITERATION_FAMILIES and parts:
+                    self.writes[parts[0] if isinstance(parts, tuple) else parts][family.name] += 1
+                else:
+                    self.other[family.name] += 1
+
+    def per_iteration(self, iterations: range) -> dict[str, float]:
+        """Mean writes per iteration by family over `iterations` (fault-free ones)."""
+        with self.lock:
+            total = Counter()
+            for it in iterations:
+                total.update(self.writes.get(it, Counter()))
+        return {family: count / len(iterations) for family, count in sorted(total.items())}
+
+    def appeared(self, family: str, parts) -> float | None:
+        with self.lock:
+            return self.first.get((family, parts))
+
+    def close(self) -> None:
+        try:
+            self.cluster.client.cancel_watch(self.watch)
+        finally:
+            self.cluster.close()
+
+
+def etcd_counters(endpoint: str) -> Counter:
+    """etcd's requests received by gRPC method, and its WAL syncs (its /metrics page)."""
+    text = urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10).read().decode()
+    found: Counter = Counter()
+    for line in text.splitlines():
+        if (m := _METHOD.match(line)) is not None:
+            found[m[1]] += float(m[2])
+        elif line.startswith(_FSYNCS):
+            found["fsyncs"] = float(line.split()[1])
+    return found

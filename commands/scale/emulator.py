@@ -1,0 +1,208 @@
+"""Node emulators: the control plane of one node (its worker's and its agent's) on
+threads, with no model and no data plane, so that one machine holds hundreds.
+
+Each node runs the real parts that talk to etcd, with the real keys and records:
+the worker registers its leased `alive` key (Cluster.register), runs each iteration
+through a real Failover (`begin`, the finished mark with the losses the last stage
+holds, the linger) and a real Boundary (report, agree), writes its stage's reduce
+record when the job has several pipelines, and moves to the agents' next epoch;
+the agent holds a Membership (leased `members`, `zones`) and calls its `decide`
+and `observe_modes` as bamboo-agent does, at its monitor interval. What a stream
+computes is a sleep: stage s ends its stream at (0.9 + 0.1 s / P) of the iteration
+time, the last stage last, as 1F1B's drain has it.
+
+A death is a node that stops: its leases are left to age (Heartbeat.halt, as a
+machine gone refreshes nothing) and every later etcd call of its threads raises
+Killed. Without a data plane no receive waits on the dead (a real worker's
+first sign), so the survivors find a death in their linger, by the dead node's
+lease, and recover as the executor does: cut reports, the plan, a new mark. The handover of a new epoch moves no layers:
+each node writes its mark and the first the outcome, as bamboo/state/handover.py does.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from agents.membership import Membership
+from bamboo.control.assignment import Assignment
+from bamboo.control.cluster import Cluster
+from bamboo.control.config import JobConfig
+from bamboo.control.protocol import (ABORT, ABORTED, DONE, FAILED, FINISHED, HANDED, HANDOVER, LOAN, LOSS, REDUCED, Loss, Mark,
+                                     Outcome, Reduced, Report)
+from bamboo.runtime.boundary import Boundary
+from bamboo.runtime.failover import Aborted, Failover, PeersSilent, TooManyDead, Watches
+from bamboo.state.checkpoint import Checkpoints
+from schedules.layout import Layout
+
+MONITOR_SECONDS = 0.05  # bamboo-agent's monitor interval: how often an agent decides
+
+
+class Killed(BaseException):
+    """The node is dead: its threads unwind (a BaseException, so that no handler of
+    the real code that catches errors keeps a dead node running)."""
+
+
+class NodeCluster(Cluster):
+    """One node process's etcd client: each request timed into `latencies`, and
+    refused once the node is killed."""
+
+    def __init__(self, endpoint: str, job: str, latencies: list, killed: threading.Event):
+        super().__init__(endpoint, job, patience=60.0)
+        self.latencies, self.killed = latencies, killed
+
+    def call(self, fn):
+        if self.killed.is_set():
+            raise Killed()
+        began = time.perf_counter()
+        try:
+            return super().call(fn)
+        finally:
+            self.latencies.append(time.perf_counter() - began)
+
+
+class Plane:
+    """The data plane a Failover is given: no messages ever, so a cut report says
+    nothing was received from the dead (its recovery plan is the early death's)."""
+
+    def counts(self) -> dict:
+        return {}
+
+    def settled(self, node: int) -> bool:
+        return True
+
+    def abort_peer(self, node: int) -> None:
+        pass
+
+
+class EmulatedNode:
+    """One node: a worker thread and an agent thread, each with its own etcd client."""
+
+    def __init__(self, endpoint: str, cfg: JobConfig, node: int, zone: str, seconds: float, latencies: list):
+        self.cfg, self.node, self.seconds = cfg, node, seconds
+        self.killed = threading.Event()
+        self.worker = NodeCluster(endpoint, cfg.cluster.job, latencies, self.killed)
+        self.agent = NodeCluster(endpoint, cfg.cluster.job, latencies, self.killed)
+        self.membership = Membership(self.agent, zone, node, cfg)
+        self.worker.register(node, cfg, on_fenced=lambda why: self.killed.set())
+        self.error: BaseException | None = None
+        self.iteration = -1  # the last iteration this node agreed
+        self._epoch: int | None = None  # the epoch whose failover and boundary are made
+        self._epoch_parts: tuple | None = None
+        self.threads = [threading.Thread(target=self._guard, args=(f, ), daemon=True, name=f"{f.__name__}-{node}")
+                        for f in (self._work, self._decide)]
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def kill(self) -> None:
+        """Stop as a machine taken away: no more requests, the leases left to age."""
+        self.killed.set()
+        for cluster in (self.worker, self.agent):
+            cluster.heartbeat.halt()
+
+    def join(self, timeout: float) -> None:
+        for t in self.threads:
+            t.join(timeout)
+
+    def _guard(self, run) -> None:
+        try:
+            run()
+        except Killed:
+            pass
+        except BaseException as e:  # noqa: BLE001 - reported by the harness, with the node
+            if not self.killed.is_set():
+                self.error = e
+
+    def _decide(self) -> None:
+        while not self.killed.is_set() and not self.membership.job_finished():
+            time.sleep(MONITOR_SECONDS)
+            self.membership.decide(self.cfg)
+            self.membership.observe_modes(self.cfg)
+
+    def _work(self) -> None:
+        assignment = self.worker.wait_for(lambda: self._assigned(-1), timeout=3600, what="a stage", poll=0.05)
+        it, failed = assignment.start, assignment.gone
+        while it < self.cfg.schedule.iterations:
+            try:
+                agreed = self._iteration(it, assignment, failed)
+            except Aborted:  # the agents redo it (Worker.reconfigure)
+                self.worker.put(ABORTED(it, self.node), Mark())
+                assignment = self._next_epoch(assignment.epoch)
+                it, failed = assignment.start, assignment.gone
+                continue
+            self.iteration, failed = it, agreed.failed
+            if agreed.reconfigure and it + 1 < self.cfg.schedule.iterations:
+                assignment = self._next_epoch(assignment.epoch)
+                it, failed = assignment.start, assignment.gone
+                continue
+            it += 1
+
+    def _assigned(self, after: int) -> Assignment | None:
+        """The newest epoch after `after`, once one names this node."""
+        epochs = self.worker.assignments()
+        newest = epochs[max(epochs)] if epochs else None
+        return newest if newest is not None and newest.epoch > after and self.node in newest.members else None
+
+    def _next_epoch(self, after: int) -> Assignment:
+        new = self.worker.wait_for(lambda: self._assigned(after), timeout=3600,
+                                   what="the agents' next configuration", poll=0.05)  # a standby waits
+        self.worker.put(HANDED(new.epoch, self.node), Mark())
+        self.worker.create(HANDOVER(new.epoch), Outcome(True, ""))
+        return new
+
+    def _parts(self, assignment: Assignment) -> tuple[Failover, Boundary]:
+        """The epoch's failover and boundary, made once per epoch as a worker's `enter` does."""
+        if self._epoch != assignment.epoch:
+            pipeline, me = assignment.slot(self.node)
+            options = self.cfg.options(assignment.redundancy, self.cfg.schedule.epoch_sync(assignment))
+            watches = Watches(self.worker.changes(FAILED(), ABORT(), LOAN()),
+                              self.worker.changes(FINISHED(), FAILED(), ABORT()))
+            failover = Failover(self.worker, assignment.pipelines[pipeline], pipeline, me, options, self.cfg,
+                                watches, report_of=lambda: self._report(assignment.epoch))
+            boundary = Boundary(self.worker, self.node, True, Checkpoints(self.cfg, self.node, 1),
+                                auto=self.cfg.agents_choose, changes=self.worker.changes(DONE(), FAILED(), ABORT()))
+            self._epoch, self._epoch_parts = assignment.epoch, (failover, boundary)
+        return self._epoch_parts
+
+    def _report(self, epoch: int) -> Report:
+        return Report(rss_mb=0.0, time=time.time(), epoch=epoch, busy=0.9 * self.seconds)
+
+    def _iteration(self, it: int, assignment: Assignment, failed: tuple[int, ...]):
+        """One iteration's control plane: the stream's time, the reduce records, the
+        finished mark (with the losses), the linger, the report and the agreement."""
+        began = time.monotonic()
+        failover, boundary = self._parts(assignment)
+        pipeline, me = assignment.slot(self.node)
+        mbs = assignment.microbatches(self.cfg.schedule.microbatches, pipeline)
+        failover.begin(it, len(mbs), assignment.local_failed(pipeline, failed), Plane())
+        P, D = failover.P, len(assignment.pipelines)
+        time.sleep(max(0.0, began + self.seconds * (0.9 + 0.1 * (me + 1) / P) - time.monotonic()))
+        owned = Layout(P, frozenset(failover.failed), failover.options.keeps_replicas).owned(me)
+        losses = {LOSS(it, g): Loss(1.0) for g in mbs} if P - 1 in owned else {}
+        if D > 1:
+            if losses:
+                self.worker.put_all(losses)  # before the reduce, as the executor does with several pipelines
+                losses = {}
+            for stage in owned:  # the real reducer reads the record, reduces, then writes it
+                members = tuple(sorted(p[stage] for p in assignment.pipelines if stage < len(p)))
+                self.worker.get(REDUCED(it, stage))
+                self.worker.put(REDUCED(it, stage), Reduced(members))
+        self._stream_end(failover, losses)
+        boundary.report(it, self._report(assignment.epoch), failover.now.completed)
+        return boundary.agree(it, assignment, failover, failed, regroup=lambda *_: None)
+
+    @staticmethod
+    def _stream_end(failover: Failover, losses: dict) -> None:
+        """The finished mark and the linger; a death found there is handled as the
+        executor does (_on_event): silent peers recorded dead, then the recovery's
+        cut reports and plan (resolve), and a new mark."""
+        failover.finished(also=losses or None)
+        while (event := failover.linger()) is not None:
+            failover.settle(event)  # Aborted, Fenced; silent peers recorded dead
+            if isinstance(event, PeersSilent):
+                continue
+            if isinstance(event, TooManyDead):
+                failover.unsurvivable(event.why)
+            failover.resolve()
+            failover.finished()

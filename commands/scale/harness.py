@@ -1,0 +1,142 @@
+"""One run of the scale harness: N emulated nodes (emulator.py) against one real
+etcd, fault-free iterations counted, then a burst of deaths at a boundary timed to
+the survivors' agreement and to the agents' next epoch."""
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from bamboo.control.cluster import Cluster
+from bamboo.control.config import JobConfig
+from bamboo.control.etcd import EtcdServer
+from bamboo.control.protocol import CONFIG, REGROUP
+from commands.scale.census import Census, etcd_counters
+from commands.scale.emulator import EmulatedNode
+
+ZONES = ("a", "b", "c")
+WARM = 2  # iterations left out of the per-iteration counts: the first epoch settling
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What one run emulates."""
+    nodes: int
+    stages: int = 4
+    seconds: float = 1.0          # one iteration
+    iterations: int = 10          # the job's length
+    kill_at: int = 6              # the burst dies at this iteration's boundary (-1: none)
+    burst: int = 1                # nodes in it, taken from one pipeline's neighbours of node 1
+    failure_timeout: float = 3.0
+    microbatches: int = 0         # 0: two per pipeline and stage
+
+    def config(self, job: str) -> JobConfig:
+        pipelines = max(1, self.nodes // self.stages)
+        return JobConfig.of(job=job, stages=self.stages, iterations=self.iterations, elastic=True,
+                            microbatches=self.microbatches or 2 * self.stages * pipelines,
+                            failure_timeout=self.failure_timeout, redundancy="eager")
+
+
+@dataclass
+class Result:
+    shape: Shape
+    pipelines: int = 0
+    writes: dict = field(default_factory=dict)     # family -> writes per fault-free iteration
+    requests: dict = field(default_factory=dict)   # etcd gRPC method -> requests per fault-free iteration
+    latency_ms: dict = field(default_factory=dict)  # p50, p99, max of every node's etcd requests
+    iteration_s: float = 0.0                       # wall time of a fault-free iteration
+    to_agreement_s: float | None = None            # the burst -> the regroup record naming it
+    to_assignment_s: float | None = None           # the burst -> the agents' next epoch
+    errors: list = field(default_factory=list)
+
+    @property
+    def writes_per_iteration(self) -> float:
+        return sum(self.writes.values())
+
+
+def run(shape: Shape, job: str = "scale") -> Result:
+    """Start etcd and the nodes, run the job through its burst, and measure."""
+    with EtcdServer() as etcd:
+        cfg = shape.config(job)
+        Cluster(etcd.endpoint, job).put(CONFIG(), cfg)
+        census, latencies = Census(etcd.endpoint, job), []
+        nodes = [EmulatedNode(etcd.endpoint, cfg, n, ZONES[n % len(ZONES)], shape.seconds, latencies)
+                 for n in range(shape.nodes)]
+        try:
+            nodes[0].membership.first_assignment(list(range(shape.nodes)))
+            for node in nodes:
+                node.start()
+            return _measure(shape, etcd.endpoint, nodes, census, latencies)
+        finally:
+            for node in nodes:
+                node.kill()
+            census.close()
+
+
+def _measure(shape: Shape, endpoint: str, nodes: list[EmulatedNode], census: Census, latencies: list) -> Result:
+    reader = Cluster(endpoint, nodes[0].cfg.cluster.job)
+    first = reader.latest_assignment()
+    result = Result(shape, pipelines=len(first.pipelines))
+    end = shape.kill_at if shape.kill_at >= 0 else shape.iterations
+    _until(lambda: min(n.iteration for n in nodes) >= WARM - 1, nodes, shape)
+    before, began, mark = etcd_counters(endpoint), time.monotonic(), len(latencies)
+    _until(lambda: min(n.iteration for n in nodes) >= end - 1, nodes, shape)
+    counted = end - WARM
+    after, took = etcd_counters(endpoint), time.monotonic() - began
+    result.writes = census.per_iteration(range(WARM, end))
+    result.requests = {k: round((after[k] - before[k]) / counted, 1) for k in sorted(after) if after[k] > before[k]}
+    result.latency_ms = _percentiles(latencies[mark:])
+    result.iteration_s = took / counted
+    if shape.kill_at >= 0:
+        _burst(shape, nodes, reader, census, result)
+    result.errors = [f"node {n.node}: {type(n.error).__name__}: {n.error}" for n in nodes if n.error]
+    return result
+
+
+def _burst(shape: Shape, nodes: list[EmulatedNode], reader: Cluster, census: Census, result: Result) -> None:
+    """Kill the burst once its nodes' finished marks of `kill_at` are in, and time
+    the survivors' agreement and the next epoch from then."""
+    epoch = reader.latest_assignment()
+    victims = _victims(epoch, shape.burst)
+    _until(lambda: all(census.appeared("finished", (shape.kill_at, v)) for v in victims), nodes, shape)
+    killed = time.monotonic()
+    for v in victims:
+        nodes[v].kill()
+    survivors = [n for n in nodes if n.node not in victims]
+    _until(lambda: census.appeared("assignment", epoch.epoch + 1), survivors, shape)
+    result.to_assignment_s = census.appeared("assignment", epoch.epoch + 1) - killed
+    for it in range(shape.kill_at, shape.iterations):  # the first boundary that agreed on the burst
+        naming = [t for t, r in reader.children(REGROUP(it)).items() if set(victims) <= set(r.failed)]
+        if naming:
+            result.to_agreement_s = census.appeared("regroup", (it, min(naming))) - killed
+            break
+
+
+def _victims(epoch, burst: int) -> list[int]:
+    """`burst` nodes of pipeline 0, never two neighbours (one pipeline absorbs those
+    at a boundary), starting at its second node; then the next pipelines'."""
+    order = [p[i] for p in epoch.pipelines for i in range(1, len(p), 2)]
+    return sorted(order[:burst])
+
+
+def _until(done, nodes: list[EmulatedNode], shape: Shape) -> None:
+    """Wait (polling every 50 ms) until done(); raise when a node failed or it takes
+    longer than the whole job should."""
+    deadline = time.monotonic() + 60 + 5 * shape.seconds * shape.iterations
+    while not done():
+        broken = [n for n in nodes if n.error is not None]
+        if broken:
+            raise RuntimeError(f"node {broken[0].node} failed: {type(broken[0].error).__name__}: {broken[0].error}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the emulated job did not get there in time (nodes at iterations "
+                               f"{Counter(n.iteration for n in nodes)})")
+        time.sleep(0.05)
+
+
+def _percentiles(seconds: list[float]) -> dict:
+    if len(seconds) < 2:
+        return {}
+    ms = sorted(s * 1e3 for s in seconds)
+    cuts = statistics.quantiles(ms, n=100)
+    return {"p50": round(cuts[49], 2), "p99": round(cuts[98], 2), "max": round(ms[-1], 2), "count": len(ms)}
