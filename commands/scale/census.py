@@ -29,6 +29,7 @@ class Census:
         self.writes: dict[int, Counter] = defaultdict(Counter)
         self.other: Counter = Counter()
         self.events = 0
+        self.revision = 0  # etcd's revision as of the last response handled
         self.first: dict[tuple, float] = {}
         self.lock = threading.Lock()
         self.watch = self.cluster.client.add_watch_prefix_callback(job_root(job), self._on_response)
@@ -38,6 +39,7 @@ class Census:
             return
         now = time.monotonic()
         with self.lock:
+            self.revision = max(self.revision, response.header.revision)
             for event in response.events:
                 found = parse(event.key.decode(errors="replace"))
                 if found is None:
@@ -49,6 +51,16 @@ class Census:
                     self.writes[parts[0] if isinstance(parts, tuple) else parts][family.name] += 1
                 else:
                     self.other[family.name] += 1
+
+    def catch_up(self, timeout: float = 120.0) -> None:
+        """Wait until every write etcd holds now has been counted (the watch's
+        callback runs behind on a loaded machine)."""
+        now = self.cluster.call(lambda: self.cluster.client.get_response(self.cluster.root)).header.revision
+        deadline = time.monotonic() + timeout
+        while self.revision < now:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the census counted up to etcd revision {self.revision} of {now} in {timeout} s")
+            time.sleep(0.05)
 
     def per_iteration(self, iterations: range) -> dict[str, float]:
         """Mean writes per iteration by family over `iterations` (fault-free ones)."""

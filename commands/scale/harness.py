@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 from bamboo.control.etcd import EtcdServer
-from bamboo.control.protocol import CONFIG, REGROUP
+from bamboo.control.protocol import ASSIGNMENT, CONFIG, REGROUP
 from commands.scale.census import Census, etcd_counters
 from commands.scale.emulator import EmulatedNode
 
 ZONES = ("a", "b", "c")
 WARM = 2  # iterations left out of the per-iteration counts: the first epoch settling
+POLL = 0.02  # how often the harness looks for the agreement and the next epoch after a burst
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ def _measure(shape: Shape, endpoint: str, nodes: list[EmulatedNode], census: Cen
     _until(lambda: min(n.iteration for n in nodes) >= end - 1, nodes, shape)
     counted = end - WARM
     after, took = etcd_counters(endpoint), time.monotonic() - began
+    census.catch_up()
     result.writes = census.per_iteration(range(WARM, end))
     result.requests = {k: round((after[k] - before[k]) / counted, 1) for k in sorted(after) if after[k] > before[k]}
     result.latency_ms = _percentiles(latencies[mark:])
@@ -95,8 +97,9 @@ def _measure(shape: Shape, endpoint: str, nodes: list[EmulatedNode], census: Cen
 
 
 def _burst(shape: Shape, nodes: list[EmulatedNode], reader: Cluster, census: Census, result: Result) -> None:
-    """Kill the burst once its nodes' finished marks of `kill_at` are in, and time
-    the survivors' agreement and the next epoch from then."""
+    """Kill the burst once its nodes' finished marks of `kill_at` are in, then look
+    at etcd every POLL seconds (from this process, as loaded as the nodes) for the
+    first regroup record that names the burst, and for the agents' next epoch."""
     epoch = reader.latest_assignment()
     victims = _victims(epoch, shape.burst)
     _until(lambda: all(census.appeared("finished", (shape.kill_at, v)) for v in victims), nodes, shape)
@@ -104,13 +107,17 @@ def _burst(shape: Shape, nodes: list[EmulatedNode], reader: Cluster, census: Cen
     for v in victims:
         nodes[v].kill()
     survivors = [n for n in nodes if n.node not in victims]
-    _until(lambda: census.appeared("assignment", epoch.epoch + 1), survivors, shape)
-    result.to_assignment_s = census.appeared("assignment", epoch.epoch + 1) - killed
-    for it in range(shape.kill_at, shape.iterations):  # the first boundary that agreed on the burst
-        naming = [t for t, r in reader.children(REGROUP(it)).items() if set(victims) <= set(r.failed)]
-        if naming:
-            result.to_agreement_s = census.appeared("regroup", (it, min(naming))) - killed
-            break
+
+    def seen() -> bool:
+        now = time.monotonic() - killed
+        if result.to_agreement_s is None and any(set(victims) <= set(r.failed)
+                                                 for r in reader.children(REGROUP()).values()):
+            result.to_agreement_s = now
+        if result.to_assignment_s is None and reader.get(ASSIGNMENT(epoch.epoch + 1)) is not None:
+            result.to_assignment_s = now
+        over = min(n.iteration for n in survivors) >= shape.iterations - 1
+        return over or (result.to_agreement_s is not None and result.to_assignment_s is not None)
+    _until(seen, survivors, shape, POLL)
 
 
 def _victims(epoch, burst: int) -> list[int]:
@@ -120,9 +127,9 @@ def _victims(epoch, burst: int) -> list[int]:
     return sorted(order[:burst])
 
 
-def _until(done, nodes: list[EmulatedNode], shape: Shape) -> None:
-    """Wait (polling every 50 ms) until done(); raise when a node failed or it takes
-    longer than the whole job should."""
+def _until(done, nodes: list[EmulatedNode], shape: Shape, poll: float = 0.05) -> None:
+    """Wait until done(); raise when a node failed or it takes longer than the whole
+    job should."""
     deadline = time.monotonic() + 60 + 5 * shape.seconds * shape.iterations
     while not done():
         broken = [n for n in nodes if n.error is not None]
@@ -131,7 +138,7 @@ def _until(done, nodes: list[EmulatedNode], shape: Shape) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the emulated job did not get there in time (nodes at iterations "
                                f"{Counter(n.iteration for n in nodes)})")
-        time.sleep(0.05)
+        time.sleep(poll)
 
 
 def _percentiles(seconds: list[float]) -> dict:
