@@ -182,9 +182,11 @@ class BambooAgent(SimpleElasticAgent):
         """One round of the loop: the result that ends the run, or None."""
         self._start_workers(group)
         time.sleep(group.spec.monitor_interval)
-        self.membership.decide(self.cfg)  # any agent may write the next configuration
-        self.membership.observe_modes(self.cfg)  # --redundancy auto: the mode wanted next
-        self._release_if_surplus()
+        looked = self.membership.due()  # something it watches changed, or a second passed
+        if looked:
+            self.membership.decide(self.cfg)  # any agent may write the next configuration
+            self.membership.observe_modes(self.cfg)  # --redundancy auto: the mode wanted next
+        self._release_if_surplus(looked)
         result = self._monitor_workers(group)
         group.state = result.state
         if result.state in (WorkerState.SUCCEEDED, WorkerState.FAILED):
@@ -201,9 +203,10 @@ class BambooAgent(SimpleElasticAgent):
             return self._succeeded()
         return None
 
-    def _release_if_surplus(self) -> None:
-        """--surplus: once this node is released (agents/release.py), it drains and leaves."""
-        decision = self.releaser.step(self.membership.live)
+    def _release_if_surplus(self, looked: bool = True) -> None:
+        """--surplus: once this node is released (agents/release.py), it drains and leaves.
+        `looked`: the agent looks at etcd in this round (Membership.due)."""
+        decision = self.releaser.step(self.membership.live) if looked else self.releaser.decision
         grown = self.releaser.take_growth()
         if self.growing is not None and self.growing.poll() is not None:  # reaped; it said why it failed, if it did
             self.growing = None

@@ -18,8 +18,8 @@ from bamboo.control.assignment import WHY_CHARS, Assignment, Restore
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig, Surplus, ZoneSpread
 from bamboo.control.liveness import Heartbeat, lease_ages
-from bamboo.control.protocol import (ABORT, ABORTED, ALIVE, ASSIGNMENT, CONFIG, COPIES, DONE, DRAIN, HANDOVER,
-                                     HOST_LOST, IDS, ITERATION_FAMILIES, MEMBERS, MODE, REGROUP, START, ZONES, Failure,
+from bamboo.control.protocol import (ABORT, ABORTED, ALIVE, ASSIGNMENT, CONFIG, COPIES, DONE, DRAIN, FAILED,
+                                     HANDOVER, HOST_LOST, IDS, ITERATION_FAMILIES, MEMBERS, MODE, REGROUP, START, ZONES, Failure,
                                      Mark, Member, ModeChoice, Timestamp, Zone)
 from bamboo.data.checkpoint_files import latest, newest_listed, storage_for
 from bamboo.state.copies import newest_covered
@@ -29,6 +29,8 @@ def to_policy(a: Assignment) -> Config:
     return Config(a.epoch, a.depth, tuple(tuple(str(n) for n in p) for p in a.pipelines),
                   tuple(str(n) for n in a.standby))
 
+
+LOOK_EVERY = 1.0  # an agent looks at etcd at least this often, whatever its watch says
 
 def from_policy(c: Config, start: int, failed, gone=None, restore: Restore = Restore.PEERS) -> Assignment:
     failed = tuple(sorted(int(n) for n in failed))
@@ -83,6 +85,21 @@ class Membership:
         self._epoch: int | None = None  # the newest assignment seen
         self._next = 0                  # the first iteration whose regroup records are not settled
         self._observed: int | None = None  # --redundancy auto: the last iteration folded into the mode stats
+        # What a decision reads changes under these prefixes (a few writes per epoch, one regroup per
+        # iteration); the rest (a lease aging, a worker still starting) is seen by looking every LOOK_EVERY.
+        self.changes = cluster.changes(REGROUP(), ABORT(), ABORTED(), ASSIGNMENT(), FAILED(), MEMBERS(), DRAIN(),
+                                       HANDOVER(), START())
+        self._looked = float("-inf")  # when `due` last said to look
+
+    def due(self) -> bool:
+        """Whether to look at etcd now (decide, observe the modes): a watched key
+        changed, or LOOK_EVERY passed. An agent that read every prefix at its monitor
+        interval made hundreds of requests a second, each job-wide."""
+        changed, now = self.changes.take(), time.monotonic()
+        if changed or now - self._looked >= LOOK_EVERY:
+            self._looked = now
+            return True
+        return False
 
     def _fenced(self, reason: str) -> None:
         self.fenced_why = reason
@@ -370,6 +387,7 @@ class Membership:
 
     def leave(self) -> None:
         self.heartbeat.stop()
+        self.changes.close()
 
 
 def agreed_costs(tries: dict) -> dict | None:

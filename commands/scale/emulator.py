@@ -6,8 +6,9 @@ the worker registers its leased `alive` key (Cluster.register), runs each iterat
 through a real Failover (`begin`, the finished mark with the losses the last stage
 holds, the linger) and a real Boundary (report, agree), writes its stage's reduce
 record when the job has several pipelines, and moves to the agents' next epoch;
-the agent holds a Membership (leased `members`, `zones`) and calls its `decide`
-and `observe_modes` as bamboo-agent does, at its monitor interval. What a stream
+the agent holds a Membership (leased `members`, `zones`) and a Releaser, and
+looks at etcd as bamboo-agent does: at its monitor interval it asks `due`, and
+then decides, observes the modes and steps the releaser. What a stream
 computes is a sleep: stage s ends its stream at (0.9 + 0.1 s / P) of the iteration
 time, the last stage last, as 1F1B's drain has it.
 
@@ -24,6 +25,7 @@ import threading
 import time
 
 from agents.membership import Membership
+from agents.release import Releaser
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
@@ -83,6 +85,7 @@ class EmulatedNode:
         self.worker = NodeCluster(endpoint, cfg.cluster.job, latencies, self.killed)
         self.agent = NodeCluster(endpoint, cfg.cluster.job, latencies, self.killed)
         self.membership = Membership(self.agent, zone, node, cfg)
+        self.releaser = Releaser(self.agent, cfg, self.membership.hosts)
         self.worker.register(node, cfg, on_fenced=lambda why: self.killed.set())
         self.error: BaseException | None = None
         self.iteration = -1  # the last iteration this node agreed
@@ -115,10 +118,13 @@ class EmulatedNode:
                 self.error = e
 
     def _decide(self) -> None:
-        while not self.killed.is_set() and not self.membership.job_finished():
+        """bamboo-agent's round (agents/agent.py `_step`), for as long as the worker runs."""
+        while not self.killed.is_set() and self.threads[0].is_alive():
             time.sleep(MONITOR_SECONDS)
-            self.membership.decide(self.cfg)
-            self.membership.observe_modes(self.cfg)
+            if self.membership.due():
+                self.membership.decide(self.cfg)
+                self.membership.observe_modes(self.cfg)
+                self.releaser.step(self.membership.live)
 
     def _work(self) -> None:
         assignment = self.worker.wait_for(lambda: self._assigned(-1), timeout=3600, what="a stage", poll=0.05)
