@@ -66,7 +66,8 @@ def choose(candidates: list[str], k: int, zones: Mapping[str, str], hosts: Mappi
                 out.append(pick)
                 taken[host_of(hosts, pick)] = taken.get(host_of(hosts, pick), 0) + 1
                 progress = True
-    rest = [n for n in candidates if n not in out]
+    picked = set(out)
+    rest = [n for n in candidates if n not in picked]
     return out + rest[:k - len(out)]  # the hosts allow no better: the next in line
 
 
