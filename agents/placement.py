@@ -116,12 +116,30 @@ def fill_holes(partial: list[list[str | None]], spares: list[str], zones: Mappin
         partial[p][s] = None
         return False
 
-    if search(0):
+    if _hosts_allow(holes, partial, spares, hosts) and search(0):
         return
     for p, s in holes:  # the hosts allow no better: best first, conflicts and all
         n = _ranked(spares, partial[p], s, zones, hosts, pack)[0]
         partial[p][s] = n
         spares.remove(n)
+
+
+def _hosts_allow(holes: list[tuple[int, int]], partial: list[list[str | None]], spares: list[str],
+                 hosts: Mapping[str, str] | None) -> bool:
+    """Whether every hole can take its own spare of a host unlike its neighbours'
+    (neighbouring holes aside): Hall's condition, each hole barring at most two
+    hosts. Without it no fill keeps the hosts apart, and the search would only run
+    to its bound (seconds, at a thousand nodes) before the greedy choice."""
+    room: dict[str, int] = {}
+    for n in spares:
+        room[host_of(hosts, n)] = room.get(host_of(hosts, n), 0) + 1
+    barred: dict[frozenset[str], int] = {}  # holes barring each host, and each pair of hosts
+    for p, s in holes:
+        pipe = partial[p]
+        near = frozenset(host_of(hosts, x) for x in (pipe[(s - 1) % len(pipe)], pipe[(s + 1) % len(pipe)]) if x)
+        for bar in {near, *(frozenset([h]) for h in near)} - {frozenset()}:
+            barred[bar] = barred.get(bar, 0) + 1
+    return all(count <= len(spares) - sum(room.get(h, 0) for h in bar) for bar, count in barred.items())
 
 
 def _clashes(pipe: list, s: int, hosts: Mapping[str, str] | None) -> bool:
