@@ -11,6 +11,12 @@ uses released (the surplus rule on: `Priced.per_node`), zones spread or, with
   fresh   the first configuration (no previous one)
   after   the next one, once --dead of the nodes have died (a zone burst: the
           dead are taken from one zone first) and --joined newcomers have come
+  cornered  the hole search's worst case: one zone, one node a machine but for
+          machine H; up to 120 pipelines each lose their stage-3 node, the second
+          half of them have stage 2 on H, and the newcomers are half on H, half on
+          machines of their own. A fill that keeps H apart exists (H's newcomers in
+          the first half's holes), but the search, trying newcomers in name order,
+          does not find it within its bound and falls back to the greedy choice.
 
 Each is run --rounds times; the median and the fastest are printed, in seconds.
 
@@ -54,6 +60,22 @@ def after(rng: random.Random, live: dict, hosts: dict, dead: float, joined: floa
     return now, new_hosts
 
 
+def cornered(decide, nodes: int, depth: int):
+    """(live, hosts, previous) of the `cornered` decision (module docstring)."""
+    live = {f"n{i:05d}": "z0" for i in range(nodes)}
+    hosts = {n: n for n in live}
+    previous = decide(live, None, hosts)
+    full = [p for p in previous.pipelines if len(set(p)) == depth]
+    k = min(len(full), 120) // 2
+    for pipe in full[k:2 * k]:
+        hosts[pipe[2]] = "H"
+    now = {n: z for n, z in live.items() if n not in {p[3] for p in full[:2 * k]}}
+    for i in range(k):
+        now[f"x{i:05d}"], now[f"y{i:05d}"] = "z0", "z0"
+        hosts[f"x{i:05d}"], hosts[f"y{i:05d}"] = f"x{i:05d}", "H"
+    return now, hosts, previous
+
+
 def timed(call, rounds: int) -> tuple[float, float]:
     seconds = []
     for _ in range(rounds):
@@ -84,7 +106,7 @@ def main() -> None:
           f"per_pipeline={a.per_pipeline} dead={a.dead} joined={a.joined} rounds={a.rounds} seed={a.seed} "
           f"per_node=True pack_zones={a.pack}")
     print(f"{'N':>6} {'M':>6} {'pipelines':>9} {'fresh_med':>10} {'fresh_min':>10} {'after_N':>7} "
-          f"{'after_med':>10} {'after_min':>10}")
+          f"{'after_med':>10} {'after_min':>10} {'cornered_med':>12}")
     priced = Priced(per_node=True, pack_zones=a.pack)
     for nodes in (int(x) for x in a.nodes.split(",")):
         rng = random.Random(a.seed * 1_000_003 + nodes)
@@ -96,8 +118,10 @@ def main() -> None:
         now, now_hosts = after(rng, live, hosts, a.dead, a.joined)
         fresh = timed(lambda: decide(live, None, hosts), a.rounds)
         later = timed(lambda: decide(now, first, now_hosts), a.rounds)
+        worst, worst_hosts, before = cornered(decide, nodes, a.depth)
+        corner = timed(lambda: decide(worst, before, worst_hosts), a.rounds)
         print(f"{nodes:>6} {M:>6} {len(first.pipelines):>9} {fresh[0]:>10.4f} {fresh[1]:>10.4f} {len(now):>7} "
-              f"{later[0]:>10.4f} {later[1]:>10.4f}", flush=True)
+              f"{later[0]:>10.4f} {later[1]:>10.4f} {corner[0]:>12.4f}", flush=True)
 
 
 if __name__ == "__main__":
