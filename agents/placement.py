@@ -66,25 +66,24 @@ def choose(candidates: list[str], k: int, zones: Mapping[str, str], hosts: Mappi
                 out.append(pick)
                 taken[host_of(hosts, pick)] = taken.get(host_of(hosts, pick), 0) + 1
                 progress = True
-    rest = [n for n in candidates if n not in out]
+    picked = set(out)
+    rest = [n for n in candidates if n not in picked]
     return out + rest[:k - len(out)]  # the hosts allow no better: the next in line
 
 
-def _ranked(spares: list[str], pipe: list, s: int, zones: Mapping[str, str],
-            hosts: Mapping[str, str] | None, pack: bool = False) -> list[str]:
+def _ranked(spares: list[str], pipe: list, s: int, kind: Mapping[str, tuple[str, str]],
+            pack: bool = False) -> list[str]:
     """Spares for hole s, best first: neither a neighbour's host nor zone (with
     `pack`: of a neighbour's zone), then not its host, then the rest; one of each
-    (host, zone) kind (the others would do the same), in queue order."""
+    (host, zone) kind (`kind`: node -> both; the others would do the same), in queue order."""
     P = len(pipe)
-    near = [x for x in (pipe[(s - 1) % P], pipe[(s + 1) % P]) if x]
-    avoid_hosts, avoid_zones = {host_of(hosts, x) for x in near}, {zones[x] for x in near}
-    seen: set[tuple[str, str]] = set()
-    kinds = []
+    near = [kind[x] for x in (pipe[(s - 1) % P], pipe[(s + 1) % P]) if x]
+    avoid_hosts, avoid_zones = {h for h, _ in near}, {z for _, z in near}
+    first: dict[tuple[str, str], str] = {}
     for n in spares:
-        if (host_of(hosts, n), zones[n]) not in seen:
-            seen.add((host_of(hosts, n), zones[n]))
-            kinds.append(n)
-    return sorted(kinds, key=lambda n: (host_of(hosts, n) in avoid_hosts, (zones[n] in avoid_zones) != pack))
+        if kind[n] not in first:
+            first[kind[n]] = n
+    return sorted(first.values(), key=lambda n: (kind[n][0] in avoid_hosts, (kind[n][1] in avoid_zones) != pack))
 
 
 def fill_holes(partial: list[list[str | None]], spares: list[str], zones: Mapping[str, str],
@@ -96,6 +95,7 @@ def fill_holes(partial: list[list[str | None]], spares: list[str], zones: Mappin
     past its bound, or with no such way, the greedy choice)."""
     holes = [(p, s) for p, pipe in enumerate(partial) for s, n in enumerate(pipe) if n is None][:len(spares)]
     budget = [SEARCH_STEPS]
+    kind = {n: (host_of(hosts, n), zones[n]) for n in spares + [x for pipe in partial for x in pipe if x]}
 
     def search(i: int) -> bool:
         if i == len(holes):
@@ -104,7 +104,7 @@ def fill_holes(partial: list[list[str | None]], spares: list[str], zones: Mappin
         if budget[0] < 0:
             return False
         p, s = holes[i]
-        for n in _ranked(spares, partial[p], s, zones, hosts, pack):
+        for n in _ranked(spares, partial[p], s, kind, pack):
             partial[p][s] = n
             if not _clashes(partial[p], s, hosts):
                 at = spares.index(n)
@@ -115,12 +115,30 @@ def fill_holes(partial: list[list[str | None]], spares: list[str], zones: Mappin
         partial[p][s] = None
         return False
 
-    if search(0):
+    if _hosts_allow(holes, partial, spares, hosts) and search(0):
         return
     for p, s in holes:  # the hosts allow no better: best first, conflicts and all
-        n = _ranked(spares, partial[p], s, zones, hosts, pack)[0]
+        n = _ranked(spares, partial[p], s, kind, pack)[0]
         partial[p][s] = n
         spares.remove(n)
+
+
+def _hosts_allow(holes: list[tuple[int, int]], partial: list[list[str | None]], spares: list[str],
+                 hosts: Mapping[str, str] | None) -> bool:
+    """Whether every hole can take its own spare of a host unlike its neighbours'
+    (neighbouring holes aside): Hall's condition, each hole barring at most two
+    hosts. Without it no fill keeps the hosts apart, and the search would only run
+    its 20,000 steps before the greedy choice."""
+    room: dict[str, int] = {}
+    for n in spares:
+        room[host_of(hosts, n)] = room.get(host_of(hosts, n), 0) + 1
+    barred: dict[frozenset[str], int] = {}  # holes barring each host, and each pair of hosts
+    for p, s in holes:
+        pipe = partial[p]
+        near = frozenset(host_of(hosts, x) for x in (pipe[(s - 1) % len(pipe)], pipe[(s + 1) % len(pipe)]) if x)
+        for bar in {near, *(frozenset([h]) for h in near)} - {frozenset()}:
+            barred[bar] = barred.get(bar, 0) + 1
+    return all(count <= len(spares) - sum(room.get(h, 0) for h in bar) for bar, count in barred.items())
 
 
 def _clashes(pipe: list, s: int, hosts: Mapping[str, str] | None) -> bool:

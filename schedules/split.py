@@ -13,6 +13,7 @@ the busiest node per further microbatch.
 """
 from __future__ import annotations
 
+import heapq
 from typing import Callable, Hashable, Sequence
 
 from schedules.layout import ScheduleError
@@ -48,9 +49,13 @@ def split_by_speed(total: int, pipelines: Sequence[Sequence[Hashable]],
     if len(pipelines) > total:
         raise ScheduleError(f"{len(pipelines)} pipelines cannot share {total} microbatches: each needs one")
     counts = [1] * len(pipelines)
+    # each pipeline's time with one more, smallest first: only the one that takes it changes
+    heap = [(duration(p, 2), j) for j, p in enumerate(pipelines)]
+    heapq.heapify(heap)
     for _ in range(total - len(pipelines)):
-        j = min(range(len(pipelines)), key=lambda j: (duration(pipelines[j], counts[j] + 1), j))
+        j = heapq.heappop(heap)[1]
         counts[j] += 1
+        heapq.heappush(heap, (duration(pipelines[j], counts[j] + 1), j))
     out, start = [], 0
     for n in counts:
         out.append(range(start, start + n))

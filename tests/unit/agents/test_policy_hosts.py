@@ -123,3 +123,29 @@ def test_two_workers_per_host_at_depth_four():
         assert all((s + 1) % 4 not in stages for s in stages)  # never two neighbours
         after = next_config({n: z for n, z in live.items() if n not in dead}, config, 4, hosts=hosts)
         assert len(after.pipelines) == 1 and not set(after.pipelines[0]) & dead
+
+
+def test_the_hole_search_is_skipped_exactly_where_no_fill_keeps_the_hosts_apart():
+    """`_hosts_allow` (Hall's condition) against every fill, for holes with no hole
+    beside them, where it is exact: it must never skip a search that could succeed."""
+    from agents.placement import _hosts_allow
+    rng = random.Random(13)
+    skipped = 0
+    for _ in range(400):
+        depth, machines = rng.randint(2, 6), rng.randint(1, 4)
+        partial = [[f"p{j}s{s}" for s in range(depth)] for j in range(rng.randint(1, 3))]
+        for pipe in partial:
+            for s in range(0, depth - 1, 2):  # every other stage at most, never the last: no two holes side by side
+                if rng.random() < 0.5:
+                    pipe[s] = None
+        spares = [f"x{i}" for i in range(rng.randint(0, 5))]
+        hosts = {n: f"h{rng.randrange(machines + 1)}" for n in spares + [n for p in partial for n in p if n]}
+        holes = [(j, s) for j, p in enumerate(partial) for s, n in enumerate(p) if n is None][:len(spares)]
+
+        def apart(choice):
+            return all(hosts[n] not in {hosts[partial[j][(s - 1) % depth]], hosts[partial[j][(s + 1) % depth]]}
+                       for (j, s), n in zip(holes, choice))
+        possible = any(apart(c) for c in itertools.permutations(spares, len(holes)))
+        assert _hosts_allow(holes, partial, spares, hosts) == possible, (partial, spares, hosts)
+        skipped += not possible
+    assert skipped > 40
