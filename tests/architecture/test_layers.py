@@ -23,7 +23,7 @@ LAYERS = (
     ("bamboo.runtime",),
     ("agents",),
     ("commands.train", "commands.data"),
-    ("commands.status", "commands.chaos"),
+    ("commands.status", "commands.chaos", "commands.scale"),
     ("sim",),
     ("cloud",),
 )
