@@ -181,7 +181,7 @@ class BambooAgent(SimpleElasticAgent):
     def _step(self, group) -> RunResult | None:
         """One round of the loop: the result that ends the run, or None."""
         self._start_workers(group)
-        time.sleep(group.spec.monitor_interval)
+        self.membership.wait(group.spec.monitor_interval)
         looked = self.membership.due()  # something it watches changed, or a second passed
         if looked:
             self.membership.decide(self.cfg)  # any agent may write the next configuration

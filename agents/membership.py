@@ -85,18 +85,28 @@ class Membership:
         self._epoch: int | None = None  # the newest assignment seen
         self._next = 0                  # the first iteration whose regroup records are not settled
         self._observed: int | None = None  # --redundancy auto: the last iteration folded into the mode stats
-        # What a decision reads changes under these prefixes (a few writes per epoch, one regroup per
-        # iteration); the rest (a lease aging, a worker still starting) is seen by looking every LOOK_EVERY.
-        self.changes = cluster.changes(REGROUP(), ABORT(), ABORTED(), ASSIGNMENT(), FAILED(), MEMBERS(), DRAIN(),
-                                       HANDOVER(), START())
+        # What a decision reads changes under these prefixes: one regroup per iteration (looked at
+        # once), a few writes per death or epoch (looked at every round for a while: what follows a
+        # death, a lease aging or a host's mates going silent, writes nothing); else every LOOK_EVERY.
+        self.routine = cluster.changes(REGROUP(), START())
+        self.events = cluster.changes(ABORT(), ABORTED(), ASSIGNMENT(), FAILED(), MEMBERS(), DRAIN(), HANDOVER())
         self._looked = float("-inf")  # when `due` last said to look
+        self._busy_until = float("-inf")  # every round looks until then: an event's aftermath
+
+    def wait(self, seconds: float) -> None:
+        """The pause between an agent's rounds, cut short by a regroup: the mode
+        wanted after an iteration is then written before the next boundary reads it."""
+        self.routine.wait(seconds)
 
     def due(self) -> bool:
-        """Whether to look at etcd now (decide, observe the modes): a watched key
-        changed, or LOOK_EVERY passed. An agent that read every prefix at its monitor
-        interval made hundreds of requests a second, each job-wide."""
-        changed, now = self.changes.take(), time.monotonic()
-        if changed or now - self._looked >= LOOK_EVERY:
+        """Whether to look at etcd now (decide, observe the modes): a regroup came,
+        a death or an epoch's key changed within the failure timeout and a second,
+        or LOOK_EVERY passed. An agent that read every prefix at every round of its
+        monitor made hundreds of requests a second in a job that nothing disturbs."""
+        now = time.monotonic()
+        if self.events.take():
+            self._busy_until = now + self.failure_timeout + LOOK_EVERY
+        if self.routine.take() or now < self._busy_until or now - self._looked >= LOOK_EVERY:
             self._looked = now
             return True
         return False
@@ -387,7 +397,8 @@ class Membership:
 
     def leave(self) -> None:
         self.heartbeat.stop()
-        self.changes.close()
+        self.routine.close()
+        self.events.close()
 
 
 def agreed_costs(tries: dict) -> dict | None:

@@ -21,12 +21,14 @@ _FSYNCS = "etcd_disk_wal_fsync_duration_seconds_count "
 
 class Census:
     """A watch on `job`'s keys from a client of its own. `writes[it][family]`: puts
-    and deletes of an iteration's keys (families whose first part is the iteration);
+    and deletes of an iteration's keys (families whose first part is the iteration),
+    `revisions[it]`: the transactions that made them;
     `other[family]`: the rest; `first[(family, parts)]`: when a key first appeared."""
 
     def __init__(self, endpoint: str, job: str):
         self.cluster = Cluster(endpoint, job)
         self.writes: dict[int, Counter] = defaultdict(Counter)
+        self.revisions: dict[int, set] = defaultdict(set)  # an iteration's etcd revisions: one per transaction
         self.other: Counter = Counter()
         self.events = 0
         self.revision = 0  # etcd's revision as of the last response handled
@@ -48,7 +50,9 @@ class Census:
                 self.events += 1
                 self.first.setdefault((family.name, parts), now)
                 if family in ITERATION_FAMILIES and parts:
-                    self.writes[parts[0] if isinstance(parts, tuple) else parts][family.name] += 1
+                    it = parts[0] if isinstance(parts, tuple) else parts
+                    self.writes[it][family.name] += 1
+                    self.revisions[it].add(event.mod_revision)
                 else:
                     self.other[family.name] += 1
 
@@ -69,6 +73,12 @@ class Census:
             for it in iterations:
                 total.update(self.writes.get(it, Counter()))
         return {family: count / len(iterations) for family, count in sorted(total.items())}
+
+    def transactions(self, iterations: range) -> float:
+        """Mean etcd transactions per iteration that wrote its keys (a transaction of
+        many keys is one revision, one raft entry, one disk sync)."""
+        with self.lock:
+            return sum(len(self.revisions.get(it, ())) for it in iterations) / len(iterations)
 
     def appeared(self, family: str, parts) -> float | None:
         with self.lock:

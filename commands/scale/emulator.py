@@ -120,7 +120,7 @@ class EmulatedNode:
     def _decide(self) -> None:
         """bamboo-agent's round (agents/agent.py `_step`), for as long as the worker runs."""
         while not self.killed.is_set() and self.threads[0].is_alive():
-            time.sleep(MONITOR_SECONDS)
+            self.membership.wait(MONITOR_SECONDS)
             if self.membership.due():
                 self.membership.decide(self.cfg)
                 self.membership.observe_modes(self.cfg)

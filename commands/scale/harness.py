@@ -43,7 +43,8 @@ class Shape:
 class Result:
     shape: Shape
     pipelines: int = 0
-    writes: dict = field(default_factory=dict)     # family -> writes per fault-free iteration
+    writes: dict = field(default_factory=dict)     # family -> keys written per fault-free iteration
+    transactions: float = 0.0                      # etcd transactions (revisions) that wrote them, per iteration
     requests: dict = field(default_factory=dict)   # etcd gRPC method -> requests per fault-free iteration
     latency_ms: dict = field(default_factory=dict)  # p50, p99, max of every node's etcd requests
     iteration_s: float = 0.0                       # wall time of a fault-free iteration
@@ -87,6 +88,7 @@ def _measure(shape: Shape, endpoint: str, nodes: list[EmulatedNode], census: Cen
     after, took = etcd_counters(endpoint), time.monotonic() - began
     census.catch_up()
     result.writes = census.per_iteration(range(WARM, end))
+    result.transactions = census.transactions(range(WARM, end))
     result.requests = {k: round((after[k] - before[k]) / counted, 1) for k in sorted(after) if after[k] > before[k]}
     result.latency_ms = _percentiles(latencies[mark:])
     result.iteration_s = took / counted

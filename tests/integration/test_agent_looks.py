@@ -1,0 +1,56 @@
+"""When an agent looks at etcd (Membership.due): once for a regroup, every round in a
+death's aftermath, and at least once a second; never at every round of a job that
+nothing disturbs. Real etcd and real watches; the clock is the test's."""
+import time
+import types
+
+import pytest
+
+import agents.membership as membership
+from agents.membership import LOOK_EVERY, Membership
+from bamboo.control.cluster import Cluster
+from bamboo.control.config import JobConfig
+from bamboo.control.protocol import CONFIG, FAILED, REGROUP, Failure, Regroup
+
+TIMEOUT = 0.5
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(membership, "time", types.SimpleNamespace(monotonic=lambda: now[0], time=time.time))
+    return now
+
+
+def test_an_agent_looks_when_something_it_reads_changed(etcd, clock):
+    cfg = JobConfig.of(job="looks", failure_timeout=TIMEOUT)
+    writer = Cluster(etcd.endpoint, "looks")
+    writer.put(CONFIG(), cfg)
+    agent = Membership(Cluster(etcd.endpoint, "looks"), "a", 0, cfg)
+    try:
+        assert agent.events.flag.wait(10)  # its own members key, under the lease its heartbeat took
+        assert agent.due()          # a round after a change looks ...
+        clock[0] += TIMEOUT + LOOK_EVERY
+        assert agent.due()          # ... (a join is an event: every round for a while, then once a second)
+        assert not agent.due()      # nothing changed since
+        clock[0] += LOOK_EVERY / 2
+        assert not agent.due()
+
+        writer.put(REGROUP(0, 0), Regroup((), False, False))
+        assert agent.routine.flag.wait(10)  # the watch saw it
+        assert agent.due()          # a regroup: one look ...
+        assert not agent.due()      # ... not more
+
+        writer.create(FAILED(7), Failure(0, 1, "test"))
+        assert agent.events.flag.wait(10)
+        assert agent.due() and agent.due()  # a death: every round looks ...
+        clock[0] += TIMEOUT + LOOK_EVERY / 2
+        assert agent.due()
+        clock[0] += LOOK_EVERY / 2 + 0.1
+        assert not agent.due()      # ... for the failure timeout and a second
+
+        clock[0] += LOOK_EVERY
+        assert agent.due()          # and at least once a second
+        assert not agent.due()
+    finally:
+        agent.leave()
