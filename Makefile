@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BROWSER := $(VENV)/.browser
 
-.PHONY: demo test test-unit test-slow bench chaos chaos-network gpu-check clean
+.PHONY: demo test test-unit test-slow bench chaos chaos-network gpu-check scale clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,10 @@ gpu-check: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) scripts/bench_schedules.py
+
+# The control plane at fleet scale: emulated nodes against one real etcd (docs/performance.md).
+scale: $(STAMP)
+	$(VENV)/bin/bamboo-scale --nodes 10,100,300,1000 --json out/scale.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis out

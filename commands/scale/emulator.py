@@ -14,7 +14,8 @@ time, the last stage last, as 1F1B's drain has it.
 
 A death is a node that stops: its leases are left to age (Heartbeat.halt, as a
 machine gone refreshes nothing) and every later etcd call of its threads raises
-Killed. Without a data plane no receive waits on the dead (a real worker's
+Killed. Nodes beyond the pipelines wait in standby (--surplus keep: a released
+node would drain, which the emulator does not). Without a data plane no receive waits on the dead (a real worker's
 first sign), so the survivors find a death in their linger, by the dead node's
 lease, and recover as the executor does: cut reports, the plan, a new mark. The handover of a new epoch moves no layers:
 each node writes its mark and the first the outcome, as bamboo/state/handover.py does.

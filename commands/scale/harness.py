@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from bamboo.control.cluster import Cluster
-from bamboo.control.config import JobConfig
+from bamboo.control.config import JobConfig, Surplus
 from bamboo.control.etcd import EtcdServer
 from bamboo.control.protocol import ASSIGNMENT, CONFIG, REGROUP
 from commands.scale.census import Census, etcd_counters
@@ -36,7 +36,7 @@ class Shape:
         pipelines = max(1, self.nodes // self.stages)
         return JobConfig.of(job=job, stages=self.stages, iterations=self.iterations, elastic=True,
                             microbatches=self.microbatches or 2 * self.stages * pipelines,
-                            failure_timeout=self.failure_timeout, redundancy="eager")
+                            failure_timeout=self.failure_timeout, redundancy="eager", surplus=Surplus.KEEP)
 
 
 @dataclass
@@ -81,9 +81,10 @@ def _measure(shape: Shape, endpoint: str, nodes: list[EmulatedNode], census: Cen
     first = reader.latest_assignment()
     result = Result(shape, pipelines=len(first.pipelines))
     end = shape.kill_at if shape.kill_at >= 0 else shape.iterations
-    _until(lambda: min(n.iteration for n in nodes) >= WARM - 1, nodes, shape)
+    working = [n for n in nodes if n.node in first.members]  # the rest wait in standby
+    _until(lambda: min(n.iteration for n in working) >= WARM - 1, nodes, shape)
     before, began, mark = etcd_counters(endpoint), time.monotonic(), len(latencies)
-    _until(lambda: min(n.iteration for n in nodes) >= end - 1, nodes, shape)
+    _until(lambda: min(n.iteration for n in working) >= end - 1, nodes, shape)
     counted = end - WARM
     after, took = etcd_counters(endpoint), time.monotonic() - began
     census.catch_up()
@@ -108,7 +109,7 @@ def _burst(shape: Shape, nodes: list[EmulatedNode], reader: Cluster, census: Cen
     killed = time.monotonic()
     for v in victims:
         nodes[v].kill()
-    survivors = [n for n in nodes if n.node not in victims]
+    survivors = [n for n in nodes if n.node not in victims and n.node in epoch.members]
 
     def seen() -> bool:
         now = time.monotonic() - killed
