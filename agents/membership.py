@@ -85,23 +85,25 @@ class Membership:
         self._epoch: int | None = None  # the newest assignment seen
         self._next = 0                  # the first iteration whose regroup records are not settled
         self._observed: int | None = None  # --redundancy auto: the last iteration folded into the mode stats
-        # What a decision reads changes under these prefixes: one regroup per iteration (looked at
-        # once), a few writes per death or epoch (looked at every round for a while: what follows a
+        # What a decision reads changes under these prefixes: a regroup per iteration, an epoch, a
+        # join (each looked at once); a death's keys (then every round for a while: what follows a
         # death, a lease aging or a host's mates going silent, writes nothing); else every LOOK_EVERY.
-        self.routine = cluster.changes(REGROUP(), START())
-        self.events = cluster.changes(ABORT(), ABORTED(), ASSIGNMENT(), FAILED(), MEMBERS(), DRAIN(), HANDOVER())
+        self.routine = cluster.changes(REGROUP(), START(), ASSIGNMENT(), MEMBERS(), HANDOVER())
+        self.events = cluster.changes(FAILED(), ABORT(), ABORTED(), DRAIN())
+        self.events.take()  # armed: the first round looks anyway, no death's aftermath to watch yet
         self._looked = float("-inf")  # when `due` last said to look
         self._busy_until = float("-inf")  # every round looks until then: an event's aftermath
 
     def wait(self, seconds: float) -> None:
-        """The pause between an agent's rounds, cut short by a regroup: the mode
-        wanted after an iteration is then written before the next boundary reads it."""
+        """The pause between an agent's rounds, cut short by a regroup, an epoch or a
+        join: the mode wanted after an iteration is then written before the next
+        boundary reads it."""
         self.routine.wait(seconds)
 
     def due(self) -> bool:
-        """Whether to look at etcd now (decide, observe the modes): a regroup came,
-        a death or an epoch's key changed within the failure timeout and a second,
-        or LOOK_EVERY passed. An agent that read every prefix at every round of its
+        """Whether to look at etcd now (decide, observe the modes): a regroup, an
+        epoch or a join came, a death's key changed within the failure timeout and a
+        second, or LOOK_EVERY passed. An agent that read every prefix at every round of its
         monitor made hundreds of requests a second in a job that nothing disturbs."""
         now = time.monotonic()
         if self.events.take():

@@ -26,6 +26,7 @@ class Changes:
         self.lost = True                # no watch armed (never yet, or etcd dropped it)
         self._tried = 0.0               # when arming was last tried
         self.own: bytes | None = None   # the key of this reader's own latest write (see take)
+        self.only = None                # raw key -> whether its change concerns the reader (None: every key)
         self._watches: list = []        # pyetcd's ids of the armed watches (close)
         self._arm()
 
@@ -51,6 +52,8 @@ class Changes:
             self._watches = []  # their ids died with the stream
         elif response.events and all(isinstance(e, PutEvent) and e.key == self.own for e in response.events):
             return  # the reader's own write, which it read back with the write: no news
+        elif response.events and self.only is not None and not any(self.only(e.key) for e in response.events):
+            return  # keys under the prefix that are not the reader's business (another pipeline's)
         self.flag.set()
 
     def close(self) -> None:

@@ -28,7 +28,7 @@ from bamboo.control.config import JobConfig
 from bamboo.control.events import FailedOver
 from bamboo.control.exits import Fenced
 from bamboo.control.protocol import (ABORT, CUT, DONE, FAILED, FINISHED, LEASE_EXPIRED, Abort, Cut, Failure, Finished,
-                                     Local, NodeId)
+                                     Local, NodeId, parse)
 from bamboo.runtime.cuts import Unsurvivable, died_before
 from bamboo.runtime.lending import Loans
 from bamboo.transport.comm import Comm
@@ -135,6 +135,8 @@ class Failover:
         self.elastic = cfg.cluster.elastic  # agents can redo the iteration: abort instead of failing the job
         self.failures = watches.failures if watches else None
         self.finishes = watches.finishes if watches else None
+        if self.finishes is not None:
+            self.finishes.only = self._ours  # another pipeline's marks wake nobody here
         self.report_of = report_of  # () -> this node's Report as it stands, for its finished mark (None: none)
         self.loans: Loans | None = None  # what this node lends and borrows for a death in a late sync's window
         self.events: list[FailedOver] = []  # this node's, until its next report
@@ -309,6 +311,19 @@ class Failover:
             return True
         return node in self._recorded
 
+    def _marks(self) -> dict:
+        """The finished marks of this pipeline's nodes in the iteration, {node: mark},
+        in one transaction: not every node's of the job."""
+        it = self.iteration
+        found = self.cluster.read_spans(*((FINISHED(it, n), FINISHED(it, n + 1)) for n in self.nodes))
+        return {node: mark for span in found for (_, node), mark in span.items()}
+
+    def _ours(self, raw: bytes) -> bool:
+        """Whether a change under the linger's watch concerns this pipeline: a mark of
+        one of its nodes, or a death or an abort (anyone's)."""
+        found = parse(raw.decode(errors="replace"))
+        return found is None or found[1] is not FINISHED or found[2][1] in self.nodes
+
     def _silent(self, locals_: list[Local]) -> tuple[NodeId, ...]:
         """The nodes, among `locals_`, gone silent (bamboo/control/liveness.py)."""
         return tuple(self.cluster.silent(list(map(self.node_of, locals_))))
@@ -343,7 +358,7 @@ class Failover:
             else:
                 if self.finishes is not None:
                     self.finishes.take()  # lowered before reading: a finish after the read wakes the wait
-                finished = self.cluster.children(FINISHED(self.iteration))
+                finished = self._marks()
             pending = [Local(n) for n in range(self.P) if n not in self.failed and self.node_of(n) not in finished]
             if not pending:
                 done = own and not self.now.recovered

@@ -10,7 +10,7 @@ import agents.membership as membership
 from agents.membership import LOOK_EVERY, Membership
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
-from bamboo.control.protocol import CONFIG, FAILED, REGROUP, Failure, Regroup
+from bamboo.control.protocol import CONFIG, FAILED, MEMBERS, REGROUP, Failure, Member, Regroup
 
 TIMEOUT = 0.5
 
@@ -28,11 +28,15 @@ def test_an_agent_looks_when_something_it_reads_changed(etcd, clock):
     writer.put(CONFIG(), cfg)
     agent = Membership(Cluster(etcd.endpoint, "looks"), "a", 0, cfg)
     try:
-        assert agent.events.flag.wait(10)  # its own members key, under the lease its heartbeat took
-        assert agent.due()          # a round after a change looks ...
-        clock[0] += TIMEOUT + LOOK_EVERY
-        assert agent.due()          # ... (a join is an event: every round for a while, then once a second)
-        assert not agent.due()      # nothing changed since
+        # Its own join (its members key, once its heartbeat took a lease) has come once a later
+        # write under the same prefix has: watch events arrive in etcd's order.
+        writer.wait_for(lambda: writer.get(MEMBERS(0)), timeout=10, what="the agent's members key")
+        agent.routine.only = lambda raw: raw.endswith(b"members/00000099")
+        writer.put(MEMBERS(99), Member("a", "h", 0))
+        assert agent.routine.flag.wait(10)
+        agent.routine.only = None
+        assert agent.due()          # its join: one look ...
+        assert not agent.due()      # ... not more
         clock[0] += LOOK_EVERY / 2
         assert not agent.due()
 
