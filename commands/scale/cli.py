@@ -14,9 +14,11 @@ import dataclasses
 import json
 import os
 import sys
+import threading
 import time
 
 from bamboo.control.parser import OneLineParser
+from commands.scale.emulator import Killed
 from commands.scale.harness import Result, Shape, run
 
 MOST_NODES = 5000
@@ -69,7 +71,15 @@ def row(r: Result) -> str:
             f"{lat.get('p50', 0):>7.2f} {lat.get('p99', 0):>7.2f} {r.iteration_s:>7.2f} {timed[0]:>10} {timed[1]:>10}")
 
 
+def _quiet_killed(args) -> None:
+    """A killed node's lease thread stops on its next etcd call (emulator.Killed):
+    that is its death, not an error to print."""
+    if not issubclass(args.exc_type, Killed):
+        threading.__excepthook__(args)
+
+
 def main(argv: list[str] | None = None) -> int:
+    threading.excepthook = _quiet_killed
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
