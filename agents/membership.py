@@ -19,8 +19,8 @@ from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig, Surplus, ZoneSpread
 from bamboo.control.liveness import Heartbeat, lease_ages
 from bamboo.control.protocol import (ABORT, ABORTED, ALIVE, ASSIGNMENT, CONFIG, COPIES, DONE, DRAIN, FAILED,
-                                     HANDOVER, HOST_LOST, IDS, ITERATION_FAMILIES, MEMBERS, MODE, REGROUP, START, ZONES, Failure,
-                                     Mark, Member, ModeChoice, Timestamp, Zone)
+                                     HANDOVER, HOST_LOST, IDS, ITERATION_FAMILIES, MEMBERS, MODE, REGROUP, START,
+                                     ZONES, Failure, Mark, Member, ModeChoice, Timestamp, Zone)
 from bamboo.data.checkpoint_files import latest, newest_listed, storage_for
 from bamboo.state.copies import newest_covered
 

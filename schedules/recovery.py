@@ -109,7 +109,8 @@ def recover(layout: Layout, microbatches: int, base: dict[int, list[Instr]], d: 
         new_tail = _without(tail(after, n, sync), [i for i in pre if ends(i)])
         full[n] = pre + (_reroute(n, body, d, p, q) if matches.talk(n, d) else body) + new_tail
     if stage_done:
-        report = Engine(layout, M, cost, dead=(d, k), expect_frc=options.every_frc).run({**full, d: dead_ran}, lean=True)
+        report = Engine(layout, M, cost, dead=(d, k), expect_frc=options.every_frc).run({**full, d: dead_ran},
+                                                                                       lean=True)
         return full, {n: len(prefix[n]) for n in prefix}, report
 
     resend = [ir.send_grad(i.stage, i.mb, p) for i in prefix[q] if i.op is Op.SEND_GRAD and i.peer == d]

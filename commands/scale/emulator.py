@@ -30,8 +30,8 @@ from agents.release import Releaser
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
-from bamboo.control.protocol import (ABORT, ABORTED, DONE, FAILED, FINISHED, HANDED, HANDOVER, LOAN, LOSS, REDUCED, Loss, Mark,
-                                     Outcome, Reduced, Report)
+from bamboo.control.protocol import (ABORT, ABORTED, DONE, FAILED, FINISHED, HANDED, HANDOVER, LOAN, LOSS, REDUCED,
+                                     Loss, Mark, Outcome, Reduced, Report)
 from bamboo.runtime.boundary import Boundary
 from bamboo.runtime.failover import Aborted, Failover, PeersSilent, TooManyDead, Watches
 from bamboo.state.checkpoint import Checkpoints

@@ -289,7 +289,8 @@ class Engine:
                     break
                 sent, arrival, _ = q.popleft()
                 if sent.stage != ins.stage or sent.mb != ins.mb:
-                    raise ValidationError("out-of-order", f"node {n} expects {ins} but node {ins.peer} sent {sent} first")
+                    raise ValidationError("out-of-order",
+                                          f"node {n} expects {ins} but node {ins.peer} sent {sent} first")
                 start = clock if clock > arrival else arrival
             else:
                 start = clock
