@@ -21,10 +21,15 @@ from bamboo.control.changes import Changes
 from bamboo.control.cluster import Cluster
 from bamboo.control.exits import Fenced
 from bamboo.control.protocol import (CHECKPOINTED, DONE, DRAIN, FAILED, MEMBERS, MODE, REGROUP, STRAGGLER, Failure,
-                                     NodeId, Regroup, Report, Timestamp)
+                                     NodeId, Regroup, Report, Timestamp, parse)
 from bamboo.runtime.calibration import propose
 from bamboo.state.checkpoint import Checkpoints
 from bamboo.runtime.failover import LEASE_WAIT, LINGER_WAKE, Completed
+
+
+def _not_a_report(raw: bytes) -> bool:
+    found = parse(raw.decode(errors="replace"))
+    return found is None or found[1] is not DONE
 
 
 def stragglers(reports: dict[NodeId, Report], factor: float, slack: float) -> list[NodeId]:
@@ -82,10 +87,15 @@ class Boundary:
         failed set grew and the agents do not reconfigure, `regroup(failed, try)`
         rebuilds the world group; if a member dies meanwhile, the next try leaves it out.
         `idle()` is called once, if this node has to wait for the others' reports."""
-        reports, dead = self._wait_for_reports(iteration, assignment.members, failover, idle)
-        dead |= set(self._record_stragglers(iteration, failed, reports))
+        reports, dead, settled = self._wait_for_reports(iteration, assignment.members, failover, idle)
+        if settled is None:  # this node read every report: it judges the stragglers too
+            dead |= set(self._record_stragglers(iteration, failed, reports))
         for attempt in itertools.count():
-            agreed = self._decide(iteration, attempt, assignment, dead if attempt == 0 else None, reports)
+            if attempt == 0 and settled is not None:
+                agreed = settled
+            else:
+                reports = reports if settled is None else self.cluster.children(DONE(iteration))
+                agreed = self._decide(iteration, attempt, assignment, dead if attempt == 0 else None, reports)
             if self.node in agreed.failed:
                 why = self.cluster.death_of(self.node)
                 raise Fenced(why or f"node {self.node} was declared dead in iteration {iteration}")
@@ -99,23 +109,33 @@ class Boundary:
                 continue  # a member died while regrouping: the next try leaves it out
 
     def _wait_for_reports(self, iteration: int, members, failover,
-                          idle=None) -> tuple[dict[NodeId, Report], set[NodeId]]:
-        """Every live node's report, and the dead as last read, read when a watch says
-        a report or a death came. A node that died between its stream and its
-        report is found by its lease, asked only once a report is LEASE_WAIT late."""
+                          idle=None) -> tuple[dict[NodeId, Report], set[NodeId], Regroup | None]:
+        """Every live node's report and the dead as last read, read when a watch says
+        a report or a death came; or, on a node that does not lead the boundary
+        (`leader`), the agreed record once it is written. Any node whose own report's
+        read shows every report goes on at once (the last to finish writes the
+        agreement in its next round trip), but only the leader reads the reports
+        again as they come: N nodes reading N reports at each of N reports grew as
+        N x N x N. A node that died between its stream and its report is found by its
+        lease, asked once a report is LEASE_WAIT late: the pending nodes' by the
+        leader, the leader's by the others (then the next one leads)."""
         began = asked = time.monotonic()
+        leading, pending = True, list(members)
         while True:
             if self.seen is not None:  # read with this node's own report
-                (done, failed), self.seen = self.seen, None
+                (done, failed), settled, self.seen = self.seen, None, None
             else:
-                if self.changes is not None:
-                    self.changes.take()  # lowered before reading: a report after the read wakes the wait
-                done, failed = self.cluster.read(DONE(iteration), FAILED())
-            pending = [n for n in members if n not in done and n not in failed]
+                done, failed, settled = self._look(iteration, leading)
+            if settled is not None:
+                return done or {}, set(failed), settled
+            if done is not None:  # every report so far
+                pending = [n for n in members if n not in done and n not in failed]
             failover.check_abort()  # another pipeline could not finish: this iteration is redone
             failover.serve_loans(failed)  # a pipeline still recovering may need this node's gradients
-            if not pending:
-                return done, set(failed)
+            if done is not None and not pending:
+                return done, set(failed), None
+            leader = self.leader(members, failed)
+            leading = leader == self.node
             if self.unwritten:  # the others may be waiting for them
                 self.cluster.put_all(self.unwritten)
                 self.unwritten = {}
@@ -123,15 +143,37 @@ class Boundary:
             now = time.monotonic()
             if now - began > LEASE_WAIT and now - asked > LEASE_WAIT:
                 asked = now
-                self.cluster.record_silent(pending, iteration, self.node)
+                self.cluster.record_silent(pending if leading else [leader], iteration, self.node)
             if idle is not None:
                 idle, work = None, idle
                 work()
                 continue  # what came in meanwhile is read before any wait
-            if self.changes is not None:
-                self.changes.wait(LINGER_WAKE)
-            else:
-                time.sleep(0.02)
+            self._wait(leading)
+
+    def leader(self, members, failed) -> NodeId:
+        """The node that reads every report of an iteration and writes the agreement:
+        the first member not known dead (every node computes it from what it read)."""
+        return min((n for n in members if n not in failed), default=self.node)
+
+    def _look(self, iteration: int, leading: bool) -> tuple[dict | None, dict, Regroup | None]:
+        """(reports, deaths, the agreed record if written): a leader reads the reports,
+        another node the agreement's first try (and no reports: None)."""
+        if self.changes is not None:
+            self.changes.take()  # lowered before reading: a change after the read wakes the wait
+        if leading:
+            done, failed = self.cluster.read(DONE(iteration), FAILED())
+            return done, failed, None
+        tries, failed = self.cluster.read(REGROUP(iteration), FAILED())
+        return None, failed, tries.get(0)
+
+    def _wait(self, leading: bool) -> None:
+        """Until the watch says something changed, or LINGER_WAKE: for a node that does
+        not lead, a report is no news (the agreement, a death or an abort is)."""
+        if self.changes is None:
+            time.sleep(0.02)
+            return
+        self.changes.only = None if leading else _not_a_report
+        self.changes.wait(LINGER_WAKE)
 
     def _record_stragglers(self, iteration: int, failed: tuple[NodeId, ...],
                            reports: dict[NodeId, Report]) -> list[NodeId]:

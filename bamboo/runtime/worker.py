@@ -35,8 +35,8 @@ from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig, Transport
 from bamboo.control.exits import FENCED, WorkerExit
 from bamboo.control.liveness import hang_deadline
-from bamboo.control.protocol import (ABORT, ABORTED, COMPLETED, CONFIG, DONE, ERROR, FAILED, FINISHED, LOAN, SCALE,
-                                     START, LossScale, Mark, Regroup, Report, Start, Timestamp, WorkerError,
+from bamboo.control.protocol import (ABORT, ABORTED, COMPLETED, CONFIG, DONE, ERROR, FAILED, FINISHED, LOAN, REGROUP,
+                                     SCALE, START, LossScale, Mark, Regroup, Report, Start, Timestamp, WorkerError,
                                      world_store)
 from bamboo.control.store import EtcdStore, RendezvousAborted
 from bamboo.data.corpus import corpus_of
@@ -77,7 +77,7 @@ class Worker(EpochMoves):
         self.finishes = cluster.changes(FINISHED(), FAILED(), ABORT())
         self.boundary = Boundary(cluster, node, cfg.cluster.elastic, self.checkpoints, cfg.faults.straggler_factor,
                                  cfg.faults.straggler_slack, auto=cfg.agents_choose,
-                                 changes=cluster.changes(DONE(), FAILED(), ABORT()))
+                                 changes=cluster.changes(DONE(), FAILED(), ABORT(), REGROUP()))
         self.assignment: Assignment | None = None  # the epoch this node runs in
         self.failed: tuple[int, ...] = ()          # nodes dead job-wide, as the last boundary agreed
         self.pipeline = self.me = 0                # where this node runs in the epoch

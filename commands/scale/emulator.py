@@ -31,7 +31,7 @@ from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 from bamboo.control.protocol import (ABORT, ABORTED, DONE, FAILED, FINISHED, HANDED, HANDOVER, LOAN, LOSS, REDUCED,
-                                     Loss, Mark, Outcome, Reduced, Report)
+                                     REGROUP, Loss, Mark, Outcome, Reduced, Report)
 from bamboo.runtime.boundary import Boundary
 from bamboo.runtime.failover import Aborted, Failover, PeersSilent, TooManyDead, Watches
 from bamboo.state.checkpoint import Checkpoints
@@ -88,6 +88,10 @@ class EmulatedNode:
         self.membership = Membership(self.agent, zone, node, cfg)
         self.releaser = Releaser(self.agent, cfg, self.membership.hosts)
         self.worker.register(node, cfg, on_fenced=lambda why: self.killed.set())
+        # the watches a worker keeps for its life (Worker.__init__)
+        self.watches = Watches(self.worker.changes(FAILED(), ABORT(), LOAN()),
+                               self.worker.changes(FINISHED(), FAILED(), ABORT()))
+        self.boundary_changes = self.worker.changes(DONE(), FAILED(), ABORT(), REGROUP())
         self.error: BaseException | None = None
         self.iteration = -1  # the last iteration this node agreed
         self._epoch: int | None = None  # the epoch whose failover and boundary are made
@@ -163,12 +167,10 @@ class EmulatedNode:
         if self._epoch != assignment.epoch:
             pipeline, me = assignment.slot(self.node)
             options = self.cfg.options(assignment.redundancy, self.cfg.schedule.epoch_sync(assignment))
-            watches = Watches(self.worker.changes(FAILED(), ABORT(), LOAN()),
-                              self.worker.changes(FINISHED(), FAILED(), ABORT()))
             failover = Failover(self.worker, assignment.pipelines[pipeline], pipeline, me, options, self.cfg,
-                                watches, report_of=lambda: self._report(assignment.epoch))
+                                self.watches, report_of=lambda: self._report(assignment.epoch))
             boundary = Boundary(self.worker, self.node, True, Checkpoints(self.cfg, self.node, 1),
-                                auto=self.cfg.agents_choose, changes=self.worker.changes(DONE(), FAILED(), ABORT()))
+                                auto=self.cfg.agents_choose, changes=self.boundary_changes)
             self._epoch, self._epoch_parts = assignment.epoch, (failover, boundary)
         return self._epoch_parts
 
