@@ -1,6 +1,5 @@
 """What etcd saw, counted from outside the nodes: a watch on the job's root that
-tallies every write by key family and iteration and notes when the keys of a death
-appeared, and etcd's own counters. Nothing here trusts the nodes' account of what
+tallies every write by key family and iteration, and etcd's own counters. Nothing here trusts the nodes' account of what
 they wrote, so the harness's figures (and its test against a real job) do not
 restate the code they measure."""
 from __future__ import annotations
@@ -22,8 +21,7 @@ _FSYNCS = "etcd_disk_wal_fsync_duration_seconds_count "
 class Census:
     """A watch on `job`'s keys from a client of its own. `writes[it][family]`: puts
     and deletes of an iteration's keys (families whose first part is the iteration),
-    `revisions[it]`: the transactions that made them;
-    `other[family]`: the rest; `first[(family, parts)]`: when a key first appeared."""
+    `revisions[it]`: the transactions that made them; `other[family]`: the rest."""
 
     def __init__(self, endpoint: str, job: str):
         self.cluster = Cluster(endpoint, job)
@@ -32,14 +30,12 @@ class Census:
         self.other: Counter = Counter()
         self.events = 0
         self.revision = 0  # etcd's revision as of the last response handled
-        self.first: dict[tuple, float] = {}
         self.lock = threading.Lock()
         self.watch = self.cluster.client.add_watch_prefix_callback(job_root(job), self._on_response)
 
     def _on_response(self, response) -> None:
         if response is None or isinstance(response, Exception):
             return
-        now = time.monotonic()
         with self.lock:
             self.revision = max(self.revision, response.header.revision)
             for event in response.events:
@@ -48,7 +44,6 @@ class Census:
                     continue  # a process group's store key, below the job's root
                 _, family, parts = found
                 self.events += 1
-                self.first.setdefault((family.name, parts), now)
                 if family in ITERATION_FAMILIES and parts:
                     it = parts[0] if isinstance(parts, tuple) else parts
                     self.writes[it][family.name] += 1
@@ -79,10 +74,6 @@ class Census:
         many keys is one revision, one raft entry, one disk sync)."""
         with self.lock:
             return sum(len(self.revisions.get(it, ())) for it in iterations) / len(iterations)
-
-    def appeared(self, family: str, parts) -> float | None:
-        with self.lock:
-            return self.first.get((family, parts))
 
     def close(self) -> None:
         try:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig, Surplus
 from bamboo.control.etcd import EtcdServer
-from bamboo.control.protocol import ASSIGNMENT, CONFIG, REGROUP
+from bamboo.control.protocol import ASSIGNMENT, CONFIG, FINISHED, REGROUP
 from commands.scale.census import Census, etcd_counters
 from commands.scale.emulator import EmulatedNode
 
@@ -94,18 +94,19 @@ def _measure(shape: Shape, endpoint: str, nodes: list[EmulatedNode], census: Cen
     result.latency_ms = _percentiles(latencies[mark:])
     result.iteration_s = took / counted
     if shape.kill_at >= 0:
-        _burst(shape, nodes, reader, census, result)
+        _burst(shape, nodes, reader, result)
     result.errors = [f"node {n.node}: {type(n.error).__name__}: {n.error}" for n in nodes if n.error]
     return result
 
 
-def _burst(shape: Shape, nodes: list[EmulatedNode], reader: Cluster, census: Census, result: Result) -> None:
+def _burst(shape: Shape, nodes: list[EmulatedNode], reader: Cluster, result: Result) -> None:
     """Kill the burst once its nodes' finished marks of `kill_at` are in, then look
     at etcd every POLL seconds (from this process, as loaded as the nodes) for the
     first regroup record that names the burst, and for the agents' next epoch."""
     epoch = reader.latest_assignment()
     victims = _victims(epoch, shape.burst)
-    _until(lambda: all(census.appeared("finished", (shape.kill_at, v)) for v in victims), nodes, shape)
+    # etcd itself, not the census (whose callback runs behind on a loaded machine)
+    _until(lambda: all(reader.get(FINISHED(shape.kill_at, v)) for v in victims), nodes, shape, POLL)
     killed = time.monotonic()
     for v in victims:
         nodes[v].kill()
