@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Mapping
 
 from bamboo.control.config import Surplus as SurplusRule  # burst, binomial, fixed, keep: the rules below
@@ -47,7 +48,7 @@ class BurstModel:
     prior_seconds: float = 0.0  # ... over this many seconds, as if observed
 
     def __post_init__(self):
-        if any(size < 1 for size in self.sizes):
+        if self.sizes and min(self.sizes) < 1:
             raise ValueError(f"a burst takes one node or more (got {min(self.sizes)})")
 
     @classmethod
@@ -74,12 +75,7 @@ class BurstModel:
     def size_distribution(self) -> list[float]:
         """P(a burst takes j nodes), j = 0..the largest seen: the sizes seen, and the
         prior's bursts of one node."""
-        weights = [0.0] * (max(self.sizes, default=1) + 1)
-        weights[1] += self.prior_bursts
-        for size in self.sizes:
-            weights[size] += 1
-        total = sum(weights)
-        return [w / total for w in weights] if total else weights
+        return list(_size_distribution(self.sizes, self.prior_bursts))
 
     def loss_distribution(self, window: float, limit: int, epsilon: float = 0.0) -> list[float]:
         """P(exactly s nodes lost within `window` seconds), s = 0..limit, or up to
@@ -102,6 +98,18 @@ class BurstModel:
         """The smallest k (at most `limit`) with P(more than k nodes lost within
         `window` seconds) <= `epsilon`."""
         return min(limit, _smallest_covering(self.loss_distribution(window, limit, epsilon), epsilon))
+
+
+@lru_cache(maxsize=4)
+def _size_distribution(sizes: tuple[int, ...], prior_bursts: float) -> tuple[float, ...]:
+    """`BurstModel.size_distribution`, kept: a job asks it of the same bursts at every
+    batch of events until the next burst, and a month of them is thousands long."""
+    weights = [0.0] * (max(sizes, default=1) + 1)
+    weights[1] += prior_bursts
+    for size in sizes:
+        weights[size] += 1
+    total = sum(weights)
+    return tuple(w / total for w in weights) if total else tuple(weights)
 
 
 def binomial_standby(nodes: int, rate_per_node: float, window: float, epsilon: float) -> int:
@@ -176,10 +184,10 @@ def standby_count(rule: SurplusRule, bursts: BurstModel, window: float, epsilon:
 def burst_order(trainers: Mapping[str, str]) -> list[str]:
     """The `trainers` (node -> zone) in the order a burst takes them: the zone with
     the most of them first (spot capacity leaves a zone at a time)."""
-    count: dict[str, int] = {}
-    for zone in trainers.values():
-        count[zone] = count.get(zone, 0) + 1
-    return sorted(trainers, key=lambda n: (-count[trainers[n]], trainers[n], n))
+    runs: dict[str, list[str]] = {}  # each zone's trainers by name: the zone's count is its run's length
+    for n in sorted(trainers):
+        runs.setdefault(trainers[n], []).append(n)
+    return [n for zone in sorted(runs, key=lambda z: (-len(runs[z]), z)) for n in runs[zone]]
 
 
 def assign_surplus(idle: Mapping[str, str], trainers: Mapping[str, str], standby: int) -> Roles:
@@ -191,11 +199,15 @@ def assign_surplus(idle: Mapping[str, str], trainers: Mapping[str, str], standby
     for zone in trainers.values():
         if zone in load:
             load[zone] += 1
+    queues: dict[str, list[str]] = {}  # each zone's nodes, the first by name last (taken first)
+    for n in sorted(idle, reverse=True):
+        queues.setdefault(idle[n], []).append(n)
     kept: list[str] = []
-    left = sorted(idle)
-    while left and len(kept) < standby:
-        node = min(left, key=lambda n: (load[idle[n]], idle[n], n))
-        kept.append(node)
-        left.remove(node)
-        load[idle[node]] += 1  # the next standby goes where fewest are, counting this one
-    return Roles(standby=tuple(kept), release=tuple(n for n in sorted(idle) if n not in kept))
+    while queues and len(kept) < standby:
+        zone = min(queues, key=lambda z: (load[z], z))  # a zone's first node is the best of it
+        kept.append(queues[zone].pop())
+        if not queues[zone]:
+            del queues[zone]
+        load[zone] += 1  # the next standby goes where fewest are, counting this one
+    chosen = set(kept)
+    return Roles(standby=tuple(kept), release=tuple(n for n in sorted(idle) if n not in chosen))

@@ -20,7 +20,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from agents.policy import Config
-from agents.surplus import Economics, SurplusRule, assign_surplus, burst_order, standby_count
+from agents.surplus import Economics, SurplusRule, assign_surplus, standby_count
 from sim.accounting import RunState
 from sim.reconfiguration import used_nodes
 from sim.traces import Event
@@ -155,13 +155,13 @@ def standby_of(sim, s: RunState, config: Config, limit: int, paid: int) -> int:
     the throughput of the policy's next configuration with one more of its nodes
     gone, as a burst takes them."""
     used = used_nodes(config)
-    order = burst_order({n: sim.zones[n] for n in used})
+    order = sim.burst_order(used)
 
     def throughput(gone: int) -> float:
         if not gone:
             return sim.config_throughput(config)
-        return sim.config_throughput(sim.next_config({n: sim.zones[n] for n in order[gone:]
-                                                     if n not in sim.noticed}, config))
+        left = [n for n in order[gone:] if n not in sim.noticed] if sim.noticed else order[gone:]
+        return sim.config_throughput(sim.next_config(dict(zip(left, map(sim.zones.__getitem__, left))), config))
     return standby_count(SurplusRule(sim.opt.surplus), sim.bursts_seen(s, len(used)), sim.opt.acquire_seconds,
                          sim.opt.standby_epsilon, len(used), limit, Economics(throughput, paid + sim.capacity.arriving),
                          sim.opt.fixed_standby)

@@ -10,7 +10,7 @@ checkpoint-restart and on-demand nodes.
                [--instance-type TYPE [--prices FILE.json]] [--cross-zone-price $/GiB] [--etcd-price $/h] \\
                [--storage-price $/GiB-month] [--boot-seconds S] [--acquire-seconds S] [--standby-epsilon E] \\
                [--surplus burst|binomial|fixed|keep] [--fixed-standby N] [--price-series FILE] \\
-               [--zone-spread auto|spread|pack]
+               [--zone-spread auto|spread|pack] [--jobs N]
     bamboo-sim --sweep-rates --model gpt2 --stages P [--plot DIR]
 
 Checkpoints are taken at Young's or Daly's optimal interval unless --checkpoint-minutes
@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
+import time
 from dataclasses import replace
 
 from schedules.redundancy import FRC_MODES
@@ -40,7 +39,9 @@ from sim.job_model import JobModel
 from sim.pricing import cross_zone_bytes, crossing_shares, first_config, ledger_dollars, priced, replica_share, sent
 from sim.options import NOTICE_SECONDS, ROLLBACKS, ZONE_SPREADS
 from sim.price_series import series_from
+from sim.plots import plot_run, plot_sweep
 from sim.profiles import PROFILES, SOURCES, Profile, profile
+from sim.runs import run_each
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
 from sim.traces import TraceError, detect, read, synthetic
 
@@ -81,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, help="cluster size of the synthetic traces (default 3 x P)")
     p.add_argument("--seeds", type=int, default=3, help="synthetic traces per rate")
     p.add_argument("--plot", metavar="DIR", help="write PNGs: nodes and throughput over time, value vs rate")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="strategies run at a time, each in a process of its own (the figures are the same)")
     _cost_arguments(p)
     model_spec.add_flags(p)
     return p
@@ -212,59 +215,15 @@ def sweep(prof: Profile, stages: int, nodes: int, seeds: int, options: Options,
     return rows
 
 
-def _save(fig, path: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
-def plot_run(results: dict[str, dict], directory: str) -> list[str]:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    os.makedirs(directory, exist_ok=True)
-    written = []
-    for name, index, label in (("nodes", 1, "nodes"), ("throughput", 2, "samples/s")):
-        fig, ax = plt.subplots(figsize=(8, 3))
-        for strategy, r in results.items():
-            times = [t / 3600 for t, _, _ in r["timeline"]] + [r["hours"]]
-            values = [row[index] for row in r["timeline"]]
-            ax.step(times, values + values[-1:], where="post", label=strategy)
-            if name == "nodes":
-                break  # the same nodes for every spot strategy
-        ax.set_xlabel("hours")
-        ax.set_ylabel(label)
-        ax.legend()
-        path = os.path.join(directory, f"{name}.png")
-        _save(fig, path)
-        plt.close(fig)
-        written.append(path)
-    return written
-
-
-def plot_sweep(rows: list[dict], directory: str, title: str) -> str:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    os.makedirs(directory, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for strategy in STRATEGIES:
-        ax.plot([r["rate"] for r in rows], [r[strategy] for r in rows], marker="o", label=strategy)
-    ax.set_xscale("log")
-    ax.minorticks_off()
-    ax.set_xticks([r["rate"] for r in rows], [f"{r['rate']:g}" for r in rows])
-    ax.set_xlabel("preemptions per node-hour")
-    ax.set_ylabel("value: samples/s per $/h")
-    ax.set_title(title)
-    ax.legend()
-    path = os.path.join(directory, "value-vs-rate.png")
-    _save(fig, path)
-    plt.close(fig)
-    return path
+def _plotted(results: dict, directory: str | None) -> None:
+    """The runs' plots, when asked for, named in each run; then their timelines
+    dropped (the JSON keeps figures, not every event)."""
+    if directory:
+        plots = plot_run(results, directory)
+        for r in results.values():
+            r["plots"] = plots
+    for r in results.values():
+        r.pop("timeline")
 
 
 def simulate(args, options: Options) -> dict:
@@ -287,14 +246,21 @@ def simulate(args, options: Options) -> dict:
     name = strategy_name(args)
     results, stats = {}, {}
 
-    def one(strategy: str, opts: Options) -> dict:
-        sim = ClusterSimulator(job.profile, args.stages, strategy, opts)
-        out = sim.run(events, args.hours)
-        stats.update(sim.trace.describe())
-        return out
-    for strategy in list(STRATEGIES) if name == "all" else [name]:
+    def each(strategy: str) -> tuple[dict, dict]:
+        """The strategy's run (at the best interval, searched) and the trace's figures."""
+        seen: dict = {}
+
+        def one(opts: Options) -> dict:
+            sim = ClusterSimulator(job.profile, args.stages, strategy, opts)
+            out = sim.run(events, args.hours)
+            seen.update(sim.trace.describe())
+            return out
         searched = args.checkpoint_formula == BEST and strategy != "on-demand"  # on-demand takes no checkpoint
-        run = results[strategy] = best_run(lambda o: one(strategy, o), options) if searched else one(strategy, options)
+        return best_run(one, options) if searched else one(options), seen
+    for strategy, ((run, seen), seconds) in run_each(each, list(STRATEGIES) if name == "all" else [name],
+                                                     args.jobs).items():
+        results[strategy], run["run_seconds"] = run, seconds
+        stats.update(seen)
         on_demand = strategy == "on-demand"  # in one zone, its best placement: nothing crosses
         links = sent(job.links, replica_share(strategy, [run]))
         shares = crossing_shares(first_config(first, args.stages, job.profile.microbatches, options, links), first)
@@ -305,12 +271,7 @@ def simulate(args, options: Options) -> dict:
         run["priced"] = priced(run, arrivals, price, job.tokens_per_sample, job.profile.samples_per_iteration(), cross,
                                bill)
         run["ledger_dollars"] = ledger_dollars(run["ledger"], price, run["priced"])
-    if args.plot:
-        plots = plot_run(results, args.plot)
-        for r in results.values():
-            r["plots"] = plots
-    for r in results.values():
-        r.pop("timeline")
+    _plotted(results, args.plot)
     context = {"trace": {"path": args.trace, **stats}, "model": args.model, "stages": args.stages,
                "prices": {"spot": options.price_series.describe() if options.price_series else options.spot_price,
                           "on_demand": options.on_demand_price},
@@ -346,8 +307,9 @@ def idle_notes(parser: argparse.ArgumentParser, args) -> list[str]:
     eager_free = not args.sweep_rates and strategy_name(args) not in ("bamboo", "auto", "all")
     replica_free = not args.sweep_rates and strategy_name(args) not in ("bamboo", "lazy", "auto", "all")
     rules = ((not args.sweep_rates, ("nodes", "seeds"), "they are for --sweep-rates"),
-             (args.sweep_rates, ("trace", "trace_format", "hours", "strategy"),
+             (args.sweep_rates, ("trace", "trace_format", "hours", "strategy", "jobs"),
               "--sweep-rates runs every strategy on synthetic traces of its own"),
+             (not args.sweep_rates and strategy_name(args) != "all", ("jobs",), "one strategy runs in one process"),
              (args.sweep_rates, ("cross_zone_price", "etcd_price", "storage_price", "boot_seconds", "price_series"),
               "--sweep-rates reports value per node-hour's price only"),
              (eager_free, ("frc",), "it places eager Bamboo's FRC (--strategy bamboo, auto or all)"),
@@ -366,6 +328,7 @@ def check_depth(prof: Profile, stages: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -373,8 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         check_not_a_file(args.plot, "--plot")
         options = options_from(args, model_spec.instance_of(args))
         model_spec.check_shape(args)
-        if args.seeds < 1 or (args.nodes is not None and args.nodes < args.stages):
-            raise ValueError("--seeds must be at least 1 and --nodes at least --stages")
+        if args.seeds < 1 or args.jobs < 1 or (args.nodes is not None and args.nodes < args.stages):
+            raise ValueError("--seeds and --jobs must be at least 1 and --nodes at least --stages")
         if args.checkpoint_formula == BEST and (args.sweep_rates or args.checkpoint_minutes):
             raise ValueError("--checkpoint-formula best searches the intervals of one trace: not with "
                              "--sweep-rates or --checkpoint-minutes")
@@ -393,9 +356,10 @@ def main(argv: list[str] | None = None) -> int:
                    "profile": prof.sources()}
             if args.plot:
                 out["plots"] = [plot_sweep(rows, args.plot, f"{args.model}, P={args.stages}, {nodes} spot nodes")]
-            print(json.dumps(out))
-            return 0
-        print(json.dumps(simulate(args, options)))
+        else:
+            out = simulate(args, options)
+        out["run_seconds"] = round(time.perf_counter() - started, 2)  # this command's own, its imports aside
+        print(json.dumps(out))
     except (TraceError, ValueError) as e:
         print(f"bamboo-sim: error: {e}", file=sys.stderr)
         return 2

@@ -8,9 +8,10 @@ import math
 from functools import lru_cache
 
 from schedules.compiler import compile_schedule
-from schedules.compiler import simulate as simulate_schedule
 from schedules.options import Frc, ScheduleOptions
 from schedules.split import estimated_slots, merged, split_by_speed
+from schedules.timing.bubbles import makespan
+from schedules.timing.engine import start_times
 
 from sim.profiles import MeasuredProfile
 from sim.windows import full_pipeline
@@ -42,7 +43,7 @@ def pipeline_ms(profile, depth: int, pipelines: int, merged_stages: tuple[int, .
     """One pipeline's iteration under the cost model of `pipelines` pipelines."""
     options = ScheduleOptions(redundancy=redundancy, frc=frc, sync=sync)
     schedule = compile_schedule(depth, microbatches, merged_stages, options, profile.cost(depth, pipelines))
-    return simulate_schedule(schedule).makespan
+    return length(schedule)
 
 
 @lru_cache(maxsize=None)
@@ -55,7 +56,15 @@ def iteration_ms(profile, depth: int, pipelines: int, redundancy: str, merged: b
     failed = (1,) if merged else ()
     options = ScheduleOptions(redundancy=redundancy if not merged else "eager", frc=frc, sync=sync)
     schedule = compile_schedule(depth, microbatches, failed, options, cost)
-    return simulate_schedule(schedule).makespan
+    return length(schedule)
+
+
+def length(schedule) -> float:
+    """A compiled iteration's makespan by the engine's timing rule without its checks
+    (the compiler's own fast pass, schedules/timing/engine.py `start_times`): the
+    engine's number for the schedules the compiler builds, a fraction of its time
+    on the thousands of shapes a fleet passes through."""
+    return makespan(schedule.streams, start_times(schedule.streams, schedule.cost), schedule.cost)
 
 
 @lru_cache(maxsize=None)

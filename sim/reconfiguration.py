@@ -3,6 +3,9 @@ which nodes changed stage, which stages died in each pipeline, which are lost on
 every node, and how long one stage's state takes to move."""
 from __future__ import annotations
 
+from functools import lru_cache
+from itertools import chain
+
 from schedules.layout import Layout
 from schedules.split import merged
 
@@ -12,17 +15,27 @@ from sim.profiles import NETWORK, Profile
 
 def stages_moved(a: Config, b: Config) -> bool:
     """Whether any node of `b` computes a stage it did not compute in `a`."""
+    if set(b.pipelines) <= set(a.pipelines):
+        return False  # every pipeline of b ran as it is in a: the usual batch, without the node-by-node walk
     before = {(n, s) for pipe in a.pipelines for s, n in enumerate(pipe)}
     return any((n, s) not in before for pipe in b.pipelines for s, n in enumerate(pipe))
 
 
-def used_nodes(config: Config | None) -> set[str]:
+def used_nodes(config: Config | None) -> frozenset[str]:
     """The nodes that compute in `config`."""
-    return {n for pipe in config.pipelines for n in pipe} if config else set()
+    return _nodes_of(config.pipelines) if config else frozenset()
+
+
+@lru_cache(maxsize=16)
+def _nodes_of(pipelines: tuple[tuple[str, ...], ...]) -> frozenset[str]:
+    """Kept for the few configurations in force: a batch asks for them several times."""
+    return frozenset().union(*pipelines)
 
 
 def shape(pipeline: tuple[str, ...]) -> tuple[int, ...]:
     """How many stages each node of a pipeline runs, in stage order."""
+    if len(set(pipeline)) == len(pipeline):
+        return (1,) * len(pipeline)  # every node on one stage: the usual case, without the walk
     sizes: list[int] = []
     for s, n in enumerate(pipeline):
         if s and n == pipeline[s - 1]:
@@ -34,7 +47,8 @@ def shape(pipeline: tuple[str, ...]) -> tuple[int, ...]:
 
 def positions_dead(config: Config, removed: set[str]) -> list[set[int]]:
     """The stages whose node died, in each pipeline of `config`."""
-    return [{i for i, n in enumerate(pipe) if n in removed} for pipe in config.pipelines]
+    return [{i for i, n in enumerate(pipe) if n in removed} if not removed.isdisjoint(pipe) else set()
+            for pipe in config.pipelines]
 
 
 def dead_stages(config: Config, removed: set[str]) -> list[set[int]]:
@@ -60,16 +74,26 @@ def memory_copies(config: Config, zones: dict[str, str]) -> dict[int, set[str]]:
     zone (neither the writer's nor its replica holder's) when there is one."""
     pipe = config.pipelines[0]
     P = len(pipe)
-    others = [n for p in config.pipelines[1:] for n in p]
     out: dict[int, set[str]] = {}
     for s in range(P):
         near = {pipe[(s + d) % P] for d in (-1, 0, 1)}
-        candidates = list(dict.fromkeys(n for n in [pipe[(s + k) % P] for k in range(2, P)] + others
-                                        if n not in near))
-        away = [n for n in candidates if zones.get(n) != zones.get(pipe[s])]
-        apart = [n for n in away if zones.get(n) != zones.get(pipe[(s - 1) % P])]
-        out[s] = {pipe[s]} | set((apart or away or candidates)[:1])
+        ring = (pipe[(s + k) % P] for k in range(2, P))
+        candidates = (n for n in chain(ring, chain.from_iterable(config.pipelines[1:])) if n not in near)
+        out[s] = {pipe[s]} | set(_first_apart(candidates, zones, zones.get(pipe[s]), zones.get(pipe[(s - 1) % P])))
     return out
+
+
+def _first_apart(candidates, zones: dict[str, str], own: str | None, previous: str | None) -> list[str]:
+    """The first candidate in neither zone, else the first not in `own`, else the
+    first: read lazily, as a fleet's nodes are many and the answer usually early."""
+    away = first = None
+    for n in candidates:
+        first = n if first is None else first
+        if zones.get(n) != own:
+            if zones.get(n) != previous:
+                return [n]
+            away = n if away is None else away
+    return [x for x in (away if away is not None else first,) if x is not None]
 
 
 def lost_everywhere(depth: int, deaths: list[set[int]], stale: list[set[int]] | None = None) -> frozenset[int]:

@@ -20,7 +20,7 @@ from dataclasses import replace
 from schedules.deaths import MEMORY, STORAGE
 
 from agents.policy import Config, Priced, next_config
-from agents.surplus import BurstModel, SurplusRule
+from agents.surplus import BurstModel, SurplusRule, burst_order
 from sim.accounting import RunState, book, ledger, summary
 from sim.auto import PRIOR_HOURS, PRIOR_RATE, Auto
 from sim.capacity import ACQUIRE, Capacity, justified_standby, next_batch, settle, with_notices
@@ -33,6 +33,7 @@ from sim.strategies import Spot
 from sim.reconfiguration import memory_copies, shape, used_nodes
 from sim.traces import Event
 from sim.iteration_times import config_ms, iteration_ms, uncovered_share
+from sim.memo import PolicyMemo, Table
 from sim.windows import Window, stage_windows
 from schedules.options import JobReplicaSync, Redundancy, ReplicaSync
 
@@ -69,6 +70,12 @@ class ClusterSimulator:
         self.capacity = Capacity()            # the trace's nodes the job does not hold (set by replay())
         self.state = RunState()               # the replay's run so far (set by replay())
         self.reference_nodes = 0.0            # the trace's mean count of nodes: the on-demand cluster compared with
+        self.policy_memo = PolicyMemo()       # the policy's answers, given again for equal inputs (sim/memo.py)
+        shapes = Table(shape, 1 << 16)  # a pipeline's shape, by its nodes: most pipelines outlive many plans
+        self._iteration_ms = Table(lambda pipelines, mode, sync: config_ms(
+            self.profile, self.P, tuple(map(shapes, pipelines)), mode, self.opt.frc, sync))
+        self._bursts: tuple[RunState | None, tuple[int, ...]] = (None, ())  # a run's bursts, as a tuple
+        self.burst_order = Table(lambda used: burst_order({n: self.zones[n] for n in used}))  # reset by replay()
 
     # -- iteration times -------------------------------------------------------------------
     def iteration_seconds(self, pipelines: int, merged: bool = False, mode: str | None = None,
@@ -131,8 +138,11 @@ class ClusterSimulator:
         keep), with the pipelines packed in zones where that costs less
         (--zone-spread, agents/spread.py)."""
         priced = Priced(per_node=self.opt.surplus != SurplusRule.KEEP)
-        plan = lambda how: next_config(live, previous, self.P, self.profile_microbatches(),  # noqa: E731
-                                       self.opt.max_stages, self._estimate, priced=how)
+        mode = self.rules.redundancy  # the estimate's, which weighs short pipelines
+        plan = lambda how: self.policy_memo.get(  # noqa: E731
+            live, previous, (how, mode, self.compiled_sync(mode)),
+            lambda: next_config(live, previous, self.P, self.profile_microbatches(), self.opt.max_stages,
+                                self._estimate, priced=how))
         if self.opt.zone_spread == PACK:
             return plan(replace(priced, pack_zones=True))
         spread = plan(priced)
@@ -144,14 +154,16 @@ class ClusterSimulator:
     def _estimate(self, pipelines: list[tuple], mode: str | None = None, sync: str | None = None) -> float:
         """Milliseconds of an iteration of `pipelines` (each: the node of every stage):
         the schedule simulator's, and the policy's estimate."""
-        shapes = tuple(shape(pipe) for pipe in pipelines)
         mode = mode or self.rules.redundancy
-        return config_ms(self.profile, self.P, shapes, mode, self.opt.frc, self.compiled_sync(mode, sync))
+        return self._iteration_ms(tuple(pipelines), mode, self.compiled_sync(mode, sync))
 
     def bursts_seen(self, s: RunState, nodes: int, at: float | None = None) -> BurstModel:
         """The bursts of preemptions seen by a job training on `nodes` nodes, by `at`
         (default: now), from the runtime's prior (--auto-prior-rate, --auto-prior-hours)."""
-        return BurstModel.seen(tuple(s.bursts), s.t if at is None else at, nodes, PRIOR_RATE, PRIOR_HOURS)
+        kept, sizes = self._bursts
+        if kept is not s or len(sizes) != len(s.bursts):  # a run's bursts only grow
+            self._bursts = kept, sizes = s, tuple(s.bursts)
+        return BurstModel.seen(sizes, s.t if at is None else at, nodes, PRIOR_RATE, PRIOR_HOURS)
 
     def profile_microbatches(self) -> int | None:
         return getattr(self.profile, "microbatches", None)
@@ -237,6 +249,7 @@ class ClusterSimulator:
         the policy no longer counts on it."""
         s = self.state = RunState()
         self.zones, self.copies, self.noticed, self.capacity = {}, {}, {}, Capacity()
+        self.burst_order = Table(lambda used: burst_order({n: self.zones[n] for n in used}))  # this run's zones
         live: dict[str, str] = {}
         config: Config | None = None
         queue = list(events)
@@ -287,6 +300,8 @@ class ClusterSimulator:
 
     def usable(self, live: dict[str, str]) -> dict[str, str]:
         """The live nodes the policy may place: not those whose preemption was announced."""
+        if not self.noticed:
+            return dict(live)
         return {n: z for n, z in live.items() if n not in self.noticed}
 
     def running(self, config: Config | None) -> bool:

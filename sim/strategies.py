@@ -163,6 +163,8 @@ class Bamboo(PeerRecovery):
         holder, sim/windows.py), a redo where they do not (a replica a step behind
         that nobody lends to included), a rollback where a stage died everywhere.
         The deaths are counted under that path (schedules/deaths.py) while it trains."""
+        if removed.isdisjoint(used_nodes(config)):
+            return 0.0  # no node of it died: nothing to fail over (what follows would count none)
         depth = config.depth  # below P when too few nodes were left: they wait, holding the state
         pipelines = len(config.pipelines)
         deaths = dead_stages(config, removed)
@@ -236,7 +238,7 @@ class RedoFromPeers(PeerRecovery):
 
     def react(self, sim: Simulation, s: RunState, config: Config | None, live: dict[str, str],
               removed: set[str]) -> Config | None:
-        deaths = positions_dead(config, removed) if config else []
+        deaths = positions_dead(config, removed) if config and not removed.isdisjoint(used_nodes(config)) else []
         if any(deaths):
             s.abandon_iteration(sim.profile.samples_per_iteration())
             killed = sum(nodes_dead(config, removed)) if config.depth == sim.P else 0  # waiting: no iteration runs

@@ -90,6 +90,7 @@ def lent(windows: tuple[Window, ...], dead: list[set[int]], phase: float, betwee
                                                        stale(windows, dead, phase, between))]
 
 
+@lru_cache(maxsize=None)
 def lend_seconds(profile, depth: int) -> float:
     """What a lent death adds to its failover: one transfer of the stage's gradients
     from the lender to the holder, the profile's sync transfer; none for a measured
