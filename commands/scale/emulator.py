@@ -109,10 +109,6 @@ class EmulatedNode:
         for cluster in (self.worker, self.agent):
             cluster.heartbeat.halt()
 
-    def join(self, timeout: float) -> None:
-        for t in self.threads:
-            t.join(timeout)
-
     def _guard(self, run) -> None:
         try:
             run()
