@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from schedules.timing.bubbles import check_in_bubbles, makespan
+from schedules.timing.bubbles import check_in_bubbles, timed_makespan
 from schedules.cost import CostModel
 from schedules.early_grads import split_backwards
 from schedules.evaluation import eval_streams
@@ -35,7 +35,6 @@ from schedules.recovery import recover
 from schedules.redundancy import frc_microbatches, insert_frc, lazy_brc
 from schedules.syncs import defer_syncs
 from schedules.timing.cut import Matches
-from schedules.timing.engine import start_times
 
 REDUNDANCY = Redundancy.values()
 DEFAULT = ScheduleOptions()
@@ -106,18 +105,12 @@ class Schedule:
         return out
 
 
-def _makespan(streams: dict[int, list[Instr]], cost: CostModel) -> float:
-    """When the last node finishes, by the engine's fast timing pass (no checks:
-    the split pass's candidates are valid by construction)."""
-    return makespan(streams, start_times(streams, cost), cost)
-
-
 def base_streams(layout: Layout, microbatches: int, options: ScheduleOptions, cost: CostModel) -> dict:
     """The streams before FRC: plain, last backwards split as the options say, with
     the replica sync where they say."""
     streams = plain_streams(layout, microbatches, options.order, cost, options.sync)
     if options.split is BackwardSplit.LAST:
-        streams = split_backwards(streams, lambda s: _makespan(s, cost))
+        streams = split_backwards(streams, lambda s: timed_makespan(s, cost))
     if options.ahead:
         streams = overlapped_streams(layout, microbatches, options, cost, first=streams)
     return defer_syncs(layout, streams, cost) if options.sync is ReplicaSync.NEXT else streams

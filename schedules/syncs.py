@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from schedules import ir
 from schedules.cost import CostModel
-from schedules.timing.bubbles import makespan
+from schedules.timing.bubbles import makespan, timed_makespan
 from schedules.timing.engine import start_times
 from schedules.ir import Instr, Op, RECVS, SENDS
 from schedules.layout import Layout
@@ -117,7 +117,7 @@ def _least_delay(streams: dict[int, list[Instr]], node: int, places: list[int], 
     the iteration ends soonest."""
     def ending(i: int) -> float:
         trial = {**streams, node: streams[node][:i] + ops + streams[node][i:]}
-        return makespan(trial, start_times(trial, cost), cost)
+        return timed_makespan(trial, cost)
     places = [*places, len(streams[node])]
     times = [ending(i) for i in places]
     return places[times.index(min(times))]

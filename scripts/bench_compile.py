@@ -21,9 +21,10 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from schedules.compiler import _matches, compile_recovery, compile_schedule  # noqa: E402
+from schedules.compiler import compile_recovery, compile_schedule  # noqa: E402
 from schedules.cost import CostModel  # noqa: E402
 from schedules.options import ScheduleOptions  # noqa: E402
+from schedules.timing.cut import Matches  # noqa: E402
 
 
 def timed(call) -> tuple[float, object]:
@@ -54,12 +55,11 @@ def main() -> None:
     if a.stages < 2 or a.microbatches < 1 or a.deaths < 1:
         ap.error("--stages must be at least 2, --microbatches and --deaths at least 1")
     options, cost = ScheduleOptions(redundancy="eager"), CostModel()
-    key = (a.stages, a.microbatches, (), options, cost)
     print(f"P={a.stages} M={a.microbatches} redundancy eager, default options and cost model; "
           f"{a.deaths} deaths, seed {a.seed}; python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     compiled, schedule = timed(lambda: compile_schedule(a.stages, a.microbatches, (), options, cost))
     served = min(timed(lambda: compile_schedule(a.stages, a.microbatches, (), options, cost))[0] for _ in range(5))
-    tables, _ = timed(lambda: _matches(*key))
+    tables, _ = timed(lambda: Matches(schedule.streams))  # what the compiler builds once and keeps
     print(f"fault-free streams: compiled {compiled:.3f} s ({sum(map(len, schedule.streams.values()))} "
           f"instructions); served from the cache {served:.4f} s; message tables {tables:.3f} s (once)")
     times = []

@@ -10,8 +10,7 @@ from functools import lru_cache
 from schedules.compiler import compile_schedule
 from schedules.options import Frc, ScheduleOptions
 from schedules.split import estimated_slots, merged, split_by_speed
-from schedules.timing.bubbles import makespan
-from schedules.timing.engine import start_times
+from schedules.timing.bubbles import timed_makespan
 
 from sim.profiles import MeasuredProfile
 from sim.windows import full_pipeline
@@ -61,10 +60,10 @@ def iteration_ms(profile, depth: int, pipelines: int, redundancy: str, merged: b
 
 def length(schedule) -> float:
     """A compiled iteration's makespan by the engine's timing rule without its checks
-    (the compiler's own fast pass, schedules/timing/engine.py `start_times`): the
-    engine's number for the schedules the compiler builds, a fraction of its time
-    on the thousands of shapes a fleet passes through."""
-    return makespan(schedule.streams, start_times(schedule.streams, schedule.cost), schedule.cost)
+    (schedules/timing/bubbles.py `timed_makespan`): the engine's number for the
+    schedules the compiler builds, a fraction of its time on the thousands of shapes
+    a fleet passes through."""
+    return timed_makespan(schedule.streams, schedule.cost)
 
 
 @lru_cache(maxsize=None)
