@@ -75,7 +75,12 @@ class ClusterSimulator:
         self._iteration_ms = Table(lambda pipelines, mode, sync: config_ms(
             self.profile, self.P, tuple(map(shapes, pipelines)), mode, self.opt.frc, sync))
         self._bursts: tuple[RunState | None, tuple[int, ...]] = (None, ())  # a run's bursts, as a tuple
-        self.burst_order = Table(lambda used: burst_order({n: self.zones[n] for n in used}))  # reset by replay()
+        self.burst_order = self._burst_orders()  # made again by replay()
+
+    def _burst_orders(self) -> Table:
+        """The order a burst takes a set of used nodes in, kept per set: by the zones
+        of the run under way (each replay starts a new one)."""
+        return Table(lambda used: burst_order({n: self.zones[n] for n in used}))
 
     # -- iteration times -------------------------------------------------------------------
     def iteration_seconds(self, pipelines: int, merged: bool = False, mode: str | None = None,
@@ -249,7 +254,7 @@ class ClusterSimulator:
         the policy no longer counts on it."""
         s = self.state = RunState()
         self.zones, self.copies, self.noticed, self.capacity = {}, {}, {}, Capacity()
-        self.burst_order = Table(lambda used: burst_order({n: self.zones[n] for n in used}))  # this run's zones
+        self.burst_order = self._burst_orders()
         live: dict[str, str] = {}
         config: Config | None = None
         queue = list(events)
