@@ -32,6 +32,7 @@ def to_policy(a: Assignment) -> Config:
 
 LOOK_EVERY = 1.0  # an agent looks at etcd at least this often, whatever its watch says
 
+
 def from_policy(c: Config, start: int, failed, gone=None, restore: Restore = Restore.PEERS) -> Assignment:
     failed = tuple(sorted(int(n) for n in failed))
     return Assignment(c.epoch, start, tuple(tuple(int(n) for n in p) for p in c.pipelines),

@@ -21,15 +21,14 @@ from bamboo.control.changes import Changes
 from bamboo.control.cluster import Cluster
 from bamboo.control.exits import Fenced
 from bamboo.control.protocol import (CHECKPOINTED, DONE, DRAIN, FAILED, MEMBERS, MODE, REGROUP, STRAGGLER, Failure,
-                                     NodeId, Regroup, Report, Timestamp, parse)
+                                     NodeId, Regroup, Report, Timestamp)
 from bamboo.runtime.calibration import propose
 from bamboo.state.checkpoint import Checkpoints
 from bamboo.runtime.failover import LEASE_WAIT, LINGER_WAKE, Completed
 
 
-def _not_a_report(raw: bytes) -> bool:
-    found = parse(raw.decode(errors="replace"))
-    return found is None or found[1] is not DONE
+def _not_a_report(family, parts) -> bool:
+    return family is not DONE
 
 
 def stragglers(reports: dict[NodeId, Report], factor: float, slack: float) -> list[NodeId]:

@@ -28,7 +28,7 @@ from bamboo.control.config import JobConfig
 from bamboo.control.events import FailedOver
 from bamboo.control.exits import Fenced
 from bamboo.control.protocol import (ABORT, CUT, DONE, FAILED, FINISHED, LEASE_EXPIRED, Abort, Cut, Failure, Finished,
-                                     Local, NodeId, parse)
+                                     Local, NodeId)
 from bamboo.runtime.cuts import Unsurvivable, died_before
 from bamboo.runtime.lending import Loans
 from bamboo.transport.comm import Comm
@@ -318,11 +318,10 @@ class Failover:
         found = self.cluster.read_spans(*((FINISHED(it, n), FINISHED(it, n + 1)) for n in self.nodes))
         return {node: mark for span in found for (_, node), mark in span.items()}
 
-    def _ours(self, raw: bytes) -> bool:
+    def _ours(self, family, parts) -> bool:
         """Whether a change under the linger's watch concerns this pipeline: a mark of
         one of its nodes, or a death or an abort (anyone's)."""
-        found = parse(raw.decode(errors="replace"))
-        return found is None or found[1] is not FINISHED or found[2][1] in self.nodes
+        return family is not FINISHED or parts[1] in self.nodes
 
     def _silent(self, locals_: list[Local]) -> tuple[NodeId, ...]:
         """The nodes, among `locals_`, gone silent (bamboo/control/liveness.py)."""

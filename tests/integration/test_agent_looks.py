@@ -31,7 +31,7 @@ def test_an_agent_looks_when_something_it_reads_changed(etcd, clock):
         # Its own join (its members key, once its heartbeat took a lease) has come once a later
         # write under the same prefix has: watch events arrive in etcd's order.
         writer.wait_for(lambda: writer.get(MEMBERS(0)), timeout=10, what="the agent's members key")
-        agent.routine.only = lambda raw: raw.endswith(b"members/00000099")
+        agent.routine.only = lambda family, parts: family is MEMBERS and parts == 99
         writer.put(MEMBERS(99), Member("a", "h", 0))
         assert agent.routine.flag.wait(10)
         agent.routine.only = None
