@@ -104,11 +104,11 @@ def arrange(nodes: list[str], zones: Mapping[str, str], hosts: Mapping[str, str]
 
 def _deal(nodes: list[str], zones: Mapping[str, str], count: int, hosts: Mapping[str, str] | None) -> list[list[str]]:
     """Split nodes into `count` equal groups, each zone, and each host, spread evenly over them."""
-    by_zone = sorted(nodes, key=lambda n: (zones[n], host_of(hosts, n), n))
-    groups: list[list[str]] = [[] for _ in range(count)]
-    for i, n in enumerate(by_zone):
-        groups[i % count].append(n)
-    return groups
+    if hosts:
+        by_zone = sorted(nodes, key=lambda n: (zones[n], host_of(hosts, n), n))
+    else:  # by name, then (stable) by zone: the same order, sorted in C
+        by_zone = sorted(sorted(nodes), key=zones.__getitem__)
+    return [by_zone[i::count] for i in range(count)]  # node i to group i mod count
 
 
 class Spread:

@@ -114,12 +114,20 @@ def _absorbed(stream: list[Instr], starts: list[float], i: int, clock: float, co
 def _least_delay(streams: dict[int, list[Instr]], node: int, places: list[int], ops: list[Instr],
                  cost: CostModel) -> int:
     """Of `places` and the end of `node`'s stream, the first place for `ops` after which
-    the iteration ends soonest."""
+    the iteration ends soonest. Added ops only ever start things later (a receive
+    waits, a step takes time: every start is a max of sums), so no place ends before
+    the iteration without them: the first place that ends then is the answer, and
+    the places after it are not timed."""
     def ending(i: int) -> float:
         trial = {**streams, node: streams[node][:i] + ops + streams[node][i:]}
         return timed_makespan(trial, cost)
+    floor = timed_makespan(streams, cost)
     places = [*places, len(streams[node])]
-    times = [ending(i) for i in places]
+    times: list[float] = []
+    for i in places:
+        times.append(ending(i))
+        if times[-1] <= floor:
+            break
     return places[times.index(min(times))]
 
 

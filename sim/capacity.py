@@ -113,7 +113,7 @@ def settle(sim, s: RunState, config: Config | None, live: dict[str, str], queue:
         cap.desired, cap.waiting, cap.give_up_at = None, False, None
     else:
         usable, used = sim.usable(live), used_nodes(config)
-        idle = {n: z for n, z in usable.items() if n not in used}
+        idle = {n: usable[n] for n in usable.keys() - used}  # in no pipeline (the order is never read)
         standby = standby_of(sim, s, config, len(idle) + len(cap.free), len(live))
         wider = sim.next_config({**usable, **cap.free}, config) if cap.free else config
         useful = max(len(used), len(used_nodes(wider)) if sim.running(wider) else 0) + standby
@@ -123,7 +123,7 @@ def settle(sim, s: RunState, config: Config | None, live: dict[str, str], queue:
             cap.desired = useful  # what is held beyond it goes below
         cap.waiting = cap.short_of(len(live))  # for the nodes asked for
         if not cap.waiting:
-            for n in assign_surplus(idle, {n: live[n] for n in used}, standby).release:
+            for n in assign_surplus(idle, dict(zip(used, map(live.__getitem__, used))), standby).release:
                 cap.free[n] = live.pop(n)
                 cap.desired -= 0 if given_up else 1  # a release lowers the request (after a give-up: lowered)
                 cap.released += 1

@@ -245,20 +245,8 @@ def simulate(args, options: Options) -> dict:
     options = replace(options, zone_bytes=tuple(job.links.items()))  # what --zone-spread auto prices
     name = strategy_name(args)
     results, stats = {}, {}
-
-    def each(strategy: str) -> tuple[dict, dict]:
-        """The strategy's run (at the best interval, searched) and the trace's figures."""
-        seen: dict = {}
-
-        def one(opts: Options) -> dict:
-            sim = ClusterSimulator(job.profile, args.stages, strategy, opts)
-            out = sim.run(events, args.hours)
-            seen.update(sim.trace.describe())
-            return out
-        searched = args.checkpoint_formula == BEST and strategy != "on-demand"  # on-demand takes no checkpoint
-        return best_run(one, options) if searched else one(options), seen
-    for strategy, ((run, seen), seconds) in run_each(each, list(STRATEGIES) if name == "all" else [name],
-                                                     args.jobs).items():
+    names = list(STRATEGIES) if name == "all" else [name]
+    for strategy, ((run, seen), seconds) in run_each(runner(job, args, events, options), names, args.jobs).items():
         results[strategy], run["run_seconds"] = run, seconds
         stats.update(seen)
         on_demand = strategy == "on-demand"  # in one zone, its best placement: nothing crosses
@@ -282,6 +270,22 @@ def simulate(args, options: Options) -> dict:
     if name == "all":
         return {**context, "strategies": results}
     return {**results[name], **context}
+
+
+def runner(job: JobModel, args, events: list, options: Options):
+    """One strategy's run over `events` (at the best interval, where searched) and
+    the trace's figures: what `run_each` runs, here or in a process of its own."""
+    def each(strategy: str) -> tuple[dict, dict]:
+        seen: dict = {}
+
+        def one(opts: Options) -> dict:
+            sim = ClusterSimulator(job.profile, args.stages, strategy, opts)
+            out = sim.run(events, args.hours)
+            seen.update(sim.trace.describe())
+            return out
+        searched = args.checkpoint_formula == BEST and strategy != "on-demand"  # on-demand takes no checkpoint
+        return best_run(one, options) if searched else one(options), seen
+    return each
 
 
 def first_nodes(events, zones: tuple[str, ...]) -> dict[str, str]:

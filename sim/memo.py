@@ -65,3 +65,18 @@ class Table:
                 self._values.clear()
             value = self._values[args] = self._compute(*args)
             return value
+
+
+class Kept(dict):
+    """A one-argument pure function's values by argument, at most `kept` of them:
+    a dict, so that `map(kept.__getitem__, args)` looks each up in C."""
+
+    def __init__(self, compute: Callable[[Hashable], object], kept: int = KEPT) -> None:
+        super().__init__()
+        self._compute, self._kept = compute, kept
+
+    def __missing__(self, arg: Hashable):
+        if len(self) >= self._kept:
+            self.clear()
+        value = self[arg] = self._compute(arg)
+        return value

@@ -103,6 +103,8 @@ def lost_everywhere(depth: int, deaths: list[set[int]], stale: list[set[int]] | 
     if not deaths:
         return frozenset()
     stale = stale or [set() for _ in deaths]
+    if any(not dead and not behind for dead, behind in zip(deaths, stale)):
+        return frozenset()  # a pipeline lost nothing: every stage lives there
     return frozenset.intersection(*(Layout.lost(depth, dead) | behind for dead, behind in zip(deaths, stale)))
 
 

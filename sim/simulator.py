@@ -33,7 +33,7 @@ from sim.strategies import Spot
 from sim.reconfiguration import memory_copies, shape, used_nodes
 from sim.traces import Event
 from sim.iteration_times import config_ms, iteration_ms, uncovered_share
-from sim.memo import PolicyMemo, Table
+from sim.memo import Kept, PolicyMemo, Table
 from sim.windows import Window, stage_windows
 from schedules.options import JobReplicaSync, Redundancy, ReplicaSync
 
@@ -71,9 +71,9 @@ class ClusterSimulator:
         self.state = RunState()               # the replay's run so far (set by replay())
         self.reference_nodes = 0.0            # the trace's mean count of nodes: the on-demand cluster compared with
         self.policy_memo = PolicyMemo()       # the policy's answers, given again for equal inputs (sim/memo.py)
-        shapes = Table(shape, 1 << 16)  # a pipeline's shape, by its nodes: most pipelines outlive many plans
+        shapes = Kept(shape, 1 << 16)  # a pipeline's shape, by its nodes: most pipelines outlive many plans
         self._iteration_ms = Table(lambda pipelines, mode, sync: config_ms(
-            self.profile, self.P, tuple(map(shapes, pipelines)), mode, self.opt.frc, sync))
+            self.profile, self.P, tuple(map(shapes.__getitem__, pipelines)), mode, self.opt.frc, sync))
         self._bursts: tuple[RunState | None, tuple[int, ...]] = (None, ())  # a run's bursts, as a tuple
         self.burst_order = self._burst_orders()  # made again by replay()
 

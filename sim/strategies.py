@@ -171,7 +171,7 @@ class Bamboo(PeerRecovery):
         where = (sim.windows(pipelines, self.redundancy), positions_dead(config, removed),
                  s.phase(sim.profile.samples_per_iteration()), s.paused_until > s.t)
         behind, borrowed = stale(*where), lent(*where)
-        redo = [count > 1 or bool(Layout.lost(depth, dead) | late)
+        redo = [count > 1 or bool(late) or bool(dead) and bool(Layout.lost(depth, dead))
                 for count, dead, late in zip(nodes_dead(config, removed), deaths, behind)]
         pause = 0.0
         for dead, redone, lends in zip(deaths, redo, borrowed):

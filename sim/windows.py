@@ -98,6 +98,7 @@ def lend_seconds(profile, depth: int) -> float:
     return profile.cost(depth).sync_transfer / 1000 if isinstance(profile, Profile) else 0.0
 
 
+@lru_cache(maxsize=64)
 def mean_share(windows: tuple[Window, ...]) -> float:
     """The share of deaths that fall in a window, when deaths come at any time to any stage."""
     return statistics.mean(w.share for w in windows) if windows else 0.0

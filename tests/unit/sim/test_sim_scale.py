@@ -11,9 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedules.compiler import compile_schedule, simulate
+from schedules import syncs
+from schedules.compiler import _compile, compile_schedule, simulate
 from schedules.options import ScheduleOptions
 from schedules.split import estimated_slots, split_by_speed
+from schedules.timing.bubbles import makespan
+from schedules.timing.engine import start_times
 
 from agents.placement import choose, spread_order
 from agents.policy import Config, Spread
@@ -173,3 +176,32 @@ def test_an_iteration_s_length_is_the_engine_s_makespan(redundancy, sync, merged
         schedule = compile_schedule(6, microbatches, merged, ScheduleOptions(redundancy=redundancy, sync=sync),
                                     GPT2.cost(6, pipelines))
         assert length(schedule) == simulate(schedule).makespan
+
+
+least_delay = syncs._least_delay
+
+
+def least_delay_as_it_was(streams, node, places, ops, cost):
+    def ending(i):
+        trial = {**streams, node: streams[node][:i] + ops + streams[node][i:]}
+        return makespan(trial, start_times(trial, cost), cost)
+    places = [*places, len(streams[node])]
+    times = [ending(i) for i in places]
+    return places[times.index(min(times))]
+
+
+@pytest.mark.parametrize("redundancy", ["eager", "lazy"])
+def test_late_syncs_are_placed_as_when_every_place_was_timed(redundancy, monkeypatch):
+    """The whole-iteration search for a late sync stops at the first place that
+    delays nothing; timing every place puts each sync in the same place."""
+    shapes = [(4, 3, (), 1), (6, 5, (2,), 3)] + [(12, m, merged, 83) for m in range(2, 10) for merged in ((), (3,))]
+    options = ScheduleOptions(redundancy=redundancy, sync="next")
+    searched = []
+    _compile.cache_clear()
+    monkeypatch.setattr(syncs, "_least_delay", lambda *a: searched.append(a) or least_delay(*a))
+    quick = [compile_schedule(d, m, f, options, GPT2.cost(d, p)).streams for d, m, f, p in shapes]
+    _compile.cache_clear()
+    monkeypatch.setattr(syncs, "_least_delay", least_delay_as_it_was)
+    assert [compile_schedule(d, m, f, options, GPT2.cost(d, p)).streams for d, m, f, p in shapes] == quick
+    _compile.cache_clear()
+    assert len(searched) > 20
