@@ -22,6 +22,7 @@ from schedules.deaths import MEMORY, STORAGE
 from agents.policy import Config, Priced, next_config
 from agents.surplus import BurstModel, SurplusRule, burst_order
 from sim.accounting import RunState, book, ledger, summary
+from sim.bound import bound as bound_of
 from sim.auto import PRIOR_HOURS, PRIOR_RATE, Auto
 from sim.capacity import ACQUIRE, Capacity, justified_standby, next_batch, settle, with_notices
 from sim.checkpointing import TraceStats, checkpoint_costs, checkpoint_report, optimal_interval, trace_stats
@@ -224,28 +225,8 @@ class ClusterSimulator:
         return result
 
     def bound(self, events: list[Event], horizon: float) -> dict:
-        """What a scheduler could reach that loses nothing on a preemption and runs the
-        policy's pipelines on every node at once (and, unless --surplus keep, pays
-        for no other node, as if its releases and acquisitions were instant):
-        `throughput_bound`, and `goodput_bound`, with `goodput` of
-        the same reference (fault-free throughput per node of an on-demand cluster)."""
-        live: dict[str, str] = {}
-        config: Config | None = None
-        samples = node_seconds = 0.0
-        for e, until in zip(events, [e.time for e in events[1:]] + [horizon]):
-            if e.action == "add":
-                live[e.node] = e.zone or self.opt.zones[len(live) % len(self.opt.zones)]
-            else:
-                live.pop(e.node, None)
-            if until == e.time:
-                continue  # events at one time land together, as the replay's batches
-            config = self.next_config(live, config) if live else None
-            samples += self.config_throughput(config, mode="off") * max(0.0, until - e.time)
-            paid = len(live) if self.opt.surplus == SurplusRule.KEEP or not self.running(config) \
-                else len(used_nodes(config))  # with release, only the nodes that train are paid
-            node_seconds += paid * max(0.0, until - e.time)
-        mean_nodes, rate = (node_seconds / horizon, samples / horizon) if horizon else (0.0, 0.0)
-        return {"goodput_bound": round(self.goodput(rate, mean_nodes), 4), "throughput_bound": round(rate, 4)}
+        """The figures a scheduler that loses nothing reaches (sim/bound.py)."""
+        return bound_of(self, events, horizon)
 
     def replay(self, events: list[Event], horizon: float) -> dict:
         """Spot nodes: train between batches of simultaneous events (sorted by time),

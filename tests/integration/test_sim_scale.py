@@ -37,7 +37,7 @@ def test_a_thousand_nodes_for_a_month_every_strategy(tmp_path, capsys):
     """The trace of docs/performance.md's figure (scripts/make_trace.py with these
     arguments): every strategy runs it, and each ledger adds up."""
     trace = tmp_path / "fleet.csv"
-    write_events(synthetic(720, 1000, ZONES, 0.005, 1, bulk=0.002, refill_seconds=600), str(trace))
+    write_events(synthetic(720, 1000, ZONES, 0.002, 1, bulk=0.002, refill_seconds=600), str(trace))
     assert main(["--trace", str(trace), "--strategy", "all", "--model", "gpt2", "--stages", "12",
                  "--microbatches", "672", "--jobs", "2"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -21,7 +21,7 @@ from schedules.timing.engine import start_times
 from agents.placement import choose, spread_order
 from agents.policy import Config, Spread
 from agents.surplus import BurstModel, assign_surplus, burst_order
-from sim import memo
+from sim import bound, memo, simulator
 from sim.iteration_times import length
 from sim.profiles import profile
 from sim.reconfiguration import memory_copies, positions_dead, stages_moved
@@ -44,8 +44,10 @@ def kept() -> dict[str, dict]:
 
 
 def test_the_memo_changes_no_figure_of_any_strategy(kept, monkeypatch):
+    """Nor does a bound shared by strategies of one mode: each is computed again."""
     monkeypatch.setattr(memo.PolicyMemo, "get", lambda self, live, previous, key, plan: plan())
     monkeypatch.setattr(memo.Table, "__call__", lambda self, *args: self._compute(*args))
+    monkeypatch.setattr(simulator, "bound_of", bound._bound)
     assert runs() == kept
     assert all(kept[s]["preemptions"] > 100 for s in STRATEGIES if s != "on-demand")  # a zone of 50 among them
 
