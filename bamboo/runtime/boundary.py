@@ -20,15 +20,11 @@ from bamboo.control.assignment import Assignment
 from bamboo.control.changes import Changes
 from bamboo.control.cluster import Cluster
 from bamboo.control.exits import Fenced
-from bamboo.control.protocol import (CHECKPOINTED, DONE, DRAIN, FAILED, MEMBERS, MODE, REGROUP, STRAGGLER, Failure,
+from bamboo.control.protocol import (ABORT, CHECKPOINTED, DONE, DRAIN, FAILED, MEMBERS, MODE, REGROUP, STRAGGLER, Failure,
                                      NodeId, Regroup, Report, Timestamp)
 from bamboo.runtime.calibration import propose
 from bamboo.state.checkpoint import Checkpoints
 from bamboo.runtime.failover import LEASE_WAIT, LINGER_WAKE, Completed
-
-
-def _not_a_report(family, parts) -> bool:
-    return family is not DONE
 
 
 def stragglers(reports: dict[NodeId, Report], factor: float, slack: float) -> list[NodeId]:
@@ -50,16 +46,19 @@ class Boundary:
                  straggler_factor: float = 0.0, straggler_slack: float = 0.0, auto: bool = False,
                  changes: Changes | None = None):
         self.cluster, self.node, self.elastic = cluster, node, elastic
-        self.changes = changes  # raised by a watch on done/, failed/ and abort/ (None: read every 20 ms)
+        self.changes = changes  # raised by a watch on failed/, abort/ and regroup/ (None: read every 20 ms)
+        self.leading: Changes | None = None  # the same and done/, armed once this node first leads
         self.auto = auto  # --redundancy or --replica-sync auto: the agents may want another setting (agents/modes.py)
         self.checkpoints = checkpoints  # says whether a checkpoint is due
         self.straggler_factor, self.straggler_slack = straggler_factor, straggler_slack
         self.seen: tuple[dict, dict] | None = None  # (reports, deaths) read with this node's report
         self.unwritten: dict = {}  # {DONE key: report} of a pipeline this node completed, not yet written
 
-    def report(self, iteration: int, report: Report, completed: Completed | None = None) -> None:
+    def report(self, iteration: int, report: Report, completed: Completed | None = None,
+               reported: bool = False) -> None:
         """This node's report, written with a read of the reports and deaths so far
-        (one round trip), which the wait for the others starts from.
+        (one round trip), which the wait for the others starts from; nothing when
+        it was `reported` with its pipeline's marks (bamboo/runtime/marks.py).
 
         `completed`: what this node read with its finished mark, when that mark
         completed a pipeline with no death in the iteration. Nothing more can happen
@@ -67,6 +66,9 @@ class Boundary:
         etcd with the regroup record, or before the first wait for another
         pipeline's, and nobody waits for the pipeline's other nodes to wake from
         their linger and write theirs."""
+        if reported:
+            self.seen = None
+            return
         if completed is not None:
             final = {n: Report.from_dict(mark.report) for n, mark in completed.marks.items()
                      if mark.report is not None}
@@ -157,22 +159,30 @@ class Boundary:
     def _look(self, iteration: int, leading: bool) -> tuple[dict | None, dict, Regroup | None]:
         """(reports, deaths, the agreed record if written): a leader reads the reports,
         another node the agreement's first try (and no reports: None)."""
-        if self.changes is not None:
-            self.changes.take()  # lowered before reading: a change after the read wakes the wait
+        if (watch := self._watch(leading)) is not None:
+            watch.take()  # lowered before reading: a change after the read wakes the wait
         if leading:
             done, failed = self.cluster.read(DONE(iteration), FAILED())
             return done, failed, None
         tries, failed = self.cluster.read(REGROUP(iteration), FAILED())
         return None, failed, tries.get(0)
 
+    def _watch(self, leading: bool) -> Changes | None:
+        """What a wait wakes on: only the leader's watch sees the reports (every node
+        watching done/ would see every pipeline's, N x N events per iteration)."""
+        if self.changes is None or not leading:
+            return self.changes
+        if self.leading is None:
+            self.leading = self.cluster.changes(DONE(), FAILED(), ABORT(), REGROUP())
+        return self.leading
+
     def _wait(self, leading: bool) -> None:
         """Until the watch says something changed, or LINGER_WAKE: for a node that does
         not lead, a report is no news (the agreement, a death or an abort is)."""
-        if self.changes is None:
+        if (watch := self._watch(leading)) is None:
             time.sleep(0.02)
             return
-        self.changes.only = None if leading else _not_a_report
-        self.changes.wait(LINGER_WAKE)
+        watch.wait(LINGER_WAKE)
 
     def _record_stragglers(self, iteration: int, failed: tuple[NodeId, ...],
                            reports: dict[NodeId, Report]) -> list[NodeId]:

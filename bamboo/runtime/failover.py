@@ -31,6 +31,7 @@ from bamboo.control.protocol import (ABORT, CUT, DONE, FAILED, FINISHED, LEASE_E
                                      Local, NodeId)
 from bamboo.runtime.cuts import Unsurvivable, died_before
 from bamboo.runtime.lending import Loans
+from bamboo.runtime.marks import Gather
 from bamboo.transport.comm import Comm
 
 LEASE_WAIT = 0.5  # seconds a wait on peers lasts before their leases are asked, and between asks
@@ -104,6 +105,7 @@ class Watch:
     seen_finished: dict | None = None  # the finished marks read with this node's own
     read_with_mark: tuple[dict, dict] | None = None  # the reports and deaths read with this node's last mark
     completed: Completed | None = None  # when this node's mark completed a pipeline that lost nobody
+    gather: Gather | None = None       # the marks gathered on the data plane (None: each node writes its own)
     recovered: bool = False            # a death in the pipeline was recovered from in this iteration
     due: bool = True                   # read etcd at the next poll, whatever the watch says
     event: object = None               # what the last look found
@@ -116,7 +118,7 @@ class Watch:
 class Watches(NamedTuple):
     """The etcd watches a failover wakes on (without them it reads etcd every 20 ms)."""
     failures: Changes  # raised by a watch on failed/ and abort/
-    finishes: Changes  # raised by a watch on finished/, failed/ and abort/ (wakes linger)
+    finishes: Changes  # raised by a watch on failed/ and abort/ (wakes linger; marks are read every LINGER_WAKE)
 
 
 class Failover:
@@ -135,8 +137,6 @@ class Failover:
         self.elastic = cfg.cluster.elastic  # agents can redo the iteration: abort instead of failing the job
         self.failures = watches.failures if watches else None
         self.finishes = watches.finishes if watches else None
-        if self.finishes is not None:
-            self.finishes.only = self._ours  # another pipeline's marks wake nobody here
         self.report_of = report_of  # () -> this node's Report as it stands, for its finished mark (None: none)
         self.loans: Loans | None = None  # what this node lends and borrows for a death in a late sync's window
         self.events: list[FailedOver] = []  # this node's, until its next report
@@ -177,12 +177,13 @@ class Failover:
         return Local(self.nodes.index(node))
 
     def begin(self, iteration: int, microbatches: int, failed: tuple[Local, ...], comm: Comm,
-              kills: tuple[tuple[int, int], ...] = (), owed: bool = False) -> None:
+              kills: tuple[tuple[int, int], ...] = (), owed: bool = False, final: bool = False) -> None:
         """Compile the iteration's streams, FRC placed with the measured cost model
         once one is agreed. `kills`: this iteration's --preempt (node, position)
         pairs, counted in the default model's streams; where the measured placement
         would move one, the default model places FRC in this iteration. `owed`: the
-        iteration before ran here (--replica-sync next: its syncs are due)."""
+        iteration before ran here (--replica-sync next: its syncs are due). `final`:
+        the reports in the marks are the iteration's (its collector writes them)."""
         self._check_owed(iteration, failed, owed)
         self.compiled_sync = self.sync if self.sync is ReplicaSync.END or owed else ReplicaSync.NONE
         cost = self._placement(microbatches, failed, kills)
@@ -192,6 +193,9 @@ class Failover:
         due = self.failures is None or self.elastic or not self._looked
         self.now = Watch(iteration, microbatches, failed, comm, streams, cost, baseline=comm.counts(), due=due,
                          dead_before=frozenset(self._recorded))
+        if getattr(comm, "carries_notes", False):
+            live = tuple(self.node_of(Local(n)) for n in range(self.P) if n not in failed)
+            self.now.gather = Gather(iteration, live, self.node_of(self.me), comm, final)
         if self.loans is not None:
             self.loans.begin(iteration, comm)
         if not due:
@@ -318,30 +322,47 @@ class Failover:
         found = self.cluster.read_spans(*((FINISHED(it, n), FINISHED(it, n + 1)) for n in self.nodes))
         return {node: mark for span in found for (_, node), mark in span.items()}
 
-    def _ours(self, family, parts) -> bool:
-        """Whether a change under the linger's watch concerns this pipeline: a mark of
-        one of its nodes, or a death or an abort (anyone's)."""
-        return family is not FINISHED or parts[1] in self.nodes
-
     def _silent(self, locals_: list[Local]) -> tuple[NodeId, ...]:
         """The nodes, among `locals_`, gone silent (bamboo/control/liveness.py)."""
         return tuple(self.cluster.silent(list(map(self.node_of, locals_))))
 
     def finished(self, also: dict | None = None) -> None:
         """This node's stream is done: its mark, carrying its report as it stands
-        (`report_of`), written with `also` (the losses it holds) and a read of the
-        pipeline's marks so far (one round trip), which the linger starts from, and
-        of the reports and deaths, which the boundary starts from if this mark
-        completes the pipeline."""
+        (`report_of`), with `also` (the losses it holds). While the pipeline gathers
+        its marks (bamboo/runtime/marks.py) it goes to the collector. Else it is
+        written with a read of the pipeline's marks so far (one round trip), which
+        the linger starts from, and of the reports and deaths, which the boundary
+        starts from if this mark completes the pipeline; a collector that stops
+        gathering writes what it gathered with it."""
         mark = FINISHED(self.iteration, self.node_of(self.me))
         if self.loans is not None:
             self.loans.done = True  # a sum it has not reduced by now it will not (unless it takes a stage over)
+        gather = self.now.gather
+        if self._gathering():
+            gather.finish(self.report_of().to_dict() if self.report_of else None, also or {})
+            return
+        if gather is not None and gather.collecting and gather.on:
+            gather.on = False
+            also = {**gather.records(reports=False), **(also or {})}
         if self.finishes is not None:
             self.finishes.take(own=mark)  # lowered before the read: a finish after it wakes the linger
         record = Finished(self.report_of().to_dict() if self.report_of else None)
         self.now.seen_finished, *read = self.cluster.put_and_read(
             mark, record, FINISHED(self.iteration), DONE(self.iteration), FAILED(), also=also)
         self.now.read_with_mark = tuple(read)
+
+    def _gathering(self) -> bool:
+        """Whether this node's mark goes to its pipeline's collector: the pipeline
+        gathers them, this node has not marked yet, and nobody of it died."""
+        gather = self.now.gather
+        first = gather is not None and gather.on and not gather.sent and gather.me not in gather.notes
+        return first and self.now.dead is None and not self.now.recovered
+
+    @property
+    def reported(self) -> bool:
+        """Whether this node's report of the iteration was written with its pipeline's marks."""
+        gather = self.now.gather
+        return gather is not None and gather.written and gather.reported
 
     def linger(self, poll: float = 0.02, idle=None):
         """Wait until every node of the pipeline finished the iteration (None), or
@@ -350,6 +371,12 @@ class Failover:
         death is one between iterations (a node may already be evaluating, and
         die there): nobody recovers it inside this iteration. `idle()` is called
         once, when the node has to wait (work that fits in the wait)."""
+        gather = self.now.gather
+        if gather is not None and gather.on and (gather.sent or gather.me in gather.notes):
+            idle = self._linger_gathered(idle)
+            if gather.written:
+                self.now.completed = None
+                return None
         while True:
             own = self.now.seen_finished is not None  # read with this node's own mark
             if own:
@@ -375,6 +402,33 @@ class Failover:
                 self.finishes.wait(LINGER_WAKE)
             else:
                 time.sleep(poll)
+
+    def _linger_gathered(self, idle):
+        """The linger while the pipeline gathers its marks: the collector waits for
+        every mark and writes them, the others for its word that it did; anything
+        else (an event) ends the gathering, and the linger goes on as without it.
+        Returns `idle` if it was not called."""
+        gather = self.now.gather
+        while True:
+            if gather.collecting:
+                gather.take()
+                if gather.complete():
+                    self.cluster.put_all(gather.records())
+                    gather.tell()
+                    return idle
+            elif gather.answered():
+                return idle
+            if (event := self.poll() or self._silent_while_waiting(self._others())) is not None:
+                self.now.event = event
+                if gather.collecting:
+                    self.finished()  # its own mark, with what it gathered
+                gather.on = False
+                return idle
+            if idle is not None:
+                idle, work = None, idle
+                work()
+                continue
+            gather.wait()
 
     def keep_waiting(self) -> bool:
         """False once something needs this node (then `poll()` says what): asked by

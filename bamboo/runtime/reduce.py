@@ -33,6 +33,9 @@ from bamboo.transport.comm import Interrupted
 from bamboo.transport.groups import GroupMaker, Opening, lease_check, start_group
 
 
+# Members of a reduce group that record the sum done: two, so that one death after the
+# sum leaves the record (a taker of that death's stage reads it); not all D of them.
+RECORDERS = 2
 REDUCE = "reduce"  # Reducer.sent's key: a stage's gradients, once per reduce (what a ring all-reduce sums)
 
 
@@ -178,9 +181,12 @@ class Reducer:
     def allreduce(self, iteration: int, stage: int, module) -> None:
         if self.D == 1:
             return
+        tries = 0
         while True:
             members = self.members(stage)
-            done = self.cluster.get(REDUCED(iteration, stage))
+            # the sum may be done already only for a taker of a dead member's stage, or after a failed try
+            done = self.cluster.get(REDUCED(iteration, stage)) if tries or self.failover.now.recovered else None
+            tries += 1
             if done is not None and done.members != members:  # the sum is done: lent, as its record says
                 flat, members = self._lent_sum(iteration, stage), done.members
                 break
@@ -209,7 +215,8 @@ class Reducer:
         if self.failover.loans is not None:  # another pipeline's taker of the stage may borrow the sum
             self.failover.loans.keep(REDUCED_SUM, stage, iteration, flat)
         recipe.set_flat_grads(module.parameters(), flat)
-        self.cluster.put(REDUCED(iteration, stage), Reduced(members))
+        if self.me in members[:RECORDERS]:
+            self.cluster.put(REDUCED(iteration, stage), Reduced(members))
 
     def _lent_sum(self, iteration: int, stage: int):
         """The sum of a reduce a member of this pipeline took part in before it died:

@@ -35,7 +35,7 @@ from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig, Transport
 from bamboo.control.exits import FENCED, WorkerExit
 from bamboo.control.liveness import hang_deadline
-from bamboo.control.protocol import (ABORT, ABORTED, COMPLETED, CONFIG, DONE, ERROR, FAILED, FINISHED, LOAN, REGROUP,
+from bamboo.control.protocol import (ABORT, ABORTED, COMPLETED, CONFIG, ERROR, FAILED, LOAN, REGROUP,
                                      SCALE, START, LossScale, Mark, Regroup, Report, Start, Timestamp, WorkerError,
                                      world_store)
 from bamboo.control.store import EtcdStore, RendezvousAborted
@@ -74,10 +74,10 @@ class Worker(EpochMoves):
         self.copies = MemoryCopies(cluster, node, cfg.faults.hang_timeout, self.holdings.blob_bound)
         # Watches the failover and the boundary read instead of polling etcd (docs/HOTPATH.md)
         self.failures = cluster.changes(FAILED(), ABORT(), LOAN())  # a loan asked wakes a lender's next look
-        self.finishes = cluster.changes(FINISHED(), FAILED(), ABORT())
+        self.finishes = cluster.changes(FAILED(), ABORT())
         self.boundary = Boundary(cluster, node, cfg.cluster.elastic, self.checkpoints, cfg.faults.straggler_factor,
                                  cfg.faults.straggler_slack, auto=cfg.agents_choose,
-                                 changes=cluster.changes(DONE(), FAILED(), ABORT(), REGROUP()))
+                                 changes=cluster.changes(FAILED(), ABORT(), REGROUP()))
         self.assignment: Assignment | None = None  # the epoch this node runs in
         self.failed: tuple[int, ...] = ()          # nodes dead job-wide, as the last boundary agreed
         self.pipeline = self.me = 0                # where this node runs in the epoch
@@ -177,7 +177,8 @@ class Worker(EpochMoves):
         began = time.monotonic()
         kills = self._kills(it)
         self.failover.begin(it, len(self.mbs), self.local_failed(), self.comm, kills,
-                            owed=self.epoch_iterations > 0)  # --replica-sync next: the syncs of it - 1
+                            owed=self.epoch_iterations > 0,  # --replica-sync next: the syncs of it - 1
+                            final=self._promotes(it))
         self.epoch_iterations += 1
         stream = self.failover.now.streams[self.me]  # the failover keeps every node's stream: one compile
         self.loss_scale = self._loss_scale_of(it)
@@ -210,7 +211,8 @@ class Worker(EpochMoves):
             self.executor.start_ahead(ahead, self.failover)
         if self.loss_scale and self.executor.overflow is not None:  # every node decided alike: first wins
             self.cluster.create(SCALE(it), dataclasses.replace(self.loss_scale, overflow=self.executor.overflow))
-        self.boundary.report(it, self._report(), self.failover.now.completed if self._promotes(it) else None)
+        self.boundary.report(it, self._report(), self.failover.now.completed if self._promotes(it) else None,
+                             reported=self.failover.reported)
         self.failover.events = []
         agreed = self.boundary.agree(it, self.assignment, self.failover, self.failed, self._regroup(it),
                                      idle=self.executor.settle_replicas)  # owed steps fit in the wait

@@ -47,7 +47,8 @@ TAGS = {Op.SEND_ACT: 1, Op.SEND_GRAD: 2, Op.SEND_SYNC: 3}
 # a part's note is how many elements are still to come, and the message counts once its last part landed.
 PARTED = frozenset({Op.SEND_SYNC})
 EVAL_TAGS = {Op.SEND_ACT: 4}  # evaluation's activations (Comm.evaluation)
-_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64]
+NOTE_TAGS = {Op.SEND_ACT: 5}  # a few bytes of the control plane's: finished marks (Comm.notes, runtime/marks.py)
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.uint8]
 _HEADER = 11  # ndim, up to 8 dims, a note (float64 bits; NaN: none), dtype code
 _NOTE = 9
 _EMPTY = torch.empty(0, dtype=torch.uint8)  # fills a payload receive posted too small
@@ -236,6 +237,7 @@ class Comm:
         self._failed: list[PeerFailure] = []              # posted sends found failed, not yet raised
         # The same group's evaluation channels (no threads until first used).
         self.evaluation = Comm(pg, rank_of, device, EVAL_TAGS, self.stager) if tags is TAGS else None
+        self.notes = Comm(pg, rank_of, device, NOTE_TAGS, self.stager) if tags is TAGS else None
 
     def _box(self, peer: int, kind: Op) -> _Mailbox:
         if (peer, kind) not in self._boxes:
@@ -376,6 +378,34 @@ class Comm:
                 t.record_stream(self.stager.cuda.current_stream(self.device))  # made on the mailbox's stream
                 return t, note
             return (self.stager.to_device(t, buffer).wait_here() if self.stager.on_gpu else t), note
+
+    @property
+    def carries_notes(self) -> bool:
+        """Whether the control plane's notes go on this Comm (a world's, not its evaluation's)."""
+        return self.notes is not None
+
+    def note(self, peer: int, data: bytes) -> None:
+        """Send a few bytes on the notes' channel (`notes`), not waiting for them to
+        leave: like any message, they are lost with a peer that dies."""
+        self.notes.post(peer, Op.SEND_ACT, torch.frombuffer(bytearray(data), dtype=torch.uint8), later=True)
+
+    def take_note(self, peer: int) -> bytes | None:
+        """The next note from `peer` if one came (None: none yet, or its channel
+        broke: the failover finds the death), a receive for the one after posted."""
+        box = self.notes._box(peer, Op.SEND_ACT)
+        box.expect(box.received + 1)
+        try:
+            message = box.inbox.get_nowait()
+        except queue.Empty:
+            return None
+        if message is None:
+            box.inbox.put(None)  # stays closed
+            return None
+        t, _, buffer = message
+        data = t.numpy().tobytes()
+        if self.stager.on_gpu and buffer is not None and buffer.numel():
+            self.stager.pool.give(buffer)
+        return data
 
     def close(self) -> None:
         """This world is done (abandoned, or replaced): give up every channel."""

@@ -24,16 +24,18 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import defaultdict, deque
 
 from agents.membership import Membership
 from agents.release import Releaser
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
-from bamboo.control.protocol import (ABORT, ABORTED, DONE, FAILED, FINISHED, HANDED, HANDOVER, LOAN, LOSS, REDUCED,
+from bamboo.control.protocol import (ABORT, ABORTED, FAILED, HANDED, HANDOVER, LOAN, LOSS, REDUCED,
                                      REGROUP, Loss, Mark, Outcome, Reduced, Report)
 from bamboo.runtime.boundary import Boundary
 from bamboo.runtime.failover import Aborted, Failover, PeersSilent, TooManyDead, Watches
+from bamboo.runtime.reduce import RECORDERS
 from bamboo.state.checkpoint import Checkpoints
 from schedules.layout import Layout
 
@@ -63,9 +65,32 @@ class NodeCluster(Cluster):
             self.latencies.append(time.perf_counter() - began)
 
 
+class Notes:
+    """The notes every node's data plane carries (its finished marks on their way to
+    the pipeline's collector, bamboo/runtime/marks.py), by (sender, receiver)."""
+
+    def __init__(self):
+        self.queues: dict[tuple[int, int], deque] = defaultdict(deque)
+
+
 class Plane:
-    """The data plane a Failover is given: no messages ever, so a cut report says
-    nothing was received from the dead (its recovery plan is the early death's)."""
+    """The data plane a Failover is given: notes, but no stream's messages, so a cut
+    report says nothing was received from the dead (its recovery plan is the early
+    death's). A dead node sends nothing more; what it sent before stays delivered."""
+
+    carries_notes = True
+
+    def __init__(self, notes: Notes, me: int, killed: threading.Event):
+        self.notes, self.me, self.killed = notes, me, killed
+
+    def note(self, peer: int, data: bytes) -> None:
+        if self.killed.is_set():
+            raise Killed()
+        self.notes.queues[(self.me, peer)].append(data)
+
+    def take_note(self, peer: int) -> bytes | None:
+        queue = self.notes.queues[(peer, self.me)]
+        return queue.popleft() if queue else None
 
     def counts(self) -> dict:
         return {}
@@ -80,9 +105,11 @@ class Plane:
 class EmulatedNode:
     """One node: a worker thread and an agent thread, each with its own etcd client."""
 
-    def __init__(self, endpoint: str, cfg: JobConfig, node: int, zone: str, seconds: float, latencies: list):
+    def __init__(self, endpoint: str, cfg: JobConfig, node: int, zone: str, seconds: float, latencies: list,
+                 notes: Notes):
         self.cfg, self.node, self.seconds = cfg, node, seconds
         self.killed = threading.Event()
+        self.plane = Plane(notes, node, self.killed)
         self.worker = NodeCluster(endpoint, cfg.cluster.job, latencies, self.killed)
         self.agent = NodeCluster(endpoint, cfg.cluster.job, latencies, self.killed)
         self.membership = Membership(self.agent, zone, node, cfg)
@@ -90,8 +117,8 @@ class EmulatedNode:
         self.worker.register(node, cfg, on_fenced=lambda why: self.killed.set())
         # the watches a worker keeps for its life (Worker.__init__)
         self.watches = Watches(self.worker.changes(FAILED(), ABORT(), LOAN()),
-                               self.worker.changes(FINISHED(), FAILED(), ABORT()))
-        self.boundary_changes = self.worker.changes(DONE(), FAILED(), ABORT(), REGROUP())
+                               self.worker.changes(FAILED(), ABORT()))
+        self.boundary_changes = self.worker.changes(FAILED(), ABORT(), REGROUP())
         self.error: BaseException | None = None
         self.iteration = -1  # the last iteration this node agreed
         self._epoch: int | None = None  # the epoch whose failover and boundary are made
@@ -180,7 +207,8 @@ class EmulatedNode:
         failover, boundary = self._parts(assignment)
         pipeline, me = assignment.slot(self.node)
         mbs = assignment.microbatches(self.cfg.schedule.microbatches, pipeline)
-        failover.begin(it, len(mbs), assignment.local_failed(pipeline, failed), Plane())
+        failover.begin(it, len(mbs), assignment.local_failed(pipeline, failed), self.plane,
+                       final=True)
         P, D = failover.P, len(assignment.pipelines)
         time.sleep(max(0.0, began + self.seconds * (0.9 + 0.1 * (me + 1) / P) - time.monotonic()))
         owned = Layout(P, frozenset(failover.failed), failover.options.keeps_replicas).owned(me)
@@ -189,12 +217,14 @@ class EmulatedNode:
             if losses:
                 self.worker.put_all(losses)  # before the reduce, as the executor does with several pipelines
                 losses = {}
-            for stage in owned:  # the real reducer reads the record, reduces, then writes it
+            for stage in owned:  # as the real reducer: a taker reads the record; two members write it
                 members = tuple(sorted(p[stage] for p in assignment.pipelines if stage < len(p)))
-                self.worker.get(REDUCED(it, stage))
-                self.worker.put(REDUCED(it, stage), Reduced(members))
+                if failover.now.recovered:
+                    self.worker.get(REDUCED(it, stage))
+                if self.node in members[:RECORDERS]:
+                    self.worker.put(REDUCED(it, stage), Reduced(members))
         self._stream_end(failover, losses)
-        boundary.report(it, self._report(assignment.epoch), failover.now.completed)
+        boundary.report(it, self._report(assignment.epoch), failover.now.completed, reported=failover.reported)
         return boundary.agree(it, assignment, failover, failed, regroup=lambda *_: None)
 
     @staticmethod
@@ -205,9 +235,8 @@ class EmulatedNode:
         failover.finished(also=losses or None)
         while (event := failover.linger()) is not None:
             failover.settle(event)  # Aborted, Fenced; silent peers recorded dead
-            if isinstance(event, PeersSilent):
-                continue
-            if isinstance(event, TooManyDead):
-                failover.unsurvivable(event.why)
-            failover.resolve()
+            if not isinstance(event, PeersSilent):
+                if isinstance(event, TooManyDead):
+                    failover.unsurvivable(event.why)
+                failover.resolve()
             failover.finished()

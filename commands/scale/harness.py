@@ -13,7 +13,7 @@ from bamboo.control.config import JobConfig, Surplus
 from bamboo.control.etcd import EtcdServer
 from bamboo.control.protocol import ASSIGNMENT, CONFIG, FINISHED, REGROUP
 from commands.scale.census import Census, etcd_counters
-from commands.scale.emulator import EmulatedNode
+from commands.scale.emulator import EmulatedNode, Notes
 
 ZONES = ("a", "b", "c")
 WARM = 2  # iterations left out of the per-iteration counts: the first epoch settling
@@ -63,7 +63,8 @@ def run(shape: Shape, job: str = "scale") -> Result:
         cfg = shape.config(job)
         Cluster(etcd.endpoint, job).put(CONFIG(), cfg)
         census, latencies = Census(etcd.endpoint, job), []
-        nodes = [EmulatedNode(etcd.endpoint, cfg, n, ZONES[n % len(ZONES)], shape.seconds, latencies)
+        notes = Notes()
+        nodes = [EmulatedNode(etcd.endpoint, cfg, n, ZONES[n % len(ZONES)], shape.seconds, latencies, notes)
                  for n in range(shape.nodes)]
         try:
             nodes[0].membership.first_assignment(list(range(shape.nodes)))
