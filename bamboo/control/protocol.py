@@ -9,21 +9,26 @@ under /bamboo-rdzv/<job>/.
 The workers' half, one iteration at a time:
   1. register ALIVE under a lease; wait for an ASSIGNMENT that gives the node a
      stage; the first epoch's nodes publish START
-  2. the last stage's owner, when its stream ends: every microbatch's LOSS, in the
-     transaction of its FINISHED mark (each loss also rides with its gradient);
-     after the step of an evaluated iteration, per validation microbatch: VAL_LOSS
+  2. the last stage's owner, when its stream ends: every microbatch's LOSS, with its
+     FINISHED mark (each loss also rides with its gradient); with several
+     pipelines, before its reduce; after the step of an evaluated iteration, per
+     validation microbatch: VAL_LOSS
   3. on a peer's death: FAILED (first detector wins); the receivers of the dead
      node's messages publish CUT; every survivor derives the same (dead, k)
   4. a data-parallel reduce done (inside the stream): REDUCED; a tied weight's
      copies summed: TIED; a holder whose stage's owner died in a late sync's
      window asks another pipeline's owner for the stage's gradients: LOAN, answered
-     by LENT; the stream ran: FINISHED, with the node's report so far
+     by LENT; the stream ran: FINISHED, with the node's report so far. A pipeline
+     gathers its marks on the data plane: its collector writes every node's
+     FINISHED (and LOSS) in one transaction (bamboo/runtime/marks.py); after
+     anything out of the way in it, each node writes its own
   5. fp16: the loss scale it ran with, and whether it overflowed: SCALE; the
      iteration's report: DONE (in an epoch's calibration iteration with eager, the
      median op times); the first to see every live node's writes REGROUP (the failed
      set from now on, reconfigure?, checkpoint?, the cost models FRC is placed with).
-     The node whose FINISHED completed a pipeline that lost nobody writes the DONE of
-     every node of it from their marks, with REGROUP (bamboo/runtime/boundary.py)
+     The collector writes every DONE of its pipeline with the marks when their
+     reports are final; without a collector, the node whose FINISHED completed a
+     pipeline that lost nobody writes them, with REGROUP (bamboo/runtime/boundary.py)
   6. an iteration no pipeline can finish: ABORT; each node undoes its steps: ABORTED
   7. fatal error: ERROR; an injected preemption: PREEMPTED
   8. at a checkpoint, each node keeping checkpoint layers in host memory: COPIES

@@ -24,7 +24,8 @@ from bamboo.control.protocol import (ABORT, CHECKPOINTED, DONE, DRAIN, FAILED, M
                                      NodeId, Regroup, Report, Timestamp)
 from bamboo.runtime.calibration import propose
 from bamboo.state.checkpoint import Checkpoints
-from bamboo.runtime.failover import LEASE_WAIT, LINGER_WAKE, Completed
+from bamboo.runtime.failover import LEASE_WAIT, LINGER_WAKE
+from bamboo.runtime.watch import Completed
 
 
 def stragglers(reports: dict[NodeId, Report], factor: float, slack: float) -> list[NodeId]:

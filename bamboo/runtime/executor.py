@@ -31,7 +31,8 @@ from bamboo.model import recipe
 from bamboo.model.builtin import dropout_seed, mixed_precision
 from bamboo.runtime.ahead import Ahead
 from bamboo.runtime.calibration import OpTimes
-from bamboo.runtime.failover import Failover, PeersSilent, TooManyDead
+from bamboo.runtime.failover import Failover
+from bamboo.runtime.watch import PeersSilent, TooManyDead
 from bamboo.runtime.iteration import IterationState
 from bamboo.runtime.steps import StepPhase
 from bamboo.runtime.two_pass import input_pass

@@ -49,7 +49,8 @@ from bamboo.state.copies import MemoryCopies
 from bamboo.state.epochs import EpochMoves
 from bamboo.runtime.evaluator import Evaluator
 from bamboo.runtime.executor import Executor
-from bamboo.runtime.failover import Aborted, Failover, Watches
+from bamboo.runtime.failover import Aborted, Failover
+from bamboo.runtime.watch import Watches
 from bamboo.runtime.lending import Loans
 from bamboo.state.holdings import Holdings
 from bamboo.runtime.reduce import Reducer

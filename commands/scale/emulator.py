@@ -34,7 +34,8 @@ from bamboo.control.config import JobConfig
 from bamboo.control.protocol import (ABORT, ABORTED, FAILED, HANDED, HANDOVER, LOAN, LOSS, REDUCED,
                                      REGROUP, Loss, Mark, Outcome, Reduced, Report)
 from bamboo.runtime.boundary import Boundary
-from bamboo.runtime.failover import Aborted, Failover, PeersSilent, TooManyDead, Watches
+from bamboo.runtime.failover import Aborted, Failover
+from bamboo.runtime.watch import PeersSilent, TooManyDead, Watches
 from bamboo.runtime.reduce import RECORDERS
 from bamboo.state.checkpoint import Checkpoints
 from schedules.layout import Layout

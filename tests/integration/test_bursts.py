@@ -15,7 +15,8 @@ from schedules.compiler import compile_schedule
 
 from bamboo.control.cluster import Cluster
 from bamboo.control.protocol import Failure, Local
-from bamboo.runtime.failover import Failover, PeerDead, TooManyDead, Watch
+from bamboo.runtime.failover import Failover
+from bamboo.runtime.watch import PeerDead, TooManyDead, Watch
 
 from tests.training import bamboo_train, redos
 from schedules.options import ScheduleOptions

@@ -106,7 +106,8 @@ def test_a_late_sync_overtaken_by_later_sends_is_judged_alone():
 def _failover(P=4, M=4):
     from schedules.compiler import compile_schedule
 
-    from bamboo.runtime.failover import Failover, Watch
+    from bamboo.runtime.failover import Failover
+    from bamboo.runtime.watch import Watch
     f = Failover(None, tuple(range(P)), 0, 0, ScheduleOptions(redundancy="eager"), JobConfig())
     f.now = Watch(iteration=5, microbatches=M, failed=(), comm=None, streams=compile_schedule(P, M).streams)
     return f

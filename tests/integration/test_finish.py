@@ -10,7 +10,8 @@ from bamboo.control.cluster import Cluster
 from bamboo.control.protocol import ALIVE, DONE, LOSS, REGROUP, Alive, Local, Loss, Regroup, Report
 from bamboo.runtime.boundary import Boundary
 from bamboo.state.checkpoint import Checkpoints
-from bamboo.runtime.failover import Failover, Watch
+from bamboo.runtime.failover import Failover
+from bamboo.runtime.watch import Watch
 from bamboo.control.config import JobConfig
 from schedules.options import ScheduleOptions
 

@@ -13,7 +13,8 @@ import torch
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.protocol import ABORT, ALIVE, FAILED, LEASE_EXPIRED, Abort, Alive, Failure, Local
-from bamboo.runtime.failover import Aborted, Failover, Watch
+from bamboo.runtime.failover import Aborted, Failover
+from bamboo.runtime.watch import Watch
 from bamboo.runtime.reduce import Reducer
 from bamboo.transport.comm import Interrupted
 from bamboo.control.config import JobConfig

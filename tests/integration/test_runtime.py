@@ -570,7 +570,8 @@ def test_a_death_before_its_late_sync_landed_ends_the_job_with_its_reason(tmp_pa
 def test_a_death_between_iterations_with_a_sync_owed_is_unsurvivable():
     """A node recorded dead at a boundary, not in the iteration before: it took its
     sync of that iteration with it (bamboo/runtime/failover.py _check_owed)."""
-    from bamboo.runtime.failover import Failover, Unsurvivable, Watch
+    from bamboo.runtime.failover import Failover, Unsurvivable
+    from bamboo.runtime.watch import Watch
     failover = Failover(None, (10, 11, 12, 13), 0, 0, ScheduleOptions(redundancy="lazy", sync="next"), JobConfig())
     failover.now = Watch(4, 8, (), None, {})
     failover._check_owed(5, (), owed=True)  # nobody new: nothing said
@@ -585,7 +586,8 @@ def test_a_death_between_iterations_with_a_sync_owed_is_unsurvivable():
 def test_replica_sync_next_with_redundancy_off_is_the_sync_at_the_end():
     """--redundancy off keeps no replica: --replica-sync next (said to do nothing)
     must not make a death between iterations unsurvivable, which agents redo."""
-    from bamboo.runtime.failover import Failover, Watch
+    from bamboo.runtime.failover import Failover
+    from bamboo.runtime.watch import Watch
     failover = Failover(None, (10, 11, 12, 13), 0, 0, ScheduleOptions(redundancy="off", sync="next"),
                         JobConfig.of(elastic=True))
     failover.now = Watch(4, 8, (), None, {})
