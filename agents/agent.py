@@ -184,7 +184,7 @@ class BambooAgent(SimpleElasticAgent):
         self.membership.wait(group.spec.monitor_interval)
         looked = self.membership.due()  # something it watches changed, or a second passed
         if looked:
-            self.membership.decide(self.cfg)  # any agent may write the next configuration
+            self.membership.decide(self.cfg)  # the leading agent writes the next configuration
             self.membership.observe_modes(self.cfg)  # --redundancy auto: the mode wanted next
         self._release_if_surplus(looked)
         result = self._monitor_workers(group)
@@ -206,7 +206,10 @@ class BambooAgent(SimpleElasticAgent):
     def _release_if_surplus(self, looked: bool = True) -> None:
         """--surplus: once this node is released (agents/release.py), it drains and leaves.
         `looked`: the agent looks at etcd in this round (Membership.due)."""
-        decision = self.releaser.step(self.membership.live) if looked else self.releaser.decision
+        if looked:
+            decision = self.releaser.step(self.membership.live)
+        else:  # the leader decides; another agent reads what it decided
+            decision = self.releaser.decision if self.membership.leading else self.releaser.follow()
         grown = self.releaser.take_growth()
         if self.growing is not None and self.growing.poll() is not None:  # reaped; it said why it failed, if it did
             self.growing = None

@@ -1,8 +1,10 @@
 """The agents' part of the job's control plane (bamboo/control/protocol.py names the keys):
 which nodes exist, in which zones, and which configuration runs next.
 
-Any agent may decide: each reads the same keys and runs the same pure policy, and
-the create-if-absent write of the next epoch lets exactly one decision stand.
+The leading agent decides (`Membership.leads`: the first registered member): it reads
+the keys and runs the pure policy, and the create-if-absent write of the next epoch
+lets exactly one decision stand, should two agents lead for a moment. The others
+read only who leads, and their own release (agents/release.py `Releaser.follow`).
 """
 from __future__ import annotations
 
@@ -92,14 +94,32 @@ class Membership:
         self.routine = cluster.changes(REGROUP(), START(), ASSIGNMENT(), MEMBERS(), HANDOVER())
         self.events = cluster.changes(FAILED(), ABORT(), ABORTED(), DRAIN())
         self.events.take()  # armed: the first round looks anyway, no death's aftermath to watch yet
+        # Who leads changes only when a member with a lower id (or this one) joins or leaves.
+        self.members = cluster.changes(MEMBERS())
+        self.members.only = lambda family, parts: family is not MEMBERS or parts <= self.node
+        self.leading = False  # this agent decides for the job (leads)
         self._looked = float("-inf")  # when `due` last said to look
         self._busy_until = float("-inf")  # every round looks until then: an event's aftermath
 
     def wait(self, seconds: float) -> None:
         """The pause between an agent's rounds, cut short by a regroup, an epoch or a
         join: the mode wanted after an iteration is then written before the next
-        boundary reads it."""
-        self.routine.wait(seconds)
+        boundary reads it; for an agent that does not lead, by a change of who leads."""
+        (self.routine if self.leading else self.members).wait(seconds)
+
+    def leads(self) -> bool:
+        """Whether this agent decides for the job: its node is the first registered
+        member (the lowest id whose lease lives). Only the leader reads what a
+        decision needs: every agent reading every prefix grew as N x N. A leader
+        that dies leaves with its lease, and the next one's first round looks at
+        everything; two agents that both lead for a moment are harmless, as every
+        decision is a first writer's."""
+        if self.members.take():
+            leading = self.cluster.edge(MEMBERS()) == self.node
+            if leading and not self.leading:
+                self._looked = float("-inf")  # a new leader looks at once
+            self.leading = leading
+        return self.leading
 
     def due(self) -> bool:
         """Whether to look at etcd now (decide, observe the modes): a regroup, an
@@ -107,9 +127,12 @@ class Membership:
         second, or LOOK_EVERY passed. An agent that read every prefix at every round of its
         monitor made hundreds of requests a second in a job that nothing disturbs."""
         now = time.monotonic()
-        if self.events.take():
+        events, routine = self.events.take(), self.routine.take()
+        if not self.leads():
+            return False
+        if events:
             self._busy_until = now + self.failure_timeout + LOOK_EVERY
-        if self.routine.take() or now < self._busy_until or now - self._looked >= LOOK_EVERY:
+        if routine or now < self._busy_until or now - self._looked >= LOOK_EVERY:
             self._looked = now
             return True
         return False
@@ -402,6 +425,7 @@ class Membership:
         self.heartbeat.stop()
         self.routine.close()
         self.events.close()
+        self.members.close()
 
 
 def agreed_costs(tries: dict) -> dict | None:

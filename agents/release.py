@@ -28,7 +28,7 @@ from agents.surplus import BurstModel, Economics, SurplusRule, assign_surplus, b
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster, latest
 from bamboo.control.config import JobConfig
-from bamboo.control.protocol import RELEASES, Release
+from bamboo.control.protocol import ASSIGNMENT, RELEASES, Release
 
 LOOK_EVERY = 0.5  # seconds between an agent's reads of the newest epoch
 
@@ -124,6 +124,18 @@ class Releaser:
         # a group of machines of several workers is sized in machines, not nodes: it is not grown from here
         if wrote and not shared and self.decision.desired > (previous.desired if previous else len(nodes)):
             self.grown = self.decision.desired  # the group must grow: its writer says so, once
+        return self.decision
+
+    def follow(self) -> Release | None:
+        """For an agent that does not lead: the newest epoch's decision, once its
+        leader wrote it (the newest epoch's number read at most once a second)."""
+        now = time.monotonic()
+        if self.cfg.cluster.surplus == SurplusRule.KEEP or now - self.looked < LOOK_EVERY:
+            return self.decision
+        self.looked = now
+        epoch = self.cluster.edge(ASSIGNMENT(), last=True)
+        if epoch is not None and epoch != self.decided and (found := self.cluster.get(RELEASES(epoch))) is not None:
+            self.decision, self.decided = found, epoch
         return self.decision
 
     def take_growth(self) -> int | None:

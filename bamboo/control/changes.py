@@ -52,10 +52,12 @@ class Changes:
         if response is None or isinstance(response, Exception):  # the stream ended: pyetcd dropped the callback
             self.lost = True
             self._watches = []  # their ids died with the stream
-        elif response.events and all(isinstance(e, PutEvent) and e.key == self.own for e in response.events):
+        elif not response.events:
+            return  # a watch created, or etcd's progress: no key changed (arming raised the flag already)
+        elif all(isinstance(e, PutEvent) and e.key == self.own for e in response.events):
             return  # the reader's own write, which it read back with the write: no news
-        elif response.events and self.only is not None and not any(self._concerns(e.key) for e in response.events):
-            return  # keys under the prefix that are not the reader's business (another pipeline's)
+        elif self.only is not None and not any(self._concerns(e.key) for e in response.events):
+            return  # keys under the prefix that are not the reader's business (a higher member's join)
         self.flag.set()
 
     def _concerns(self, raw: bytes) -> bool:

@@ -180,6 +180,20 @@ class Cluster:
         raw = self.key(prefix) + "/"
         return _records(prefix, raw, self.call(lambda: list(self.client.get_prefix(raw))), self.read_only)
 
+    def edge(self, prefix: Key, last: bool = False):
+        """The parts of the first key under `prefix` (of the last, if `last`) in etcd's
+        order, which is the numbers' order; None if there is none. One key's name is
+        read, not the family's records."""
+        raw = self.key(prefix) + "/"
+        order = "descend" if last else "ascend"
+        found = self.call(lambda: list(self.client.get_prefix(raw, limit=1, keys_only=True, sort_order=order)))
+        if not found:
+            return None
+        try:
+            return prefix.family.parse(found[0][1].key.decode()[len(raw):])
+        except ValueError:  # a key that is no number: no member, no epoch
+            return None
+
     def put_and_read(self, key: Key, record, *prefixes: Key, also: dict | None = None) -> list[dict]:
         """put(key, record) and every {key: record} of `also`, then children(prefix)
         of each of `prefixes`, in one etcd transaction: one round trip, and the

@@ -272,6 +272,8 @@ class Failover:
         if gather is not None and gather.collecting and gather.on:
             gather.on = False
             also = {**gather.records(reports=False), **(also or {})}
+        elif gather is not None and gather.sent and not gather.written:  # its note may never be written
+            also = {**gather.carried, **(also or {})}
         if self.finishes is not None:
             self.finishes.take(own=mark)  # lowered before the read: a finish after it wakes the linger
         record = Finished(self.report_of().to_dict() if self.report_of else None)

@@ -80,7 +80,8 @@ class Gather:
         self.collector = live[0]
         self.notes: dict[NodeId, MarkNote] = {}  # the collector's: marks come so far, its own once its stream ended
         self.on = True         # still gathering (False: every node writes its own mark)
-        self.sent = False      # this node's mark went to the collector
+        self.sent = False      # this node's mark went to the collector ...
+        self.carried: dict = {}  # ... with these losses ({LOSS key: Loss}), written only once it says so
         self.written = False   # the collector wrote every mark (and told the others)
         self.reported = False  # every report of the pipeline was written with the marks
 
@@ -95,7 +96,7 @@ class Gather:
             self.notes[self.me] = note
             return
         self.plane.note(self.collector, encode(note))
-        self.sent = True
+        self.sent, self.carried = True, dict(losses)
 
     def take(self) -> None:
         """The collector: every mark that came since the last take."""

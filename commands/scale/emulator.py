@@ -154,6 +154,8 @@ class EmulatedNode:
                 self.membership.decide(self.cfg)
                 self.membership.observe_modes(self.cfg)
                 self.releaser.step(self.membership.live)
+            elif not self.membership.leading:
+                self.releaser.follow()
 
     def _work(self) -> None:
         assignment = self.worker.wait_for(lambda: self._assigned(-1), timeout=3600, what="a stage", poll=0.05)

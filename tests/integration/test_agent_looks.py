@@ -32,6 +32,7 @@ def test_an_agent_looks_when_something_it_reads_changed(etcd, clock):
         # write under the same prefix has: watch events arrive in etcd's order.
         writer.wait_for(lambda: writer.get(MEMBERS(0)), timeout=10, what="the agent's members key")
         agent.routine.only = lambda family, parts: family is MEMBERS and parts == 99
+        agent.routine.take()  # the flag its arming raised: the one awaited next is the join's
         writer.put(MEMBERS(99), Member("a", "h", 0))
         assert agent.routine.flag.wait(10)
         agent.routine.only = None
@@ -58,3 +59,26 @@ def test_an_agent_looks_when_something_it_reads_changed(etcd, clock):
         assert not agent.due()
     finally:
         agent.leave()
+
+
+def test_only_the_leading_agent_looks_and_the_next_leads_once_it_left(etcd, clock):
+    cfg = JobConfig.of(job="leads", failure_timeout=TIMEOUT)
+    writer = Cluster(etcd.endpoint, "leads")
+    writer.put(CONFIG(), cfg)
+    first = Membership(Cluster(etcd.endpoint, "leads"), "a", 3, cfg)
+    second = Membership(Cluster(etcd.endpoint, "leads"), "a", 8, cfg)
+    try:
+        writer.wait_for(lambda: writer.get(MEMBERS(3)) and writer.get(MEMBERS(8)), timeout=10, what="both members")
+        assert first.due() and first.leading
+        writer.put(REGROUP(0, 0), Regroup((), False, False))
+        writer.create(FAILED(7), Failure(0, 1, "test"))
+        assert second.routine.flag.wait(10) and second.events.flag.wait(10)
+        clock[0] += LOOK_EVERY
+        assert not second.due() and not second.leading  # neither a regroup, a death nor a second makes it look
+        first.leave()  # its lease revoked: its members key goes
+        writer.wait_for(lambda: writer.get(MEMBERS(3)) is None, timeout=10, what="the leader's key to go")
+        assert second.members.flag.wait(10)
+        assert second.due() and second.leading  # the next leads, and looks at once
+    finally:
+        first.leave()
+        second.leave()

@@ -109,3 +109,16 @@ def test_notes_that_are_no_marks_of_the_iteration_are_dropped(capsys):
     assert capsys.readouterr().out.count("dropped") == 6
     with pytest.raises(BadNote, match="bytes"):
         decode(b" " * (1 << 17), IT, NODES[1])
+
+
+def test_losses_sent_to_a_collector_that_stopped_gathering_are_written_by_their_node(etcd):
+    cluster = Cluster(etcd.endpoint, "marks-losses")
+    first, middle, last = _pipeline(cluster)
+    cluster.record_dead(NODES[1], Failure(IT, NODES[0], "test"))
+    first.finished()
+    assert first.linger() == PeerDead(1)  # it stopped gathering before the last node's mark came
+    last.finished(also={LOSS(IT, 5): Loss(1.25)})  # not yet aware of the death: its note goes out
+    assert last.linger() == PeerDead(1)
+    assert cluster.children(LOSS(IT)) == {}
+    last.finished()  # after the recovery (the executor has nothing new to write)
+    assert cluster.children(LOSS(IT)) == {5: Loss(1.25)}
