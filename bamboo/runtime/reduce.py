@@ -210,8 +210,12 @@ class Reducer:
                     self.failover.check_abort()
                     self.cluster.record_silent(members, iteration, self.me)
                     return self.members(stage) != members or self.cluster.get(REDUCED(iteration, stage))
-                self.cluster.wait_for(regrouped, timeout=max(60.0, 20 * self.timeout),
-                                      what=f"the failed member of stage {stage}'s group to be recorded", poll=0.05)
+                try:
+                    self.cluster.wait_for(regrouped, timeout=max(60.0, 20 * self.timeout),
+                                          what=f"the failed member of stage {stage}'s group to be recorded", poll=0.05)
+                except TimeoutError as e:  # e.g. both recorders died between the sum and its record
+                    self.failover.unsurvivable(f"stage {stage}'s reduce of iteration {iteration} can neither be "
+                                               f"done again nor found done: {e}")
         if self.failover.loans is not None:  # another pipeline's taker of the stage may borrow the sum
             self.failover.loans.keep(REDUCED_SUM, stage, iteration, flat)
         recipe.set_flat_grads(module.parameters(), flat)
