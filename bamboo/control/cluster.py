@@ -180,6 +180,14 @@ class Cluster:
         raw = self.key(prefix) + "/"
         return _records(prefix, raw, self.call(lambda: list(self.client.get_prefix(raw))), self.read_only)
 
+    def changed_since(self, prefix: Key, revision: int) -> tuple[dict, int]:
+        """children(prefix) of the keys written after etcd revision `revision` (0: all),
+        and the revision read at: a reader that keeps what it read asks for what is new."""
+        raw = self.key(prefix) + "/"
+        response = self.call(lambda: self.client.get_prefix_response(raw, min_mod_revision=revision + 1))
+        kvs = [(kv.value, kv) for kv in response.kvs]
+        return _records(prefix, raw, kvs, self.read_only), response.header.revision
+
     def edge(self, prefix: Key, last: bool = False):
         """The parts of the first key under `prefix` (of the last, if `last`) in etcd's
         order, which is the numbers' order; None if there is none. One key's name is

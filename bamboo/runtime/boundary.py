@@ -49,6 +49,7 @@ class Boundary:
         self.cluster, self.node, self.elastic = cluster, node, elastic
         self.changes = changes  # raised by a watch on failed/, abort/ and regroup/ (None: read every 20 ms)
         self.leading: Changes | None = None  # the same and done/, armed once this node first leads
+        self.reports: tuple[dict, int] = ({}, 0)  # a leader's: the reports read so far, and etcd's revision then
         self.auto = auto  # --redundancy or --replica-sync auto: the agents may want another setting (agents/modes.py)
         self.checkpoints = checkpoints  # says whether a checkpoint is due
         self.straggler_factor, self.straggler_slack = straggler_factor, straggler_slack
@@ -123,6 +124,7 @@ class Boundary:
         leader, the leader's by the others (then the next one leads)."""
         began = asked = time.monotonic()
         leading, pending = True, list(members)
+        self.reports = ({}, 0)
         while True:
             if self.seen is not None:  # read with this node's own report
                 (done, failed), settled, self.seen = self.seen, None, None
@@ -162,9 +164,11 @@ class Boundary:
         another node the agreement's first try (and no reports: None)."""
         if (watch := self._watch(leading)) is not None:
             watch.take()  # lowered before reading: a change after the read wakes the wait
-        if leading:
-            done, failed = self.cluster.read(DONE(iteration), FAILED())
-            return done, failed, None
+        if leading:  # the reports written since its last read (one pipeline's at a time), then the deaths
+            known, revision = self.reports
+            new, revision = self.cluster.changed_since(DONE(iteration), revision)
+            self.reports = ({**known, **new}, revision)
+            return dict(self.reports[0]), self.cluster.failed(), None
         tries, failed = self.cluster.read(REGROUP(iteration), FAILED())
         return None, failed, tries.get(0)
 
