@@ -21,8 +21,8 @@ from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig, Surplus, ZoneSpread
 from bamboo.control.liveness import Heartbeat, lease_ages
 from bamboo.control.protocol import (ABORT, ABORTED, ALIVE, ASSIGNMENT, CONFIG, COPIES, DONE, DRAIN, FAILED,
-                                     HANDOVER, HOST_LOST, IDS, ITERATION_FAMILIES, MEMBERS, MODE, REGROUP, START,
-                                     ZONES, Failure, Mark, Member, ModeChoice, Timestamp, Zone)
+                                     HANDOVER, HOST_LOST, IDS, ITERATION_FAMILIES, LEASE_EXPIRED, MEMBERS, MODE,
+                                     REGROUP, START, ZONES, Failure, Mark, Member, ModeChoice, Timestamp, Zone)
 from bamboo.data.checkpoint_files import latest, newest_listed, storage_for
 from bamboo.state.copies import newest_covered
 
@@ -97,7 +97,9 @@ class Membership:
         # Who leads changes only when a member with a lower id (or this one) joins or leaves.
         self.members = cluster.changes(MEMBERS())
         self.members.only = lambda family, parts: family is not MEMBERS or parts <= self.node
-        self.leading = False  # this agent decides for the job (leads)
+        self.leading = False  # this agent decides for the job (leads) ...
+        self._next_in_line = False  # ... or leads should the leader go: it judges the leader's lease
+        self._leader_judged = float("-inf")  # when it last did
         self._looked = float("-inf")  # when `due` last said to look
         self._busy_until = float("-inf")  # every round looks until then: an event's aftermath
 
@@ -114,12 +116,31 @@ class Membership:
         that dies leaves with its lease, and the next one's first round looks at
         everything; two agents that both lead for a moment are harmless, as every
         decision is a first writer's."""
-        if self.members.take():
-            leading = self.cluster.edge(MEMBERS()) == self.node
+        now = time.monotonic()
+        if self.members.take() or (self._next_in_line and now - self._leader_judged >= LOOK_EVERY):
+            self._leader_judged = now
+            first = self.cluster.firsts(MEMBERS(), 2)
+            leading = bool(first) and first[0] == self.node
             if leading and not self.leading:
                 self._looked = float("-inf")  # a new leader looks at once
-            self.leading = leading
+            self.leading, self._next_in_line = leading, first[1:] == [self.node]
+            if self._next_in_line:
+                self._judge_leader(first[0])
         return self.leading
+
+    def _judge_leader(self, leader: int) -> None:
+        """The next in line records a leader whose lease went unrefreshed for the
+        failure timeout dead (its keys go with it, and the next leads): a leader
+        with no worker (in standby) that vanished has nobody else to find it
+        silent, and its lease would stand for --lease-ttl."""
+        member = self.cluster.get(MEMBERS(leader))
+        if member is None or not member.lease or not self.heartbeat.judging():
+            return
+        age = lease_ages(self.cluster, {leader: member.lease}).get(leader, 0.0)
+        if age > self.failure_timeout:
+            regroups = self.cluster.firsts(REGROUP(), 1, last=True)
+            it = regroups[0][0] + 1 if regroups else 0
+            self.cluster.record_dead(leader, Failure(it, self.node, LEASE_EXPIRED))
 
     def due(self) -> bool:
         """Whether to look at etcd now (decide, observe the modes): a regroup, an

@@ -190,17 +190,24 @@ class Cluster:
 
     def edge(self, prefix: Key, last: bool = False):
         """The parts of the first key under `prefix` (of the last, if `last`) in etcd's
-        order, which is the numbers' order; None if there is none. One key's name is
-        read, not the family's records."""
+        order, which is the numbers' order; None if there is none."""
+        found = self.firsts(prefix, 1, last)
+        return found[0] if found else None
+
+    def firsts(self, prefix: Key, count: int, last: bool = False) -> list:
+        """The parts of the first `count` keys under `prefix` (the last ones, newest
+        first, if `last`): their names are read, not the family's records. A key
+        that is no number is left out."""
         raw = self.key(prefix) + "/"
         order = "descend" if last else "ascend"
-        found = self.call(lambda: list(self.client.get_prefix(raw, limit=1, keys_only=True, sort_order=order)))
-        if not found:
-            return None
-        try:
-            return prefix.family.parse(found[0][1].key.decode()[len(raw):])
-        except ValueError:  # a key that is no number: no member, no epoch
-            return None
+        found = self.call(lambda: list(self.client.get_prefix(raw, limit=count, keys_only=True, sort_order=order)))
+        out = []
+        for _, meta in found:
+            try:
+                out.append(prefix.family.parse(meta.key.decode()[len(raw):]))
+            except ValueError:
+                continue
+        return out
 
     def put_and_read(self, key: Key, record, *prefixes: Key, also: dict | None = None) -> list[dict]:
         """put(key, record) and every {key: record} of `also`, then children(prefix)

@@ -20,8 +20,8 @@ from bamboo.control.assignment import Assignment
 from bamboo.control.changes import Changes
 from bamboo.control.cluster import Cluster
 from bamboo.control.exits import Fenced
-from bamboo.control.protocol import (ABORT, CHECKPOINTED, DONE, DRAIN, FAILED, MEMBERS, MODE, REGROUP, STRAGGLER, Failure,
-                                     NodeId, Regroup, Report, Timestamp)
+from bamboo.control.protocol import (ABORT, CHECKPOINTED, DONE, DRAIN, FAILED, MEMBERS, MODE, REGROUP, STRAGGLER,
+                                     Failure, NodeId, Regroup, Report, Timestamp)
 from bamboo.runtime.calibration import propose
 from bamboo.state.checkpoint import Checkpoints
 from bamboo.runtime.failover import LEASE_WAIT, LINGER_WAKE

@@ -94,9 +94,14 @@ def main(argv: list[str] | None = None) -> int:
           f"one etcd member on this machine ({os.cpu_count()} CPUs); every node a worker and an agent", flush=True)
     print(f"{'nodes':>6} {'pipes':>5} {'keys/it':>8} {'txns/it':>7} {'per pipe':>9} {'requests':>9} {'p50 ms':>7} "
           f"{'p99 ms':>7} {'it s':>7} {'agreement':>10} {'next epoch':>10}", flush=True)
-    results, began = [], time.monotonic()
+    results, began, failed = [], time.monotonic(), False
     for shape in runs:
-        result = run(shape)
+        try:
+            result = run(shape)
+        except (RuntimeError, TimeoutError) as e:  # a node failed, or the job fell behind: said, then the next
+            print(f"{shape.nodes:>6} did not finish: {e}", flush=True)
+            failed = True
+            continue
         results.append(result)
         print(row(result), flush=True)
         for error in result.errors:
@@ -106,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bamboo-scale: {time.monotonic() - began:.0f} s in all", flush=True)
     if args.json:
         _write_json(args.json, results)
-    return 1 if any(r.errors for r in results) else 0
+    return 1 if failed or any(r.errors for r in results) else 0
 
 
 def _write_json(path: str, results: list[Result]) -> None:

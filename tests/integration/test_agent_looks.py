@@ -10,7 +10,7 @@ import agents.membership as membership
 from agents.membership import LOOK_EVERY, Membership
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
-from bamboo.control.protocol import CONFIG, FAILED, MEMBERS, REGROUP, Failure, Member, Regroup
+from bamboo.control.protocol import CONFIG, FAILED, LEASE_EXPIRED, MEMBERS, REGROUP, Failure, Member, Regroup
 
 TIMEOUT = 0.5
 
@@ -79,6 +79,27 @@ def test_only_the_leading_agent_looks_and_the_next_leads_once_it_left(etcd, cloc
         writer.wait_for(lambda: writer.get(MEMBERS(3)) is None, timeout=10, what="the leader's key to go")
         assert second.members.flag.wait(10)
         assert second.due() and second.leading  # the next leads, and looks at once
+    finally:
+        first.leave()
+        second.leave()
+
+
+def test_the_next_in_line_records_a_silent_leader_dead_and_leads(etcd):
+    """A leader in standby that vanished has no worker peers to find it silent: the
+    agent next in line judges its lease (real clock: etcd ages leases in seconds)."""
+    cfg = JobConfig.of(job="silent-leader", failure_timeout=TIMEOUT)
+    writer = Cluster(etcd.endpoint, "silent-leader")
+    writer.put(CONFIG(), cfg)
+    first = Membership(Cluster(etcd.endpoint, "silent-leader"), "a", 3, cfg)
+    second = Membership(Cluster(etcd.endpoint, "silent-leader"), "b", 8, cfg)
+    try:
+        writer.wait_for(lambda: writer.get(MEMBERS(3)) and writer.get(MEMBERS(8)), timeout=10, what="both members")
+        assert not second.leads()
+        first.heartbeat.halt()  # its machine is gone: the lease is left to age
+        writer.wait_for(lambda: second.leads(), timeout=30, what="the next in line to lead", poll=0.1)
+        failure = writer.get(FAILED(3))
+        assert failure.by == 8 and failure.how == LEASE_EXPIRED
+        assert writer.get(MEMBERS(3)) is None  # its lease revoked with the record
     finally:
         first.leave()
         second.leave()
