@@ -1,24 +1,27 @@
 """Node emulators: the control plane of one node (its worker's and its agent's) on
-threads, with no model and no data plane, so that one machine holds hundreds.
+threads, with no model and no stream's messages, so that one machine holds hundreds.
 
 Each node runs the real parts that talk to etcd, with the real keys and records:
 the worker registers its leased `alive` key (Cluster.register), runs each iteration
 through a real Failover (`begin`, the finished mark with the losses the last stage
-holds, the linger) and a real Boundary (report, agree), writes its stage's reduce
-record when the job has several pipelines, and moves to the agents' next epoch;
-the agent holds a Membership (leased `members`, `zones`) and a Releaser, and
-looks at etcd as bamboo-agent does: at its monitor interval it asks `due`, and
-then decides, observes the modes and steps the releaser. What a stream
-computes is a sleep: stage s ends its stream at (0.9 + 0.1 s / P) of the iteration
-time, the last stage last, as 1F1B's drain has it.
+holds, gathered by the pipeline's collector over the emulated data plane's notes,
+the linger) and a real Boundary (report, agree), writes its stage's reduce record
+when the job has several pipelines and it is one of the record's writers, and moves
+to the agents' next epoch; the agent holds a Membership (leased `members`, `zones`)
+and a Releaser, and looks at etcd as bamboo-agent does: at its monitor interval it
+asks `due` (true only for the leading agent), and then decides, observes the modes
+and steps the releaser; another agent follows the releaser's decision. What a
+stream computes is a sleep: stage s ends its stream at (0.9 + 0.1 s / P) of the
+iteration time, the last stage last, as 1F1B's drain has it.
 
 A death is a node that stops: its leases are left to age (Heartbeat.halt, as a
-machine gone refreshes nothing) and every later etcd call of its threads raises
-Killed. Nodes beyond the pipelines wait in standby (--surplus keep: a released
-node would drain, which the emulator does not). Without a data plane no receive waits on the dead (a real worker's
-first sign), so the survivors find a death in their linger, by the dead node's
-lease, and recover as the executor does: cut reports, the plan, a new mark. The handover of a new epoch moves no layers:
-each node writes its mark and the first the outcome, as bamboo/state/handover.py does.
+machine gone refreshes nothing), it sends no more notes, and every later etcd call
+of its threads raises Killed. Nodes beyond the pipelines wait in standby (--surplus
+keep: a released node would drain, which the emulator does not). No receive waits
+on the dead (a real worker's first sign), so the survivors find a death in their
+linger, by the dead node's lease, and recover as the executor does: cut reports,
+the plan, a new mark. The handover of a new epoch moves no layers: each node writes
+its mark and the first the outcome, as bamboo/state/handover.py does.
 """
 from __future__ import annotations
 
@@ -35,8 +38,8 @@ from bamboo.control.protocol import (ABORT, ABORTED, FAILED, HANDED, HANDOVER, L
                                      REGROUP, Loss, Mark, Outcome, Reduced, Report)
 from bamboo.runtime.boundary import Boundary
 from bamboo.runtime.failover import Aborted, Failover
-from bamboo.runtime.watch import PeersSilent, TooManyDead, Watches
 from bamboo.runtime.reduce import RECORDERS
+from bamboo.runtime.watch import PeersSilent, TooManyDead, Watches
 from bamboo.state.checkpoint import Checkpoints
 from schedules.layout import Layout
 
