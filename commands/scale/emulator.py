@@ -55,9 +55,13 @@ class NodeCluster(Cluster):
     """One node process's etcd client: each request timed into `latencies`, and
     refused once the node is killed."""
 
-    def __init__(self, endpoint: str, job: str, latencies: list, killed: threading.Event):
+    def __init__(self, endpoint: str, job: str, latencies: list, killed: threading.Event, client=None):
+        self.shared = client  # an etcd client several emulated nodes share (None: one of its own)
         super().__init__(endpoint, job, patience=60.0)
         self.latencies, self.killed = latencies, killed
+
+    def _connect(self, endpoint: str, patience: float, tls):
+        return self.shared if self.shared is not None else Cluster._connect(endpoint, patience, tls)
 
     def call(self, fn):
         if self.killed.is_set():
@@ -107,15 +111,17 @@ class Plane:
 
 
 class EmulatedNode:
-    """One node: a worker thread and an agent thread, each with its own etcd client."""
+    """One node: a worker thread and an agent thread, each with an etcd client."""
 
     def __init__(self, endpoint: str, cfg: JobConfig, node: int, zone: str, seconds: float, latencies: list,
-                 notes: Notes):
+                 notes: Notes, client=None):
+        """`client`: an etcd client shared with other emulated nodes (None: one per
+        worker and agent, as real processes have)."""
         self.cfg, self.node, self.seconds = cfg, node, seconds
         self.killed = threading.Event()
         self.plane = Plane(notes, node, self.killed)
-        self.worker = NodeCluster(endpoint, cfg.cluster.job, latencies, self.killed)
-        self.agent = NodeCluster(endpoint, cfg.cluster.job, latencies, self.killed)
+        self.worker = NodeCluster(endpoint, cfg.cluster.job, latencies, self.killed, client)
+        self.agent = NodeCluster(endpoint, cfg.cluster.job, latencies, self.killed, client)
         self.membership = Membership(self.agent, zone, node, cfg)
         self.releaser = Releaser(self.agent, cfg, self.membership.hosts)
         self.worker.register(node, cfg, on_fenced=lambda why: self.killed.set())

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig, Surplus
-from bamboo.control.etcd import EtcdServer
+from bamboo.control.etcd import EtcdServer, connect
 from bamboo.control.protocol import ASSIGNMENT, CONFIG, FINISHED, REGROUP
 from commands.scale.census import Census, etcd_counters
 from commands.scale.emulator import EmulatedNode, Notes
@@ -18,6 +18,7 @@ from commands.scale.emulator import EmulatedNode, Notes
 ZONES = ("a", "b", "c")
 WARM = 2  # iterations left out of the per-iteration counts: the first epoch settling
 POLL = 0.02  # how often the harness looks for the agreement and the next epoch after a burst
+NODES_PER_CLIENT = 10  # emulated nodes (worker and agent) on one etcd client
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,10 @@ def run(shape: Shape, job: str = "scale") -> Result:
         Cluster(etcd.endpoint, job).put(CONFIG(), cfg)
         census, latencies = Census(etcd.endpoint, job), []
         notes = Notes()
-        nodes = [EmulatedNode(etcd.endpoint, cfg, n, ZONES[n % len(ZONES)], shape.seconds, latencies, notes)
-                 for n in range(shape.nodes)]
+        # one gRPC channel and watch stream for a few nodes: a process's threads, not etcd, limit the emulator
+        clients = [connect(etcd.endpoint) for _ in range(0, shape.nodes, NODES_PER_CLIENT)]
+        nodes = [EmulatedNode(etcd.endpoint, cfg, n, ZONES[n % len(ZONES)], shape.seconds, latencies, notes,
+                              clients[n // NODES_PER_CLIENT]) for n in range(shape.nodes)]
         try:
             nodes[0].membership.first_assignment(list(range(shape.nodes)))
             for node in nodes:
@@ -74,7 +77,7 @@ def run(shape: Shape, job: str = "scale") -> Result:
         finally:
             for node in nodes:
                 node.kill()
-            census.close()
+            census.close()  # (the nodes' clients stay open, their watch threads with them, as the process ends)
 
 
 def _measure(shape: Shape, endpoint: str, nodes: list[EmulatedNode], census: Census, latencies: list) -> Result:
