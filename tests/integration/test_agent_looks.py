@@ -61,14 +61,20 @@ def test_an_agent_looks_when_something_it_reads_changed(etcd, clock):
         agent.leave()
 
 
-def test_only_the_leading_agent_looks_and_the_next_leads_once_it_left(etcd, clock):
-    cfg = JobConfig.of(job="leads", failure_timeout=TIMEOUT)
-    writer = Cluster(etcd.endpoint, "leads")
+def _two_agents(etcd, job: str) -> tuple[Cluster, Membership, Membership]:
+    """A job's writer and two agents, nodes 3 and 8, once both are members."""
+    cfg = JobConfig.of(job=job, failure_timeout=TIMEOUT)
+    writer = Cluster(etcd.endpoint, job)
     writer.put(CONFIG(), cfg)
-    first = Membership(Cluster(etcd.endpoint, "leads"), "a", 3, cfg)
-    second = Membership(Cluster(etcd.endpoint, "leads"), "a", 8, cfg)
+    first = Membership(Cluster(etcd.endpoint, job), "a", 3, cfg)
+    second = Membership(Cluster(etcd.endpoint, job), "b", 8, cfg)
+    writer.wait_for(lambda: writer.get(MEMBERS(3)) and writer.get(MEMBERS(8)), timeout=10, what="both members")
+    return writer, first, second
+
+
+def test_only_the_leading_agent_looks_and_the_next_leads_once_it_left(etcd, clock):
+    writer, first, second = _two_agents(etcd, "leads")
     try:
-        writer.wait_for(lambda: writer.get(MEMBERS(3)) and writer.get(MEMBERS(8)), timeout=10, what="both members")
         assert first.due() and first.leading
         writer.put(REGROUP(0, 0), Regroup((), False, False))
         writer.create(FAILED(7), Failure(0, 1, "test"))
@@ -87,13 +93,8 @@ def test_only_the_leading_agent_looks_and_the_next_leads_once_it_left(etcd, cloc
 def test_the_next_in_line_records_a_silent_leader_dead_and_leads(etcd):
     """A leader in standby that vanished has no worker peers to find it silent: the
     agent next in line judges its lease (real clock: etcd ages leases in seconds)."""
-    cfg = JobConfig.of(job="silent-leader", failure_timeout=TIMEOUT)
-    writer = Cluster(etcd.endpoint, "silent-leader")
-    writer.put(CONFIG(), cfg)
-    first = Membership(Cluster(etcd.endpoint, "silent-leader"), "a", 3, cfg)
-    second = Membership(Cluster(etcd.endpoint, "silent-leader"), "b", 8, cfg)
+    writer, first, second = _two_agents(etcd, "silent-leader")
     try:
-        writer.wait_for(lambda: writer.get(MEMBERS(3)) and writer.get(MEMBERS(8)), timeout=10, what="both members")
         assert not second.leads()
         first.heartbeat.halt()  # its machine is gone: the lease is left to age
         writer.wait_for(lambda: second.leads(), timeout=30, what="the next in line to lead", poll=0.1)
