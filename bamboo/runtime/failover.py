@@ -305,7 +305,6 @@ class Failover:
         if gather is not None and gather.on and (gather.sent or gather.me in gather.notes):
             idle = self._linger_gathered(idle)
             if gather.written:
-                self.now.completed = None
                 return None
         while True:
             own = self.now.seen_finished is not None  # read with this node's own mark

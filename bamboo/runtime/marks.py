@@ -98,17 +98,20 @@ class Gather:
         self.plane.note(self.collector, encode(note))
         self.sent, self.carried = True, dict(losses)
 
+    def _next_note(self, sender: NodeId) -> MarkNote | None:
+        """The next note of this iteration from `sender` that came, if any (the rest dropped, each with a line)."""
+        while (data := self.plane.take_note(sender)) is not None:
+            try:
+                return decode(data, self.iteration, sender)
+            except BadNote as e:
+                print(f"bamboo.runtime.marks: node {self.me}: dropped {e}", flush=True)
+        return None
+
     def take(self) -> None:
         """The collector: every mark that came since the last take."""
         for node in self.live:
-            if node in self.notes:
-                continue
-            while (data := self.plane.take_note(node)) is not None:
-                try:
-                    self.notes[node] = decode(data, self.iteration, node)
-                    break
-                except BadNote as e:
-                    print(f"bamboo.runtime.marks: node {self.me}: dropped {e}", flush=True)
+            if node not in self.notes and (note := self._next_note(node)) is not None:
+                self.notes[node] = note
 
     def complete(self) -> bool:
         return all(node in self.notes for node in self.live)
@@ -134,12 +137,7 @@ class Gather:
 
     def answered(self) -> bool:
         """A node that sent its mark: whether the collector said every mark is written."""
-        while (data := self.plane.take_note(self.collector)) is not None:
-            try:
-                note = decode(data, self.iteration, self.collector)
-            except BadNote as e:
-                print(f"bamboo.runtime.marks: node {self.me}: dropped {e}", flush=True)
-                continue
+        while not self.written and (note := self._next_note(self.collector)) is not None:
             if note.written:
                 self.written, self.reported = True, note.reported
         return self.written
