@@ -206,10 +206,7 @@ class BambooAgent(SimpleElasticAgent):
     def _release_if_surplus(self, looked: bool = True) -> None:
         """--surplus: once this node is released (agents/release.py), it drains and leaves.
         `looked`: the agent looks at etcd in this round (Membership.due)."""
-        if looked:
-            decision = self.releaser.step(self.membership.live)
-        else:  # the leader decides; another agent reads what it decided
-            decision = self.releaser.decision if self.membership.leading else self.releaser.follow()
+        decision = self.releaser.round(self.membership.live, looked, self.membership.leading)
         grown = self.releaser.take_growth()
         if self.growing is not None and self.growing.poll() is not None:  # reaped; it said why it failed, if it did
             self.growing = None

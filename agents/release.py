@@ -126,6 +126,13 @@ class Releaser:
             self.grown = self.decision.desired  # the group must grow: its writer says so, once
         return self.decision
 
+    def round(self, live: Callable[[], dict[str, str]], looked: bool, leading: bool) -> Release | None:
+        """An agent's round: the leader decides when it looks (`step`), another agent
+        reads what the leader decided (`follow`)."""
+        if looked:
+            return self.step(live)
+        return self.decision if leading else self.follow()
+
     def follow(self) -> Release | None:
         """For an agent that does not lead: the newest epoch's decision, once its
         leader wrote it (the newest epoch's number read at most once a second)."""

@@ -159,12 +159,11 @@ class EmulatedNode:
         """bamboo-agent's round (agents/agent.py `_step`), for as long as the worker runs."""
         while not self.killed.is_set() and self.threads[0].is_alive():
             self.membership.wait(MONITOR_SECONDS)
-            if self.membership.due():
+            looked = self.membership.due()
+            if looked:
                 self.membership.decide(self.cfg)
                 self.membership.observe_modes(self.cfg)
-                self.releaser.step(self.membership.live)
-            elif not self.membership.leading:
-                self.releaser.follow()
+            self.releaser.round(self.membership.live, looked, self.membership.leading)
 
     def _work(self) -> None:
         assignment = self.worker.wait_for(lambda: self._assigned(-1), timeout=3600, what="a stage", poll=0.05)
