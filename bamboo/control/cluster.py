@@ -17,6 +17,8 @@ from bamboo.control.liveness import Heartbeat, lease_ages
 from bamboo.control.protocol import ALIVE, ASSIGNMENT, FAILED, LEASE_EXPIRED, MEMBERS, Alive, Failure, Key, job_root
 from bamboo.control.records import BadRecord
 
+SPANS_AT_ONCE = 64  # keys read one by one in a transaction (etcd allows 128 operations in one)
+
 
 def _encode(key: Key, record) -> str:
     if not key.complete:
@@ -310,13 +312,28 @@ class Cluster:
         this node's own view of etcd is fresh) their lease was not refreshed for
         the failure timeout. Nodes in `starting` (their worker may not run yet)
         count as alive while their agent is."""
-        workers, starting = self.children(ALIVE()), set(starting)
-        agents = {n: m for n, m in self.children(MEMBERS()).items() if n in starting and n not in workers}
-        records = {**agents, **workers}  # a starting node's worker counts once it registered
+        nodes, starting = list(nodes), set(starting)
+        workers, agents = self._liveness(nodes, [n for n in nodes if n in starting])
+        records = {**{n: m for n, m in agents.items() if n not in workers}, **workers}  # a worker counts once it is
         silent = {n for n in nodes if n not in records}
         if self.heartbeat and self.heartbeat.judging():
             silent |= set(self._stale({n: records[n].lease for n in nodes if n in records and records[n].lease}))
         return sorted(silent)
+
+    def _liveness(self, nodes: list[int], starting: list[int]) -> tuple[dict, dict]:
+        """The ALIVE records of `nodes` and the MEMBERS records of `starting`: key by
+        key in one transaction when they are few (a pipeline's peers: what the job's
+        size does not change), else both families whole."""
+        if len(nodes) + len(starting) > SPANS_AT_ONCE:
+            members = self.children(MEMBERS()) if starting else {}
+            return self.children(ALIVE()), {n: m for n, m in members.items() if n in starting}
+        if not nodes:
+            return {}, {}
+        found = self.read_spans(*((ALIVE(n), ALIVE(n + 1)) for n in nodes),
+                                *((MEMBERS(n), MEMBERS(n + 1)) for n in starting))
+        workers, agents = found[:len(nodes)], found[len(nodes):]
+        return ({n: r for span in workers for n, r in span.items()},
+                {n: r for span in agents for n, r in span.items()})
 
     def _stale(self, leases: dict[int, int]) -> list[int]:
         """Nodes whose lease was not refreshed for the failure timeout (each lease

@@ -1,7 +1,8 @@
 """How a node stays alive in etcd, and how its peers tell that it went silent.
 
 A node's key (ALIVE for a worker, MEMBERS for an agent) lives under a lease that
-a thread of its own refreshes twice a second. Two clocks matter, kept apart:
+a thread of its own refreshes twice a second, on its etcd client's one keep-alive
+stream (bamboo/control/keepalive.py). Two clocks matter, kept apart:
 
   - the lease's TTL (--lease-ttl, 15 s) is how long etcd may be unreachable
     (stalled, restarting) before keys vanish: long, so a stall fences nobody;
@@ -32,6 +33,7 @@ import time
 
 from bamboo.control.etcd import EtcdLost, etcd_errors
 from bamboo.control.exits import Fenced
+from bamboo.control.keepalive import keepalives
 
 REFRESH_SECONDS = 0.5
 HANG_FACTOR = 10      # a main thread stuck this many median iterations is hung ...
@@ -106,14 +108,14 @@ class Heartbeat:
                 hung_said = True
                 continue
             try:
-                replies = self.lease.refresh()
+                ttl = keepalives(self.cluster.client).refresh(self.lease.id)
             except etcd_errors():  # etcd unreachable: try again next round
                 continue
             now = time.monotonic()
             if now - self.last_refresh > 2 * REFRESH_SECONDS + 0.5:
                 self.fresh_since = now  # a gap: this node's view was stale until now
             self.last_refresh = now
-            if replies and replies[0].TTL <= 0:
+            if ttl <= 0:
                 self._expired()
 
     def _expired(self) -> None:

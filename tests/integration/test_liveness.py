@@ -15,7 +15,7 @@ from bamboo.control.config import JobConfig
 from bamboo.control.etcd import EtcdServer
 from bamboo.control.liveness import HANG_FLOOR, hang_deadline
 from bamboo.control.exits import Fenced
-from bamboo.control.protocol import ABORT, ALIVE, FAILED, LOSS, Abort, Failure, Loss, Report
+from bamboo.control.protocol import ABORT, ALIVE, FAILED, LOSS, MEMBERS, Abort, Alive, Failure, Loss, Member, Report
 from bamboo.runtime.boundary import stragglers
 
 CFG = JobConfig.of(failure_timeout=2.0, lease_ttl=15.0)
@@ -110,6 +110,23 @@ def test_an_expired_lease_is_taken_again_unless_the_node_was_recorded_dead(serve
     _until(lambda: a.get(ALIVE(1)) is not None and a.get(ALIVE(1)).lease != old, 15,
            "node 1 did not register again")
     assert reasons.empty()
+
+
+def test_silence_read_key_by_key_for_a_few_nodes_and_by_family_for_many_agrees_with_brute_force(server):
+    """Workers registered on even ids, agents on every third: a pipeline's few peers
+    (read key by key) and the whole job (read by family) are each judged as a
+    brute force over both families says."""
+    c = Cluster(server.endpoint, "spans")
+    lease = c.client.lease(15)
+    workers, agents = set(range(0, 150, 2)), set(range(0, 150, 3))
+    c.put_all({ALIVE(n): Alive(n, lease.id) for n in workers})
+    c.put_all({MEMBERS(n): Member("a", "h", lease.id) for n in agents})
+
+    def brute(nodes, starting):
+        return sorted(n for n in nodes if n not in workers and not (n in starting and n in agents))
+    for nodes, starting in (([1, 2, 3, 9, 10], ()), ([1, 2, 3, 9, 10], (3, 9, 11)), ([7], (7,)),
+                            (list(range(150)), ()), (list(range(150)), range(0, 150, 5)), ([], ())):
+        assert c.silent(nodes, starting) == brute(nodes, set(starting)), (nodes, starting)
 
 
 def _report(busy: float, events=()) -> Report:

@@ -1,0 +1,87 @@
+"""The lease keep-alive stream (bamboo/control/keepalive.py) against a real etcd:
+etcd's own view of each lease (LeaseTimeToLive) is the reference, and an etcd
+killed and started again on the same ports is the broken stream."""
+import threading
+import time
+
+import pytest
+
+from bamboo.control.etcd import EtcdServer, connect, etcd_errors
+from bamboo.control.keepalive import keepalives
+
+TTL = 6
+
+
+def _streams() -> int:
+    return sum(t.name == "lease-keepalive" and t.is_alive() for t in threading.enumerate())
+
+
+def _age(client, lease) -> int:
+    info = client.get_lease_info(lease.id)
+    return info.grantedTTL - info.TTL
+
+
+def test_many_leases_share_one_stream_and_each_is_answered_for_itself():
+    """Eight leases on one client, refreshed from eight threads at once for three
+    seconds: etcd says none of them aged past a second, one stream carried them,
+    and a lease left alone aged by the seconds that passed."""
+    with EtcdServer() as etcd:
+        client = connect(etcd.endpoint)
+        before = _streams()
+        kept, left = [client.lease(TTL) for _ in range(8)], client.lease(TTL)
+        stop, ttls, errors = threading.Event(), {lease.id: [] for lease in kept}, []
+
+        def keep(lease):
+            while not stop.wait(0.2):
+                try:
+                    ttls[lease.id].append(keepalives(client).refresh(lease.id))
+                except etcd_errors() as e:  # pragma: no cover -- printed by the assertion below
+                    errors.append(e)
+        threads = [threading.Thread(target=keep, args=(lease,)) for lease in kept]
+        for t in threads:
+            t.start()
+        time.sleep(3)  # the lease left alone needs the seconds to pass: a duration under test
+        ages = {lease.id: _age(client, lease) for lease in kept}
+        stop.set()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert all(len(answers) >= 5 and set(answers) == {TTL} for answers in ttls.values()), ttls
+        assert all(age <= 1 for age in ages.values()), ages
+        assert _age(client, left) >= 2
+        assert _streams() - before == 1
+        client.close()
+
+
+def test_a_revoked_lease_is_answered_as_expired():
+    with EtcdServer() as etcd:
+        client = connect(etcd.endpoint)
+        lease = client.lease(TTL)
+        assert keepalives(client).refresh(lease.id) == TTL
+        lease.revoke()
+        assert keepalives(client).refresh(lease.id) <= 0
+        client.close()
+
+
+def test_a_broken_stream_fails_its_refresh_and_the_next_one_opens_a_new_stream():
+    """etcd SIGKILLed: the refresh raises one of etcd's errors (the heartbeat's
+    "try again next round"); etcd back on its ports with its leases: a refresh
+    works again and etcd sees the lease refreshed."""
+    with EtcdServer() as etcd:
+        client = connect(etcd.endpoint, timeout=2.0)
+        lease = client.lease(30)
+        assert keepalives(client).refresh(lease.id) == 30
+        etcd.kill()
+        with pytest.raises(etcd_errors()):
+            keepalives(client).refresh(lease.id)
+        etcd.start()
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                assert keepalives(client).refresh(lease.id) > 0
+                break
+            except etcd_errors():
+                assert time.monotonic() < deadline, "no refresh went through after etcd came back"
+                time.sleep(0.1)
+        assert _age(client, lease) <= 1
+        client.close()
