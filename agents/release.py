@@ -135,7 +135,7 @@ class Releaser:
 
     def follow(self) -> Release | None:
         """For an agent that does not lead: the newest epoch's decision, once its
-        leader wrote it (the newest epoch's number read at most once a second)."""
+        leader wrote it (the newest epoch's number read at most every LOOK_EVERY)."""
         now = time.monotonic()
         if self.cfg.cluster.surplus == SurplusRule.KEEP or now - self.looked < LOOK_EVERY:
             return self.decision

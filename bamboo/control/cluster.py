@@ -14,7 +14,7 @@ from bamboo.control.changes import Changes
 from bamboo.control.etcd import FROM_ENV, EtcdError, EtcdLost, connect, retry
 from bamboo.control.exits import Fenced
 from bamboo.control.liveness import Heartbeat, lease_ages
-from bamboo.control.protocol import ALIVE, ASSIGNMENT, FAILED, LEASE_EXPIRED, MEMBERS, Alive, Failure, Key, job_root
+from bamboo.control.protocol import ABORT, ALIVE, ASSIGNMENT, FAILED, LEASE_EXPIRED, MEMBERS, Alive, Failure, Key, job_root
 from bamboo.control.records import BadRecord
 
 SPANS_AT_ONCE = 64  # keys read one by one in a transaction (etcd allows 128 operations in one)
@@ -236,10 +236,21 @@ class Cluster:
                            prefix_range_end(raw.encode()) if end is None else self.key(end).encode()))
         return self._ranges([], ranges)
 
+    def read_with_abort(self, iteration: int, *prefixes: Key) -> tuple:
+        """The iteration's abort record (None: none), then children(prefix) of each of
+        `prefixes`, in one transaction: a waiting node's look is one request."""
+        raw, key = self.key(ABORT()) + "/", self.key(ABORT(iteration))
+        abort, *found = self._ranges([], [(ABORT(), raw, key, key.encode() + b"\0"),
+                                          *map(self._children_range, prefixes)])
+        return (abort.get(iteration), *found)
+
     def _read(self, puts: list, prefixes) -> list[dict]:
-        raws = [self.key(prefix) + "/" for prefix in prefixes]
-        return self._ranges(puts, [(prefix, raw, raw, prefix_range_end(raw.encode()))
-                                   for prefix, raw in zip(prefixes, raws)])
+        return self._ranges(puts, list(map(self._children_range, prefixes)))
+
+    def _children_range(self, prefix: Key) -> tuple:
+        """(prefix, its raw key, where its children start, where they end) for _ranges."""
+        raw = self.key(prefix) + "/"
+        return prefix, raw, raw, prefix_range_end(raw.encode())
 
     def _ranges(self, puts: list, ranges: list) -> list[dict]:
         """The puts, then the records of each (prefix, its raw key, the raw key to
@@ -267,17 +278,24 @@ class Cluster:
         (stored, _), = responses[0]
         return decode(key.family, stored), False
 
-    def wait_for(self, predicate, timeout: float, what: str, poll: float = 0.02):
-        """Poll until predicate() returns something truthy; TimeoutError naming `what`."""
+    def wait_for(self, predicate, timeout: float, what: str, poll: float = 0.02, changes: Changes | None = None):
+        """Poll until predicate() returns something truthy; TimeoutError naming `what`.
+        With `changes` (a watch of what the predicate reads) it is asked again when
+        the watch says something changed, and at the latest after `poll` seconds."""
         deadline = time.monotonic() + timeout
         while True:
+            if changes is not None:
+                changes.take()  # lowered before the read: a change after it ends the wait below
             result = predicate()
             self.progress()
             if result:
                 return result
             if time.monotonic() > deadline:
                 raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-            time.sleep(poll)
+            if changes is not None:
+                changes.wait(poll)
+            else:
+                time.sleep(poll)
 
     def register(self, node: int, cfg, on_fenced) -> None:
         """ALIVE(node) under a lease this process keeps refreshing (bamboo/control/liveness.py);
@@ -388,7 +406,19 @@ class Cluster:
         return self.children(ASSIGNMENT())
 
     def latest_assignment(self) -> Assignment:
-        return latest(self.assignments())
+        """The newest epoch's assignment, read alone: every epoch's (each names every
+        member) read by every waiting node at every poll grew as N x N x epochs."""
+        found = self.newest(ASSIGNMENT())
+        if found is None:
+            raise RuntimeError("the job has no assignment in etcd")
+        return found[1]
+
+    def newest(self, prefix: Key) -> tuple | None:
+        """(parts, record) of the last key under `prefix` whose name is a number (the
+        newest epoch, say), in one read of that one record; None if there is none."""
+        raw = self.key(prefix) + "/"
+        found = self.call(lambda: list(self.client.get_range(raw, raw + ":", limit=1, sort_order="descend")))
+        return next(iter(_records(prefix, raw, found, self.read_only).items()), None)
 
     def assignment_at(self, iteration: int) -> Assignment:
         return in_force(self.assignments(), iteration)

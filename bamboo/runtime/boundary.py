@@ -24,7 +24,7 @@ from bamboo.control.protocol import (ABORT, CHECKPOINTED, DONE, DRAIN, FAILED, M
                                      Failure, NodeId, Regroup, Report, Timestamp)
 from bamboo.runtime.calibration import propose
 from bamboo.state.checkpoint import Checkpoints
-from bamboo.runtime.failover import LEASE_WAIT, LINGER_WAKE
+from bamboo.runtime.failover import LEASE_WAIT, LINGER_WAKE, Aborted
 from bamboo.runtime.watch import Completed
 
 
@@ -90,7 +90,7 @@ class Boundary:
         failed set grew and the agents do not reconfigure, `regroup(failed, try)`
         rebuilds the world group; if a member dies meanwhile, the next try leaves it out.
         `idle()` is called once, if this node has to wait for the others' reports."""
-        reports, dead, settled = self._wait_for_reports(iteration, assignment.members, failover, idle)
+        reports, dead, settled = self._wait_for_reports(iteration, assignment.members, failover, failed, idle)
         if settled is None:  # this node read every report: it judges the stragglers too
             dead |= set(self._record_stragglers(iteration, failed, reports))
         for attempt in itertools.count():
@@ -111,30 +111,31 @@ class Boundary:
             except (RuntimeError, TimeoutError):
                 continue  # a member died while regrouping: the next try leaves it out
 
-    def _wait_for_reports(self, iteration: int, members, failover,
+    def _wait_for_reports(self, iteration: int, members, failover, failed: tuple[NodeId, ...],
                           idle=None) -> tuple[dict[NodeId, Report], set[NodeId], Regroup | None]:
         """Every live node's report and the dead as last read, read when a watch says
         a report or a death came; or, on a node that does not lead the boundary
-        (`leader`), the agreed record once it is written. Any node whose own report's
-        read shows every report goes on at once (the last to finish writes the
-        agreement in its next round trip), but only the leader reads the reports
-        again as they come: N nodes reading N reports at each of N reports grew as
-        N x N x N. A node that died between its stream and its report is found by its
+        (`leader`, from the deaths agreed before: `failed`), the agreed record once
+        it is written. Any node whose own report's read shows every report goes on
+        at once (the last to finish writes the agreement in its next round trip), but
+        only the leader reads the reports again as they come: N nodes reading N
+        reports at each of N reports grew as N x N x N, and N nodes proposing, each
+        reading every member, as N x N. A node that died between its stream and its report is found by its
         lease, asked once a report is LEASE_WAIT late: the pending nodes' by the
         leader, the leader's by the others (then the next one leads)."""
         began = asked = time.monotonic()
-        leading, pending = True, list(members)
+        leading, pending = self.leader(members, failed) == self.node, list(members)
         self.reports = ({}, 0)
         while True:
             if self.seen is not None:  # read with this node's own report
                 (done, failed), settled, self.seen = self.seen, None, None
+                failover.check_abort()  # another pipeline could not finish: this iteration is redone
             else:
-                done, failed, settled = self._look(iteration, leading)
+                done, failed, settled = self._look(iteration, leading)  # Aborted, as check_abort
             if settled is not None:
                 return done or {}, set(failed), settled
             if done is not None:  # every report so far
                 pending = [n for n in members if n not in done and n not in failed]
-            failover.check_abort()  # another pipeline could not finish: this iteration is redone
             failover.serve_loans(failed)  # a pipeline still recovering may need this node's gradients
             if done is not None and not pending:
                 return done, set(failed), None
@@ -161,16 +162,22 @@ class Boundary:
 
     def _look(self, iteration: int, leading: bool) -> tuple[dict | None, dict, Regroup | None]:
         """(reports, deaths, the agreed record if written): a leader reads the reports,
-        another node the agreement's first try (and no reports: None)."""
+        another node the agreement's first try (and no reports: None). Aborted when
+        the iteration was abandoned (read with the deaths, in one request)."""
         if (watch := self._watch(leading)) is not None:
             watch.take()  # lowered before reading: a change after the read wakes the wait
         if leading:  # the reports written since its last read (one pipeline's at a time), then the deaths
             known, revision = self.reports
             new, revision = self.cluster.changed_since(DONE(iteration), revision)
             self.reports = ({**known, **new}, revision)
-            return dict(self.reports[0]), self.cluster.failed(), None
-        tries, failed = self.cluster.read(REGROUP(iteration), FAILED())
-        return None, failed, tries.get(0)
+            abort, failed = self.cluster.read_with_abort(iteration, FAILED())
+            reports, tries = dict(self.reports[0]), {}
+        else:
+            abort, tries, failed = self.cluster.read_with_abort(iteration, REGROUP(iteration), FAILED())
+            reports = None
+        if abort is not None and self.elastic:
+            raise Aborted(abort.why)
+        return reports, failed, tries.get(0)
 
     def _watch(self, leading: bool) -> Changes | None:
         """What a wait wakes on: only the leader's watch sees the reports (every node

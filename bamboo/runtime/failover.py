@@ -173,10 +173,11 @@ class Failover:
         return self.now.event
 
     def _look(self):
-        abort = self.cluster.get(ABORT(self.iteration)) if self.elastic else None
+        abort, recorded = self.cluster.read_with_abort(self.iteration, FAILED()) if self.elastic else \
+            (None, self.cluster.failed())
         if abort is not None:
             return AbortPosted(abort.why)
-        self._recorded, self._looked = set(self.cluster.failed()), True
+        self._recorded, self._looked = set(recorded), True
         self.serve_loans(self._recorded)
         return self._judge(self._recorded)
 

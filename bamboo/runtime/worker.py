@@ -35,7 +35,7 @@ from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig, Transport
 from bamboo.control.exits import FENCED, WorkerExit
 from bamboo.control.liveness import hang_deadline
-from bamboo.control.protocol import (ABORT, ABORTED, COMPLETED, CONFIG, ERROR, FAILED, LOAN, REGROUP,
+from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, COMPLETED, CONFIG, DRAIN, ERROR, FAILED, LOAN, REGROUP,
                                      SCALE, START, LossScale, Mark, Regroup, Report, Start, Timestamp, WorkerError,
                                      world_store)
 from bamboo.control.store import EtcdStore, RendezvousAborted
@@ -46,7 +46,7 @@ from bamboo.runtime import calibration
 from bamboo.runtime.boundary import Boundary
 from bamboo.state.checkpoint import Checkpoints
 from bamboo.state.copies import MemoryCopies
-from bamboo.state.epochs import EpochMoves
+from bamboo.state.epochs import EPOCH_POLL, EpochMoves
 from bamboo.runtime.evaluator import Evaluator
 from bamboo.runtime.executor import Executor
 from bamboo.runtime.failover import Aborted, Failover
@@ -76,6 +76,7 @@ class Worker(EpochMoves):
         # Watches the failover and the boundary read instead of polling etcd (docs/HOTPATH.md)
         self.failures = cluster.changes(FAILED(), ABORT(), LOAN())  # a loan asked wakes a lender's next look
         self.finishes = cluster.changes(FAILED(), ABORT())
+        self.epochs = cluster.changes(ASSIGNMENT(), DRAIN())  # what ends a wait for a stage or the next epoch
         self.boundary = Boundary(cluster, node, cfg.cluster.elastic, self.checkpoints, cfg.faults.straggler_factor,
                                  cfg.faults.straggler_slack, auto=cfg.agents_choose,
                                  changes=cluster.changes(FAILED(), ABORT(), REGROUP()))
@@ -120,7 +121,8 @@ class Worker(EpochMoves):
         """Wait for a stage, enter the first epoch that gives one, and return the
         iteration this node starts with: a new job's first (or --resume's
         checkpoint's), or a running job's next epoch, joined by a handover."""
-        assignment = self.cluster.wait_for(self._assigned, timeout=24 * 3600, what="a stage", poll=0.05)
+        assignment = self.cluster.wait_for(self._assigned, timeout=24 * 3600, what="a stage", poll=EPOCH_POLL,
+                                           changes=self.epochs)
         if assignment.epoch > 0 or assignment.restore != Restore.PEERS:
             return self._move_to(assignment)  # joining a running job, or restarting from a checkpoint
         self.failed = assignment.gone

@@ -5,7 +5,7 @@ form its world group, and abandon an epoch that a death kept from starting.
 
 `EpochMoves` is a base of `Worker`, whose __init__ sets every attribute these
 methods read or set: cluster, cfg, node, holdings, checkpoints, copies, assignment,
-failed, comm; `enter`, `_world` and `_lease_check` are the worker's."""
+failed, comm, epochs (a watch of assignment/ and drain/); `enter`, `_world` and `_lease_check` are the worker's."""
 from __future__ import annotations
 
 import hashlib
@@ -17,6 +17,10 @@ from bamboo.control.protocol import ABORT, ABORTED, ASSIGNMENT, DONE, DRAIN, SCA
 from bamboo.control.store import RendezvousAborted
 from bamboo.state import handover
 from bamboo.state.handover import HandoverFailed
+
+# A wait for a stage or the next epoch reads etcd when its watch says an epoch (or a
+# drain) was written, and at least this often (a standby sees the job's end by it).
+EPOCH_POLL = 0.5
 
 
 class EpochMoves:
@@ -38,7 +42,7 @@ class EpochMoves:
             latest = self.cluster.latest_assignment()
             return latest if latest.epoch > after else None
         return self.cluster.wait_for(newer, timeout=self.cfg.faults.stall_timeout,
-                                     what="the agents' next configuration")
+                                     what="the agents' next configuration", poll=EPOCH_POLL, changes=self.epochs)
 
     def _move_to(self, new: Assignment) -> int:
         """Enter `new` (layers move, the world group forms) and return the iteration

@@ -4,6 +4,7 @@ they wrote, so the harness's figures (and its test against a real job) do not
 restate the code they measure."""
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -92,3 +93,15 @@ def etcd_counters(endpoint: str) -> Counter:
         elif line.startswith(_FSYNCS):
             found["fsyncs"] = float(line.split()[1])
     return found
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """User and system CPU seconds a process used so far (None: this one), from
+    /proc: on a machine shared with other work, CPU per iteration is the figure
+    that wall time cannot give."""
+    if pid is None:
+        times = os.times()
+        return times.user + times.system
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime

@@ -2,8 +2,9 @@
 machine (commands/scale/emulator.py), for each N asked: etcd writes per iteration
 (keys by family, and the transactions that wrote them, counted by a watch of its
 own), etcd's requests per iteration (its own counters), the latency of every node's
-etcd requests, and, after a burst of deaths at an iteration's boundary, the time to
-the survivors' agreement and to the agents' next epoch.
+etcd requests, the CPU seconds per iteration of the emulator and of etcd, and,
+after a burst of deaths at an iteration's boundary, the time to the survivors'
+agreement and to the agents' next epoch.
 
     bamboo-scale --nodes 10,100 [--stages 4] [--iteration-seconds 1] [--iterations 10]
         [--kill-at 6] [--burst 1] [--failure-timeout 3] [--json OUT]
@@ -68,7 +69,8 @@ def row(r: Result) -> str:
              f"{r.to_assignment_s:.2f} s" if r.to_assignment_s is not None else "-")
     return (f"{s.nodes:>6} {r.pipelines:>5} {r.writes_per_iteration:>8.1f} {r.transactions:>7.1f} "
             f"{r.transactions / max(1, r.pipelines):>9.1f} {sum(r.requests.values()):>9.0f} "
-            f"{lat.get('p50', 0):>7.2f} {lat.get('p99', 0):>7.2f} {r.iteration_s:>7.2f} {timed[0]:>10} {timed[1]:>10}")
+            f"{lat.get('p50', 0):>7.2f} {lat.get('p99', 0):>7.2f} {r.iteration_s:>7.2f} {timed[0]:>10} {timed[1]:>10} "
+            f"{r.cpu_s.get('emulator', 0):>8.2f} {r.cpu_s.get('etcd', 0):>8.2f}")
 
 
 def _quiet_killed(args) -> None:
@@ -93,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
           f"burst of {first.burst} at iteration {first.kill_at}'s boundary, --failure-timeout {first.failure_timeout}; "
           f"one etcd member on this machine ({os.cpu_count()} CPUs); every node a worker and an agent", flush=True)
     print(f"{'nodes':>6} {'pipes':>5} {'keys/it':>8} {'txns/it':>7} {'per pipe':>9} {'requests':>9} {'p50 ms':>7} "
-          f"{'p99 ms':>7} {'it s':>7} {'agreement':>10} {'next epoch':>10}", flush=True)
+          f"{'p99 ms':>7} {'it s':>7} {'agreement':>10} {'next epoch':>10} {'emu cpu':>8} {'etcd cpu':>8}",
+          flush=True)
     results, began, failed = [], time.monotonic(), False
     for shape in runs:
         try:

@@ -10,7 +10,8 @@ when the job has several pipelines and it is one of the record's writers, and mo
 to the agents' next epoch; the agent holds a Membership (leased `members`, `zones`)
 and a Releaser, and looks at etcd as bamboo-agent does: at its monitor interval it
 asks `due` (true only for the leading agent), and then decides, observes the modes
-and steps the releaser; another agent follows the releaser's decision. What a
+and steps the releaser; another agent follows the releaser's decision, waking at
+the pace of the requests it makes (FOLLOWER_SECONDS) rather than every round. What a
 stream computes is a sleep: stage s ends its stream at (0.9 + 0.1 s / P) of the
 iteration time, the last stage last, as 1F1B's drain has it.
 
@@ -29,21 +30,28 @@ import threading
 import time
 from collections import defaultdict, deque
 
+from agents.membership import LOOK_EVERY as MEMBERS_LOOK_EVERY
 from agents.membership import Membership
+from agents.release import LOOK_EVERY as RELEASE_LOOK_EVERY
 from agents.release import Releaser
 from bamboo.control.assignment import Assignment
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
-from bamboo.control.protocol import (ABORT, ABORTED, FAILED, HANDED, HANDOVER, LOAN, LOSS, REDUCED,
-                                     REGROUP, Loss, Mark, Outcome, Reduced, Report)
+from bamboo.control.protocol import (ABORT, ABORTED, ASSIGNMENT, DRAIN, FAILED, HANDED, HANDOVER, LOAN, LOSS,
+                                     REDUCED, REGROUP, Loss, Mark, Outcome, Reduced, Report)
 from bamboo.runtime.boundary import Boundary
 from bamboo.runtime.failover import Aborted, Failover
 from bamboo.runtime.reduce import RECORDERS
 from bamboo.runtime.watch import PeersSilent, TooManyDead, Watches
 from bamboo.state.checkpoint import Checkpoints
+from bamboo.state.epochs import EPOCH_POLL
 from schedules.layout import Layout
 
 MONITOR_SECONDS = 0.05  # bamboo-agent's monitor interval: how often an agent decides
+# An agent that does not lead asks etcd nothing more often than this (its releaser's
+# follow, the next in line's look at the leader) unless a member joins or leaves,
+# which wakes it: its real 50 ms rounds would cost only the emulator's CPU.
+FOLLOWER_SECONDS = min(RELEASE_LOOK_EVERY, MEMBERS_LOOK_EVERY)
 
 
 class Killed(BaseException):
@@ -129,6 +137,7 @@ class EmulatedNode:
         self.watches = Watches(self.worker.changes(FAILED(), ABORT(), LOAN()),
                                self.worker.changes(FAILED(), ABORT()))
         self.boundary_changes = self.worker.changes(FAILED(), ABORT(), REGROUP())
+        self.epochs = self.worker.changes(ASSIGNMENT(), DRAIN())
         self.error: BaseException | None = None
         self.iteration = -1  # the last iteration this node agreed
         self._epoch: int | None = None  # the epoch whose failover and boundary are made
@@ -158,7 +167,7 @@ class EmulatedNode:
     def _decide(self) -> None:
         """bamboo-agent's round (agents/agent.py `_step`), for as long as the worker runs."""
         while not self.killed.is_set() and self.threads[0].is_alive():
-            self.membership.wait(MONITOR_SECONDS)
+            self.membership.wait(MONITOR_SECONDS if self.membership.leading else FOLLOWER_SECONDS)
             looked = self.membership.due()
             if looked:
                 self.membership.decide(self.cfg)
@@ -166,7 +175,8 @@ class EmulatedNode:
             self.releaser.round(self.membership.live, looked, self.membership.leading)
 
     def _work(self) -> None:
-        assignment = self.worker.wait_for(lambda: self._assigned(-1), timeout=3600, what="a stage", poll=0.05)
+        assignment = self.worker.wait_for(lambda: self._assigned(-1), timeout=3600, what="a stage", poll=EPOCH_POLL,
+                                          changes=self.epochs)
         it, failed = assignment.start, assignment.gone
         while it < self.cfg.schedule.iterations:
             try:
@@ -185,13 +195,12 @@ class EmulatedNode:
 
     def _assigned(self, after: int) -> Assignment | None:
         """The newest epoch after `after`, once one names this node."""
-        epochs = self.worker.assignments()
-        newest = epochs[max(epochs)] if epochs else None
-        return newest if newest is not None and newest.epoch > after and self.node in newest.members else None
+        newest = self.worker.latest_assignment()
+        return newest if newest.epoch > after and self.node in newest.members else None
 
     def _next_epoch(self, after: int) -> Assignment:
-        new = self.worker.wait_for(lambda: self._assigned(after), timeout=3600,
-                                   what="the agents' next configuration", poll=0.05)  # a standby waits
+        new = self.worker.wait_for(lambda: self._assigned(after), timeout=3600,  # a standby waits
+                                   what="the agents' next configuration", poll=EPOCH_POLL, changes=self.epochs)
         self.worker.put(HANDED(new.epoch, self.node), Mark())
         self.worker.create(HANDOVER(new.epoch), Outcome(True, ""))
         return new

@@ -12,7 +12,7 @@ from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig, Surplus
 from bamboo.control.etcd import EtcdServer, connect
 from bamboo.control.protocol import ASSIGNMENT, CONFIG, FINISHED, REGROUP
-from commands.scale.census import Census, etcd_counters
+from commands.scale.census import Census, cpu_seconds, etcd_counters
 from commands.scale.emulator import EmulatedNode, Notes
 
 ZONES = ("a", "b", "c")
@@ -49,6 +49,7 @@ class Result:
     requests: dict = field(default_factory=dict)   # etcd gRPC method -> requests per fault-free iteration
     latency_ms: dict = field(default_factory=dict)  # p50, p99, max of every node's etcd requests
     iteration_s: float = 0.0                       # wall time of a fault-free iteration
+    cpu_s: dict = field(default_factory=dict)      # CPU seconds per fault-free iteration: the emulator's, etcd's
     to_agreement_s: float | None = None            # the burst -> the regroup record naming it
     to_assignment_s: float | None = None           # the burst -> the agents' next epoch
     errors: list = field(default_factory=list)
@@ -73,14 +74,15 @@ def run(shape: Shape, job: str = "scale") -> Result:
             nodes[0].membership.first_assignment(list(range(shape.nodes)))
             for node in nodes:
                 node.start()
-            return _measure(shape, etcd.endpoint, nodes, census, latencies)
+            return _measure(shape, etcd, nodes, census, latencies)
         finally:
             for node in nodes:
                 node.kill()
             census.close()  # (the nodes' clients stay open, their watch threads with them, as the process ends)
 
 
-def _measure(shape: Shape, endpoint: str, nodes: list[EmulatedNode], census: Census, latencies: list) -> Result:
+def _measure(shape: Shape, etcd: EtcdServer, nodes: list[EmulatedNode], census: Census, latencies: list) -> Result:
+    endpoint = etcd.endpoint
     reader = Cluster(endpoint, nodes[0].cfg.cluster.job)
     first = reader.latest_assignment()
     result = Result(shape, pipelines=len(first.pipelines))
@@ -88,9 +90,12 @@ def _measure(shape: Shape, endpoint: str, nodes: list[EmulatedNode], census: Cen
     working = [n for n in nodes if n.node in first.members]  # the rest wait in standby
     _until(lambda: min(n.iteration for n in working) >= WARM - 1, nodes, shape)
     before, began, mark = etcd_counters(endpoint), time.monotonic(), len(latencies)
+    cpu = (cpu_seconds(), cpu_seconds(etcd.proc.pid))
     _until(lambda: min(n.iteration for n in working) >= end - 1, nodes, shape)
     counted = end - WARM
     after, took = etcd_counters(endpoint), time.monotonic() - began
+    result.cpu_s = {"emulator": round((cpu_seconds() - cpu[0]) / counted, 3),
+                    "etcd": round((cpu_seconds(etcd.proc.pid) - cpu[1]) / counted, 3)}
     census.catch_up()
     result.writes = census.per_iteration(range(WARM, end))
     result.transactions = census.transactions(range(WARM, end))
