@@ -120,18 +120,21 @@ class Boundary:
         at once (the last to finish writes the agreement in its next round trip), but
         only the leader reads the reports again as they come: N nodes reading N
         reports at each of N reports grew as N x N x N, and N nodes proposing, each
-        reading every member, as N x N. A node that died between its stream and its report is found by its
-        lease, asked once a report is LEASE_WAIT late: the pending nodes' by the
-        leader, the leader's by the others (then the next one leads)."""
+        reading every member, as N x N. A wake with nothing new (the watch's flag
+        down) reads nothing. A node that died between its stream and its report is
+        found by its lease, asked once a report is LEASE_WAIT late: the pending
+        nodes' by the leader, the leader's by the others (then the next one leads)."""
         began = asked = time.monotonic()
         leading, pending = self.leader(members, failed) == self.node, list(members)
+        looked_as = None  # whether the last look was a leader's (None: none yet)
         self.reports = ({}, 0)
         while True:
             if self.seen is not None:  # read with this node's own report
                 (done, failed), settled, self.seen = self.seen, None, None
                 failover.check_abort()  # another pipeline could not finish: this iteration is redone
-            else:
+            elif self._changed(leading) or looked_as != leading:
                 done, failed, settled = self._look(iteration, leading)  # Aborted, as check_abort
+                looked_as = leading
             if settled is not None:
                 return done or {}, set(failed), settled
             if done is not None:  # every report so far
@@ -164,8 +167,6 @@ class Boundary:
         """(reports, deaths, the agreed record if written): a leader reads the reports,
         another node the agreement's first try (and no reports: None). Aborted when
         the iteration was abandoned (read with the deaths, in one request)."""
-        if (watch := self._watch(leading)) is not None:
-            watch.take()  # lowered before reading: a change after the read wakes the wait
         if leading:  # the reports written since its last read (one pipeline's at a time), then the deaths
             known, revision = self.reports
             new, revision = self.cluster.changed_since(DONE(iteration), revision)
@@ -178,6 +179,13 @@ class Boundary:
         if abort is not None and self.elastic:
             raise Aborted(abort.why)
         return reports, failed, tries.get(0)
+
+    def _changed(self, leading: bool) -> bool:
+        """Whether what a look reads may have changed since the last look: the watch's
+        flag, lowered before the read (a change after it wakes the wait); always,
+        without a watch."""
+        watch = self._watch(leading)
+        return watch.take() if watch is not None else True
 
     def _watch(self, leading: bool) -> Changes | None:
         """What a wait wakes on: only the leader's watch sees the reports (every node
