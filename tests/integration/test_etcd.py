@@ -271,3 +271,53 @@ def test_a_scratch_etcd_skips_the_disk_sync_and_still_keeps_every_write_across_a
         server.start()
         values = {int(v) for v, _ in connect(server.endpoint).get_prefix("/t/")}
         assert values == set(range(50))
+
+
+def test_the_newest_epoch_read_alone_is_the_newest_of_all_read(etcd):
+    """Cluster.latest_assignment reads one record: the same as the newest of every
+    epoch read (the brute force), past epochs 9 -> 10 -> 100 (key order is number
+    order), with a stray non-numeric key under the family left out."""
+    from bamboo.control.assignment import Assignment
+    from bamboo.control.cluster import latest
+    from bamboo.control.protocol import ASSIGNMENT
+    c = Cluster(etcd.endpoint, "newest")
+    with pytest.raises(RuntimeError, match="no assignment"):
+        c.latest_assignment()
+    c.client.put(c.key(ASSIGNMENT()) + "/zzz", b"{}")  # sorts after every number
+    for epoch in (0, 1, 9, 10, 100):
+        c.put(ASSIGNMENT(epoch), Assignment(epoch, epoch * 3, ((0, 1), (2, 3))))
+        assert c.latest_assignment() == latest({e: a for e, a in c.read_spans((ASSIGNMENT(0), ASSIGNMENT(1000)))[0]
+                                                .items()}) == c.get(ASSIGNMENT(epoch))
+
+
+def test_a_look_reads_the_iteration_abort_with_the_deaths_in_one_transaction(etcd):
+    """read_with_abort: the iteration's own abort (not the one before or after) and
+    the prefixes' children, as separate reads give them."""
+    from bamboo.control.protocol import ABORT, REGROUP, Abort, Regroup
+    c = Cluster(etcd.endpoint, "looks")
+    c.create(FAILED(4), Failure(6, 1, "test"))
+    c.create(ABORT(5), Abort("before", 1))
+    c.create(ABORT(7), Abort("after", 1))
+    c.create(REGROUP(6, 0), Regroup((4,), True, False))
+    assert c.read_with_abort(6, REGROUP(6), FAILED()) == (None, c.children(REGROUP(6)), c.failed())
+    c.create(ABORT(6), Abort("this one", 2))
+    abort, failed = c.read_with_abort(6, FAILED())
+    assert abort == c.get(ABORT(6)) == Abort("this one", 2) and failed == {4: Failure(6, 1, "test")}
+
+
+def test_a_watched_wait_reads_again_when_its_watch_fires_not_at_each_poll(etcd):
+    """wait_for with a watch of what the predicate reads: the write made after the
+    first read ends the wait (its poll, longer than its timeout, never would), and
+    the predicate ran once per change, not in a poll loop."""
+    from bamboo.control.protocol import ABORT, Abort
+    c = Cluster(etcd.endpoint, "watched")
+    watch, calls = c.changes(ABORT()), []
+
+    def predicate():
+        calls.append(1)
+        if len(calls) == 1:
+            threading.Thread(target=c.create, args=(ABORT(3), Abort("now", 1))).start()
+        return c.get(ABORT(3))
+    assert c.wait_for(predicate, timeout=20, what="the abort", poll=60, changes=watch) == Abort("now", 1)
+    assert len(calls) <= 3  # the first read, the wake (the watch's first arming may add one)
+    watch.close()
