@@ -120,3 +120,34 @@ def test_a_completed_pipeline_takes_no_mark_of_another_pipeline_for_a_report(etc
     boundary.report(IT, reports[0], last.now.completed)
     boundary.cluster.put_all(boundary.unwritten)  # what a wait for another pipeline writes first
     assert set(cluster.children(DONE(IT))) == {0, 1, 2}
+
+
+def test_a_node_that_does_not_lead_the_boundary_waits_for_the_agreement_and_proposes_nothing(etcd):
+    """Every report is in (its pipeline's collector wrote them). Node 4 does not
+    lead (node 0, the first member, does): its look finds no agreement, it writes
+    none, and it returns the leader's once the leader wrote it. Before, every node
+    proposed, each reading every member."""
+    cluster, follower_cluster = Cluster(etcd.endpoint, "finish-follow"), Cluster(etcd.endpoint, "finish-follow")
+    reports = _reports(range(6))
+    for n in reports:  # alive: a wait past LEASE_WAIT asks, and finds nobody silent
+        cluster.put(ALIVE(n), Alive(n))
+    cluster.put_all({DONE(IT, n): r for n, r in reports.items()})
+    looked, agreed = threading.Event(), []
+    read = follower_cluster.read_with_abort
+    follower_cluster.read_with_abort = lambda *a: (read(*a), looked.set())[0]
+    proposed = []
+    follower_cluster.create_or_get = lambda *a, **k: proposed.append(a)  # a proposal: it must make none
+    follower = Boundary(follower_cluster, 4, False, Checkpoints(JobConfig(), 4, 6),
+                        changes=follower_cluster.changes(REGROUP()))
+    follower.report(IT, reports[4], reported=True)
+    waiting = threading.Thread(target=lambda: agreed.append(_agree(follower, 2, _node(follower_cluster, (3, 4, 5), 1,
+                                                                                      reports[4]))), daemon=True)
+    waiting.start()
+    assert looked.wait(30)
+    assert cluster.children(REGROUP(IT)) == {}  # the follower looked, and wrote nothing
+    leader = _boundary(cluster, 0)
+    leader.report(IT, reports[0], reported=True)
+    assert _agree(leader, 2, _node(cluster, (0, 1, 2), 0, reports[0])) == Regroup((), False, False)
+    waiting.join(timeout=30)
+    assert agreed == [Regroup((), False, False)] and list(cluster.children(REGROUP(IT))) == [0]
+    assert proposed == []
