@@ -78,12 +78,12 @@ def _heartbeats_end_with_their_test(monkeypatch):
     whichever test is capturing stderr then: each one a test starts stops at its end."""
     from bamboo.control.liveness import Heartbeat
     started = []
-    run = Heartbeat._run
+    take = Heartbeat._take_lease
 
     def recorded(self):
         started.append(self)
-        run(self)
-    monkeypatch.setattr(Heartbeat, "_run", recorded)
+        take(self)
+    monkeypatch.setattr(Heartbeat, "_take_lease", recorded)
     yield
     for heartbeat in started:
-        heartbeat._stop.set()
+        heartbeat.halt()

@@ -1,8 +1,8 @@
 """How a node stays alive in etcd, and how its peers tell that it went silent.
 
 A node's key (ALIVE for a worker, MEMBERS for an agent) lives under a lease that
-a thread of its own refreshes twice a second, on its etcd client's one keep-alive
-stream (bamboo/control/keepalive.py). Two clocks matter, kept apart:
+its etcd client's one keep-alive thread and stream refresh twice a second
+(bamboo/control/keepalive.py). Two clocks matter, kept apart:
 
   - the lease's TTL (--lease-ttl, 15 s) is how long etcd may be unreachable
     (stalled, restarting) before keys vanish: long, so a stall fences nobody;
@@ -33,9 +33,9 @@ import time
 
 from bamboo.control.etcd import EtcdLost, etcd_errors
 from bamboo.control.exits import Fenced
-from bamboo.control.keepalive import keepalives
+from bamboo.control.keepalive import BEAT_SECONDS, keepalives
 
-REFRESH_SECONDS = 0.5
+REFRESH_SECONDS = BEAT_SECONDS
 HANG_FACTOR = 10      # a main thread stuck this many median iterations is hung ...
 HANG_FLOOR = 60.0     # ... but never sooner: a handover or a restore blocks longer than an iteration
 HANG_WINDOW = 20      # recent iterations the median is taken over
@@ -63,8 +63,10 @@ class Heartbeat:
         self.last_refresh = self.fresh_since = time.monotonic()  # of this node's own lease
         self.last_progress = time.monotonic()                     # stamped by the main thread
         self._stop = threading.Event()
+        self._hung_said = False   # the hang was said (once)
+        self._expiring = False    # a thread takes the lease again (or stops the node)
         self._take_lease()
-        threading.Thread(target=self._run, daemon=True, name="heartbeat").start()
+        keepalives(cluster.client).keep(self)  # its client's one thread and stream refresh it from now on
 
     def _take_lease(self) -> None:
         lease = self.cluster.client.lease(self.ttl)
@@ -89,34 +91,42 @@ class Heartbeat:
         """Stop refreshing, the lease left to age as a machine gone leaves it (the
         scale harness's deaths: commands/scale/emulator.py)."""
         self._stop.set()
+        keepalives(self.cluster.client).drop(self)
 
     def stop(self) -> None:
-        self._stop.set()
+        self.halt()
         try:
             self.lease.revoke()
         except etcd_errors():  # etcd gone, or the lease revoked already
             pass
 
-    def _run(self) -> None:
-        hung_said = False
-        while not self._stop.wait(REFRESH_SECONDS):
-            stuck = self.hang_timeout and time.monotonic() - self.last_progress > self.hang_timeout
-            if stuck:  # let the lease age: peers will find this node silent
-                if not hung_said:
-                    print(f"bamboo: no progress for {self.hang_timeout:.0f} s (the hang deadline): "
-                          "this node stops refreshing its lease and will be counted dead", file=sys.stderr, flush=True)
-                hung_said = True
-                continue
-            try:
-                ttl = keepalives(self.cluster.client).refresh(self.lease.id)
-            except etcd_errors():  # etcd unreachable: try again next round
-                continue
-            now = time.monotonic()
-            if now - self.last_refresh > 2 * REFRESH_SECONDS + 0.5:
-                self.fresh_since = now  # a gap: this node's view was stale until now
-            self.last_refresh = now
-            if ttl <= 0:
-                self._expired()
+    def due(self) -> int | None:
+        """The lease to refresh now (keepalive.Kept); None once stopped, and while
+        the main thread is stuck past its hang deadline: the lease then ages, and
+        peers find this node silent."""
+        if self._stop.is_set() or self._expiring:
+            return None
+        if self.hang_timeout and time.monotonic() - self.last_progress > self.hang_timeout:
+            if not self._hung_said:
+                print(f"bamboo: no progress for {self.hang_timeout:.0f} s (the hang deadline): "
+                      "this node stops refreshing its lease and will be counted dead", file=sys.stderr, flush=True)
+            self._hung_said = True
+            return None
+        return self.lease.id
+
+    def refreshed(self, ttl: int) -> None:
+        """etcd refreshed the lease (keepalive.Kept): a gap since the last refresh
+        means this node's view was stale until now; an expired lease is taken again
+        on a thread of its own (it writes to etcd). A stopped heartbeat hears nothing."""
+        if self._stop.is_set():
+            return
+        now = time.monotonic()
+        if now - self.last_refresh > 2 * REFRESH_SECONDS + 0.5:
+            self.fresh_since = now
+        self.last_refresh = now
+        if ttl <= 0 and not self._expiring:
+            self._expiring = True
+            threading.Thread(target=self._expired, daemon=True, name="lease-expired").start()
 
     def _expired(self) -> None:
         """The lease ran out (etcd was unreachable longer than its TTL)."""
@@ -129,9 +139,13 @@ class Heartbeat:
         except Fenced as e:
             reason = str(e)
         except (*etcd_errors(), EtcdLost):
-            return  # etcd away again: the next round retries
-        if reason is not None and self.on_fenced:
-            self.on_fenced(reason)
+            return  # etcd away again: the next refresh's reply says so again
+        finally:
+            self._expiring = False
+        if reason is not None:
+            self.halt()  # the lease is gone for good: nothing more to refresh, the node is told once
+            if self.on_fenced:
+                self.on_fenced(reason)
 
 
 def lease_ages(cluster, leases: dict[int, int]) -> dict[int, float]:

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from bamboo.control.protocol import DONE, FINISHED, LOSS, Finished, Loss, NodeId, Record, Report
 
 NOTE_LIMIT = 1 << 16  # bytes of one note (a report is a few hundred, an epoch's op times a few thousand)
-NOTE_WAIT = 0.005     # a gathering node looks at its notes and its watch this often
+NOTE_WAIT = 0.005     # a gathering node looks at its notes and its watch this often at first ...
+NOTE_WAIT_MOST = 0.02  # ... and less often the longer it waits, down to this
 
 
 class BadNote(ValueError):
@@ -84,6 +85,7 @@ class Gather:
         self.carried: dict = {}  # ... with these losses ({LOSS key: Loss}), written only once it says so
         self.written = False   # the collector wrote every mark (and told the others)
         self.reported = False  # every report of the pipeline was written with the marks
+        self.pause = NOTE_WAIT  # the next wait's
 
     @property
     def collecting(self) -> bool:
@@ -112,6 +114,7 @@ class Gather:
         for node in self.live:
             if node not in self.notes and (note := self._next_note(node)) is not None:
                 self.notes[node] = note
+                self.pause = NOTE_WAIT  # the next mark may follow soon
 
     def complete(self) -> bool:
         return all(node in self.notes for node in self.live)
@@ -143,4 +146,8 @@ class Gather:
         return self.written
 
     def wait(self) -> None:
-        time.sleep(NOTE_WAIT)
+        """A pause between looks, twice as long each time up to NOTE_WAIT_MOST: a node
+        that waits long (its pipeline's first stage ends its stream last) wakes less,
+        and a pipeline's nodes waiting in a loaded process do not crowd out the rest."""
+        time.sleep(self.pause)
+        self.pause = min(2 * self.pause, NOTE_WAIT_MOST)

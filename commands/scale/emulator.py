@@ -139,6 +139,7 @@ class EmulatedNode:
         self.boundary_changes = self.worker.changes(FAILED(), ABORT(), REGROUP())
         self.epochs = self.worker.changes(ASSIGNMENT(), DRAIN())
         self.error: BaseException | None = None
+        self.started = threading.Event()  # its first iteration began (or it waits in standby)
         self.iteration = -1  # the last iteration this node agreed
         self._epoch: int | None = None  # the epoch whose failover and boundary are made
         self._epoch_parts: tuple | None = None
@@ -175,6 +176,8 @@ class EmulatedNode:
             self.releaser.round(self.membership.live, looked, self.membership.leading)
 
     def _work(self) -> None:
+        if self._assigned(-1) is None:
+            self.started.set()  # in standby
         assignment = self.worker.wait_for(lambda: self._assigned(-1), timeout=3600, what="a stage", poll=EPOCH_POLL,
                                           changes=self.epochs)
         it, failed = assignment.start, assignment.gone
@@ -225,6 +228,7 @@ class EmulatedNode:
         finished mark (with the losses), the linger, the report and the agreement."""
         began = time.monotonic()
         failover, boundary = self._parts(assignment)
+        self.started.set()
         pipeline, me = assignment.slot(self.node)
         mbs = assignment.microbatches(self.cfg.schedule.microbatches, pipeline)
         failover.begin(it, len(mbs), assignment.local_failed(pipeline, failed), self.plane,

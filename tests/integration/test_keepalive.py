@@ -85,3 +85,28 @@ def test_a_broken_stream_fails_its_refresh_and_the_next_one_opens_a_new_stream()
                 time.sleep(0.1)
         assert _age(client, lease) <= 1
         client.close()
+
+
+def test_one_thread_keeps_every_heartbeat_of_a_client_and_a_halted_one_ages():
+    """Eight heartbeats of one client: one beat thread (not one each) keeps each
+    lease fresh in etcd's own view, each keeper hears its own replies, and the one
+    halted is left to age, as a machine gone leaves its lease."""
+    from bamboo.control.cluster import Cluster
+    from bamboo.control.liveness import Heartbeat
+    from bamboo.control.protocol import ALIVE, Alive
+    with EtcdServer() as etcd:
+        cluster = Cluster(etcd.endpoint, "beats")
+        beats = sum(t.name == "lease-beat" and t.is_alive() for t in threading.enumerate())
+        hearts = [Heartbeat(cluster, ALIVE(n), lambda lease, n=n: Alive(n, lease), ttl=TTL, failure_timeout=2.0)
+                  for n in range(8)]
+        assert sum(t.name == "lease-beat" and t.is_alive() for t in threading.enumerate()) - beats == 1
+        hearts[3].halt()
+        halted = time.monotonic()
+        time.sleep(3)  # the halted lease needs the seconds to pass: a duration under test
+        ages = {n: _age(cluster.client, h.lease) for n, h in enumerate(hearts)}
+        assert ages[3] >= 2 and all(age <= 1 for n, age in ages.items() if n != 3), ages
+        assert all(h.last_refresh > halted for n, h in enumerate(hearts) if n != 3)
+        assert hearts[3].last_refresh <= halted
+        for h in hearts:
+            h.stop()
+        cluster.close()
