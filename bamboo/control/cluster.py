@@ -17,6 +17,7 @@ from bamboo.control.liveness import Heartbeat, lease_ages
 from bamboo.control.protocol import ABORT, ALIVE, ASSIGNMENT, FAILED, LEASE_EXPIRED, MEMBERS, Alive, Failure, Key, job_root
 from bamboo.control.records import BadRecord
 
+AGE_SLACK = 1.5  # seconds a lease's age may be above what etcd said (it rounds to whole seconds)
 SPANS_AT_ONCE = 64  # keys read one by one in a transaction (etcd allows 128 operations in one)
 
 
@@ -354,14 +355,22 @@ class Cluster:
                 {n: r for span in agents for n, r in span.items()})
 
     def _stale(self, leases: dict[int, int]) -> list[int]:
-        """Nodes whose lease was not refreshed for the failure timeout (each lease
-        asked at most every 0.25 s)."""
-        now = time.monotonic()
-        asked = {n: lease for n, lease in leases.items() if now - self._aged.get(lease, (-1.0, 0))[0] > 0.25}
+        """Nodes whose lease was not refreshed for the failure timeout. A lease is
+        asked at most every 0.25 s, and only once it may be that old: an age read at
+        t grows by at most the seconds since t (plus etcd's rounding to whole
+        seconds), so a peer seen fresh is not asked again for about the timeout.
+        Every waiting node asking every peer twice a second was most of a loaded
+        job's requests."""
+        now, timeout = time.monotonic(), self.heartbeat.failure_timeout
+        asked = {}
+        for n, lease in leases.items():
+            when, age = self._aged.get(lease, (float("-inf"), 0.0))
+            if now - when > 0.25 and age + (now - when) + AGE_SLACK > timeout:
+                asked[n] = lease
         for n, age in lease_ages(self, asked).items():
             self._aged[asked[n]] = (now, age)
         return [n for n, lease in leases.items()
-                if lease in self._aged and self._aged[lease][1] > self.heartbeat.failure_timeout]
+                if lease in self._aged and self._aged[lease][1] > timeout]
 
     def record_silent(self, nodes, iteration: int, by: int, starting=()) -> list[int]:
         """Record as dead each of `nodes` that went silent (see `silent`); return them."""

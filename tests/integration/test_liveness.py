@@ -192,3 +192,26 @@ def test_a_write_refused_by_its_own_condition_is_told_from_a_fence_in_one_round_
     assert peer.record_dead(3, Failure(2, 4, "test"))
     with pytest.raises(Fenced, match="node 3 was recorded dead in iteration 2 by node 4"):
         live.create_or_get(ABORT(2), Abort("third", 3))
+
+
+def test_a_peer_seen_fresh_is_not_asked_again_until_it_may_be_stale(server):
+    """A lease's age grows by at most the seconds since it was read: with a 10 s
+    failure timeout, a peer whose lease was just refreshed is asked once in a
+    second of looks (every 0.25 s before), and its silence is still found."""
+    me = Cluster(server.endpoint, "live")  # the child registers in job "live"
+    me.register(1, JobConfig.of(failure_timeout=10.0, lease_ttl=15.0), on_fenced=print)
+    child = _registered_child(server.endpoint, 7)
+    try:
+        me.heartbeat.fresh_since -= 60  # this node judges (its own refreshes came for long enough)
+        asks, info = [], me.client.get_lease_info
+        me.client.get_lease_info = lambda lease: asks.append(lease) or info(lease)
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            assert me.silent([7]) == []
+            time.sleep(0.05)
+        assert len(asks) == 1
+        child.send_signal(signal.SIGSTOP)
+        _until(lambda: me.silent([7]) == [7], 20, "a stopped process was never found silent")
+    finally:
+        child.kill()
+        child.wait()
