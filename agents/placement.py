@@ -115,7 +115,8 @@ def fill_holes(partial: list[list[str | None]], spares: list[str], zones: Mappin
     bytes between zones cost more than spreading saves), and never beside a node of
     its own host where some way of filling them all allows (a bounded search;
     past its bound, or with no such way, the greedy choice)."""
-    holes = [(p, s) for p, pipe in enumerate(partial) for s, n in enumerate(pipe) if n is None][:len(spares)]
+    holes = [(p, s) for p, pipe in enumerate(partial) if None in pipe
+             for s, n in enumerate(pipe) if n is None][:len(spares)]
     if not hosts:  # each node its own host: no fill clashes, and the search takes each hole's first choice
         for p, s in holes:
             partial[p][s] = n = first_ranked(spares, partial[p], s, zones, pack)
