@@ -10,9 +10,11 @@ together). A node's host defaults to the node itself: one worker per machine.
 """
 from __future__ import annotations
 
+from itertools import chain, zip_longest
 from typing import Mapping
 
 SEARCH_STEPS = 20_000  # the hole search gives up after this many steps and fills greedily
+_GAP = object()  # a zone's queue run out, in the round robin
 
 
 def host_of(hosts: Mapping[str, str] | None, node: str) -> str:
@@ -54,6 +56,10 @@ def choose(candidates: list[str], k: int, zones: Mapping[str, str], hosts: Mappi
     for n in candidates:
         queues.setdefault(zones[n], []).append(n)
     order = sorted(queues, key=lambda z: (-len(queues[z]), z))
+    if not hosts and most >= 1 and k >= 0 and len(set(candidates)) == len(candidates):
+        # each node its own host, taken once: the round robin takes the queues' heads
+        rounds = zip_longest(*(queues[z] for z in order), fillvalue=_GAP)
+        return [n for n in chain.from_iterable(rounds) if n is not _GAP][:k]
     out: list[str] = []
     taken: dict[str, int] = {}
     progress = True
@@ -86,6 +92,22 @@ def _ranked(spares: list[str], pipe: list, s: int, kind: Mapping[str, tuple[str,
     return sorted(first.values(), key=lambda n: (kind[n][0] in avoid_hosts, (kind[n][1] in avoid_zones) != pack))
 
 
+def first_ranked(spares: list[str], pipe: list, s: int, zones: Mapping[str, str], pack: bool = False) -> str:
+    """`_ranked`'s first spare for hole s where each node is its own host: the first in
+    queue order of the best kind, found without ranking every spare."""
+    P = len(pipe)
+    near = [x for x in (pipe[(s - 1) % P], pipe[(s + 1) % P]) if x]
+    avoid_zones = {zones[x] for x in near}
+    best, best_key = None, (True, True)
+    for n in spares:
+        key = (n in near, (zones[n] in avoid_zones) != pack)
+        if best is None or key < best_key:
+            best, best_key = n, key
+            if key == (False, False):
+                break
+    return best
+
+
 def fill_holes(partial: list[list[str | None]], spares: list[str], zones: Mapping[str, str],
                hosts: Mapping[str, str] | None, pack: bool = False) -> None:
     """Fill the holes (None) from `spares` (taken from it) in stage order, each
@@ -93,7 +115,13 @@ def fill_holes(partial: list[list[str | None]], spares: list[str], zones: Mappin
     bytes between zones cost more than spreading saves), and never beside a node of
     its own host where some way of filling them all allows (a bounded search;
     past its bound, or with no such way, the greedy choice)."""
-    holes = [(p, s) for p, pipe in enumerate(partial) for s, n in enumerate(pipe) if n is None][:len(spares)]
+    holes = [(p, s) for p, pipe in enumerate(partial) if None in pipe
+             for s, n in enumerate(pipe) if n is None][:len(spares)]
+    if not hosts:  # each node its own host: no fill clashes, and the search takes each hole's first choice
+        for p, s in holes:
+            partial[p][s] = n = first_ranked(spares, partial[p], s, zones, pack)
+            spares.remove(n)
+        return
     budget = [SEARCH_STEPS]
     kind = {n: (host_of(hosts, n), zones[n]) for n in spares + [x for pipe in partial for x in pipe if x]}
 

@@ -38,6 +38,8 @@ The simulator imports this same function.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import chain
 from typing import Callable, Mapping
 
 from agents.placement import cap, choose, fill_holes, host_of, spread_order
@@ -196,10 +198,17 @@ def pipeline_lengths(nodes: int, depth: int, max_stages: int, most: int | None, 
         return choices[-1]
     best = choices[0]
     for lengths in choices[1:]:
-        seconds, best_seconds = (iteration([lay_out(tuple(range(n)), depth) for n in c]) for c in (lengths, best))
+        seconds, best_seconds = (iteration(list(shapes_of(tuple(c), depth))) for c in (lengths, best))
         if seconds <= 1.01 * best_seconds and (not per_node or seconds * sum(lengths) <= best_seconds * sum(best)):
             best = lengths
     return best
+
+
+@lru_cache(maxsize=256)
+def shapes_of(lengths: tuple[int, ...], depth: int) -> tuple[tuple[int, ...], ...]:
+    """Pipelines of `lengths` nodes (named 0, 1, ...) laid out on `depth` stages: what
+    an estimate weighs, kept (a thousand nodes ask for the same few lists at every call)."""
+    return tuple(lay_out(tuple(range(n)), depth) for n in lengths)
 
 
 def slot_estimate(microbatches: int) -> Estimate:
@@ -253,12 +262,12 @@ def next_config(live: Mapping[str, str], previous: Config | None, depth: int,
 def _unchanged(previous: Config | None, live: Mapping[str, str], epoch: int, depth: int) -> Config | None:
     """The previous pipelines as they were, the other live nodes in standby; None
     when a node of them died or they ran another depth."""
-    if not previous or not previous.pipelines or previous.depth != depth or any(
-            n not in live for p in previous.pipelines for n in p):
+    if not previous or not previous.pipelines or previous.depth != depth or not all(
+            map(live.__contains__, chain.from_iterable(previous.pipelines))):
         return None
-    placed = {n for p in previous.pipelines for n in p}
-    standby = [n for n in previous.standby if n in live] + sorted(
-        n for n in live if n not in placed and n not in previous.standby)
+    placed = set(chain.from_iterable(previous.pipelines))
+    waiting = set(previous.standby)
+    standby = [n for n in previous.standby if n in live] + sorted(live.keys() - placed - waiting)
     return Config(epoch, previous.depth, previous.pipelines, tuple(standby))
 
 
@@ -270,8 +279,9 @@ def _plan(live: Mapping[str, str], previous: Config | None, base: Config, max_st
     iteration, priced = weigh
     place = Packed(live, hosts, P) if priced.pack_zones else Spread(live, hosts)
     # a full pipeline that lost nodes is mended (from a short pipeline if need be) before two short ones replace it
-    mend = bool(previous) and previous.depth == P and any(
-        len(set(p)) == P and not all(n in live for n in p) for p in previous.pipelines)
+    alive = live.__contains__
+    mend = bool(previous) and previous.depth == P and not all(map(alive, chain.from_iterable(previous.pipelines))) \
+        and any(len(set(p)) == P and not all(map(alive, p)) for p in previous.pipelines)
     lengths = pipeline_lengths(len(live), P, max_stages, max_pipelines, not mend, iteration, priced.per_node)
     notes = list(base.notes)
     kept: list[list[str | None]] = []
@@ -282,18 +292,20 @@ def _plan(live: Mapping[str, str], previous: Config | None, base: Config, max_st
         # depth changed: keep the survivors' previous order, re-cut into new pipelines
         leftover = list(dict.fromkeys(n for pipe in previous.pipelines for n in pipe if n in live))
         notes.append(f"depth changed from {previous.depth} to {P}: pipelines re-formed")
-    placed = {n for pipe in kept for n in pipe if n}
+    placed = set(chain.from_iterable(kept))
+    placed.discard(None)
     standby = [n for n in (previous.standby if previous else ()) if n in live and n not in placed]
     waiting, freed = set(standby), set(leftover)
-    newcomers = sorted(n for n in live if n not in placed and n not in waiting and n not in freed)
+    newcomers = sorted(live.keys() - placed - waiting - freed)
     spares = standby + newcomers + [n for n in leftover if n not in waiting]
     pipelines = _fill_holes(kept, spares, live, hosts, priced.pack_zones)
     # New pipelines from what is left: as many zones as possible, dealt evenly, arranged.
     short = [n for n in lengths if n < P]
-    for pipe in pipelines:
-        if len(set(pipe)) in short:
-            short.remove(len(set(pipe)))
-    new_count = min(len(lengths) - len(short) - sum(len(set(p)) == P for p in pipelines), len(spares) // P)
+    sizes = [len(set(pipe)) for pipe in pipelines]
+    for size in sizes:
+        if size in short:
+            short.remove(size)
+    new_count = min(len(lengths) - len(short) - sizes.count(P), len(spares) // P)
     if new_count > 0:
         chosen = place.choose(spares, new_count * P, cap(P, new_count))
         spares = _without(spares, chosen)
@@ -318,22 +330,26 @@ def _survivors(previous: Config, live: Mapping[str, str], lengths: list[int]):
     fill (a full one, most survivors first, ties: lowest index); and the nodes of
     the rest in order, those of short pipelines last (taken last to fill a hole)."""
     wanted = list(lengths)
-    intact = []
+    alive = live.__contains__
+    sizes = [len(set(pipe)) for pipe in previous.pipelines]
+    intact = set()
     for j, pipe in enumerate(previous.pipelines):
-        if all(n in live for n in pipe) and len(set(pipe)) in wanted:
-            wanted.remove(len(set(pipe)))
-            intact.append(j)
-    damaged = [j for j, p in enumerate(previous.pipelines) if j not in intact and len(set(p)) == previous.depth]
-    ranked = sorted(damaged, key=lambda j: (-sum(n in live for n in previous.pipelines[j]), j))
-    repair = [j for j in ranked[:wanted.count(previous.depth)] if any(n in live for n in previous.pipelines[j])]
+        if sizes[j] in wanted and all(map(alive, pipe)):
+            wanted.remove(sizes[j])
+            intact.add(j)
+    damaged = [j for j, size in enumerate(sizes) if j not in intact and size == previous.depth]
+    ranked = sorted(damaged, key=lambda j: (-sum(map(alive, previous.pipelines[j])), j))
+    repair = {j for j in ranked[:wanted.count(previous.depth)] if any(map(alive, previous.pipelines[j]))}
     kept: list[list[str | None]] = []
     leftover: list[str] = []
     for j, pipe in enumerate(previous.pipelines):
-        if j in intact or j in repair:
+        if j in intact:
+            kept.append(list(pipe))  # every node of it live
+        elif j in repair:
             kept.append([n if n in live else None for n in pipe])
         else:
             leftover += [n for n in dict.fromkeys(pipe) if n in live]
-    short = {n for pipe in previous.pipelines if len(set(pipe)) < len(pipe) for n in pipe}
+    short = {n for pipe, size in zip(previous.pipelines, sizes) if size < len(pipe) for n in pipe}
     return kept, [n for n in leftover if n not in short] + [n for n in leftover if n in short]
 
 

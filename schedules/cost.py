@@ -39,6 +39,7 @@ class CostModel:
     brc_factor: float = 1.0      # redundant backward vs normal backward
     input_share: float = 0.5     # a split backward's input pass vs a whole backward (measured 0.6, weights 0.5)
     _table: dict = field(default_factory=dict, compare=False, repr=False)
+    _by_instruction: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward"):
@@ -63,6 +64,11 @@ class CostModel:
         if d is None:
             d = self._table[key] = self._duration(ins)
         return d
+
+    def durations(self) -> dict[Instr, float]:
+        """`duration` of the instructions met so far, by instruction: a dict the timing
+        pass reads in C, filling in what it lacks (a compile times thousands of them)."""
+        return self._by_instruction
 
     def _duration(self, ins: Instr) -> float:
         op = ins.op

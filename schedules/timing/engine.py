@@ -350,6 +350,10 @@ class Engine:
             finished={n: n not in stuck for n in live})
 
 
+_RECV, _SEND, _OTHER = "recv", "send", "other"
+_KIND = {op: _RECV if op in RECVS else _SEND if op in SENDS else _OTHER for op in Op}  # what start_times does
+
+
 def validate(layout: Layout, microbatches: int, streams: dict[int, list[Instr]],
              cost: CostModel | None = None, dead: tuple[int, int] | None = None,
              expect_frc: bool = True) -> Report:
@@ -367,16 +371,20 @@ def start_times(streams: dict[int, list[Instr]], cost: CostModel,
     pcs = {n: 0 for n in streams}
     clocks = {n: (begin or {}).get(n, 0.0) for n in streams}
     starts: dict[int, list[float]] = {n: [] for n in streams}
-    duration, latency = cost.duration, cost.latency
+    known, duration = cost.durations(), cost.duration
+    transfer, sync_transfer, send_sync = cost.transfer, cost.sync_transfer, Op.SEND_SYNC
+    recv, send = _RECV, _SEND
     progress = True
     while progress:
         progress = False
         for n, stream in streams.items():
             pc, clock, out = pcs[n], clocks[n], starts[n]
-            while pc < len(stream):
+            end = len(stream)
+            while pc < end:
                 ins = stream[pc]
                 op = ins.op
-                if op in RECVS:
+                kind = _KIND[op]
+                if kind is recv:
                     q = channels[(ins.peer, n, RECVS[op])]
                     if not q:
                         break
@@ -385,9 +393,13 @@ def start_times(streams: dict[int, list[Instr]], cost: CostModel,
                 else:
                     start = clock
                 out.append(start)
-                clock = start + duration(ins)
-                if op in SENDS:
-                    channels[(n, ins.peer, op)].append(max(clock, 0.0) + latency(ins))
+                d = known.get(ins)
+                if d is None:
+                    d = known[ins] = duration(ins)
+                clock = start + d
+                if kind is send:
+                    channels[(n, ins.peer, op)].append((clock if clock >= 0.0 else 0.0) + (
+                        sync_transfer if op is send_sync else transfer))
                 pc += 1
             progress |= pc != pcs[n]
             pcs[n], clocks[n] = pc, clock

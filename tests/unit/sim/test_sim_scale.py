@@ -18,7 +18,7 @@ from schedules.split import estimated_slots, split_by_speed
 from schedules.timing.bubbles import makespan
 from schedules.timing.engine import start_times
 
-from agents.placement import choose, spread_order
+from agents.placement import choose, fill_holes, spread_order
 from agents.policy import Config, Spread
 from agents.surplus import BurstModel, assign_surplus, burst_order
 from sim import bound, memo, simulator
@@ -96,6 +96,25 @@ def test_placement_without_hosts_is_placement_with_one_host_a_node(names, seed, 
     assert spread_order(names, zones, None) == spread_order(names, zones, own)
     count = rng.randint(1, len(names))
     assert Spread(zones, None).deal(names, count) == Spread(zones, own).deal(names, count)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 2 ** 32), st.integers(2, 6), st.integers(1, 5), st.booleans())
+def test_holes_filled_without_hosts_are_filled_as_with_one_host_a_node(seed, depth, count, pack):
+    """The quick fill (each hole's first choice, found by a scan) against the search
+    given each node as its own host; pipelines with holes next to each other."""
+    rng = random.Random(seed)
+    names = [f"n{i}" for i in range(depth * count + rng.randint(0, 8))]
+    rng.shuffle(names)
+    zones = {n: rng.choice(ZONES[:rng.randint(1, 4)]) for n in names}
+    partial = [[n if rng.random() < 0.6 else None for n in names[j * depth:(j + 1) * depth]] for j in range(count)]
+    spares = names[depth * count:] + [n for n in names[:depth * count] if rng.random() < 0.1 and
+                                       all(n not in p for p in partial)]
+    own = {n: n for n in names}
+    quick, quick_spares = [list(p) for p in partial], list(spares)
+    fill_holes(quick, quick_spares, zones, None, pack)
+    fill_holes(partial, spares, zones, own, pack)
+    assert (quick, quick_spares) == (partial, spares)
 
 
 def assign_surplus_as_it_was(idle, trainers, standby):
