@@ -20,6 +20,9 @@ WARM = 2  # iterations left out of the per-iteration counts: the first epoch set
 POLL = 0.02  # how often the harness looks for the agreement and the next epoch after a burst
 NODES_PER_CLIENT = 10  # emulated nodes (worker and agent) on one etcd client
 START_BATCH = 50  # emulated nodes started at once
+# Building a thousand emulated nodes, one after the other, takes minutes: the first
+# ones' leases must not lapse meanwhile for a main thread that is merely not started.
+HANG_TIMEOUT = 3600.0
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,8 @@ class Shape:
         pipelines = max(1, self.nodes // self.stages)
         return JobConfig.of(job=job, stages=self.stages, iterations=self.iterations, elastic=True,
                             microbatches=self.microbatches or 2 * self.stages * pipelines,
-                            failure_timeout=self.failure_timeout, redundancy="eager", surplus=Surplus.KEEP)
+                            failure_timeout=self.failure_timeout, redundancy="eager", surplus=Surplus.KEEP,
+                            hang_timeout=HANG_TIMEOUT)
 
 
 @dataclass
