@@ -100,7 +100,8 @@ class KeepAlives:
         return answer.ttl
 
     def _beat(self) -> None:
-        """Every BEAT_SECONDS: one request for each kept lease that is due."""
+        """Every BEAT_SECONDS: one request for each kept lease that is due, for as
+        long as any lease is kept."""
         from bamboo.control.etcd import etcd_errors
         from pyetcd import etcdrpc
 
@@ -108,6 +109,9 @@ class KeepAlives:
             time.sleep(BEAT_SECONDS)
             with self._lock:
                 kept = list(self._kept)
+                if not kept:  # every lease dropped: the thread ends (keep starts another)
+                    self._beating = False
+                    return
             due = [(k, lease) for k in kept if (lease := k.due()) is not None]
             if not due:
                 continue
