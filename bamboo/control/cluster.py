@@ -230,20 +230,20 @@ class Cluster:
         family, all in one transaction: (DONE(12), DONE(20)) gives {(it, node):
         report} of iterations 12 to 19, (FAILED(), None) every failure. A reader
         that keeps what it read asks only for what is new, a bounded piece at a time."""
-        ranges = []
-        for first, end in spans:
-            raw = self.key(first.family()) + "/"
-            ranges.append((first.family(), raw, self.key(first) if first.parts else raw,
-                           prefix_range_end(raw.encode()) if end is None else self.key(end).encode()))
-        return self._ranges([], ranges)
+        return self._ranges([], [self._span_range(first, end) for first, end in spans])
 
     def read_with_abort(self, iteration: int, *prefixes: Key) -> tuple:
         """The iteration's abort record (None: none), then children(prefix) of each of
         `prefixes`, in one transaction: a waiting node's look is one request."""
-        raw, key = self.key(ABORT()) + "/", self.key(ABORT(iteration))
-        abort, *found = self._ranges([], [(ABORT(), raw, key, key.encode() + b"\0"),
+        abort, *found = self._ranges([], [self._span_range(ABORT(iteration), ABORT(iteration + 1)),
                                           *map(self._children_range, prefixes)])
         return (abort.get(iteration), *found)
+
+    def _span_range(self, first: Key, end: Key | None) -> tuple:
+        """read_spans' (first, end) as a range for _ranges."""
+        raw = self.key(first.family()) + "/"
+        return (first.family(), raw, self.key(first) if first.parts else raw,
+                prefix_range_end(raw.encode()) if end is None else self.key(end).encode())
 
     def _read(self, puts: list, prefixes) -> list[dict]:
         return self._ranges(puts, list(map(self._children_range, prefixes)))
