@@ -13,12 +13,13 @@ It is to the iteration's end what bamboo/runtime/failover.py is to its middle.""
 from __future__ import annotations
 
 import itertools
+import random
 import statistics
 import time
 
 from bamboo.control.assignment import Assignment
 from bamboo.control.changes import Changes
-from bamboo.control.cluster import Cluster
+from bamboo.control.cluster import SPANS_AT_ONCE, Cluster
 from bamboo.control.exits import Fenced
 from bamboo.control.protocol import (ABORT, CHECKPOINTED, DONE, DRAIN, FAILED, MEMBERS, MODE, REGROUP, STRAGGLER,
                                      Failure, NodeId, Regroup, Report, Timestamp)
@@ -26,6 +27,8 @@ from bamboo.runtime.calibration import propose
 from bamboo.state.checkpoint import Checkpoints
 from bamboo.runtime.failover import LEASE_WAIT, LINGER_WAKE, Aborted
 from bamboo.runtime.watch import Completed
+
+LINE_ASKERS = 2  # nodes after the boundary's leader that ask its lease first (see Boundary._patience)
 
 
 def stragglers(reports: dict[NodeId, Report], factor: float, slack: float) -> list[NodeId]:
@@ -55,6 +58,15 @@ class Boundary:
         self.straggler_factor, self.straggler_slack = straggler_factor, straggler_slack
         self.seen: tuple[dict, dict] | None = None  # (reports, deaths) read with this node's report
         self.unwritten: dict = {}  # {DONE key: report} of a pipeline this node completed, not yet written
+        self.armed = False  # the watch's flag was lowered at the iteration's start (arm) and nothing read since
+
+    def arm(self) -> None:
+        """At an iteration's start: the watch's flag lowered, so that a node whose
+        report its pipeline's collector writes (report(reported=True)) looks at etcd
+        once the agreement, a death or an abort came, and not once more before."""
+        if self.changes is not None:
+            self.changes.take()
+            self.armed = not self.changes.lost
 
     def report(self, iteration: int, report: Report, completed: Completed | None = None,
                reported: bool = False) -> None:
@@ -71,6 +83,7 @@ class Boundary:
         if reported:
             self.seen = None
             return
+        self.armed = False  # this node reads with its report, lowering the flag again
         if completed is not None:
             final = {n: Report.from_dict(mark.report) for n, mark in completed.marks.items()
                      if mark.report is not None}
@@ -123,10 +136,15 @@ class Boundary:
         reading every member, as N x N. A wake with nothing new (the watch's flag
         down) reads nothing. A node that died between its stream and its report is
         found by its lease, asked once a report is LEASE_WAIT late: the pending
-        nodes' by the leader, the leader's by the others (then the next one leads)."""
+        nodes' by the leader, the leader's by a few others, more of them only as
+        the wait grows (`_patience`); once the leader is recorded dead, the next
+        live one leads."""
         began = asked = time.monotonic()
         leading, pending = self.leader(members, failed) == self.node, list(members)
-        looked_as = None  # whether the last look was a leader's (None: none yet)
+        looked_as = False if self.armed else None  # whether the last look was a leader's (None: none yet)
+        self.armed = False
+        order = self._ask_order(iteration, members)
+        done, settled = None, None  # nothing read yet (an armed node may wait before its first look)
         self.reports = ({}, 0)
         while True:
             if self.seen is not None:  # read with this node's own report
@@ -149,14 +167,46 @@ class Boundary:
                 self.unwritten = {}
             self.cluster.progress()
             now = time.monotonic()
-            if now - began > LEASE_WAIT and now - asked > LEASE_WAIT:
+            if now - asked > LEASE_WAIT and now - began > self._patience(order, leader, failed, failover.timeout):
                 asked = now
-                self.cluster.record_silent(pending if leading else [leader], iteration, self.node)
+                self._ask_leases(iteration, members, failed, pending, leading)
             if idle is not None:
                 idle, work = None, idle
                 work()
                 continue  # what came in meanwhile is read before any wait
             self._wait(leading)
+
+    def _ask_leases(self, iteration: int, members, failed, pending, leading: bool) -> None:
+        """The leader asks after the pending nodes' leases; another node after the
+        leader's and, when the leader went silent, after the others ahead of it in
+        line (a burst may have taken them too), up to SPANS_AT_ONCE at once: should
+        they all be gone, this node leads next."""
+        if leading:
+            self.cluster.record_silent(pending, iteration, self.node)
+        elif self.cluster.record_silent([self.leader(members, failed)], iteration, self.node):
+            ahead = sorted(n for n in members if n not in failed and n < self.node)
+            self.cluster.record_silent(ahead[1:SPANS_AT_ONCE], iteration, self.node)
+
+    @staticmethod
+    def _ask_order(iteration: int, members) -> list[NodeId]:
+        """The members shuffled by iteration: the order in which the nodes that do not
+        lead start asking after the leader's lease (`_patience`)."""
+        order = sorted(members)
+        random.Random(iteration).shuffle(order)
+        return order
+
+    def _patience(self, order: list[NodeId], leader: NodeId, failed, timeout: float) -> float:
+        """Seconds this node waits at the boundary before it asks after leases. The
+        leader, and the first LINE_ASKERS live others in `order`, ask at LEASE_WAIT;
+        the next LINE_ASKERS a failure timeout (and LEASE_WAIT) later, by when the
+        ones before would have recorded a dead leader; and so on. The order is a
+        shuffle, so a burst that took a zone, or the line's head, leaves some early
+        asker alive. A slow boundary costs a few lease asks, not one per node."""
+        if leader == self.node:
+            return LEASE_WAIT
+        before = order[:order.index(self.node)]
+        rank = sum(1 for n in before if n not in failed and n != leader)
+        return LEASE_WAIT + rank // LINE_ASKERS * (timeout + LEASE_WAIT)
 
     def leader(self, members, failed) -> NodeId:
         """The node that reads every report of an iteration and writes the agreement:

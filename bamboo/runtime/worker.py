@@ -179,6 +179,7 @@ class Worker(EpochMoves):
         death per pipeline (bamboo/runtime/failover.py)."""
         began = time.monotonic()
         kills = self._kills(it)
+        self.boundary.arm()
         self.failover.begin(it, len(self.mbs), self.local_failed(), self.comm, kills,
                             owed=self.epoch_iterations > 0,  # --replica-sync next: the syncs of it - 1
                             final=self._promotes(it))

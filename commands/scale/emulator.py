@@ -228,6 +228,7 @@ class EmulatedNode:
         finished mark (with the losses), the linger, the report and the agreement."""
         began = time.monotonic()
         failover, boundary = self._parts(assignment)
+        boundary.arm()
         self.started.set()
         pipeline, me = assignment.slot(self.node)
         mbs = assignment.microbatches(self.cfg.schedule.microbatches, pipeline)

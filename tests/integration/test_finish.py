@@ -151,3 +151,32 @@ def test_a_node_that_does_not_lead_the_boundary_waits_for_the_agreement_and_prop
     waiting.join(timeout=30)
     assert agreed == [Regroup((), False, False)] and list(cluster.children(REGROUP(IT))) == [0]
     assert proposed == []
+
+
+def test_a_node_armed_at_the_iteration_start_looks_only_once_the_agreement_came(etcd):
+    """Node 4 armed its watch as the iteration began, and its collector wrote its
+    report: it reads etcd once, when the leader's agreement came (a node that did
+    not arm looks once more on arrival, as the test above shows)."""
+    cluster, follower_cluster = Cluster(etcd.endpoint, "finish-armed"), Cluster(etcd.endpoint, "finish-armed")
+    reports = _reports(range(6))
+    for n in reports:
+        cluster.put(ALIVE(n), Alive(n))
+    looks, waiting_now, agreed = [], threading.Event(), []
+    read = follower_cluster.read_with_abort
+    follower_cluster.read_with_abort = lambda *a: (looks.append(a), read(*a))[1]
+    follower = Boundary(follower_cluster, 4, False, Checkpoints(JobConfig(), 4, 6),
+                        changes=follower_cluster.changes(REGROUP()))
+    follower.arm()
+    cluster.put_all({DONE(IT, n): r for n, r in reports.items()})  # the collectors' transactions
+    follower.report(IT, reports[4], reported=True)
+    failover = _node(follower_cluster, (3, 4, 5), 1, reports[4])
+    waiting = threading.Thread(target=lambda: agreed.append(follower.agree(
+        IT, Assignment.static(stages=3, pipelines=2), failover, (), lambda *_: None, idle=waiting_now.set)),
+        daemon=True)
+    waiting.start()
+    assert waiting_now.wait(30) and looks == []  # it waits, having read nothing
+    leader = _boundary(cluster, 0)
+    leader.report(IT, reports[0], reported=True)
+    assert _agree(leader, 2, _node(cluster, (0, 1, 2), 0, reports[0])) == Regroup((), False, False)
+    waiting.join(timeout=30)
+    assert agreed == [Regroup((), False, False)] and len(looks) == 1
