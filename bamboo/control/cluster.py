@@ -232,12 +232,11 @@ class Cluster:
         that keeps what it read asks only for what is new, a bounded piece at a time."""
         return self._ranges([], [self._span_range(first, end) for first, end in spans])
 
-    def read_with_abort(self, iteration: int, *prefixes: Key) -> tuple:
-        """The iteration's abort record (None: none), then children(prefix) of each of
-        `prefixes`, in one transaction: a waiting node's look is one request."""
-        abort, *found = self._ranges([], [self._span_range(ABORT(iteration), ABORT(iteration + 1)),
-                                          *map(self._children_range, prefixes)])
-        return (abort.get(iteration), *found)
+    def read_with_aborts(self, iterations: range, *prefixes: Key) -> tuple:
+        """The abort records of `iterations` ({iteration: Abort}), then children(prefix)
+        of each of `prefixes`, in one transaction: a waiting node's look is one request."""
+        return tuple(self._ranges([], [self._span_range(ABORT(iterations.start), ABORT(iterations.stop)),
+                                       *map(self._children_range, prefixes)]))
 
     def _span_range(self, first: Key, end: Key | None) -> tuple:
         """read_spans' (first, end) as a range for _ranges."""

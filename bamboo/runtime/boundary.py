@@ -174,7 +174,7 @@ class Boundary:
                 idle, work = None, idle
                 work()
                 continue  # what came in meanwhile is read before any wait
-            self._wait(leading)
+            self._wait(leading, failover.lending(failed))
 
     def _ask_leases(self, iteration: int, members, failed, pending, leading: bool) -> None:
         """The leader asks after the pending nodes' leases; another node after the
@@ -221,13 +221,14 @@ class Boundary:
             known, revision = self.reports
             new, revision = self.cluster.changed_since(DONE(iteration), revision)
             self.reports = ({**known, **new}, revision)
-            abort, failed = self.cluster.read_with_abort(iteration, FAILED())
+            aborts, failed = self.cluster.read_with_aborts(range(iteration, iteration + 1), FAILED())
             reports, tries = dict(self.reports[0]), {}
         else:
-            abort, tries, failed = self.cluster.read_with_abort(iteration, REGROUP(iteration), FAILED())
+            aborts, tries, failed = self.cluster.read_with_aborts(range(iteration, iteration + 1), REGROUP(iteration),
+                                                                  FAILED())
             reports = None
-        if abort is not None and self.elastic:
-            raise Aborted(abort.why)
+        if iteration in aborts and self.elastic:
+            raise Aborted(aborts[iteration].why)
         return reports, failed, tries.get(0)
 
     def _changed(self, leading: bool) -> bool:
@@ -246,13 +247,14 @@ class Boundary:
             self.leading = self.cluster.changes(DONE(), FAILED(), ABORT(), REGROUP())
         return self.leading
 
-    def _wait(self, leading: bool) -> None:
+    def _wait(self, leading: bool, lending: bool) -> None:
         """Until the watch says something changed, or LINGER_WAKE: for a node that does
-        not lead, a report is no news (the agreement, a death or an abort is)."""
+        not lead, a report is no news (the agreement, a death or an abort is), and
+        unless it may lend gradients it wakes only to ask after leases (LEASE_WAIT)."""
         if (watch := self._watch(leading)) is None:
             time.sleep(0.02)
             return
-        watch.wait(LINGER_WAKE)
+        watch.wait(LINGER_WAKE if leading or lending else LEASE_WAIT)
 
     def _record_stragglers(self, iteration: int, failed: tuple[NodeId, ...],
                            reports: dict[NodeId, Report]) -> list[NodeId]:

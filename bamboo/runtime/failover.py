@@ -70,7 +70,8 @@ class Failover:
         self.events: list[FailedOver] = []  # this node's, until its next report
         self.now: Watch | None = None       # the iteration under way (begin)
         self._recorded: set[NodeId] = set()  # recorded dead, as of the last look
-        self._looked = False  # a look happened: _recorded stands until the watch says failed/ changed
+        self._looked = False  # a look happened: _recorded and _aborts stand until the watch says otherwise
+        self._aborts: dict = {}  # {iteration: Abort} of the last look's iteration and the next
 
     # The options, as the runtime's readers ask for them.
     redundancy = property(lambda self: self.options.redundancy)
@@ -117,8 +118,10 @@ class Failover:
         cost = self._placement(microbatches, failed, kills)
         streams = self.streams_for(microbatches, failed, cost)
         # etcd is read at the next poll whatever the watch says, unless the last look
-        # stands: then the watch would have said so (abort/'s keys are per iteration)
-        due = self.failures is None or self.elastic or not self._looked
+        # stands: then the watch would have said so. abort/'s keys are per iteration:
+        # a look reads the next one's too, as a peer may be an iteration ahead (this
+        # node evaluates, or waits for the agreement) but never two.
+        due = self.failures is None or not self._looked
         self.now = Watch(iteration, microbatches, failed, comm, streams, cost, baseline=comm.counts(), due=due,
                          dead_before=frozenset(self._recorded))
         if getattr(comm, "carries_notes", False):
@@ -127,7 +130,8 @@ class Failover:
         if self.loans is not None:
             self.loans.begin(iteration, comm)
         if not due:
-            self.now.event = self._judge(self._recorded)
+            abort = self._aborts.get(iteration)
+            self.now.event = AbortPosted(abort.why) if abort is not None else self._judge(self._recorded)
 
     def _check_owed(self, iteration: int, failed: tuple[Local, ...], owed: bool) -> None:
         """--replica-sync next: a node dead since the last iteration took its sync of
@@ -173,19 +177,24 @@ class Failover:
         return self.now.event
 
     def _look(self):
-        abort, recorded = self.cluster.read_with_abort(self.iteration, FAILED()) if self.elastic else \
-            (None, self.cluster.failed())
-        if abort is not None:
-            return AbortPosted(abort.why)
-        self._recorded, self._looked = set(recorded), True
+        it = self.iteration
+        aborts, recorded = self.cluster.read_with_aborts(range(it, it + 2), FAILED()) if self.elastic else \
+            ({}, self.cluster.failed())
+        if it in aborts:
+            return AbortPosted(aborts[it].why)
+        self._recorded, self._aborts, self._looked = set(recorded), aborts, True
         self.serve_loans(self._recorded)
         return self._judge(self._recorded)
 
     def serve_loans(self, recorded) -> None:
         """Lend what peers of other pipelines asked for, once a node died in this
         iteration (bamboo/runtime/lending.py): read in every look, and by the boundary."""
-        if self.loans is not None and self.loans.lends and set(recorded) - self.now.dead_before:
+        if self.lending(recorded):
             self.loans.serve()
+
+    def lending(self, recorded) -> bool:
+        """Whether peers may ask this node for gradients: a node died in this iteration."""
+        return self.loans is not None and self.loans.lends and bool(set(recorded) - self.now.dead_before)
 
     def _judge(self, recorded: set[NodeId]):
         """The event that the nodes `recorded` dead make for this iteration."""

@@ -72,13 +72,12 @@ def test_a_dead_leader_is_found_by_a_few_nodes_not_by_every_one(etcd):
 
 def test_a_burst_that_took_the_head_of_the_line_is_recorded_in_one_round(etcd):
     """Nodes 0, 1 and 2 (the leader and the next two in line) died before their
-    reports: the node that finds the leader silent asks after the line behind it
-    in the same round, and records all three; the survivors agree on them."""
+    reports: a node that finds the leader silent asks after the others ahead of it
+    in the same round, not once each has led; the survivors agree on all three."""
     asks: list = []
     nodes = _job(etcd, "asks-burst", {0, 1, 2}, asks)
     for t in [n.wait() for n in nodes]:
         t.join(timeout=60)
     assert all(n.agreed == [Regroup((0, 1, 2), True, False)] for n in nodes)
-    failures = Cluster(etcd.endpoint, "asks-burst").children(FAILED())
-    assert len({f.by for f in failures.values()}) == 1  # one node, one round
-    assert sorted(failures) == [0, 1, 2]
+    assert sorted(Cluster(etcd.endpoint, "asks-burst").children(FAILED())) == [0, 1, 2]
+    assert any({1, 2} <= set(asked) for _, asked in asks)  # one ask, not a round per leader

@@ -291,18 +291,19 @@ def test_the_newest_epoch_read_alone_is_the_newest_of_all_read(etcd):
 
 
 def test_a_look_reads_the_iteration_abort_with_the_deaths_in_one_transaction(etcd):
-    """read_with_abort: the iteration's own abort (not the one before or after) and
-    the prefixes' children, as separate reads give them."""
+    """read_with_aborts: the aborts of the iterations asked (not the one before or
+    after) and the prefixes' children, as separate reads give them."""
     from bamboo.control.protocol import ABORT, REGROUP, Abort, Regroup
     c = Cluster(etcd.endpoint, "looks")
     c.create(FAILED(4), Failure(6, 1, "test"))
     c.create(ABORT(5), Abort("before", 1))
     c.create(ABORT(7), Abort("after", 1))
     c.create(REGROUP(6, 0), Regroup((4,), True, False))
-    assert c.read_with_abort(6, REGROUP(6), FAILED()) == (None, c.children(REGROUP(6)), c.failed())
+    assert c.read_with_aborts(range(6, 7), REGROUP(6), FAILED()) == ({}, c.children(REGROUP(6)), c.failed())
     c.create(ABORT(6), Abort("this one", 2))
-    abort, failed = c.read_with_abort(6, FAILED())
-    assert abort == c.get(ABORT(6)) == Abort("this one", 2) and failed == {4: Failure(6, 1, "test")}
+    aborts, failed = c.read_with_aborts(range(6, 7), FAILED())
+    assert aborts == {6: c.get(ABORT(6))} == {6: Abort("this one", 2)} and failed == {4: Failure(6, 1, "test")}
+    assert c.read_with_aborts(range(6, 8))[0] == {6: Abort("this one", 2), 7: Abort("after", 1)}
 
 
 def test_a_watched_wait_reads_again_when_its_watch_fires_not_at_each_poll(etcd):
@@ -321,3 +322,35 @@ def test_a_watched_wait_reads_again_when_its_watch_fires_not_at_each_poll(etcd):
     assert c.wait_for(predicate, timeout=20, what="the abort", poll=60, changes=watch) == Abort("now", 1)
     assert len(calls) <= 3  # the first read, the wake (the watch's first arming may add one)
     watch.close()
+
+
+class _NoPlane:
+    """A data plane with nothing on it: a Failover's begin asks only its counts."""
+
+    def counts(self) -> dict:
+        return {}
+
+
+def test_a_failover_begins_an_iteration_on_the_last_look_which_read_the_next_abort_too(etcd):
+    """A look reads this iteration's abort and the next one's: the next iteration
+    begins on what it read while the watch says nothing changed (no read), and an
+    abort of the next iteration posted before that look is its event at once."""
+    from bamboo.control.protocol import ABORT, LOAN, Abort
+    from bamboo.runtime.failover import Failover
+    from bamboo.runtime.watch import AbortPosted, Watches
+    c = Cluster(etcd.endpoint, "next-abort")
+    looks = []
+    read = c.read_with_aborts
+    c.read_with_aborts = lambda *a: (looks.append(a[0]), read(*a))[1]
+    f = Failover(c, (0, 1, 2), 0, 0, ScheduleOptions(redundancy="eager"), JobConfig.of(elastic=True),
+                 Watches(c.changes(FAILED(), ABORT(), LOAN()), c.changes(FAILED(), ABORT())))
+    for it in (4, 5):
+        f.begin(it, 3, (), _NoPlane())
+        assert f.poll() is None
+    assert looks == [range(4, 6)]  # iteration 5 began on iteration 4's look
+    c.create(ABORT(7), Abort("a pipeline of iteration 7 could not finish", 2))
+    assert f.failures.flag.wait(30)  # the watch saw it
+    f.begin(6, 3, (), _NoPlane())
+    assert f.poll() is None and looks[-1] == range(6, 8)  # the watch fired: a look, which read abort 7
+    f.begin(7, 3, (), _NoPlane())
+    assert f.poll() == AbortPosted("a pipeline of iteration 7 could not finish") and len(looks) == 2

@@ -133,8 +133,8 @@ def test_a_node_that_does_not_lead_the_boundary_waits_for_the_agreement_and_prop
         cluster.put(ALIVE(n), Alive(n))
     cluster.put_all({DONE(IT, n): r for n, r in reports.items()})
     looked, agreed = threading.Event(), []
-    read = follower_cluster.read_with_abort
-    follower_cluster.read_with_abort = lambda *a: (read(*a), looked.set())[0]
+    read = follower_cluster.read_with_aborts
+    follower_cluster.read_with_aborts = lambda *a: (read(*a), looked.set())[0]
     proposed = []
     follower_cluster.create_or_get = lambda *a, **k: proposed.append(a)  # a proposal: it must make none
     follower = Boundary(follower_cluster, 4, False, Checkpoints(JobConfig(), 4, 6),
@@ -162,8 +162,8 @@ def test_a_node_armed_at_the_iteration_start_looks_only_once_the_agreement_came(
     for n in reports:
         cluster.put(ALIVE(n), Alive(n))
     looks, waiting_now, agreed = [], threading.Event(), []
-    read = follower_cluster.read_with_abort
-    follower_cluster.read_with_abort = lambda *a: (looks.append(a), read(*a))[1]
+    read = follower_cluster.read_with_aborts
+    follower_cluster.read_with_aborts = lambda *a: (looks.append(a), read(*a))[1]
     follower = Boundary(follower_cluster, 4, False, Checkpoints(JobConfig(), 4, 6),
                         changes=follower_cluster.changes(REGROUP()))
     follower.arm()
