@@ -36,6 +36,7 @@ from bamboo.control.exits import Fenced
 from bamboo.control.keepalive import BEAT_SECONDS, keepalives
 
 REFRESH_SECONDS = BEAT_SECONDS
+GAP_SECONDS = 2 * REFRESH_SECONDS + 0.5  # refreshes further apart than this: this node's view was stale
 HANG_FACTOR = 10      # a main thread stuck this many median iterations is hung ...
 HANG_FLOOR = 60.0     # ... but never sooner: a handover or a restore blocks longer than an iteration
 HANG_WINDOW = 20      # recent iterations the median is taken over
@@ -84,7 +85,7 @@ class Heartbeat:
     def judging(self) -> bool:
         """Whether this node's own view of etcd is fresh enough to call others silent."""
         now = time.monotonic()
-        return now - self.last_refresh < 2 * REFRESH_SECONDS + 0.5 and \
+        return now - self.last_refresh < GAP_SECONDS and \
             now - self.fresh_since > self.failure_timeout + 2 * REFRESH_SECONDS
 
     def halt(self) -> None:
@@ -121,7 +122,7 @@ class Heartbeat:
         if self._stop.is_set():
             return
         now = time.monotonic()
-        if now - self.last_refresh > 2 * REFRESH_SECONDS + 0.5:
+        if now - self.last_refresh > GAP_SECONDS:
             self.fresh_since = now
         self.last_refresh = now
         if ttl <= 0 and not self._expiring:
