@@ -47,12 +47,12 @@ The agents' half:
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import NewType
 
 from bamboo.control.assignment import Assignment
 from bamboo.control.config import JobConfig
-from bamboo.control.records import checked
+from bamboo.control.records import checked, plain
 
 # A node's id in the job (members/, alive/, failed/, an assignment's pipelines), and
 # its place in its own pipeline (0..P-1: the schedules' `peer`). Both are ints at run
@@ -68,7 +68,7 @@ class Record:
     """A value in etcd: a frozen dataclass of JSON-able fields."""
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return plain(self)
 
     @classmethod
     def from_dict(cls, d: dict):

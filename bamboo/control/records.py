@@ -4,10 +4,11 @@ against the field's annotation, so a malformed value fails here, by name, rather
 than as a TypeError deep in a reader (a dashboard's 500, a worker's traceback)."""
 from __future__ import annotations
 
+import copy
 import functools
 import types
 import typing
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 
 
 class BadRecord(ValueError):
@@ -67,3 +68,22 @@ def checked(cls, d) -> dict:
                             f"{str(d[name])[:40]!r}, which does not fit {hint}")
         out[name] = d[name]
     return out
+
+
+def plain(record) -> dict:
+    """`record` (a dataclass of JSON-able fields) as a dict, its containers copied:
+    what dataclasses.asdict gives, without asdict's deep copy of every leaf (a
+    report is encoded a few times per node and iteration)."""
+    return {name: _plain(getattr(record, name)) for name, _, _ in _fields(type(record))}
+
+
+def _plain(value):
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(map(_plain, value))
+    if is_dataclass(value) and not isinstance(value, type):
+        return plain(value)
+    return copy.deepcopy(value)

@@ -59,6 +59,7 @@ class Boundary:
         self.seen: tuple[dict, dict] | None = None  # (reports, deaths) read with this node's report
         self.unwritten: dict = {}  # {DONE key: report} of a pipeline this node completed, not yet written
         self.armed = False  # the watch's flag was lowered at the iteration's start (arm) and nothing read since
+        self._order: tuple = (None, [])  # ((iteration, members), the order the others ask in): _ask_order
 
     def arm(self) -> None:
         """At an iteration's start: the watch's flag lowered, so that a node whose
@@ -143,7 +144,6 @@ class Boundary:
         leading, pending = self.leader(members, failed) == self.node, list(members)
         looked_as = False if self.armed else None  # whether the last look was a leader's (None: none yet)
         self.armed = False
-        order = self._ask_order(iteration, members)
         done, settled = None, None  # nothing read yet (an armed node may wait before its first look)
         self.reports = ({}, 0)
         while True:
@@ -167,7 +167,9 @@ class Boundary:
                 self.unwritten = {}
             self.cluster.progress()
             now = time.monotonic()
-            if now - asked > LEASE_WAIT and now - began > self._patience(order, leader, failed, failover.timeout):
+            waited = now - began
+            if now - asked > LEASE_WAIT and waited > LEASE_WAIT and \
+                    waited > self._patience(iteration, members, leader, failed, failover.timeout):
                 asked = now
                 self._ask_leases(iteration, members, failed, pending, leading)
             if idle is not None:
@@ -187,23 +189,26 @@ class Boundary:
             ahead = sorted(n for n in members if n not in failed and n < self.node)
             self.cluster.record_silent(ahead[1:SPANS_AT_ONCE], iteration, self.node)
 
-    @staticmethod
-    def _ask_order(iteration: int, members) -> list[NodeId]:
+    def _ask_order(self, iteration: int, members) -> list[NodeId]:
         """The members shuffled by iteration: the order in which the nodes that do not
-        lead start asking after the leader's lease (`_patience`)."""
-        order = sorted(members)
-        random.Random(iteration).shuffle(order)
-        return order
+        lead start asking after the leader's lease (`_patience`); kept for the wait."""
+        key = (iteration, tuple(members))
+        if self._order[0] != key:
+            order = sorted(members)
+            random.Random(iteration).shuffle(order)
+            self._order = (key, order)
+        return self._order[1]
 
-    def _patience(self, order: list[NodeId], leader: NodeId, failed, timeout: float) -> float:
+    def _patience(self, iteration: int, members, leader: NodeId, failed, timeout: float) -> float:
         """Seconds this node waits at the boundary before it asks after leases. The
-        leader, and the first LINE_ASKERS live others in `order`, ask at LEASE_WAIT;
+        leader, and the first LINE_ASKERS live others in `_ask_order`, ask at LEASE_WAIT;
         the next LINE_ASKERS a failure timeout (and LEASE_WAIT) later, by when the
         ones before would have recorded a dead leader; and so on. The order is a
         shuffle, so a burst that took a zone, or the line's head, leaves some early
         asker alive. A slow boundary costs a few lease asks, not one per node."""
         if leader == self.node:
             return LEASE_WAIT
+        order = self._ask_order(iteration, members)
         before = order[:order.index(self.node)]
         rank = sum(1 for n in before if n not in failed and n != leader)
         return LEASE_WAIT + rank // LINE_ASKERS * (timeout + LEASE_WAIT)

@@ -208,16 +208,18 @@ class EmulatedNode:
         self.worker.create(HANDOVER(new.epoch), Outcome(True, ""))
         return new
 
-    def _parts(self, assignment: Assignment) -> tuple[Failover, Boundary]:
-        """The epoch's failover and boundary, made once per epoch as a worker's `enter` does."""
+    def _parts(self, assignment: Assignment) -> tuple[Failover, Boundary, list]:
+        """The epoch's failover, boundary and this pipeline's microbatches, made once
+        per epoch as a worker's `enter` does."""
         if self._epoch != assignment.epoch:
             pipeline, me = assignment.slot(self.node)
+            mbs = assignment.microbatches(self.cfg.schedule.microbatches, pipeline)
             options = self.cfg.options(assignment.redundancy, self.cfg.schedule.epoch_sync(assignment))
             failover = Failover(self.worker, assignment.pipelines[pipeline], pipeline, me, options, self.cfg,
                                 self.watches, report_of=lambda: self._report(assignment.epoch))
             boundary = Boundary(self.worker, self.node, True, Checkpoints(self.cfg, self.node, 1),
                                 auto=self.cfg.agents_choose, changes=self.boundary_changes)
-            self._epoch, self._epoch_parts = assignment.epoch, (failover, boundary)
+            self._epoch, self._epoch_parts = assignment.epoch, (failover, boundary, mbs)
         return self._epoch_parts
 
     def _report(self, epoch: int) -> Report:
@@ -227,11 +229,10 @@ class EmulatedNode:
         """One iteration's control plane: the stream's time, the reduce records, the
         finished mark (with the losses), the linger, the report and the agreement."""
         began = time.monotonic()
-        failover, boundary = self._parts(assignment)
+        failover, boundary, mbs = self._parts(assignment)
         boundary.arm()
         self.started.set()
         pipeline, me = assignment.slot(self.node)
-        mbs = assignment.microbatches(self.cfg.schedule.microbatches, pipeline)
         failover.begin(it, len(mbs), assignment.local_failed(pipeline, failed), self.plane,
                        final=True)
         P, D = failover.P, len(assignment.pipelines)
