@@ -167,25 +167,25 @@ class Boundary:
                 self.unwritten = {}
             self.cluster.progress()
             now = time.monotonic()
-            waited = now - began
+            waited = now - began  # (the patience, never under LEASE_WAIT, is worked out only past it)
             if now - asked > LEASE_WAIT and waited > LEASE_WAIT and \
                     waited > self._patience(iteration, members, leader, failed, failover.timeout):
                 asked = now
-                self._ask_leases(iteration, members, failed, pending, leading)
+                self._ask_leases(iteration, members, failed, pending, leader)
             if idle is not None:
                 idle, work = None, idle
                 work()
                 continue  # what came in meanwhile is read before any wait
             self._wait(leading, failover.lending(failed))
 
-    def _ask_leases(self, iteration: int, members, failed, pending, leading: bool) -> None:
+    def _ask_leases(self, iteration: int, members, failed, pending, leader: NodeId) -> None:
         """The leader asks after the pending nodes' leases; another node after the
         leader's and, when the leader went silent, after the others ahead of it in
         line (a burst may have taken them too), up to SPANS_AT_ONCE at once: should
         they all be gone, this node leads next."""
-        if leading:
+        if leader == self.node:
             self.cluster.record_silent(pending, iteration, self.node)
-        elif self.cluster.record_silent([self.leader(members, failed)], iteration, self.node):
+        elif self.cluster.record_silent([leader], iteration, self.node):
             ahead = sorted(n for n in members if n not in failed and n < self.node)
             self.cluster.record_silent(ahead[1:SPANS_AT_ONCE], iteration, self.node)
 
