@@ -7,7 +7,7 @@ after a burst of deaths at an iteration's boundary, the time to the survivors'
 agreement and to the agents' next epoch.
 
     bamboo-scale --nodes 10,100 [--stages 4] [--iteration-seconds 1] [--iterations 10]
-        [--kill-at 6] [--burst 1] [--failure-timeout 3] [--json OUT]
+        [--kill-at 6] [--burst 1] [--failure-timeout 3] [--processes auto] [--json OUT]
 """
 from __future__ import annotations
 
@@ -19,10 +19,12 @@ import threading
 import time
 
 from bamboo.control.parser import OneLineParser
-from commands.scale.emulator import Killed
+from commands.scale.fleet import quiet_killed
 from commands.scale.harness import Result, Shape, run
 
 MOST_NODES = 5000
+MOST_PROCESSES = 64
+NODES_PER_PROCESS = 150  # --processes auto: a process per this many nodes, at most one per CPU
 
 
 def build_parser() -> OneLineParser:
@@ -35,6 +37,9 @@ def build_parser() -> OneLineParser:
                    help="the burst dies at this iteration's boundary; -1: no deaths")
     p.add_argument("--burst", type=int, default=1, help="nodes killed at once")
     p.add_argument("--failure-timeout", type=float, default=3.0, help="a silent lease this old is dead")
+    p.add_argument("--processes", default="auto",
+                   help="processes the emulated nodes are shared out over (auto: one per "
+                        f"{NODES_PER_PROCESS} nodes, at most one per CPU)")
     p.add_argument("--json", metavar="OUT", help="also write every figure to OUT (JSON)")
     return p
 
@@ -60,7 +65,20 @@ def shapes(args) -> list[Shape]:
     if not 0.5 <= args.failure_timeout <= 600:
         raise ValueError(f"--failure-timeout must be between 0.5 and 600 (got {args.failure_timeout})")
     return [Shape(n, args.stages, args.iteration_seconds, args.iterations, args.kill_at, args.burst,
-                  args.failure_timeout) for n in counts]
+                  args.failure_timeout, processes=processes(args.processes, n)) for n in counts]
+
+
+def processes(asked: str, nodes: int) -> int:
+    """The emulator's processes for a run of `nodes`; ValueError for a bad --processes."""
+    if asked == "auto":
+        return max(1, min(os.cpu_count() or 1, nodes // NODES_PER_PROCESS))
+    try:
+        count = int(asked)
+    except ValueError:
+        raise ValueError(f"--processes: a count or auto (got {asked!r})") from None
+    if not 1 <= count <= MOST_PROCESSES:
+        raise ValueError(f"--processes must be auto or between 1 and {MOST_PROCESSES} (got {count})")
+    return min(count, nodes)
 
 
 def row(r: Result) -> str:
@@ -70,18 +88,11 @@ def row(r: Result) -> str:
     return (f"{s.nodes:>6} {r.pipelines:>5} {r.writes_per_iteration:>8.1f} {r.transactions:>7.1f} "
             f"{r.transactions / max(1, r.pipelines):>9.1f} {sum(r.requests.values()):>9.0f} "
             f"{lat.get('p50', 0):>7.2f} {lat.get('p99', 0):>7.2f} {r.iteration_s:>7.2f} {timed[0]:>10} {timed[1]:>10} "
-            f"{r.cpu_s.get('emulator', 0):>8.2f} {r.cpu_s.get('etcd', 0):>8.2f}")
-
-
-def _quiet_killed(args) -> None:
-    """A killed node's lease thread stops on its next etcd call (emulator.Killed):
-    that is its death, not an error to print."""
-    if not issubclass(args.exc_type, Killed):
-        threading.__excepthook__(args)
+            f"{r.cpu_s.get('emulator', 0):>8.2f} {r.cpu_s.get('etcd', 0):>8.2f} {s.processes:>5}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    threading.excepthook = _quiet_killed
+    threading.excepthook = quiet_killed
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -95,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
           f"burst of {first.burst} at iteration {first.kill_at}'s boundary, --failure-timeout {first.failure_timeout}; "
           f"one etcd member on this machine ({os.cpu_count()} CPUs); every node a worker and an agent", flush=True)
     print(f"{'nodes':>6} {'pipes':>5} {'keys/it':>8} {'txns/it':>7} {'per pipe':>9} {'requests':>9} {'p50 ms':>7} "
-          f"{'p99 ms':>7} {'it s':>7} {'agreement':>10} {'next epoch':>10} {'emu cpu':>8} {'etcd cpu':>8}",
+          f"{'p99 ms':>7} {'it s':>7} {'agreement':>10} {'next epoch':>10} {'emu cpu':>8} {'etcd cpu':>8} {'procs':>5}",
           flush=True)
     results, began, failed = [], time.monotonic(), False
     for shape in runs:

@@ -88,6 +88,9 @@ class Notes:
     def __init__(self):
         self.queues: dict[tuple[int, int], deque] = defaultdict(deque)
 
+    def deliver(self, sender: int, receiver: int, data: bytes) -> None:
+        self.queues[(sender, receiver)].append(data)
+
 
 class Plane:
     """The data plane a Failover is given: notes, but no stream's messages, so a cut
@@ -102,7 +105,7 @@ class Plane:
     def note(self, peer: int, data: bytes) -> None:
         if self.killed.is_set():
             raise Killed()
-        self.notes.queues[(self.me, peer)].append(data)
+        self.notes.deliver(self.me, peer, data)
 
     def take_note(self, peer: int) -> bytes | None:
         queue = self.notes.queues[(peer, self.me)]

@@ -10,15 +10,13 @@ from dataclasses import dataclass, field
 
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig, Surplus
-from bamboo.control.etcd import EtcdServer, connect
+from bamboo.control.etcd import EtcdServer
 from bamboo.control.protocol import ASSIGNMENT, CONFIG, FINISHED, REGROUP
 from commands.scale.census import Census, cpu_seconds, etcd_counters
-from commands.scale.emulator import EmulatedNode, Notes
+from commands.scale.fleet import InProcess, Processes
 
-ZONES = ("a", "b", "c")
 WARM = 2  # iterations left out of the per-iteration counts: the first epoch settling
 POLL = 0.02  # how often the harness looks for the agreement and the next epoch after a burst
-NODES_PER_CLIENT = 10  # emulated nodes (worker and agent) on one etcd client
 START_BATCH = 50  # emulated nodes started at once
 # Building a thousand emulated nodes, one after the other, takes minutes: the first
 # ones' leases must not lapse meanwhile for a main thread that is merely not started.
@@ -36,6 +34,7 @@ class Shape:
     burst: int = 1                # nodes in it, taken from one pipeline's neighbours of node 1
     failure_timeout: float = 3.0
     microbatches: int = 0         # 0: two per pipeline and stage
+    processes: int = 1            # the emulator's processes (commands/scale/fleet.py)
 
     def config(self, job: str) -> JobConfig:
         pipelines = max(1, self.nodes // self.stages)
@@ -69,84 +68,87 @@ def run(shape: Shape, job: str = "scale") -> Result:
     with EtcdServer() as etcd:
         cfg = shape.config(job)
         Cluster(etcd.endpoint, job).put(CONFIG(), cfg)
-        census, latencies = Census(etcd.endpoint, job), []
-        notes = Notes()
-        # one gRPC channel and watch stream for a few nodes: a process's threads, not etcd, limit the emulator
-        clients = [connect(etcd.endpoint) for _ in range(0, shape.nodes, NODES_PER_CLIENT)]
-        nodes = [EmulatedNode(etcd.endpoint, cfg, n, ZONES[n % len(ZONES)], shape.seconds, latencies, notes,
-                              clients[n // NODES_PER_CLIENT]) for n in range(shape.nodes)]
+        census = Census(etcd.endpoint, job)
+        fleet = None
         try:
-            nodes[0].membership.first_assignment(list(range(shape.nodes)))
-            _start(nodes, shape)
-            return _measure(shape, etcd, nodes, census, latencies)
+            fleet = place(etcd.endpoint, job, shape)
+            fleet.first_assignment(list(range(shape.nodes)))
+            _start(fleet, shape)
+            return _measure(shape, etcd, fleet, census, job)
         finally:
-            for node in nodes:
-                node.kill()
-            census.close()  # (the nodes' clients stay open, their watch threads with them, as the process ends)
+            if fleet is not None:
+                fleet.close()
+            census.close()
 
 
-def _start(nodes: list[EmulatedNode], shape: Shape) -> None:
+def place(endpoint: str, job: str, shape: Shape):
+    """The nodes built where `shape.processes` says: this process, or child ones."""
+    if shape.processes == 1:
+        return InProcess(endpoint, job, list(range(shape.nodes)), shape.seconds)
+    return Processes(endpoint, job, shape.nodes, shape.seconds, shape.processes)
+
+
+def _start(fleet, shape: Shape) -> None:
     """Start the nodes a batch at a time, each batch once the one before began its
-    first iteration: hundreds of threads starting at once in this one process
-    starve some lease's refreshes past the failure timeout (a real fleet's
-    machines start on their own CPUs)."""
-    for first in range(0, len(nodes), START_BATCH):
-        batch = nodes[first:first + START_BATCH]
-        for node in batch:
-            node.start()
-        _until(lambda: all(n.started.is_set() for n in batch), nodes, shape, 0.01)
+    first iteration: hundreds of threads starting at once in one process starve
+    some lease's refreshes past the failure timeout (a real fleet's machines start
+    on their own CPUs)."""
+    for first in range(0, shape.nodes, START_BATCH):
+        batch = list(range(first, min(shape.nodes, first + START_BATCH)))
+        fleet.start(batch)
+        _until(lambda seen: all(seen[n].started for n in batch), fleet, shape, 0.01)
 
 
-def _measure(shape: Shape, etcd: EtcdServer, nodes: list[EmulatedNode], census: Census, latencies: list) -> Result:
+def _measure(shape: Shape, etcd: EtcdServer, fleet, census: Census, job: str) -> Result:
     endpoint = etcd.endpoint
-    reader = Cluster(endpoint, nodes[0].cfg.cluster.job)
+    reader = Cluster(endpoint, job)
     first = reader.latest_assignment()
     result = Result(shape, pipelines=len(first.pipelines))
     end = shape.kill_at if shape.kill_at >= 0 else shape.iterations
-    working = [n for n in nodes if n.node in first.members]  # the rest wait in standby
-    _until(lambda: min(n.iteration for n in working) >= WARM - 1, nodes, shape)
-    before, began, mark = etcd_counters(endpoint), time.monotonic(), len(latencies)
-    cpu = (cpu_seconds(), cpu_seconds(etcd.proc.pid))
-    _until(lambda: min(n.iteration for n in working) >= end - 1, nodes, shape)
+    working = first.members  # the rest wait in standby
+    _until(lambda seen: min(seen[n].iteration for n in working) >= WARM - 1, fleet, shape)
+    fleet.mark()
+    before, began = etcd_counters(endpoint), time.monotonic()
+    cpu = (fleet.cpu_seconds(), cpu_seconds(etcd.proc.pid))
+    _until(lambda seen: min(seen[n].iteration for n in working) >= end - 1, fleet, shape)
     counted = end - WARM
     after, took = etcd_counters(endpoint), time.monotonic() - began
-    result.cpu_s = {"emulator": round((cpu_seconds() - cpu[0]) / counted, 3),
+    result.cpu_s = {"emulator": round((fleet.cpu_seconds() - cpu[0]) / counted, 3),
                     "etcd": round((cpu_seconds(etcd.proc.pid) - cpu[1]) / counted, 3)}
     census.catch_up()
     result.writes = census.per_iteration(range(WARM, end))
     result.transactions = census.transactions(range(WARM, end))
     result.requests = {k: round((after[k] - before[k]) / counted, 1) for k in sorted(after) if after[k] > before[k]}
-    result.latency_ms = _percentiles(latencies[mark:])
+    result.latency_ms = _percentiles(fleet.latencies_since_mark())
     result.iteration_s = took / counted
     if shape.kill_at >= 0:
-        _burst(shape, nodes, reader, result)
-    result.errors = [f"node {n.node}: {type(n.error).__name__}: {n.error}" for n in nodes if n.error]
+        _burst(shape, fleet, reader, result)
+    result.errors = [f"node {n}: {p.error}" for n, p in sorted(fleet.progress().items()) if p.error]
     return result
 
 
-def _burst(shape: Shape, nodes: list[EmulatedNode], reader: Cluster, result: Result) -> None:
+def _burst(shape: Shape, fleet, reader: Cluster, result: Result) -> None:
     """Kill the burst once its nodes' finished marks of `kill_at` are in, then look
-    at etcd every POLL seconds (from this process, as loaded as the nodes) for the
-    first regroup record that names the burst, and for the agents' next epoch."""
+    at etcd every POLL seconds (from this process) for the first regroup record
+    that names the burst, and for the agents' next epoch."""
     epoch = reader.latest_assignment()
     victims = _victims(epoch, shape.burst)
     # etcd itself, not the census (whose callback runs behind on a loaded machine)
-    _until(lambda: all(reader.get(FINISHED(shape.kill_at, v)) for v in victims), nodes, shape, POLL)
+    _until(lambda _: all(reader.get(FINISHED(shape.kill_at, v)) for v in victims), fleet, shape, POLL)
     killed = time.monotonic()
-    for v in victims:
-        nodes[v].kill()
-    survivors = [n for n in nodes if n.node not in victims and n.node in epoch.members]
+    fleet.kill(victims)
+    survivors = [n for n in epoch.members if n not in victims]
 
-    def seen() -> bool:
+    def seen(progress: dict) -> bool:
         now = time.monotonic() - killed
         if result.to_agreement_s is None and any(set(victims) <= set(r.failed)
                                                  for r in reader.children(REGROUP()).values()):
             result.to_agreement_s = now
         if result.to_assignment_s is None and reader.get(ASSIGNMENT(epoch.epoch + 1)) is not None:
             result.to_assignment_s = now
-        over = min(n.iteration for n in survivors) >= shape.iterations - 1
+        over = min(progress[n].iteration for n in survivors) >= shape.iterations - 1
         return over or (result.to_agreement_s is not None and result.to_assignment_s is not None)
-    _until(seen, survivors, shape, POLL)
+    _until(seen, fleet, shape, POLL, only=set(survivors))
 
 
 def _victims(epoch, burst: int) -> list[int]:
@@ -156,17 +158,17 @@ def _victims(epoch, burst: int) -> list[int]:
     return sorted(order[:burst])
 
 
-def _until(done, nodes: list[EmulatedNode], shape: Shape, poll: float = 0.05) -> None:
-    """Wait until done(); raise when a node failed or it takes longer than the whole
-    job should."""
+def _until(done, fleet, shape: Shape, poll: float = 0.05, only: set | None = None) -> None:
+    """Wait until done(progress) (each node's); raise when a node (of `only`, if
+    given) failed or it takes longer than the whole job should."""
     deadline = time.monotonic() + 60 + 5 * shape.seconds * shape.iterations
-    while not done():
-        broken = [n for n in nodes if n.error is not None]
+    while not done(progress := fleet.progress()):
+        broken = sorted(n for n, p in progress.items() if p.error is not None and (only is None or n in only))
         if broken:
-            raise RuntimeError(f"node {broken[0].node} failed: {type(broken[0].error).__name__}: {broken[0].error}")
+            raise RuntimeError(f"node {broken[0]} failed: {progress[broken[0]].error}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"the emulated job did not get there in time (nodes at iterations "
-                               f"{Counter(n.iteration for n in nodes)})")
+                               f"{Counter(p.iteration for p in progress.values())})")
         time.sleep(poll)
 
 

@@ -5,6 +5,7 @@ survived; the command's bad input."""
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -17,8 +18,11 @@ from tests.training import bamboo_train
 SHAPE = Shape(nodes=8, stages=4, seconds=0.4, iterations=9, kill_at=5, burst=1, failure_timeout=1.5)
 
 
-def test_emulated_nodes_write_the_protocols_keys_and_survive_a_burst():
-    result = run(SHAPE, job="scale-test")
+@pytest.mark.parametrize("processes", [1, 3])
+def test_emulated_nodes_write_the_protocols_keys_and_survive_a_burst(processes):
+    """The same in one process and shared out over three (where a pipeline's notes to
+    its collector cross processes: lost ones would make each node write its own mark)."""
+    result = run(replace(SHAPE, processes=processes), job="scale-test")
     assert result.errors == []
     pipelines, microbatches = SHAPE.nodes // SHAPE.stages, 2 * SHAPE.nodes
     assert result.pipelines == pipelines
@@ -43,6 +47,8 @@ def test_emulated_nodes_write_the_protocols_keys_and_survive_a_burst():
     (["--burst", "0"], "--burst must be between 1"),
     (["--iteration-seconds", "nan"], "--iteration-seconds must be between"),
     (["--json", "/no/such/dir/out.json"], "its directory does not exist"),
+    (["--processes", "0"], "--processes must be auto or between 1"),
+    (["--processes", "two"], "--processes: a count or auto"),
 ])
 def test_bad_input_is_one_line(argv, said, capsys):
     with pytest.raises(SystemExit) as exit_:
