@@ -1,5 +1,6 @@
-"""bamboo-scale: the control plane of N emulated nodes against one real etcd on this
-machine (commands/scale/emulator.py), for each N asked: etcd writes per iteration
+"""bamboo-scale: the control plane of N emulated nodes against one real local etcd.
+
+The nodes are commands/scale/emulator.py's, spread over --processes; for each N asked: etcd writes per iteration
 (keys by family, and the transactions that wrote them, counted by a watch of its
 own), etcd's requests per iteration (its own counters), the latency of every node's
 etcd requests, the CPU seconds per iteration of the emulator and of etcd, and,
