@@ -54,6 +54,11 @@ def build(endpoint: str, job: str, ids: list[int], seconds: float, latencies: li
     return nodes
 
 
+def owner(node: int, count: int) -> int:
+    """The child process, of `count`, that holds `node`."""
+    return node % count
+
+
 def progress_of(node: EmulatedNode) -> Progress:
     error = f"{type(node.error).__name__}: {node.error}" if node.error is not None else None
     return Progress(node.iteration, node.started.is_set(), error)
@@ -62,11 +67,9 @@ def progress_of(node: EmulatedNode) -> Progress:
 class InProcess:
     """Nodes on threads of this process: all of them, or a child's share."""
 
-    def __init__(self, endpoint: str, job: str, ids: list[int], seconds: float, notes: Notes | None = None,
-                 processes: int = 1):
+    def __init__(self, endpoint: str, job: str, ids: list[int], seconds: float, notes: Notes | None = None):
         self.latencies: list[float] = []
         self._mark = 0
-        self.processes = processes
         self.nodes = {node.node: node for node in build(endpoint, job, ids, seconds, self.latencies,
                                                            notes or Notes())}
 
@@ -165,7 +168,7 @@ class Processes:
     def _by_owner(self, ids: list[int]) -> dict[int, list[int]]:
         owned: dict[int, list[int]] = {}
         for n in ids:
-            owned.setdefault(n % self.processes, []).append(n)
+            owned.setdefault(owner(n, self.processes), []).append(n)
         return owned
 
     def first_assignment(self, members: list[int]) -> None:
@@ -204,16 +207,16 @@ class Processes:
 
 def _serve(control, inbound: list, outbound: dict, run: tuple[str, str, float], share: tuple[int, int, int]) -> None:
     """A child process: build its nodes of the `run` (etcd endpoint, job, seconds an
-    iteration) by its `share` (this child's index, the children, the nodes: those n
-    with n mod children == index), then do what the harness asks until it says stop."""
+    iteration) by its `share` (this child's index, the children, the nodes: those
+    `owner` gives this child), then do what the harness asks until it says stop."""
     endpoint, job, seconds = run
     me, count, nodes = share
     threading.excepthook = quiet_killed
-    notes = RoutedNotes(lambda n: n % count, me, outbound)
+    notes = RoutedNotes(lambda n: owner(n, count), me, outbound)
     for pipe in inbound:
         notes.listen(pipe)
     try:
-        fleet = InProcess(endpoint, job, list(range(me, nodes, count)), seconds, notes, count)
+        fleet = InProcess(endpoint, job, [n for n in range(nodes) if owner(n, count) == me], seconds, notes)
     except Exception as e:  # noqa: BLE001 - said to the harness, which stops the run
         control.send_bytes(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
         return
