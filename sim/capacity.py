@@ -115,8 +115,7 @@ def settle(sim, s: RunState, config: Config | None, live: dict[str, str], queue:
         usable, used = sim.usable(live), used_nodes(config)
         idle = {n: usable[n] for n in usable.keys() - used}  # in no pipeline (the order is never read)
         standby = standby_of(sim, s, config, len(idle) + len(cap.free), len(live))
-        wider = sim.next_config({**usable, **cap.free}, config) if cap.free else config
-        useful = max(len(used), len(used_nodes(wider)) if sim.running(wider) else 0) + standby
+        useful = max(len(used), placed_with(sim, config, {**usable, **cap.free}) if cap.free else 0) + standby
         cap.desired = max(len(live) + cap.arriving if cap.desired is None else cap.desired, useful)
         given_up = _given_up(cap, s.t, len(live), queue, sim.opt.acquire_seconds)
         if given_up:
@@ -156,15 +155,37 @@ def standby_of(sim, s: RunState, config: Config, limit: int, paid: int) -> int:
     gone, as a burst takes them."""
     used = used_nodes(config)
     order = sim.burst_order(used)
+    doomed = tuple(n for n in order if n in sim.noticed) if sim.noticed else ()
+    mode = sim.rules.redundancy
+
+    def after(gone: int) -> float:
+        left = [n for n in order[gone:] if n not in sim.noticed] if doomed else order[gone:]
+        return sim.config_throughput(sim.next_config(dict(zip(left, map(sim.zones.__getitem__, left))), config))
 
     def throughput(gone: int) -> float:
         if not gone:
             return sim.config_throughput(config)
-        left = [n for n in order[gone:] if n not in sim.noticed] if sim.noticed else order[gone:]
-        return sim.config_throughput(sim.next_config(dict(zip(left, map(sim.zones.__getitem__, left))), config))
+        # which nodes are left turns on the pipelines, the zones (fixed in a run) and the notices
+        return sim.decided.get(("burst", config.pipelines, gone, doomed, mode, sim.compiled_sync(mode)),
+                               lambda: after(gone))
     return standby_count(SurplusRule(sim.opt.surplus), sim.bursts_seen(s, len(used)), sim.opt.acquire_seconds,
                          sim.opt.standby_epsilon, len(used), limit, Economics(throughput, paid + sim.capacity.arriving),
                          sim.opt.fixed_standby)
+
+
+def placed_with(sim, config: Config, nodes: dict[str, str]) -> int:
+    """How many of `nodes` (node -> zone) the policy's next configuration after
+    `config` puts in pipelines. With every node of `config` among them (and each
+    node its own host, as in the simulator) that count turns only on `config`'s
+    pipelines and how many nodes there are: the policy keeps the pipelines that fit
+    the lengths `pipeline_lengths` gives and forms the others whichever the nodes."""
+    def count() -> int:
+        wider = sim.next_config(nodes, config)
+        return len(used_nodes(wider)) if sim.running(wider) else 0
+    if not used_nodes(config) <= nodes.keys():
+        return count()
+    mode = sim.rules.redundancy
+    return sim.decided.get(("placed", config.pipelines, len(nodes), mode, sim.compiled_sync(mode)), count)
 
 
 def justified_standby(sim, s: RunState, used: int, idle: int, span: tuple[float, float]) -> float:

@@ -67,6 +67,24 @@ class Table:
             return value
 
 
+class ByKey:
+    """Values computed from inputs too large to key by, kept by a smaller key that
+    determines them (the caller says why it does): `get(key, compute)`."""
+
+    def __init__(self, kept: int = 1 << 14) -> None:
+        self._values: dict[Hashable, object] = {}
+        self._kept = kept
+
+    def get(self, key: Hashable, compute: Callable[[], object]):
+        try:
+            return self._values[key]
+        except KeyError:
+            if len(self._values) >= self._kept:
+                self._values.clear()
+            value = self._values[key] = compute()
+            return value
+
+
 class Kept(dict):
     """A one-argument pure function's values by argument, at most `kept` of them:
     a dict, so that `map(kept.__getitem__, args)` looks each up in C."""

@@ -34,7 +34,7 @@ from sim.strategies import Spot
 from sim.reconfiguration import memory_copies, shape, used_nodes
 from sim.traces import Event
 from sim.iteration_times import config_ms, iteration_ms, uncovered_share
-from sim.memo import Kept, PolicyMemo, Table
+from sim.memo import ByKey, Kept, PolicyMemo, Table
 from sim.windows import Window, stage_windows
 from schedules.options import JobReplicaSync, Redundancy, ReplicaSync
 
@@ -72,6 +72,7 @@ class ClusterSimulator:
         self.state = RunState()               # the replay's run so far (set by replay())
         self.reference_nodes = 0.0            # the trace's mean count of nodes: the on-demand cluster compared with
         self.policy_memo = PolicyMemo()       # the policy's answers, given again for equal inputs (sim/memo.py)
+        self.decided = ByKey()                # what the surplus rule asks of the policy, by what determines it
         shapes = Kept(shape, 1 << 16)  # a pipeline's shape, by its nodes: most pipelines outlive many plans
         self._iteration_ms = Table(lambda pipelines, mode, sync: config_ms(
             self.profile, self.P, tuple(map(shapes.__getitem__, pipelines)), mode, self.opt.frc, sync))
@@ -215,6 +216,7 @@ class ClusterSimulator:
         events = sorted((replace(e, time=e.time + delay) if e.action == "add" and e.time > 0 else e
                          for e in events if e.time <= horizon), key=lambda e: e.time)
         self.trace = trace_stats(events, horizon)
+        self.decided = ByKey()  # the nodes' zones are this trace's (each replay of it gives them the same)
         self.reference_nodes = self.trace.node_hours * 3600 / horizon if horizon else 0.0
         spot = isinstance(self.rules, Spot)  # on-demand nodes are never preempted: no notice, no bound
         result = self.rules.run(self, with_notices(events, self.opt.notice_seconds) if spot else events, horizon)
