@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-import torch
 from schedules.options import (BackwardSplit, Choice, Frc, JobRedundancy, JobReplicaSync, Redundancy, ReplicaSync,
                                ScheduleOptions, make_members)
 from bamboo.control.records import BadRecord, checked
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = ("float32", "float64")  # torch's dtypes of those names (imported only where tensors are made)
 
 
 class Precision(Choice):
@@ -90,8 +89,9 @@ class ModelSpec(Section):
     layers: int = 0                # the model's layer count (what a complete checkpoint holds)
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+    def torch_dtype(self) -> "torch.dtype":
+        import torch  # here, so that commands that never make a tensor start without it
+        return getattr(torch, self.dtype)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 from tests.training import bamboo_train
 
 
+@pytest.mark.slow  # make test-slow: test_hf.py exports a run and loads it with from_pretrained in make test
 @pytest.mark.parametrize("model", ["hf:llama-tiny"])
 def test_a_checkpoint_in_s3_exports_the_model_the_run_exported(tmp_path, s3, model):
     from commands.train.export import main

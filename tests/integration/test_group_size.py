@@ -38,6 +38,7 @@ def test_ec2_release_lowers_and_grow_raises_the_desired_capacity(moto_endpoint, 
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--desired must be at least 1" in out.stderr
 
 
+@pytest.mark.slow  # make test-slow: EC2's group (above) runs the same release and grow in make test
 def test_gcp_release_lowers_and_grow_raises_the_target_size(etcd, gcp_group):
     compute = gcp_group
     gcp_exit(compute, etcd.endpoint, "release-job", RELEASED)

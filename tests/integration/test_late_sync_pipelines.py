@@ -137,6 +137,7 @@ def test_without_agents_each_pipeline_borrows_from_the_other_at_once(tmp_path, r
     assert_same_losses(records, reference)
 
 
+@pytest.mark.slow  # make test-slow: a loan in both windows runs in make test (above)
 def test_without_agents_stage_0_runs_ahead_past_its_late_sync_and_a_loan_keeps_the_math(tmp_path, reference):
     """--compute-ahead with the sync in the next iteration: stage 0's stream begins
     with its late sync, and the forward after it runs while the boundary agrees

@@ -12,6 +12,7 @@ import boto3
 import pytest
 
 from bamboo.control.protocol import CONFIG, job_root
+from cloud.launch import main as launch_main
 
 REGION = "us-east-1"
 ZONES = "us-east-1a,us-east-1b,us-east-1c"
@@ -94,13 +95,19 @@ def test_launch_configures_the_job_status_shows_it_and_down_removes_it(aws, etcd
     (["--region", " "], "--region must not be empty"),
     (["--image", ""], "--image must not be empty"),
 ])
-def test_bad_input_is_refused_before_any_request(extra, why, tmp_path):
-    """The endpoints are unreachable: any request would fail with another message."""
+def test_bad_input_is_refused_before_any_request(extra, why, tmp_path, capsys):
+    """The endpoints are unreachable: any request would fail with another message.
+    bamboo-launch's main runs in this process (a process each would start torch a
+    dozen times); the tests below run the command itself."""
     args = launch_args("http://127.0.0.1:9", "ami-1", "127.0.0.1:9", "j", "bamboo-n", str(tmp_path / "s.json"),
                        "--bucket", "b", "--model", "tiny", *extra)
-    out = run("bamboo-launch", *args)
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2 and len(lines) == 1 and why in lines[0], out.stderr
+    try:
+        status = launch_main(args)
+    except SystemExit as e:  # argparse's refusals
+        status = e.code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and why in lines[0], lines
+    assert not os.listdir(tmp_path)
     assert not os.listdir(tmp_path)
 
 

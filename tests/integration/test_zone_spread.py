@@ -20,6 +20,7 @@ AGENTS = ["--stages", "3", "--local-nodes", "6", "--zones", "a,b", "--zone-sprea
           "--max-stages-per-node", "1", "--job", "packed"]
 
 
+@pytest.mark.slow  # about a minute: make test-slow; tests/unit/agents/test_spread.py checks the packing
 def test_packed_pipelines_keep_their_bytes_in_their_zone_and_the_reference_s_losses(tmp_path):
     _, reference = bamboo_train(tmp_path / "ref.jsonl", *COMMON, "--stages", "1")
     metrics = tmp_path / "m.jsonl"
