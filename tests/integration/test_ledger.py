@@ -22,7 +22,8 @@ ARGS = ["--model", "tiny", "--stages", "3", "--microbatches", "4", "--iterations
         "--replica-sync", "end"]  # the sync at the end: its redundancy has a share to book (next's is nil here)
 
 
-@pytest.mark.slow  # eight processes (about a minute): make test-slow; tests/unit/commands/test_redundant_share.py checks the ledger's shares
+# eight processes, about a minute: make test-slow (tests/unit/commands/test_redundant_share.py checks the ledger's shares)
+@pytest.mark.slow
 def test_the_ledger_sums_to_the_node_seconds_the_launcher_timed(tmp_path):
     metrics = tmp_path / "m.jsonl"
     with EtcdServer() as etcd:
