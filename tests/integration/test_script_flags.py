@@ -1,6 +1,7 @@
 """The scripts under scripts/ refuse bad input in argparse's error (status 2, the
 flag named) before they start anything: no traceback, no benchmark run."""
 import os
+import runpy
 import subprocess
 import sys
 
@@ -35,8 +36,21 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "
     ("bench_short_pipelines.py", ["--batch", "0"], "--batch must be at least 1 (got 0)"),
     ("calibrate_sim.py", ["--models", "gpt2,bogus"], "--models: unknown 'bogus'"),
 ])
-def test_bad_input_is_argparse_s_error_before_any_work(script, args, message, tmp_path):
-    out = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), *args], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path)  # another directory: nothing may depend on the cwd
+def test_bad_input_is_argparse_s_error_before_any_work(script, args, message, tmp_path, capsys, monkeypatch):
+    """Each script run as __main__ in this process (a process each would import torch
+    two dozen times; the test below starts one), from another directory: nothing may
+    depend on the cwd. An exception other than argparse's exit fails the test."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [script, *args])
+    monkeypatch.setattr(sys, "path", [os.path.abspath(SCRIPTS), *sys.path])  # as python puts a script's directory
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_path(os.path.join(SCRIPTS, script), run_name="__main__")
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and message in err.strip().splitlines()[-1], err
+
+
+def test_a_script_started_as_a_process_refuses_the_same():
+    out = subprocess.run([sys.executable, os.path.join(SCRIPTS, "bench_runtime.py"), "--rounds", "0"],
+                         capture_output=True, text=True, timeout=120, cwd=os.path.dirname(SCRIPTS))
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
-    assert message in out.stderr.strip().splitlines()[-1], out.stderr
+    assert "--rounds must be at least 1 (got 0)" in out.stderr.strip().splitlines()[-1], out.stderr

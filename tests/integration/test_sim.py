@@ -271,7 +271,20 @@ def test_the_simulator_page_s_sweep_table_has_the_sweep_s_rates():
     (["--trace", P3, "--stages", "1"], "--stages must be at least 2"),
     (["--trace", P3, "--model", "bert-large", "--stages", "25"], "more than model bert-large's 24 layers"),
 ])
-def test_bad_input_is_one_line(args, needle):
+def test_bad_input_is_one_line(args, needle, capsys):
+    """bamboo-sim's main in this process (a process each would import torch forty
+    times); the test below runs the command itself."""
+    try:
+        status = main(args)
+    except SystemExit as e:  # argparse's refusals
+        status = e.code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and needle in lines[0], lines
+
+
+@pytest.mark.parametrize("args,needle", [(["--trace", "/nonexistent.csv"], "/nonexistent.csv"),
+                                         (["--trace", P3, "--hours", "nan"], "--hours must be a finite number")])
+def test_bad_input_from_a_real_process_is_one_line(args, needle):
     res = subprocess.run([sys.executable, "-m", "sim.command", *args], capture_output=True, text=True, timeout=60)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and needle in lines[0], res.stderr
