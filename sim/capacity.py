@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from agents.policy import Config
 from agents.surplus import Economics, SurplusRule, assign_surplus, standby_count
 from sim.accounting import RunState
-from sim.reconfiguration import used_nodes
+from sim.options import PACK, SPREAD
+from sim.reconfiguration import shape, used_nodes
 from sim.traces import Event
 
 ACQUIRE = "acquire"  # an event of the loop's own: requested nodes come (`node` holds the count)
@@ -178,14 +179,19 @@ def placed_with(sim, config: Config, nodes: dict[str, str]) -> int:
     `config` puts in pipelines. With every node of `config` among them (and each
     node its own host, as in the simulator) that count turns only on `config`'s
     pipelines and how many nodes there are: the policy keeps the pipelines that fit
-    the lengths `pipeline_lengths` gives and forms the others whichever the nodes."""
+    the lengths `pipeline_lengths` gives and forms the others whichever the nodes.
+    Where it only spreads pipelines over zones (never packs them), it turns only on
+    the pipelines' shapes: the spread takes nodes round robin over zones, as many as
+    asked while any are left, and every estimate it weighs is by shape."""
     def count() -> int:
         wider = sim.next_config(nodes, config)
         return len(used_nodes(wider)) if sim.running(wider) else 0
     if not used_nodes(config) <= nodes.keys():
         return count()
+    spread_only = sim.opt.zone_spread != PACK and (sim.opt.zone_spread == SPREAD or not sim.opt.cross_zone_price)
+    pipelines = tuple(map(shape, config.pipelines)) if spread_only else config.pipelines
     mode = sim.rules.redundancy
-    return sim.decided.get(("placed", config.pipelines, len(nodes), mode, sim.compiled_sync(mode)), count)
+    return sim.decided.get(("placed", config.depth, pipelines, len(nodes), mode, sim.compiled_sync(mode)), count)
 
 
 def justified_standby(sim, s: RunState, used: int, idle: int, span: tuple[float, float]) -> float:
