@@ -158,17 +158,18 @@ def standby_of(sim, s: RunState, config: Config, limit: int, paid: int) -> int:
     order = sim.burst_order(used)
     doomed = tuple(n for n in order if n in sim.noticed) if sim.noticed else ()
     mode = sim.rules.redundancy
-
-    def after(gone: int) -> float:
-        left = [n for n in order[gone:] if n not in sim.noticed] if doomed else order[gone:]
-        return sim.config_throughput(sim.next_config(dict(zip(left, map(sim.zones.__getitem__, left))), config))
+    spread = spread_only(sim)
 
     def throughput(gone: int) -> float:
         if not gone:
             return sim.config_throughput(config)
-        # which nodes are left turns on the pipelines, the zones (fixed in a run) and the notices
-        return sim.decided.get(("burst", config.pipelines, gone, doomed, mode, sim.compiled_sync(mode)),
-                               lambda: after(gone))
+        left = [n for n in order[gone:] if n not in sim.noticed] if doomed else order[gone:]
+        after = lambda: sim.config_throughput(  # noqa: E731
+            sim.next_config(dict(zip(left, map(sim.zones.__getitem__, left))), config))
+        # which nodes are left turns on the pipelines, the zones (fixed in a run) and the notices; where the
+        # policy only spreads, what it forms of them turns on each pipeline's shape and survivors (`survivors`)
+        key = (config.depth, survivors(config, left), len(left)) if spread else (config.pipelines, gone, doomed)
+        return sim.decided.get(("burst", *key, mode, sim.compiled_sync(mode)), after)
     return standby_count(SurplusRule(sim.opt.surplus), sim.bursts_seen(s, len(used)), sim.opt.acquire_seconds,
                          sim.opt.standby_epsilon, len(used), limit, Economics(throughput, paid + sim.capacity.arriving),
                          sim.opt.fixed_standby)
@@ -180,18 +181,32 @@ def placed_with(sim, config: Config, nodes: dict[str, str]) -> int:
     node its own host, as in the simulator) that count turns only on `config`'s
     pipelines and how many nodes there are: the policy keeps the pipelines that fit
     the lengths `pipeline_lengths` gives and forms the others whichever the nodes.
-    Where it only spreads pipelines over zones (never packs them), it turns only on
-    the pipelines' shapes: the spread takes nodes round robin over zones, as many as
-    asked while any are left, and every estimate it weighs is by shape."""
+    Where it only spreads pipelines (`spread_only`), it turns only on their shapes."""
     def count() -> int:
         wider = sim.next_config(nodes, config)
         return len(used_nodes(wider)) if sim.running(wider) else 0
     if not used_nodes(config) <= nodes.keys():
         return count()
-    spread_only = sim.opt.zone_spread != PACK and (sim.opt.zone_spread == SPREAD or not sim.opt.cross_zone_price)
-    pipelines = tuple(map(shape, config.pipelines)) if spread_only else config.pipelines
+    pipelines = tuple(map(shape, config.pipelines)) if spread_only(sim) else config.pipelines
     mode = sim.rules.redundancy
     return sim.decided.get(("placed", config.depth, pipelines, len(nodes), mode, sim.compiled_sync(mode)), count)
+
+
+def spread_only(sim) -> bool:
+    """Whether the policy only spreads pipelines over zones (never packs them): the
+    spread takes nodes round robin over zones, as many as asked while any are left,
+    and fills a hole while a spare is left (each node its own host), and every
+    estimate it weighs is by shape, so what it forms turns on counts and shapes."""
+    return sim.opt.zone_spread != PACK and (sim.opt.zone_spread == SPREAD or not sim.opt.cross_zone_price)
+
+
+def survivors(config: Config, left: list[str]) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """Each pipeline's shape and how many of its nodes are in `left`: what the policy's
+    next configuration after `config` turns on, where it only spreads. It keeps the
+    whole pipelines it wants, mends the full ones with the most survivors (holes
+    filled in order while spares last) and forms new ones from the rest by count."""
+    alive = set(left).__contains__
+    return tuple((shape(pipe), sum(map(alive, dict.fromkeys(pipe)))) for pipe in config.pipelines)
 
 
 def justified_standby(sim, s: RunState, used: int, idle: int, span: tuple[float, float]) -> float:

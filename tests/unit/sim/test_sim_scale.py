@@ -21,7 +21,8 @@ from schedules.timing.engine import start_times
 from agents.placement import choose, fill_holes, spread_order
 from agents.policy import Config, Spread
 from agents.surplus import BurstModel, assign_surplus, burst_order
-from sim import bound, memo, simulator
+from sim import bound, capacity, memo, simulator
+from sim.capacity import spread_only, survivors
 from sim.iteration_times import length
 from sim.profiles import profile
 from sim.reconfiguration import memory_copies, positions_dead, stages_moved
@@ -51,6 +52,29 @@ def test_the_memo_changes_no_figure_of_any_strategy(kept, monkeypatch):
     monkeypatch.setattr(simulator, "bound_of", bound._bound)
     assert runs() == kept
     assert all(kept[s]["preemptions"] > 100 for s in STRATEGIES if s != "on-demand")  # a zone of 50 among them
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("surplus", ["burst", "keep"])  # keep: the nodes left over form a short pipeline
+def test_what_the_policy_forms_after_a_burst_turns_on_each_pipelines_shape_and_survivors(seed, surplus):
+    """The surplus rule keeps the throughput after a burst by `capacity.survivors`
+    where the policy only spreads: any other survivors with each pipeline's count
+    of them the same, in any zones, give the same configuration's throughput."""
+    rng = random.Random(seed)
+    sim = ClusterSimulator(GPT2, 4, "bamboo", Options(surplus=surplus))
+    nodes = {f"n{i}": rng.choice(ZONES) for i in range(4 * rng.randrange(8, 15) + 2 + seed % 2)}
+    sim.zones = dict(nodes)
+    config = sim.next_config(nodes, None)
+    assert spread_only(sim) and (surplus == "burst" or {len(set(p)) for p in config.pipelines} != {4})
+    for _ in range(40):
+        left = [n for pipe in config.pipelines for n in rng.sample(list(dict.fromkeys(pipe)), rng.randrange(
+            len(set(pipe)) + 1))]
+        other = [n for pipe in config.pipelines for n in rng.sample(list(dict.fromkeys(pipe)), sum(
+            n in left for n in dict.fromkeys(pipe)))]
+        assert survivors(config, left) == survivors(config, other)
+        throughputs = {sim.config_throughput(sim.next_config({n: rng.choice(ZONES) for n in nodes_left}, config))
+                       for nodes_left in (left, other)}
+        assert len(throughputs) == 1, (survivors(config, left), throughputs)
 
 
 def test_each_ledger_adds_up_to_the_node_hours_paid(kept):
