@@ -20,3 +20,20 @@ def redos(records) -> list[dict]:
     """The redo events of `records`, each without its abort's reason (`why`: the
     words of the node that gave the iteration up, checked where a test knows them)."""
     return [{k: v for k, v in e.items() if k != "why"} for r in records for e in r["events"] if e["type"] == "redo"]
+
+
+def train_refusal(capsys, *args) -> tuple[int, str]:
+    """bamboo-train's main in this process, for input it refuses before it starts
+    anything (a process each would import torch again): its exit status and stderr.
+    An exception escaping main fails the test, as a traceback would."""
+    import signal
+
+    from commands.train.cli import main
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        status = main(list(args))
+    except SystemExit as e:  # argparse's refusals
+        status = e.code
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    return status, capsys.readouterr().err

@@ -13,7 +13,7 @@ import torch
 
 from bamboo.control.protocol import LossScale
 from bamboo.model.builtin import FP16_ON_CPU
-from tests.training import bamboo_train
+from tests.training import bamboo_train, train_refusal
 from schedules.options import ScheduleOptions
 
 # 2^20 on the tiny model: two overflows (2^20, 2^19), two good steps, a doubling
@@ -166,7 +166,6 @@ def test_fp16_without_cuda_is_one_clear_error(tmp_path):
     (["--loss-scale-window", "0"], "--loss-scale-window"),
     (["--precision", "fp16", "--dtype", "float64"], "float32 master weights"),
 ])
-def test_bad_loss_scale_settings_are_one_line(tmp_path, fp16_on_cpu, flags, named):
-    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--no-progress", *flags], capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and named in out.stderr, out.stderr
+def test_bad_loss_scale_settings_are_one_line(tmp_path, fp16_on_cpu, flags, named, capsys):
+    status, err = train_refusal(capsys, "--no-progress", *flags)
+    assert status == 2 and err.strip().count("\n") == 0 and named in err, err

@@ -33,6 +33,17 @@ def run(command, *args):
     return subprocess.run([os.path.join(BIN, command), *args], capture_output=True, text=True, timeout=120)
 
 
+def launch_refusal(capsys, *args) -> tuple[int, str]:
+    """bamboo-launch's main in this process, for input it refuses before any request
+    (a process each would import torch again): its exit status and stderr. The
+    other tests run the command itself."""
+    try:
+        status = launch_main(list(args))
+    except SystemExit as e:  # argparse's refusals
+        status = e.code
+    return status, capsys.readouterr().err
+
+
 def launch_args(endpoint, image, etcd, job, name, *extra):
     return ["--state", extra[0], "ec2", "--nodes", "3", "--zones", ZONES, "--region", REGION, "--image", image,
             "--etcd", etcd, "--job", job, "--name", name, "--endpoint-url", endpoint, *extra[1:]]
@@ -96,16 +107,11 @@ def test_launch_configures_the_job_status_shows_it_and_down_removes_it(aws, etcd
     (["--image", ""], "--image must not be empty"),
 ])
 def test_bad_input_is_refused_before_any_request(extra, why, tmp_path, capsys):
-    """The endpoints are unreachable: any request would fail with another message.
-    bamboo-launch's main runs in this process (a process each would start torch a
-    dozen times); the tests below run the command itself."""
+    """The endpoints are unreachable: any request would fail with another message."""
     args = launch_args("http://127.0.0.1:9", "ami-1", "127.0.0.1:9", "j", "bamboo-n", str(tmp_path / "s.json"),
                        "--bucket", "b", "--model", "tiny", *extra)
-    try:
-        status = launch_main(args)
-    except SystemExit as e:  # argparse's refusals
-        status = e.code
-    lines = capsys.readouterr().err.strip().splitlines()
+    status, err = launch_refusal(capsys, *args)
+    lines = err.strip().splitlines()
     assert status == 2 and len(lines) == 1 and why in lines[0], lines
     assert not os.listdir(tmp_path)
     assert not os.listdir(tmp_path)
@@ -129,15 +135,15 @@ def test_a_job_name_outside_the_one_rule_is_refused_before_any_request(tmp_path)
     ('{"provider": "gcp", "region": "r", "job": "j", "etcd": "e:1", "wheel": "w"}', "(no project)"),
     ("{", "is not a launch record (JSONDecodeError)"),
 ])
-def test_a_launch_record_that_is_not_one_is_one_line(record, why, tmp_path):
+def test_a_launch_record_that_is_not_one_is_one_line(record, why, tmp_path, capsys):
     state = tmp_path / "state.json"
     if record is None:
         state.mkdir()
     else:
         state.write_text(record)
-    out = run("bamboo-launch", "status", "--state", str(state))
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode != 0 and len(lines) == 1 and why in lines[0], out.stderr
+    status, err = launch_refusal(capsys, "status", "--state", str(state))
+    lines = err.strip().splitlines()
+    assert status != 0 and len(lines) == 1 and why in lines[0], err
 
 
 def test_object_storage_data_and_checkpoints_are_checked_not_downloaded(gcs, s3):

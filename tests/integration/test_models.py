@@ -12,6 +12,7 @@ from bamboo.model.api import ModelError, ModelSource
 from bamboo.model.builtin import Stage, dropout_seed
 from bamboo.model.factory import FactoryModel, layer_items
 from bamboo.model.partition import PartitionError, partition
+from tests.training import train_refusal
 
 
 def brute_force_partition(costs, stages):
@@ -176,13 +177,12 @@ def test_a_factory_model_is_called_on_meta_and_layers_are_seeded_alone():
                      "reset_parameters()"),
     ("meta_hostile", "on the meta device, so it cannot be built lazily"),
 ])
-def test_a_factory_that_cannot_be_built_lazily_is_one_line(tmp_path, factory, message):
+def test_a_factory_that_cannot_be_built_lazily_is_one_line(tmp_path, factory, message, capsys):
     with pytest.raises(ModelError, match=message.replace("(", r"\(").replace(")", r"\)")):
         ModelSource(f"tests.sample_models:{factory}", seed=0)
-    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--model", f"tests.sample_models:{factory}",
-                          "--metrics-out", str(tmp_path / "m.jsonl")], capture_output=True, text=True, timeout=120,
-                         cwd=os.path.join(os.path.dirname(__file__), "..", ".."))
-    assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    status, err = train_refusal(capsys, "--model", f"tests.sample_models:{factory}", "--metrics-out",
+                                str(tmp_path / "m.jsonl"))
+    assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "m.jsonl").exists()
 
 

@@ -3,12 +3,10 @@ from a peer pipeline's copy of the lost stage (no replica anywhere), `lazy` by
 FRC and BRC after the death, `auto` switches between modes live; all keep the
 single-process reference's losses. And the settings where a mode cannot survive
 a death are refused up front."""
-import subprocess
-import sys
 
 import pytest
 
-from tests.training import bamboo_train, redos
+from tests.training import bamboo_train, redos, train_refusal
 
 COMMON = ["--model", "tiny", "--microbatches", "4", "--iterations", "8", "--dtype", "float64"]
 
@@ -124,8 +122,7 @@ def test_the_agents_choose_the_sync_and_move_it_to_the_end_after_a_death_in_its_
     (["--stages", "2", "--redundancy", "auto", "--local-nodes", "4", "--auto-prior-hours", "0"], "--auto-prior-hours"),
     (["--stages", "2", "--replica-sync", "sometimes", "--local-nodes", "3"], "--replica-sync"),
 ])
-def test_off_where_a_death_cannot_be_survived_is_refused(tmp_path, args, named):
-    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--no-progress", "--metrics-out",
-                          str(tmp_path / "m.jsonl"), *args], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and named in out.stderr, out.stderr
+def test_off_where_a_death_cannot_be_survived_is_refused(tmp_path, args, named, capsys):
+    status, err = train_refusal(capsys, "--no-progress", "--metrics-out", str(tmp_path / "m.jsonl"), *args)
+    assert status == 2 and err.strip().count("\n") == 0 and named in err, err
     assert not (tmp_path / "m.jsonl").exists()

@@ -2,14 +2,13 @@
 clip_grad_norm_ for clipping from per-stage squared norms, the closed forms of
 warm-up and decay, and the bad-input contract of its flags."""
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from bamboo.control.config import JobConfig
 from bamboo.model import recipe
+from tests.training import train_refusal
 
 
 def test_clipping_from_stage_norms_equals_torch_clip_grad_norm():
@@ -69,9 +68,7 @@ def test_weight_decay_applies_to_matrices_only():
     (["--grad-clip", "-1"], "must not be negative"),
     (["--lr-schedule", "step"], "invalid choice"),
 ])
-def test_bad_recipe_flags_are_one_line(tmp_path, args, message):
-    out = subprocess.run([sys.executable, "-m", "commands.train.cli", *args,
-                          "--metrics-out", str(tmp_path / "m.jsonl")],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+def test_bad_recipe_flags_are_one_line(tmp_path, args, message, capsys):
+    status, err = train_refusal(capsys, *args, "--metrics-out", str(tmp_path / "m.jsonl"))
+    assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "m.jsonl").exists()

@@ -7,14 +7,12 @@ reference's through a death in the short pipeline (its iteration is redone from
 the full pipeline's copies) and one in the full pipeline (its predecessor takes
 over, and at the boundary the full pipeline is mended with a node of the short one).
 """
-import subprocess
-import sys
 
 import pytest
 
 from bamboo.control.assignment import Assignment
 from tests.integration.test_agents import assert_same_training, reconfigurations
-from tests.training import bamboo_train, redos
+from tests.training import bamboo_train, redos, train_refusal
 
 ITERS = 5
 M = 8
@@ -80,10 +78,9 @@ def test_an_assignment_with_a_short_pipeline():
     (["--stages", "5", "--local-nodes", "2"], "5 stages cannot fit on 2 nodes at --max-stages-per-node 2"),
     (["--stages", "3", "--local-nodes", "2", "--max-stages-per-node", "1"], "3 stages cannot fit on 2 nodes"),
 ])
-def test_a_split_that_cannot_be_run_is_refused(tmp_path, args, named):
-    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--no-progress", "--metrics-out",
-                          str(tmp_path / "m.jsonl"), *args], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and named in out.stderr, out.stderr
+def test_a_split_that_cannot_be_run_is_refused(tmp_path, args, named, capsys):
+    status, err = train_refusal(capsys, "--no-progress", "--metrics-out", str(tmp_path / "m.jsonl"), *args)
+    assert status == 2 and err.strip().count("\n") == 0 and named in err, err
     assert not (tmp_path / "m.jsonl").exists()
 
 
