@@ -13,7 +13,7 @@ from bamboo.model.api import ModelSource
 from bamboo.model.builtin import dropout_seed
 from bamboo.data.checkpoint_files import Attempt, GcsStorage, LocalStorage, S3Storage, latest, prune, write_part
 from bamboo.state.checkpoint import restore, snapshot
-from tests.training import bamboo_train
+from tests.training import bamboo_train, train_refusal
 
 
 def _layers_and_optimizer(seed=0):
@@ -202,13 +202,11 @@ def test_resumed_run_continues_exactly(tmp_path):
     assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in whole[3:]], rel=1e-12)
 
 
-def test_resume_without_a_checkpoint_is_one_clear_error(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--stages", "2", "--iterations", "2",
-                          "--no-progress", "--checkpoint", str(tmp_path / "none"), "--resume"],
-                         capture_output=True, text=True,
-                         timeout=300)
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 1 and len(lines) == 1 and "no complete checkpoint" in lines[0], out.stderr
+def test_resume_without_a_checkpoint_is_one_clear_error(tmp_path, capsys):
+    status, err = train_refusal(capsys, "--stages", "2", "--iterations", "2", "--no-progress", "--checkpoint",
+                                str(tmp_path / "none"), "--resume")
+    lines = err.strip().splitlines()
+    assert status == 1 and len(lines) == 1 and "no complete checkpoint" in lines[0], err
 
 
 @pytest.mark.slow  # make test stays under 15 minutes on a 2-core machine

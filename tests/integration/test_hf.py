@@ -4,14 +4,12 @@
 reference with real worker processes, a node SIGKILLed mid-iteration."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from bamboo.model.api import ModelError, ModelSource
-from tests.training import bamboo_train
+from tests.training import bamboo_train, train_refusal
 
 FAMILIES = ["gpt2-tiny", "llama-tiny"]
 
@@ -69,12 +67,11 @@ def test_named_sizes_have_their_parameter_counts():
     pytest.param("{not json", "not JSON", marks=pytest.mark.slow),
     pytest.param('{"model_type": "gpt2", "n_embd": 30, "n_head": 4}', "cannot build it", marks=pytest.mark.slow),
 ])
-def test_a_config_that_cannot_be_used_is_one_line(tmp_path, config, message):
+def test_a_config_that_cannot_be_used_is_one_line(tmp_path, config, message, capsys):
     path = tmp_path / "config.json"
     path.write_text(config)
-    out = subprocess.run([sys.executable, "-m", "commands.train.cli", "--model-config", str(path), "--metrics-out",
-                          str(tmp_path / "m.jsonl")], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    status, err = train_refusal(capsys, "--model-config", str(path), "--metrics-out", str(tmp_path / "m.jsonl"))
+    assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "m.jsonl").exists()
 
 

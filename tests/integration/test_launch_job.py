@@ -117,15 +117,18 @@ def test_bad_input_is_refused_before_any_request(extra, why, tmp_path, capsys):
     assert not os.listdir(tmp_path)
 
 
-def test_a_job_name_outside_the_one_rule_is_refused_before_any_request(tmp_path):
+def test_a_job_name_outside_the_one_rule_is_refused_before_any_request(tmp_path, capsys):
     """A job's name prefixes its etcd keys and names its bucket prefix and labels: `/`
-    would reach into another job's keys, capitals break cloud labels."""
-    for job in ("team/a", "Gpt"):
-        args = launch_args("http://127.0.0.1:9", "ami-1", "127.0.0.1:9", job, "bamboo-n", str(tmp_path / "s.json"),
+    would reach into another job's keys, capitals break cloud labels. The command
+    itself for one, its main in this process for the other."""
+    def args(job):
+        return launch_args("http://127.0.0.1:9", "ami-1", "127.0.0.1:9", job, "bamboo-n", str(tmp_path / "s.json"),
                            "--bucket", "b", "--model", "tiny")
-        out = run("bamboo-launch", *args)
-        lines = out.stderr.strip().splitlines()
-        assert out.returncode == 2 and len(lines) == 1 and f"--job {job!r}: a job name is" in lines[0], out.stderr
+    out = run("bamboo-launch", *args("team/a"))
+    status, err = launch_refusal(capsys, *args("Gpt"))
+    for job, (code, said) in {"team/a": (out.returncode, out.stderr), "Gpt": (status, err)}.items():
+        lines = said.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and f"--job {job!r}: a job name is" in lines[0], said
 
 
 @pytest.mark.parametrize("record, why", [
