@@ -17,7 +17,9 @@ batches, notices, acquisitions).
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from agents.policy import Config
 from agents.surplus import Economics, SurplusRule, assign_surplus, standby_count
@@ -163,12 +165,15 @@ def standby_of(sim, s: RunState, config: Config, limit: int, paid: int) -> int:
     def throughput(gone: int) -> float:
         if not gone:
             return sim.config_throughput(config)
-        left = [n for n in order[gone:] if n not in sim.noticed] if doomed else order[gone:]
-        after = lambda: sim.config_throughput(  # noqa: E731
-            sim.next_config(dict(zip(left, map(sim.zones.__getitem__, left))), config))
+        lost = set(order[:gone]).union(doomed)
+
+        def after() -> float:
+            left = [n for n in order if n not in lost]
+            return sim.config_throughput(sim.next_config(dict(zip(left, map(sim.zones.__getitem__, left))), config))
         # which nodes are left turns on the pipelines, the zones (fixed in a run) and the notices; where the
         # policy only spreads, what it forms of them turns on each pipeline's shape and survivors (`survivors`)
-        key = (config.depth, survivors(config, left), len(left)) if spread else (config.pipelines, gone, doomed)
+        key = (config.depth, survivors(config, lost), len(order) - len(lost)) if spread else \
+            (config.pipelines, gone, doomed)
         return sim.decided.get(("burst", *key, mode, sim.compiled_sync(mode)), after)
     return standby_count(SurplusRule(sim.opt.surplus), sim.bursts_seen(s, len(used)), sim.opt.acquire_seconds,
                          sim.opt.standby_epsilon, len(used), limit, Economics(throughput, paid + sim.capacity.arriving),
@@ -187,7 +192,7 @@ def placed_with(sim, config: Config, nodes: dict[str, str]) -> int:
         return len(used_nodes(wider)) if sim.running(wider) else 0
     if not used_nodes(config) <= nodes.keys():
         return count()
-    pipelines = tuple(map(shape, config.pipelines)) if spread_only(sim) else config.pipelines
+    pipelines = outline(config.pipelines)[0] if spread_only(sim) else config.pipelines
     mode = sim.rules.redundancy
     return sim.decided.get(("placed", config.depth, pipelines, len(nodes), mode, sim.compiled_sync(mode)), count)
 
@@ -200,13 +205,21 @@ def spread_only(sim) -> bool:
     return sim.opt.zone_spread != PACK and (sim.opt.zone_spread == SPREAD or not sim.opt.cross_zone_price)
 
 
-def survivors(config: Config, left: list[str]) -> tuple[tuple[tuple[int, ...], int], ...]:
-    """Each pipeline's shape and how many of its nodes are in `left`: what the policy's
-    next configuration after `config` turns on, where it only spreads. It keeps the
-    whole pipelines it wants, mends the full ones with the most survivors (holes
-    filled in order while spares last) and forms new ones from the rest by count."""
-    alive = set(left).__contains__
-    return tuple((shape(pipe), sum(map(alive, dict.fromkeys(pipe)))) for pipe in config.pipelines)
+def survivors(config: Config, lost: set[str]) -> tuple:
+    """Each pipeline's shape, and how many nodes the pipelines that lost any lost
+    (by index) when `lost` go: what the policy's next configuration after `config`
+    turns on, where it only spreads. It keeps the whole pipelines it wants, mends the
+    full ones with the most survivors (holes filled in order while spares last) and
+    forms new ones from the rest by count. Counted from the few lost, not the many left."""
+    shapes, where = outline(config.pipelines)
+    return shapes, tuple(sorted(Counter(map(where.__getitem__, lost)).items()))
+
+
+@lru_cache(maxsize=16)
+def outline(pipelines: tuple[tuple[str, ...], ...]) -> tuple[tuple[tuple[int, ...], ...], dict[str, int]]:
+    """Each pipeline's shape and, by node, the index of its pipeline: kept for the few
+    configurations in force (a batch weighs several bursts of each)."""
+    return tuple(map(shape, pipelines)), {n: j for j, pipe in enumerate(pipelines) for n in pipe}
 
 
 def justified_standby(sim, s: RunState, used: int, idle: int, span: tuple[float, float]) -> float:
