@@ -10,7 +10,7 @@ checkpoint-restart and on-demand nodes.
                [--instance-type TYPE [--prices FILE.json]] [--cross-zone-price $/GiB] [--etcd-price $/h] \\
                [--storage-price $/GiB-month] [--boot-seconds S] [--acquire-seconds S] [--standby-epsilon E] \\
                [--surplus burst|binomial|fixed|keep] [--fixed-standby N] [--price-series FILE] \\
-               [--zone-spread auto|spread|pack] [--jobs N]
+               [--zone-spread auto|spread|pack] [--jobs N|auto]
     bamboo-sim --sweep-rates --model gpt2 --stages P [--plot DIR]
 
 Checkpoints are taken at Young's or Daly's optimal interval unless --checkpoint-minutes
@@ -41,7 +41,7 @@ from sim.options import NOTICE_SECONDS, ROLLBACKS, ZONE_SPREADS
 from sim.price_series import series_from
 from sim.plots import plot_run, plot_sweep
 from sim.profiles import PROFILES, SOURCES, Profile, profile
-from sim.runs import run_each
+from sim.runs import jobs_of, run_each
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
 from sim.traces import TraceError, detect, read, synthetic
 
@@ -82,8 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, help="cluster size of the synthetic traces (default 3 x P)")
     p.add_argument("--seeds", type=int, default=3, help="synthetic traces per rate")
     p.add_argument("--plot", metavar="DIR", help="write PNGs: nodes and throughput over time, value vs rate")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="strategies run at a time, each in a process of its own (the figures are the same)")
+    p.add_argument("--jobs", default="auto", metavar="N|auto",
+                   help="strategies run at a time, each in a process of its own (the figures are the same); "
+                        "auto: one per CPU this process may run on")
     _cost_arguments(p)
     model_spec.add_flags(p)
     return p
@@ -226,7 +227,7 @@ def _plotted(results: dict, directory: str | None) -> None:
         r.pop("timeline")
 
 
-def simulate(args, options: Options) -> dict:
+def simulate(args, options: Options, jobs: int) -> dict:
     """One trace: one strategy's summary, or with `all` every strategy's under
     "strategies", each priced (sim/pricing.py) under "priced"."""
     if not args.trace:
@@ -246,7 +247,7 @@ def simulate(args, options: Options) -> dict:
     name = strategy_name(args)
     results, stats = {}, {}
     names = list(STRATEGIES) if name == "all" else [name]
-    for strategy, ((run, seen), seconds) in run_each(runner(job, args, events, options), names, args.jobs).items():
+    for strategy, ((run, seen), seconds) in run_each(runner(job, args, events, options), names, jobs).items():
         results[strategy], run["run_seconds"] = run, seconds
         stats.update(seen)
         on_demand = strategy == "on-demand"  # in one zone, its best placement: nothing crosses
@@ -340,8 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         check_not_a_file(args.plot, "--plot")
         options = options_from(args, model_spec.instance_of(args))
         model_spec.check_shape(args)
-        if args.seeds < 1 or args.jobs < 1 or (args.nodes is not None and args.nodes < args.stages):
-            raise ValueError("--seeds and --jobs must be at least 1 and --nodes at least --stages")
+        jobs = jobs_of(args.jobs)
+        if args.seeds < 1 or (args.nodes is not None and args.nodes < args.stages):
+            raise ValueError("--seeds must be at least 1 and --nodes at least --stages")
         if args.checkpoint_formula == BEST and (args.sweep_rates or args.checkpoint_minutes):
             raise ValueError("--checkpoint-formula best searches the intervals of one trace: not with "
                              "--sweep-rates or --checkpoint-minutes")
@@ -361,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.plot:
                 out["plots"] = [plot_sweep(rows, args.plot, f"{args.model}, P={args.stages}, {nodes} spot nodes")]
         else:
-            out = simulate(args, options)
+            out = simulate(args, options, jobs)
         out["run_seconds"] = round(time.perf_counter() - started, 2)  # this command's own, its imports aside
         print(json.dumps(out))
     except (TraceError, ValueError) as e:

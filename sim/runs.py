@@ -1,6 +1,6 @@
-"""Each strategy's run over one trace, timed, and with `bamboo-sim --jobs N` in N
-processes of their own: the strategies share nothing but the trace, and on a
-fleet's month each keeps a core busy for a while. A run gives the same figures in
+"""Each strategy's run over one trace, timed, and with `bamboo-sim --jobs N` (by
+default one per CPU) in N processes of their own: the strategies share nothing but
+the trace, and on a fleet's month each keeps a core busy for a while. A run gives the same figures in
 a process of its own as one after another (what the simulator keeps between runs
 is caches of pure results).
 
@@ -11,6 +11,7 @@ strategy at a time, the longest first."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 from typing import Callable
 
@@ -41,6 +42,15 @@ def shares(strategies: list[str], jobs: int) -> list[list[str]]:
         first = [s for s in ranked if s in WITH_AUTO]
         return [part for part in (first, [s for s in ranked if s not in first]) if part]
     return [[s] for s in ranked]
+
+
+def jobs_of(value: str) -> int:
+    """`--jobs`: a count of at least 1, or auto: the CPUs this process may run on."""
+    if value == "auto":
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"--jobs must be at least 1, or auto (got {value})")
+    return int(value)
 
 
 def run_each(task: Callable[[str], object], strategies: list[str], jobs: int) -> dict[str, tuple[object, float]]:

@@ -270,6 +270,8 @@ def test_the_simulator_page_s_sweep_table_has_the_sweep_s_rates():
     (["--trace", P3, "--plot", P3], "is a file, not a directory"),
     (["--trace", P3, "--stages", "1"], "--stages must be at least 2"),
     (["--trace", P3, "--model", "bert-large", "--stages", "25"], "more than model bert-large's 24 layers"),
+    (["--trace", P3, "--jobs", "two"], "--jobs must be at least 1, or auto (got two)"),
+    (["--trace", P3, "--jobs", "-1"], "--jobs must be at least 1, or auto (got -1)"),
 ])
 def test_bad_input_is_one_line(args, needle, capsys):
     """bamboo-sim's main in this process (a process each would import torch forty

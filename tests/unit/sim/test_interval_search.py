@@ -31,7 +31,7 @@ def test_the_best_interval_s_run_is_the_one_that_interval_gives_alone(capsys):
 
 
 def test_every_spot_strategy_is_searched_and_on_demand_is_not(capsys):
-    out = sim(capsys, "--strategy", "all", "--checkpoint-formula", "best")
+    out = sim(capsys, "--strategy", "all", "--jobs", "1", "--checkpoint-formula", "best")  # no process here
     for strategy, result in out["strategies"].items():
         assert ("checkpoint_search" in result) == (strategy != "on-demand"), strategy
 

@@ -122,7 +122,7 @@ def test_the_ledger_in_dollars_is_the_whole_bill_by_part(capsys):
     """Node-hours by part at the node price, and boot, network and etcd beside them:
     they add up to the run's priced total, and the node parts to its nodes' cost."""
     code = command.main(["--trace", "traces/bursty-zones.csv", "--hours", "2", "--stages", "6", "--strategy", "all",
-                         "--instance-type", "g5.xlarge", "--cross-zone-price", "0.02", "--etcd-price", "0.02",
+                         "--jobs", "1", "--instance-type", "g5.xlarge", "--cross-zone-price", "0.02", "--etcd-price", "0.02",
                          "--boot-seconds", "300"])
     assert code == 0
     for strategy, run in json.loads(capsys.readouterr().out)["strategies"].items():
@@ -141,7 +141,7 @@ def test_zone_spread_auto_prices_each_strategy_s_placement_at_the_cheaper_bill(c
     bills = {}
     for how in ("spread", "pack", "auto"):
         code = command.main(["--trace", "traces/bursty-zones.csv", "--hours", "2", "--stages", "6", "--model", "gpt2",
-                             "--strategy", "all", "--cross-zone-price", "0.02", "--zone-spread", how])
+                             "--strategy", "all", "--jobs", "1", "--cross-zone-price", "0.02", "--zone-spread", how])
         assert code == 0
         bills[how] = {s: r["priced"]["dollars_per_billion_tokens"]
                       for s, r in json.loads(capsys.readouterr().out)["strategies"].items() if s != "on-demand"}
