@@ -40,7 +40,7 @@ from sim.pricing import cross_zone_bytes, crossing_shares, first_config, ledger_
 from sim.options import NOTICE_SECONDS, ROLLBACKS, ZONE_SPREADS
 from sim.price_series import series_from
 from sim.plots import plot_run, plot_sweep
-from sim.profiles import PROFILES, SOURCES, Profile, profile
+from sim.profiles import PROFILES, SOURCES, Profile
 from sim.runs import jobs_of, run_each
 from sim.simulator import STRATEGIES, ClusterSimulator, Options
 from sim.traces import TraceError, detect, read, synthetic

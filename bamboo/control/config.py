@@ -10,10 +10,14 @@ type checked on the way in.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
+from typing import TYPE_CHECKING
 
 from schedules.options import (BackwardSplit, Choice, Frc, JobRedundancy, JobReplicaSync, Redundancy, ReplicaSync,
                                ScheduleOptions, make_members)
 from bamboo.control.records import BadRecord, checked
+
+if TYPE_CHECKING:  # for the annotation only: torch is imported where tensors are made
+    import torch
 
 DTYPES = ("float32", "float64")  # torch's dtypes of those names (imported only where tensors are made)
 
@@ -89,7 +93,7 @@ class ModelSpec(Section):
     layers: int = 0                # the model's layer count (what a complete checkpoint holds)
 
     @property
-    def torch_dtype(self) -> "torch.dtype":
+    def torch_dtype(self) -> torch.dtype:
         import torch  # here, so that commands that never make a tensor start without it
         return getattr(torch, self.dtype)
 
