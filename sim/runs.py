@@ -1,8 +1,8 @@
 """Each strategy's run over one trace, timed, and with `bamboo-sim --jobs N` (by
 default one per CPU) in N processes of their own: the strategies share nothing but
-the trace, and on a fleet's month each keeps a core busy for a while. A run gives the same figures in
-a process of its own as one after another (what the simulator keeps between runs
-is caches of pure results).
+the trace, and on a fleet's month each keeps a core busy for a while. A run gives
+the same figures in a process of its own as one after another (what the simulator
+keeps between runs is caches of pure results).
 
 Two processes take auto with bamboo, and lazy with the rest: auto times eager's
 schedules first, which bamboo then finds timed, and the two halves take about as
