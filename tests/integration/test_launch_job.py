@@ -114,7 +114,6 @@ def test_bad_input_is_refused_before_any_request(extra, why, tmp_path, capsys):
     lines = err.strip().splitlines()
     assert status == 2 and len(lines) == 1 and why in lines[0], lines
     assert not os.listdir(tmp_path)
-    assert not os.listdir(tmp_path)
 
 
 def test_a_job_name_outside_the_one_rule_is_refused_before_any_request(tmp_path, capsys):

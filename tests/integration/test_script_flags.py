@@ -49,8 +49,8 @@ def test_bad_input_is_argparse_s_error_before_any_work(script, args, message, tm
     assert stop.value.code == 2 and message in err.strip().splitlines()[-1], err
 
 
-def test_a_script_started_as_a_process_refuses_the_same():
+def test_a_script_started_as_a_process_refuses_the_same(tmp_path):
     out = subprocess.run([sys.executable, os.path.join(SCRIPTS, "bench_runtime.py"), "--rounds", "0"],
-                         capture_output=True, text=True, timeout=120, cwd=os.path.dirname(SCRIPTS))
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)  # not the checkout's directory
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert "--rounds must be at least 1 (got 0)" in out.stderr.strip().splitlines()[-1], out.stderr
