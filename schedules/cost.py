@@ -39,7 +39,7 @@ class CostModel:
     brc_factor: float = 1.0      # redundant backward vs normal backward
     input_share: float = 0.5     # a split backward's input pass vs a whole backward (measured 0.6, weights 0.5)
     _table: dict = field(default_factory=dict, compare=False, repr=False)
-    _by_instruction: dict = field(default_factory=dict, compare=False, repr=False)
+    _by_instruction: dict = field(default_factory=dict, compare=False, repr=False)  # timing_table()
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward"):
@@ -65,9 +65,11 @@ class CostModel:
             d = self._table[key] = self._duration(ins)
         return d
 
-    def durations(self) -> dict[Instr, float]:
-        """`duration` of the instructions met so far, by instruction: a dict the timing
-        pass reads in C, filling in what it lacks (a compile times thousands of them)."""
+    def timing_table(self) -> dict[Instr, tuple]:
+        """What the fast timing pass (schedules/timing/engine.py `start_times`) knows of
+        each instruction met so far under this model, its duration among it, by
+        instruction: a dict it reads in C, filling in what it lacks (a compile times
+        thousands of them)."""
         return self._by_instruction
 
     def _duration(self, ins: Instr) -> float:

@@ -33,7 +33,7 @@ from schedules.layout import Layout
 from schedules.lower import plain_streams
 from schedules.options import BackwardSplit, ScheduleOptions
 from schedules.timing.bubbles import makespan
-from schedules.timing.engine import start_times
+from schedules.timing.fast import start_times
 
 EXTRA = 4            # at most this many more forwards first, each a microbatch's activations alive
 LAGS = (1, 2, 3, 4)  # weight passes held back, each a microbatch's graph kept longer

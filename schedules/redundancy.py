@@ -42,7 +42,7 @@ from typing import Collection, NamedTuple
 
 from schedules import ir
 from schedules.cost import CostModel
-from schedules.timing.engine import start_times
+from schedules.timing.fast import start_times
 from schedules.ir import Instr, Op, RECVS
 from schedules.layout import Layout
 from schedules.options import Frc, ReplicaSync

@@ -22,7 +22,7 @@ from typing import NamedTuple
 from schedules import ir
 from schedules.cost import CostModel
 from schedules.timing.bubbles import makespan, timed_makespan
-from schedules.timing.engine import start_times
+from schedules.timing.fast import start_times
 from schedules.ir import Instr, Op, RECVS, SENDS
 from schedules.layout import Layout
 from schedules.options import SYNC_CHOICES, ReplicaSync

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from schedules.timing.checks import ValidationError
 from schedules.cost import CostModel
-from schedules.timing.engine import start_times
+from schedules.timing.fast import finish_time, start_times
 from schedules.ir import Instr, Op
 
 RELATIVE_TOLERANCE = 1e-7  # of the iteration's length: float sums of the gaps, not a real delay
@@ -27,10 +27,10 @@ def makespan(streams: dict[int, list[Instr]], starts: dict[int, list[float]], co
 
 
 def timed_makespan(streams: dict[int, list[Instr]], cost: CostModel) -> float:
-    """When the last node ends, timed by the engine's fast pass (`start_times`, no
+    """When the last node ends, timed by the fast pass (schedules/timing/fast.py, no
     checks): for streams valid by construction, the compiler's candidates and the
     schedules it built."""
-    return makespan(streams, start_times(streams, cost), cost)
+    return finish_time(streams, cost)
 
 
 def _kept(stream: list[Instr]) -> list[int]:

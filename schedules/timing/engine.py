@@ -350,59 +350,8 @@ class Engine:
             finished={n: n not in stuck for n in live})
 
 
-_RECV, _SEND, _OTHER = "recv", "send", "other"
-_KIND = {op: _RECV if op in RECVS else _SEND if op in SENDS else _OTHER for op in Op}  # what start_times does
-
-
 def validate(layout: Layout, microbatches: int, streams: dict[int, list[Instr]],
              cost: CostModel | None = None, dead: tuple[int, int] | None = None,
              expect_frc: bool = True) -> Report:
     """Run `streams`; raise ValidationError on the first broken check, else report."""
     return Engine(layout, microbatches, cost, dead, expect_frc).run(streams)
-
-
-def start_times(streams: dict[int, list[Instr]], cost: CostModel,
-                begin: dict[int, float] | None = None) -> dict[int, list[float]]:
-    """Start time of every instruction, assuming the streams are valid. A lean copy of
-    the engine's timing rule with no checks, fast enough for the compile path.
-    `begin`: nodes that start before 0 (compute run ahead, schedules/overlap.py);
-    nothing they send leaves before 0, when the iteration's agreement is in."""
-    channels: dict[tuple, deque] = defaultdict(deque)
-    pcs = {n: 0 for n in streams}
-    clocks = {n: (begin or {}).get(n, 0.0) for n in streams}
-    starts: dict[int, list[float]] = {n: [] for n in streams}
-    known, duration = cost.durations(), cost.duration
-    transfer, sync_transfer, send_sync = cost.transfer, cost.sync_transfer, Op.SEND_SYNC
-    recv, send = _RECV, _SEND
-    progress = True
-    while progress:
-        progress = False
-        for n, stream in streams.items():
-            pc, clock, out = pcs[n], clocks[n], starts[n]
-            end = len(stream)
-            while pc < end:
-                ins = stream[pc]
-                op = ins.op
-                kind = _KIND[op]
-                if kind is recv:
-                    q = channels[(ins.peer, n, RECVS[op])]
-                    if not q:
-                        break
-                    arrival = q.popleft()
-                    start = clock if clock > arrival else arrival
-                else:
-                    start = clock
-                out.append(start)
-                d = known.get(ins)
-                if d is None:
-                    d = known[ins] = duration(ins)
-                clock = start + d
-                if kind is send:
-                    channels[(n, ins.peer, op)].append((clock if clock >= 0.0 else 0.0) + (
-                        sync_transfer if op is send_sync else transfer))
-                pc += 1
-            progress |= pc != pcs[n]
-            pcs[n], clocks[n] = pc, clock
-    if any(pcs[n] < len(s) for n, s in streams.items()):
-        raise ValidationError("deadlock", "streams do not complete")
-    return starts

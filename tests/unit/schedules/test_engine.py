@@ -170,13 +170,31 @@ def test_dropped_frc_and_leftover_state_are_caught():
 
 
 def test_fast_timing_pass_agrees_with_the_simulator():
-    from schedules.timing.engine import start_times
+    from schedules.timing.fast import start_times
     cost = CostModel(forward=(1.0, 0.5, 2.0, 1.5), backward=(2.0, 1.0, 3.0, 2.5), transfer=0.3)
     sched = compile_schedule(4, 6, cost=cost)
     report = simulate(sched)
     fast = start_times(sched.streams, cost)
     for node, stream in sched.streams.items():
         assert [sp.start for sp in report.spans if sp.node == node] == pytest.approx(fast[node])
+
+
+@pytest.mark.parametrize("redundancy, sync", [("off", "end"), ("eager", "end"), ("lazy", "next"), ("eager", "next")])
+def test_the_last_end_kept_alone_is_the_engine_s_makespan(redundancy, sync):
+    """finish_time keeps no start: it must end where the checked engine's run ends,
+    and where the starts it skips would put the last node's end, on both caches of
+    the cost model's table (the first call fills it, the second reads it)."""
+    from schedules.timing.bubbles import makespan
+    from schedules.timing.fast import finish_time, start_times
+    def model():
+        return CostModel(forward=(1.0, 0.5, 2.0, 1.5, 0.7), backward=(2.0, 1.0, 3.0, 2.5, 1.1), transfer=0.3,
+                         sync_transfer=0.9, step=0.4)
+    cost, fresh = model(), model()  # fresh: an empty table
+    sched = compile_schedule(5, 7, options=ScheduleOptions(redundancy=redundancy, sync=sync), cost=cost)
+    assert not fresh.timing_table()
+    ends = [finish_time(sched.streams, fresh), finish_time(sched.streams, fresh), finish_time(sched.streams, cost)]
+    assert ends[0] == ends[1] == ends[2] == makespan(sched.streams, start_times(sched.streams, cost), cost)
+    assert ends[0] == pytest.approx(simulate(sched).makespan)
 
 
 def test_cost_model_inputs_are_checked():

@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 from schedules.timing.checks import ValidationError
 from schedules.compiler import compile_recovery, compile_schedule, simulate
 from schedules.cost import CostModel
-from schedules.timing.bubbles import makespan
-from schedules.timing.engine import Engine, start_times
+from schedules.timing.engine import Engine
 from schedules.ir import Instr, Op
 from schedules.layout import ScheduleError
 from schedules.syncs import sync_landed_first

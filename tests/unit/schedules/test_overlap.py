@@ -11,7 +11,7 @@ from schedules.ir import Op
 from schedules.options import ScheduleOptions
 from schedules.overlap import period
 from schedules.timing.bubbles import makespan
-from schedules.timing.engine import start_times
+from schedules.timing.fast import start_times
 
 AHEAD = ScheduleOptions(redundancy="off", ahead=True)
 LARGE = CostModel(forward=486.7, backward=1038.0, input_share=563 / 1038, step=150.0, transfer=5.0)  # bench_passes

@@ -17,7 +17,7 @@ from schedules.compiler import _compile, compile_schedule, simulate
 from schedules.options import ScheduleOptions
 from schedules.split import estimated_slots, split_by_speed
 from schedules.timing.bubbles import makespan
-from schedules.timing.engine import start_times
+from schedules.timing.fast import start_times
 
 from agents.placement import choose, fill_holes, spread_order
 from agents.policy import Config, Spread
