@@ -40,6 +40,9 @@ class Roles:
     release: tuple[str, ...] = ()
 
 
+_CHECKED: list[tuple[int, ...]] = [()]  # the sizes last found valid (a tuple is immutable: checked once)
+
+
 @dataclass(frozen=True)
 class BurstModel:
     sizes: tuple[int, ...]   # nodes each observed burst took (one batch of simultaneous losses)
@@ -48,8 +51,11 @@ class BurstModel:
     prior_seconds: float = 0.0  # ... over this many seconds, as if observed
 
     def __post_init__(self):
+        if self.sizes is _CHECKED[0]:
+            return  # a job asks with the same bursts at every batch until the next one: a month is thousands long
         if self.sizes and min(self.sizes) < 1:
             raise ValueError(f"a burst takes one node or more (got {min(self.sizes)})")
+        _CHECKED[0] = self.sizes
 
     @classmethod
     def seen(cls, sizes: tuple[int, ...], elapsed: float, nodes: int, prior_rate: float,

@@ -85,6 +85,27 @@ class ByKey:
             return value
 
 
+class ByIdentity:
+    """A pure function's values of a large immutable argument (a configuration's
+    pipelines: a thousand nodes' worth to hash at every look-up), kept by the
+    argument's identity for the few in force. A kept argument is held, so that its
+    id is not another's meanwhile."""
+
+    def __init__(self, compute: Callable[[object], object], kept: int = 16) -> None:
+        self._compute, self._kept = compute, kept
+        self._values: dict[int, tuple[object, object]] = {}
+
+    def __call__(self, arg):
+        found = self._values.get(id(arg))
+        if found is not None and found[0] is arg:
+            return found[1]
+        if len(self._values) >= self._kept:
+            self._values.clear()
+        value = self._compute(arg)
+        self._values[id(arg)] = (arg, value)
+        return value
+
+
 class Kept(dict):
     """A one-argument pure function's values by argument, at most `kept` of them:
     a dict, so that `map(kept.__getitem__, args)` looks each up in C."""

@@ -3,19 +3,19 @@ which nodes changed stage, which stages died in each pipeline, which are lost on
 every node, and how long one stage's state takes to move."""
 from __future__ import annotations
 
-from functools import lru_cache
 from itertools import chain
 
 from schedules.layout import Layout
 from schedules.split import merged
 
 from agents.policy import Config
+from sim.memo import ByIdentity
 from sim.profiles import NETWORK, Profile
 
 
 def stages_moved(a: Config, b: Config) -> bool:
     """Whether any node of `b` computes a stage it did not compute in `a`."""
-    if set(b.pipelines) <= set(a.pipelines):
+    if b.pipelines is a.pipelines or set(b.pipelines) <= set(a.pipelines):
         return False  # every pipeline of b ran as it is in a: the usual batch, without the node-by-node walk
     before = {(n, s) for pipe in a.pipelines for s, n in enumerate(pipe)}
     return any((n, s) not in before for pipe in b.pipelines for s, n in enumerate(pipe))
@@ -26,10 +26,8 @@ def used_nodes(config: Config | None) -> frozenset[str]:
     return _nodes_of(config.pipelines) if config else frozenset()
 
 
-@lru_cache(maxsize=16)
-def _nodes_of(pipelines: tuple[tuple[str, ...], ...]) -> frozenset[str]:
-    """Kept for the few configurations in force: a batch asks for them several times."""
-    return frozenset().union(*pipelines)
+# kept for the few configurations in force: a batch asks for them several times
+_nodes_of = ByIdentity(lambda pipelines: frozenset().union(*pipelines))
 
 
 def shape(pipeline: tuple[str, ...]) -> tuple[int, ...]:

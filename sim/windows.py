@@ -68,7 +68,8 @@ def _caught(windows: tuple[Window, ...], dead: list[set[int]], phase: float, bet
     (all of them `between` iterations)."""
     if not windows:
         return [set() for _ in dead]
-    return [{st for st in stages if st < len(windows) and (between or windows[st].holds(phase))} for stages in dead]
+    return [{st for st in stages if st < len(windows) and (between or windows[st].holds(phase))} if stages else set()
+            for stages in dead]  # most pipelines lost nothing
 
 
 def stale(windows: tuple[Window, ...], dead: list[set[int]], phase: float, between: bool = False) -> list[set[int]]:
@@ -79,7 +80,7 @@ def stale(windows: tuple[Window, ...], dead: list[set[int]], phase: float, betwe
     caught = _caught(windows, dead, phase, between)
     if between:
         return caught
-    return [{st for st in late if all(st in other for j, other in enumerate(dead) if j != i)}
+    return [{st for st in late if all(st in other for j, other in enumerate(dead) if j != i)} if late else set()
             for i, late in enumerate(caught)]
 
 

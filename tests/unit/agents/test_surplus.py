@@ -88,6 +88,11 @@ def test_before_any_preemption_the_prior_sizes_the_standby():
 def test_sizes_below_one_are_refused_and_a_large_fleet_does_not_overflow():
     with pytest.raises(ValueError, match="one node or more"):
         BurstModel((0, 1), 3_600.0)
+    seen = (1, 3)
+    BurstModel(seen, 3_600.0)
+    BurstModel(seen, 7_200.0)  # the same bursts again: checked once
+    with pytest.raises(ValueError, match="one node or more"):
+        BurstModel((*seen, -2), 3_600.0)  # a new tuple is checked whole
     assert 0 < binomial_standby(5_000, 1 / 36_000, 600.0, 0.01) < 5_000  # math.comb would overflow floats
 
 
