@@ -192,10 +192,11 @@ def test_ec2_p3_trace_gpt2_p12_all_strategies():
         if name != "on-demand":
             assert 0 < r["goodput"] <= r["goodput_bound"] <= 1.05 and 0 <= r["idle_fraction"] < 0.3
     assert out["auto"]["goodput"] >= out["auto"]["goodput_bound"] - 0.05
-    # auto (the agents' choose() at every batch): within 2% of the best fixed mode
-    # (the issue's done-when; on this trace it stays off), above eager Bamboo
-    assert out["auto"]["value"] > out["bamboo"]["value"] and out["auto"]["value"] >= 0.98 * best_fixed(out)
-    assert set(out["auto"]["hours_per_mode"]) <= {"eager", "lazy", "off"}
+    # auto (the agents' choose() at every batch): within 2% of the best fixed mode, and
+    # no worse than eager Bamboo (on this trace it runs Bamboo's own setting throughout,
+    # eager with the sync in the next iteration, which bamboo's own sync choice also takes)
+    assert out["auto"]["value"] >= out["bamboo"]["value"] and out["auto"]["value"] >= 0.98 * best_fixed(out)
+    assert {setting.split("+")[0] for setting in out["auto"]["hours_per_mode"]} <= {"eager", "lazy", "off"}
     assert out["on-demand"]["cost_per_hour"] == pytest.approx(out["on-demand"]["mean_nodes"] * 3.06)
 
 
