@@ -38,8 +38,9 @@ class CostModel:
     frc_factor: float = 1.0      # redundant forward vs normal forward
     brc_factor: float = 1.0      # redundant backward vs normal backward
     input_share: float = 0.5     # a split backward's input pass vs a whole backward (measured 0.6, weights 0.5)
-    _table: dict = field(default_factory=dict, compare=False, repr=False)
-    _by_instruction: dict = field(default_factory=dict, compare=False, repr=False)  # timing_table()
+    # caches of this model's own (not init fields: a model made by dataclasses.replace starts its own)
+    _table: dict = field(default_factory=dict, init=False, compare=False, repr=False)
+    _by_instruction: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # timing_table()
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward"):
@@ -66,7 +67,7 @@ class CostModel:
         return d
 
     def timing_table(self) -> dict[Instr, tuple]:
-        """What the fast timing pass (schedules/timing/engine.py `start_times`) knows of
+        """What the fast timing pass (schedules/timing/fast.py) knows of
         each instruction met so far under this model, its duration among it, by
         instruction: a dict it reads in C, filling in what it lacks (a compile times
         thousands of them)."""

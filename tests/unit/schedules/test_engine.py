@@ -197,6 +197,21 @@ def test_the_last_end_kept_alone_is_the_engine_s_makespan(redundancy, sync):
     assert ends[0] == pytest.approx(simulate(sched).makespan)
 
 
+def test_a_model_made_from_another_times_by_its_own_numbers():
+    """dataclasses.replace copies init fields: the models' caches are not among them,
+    so a model with another forward or sync transfer does not read the first's."""
+    from dataclasses import replace
+    from schedules.timing.bubbles import timed_makespan
+    base = CostModel(sync_transfer=0.1)
+    options = ScheduleOptions(redundancy="eager", sync="next")
+    streams = compile_schedule(3, 4, options=options, cost=base).streams
+    timed_makespan(streams, base)  # fills base's caches
+    for changed in (replace(base, sync_transfer=5.0), replace(base, forward=3.0)):
+        assert not changed.timing_table()
+        fresh = CostModel(**{k: getattr(changed, k) for k in ("forward", "sync_transfer")})
+        assert timed_makespan(streams, changed) == timed_makespan(streams, fresh) > timed_makespan(streams, base)
+
+
 def test_cost_model_inputs_are_checked():
     from schedules.layout import ScheduleError
     assert CostModel(forward=[1, 2]).forward == (1.0, 2.0)
