@@ -50,6 +50,7 @@ def test_the_memo_changes_no_figure_of_any_strategy(kept, monkeypatch):
     monkeypatch.setattr(memo.PolicyMemo, "get", lambda self, live, previous, key, plan: plan())
     monkeypatch.setattr(memo.Table, "__call__", lambda self, *args: self._compute(*args))
     monkeypatch.setattr(memo.ByKey, "get", lambda self, key, compute: compute())
+    monkeypatch.setattr(memo.ByIdentity, "__call__", lambda self, arg: self._compute(arg))
     monkeypatch.setattr(simulator, "bound_of", bound._bound)
     assert runs() == kept
     assert all(kept[s]["preemptions"] > 100 for s in STRATEGIES if s != "on-demand")  # a zone of 50 among them
