@@ -40,6 +40,10 @@ def spread_order(nodes: list[str], zones: Mapping[str, str], hosts: Mapping[str,
     than half the cycle has no two members side by side."""
     zone_size: dict[str, int] = {}
     host_size: dict[str, int] = {}
+    if not hosts and len(set(nodes)) == len(nodes):  # each node its own host, once: every host's size is 1
+        for zone in map(zones.__getitem__, nodes):
+            zone_size[zone] = zone_size.get(zone, 0) + 1
+        return sorted(nodes, key=lambda n: (-zone_size[zones[n]], zones[n], n))
     for n in nodes:
         zone_size[zones[n]] = zone_size.get(zones[n], 0) + 1
         host_size[host_of(hosts, n)] = host_size.get(host_of(hosts, n), 0) + 1
