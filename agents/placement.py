@@ -10,6 +10,7 @@ together). A node's host defaults to the node itself: one worker per machine.
 """
 from __future__ import annotations
 
+from collections import Counter
 from itertools import chain, zip_longest
 from typing import Mapping
 
@@ -38,15 +39,10 @@ def spread_order(nodes: list[str], zones: Mapping[str, str], hosts: Mapping[str,
     """Nodes in runs: the largest zone first, and inside a zone the largest host
     first. Placed on every other slot of a cycle in this order, a run no longer
     than half the cycle has no two members side by side."""
-    zone_size: dict[str, int] = {}
-    host_size: dict[str, int] = {}
+    zone_size = Counter(map(zones.__getitem__, nodes))
     if not hosts and len(set(nodes)) == len(nodes):  # each node its own host, once: every host's size is 1
-        for zone in map(zones.__getitem__, nodes):
-            zone_size[zone] = zone_size.get(zone, 0) + 1
         return sorted(nodes, key=lambda n: (-zone_size[zones[n]], zones[n], n))
-    for n in nodes:
-        zone_size[zones[n]] = zone_size.get(zones[n], 0) + 1
-        host_size[host_of(hosts, n)] = host_size.get(host_of(hosts, n), 0) + 1
+    host_size = Counter(host_of(hosts, n) for n in nodes)
     return sorted(nodes, key=lambda n: (-zone_size[zones[n]], zones[n], -host_size[host_of(hosts, n)],
                                         host_of(hosts, n), n))
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from agents.policy import Config
 from agents.surplus import Economics, SurplusRule, assign_surplus, standby_count
 from sim.accounting import RunState
+from sim.memo import ByIdentity
 from sim.options import PACK, SPREAD
 from sim.reconfiguration import shape, used_nodes
 from sim.traces import Event
@@ -215,11 +215,12 @@ def survivors(config: Config, lost: set[str]) -> tuple:
     return shapes, tuple(sorted(Counter(map(where.__getitem__, lost)).items()))
 
 
-@lru_cache(maxsize=16)
-def outline(pipelines: tuple[tuple[str, ...], ...]) -> tuple[tuple[tuple[int, ...], ...], dict[str, int]]:
-    """Each pipeline's shape and, by node, the index of its pipeline: kept for the few
-    configurations in force (a batch weighs several bursts of each)."""
+def _outline(pipelines: tuple[tuple[str, ...], ...]) -> tuple[tuple[tuple[int, ...], ...], dict[str, int]]:
+    """Each pipeline's shape and, by node, the index of its pipeline."""
     return tuple(map(shape, pipelines)), {n: j for j, pipe in enumerate(pipelines) for n in pipe}
+
+
+outline = ByIdentity(_outline)  # kept for the few configurations in force: a batch weighs several bursts of each
 
 
 def justified_standby(sim, s: RunState, used: int, idle: int, span: tuple[float, float]) -> float:
