@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from schedules.timing.bubbles import check_in_bubbles, timed_makespan
+from schedules.timing.bubbles import check_in_bubbles
 from schedules.cost import CostModel
 from schedules.early_grads import split_backwards
 from schedules.evaluation import eval_streams
@@ -110,7 +110,7 @@ def base_streams(layout: Layout, microbatches: int, options: ScheduleOptions, co
     the replica sync where they say."""
     streams = plain_streams(layout, microbatches, options.order, cost, options.sync)
     if options.split is BackwardSplit.LAST:
-        streams = split_backwards(streams, lambda s: timed_makespan(s, cost))
+        streams = split_backwards(streams, cost)
     if options.ahead:
         streams = overlapped_streams(layout, microbatches, options, cost, first=streams)
     return defer_syncs(layout, streams, cost) if options.sync is ReplicaSync.NEXT else streams

@@ -20,43 +20,54 @@ autograd functions (bamboo/runtime/two_pass.py, tests/integration/test_early_gra
 """
 from __future__ import annotations
 
-from typing import Callable
-
 from schedules import ir
+from schedules.cost import CostModel
 from schedules.ir import Instr, Op
 from schedules.lower import is_tail
 from schedules.options import BackwardSplit
+from schedules.timing.fast import Timed
 
 SPLITS = BackwardSplit.values()  # --backward-split: each node's last backwards split (depth by the cost model), or none
 
 
-def split_backwards(streams: dict[int, list[Instr]], makespan: Callable[[dict], float]) -> dict[int, list[Instr]]:
+def split_backwards(streams: dict[int, list[Instr]], cost: CostModel) -> dict[int, list[Instr]]:
     """`streams` with each node's last backwards split, as deep as shortens the
-    iteration most by `makespan` (a simulation of the streams)."""
-    best, best_time, last, depth = streams, makespan(streams), streams, 1
-    while True:
-        candidate = {node: split_last(stream, depth) for node, stream in streams.items()}
-        if candidate == last:
-            return best  # no node has more backwards to split
-        time = makespan(candidate)
+    iteration most under `cost`: each depth timed from its first split (fast.py
+    `Timed`), up to the depth that splits every backward a node may split."""
+    base = Timed(streams, cost)
+    sends = {n: splittable(stream) for n, stream in streams.items()}
+    most = max(map(len, sends.values()), default=0)
+    best, best_time, depth = streams, base.makespan, 1
+    while most > depth // 2:  # the depth before split fewer on some node
+        candidate = {n: split_last(stream, depth, sends=sends[n]) for n, stream in streams.items()}
+        time = base.finish(candidate, {n: at[-depth:][0] - 1 for n, at in sends.items() if at})
         if time < best_time - 1e-9:
             best, best_time = candidate, time
-        last, depth = candidate, depth * 2
+        depth *= 2
+    return best
 
 
-def split_last(stream: list[Instr], depth: int, lag: int = 1) -> list[Instr]:
+def splittable(stream: list[Instr]) -> list[int]:
+    """The positions of the sends whose backward split_last may split: every backward
+    that sends a gradient, when only the tail follows the last one; else none."""
+    sends = [pc for pc, i in enumerate(stream) if i.op is Op.SEND_GRAD and pc > 0
+             and stream[pc - 1] == ir.backward(i.stage, i.mb)]
+    return sends if sends and all(is_tail(i) for i in stream[sends[-1] + 1:]) else []
+
+
+def split_last(stream: list[Instr], depth: int, lag: int = 1, sends: list[int] | None = None) -> list[Instr]:
     """`stream` with its last `depth` (>= 1) backwards that send a gradient split,
     each weight pass after the send of the split one `lag` (>= 1) later, the last
     ones after the last send; unchanged unless only the tail follows the node's last
-    backward and its send."""
-    sends = [pc for pc, i in enumerate(stream) if i.op is Op.SEND_GRAD and pc > 0
-             and stream[pc - 1] == ir.backward(i.stage, i.mb)]
-    if not sends or any(not is_tail(i) for i in stream[sends[-1] + 1:]):
+    backward and its send. `sends`: the stream's `splittable`, when known."""
+    sends = splittable(stream) if sends is None else sends
+    if not sends:
         return stream
     split = set(sends[-depth:])
-    out: list[Instr] = []
+    first = sends[-depth:][0] - 1  # the first backward split: what comes before it stays
+    out: list[Instr] = stream[:first]
     owed: list[Instr] = []  # the weight passes of the last `lag` split backwards, oldest first
-    for pc, ins in enumerate(stream):
+    for pc, ins in enumerate(stream[first:], first):
         if pc + 1 in split:
             out.append(ir.backward_input(ins.stage, ins.mb))
             continue

@@ -21,8 +21,7 @@ from typing import NamedTuple
 
 from schedules import ir
 from schedules.cost import CostModel
-from schedules.timing.bubbles import makespan, timed_makespan
-from schedules.timing.fast import start_times
+from schedules.timing.fast import Timed
 from schedules.ir import Instr, Op, RECVS, SENDS
 from schedules.layout import Layout
 from schedules.options import SYNC_CHOICES, ReplicaSync
@@ -51,8 +50,8 @@ def defer_syncs(layout: Layout, streams: dict[int, list[Instr]], cost: CostModel
     the owners' sends first, each holder's receive and replica step in the first
     wait after the sync lands from which they delay nothing, else at the end."""
     out = {n: late_sends(layout, n) + list(stream) for n, stream in streams.items()}
-    starts = start_times(out, cost)
-    end = makespan(out, starts, cost)
+    timed = Timed(out, cost)
+    starts, end = timed.starts, timed.makespan  # the starts stay these but after a search (the others delay nothing)
     whole = sum(map(len, out.values())) <= WHOLE_SEARCH_INSTRUCTIONS
     for node, stream in list(out.items()):
         r = layout.replica(node)
@@ -67,11 +66,13 @@ def defer_syncs(layout: Layout, streams: dict[int, list[Instr]], cost: CostModel
         at = next((i for i, idle in waits if _absorbed(stream, starts[node], i, idle + need, cost, end)), None)
         searched = at is None and whole  # the wait the whole iteration makes up best, else the end
         if searched:
-            at = _least_delay(out, node, _after(stream, starts[node], landed, cost)[:WHOLE_SEARCH_PLACES], ops, cost)
+            timed = timed if timed.streams == out else Timed(out, cost)
+            at = _least_delay(timed, node, _after(stream, starts[node], landed, cost)[:WHOLE_SEARCH_PLACES], ops)
         at = len(stream) if at is None else at
         out[node] = stream[:at] + ops + stream[at:]
         if searched:  # the peers' times may have moved
-            starts = start_times(out, cost)
+            timed = Timed(out, cost)
+            starts = timed.starts
     return out
 
 
@@ -111,22 +112,20 @@ def _absorbed(stream: list[Instr], starts: list[float], i: int, clock: float, co
     return clock <= end + 1e-9
 
 
-def _least_delay(streams: dict[int, list[Instr]], node: int, places: list[int], ops: list[Instr],
-                 cost: CostModel) -> int:
+def _least_delay(base: Timed, node: int, places: list[int], ops: list[Instr]) -> int:
     """Of `places` and the end of `node`'s stream, the first place for `ops` after which
     the iteration ends soonest. Added ops only ever start things later (a receive
     waits, a step takes time: every start is a max of sums), so no place ends before
     the iteration without them: the first place that ends then is the answer, and
-    the places after it are not timed."""
-    def ending(i: int) -> float:
-        trial = {**streams, node: streams[node][:i] + ops + streams[node][i:]}
-        return timed_makespan(trial, cost)
-    floor = timed_makespan(streams, cost)
-    places = [*places, len(streams[node])]
+    the places after it are not timed. Each place is timed from where it changes
+    the iteration (fast.py `Timed`)."""
+    streams = base.streams
+    stream = streams[node]
+    places = [*places, len(stream)]
     times: list[float] = []
     for i in places:
-        times.append(ending(i))
-        if times[-1] <= floor:
+        times.append(base.finish({**streams, node: stream[:i] + ops + stream[i:]}, {node: i}))
+        if times[-1] <= base.makespan:
             break
     return places[times.index(min(times))]
 

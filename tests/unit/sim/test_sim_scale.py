@@ -229,7 +229,9 @@ def test_an_iteration_s_length_is_the_engine_s_makespan(redundancy, sync, merged
 least_delay = syncs._least_delay
 
 
-def least_delay_as_it_was(streams, node, places, ops, cost):
+def least_delay_as_it_was(base, node, places, ops):
+    streams, cost = base.streams, base.cost
+
     def ending(i):
         trial = {**streams, node: streams[node][:i] + ops + streams[node][i:]}
         return makespan(trial, start_times(trial, cost), cost)
