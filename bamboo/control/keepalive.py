@@ -6,7 +6,8 @@ refresh, and each lease had a thread of its own; at two refreshes a second per
 lease that was the largest share of an emulated fleet's CPU (commands/scale), and a
 process of many leases starved some of their threads past the failure timeout.
 Here a client's stream stays open; its beat thread sends, every BEAT_SECONDS, one
-request for each kept lease that is due (`Kept.due`), and its reader thread hands
+request for each kept lease that is due (`Kept.due`: a keeper may skip beats,
+bamboo/control/liveness.py `refresh_seconds`), and its reader thread hands
 each reply to its lease's keeper (`Kept.refreshed`). When the stream breaks (a
 member lost, etcd restarted) pyetcd's own error handling sees the error first, so
 the client fails over as for any request; the next beat opens a new stream on the
@@ -22,7 +23,7 @@ import time
 import weakref
 from typing import Protocol
 
-BEAT_SECONDS = 0.5  # how often a kept lease is refreshed
+BEAT_SECONDS = 0.5  # how often the beat thread asks each kept lease whether it is due
 
 _STREAMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # pyetcd client -> its KeepAlives
 _STREAMS_LOCK = threading.Lock()

@@ -1,8 +1,10 @@
 """How a node stays alive in etcd, and how its peers tell that it went silent.
 
 A node's key (ALIVE for a worker, MEMBERS for an agent) lives under a lease that
-its etcd client's one keep-alive thread and stream refresh twice a second
-(bamboo/control/keepalive.py). Two clocks matter, kept apart:
+its etcd client's one keep-alive thread and stream refresh six times in a failure
+timeout: twice a second at the default 3 s, less often where a job waits longer
+to call a node dead (`refresh_seconds`; bamboo/control/keepalive.py). Two clocks
+matter, kept apart:
 
   - the lease's TTL (--lease-ttl, 15 s) is how long etcd may be unreachable
     (stalled, restarting) before keys vanish: long, so a stall fences nobody;
@@ -27,6 +29,7 @@ again under its identity.
 """
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -35,11 +38,20 @@ from bamboo.control.etcd import EtcdLost, etcd_errors
 from bamboo.control.exits import Fenced
 from bamboo.control.keepalive import BEAT_SECONDS, keepalives
 
-REFRESH_SECONDS = BEAT_SECONDS
-GAP_SECONDS = 2 * REFRESH_SECONDS + 0.5  # refreshes further apart than this: this node's view was stale
+REFRESHES_PER_TIMEOUT = 6  # a lease is refreshed this often in a failure timeout (the default: every beat)
 HANG_FACTOR = 10      # a main thread stuck this many median iterations is hung ...
 HANG_FLOOR = 60.0     # ... but never sooner: a handover or a restore blocks longer than an iteration
 HANG_WINDOW = 20      # recent iterations the median is taken over
+
+
+def refresh_seconds(failure_timeout: float, ttl: float) -> float:
+    """How often a node refreshes its lease: REFRESHES_PER_TIMEOUT times in a failure
+    timeout, so that a live node's lease (its age counted in whole seconds) never
+    looks that old, and at least three times in its TTL; in whole beats of its
+    client's keep-alive thread, one at least (every 0.5 s at the default 3 s). A job
+    that waits longer to call a node dead asks etcd proportionally less."""
+    beats = int(min(failure_timeout / REFRESHES_PER_TIMEOUT, ttl / 3) / BEAT_SECONDS)
+    return max(1, beats) * BEAT_SECONDS
 
 
 def hang_deadline(iteration_seconds: list[float], cap: float) -> float:
@@ -61,6 +73,9 @@ class Heartbeat:
         self.ttl, self.failure_timeout, self.hang_timeout = max(2, int(round(ttl))), failure_timeout, hang_timeout
         self.fenced, self.on_fenced = fenced, on_fenced
         self.lease = None
+        self.refresh = refresh_seconds(failure_timeout, self.ttl)  # seconds between refreshes
+        self.gap = 2 * self.refresh + 0.5  # refreshes further apart than this: this node's view was stale
+        self.asked = -math.inf  # when the keep-alive thread last sent a refresh (monotonic)
         self.last_refresh = self.fresh_since = time.monotonic()  # of this node's own lease
         self.last_progress = time.monotonic()                     # stamped by the main thread
         self._stop = threading.Event()
@@ -85,8 +100,7 @@ class Heartbeat:
     def judging(self) -> bool:
         """Whether this node's own view of etcd is fresh enough to call others silent."""
         now = time.monotonic()
-        return now - self.last_refresh < GAP_SECONDS and \
-            now - self.fresh_since > self.failure_timeout + 2 * REFRESH_SECONDS
+        return now - self.last_refresh < self.gap and now - self.fresh_since > self.failure_timeout + 2 * self.refresh
 
     def halt(self) -> None:
         """Stop refreshing, the lease left to age as a machine gone leaves it (the
@@ -102,10 +116,11 @@ class Heartbeat:
             pass
 
     def due(self) -> int | None:
-        """The lease to refresh now (keepalive.Kept); None once stopped, and while
-        the main thread is stuck past its hang deadline: the lease then ages, and
-        peers find this node silent."""
-        if self._stop.is_set() or self._expiring:
+        """The lease to refresh now (keepalive.Kept): every `refresh` seconds; None
+        between, once stopped, and while the main thread is stuck past its hang
+        deadline: the lease then ages, and peers find this node silent."""
+        now = time.monotonic()
+        if self._stop.is_set() or self._expiring or now - self.asked < self.refresh - BEAT_SECONDS / 2:
             return None
         if self.hang_timeout and time.monotonic() - self.last_progress > self.hang_timeout:
             if not self._hung_said:
@@ -113,6 +128,7 @@ class Heartbeat:
                       "this node stops refreshing its lease and will be counted dead", file=sys.stderr, flush=True)
             self._hung_said = True
             return None
+        self.asked = now
         return self.lease.id
 
     def refreshed(self, ttl: int) -> None:
@@ -122,7 +138,7 @@ class Heartbeat:
         if self._stop.is_set():
             return
         now = time.monotonic()
-        if now - self.last_refresh > GAP_SECONDS:
+        if now - self.last_refresh > self.gap:
             self.fresh_since = now
         self.last_refresh = now
         if ttl <= 0 and not self._expiring:

@@ -110,3 +110,29 @@ def test_one_thread_keeps_every_heartbeat_of_a_client_and_a_halted_one_ages():
         for h in hearts:
             h.stop()
         cluster.close()
+
+
+def test_a_patient_job_refreshes_less_and_its_lease_stays_young():
+    """Heartbeats of one client at the default failure timeout (3 s: a refresh every
+    0.5 s) and at 12 s (every 2 s): the patient one sends a quarter of the refreshes,
+    and etcd's own view of its lease's age stays under its interval and a second, far
+    from the timeout its peers judge by."""
+    from bamboo.control.cluster import Cluster
+    from bamboo.control.liveness import Heartbeat
+    from bamboo.control.protocol import ALIVE, Alive
+    with EtcdServer() as etcd:
+        cluster = Cluster(etcd.endpoint, "patient")
+        hearts = [Heartbeat(cluster, ALIVE(n), lambda lease, n=n: Alive(n, lease), ttl=60, failure_timeout=timeout)
+                  for n, timeout in enumerate((3.0, 12.0))]
+        counts, ages = [0, 0], []
+        for n, heart in enumerate(hearts):
+            heart.refreshed = lambda ttl, n=n, heard=heart.refreshed: (counts.__setitem__(n, counts[n] + 1), heard(ttl))
+        deadline = time.monotonic() + 6  # a duration under test: refreshes are counted over it
+        while time.monotonic() < deadline:
+            ages.append(_age(cluster.client, hearts[1].lease))
+            time.sleep(0.25)
+        assert counts[1] >= 2 and counts[0] >= 2.5 * counts[1], counts
+        assert max(ages) >= 1 and max(ages) <= hearts[1].refresh + 1 < 12, ages
+        for h in hearts:
+            h.stop()
+        cluster.close()
