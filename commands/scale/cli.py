@@ -103,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     first = runs[0]
+    deaths = f"burst of {first.burst} at iteration {first.kill_at}'s boundary" if first.kill_at >= 0 else "no deaths"
     print(f"bamboo-scale: P={first.stages}, {first.seconds} s iterations, {first.iterations} iterations, "
-          f"burst of {first.burst} at iteration {first.kill_at}'s boundary, --failure-timeout {first.failure_timeout}; "
+          f"{deaths}, --failure-timeout {first.failure_timeout}; "
           f"one etcd member on this machine ({os.cpu_count()} CPUs); every node a worker and an agent", flush=True)
     print(f"{'nodes':>6} {'pipes':>5} {'keys/it':>8} {'txns/it':>7} {'per pipe':>9} {'requests':>9} {'p50 ms':>7} "
           f"{'p99 ms':>7} {'it s':>7} {'agreement':>10} {'next epoch':>10} {'emu cpu':>8} {'etcd cpu':>8} {'procs':>5}",
