@@ -2,7 +2,9 @@
 
 The nodes are commands/scale/emulator.py's, spread over --processes; for each N asked: etcd writes per iteration
 (keys by family, and the transactions that wrote them, counted by a watch of its
-own), etcd's requests per iteration (its own counters), the latency of every node's
+own), etcd's requests per iteration and the events it sent to watchers (its own
+counters; the events also from its start: the nodes' registration and first epoch,
+where every watcher of a prefix hears every join), the latency of every node's
 etcd requests, the CPU seconds per iteration of the emulator and of etcd, and,
 after a burst of deaths at an iteration's boundary, the time to the survivors'
 agreement and to the agents' next epoch.
@@ -89,7 +91,8 @@ def row(r: Result) -> str:
     return (f"{s.nodes:>6} {r.pipelines:>5} {r.writes_per_iteration:>8.1f} {r.transactions:>7.1f} "
             f"{r.transactions / max(1, r.pipelines):>9.1f} {sum(r.requests.values()):>9.0f} "
             f"{lat.get('p50', 0):>7.2f} {lat.get('p99', 0):>7.2f} {r.iteration_s:>7.2f} {timed[0]:>10} {timed[1]:>10} "
-            f"{r.cpu_s.get('emulator', 0):>8.2f} {r.cpu_s.get('etcd', 0):>8.2f} {s.processes:>5}")
+            f"{r.cpu_s.get('emulator', 0):>8.2f} {r.cpu_s.get('etcd', 0):>8.2f} {s.processes:>5} "
+            f"{r.watch_events:>9.0f} {r.start_events:>12.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{deaths}, --failure-timeout {first.failure_timeout}; "
           f"one etcd member on this machine ({os.cpu_count()} CPUs); every node a worker and an agent", flush=True)
     print(f"{'nodes':>6} {'pipes':>5} {'keys/it':>8} {'txns/it':>7} {'per pipe':>9} {'requests':>9} {'p50 ms':>7} "
-          f"{'p99 ms':>7} {'it s':>7} {'agreement':>10} {'next epoch':>10} {'emu cpu':>8} {'etcd cpu':>8} {'procs':>5}",
+          f"{'p99 ms':>7} {'it s':>7} {'agreement':>10} {'next epoch':>10} {'emu cpu':>8} {'etcd cpu':>8} {'procs':>5} "
+          f"{'events/it':>9} {'start events':>12}",
           flush=True)
     results, began, failed = [], time.monotonic(), False
     for shape in runs:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import struct
-import sys
 import threading
 from dataclasses import dataclass
 
