@@ -17,6 +17,7 @@ from dataclasses import asdict
 from agents.modes import ModeStats, epoch_setting, observe, setting_for
 from agents.policy import Config, Priced, next_config, slot_estimate
 from bamboo.control.assignment import WHY_CHARS, Assignment, Restore
+from bamboo.control.changes import Changes
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig, Surplus, ZoneSpread
 from bamboo.control.liveness import Heartbeat, lease_ages
@@ -89,14 +90,15 @@ class Membership:
         self._next = 0                  # the first iteration whose regroup records are not settled
         self._observed: int | None = None  # --redundancy auto: the last iteration folded into the mode stats
         # What a decision reads changes under these prefixes: a regroup per iteration, an epoch, a
-        # join (each looked at once); a death's keys (then every round for a while: what follows a
-        # death, a lease aging or a host's mates going silent, writes nothing); else every LOOK_EVERY.
-        self.routine = cluster.changes(REGROUP(), START(), ASSIGNMENT(), MEMBERS(), HANDOVER())
+        # join (each looked at once: `routine`, watched by the leader alone, `_lead`); a death's keys
+        # (then every round for a while: what follows a death, a lease aging or a host's mates going
+        # silent, writes nothing); else every LOOK_EVERY.
+        self.routine: Changes | None = None
         self.events = cluster.changes(FAILED(), ABORT(), ABORTED(), DRAIN())
         self.events.take()  # armed: the first round looks anyway, no death's aftermath to watch yet
-        # Who leads changes only when a member with a lower id (or this one) joins or leaves.
-        self.members = cluster.changes(MEMBERS())
-        self.members.only = lambda family, parts: family is not MEMBERS or parts <= self.node
+        # Who leads changes only when a member with a lower id (or this one) joins or leaves: etcd
+        # sends this agent no other member's news (every agent hearing every join grew as N x N).
+        self.members = cluster.changes(MEMBERS(), until=MEMBERS(self.node + 1))
         self.leading = False  # this agent decides for the job (leads) ...
         self._next_in_line = False  # ... or leads should the leader go: it judges the leader's lease
         self._leader_judged = float("-inf")  # when it last did
@@ -107,7 +109,7 @@ class Membership:
         """The pause between an agent's rounds, cut short by a regroup, an epoch or a
         join: the mode wanted after an iteration is then written before the next
         boundary reads it; for an agent that does not lead, by a change of who leads."""
-        (self.routine if self.leading else self.members).wait(seconds)
+        (self.routine if self.leading and self.routine else self.members).wait(seconds)
 
     def leads(self) -> bool:
         """Whether this agent decides for the job: its node is the first registered
@@ -121,12 +123,22 @@ class Membership:
             self._leader_judged = now
             first = self.cluster.firsts(MEMBERS(), 2)
             leading = bool(first) and first[0] == self.node
-            if leading and not self.leading:
-                self._looked = float("-inf")  # a new leader looks at once
+            if leading != self.leading:
+                self._lead(leading)
             self.leading, self._next_in_line = leading, first[1:] == [self.node]
             if self._next_in_line:
                 self._judge_leader(first[0])
         return self.leading
+
+    def _lead(self, leading: bool) -> None:
+        """A new leader watches what its decisions read, and looks at once; one that
+        no longer leads stops watching it."""
+        if leading:
+            self.routine = self.cluster.changes(REGROUP(), START(), ASSIGNMENT(), MEMBERS(), HANDOVER())
+            self._looked = float("-inf")
+        elif self.routine is not None:
+            self.routine.close()
+            self.routine = None
 
     def _judge_leader(self, leader: int) -> None:
         """The next in line records a leader whose lease went unrefreshed for the
@@ -148,9 +160,10 @@ class Membership:
         second, or LOOK_EVERY passed. An agent that read every prefix at every round of its
         monitor made hundreds of requests a second in a job that nothing disturbs."""
         now = time.monotonic()
-        events, routine = self.events.take(), self.routine.take()
+        events = self.events.take()
         if not self.leads():
             return False
+        routine = self.routine.take()
         if events:
             self._busy_until = now + self.failure_timeout + LOOK_EVERY
         if routine or now < self._busy_until or now - self._looked >= LOOK_EVERY:
@@ -444,7 +457,8 @@ class Membership:
 
     def leave(self) -> None:
         self.heartbeat.stop()
-        self.routine.close()
+        if self.routine is not None:
+            self.routine.close()
         self.events.close()
         self.members.close()
 

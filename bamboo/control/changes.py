@@ -22,8 +22,13 @@ POLL_SECONDS = 0.02  # a wait's pause while the watch is lost
 
 
 class Changes:
-    def __init__(self, cluster, *prefixes):
-        self.cluster, self.prefixes = cluster, prefixes
+    def __init__(self, cluster, *prefixes, until=None):
+        """Watch `prefixes` (protocol keys); `until`, with one prefix: only its keys
+        before this one (in etcd's byte order, which zero-padded numbers keep), so that
+        etcd sends no event that the reader would drop."""
+        if until is not None and len(prefixes) != 1:
+            raise ValueError("a watch up to a key takes one prefix")
+        self.cluster, self.prefixes, self.until = cluster, prefixes, until
         self.flag = threading.Event()   # raised by the watch: something under a prefix changed
         self.lost = True                # no watch armed (never yet, or etcd dropped it)
         self._tried = 0.0               # when arming was last tried
@@ -39,14 +44,20 @@ class Changes:
         for _ in range(2):
             try:
                 for prefix in self.prefixes:
-                    self._watches.append(self.cluster.client.add_watch_prefix_callback(self.cluster.key(prefix),
-                                                                                       self._on_response))
+                    self._watches.append(self._watch(prefix))
             except Exception:  # noqa: BLE001 -- etcd away: the reader reads every time until a later try
                 self.close()  # the ones armed in this try, so that the next try arms each prefix once
                 continue
             self.lost = False
             self.flag.set()  # what changed while no watch was armed
             return
+
+    def _watch(self, prefix) -> int:
+        """Arm one prefix's watch (up to `until`, if given); pyetcd's id of it."""
+        client, key = self.cluster.client, self.cluster.key(prefix)
+        if self.until is None:
+            return client.add_watch_prefix_callback(key, self._on_response)
+        return client.add_watch_callback(key + "/", self._on_response, range_end=self.cluster.key(self.until))
 
     def _on_response(self, response) -> None:
         if response is None or isinstance(response, Exception):  # the stream ended: pyetcd dropped the callback

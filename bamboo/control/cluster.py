@@ -431,10 +431,11 @@ class Cluster:
     def assignment_at(self, iteration: int) -> Assignment:
         return in_force(self.assignments(), iteration)
 
-    def changes(self, *prefixes: Key) -> Changes:
-        """A flag raised whenever a key under one of `prefixes` is written or deleted
-        (an etcd watch), for a reader that would otherwise poll: bamboo/control/changes.py."""
-        return Changes(self, *prefixes)
+    def changes(self, *prefixes: Key, until: Key | None = None) -> Changes:
+        """A flag raised whenever a key under one of `prefixes` (with `until`, one
+        prefix's keys before it) is written or deleted (an etcd watch), for a reader
+        that would otherwise poll: bamboo/control/changes.py."""
+        return Changes(self, *prefixes, until=until)
 
     def close(self) -> None:
         self.client.close()

@@ -11,6 +11,7 @@ from agents.membership import LOOK_EVERY, Membership
 from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig
 from bamboo.control.protocol import CONFIG, FAILED, LEASE_EXPIRED, MEMBERS, REGROUP, Failure, Member, Regroup
+from commands.scale.census import WATCH_EVENTS, etcd_counters
 
 TIMEOUT = 0.5
 
@@ -31,6 +32,7 @@ def test_an_agent_looks_when_something_it_reads_changed(etcd, clock):
         # Its own join (its members key, once its heartbeat took a lease) has come once a later
         # write under the same prefix has: watch events arrive in etcd's order.
         writer.wait_for(lambda: writer.get(MEMBERS(0)), timeout=10, what="the agent's members key")
+        assert agent.routine is None and agent.leads()  # the only member leads: it watches what it decides from
         agent.routine.only = lambda family, parts: family is MEMBERS and parts == 99
         agent.routine.take()  # the flag its arming raised: the one awaited next is the join's
         writer.put(MEMBERS(99), Member("a", "h", 0))
@@ -78,13 +80,33 @@ def test_only_the_leading_agent_looks_and_the_next_leads_once_it_left(etcd, cloc
         assert first.due() and first.leading
         writer.put(REGROUP(0, 0), Regroup((), False, False))
         writer.create(FAILED(7), Failure(0, 1, "test"))
-        assert second.routine.flag.wait(10) and second.events.flag.wait(10)
+        assert second.events.flag.wait(10) and second.routine is None  # a regroup is no news to it: not sent
         clock[0] += LOOK_EVERY
         assert not second.due() and not second.leading  # neither a regroup, a death nor a second makes it look
         first.leave()  # its lease revoked: its members key goes
         writer.wait_for(lambda: writer.get(MEMBERS(3)) is None, timeout=10, what="the leader's key to go")
         assert second.members.flag.wait(10)
         assert second.due() and second.leading  # the next leads, and looks at once
+        assert second.routine is not None
+    finally:
+        first.leave()
+        second.leave()
+
+
+def test_etcd_sends_an_agent_only_the_joins_that_may_change_who_leads(etcd, clock):
+    """A job's start grew as N x N when every agent heard every join: a join of a
+    higher id now reaches only the leader (who decides), one of a lower id also each
+    agent above it. Counted by etcd itself (the events it sent its watchers)."""
+    writer, first, second = _two_agents(etcd, "joins")
+    try:
+        assert first.due() and first.leading and not second.leads()
+        first.routine.take(), first.members.take(), second.members.take()
+        sent = etcd_counters(etcd.endpoint)[WATCH_EVENTS]
+        writer.put(MEMBERS(99), Member("c", "h", 0))  # above both: only the leader's decisions read it
+        writer.put(MEMBERS(1), Member("c", "h", 0))   # below both: each may no longer lead
+        assert first.members.flag.wait(10) and second.members.flag.wait(10)  # after the 99's, on their streams
+        assert first.routine.flag.wait(10)
+        assert etcd_counters(etcd.endpoint)[WATCH_EVENTS] - sent == 4  # 99: the leader; 1: the leader, both
     finally:
         first.leave()
         second.leave()
