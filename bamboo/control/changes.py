@@ -15,8 +15,6 @@ import time
 
 from pyetcd.events import PutEvent
 
-from bamboo.control.protocol import parse
-
 REARM_SECONDS = 1.0  # how often a lost watch is asked for again
 POLL_SECONDS = 0.02  # a wait's pause while the watch is lost
 
@@ -33,7 +31,6 @@ class Changes:
         self.lost = True                # no watch armed (never yet, or etcd dropped it)
         self._tried = 0.0               # when arming was last tried
         self.own: bytes | None = None   # the key of this reader's own latest write (see take)
-        self.only = None                # (family, parts) -> whether a key's change concerns the reader (None: all)
         self._watches: list = []        # pyetcd's ids of the armed watches (close)
         self._arm()
 
@@ -67,15 +64,7 @@ class Changes:
             return  # a watch created, or etcd's progress: no key changed (arming raised the flag already)
         elif all(isinstance(e, PutEvent) and e.key == self.own for e in response.events):
             return  # the reader's own write, which it read back with the write: no news
-        elif self.only is not None and not any(self._concerns(e.key) for e in response.events):
-            return  # keys under the prefix that are not the reader's business (a higher member's join)
         self.flag.set()
-
-    def _concerns(self, raw: bytes) -> bool:
-        """Whether `only` says a changed key concerns the reader (one that is no
-        protocol key always does)."""
-        found = parse(raw.decode(errors="replace"))
-        return found is None or self.only(found[1], found[2])
 
     def close(self) -> None:
         """No more reading: the watches go (a reader done early stops being woken)."""
