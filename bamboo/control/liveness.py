@@ -29,7 +29,6 @@ again under its identity.
 """
 from __future__ import annotations
 
-import math
 import sys
 import threading
 import time
@@ -75,7 +74,6 @@ class Heartbeat:
         self.lease = None
         self.refresh = refresh_seconds(failure_timeout, self.ttl)  # seconds between refreshes
         self.gap = 2 * self.refresh + 0.5  # refreshes further apart than this: this node's view was stale
-        self.asked = -math.inf  # when the keep-alive thread last sent a refresh (monotonic)
         self.last_refresh = self.fresh_since = time.monotonic()  # of this node's own lease
         self.last_progress = time.monotonic()                     # stamped by the main thread
         self._stop = threading.Event()
@@ -116,11 +114,14 @@ class Heartbeat:
             pass
 
     def due(self) -> int | None:
-        """The lease to refresh now (keepalive.Kept): every `refresh` seconds; None
-        between, once stopped, and while the main thread is stuck past its hang
-        deadline: the lease then ages, and peers find this node silent."""
+        """The lease to refresh now (keepalive.Kept): from a beat before `refresh`
+        seconds have passed since etcd's last reply (so at every beat by default), and
+        at every beat until the next reply comes (a request lost with its stream is
+        asked again at the next); None sooner, once stopped, and while the
+        main thread is stuck past its hang deadline: the lease then ages, and peers
+        find this node silent."""
         now = time.monotonic()
-        if self._stop.is_set() or self._expiring or now - self.asked < self.refresh - BEAT_SECONDS / 2:
+        if self._stop.is_set() or self._expiring or now - self.last_refresh < self.refresh - BEAT_SECONDS:
             return None
         if self.hang_timeout and time.monotonic() - self.last_progress > self.hang_timeout:
             if not self._hung_said:
@@ -128,7 +129,6 @@ class Heartbeat:
                       "this node stops refreshing its lease and will be counted dead", file=sys.stderr, flush=True)
             self._hung_said = True
             return None
-        self.asked = now
         return self.lease.id
 
     def refreshed(self, ttl: int) -> None:
