@@ -3,8 +3,8 @@
 The nodes are commands/scale/emulator.py's, spread over --processes; for each N asked: etcd writes per iteration
 (keys by family, and the transactions that wrote them, counted by a watch of its
 own), etcd's requests per iteration and the events it sent to watchers (its own
-counters; the events also from its start: the nodes' registration and first epoch,
-where every watcher of a prefix hears every join), the latency of every node's
+counters; the events also from its start: the nodes' registration and first epoch),
+the latency of every node's
 etcd requests, the CPU seconds per iteration of the emulator and of etcd, and,
 after a burst of deaths at an iteration's boundary, the time to the survivors'
 agreement and to the agents' next epoch.

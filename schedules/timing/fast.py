@@ -103,7 +103,7 @@ class Timed:
     that point, and gives the same number as timing it whole (finish_time)."""
 
     def __init__(self, streams: dict[int, list[Instr]], cost: CostModel):
-        self.streams, self.cost = dict(streams), cost  # the node's lists as they are now
+        self.streams, self.cost = dict(streams), cost  # the nodes' lists as they are now
         self.starts = start_times(streams, cost)
         self._known = cost.timing_table()  # by now it holds every instruction of `streams`
         self.makespan = max((self.end(n, len(s) - 1) for n, s in streams.items() if s), default=0.0)
@@ -116,6 +116,8 @@ class Timed:
     def finish(self, trial: dict[int, list[Instr]], changed: dict[int, int]) -> float:
         """`finish_time(trial)`, where `trial` differs from the kept streams only on
         the nodes of `changed`, each from its position `changed[node]` on."""
+        if not changed:
+            return self.makespan  # the kept streams themselves
         since = min(self.end(n, at - 1) for n, at in changed.items())
         pcs = {n: bisect_left(self.starts[n], since) for n in trial}
         clocks = {n: self.end(n, pc - 1) for n, pc in pcs.items()}
