@@ -58,6 +58,7 @@ bench: $(STAMP)
 
 # The control plane at fleet scale: emulated nodes against one real etcd (docs/performance.md).
 scale: $(STAMP)
+	mkdir -p out
 	$(VENV)/bin/bamboo-scale --nodes 10,100,300,1000 --json out/scale.json
 
 clean:
