@@ -18,7 +18,8 @@ from bamboo.control.protocol import ITERATION_FAMILIES, job_root, parse
 _METHOD = re.compile(r'^grpc_server_msg_received_total\{.*grpc_method="(\w+)".*\} (\S+)$')
 _FSYNCS = "etcd_disk_wal_fsync_duration_seconds_count "
 _EVENTS = "etcd_debugging_mvcc_events_total "  # the events etcd sent its watchers
-WATCH_EVENTS = "watch events"
+_WATCHERS = "etcd_debugging_mvcc_watcher_total "  # the watchers it holds now
+WATCH_EVENTS, WATCHERS = "watch events", "watchers"
 
 
 class Census:
@@ -86,8 +87,8 @@ class Census:
 
 
 def etcd_counters(endpoint: str) -> Counter:
-    """etcd's requests received by gRPC method, its WAL syncs and the events it sent
-    to watchers (`WATCH_EVENTS`), from its /metrics page."""
+    """etcd's requests received by gRPC method, its WAL syncs, the events it sent to
+    watchers (`WATCH_EVENTS`) and the watchers it holds (`WATCHERS`), from its /metrics page."""
     text = urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10).read().decode()
     found: Counter = Counter()
     for line in text.splitlines():
@@ -97,6 +98,8 @@ def etcd_counters(endpoint: str) -> Counter:
             found["fsyncs"] = float(line.split()[1])
         elif line.startswith(_EVENTS):
             found[WATCH_EVENTS] = float(line.split()[1])
+        elif line.startswith(_WATCHERS):
+            found[WATCHERS] = float(line.split()[1])
     return found
 
 

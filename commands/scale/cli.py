@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         for error in result.errors:
             print(f"  {error}", flush=True)
     for r in results:
-        print(f"  N={r.shape.nodes}: writes/it by family {r.writes}; requests/it by method {r.requests}", flush=True)
+        print(f"  N={r.shape.nodes}: writes/it by family {r.writes}; requests/it by method {r.requests}; "
+              f"{r.watchers:.0f} watches held", flush=True)
     print(f"bamboo-scale: {time.monotonic() - began:.0f} s in all", flush=True)
     if args.json:
         _write_json(args.json, results)

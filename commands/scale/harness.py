@@ -12,7 +12,7 @@ from bamboo.control.cluster import Cluster
 from bamboo.control.config import JobConfig, Surplus
 from bamboo.control.etcd import EtcdServer
 from bamboo.control.protocol import ASSIGNMENT, CONFIG, FINISHED, REGROUP
-from commands.scale.census import WATCH_EVENTS, Census, cpu_seconds, etcd_counters
+from commands.scale.census import WATCH_EVENTS, WATCHERS, Census, cpu_seconds, etcd_counters
 from commands.scale.fleet import InProcess, Processes
 
 WARM = 2  # iterations left out of the per-iteration counts: the first epoch settling
@@ -53,6 +53,7 @@ class Result:
     requests: dict = field(default_factory=dict)   # etcd gRPC method -> requests per fault-free iteration
     watch_events: float = 0.0                      # events etcd sent the nodes' watches per fault-free iteration
     start_events: float = 0.0                      # events it sent any watch from its start to the counted ones
+    watchers: float = 0.0                          # the watches etcd held at the end of them (the census's one too)
     latency_ms: dict = field(default_factory=dict)  # p50, p99, max of every node's etcd requests
     iteration_s: float = 0.0                       # wall time of a fault-free iteration
     cpu_s: dict = field(default_factory=dict)      # CPU seconds per fault-free iteration: the emulator's, etcd's
@@ -121,7 +122,8 @@ def _measure(shape: Shape, etcd: EtcdServer, fleet, census: Census, job: str) ->
     result.writes = census.per_iteration(range(WARM, end))
     result.transactions = census.transactions(range(WARM, end))
     result.requests = {k: round((after[k] - before[k]) / counted, 1) for k in sorted(after)
-                       if after[k] > before[k] and k != WATCH_EVENTS}
+                       if after[k] > before[k] and k not in (WATCH_EVENTS, WATCHERS)}
+    result.watchers = after[WATCHERS]
     # the census's own watch hears each key written once: the rest went to the nodes
     result.watch_events = round((after[WATCH_EVENTS] - before[WATCH_EVENTS]) / counted - result.writes_per_iteration, 1)
     result.start_events = before[WATCH_EVENTS]  # the nodes' registration, the first epoch, the warm iterations
