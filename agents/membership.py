@@ -92,15 +92,14 @@ class Membership:
         # What a decision reads changes under these prefixes: a regroup per iteration, an epoch, a
         # join (each looked at once: `routine`, watched by the leader alone, `_lead`); a death's keys
         # (then every round for a while: what follows a death, a lease aging or a host's mates going
-        # silent, writes nothing); else every LOOK_EVERY.
+        # silent, writes nothing); else every LOOK_EVERY. Armed while this agent decides for the job (leads).
         self.routine: Changes | None = None
         self.events = cluster.changes(FAILED(), ABORT(), ABORTED(), DRAIN())
         self.events.take()  # armed: the first round looks anyway, no death's aftermath to watch yet
         # Who leads changes only when a member with a lower id (or this one) joins or leaves: etcd
         # sends this agent no other member's news (every agent hearing every join grew as N x N).
         self.members = cluster.changes(MEMBERS(), until=MEMBERS(self.node + 1))
-        self.leading = False  # this agent decides for the job (leads) ...
-        self._next_in_line = False  # ... or leads should the leader go: it judges the leader's lease
+        self._next_in_line = False  # this agent leads should the leader go: it judges the leader's lease
         self._leader_judged = float("-inf")  # when it last did
         self._looked = float("-inf")  # when `due` last said to look
         self._busy_until = float("-inf")  # every round looks until then: an event's aftermath
@@ -109,7 +108,12 @@ class Membership:
         """The pause between an agent's rounds, cut short by a regroup, an epoch or a
         join: the mode wanted after an iteration is then written before the next
         boundary reads it; for an agent that does not lead, by a change of who leads."""
-        (self.routine if self.leading and self.routine else self.members).wait(seconds)
+        (self.routine or self.members).wait(seconds)
+
+    @property
+    def leading(self) -> bool:
+        """Whether this agent decided for the job when it last asked (`leads`)."""
+        return self.routine is not None
 
     def leads(self) -> bool:
         """Whether this agent decides for the job: its node is the first registered
@@ -125,7 +129,7 @@ class Membership:
             leading = bool(first) and first[0] == self.node
             if leading != self.leading:
                 self._lead(leading)
-            self.leading, self._next_in_line = leading, first[1:] == [self.node]
+            self._next_in_line = first[1:] == [self.node]
             if self._next_in_line:
                 self._judge_leader(first[0])
         return self.leading
@@ -136,7 +140,7 @@ class Membership:
         if leading:
             self.routine = self.cluster.changes(REGROUP(), START(), ASSIGNMENT(), MEMBERS(), HANDOVER())
             self._looked = float("-inf")
-        elif self.routine is not None:
+        else:
             self.routine.close()
             self.routine = None
 

@@ -123,7 +123,7 @@ class Heartbeat:
         now = time.monotonic()
         if self._stop.is_set() or self._expiring or now - self.last_refresh < self.refresh - BEAT_SECONDS:
             return None
-        if self.hang_timeout and time.monotonic() - self.last_progress > self.hang_timeout:
+        if self.hang_timeout and now - self.last_progress > self.hang_timeout:
             if not self._hung_said:
                 print(f"bamboo: no progress for {self.hang_timeout:.0f} s (the hang deadline): "
                       "this node stops refreshing its lease and will be counted dead", file=sys.stderr, flush=True)
