@@ -14,12 +14,11 @@ from collections import Counter, defaultdict
 from bamboo.control.cluster import Cluster
 from bamboo.control.protocol import ITERATION_FAMILIES, job_root, parse
 
-# etcd's request counters by gRPC method, and its disk syncs
+# etcd's request counters by gRPC method; its disk syncs, the events it sent its watchers and the watchers it holds
 _METHOD = re.compile(r'^grpc_server_msg_received_total\{.*grpc_method="(\w+)".*\} (\S+)$')
-_FSYNCS = "etcd_disk_wal_fsync_duration_seconds_count "
-_EVENTS = "etcd_debugging_mvcc_events_total "  # the events etcd sent its watchers
-_WATCHERS = "etcd_debugging_mvcc_watcher_total "  # the watchers it holds now
 WATCH_EVENTS, WATCHERS = "watch events", "watchers"
+_SINGLE = {"etcd_disk_wal_fsync_duration_seconds_count": "fsyncs", "etcd_debugging_mvcc_events_total": WATCH_EVENTS,
+           "etcd_debugging_mvcc_watcher_total": WATCHERS}  # etcd's name -> ours
 
 
 class Census:
@@ -94,12 +93,8 @@ def etcd_counters(endpoint: str) -> Counter:
     for line in text.splitlines():
         if (m := _METHOD.match(line)) is not None:
             found[m[1]] += float(m[2])
-        elif line.startswith(_FSYNCS):
-            found["fsyncs"] = float(line.split()[1])
-        elif line.startswith(_EVENTS):
-            found[WATCH_EVENTS] = float(line.split()[1])
-        elif line.startswith(_WATCHERS):
-            found[WATCHERS] = float(line.split()[1])
+        elif (name := line.split(" ", 1)[0]) in _SINGLE:
+            found[_SINGLE[name]] = float(line.split()[1])
     return found
 
 
