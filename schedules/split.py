@@ -45,7 +45,8 @@ def split_by_speed(total: int, pipelines: Sequence[Sequence[Hashable]],
     """Global microbatch ids of each pipeline, in order: every pipeline at least one,
     each further one to the pipeline that would finish it first (ties: the lowest
     index). `duration(pipeline, microbatches)`: the estimate above, or a cost
-    model's. Equal pipelines get an even split, the first ones one more."""
+    model's (a pipeline may then be whatever that duration reads of it). Equal
+    pipelines get an even split, the first ones one more."""
     if len(pipelines) > total:
         raise ScheduleError(f"{len(pipelines)} pipelines cannot share {total} microbatches: each needs one")
     counts = [1] * len(pipelines)

@@ -29,11 +29,12 @@ def config_ms(profile, depth: int, shapes: tuple[tuple[int, ...], ...], redundan
         even = estimated_slots(tuple(range(depth)), -(-total // len(pipelines)))
         return full * max(estimated_slots(p, len(m)) for p, m in zip(pipelines, shares)) / even
 
-    def duration(pipeline, microbatches: int) -> float:
-        return pipeline_ms(profile, depth, len(pipelines), tuple(sorted(merged(pipeline))), microbatches, redundancy,
-                            frc, sync)
-    shares = split_by_speed(total, pipelines, duration)
-    return max(duration(p, len(m)) for p, m in zip(pipelines, shares))
+    def duration(merged_stages: tuple[int, ...], microbatches: int) -> float:
+        return pipeline_ms(profile, depth, len(pipelines), merged_stages, microbatches, redundancy, frc, sync)
+    # split by each pipeline's merged stages, found once: the split asks a pipeline's time at every step
+    stages = [tuple(sorted(merged(p))) for p in pipelines]
+    shares = split_by_speed(total, stages, duration)
+    return max(duration(p, len(m)) for p, m in zip(stages, shares))
 
 
 @lru_cache(maxsize=None)
