@@ -10,7 +10,7 @@ import grpc
 from pyetcd.utils import prefix_range_end
 
 from bamboo.control.assignment import Assignment
-from bamboo.control.changes import Changes
+from bamboo.control.changes import Changes, SharedWatches
 from bamboo.control.etcd import FROM_ENV, EtcdError, EtcdLost, connect, retry
 from bamboo.control.exits import Fenced
 from bamboo.control.liveness import Heartbeat, lease_ages
@@ -81,6 +81,7 @@ class Cluster:
         self.endpoint = endpoint
         self.read_only = read_only
         self.client = self._connect(endpoint, patience if wait else 0.0, tls)
+        self.watches = SharedWatches(self.client)  # one etcd watch per key range for all of `changes`' readers
         self.root = job_root(job)
         self.patience = patience
         self.heartbeat: Heartbeat | None = None      # once this process registers
