@@ -42,11 +42,11 @@ class Census:
         with self.lock:
             self.revision = max(self.revision, response.header.revision)
             for event in response.events:
+                self.events += 1  # every event etcd sent this watch
                 found = parse(event.key.decode(errors="replace"))
                 if found is None:
                     continue  # a process group's store key, below the job's root
                 _, family, parts = found
-                self.events += 1
                 if family in ITERATION_FAMILIES and parts:
                     it = parts[0] if isinstance(parts, tuple) else parts
                     self.writes[it][family.name] += 1

@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {error}", flush=True)
     for r in results:
         print(f"  N={r.shape.nodes}: writes/it by family {r.writes}; requests/it by method {r.requests}; "
-              f"{r.watchers:.0f} watches held", flush=True)
+              f"{r.watchers:.0f} watches held" + (f"; {r.burst_events:.0f} events sent from the burst to the next "
+                                                   "epoch" if r.burst_events is not None else ""), flush=True)
     print(f"bamboo-scale: {time.monotonic() - began:.0f} s in all", flush=True)
     if args.json:
         _write_json(args.json, results)

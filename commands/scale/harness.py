@@ -54,6 +54,7 @@ class Result:
     watch_events: float = 0.0                      # events etcd sent the nodes' watches per fault-free iteration
     start_events: float = 0.0                      # events it sent any watch from its start to the counted ones
     watchers: float = 0.0                          # the watches etcd held at the end of them (the census's one too)
+    burst_events: float | None = None              # events it sent the nodes from the burst to the next epoch
     latency_ms: dict = field(default_factory=dict)  # p50, p99, max of every node's etcd requests
     iteration_s: float = 0.0                       # wall time of a fault-free iteration
     cpu_s: dict = field(default_factory=dict)      # CPU seconds per fault-free iteration: the emulator's, etcd's
@@ -130,19 +131,22 @@ def _measure(shape: Shape, etcd: EtcdServer, fleet, census: Census, job: str) ->
     result.latency_ms = _percentiles(fleet.latencies_since_mark())
     result.iteration_s = took / counted
     if shape.kill_at >= 0:
-        _burst(shape, fleet, reader, result)
+        _burst(shape, fleet, reader, result, census)
     result.errors = [f"node {n}: {p.error}" for n, p in sorted(fleet.progress().items()) if p.error]
     return result
 
 
-def _burst(shape: Shape, fleet, reader: Cluster, result: Result) -> None:
+def _burst(shape: Shape, fleet, reader: Cluster, result: Result, census: Census) -> None:
     """Kill the burst once its nodes' finished marks of `kill_at` are in, then look
     at etcd every POLL seconds (from this process) for the first regroup record
-    that names the burst, and for the agents' next epoch."""
+    that names the burst, and for the agents' next epoch; count the events etcd
+    sent the nodes meanwhile (the census's own, one per key written, left out)."""
     epoch = reader.latest_assignment()
     victims = _victims(epoch, shape.burst)
     # etcd itself, not the census (whose callback runs behind on a loaded machine)
     _until(lambda _: all(reader.get(FINISHED(shape.kill_at, v)) for v in victims), fleet, shape, POLL)
+    census.catch_up()
+    sent = etcd_counters(reader.endpoint)[WATCH_EVENTS] - census.events
     killed = time.monotonic()
     fleet.kill(victims)
     survivors = [n for n in epoch.members if n not in victims]
@@ -154,6 +158,9 @@ def _burst(shape: Shape, fleet, reader: Cluster, result: Result) -> None:
             result.to_agreement_s = now
         if result.to_assignment_s is None and reader.get(ASSIGNMENT(epoch.epoch + 1)) is not None:
             result.to_assignment_s = now
+            total = etcd_counters(reader.endpoint)[WATCH_EVENTS]
+            census.catch_up()
+            result.burst_events = total - census.events - sent
         over = min(progress[n].iteration for n in survivors) >= shape.iterations - 1
         return over or (result.to_agreement_s is not None and result.to_assignment_s is not None)
     _until(seen, fleet, shape, POLL, only=set(survivors))

@@ -43,6 +43,7 @@ def test_emulated_nodes_write_the_protocols_keys_and_survive_a_burst(processes):
     # node gone keeps its watches in the emulator); and the census's own watch
     assert 11 * SHAPE.nodes + 6 <= result.watchers <= 11 * SHAPE.nodes + 2 * (5 + 1) + 1
     assert result.to_agreement_s is not None and result.to_assignment_s is not None
+    assert result.burst_events > 0  # counted when the next epoch was seen (at least its assignment's)
     assert result.to_agreement_s <= result.to_assignment_s  # the agents write the epoch the boundary asked for
 
 
