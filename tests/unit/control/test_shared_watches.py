@@ -27,7 +27,7 @@ def test_one_watch_per_range_cancelled_with_its_last_reader():
     seen = {name: [] for name in "abc"}
     a = hub.read("f/", "f0", seen["a"].append)
     b = hub.read("f/", "f0", seen["b"].append)
-    c = hub.read("g/", "g0", seen["c"].append)
+    hub.read("g/", "g0", seen["c"].append)
     assert client.armed == [("f/", "f0"), ("g/", "g0")]
     client.callbacks[1]("event")
     assert seen == {"a": ["event"], "b": ["event"], "c": []}
